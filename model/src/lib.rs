@@ -1,0 +1,26 @@
+//! Model core of comas: decoder-only transformers in tch (Qwen2/Qwen2.5, Qwen3, Llama 3.x),
+//! loaded from Hugging Face folders, with an external KV cache, batched sampling, log-prob
+//! scoring and per-request LoRA adapters.
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod lora;
+pub mod mask;
+pub mod rope;
+pub mod safetensors;
+pub mod sampling;
+pub mod tiny;
+pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
+
+pub use config::{Architecture, Config};
+pub use error::{ModelError, Result};
+pub use generate::{generate, Completion, FinishReason, GenerationRequest};
+pub use kv_cache::KvCache;
+pub use lora::{LoraAdapter, LoraBatch, LoraConfig};
+pub use sampling::SamplingParams;
+pub use tokenizer::{ChatMessage, Tokenizer};
+pub use transformer::CausalLm;

@@ -1,0 +1,239 @@
+//! Token sampling for a batch of rows that may each use different settings. Every row has its
+//! own seeded RNG and draws one uniform number per step, so a row's tokens do not depend on
+//! which other rows share its batch.
+use crate::error::{ModelError, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    /// 0 means greedy decoding.
+    pub temperature: f64,
+    /// Keep only the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose mass reaches top_p; 1 disables.
+    pub top_p: f64,
+    pub seed: u64,
+    pub max_new_tokens: usize,
+    /// Stop tokens are suppressed until this many tokens have been generated.
+    pub min_new_tokens: usize,
+    pub stop_token_ids: Vec<i64>,
+    pub stop_strings: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            max_new_tokens: 256,
+            min_new_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self { temperature: 0.0, max_new_tokens, ..Self::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(ModelError::Input(format!("sampling: {m}")));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be >= 0 and finite, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if self.min_new_tokens > self.max_new_tokens {
+            return bad(format!("min_new_tokens ({}) exceeds max_new_tokens ({})", self.min_new_tokens, self.max_new_tokens));
+        }
+        if self.stop_strings.iter().any(String::is_empty) {
+            return bad("stop strings must not be empty".into());
+        }
+        Ok(())
+    }
+
+    pub fn rng(&self) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(self.seed)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    pub token: i64,
+    /// log p(token) under softmax(logits / T) over the whole vocabulary (T = 1 for greedy):
+    /// the quantity a learner recomputes.
+    pub logprob: f32,
+    /// log p(token) under the distribution actually sampled from, after top-k/top-p
+    /// renormalisation (0 for greedy, a point mass).
+    pub sampling_logprob: f32,
+}
+
+/// Samples one token per row of `logits` [B, V]. `suppress[b]` lists token ids row b may not
+/// produce this step (stop tokens before `min_new_tokens`).
+pub fn sample(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [ChaCha8Rng], suppress: &[&[i64]]) -> Vec<Sampled> {
+    let (b, v) = (logits.size()[0], logits.size()[1]);
+    assert_eq!(params.len() as i64, b, "one SamplingParams per row");
+    let device = logits.device();
+    let mut logits = logits.to_kind(Kind::Float);
+    if suppress.iter().any(|s| !s.is_empty()) {
+        let mut m = vec![false; (b * v) as usize];
+        for (row, ids) in suppress.iter().enumerate() {
+            for &id in ids.iter().filter(|&&id| (0..v).contains(&id)) {
+                m[row * v as usize + id as usize] = true;
+            }
+        }
+        let m = Tensor::from_slice(&m).view([b, v]).to_device(device);
+        logits = logits.masked_fill(&m, f64::NEG_INFINITY);
+    }
+    let greedy: Vec<bool> = params.iter().map(|p| p.is_greedy()).collect();
+    let temps: Vec<f32> = params.iter().zip(&greedy).map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 }).collect();
+    let scaled = logits / Tensor::from_slice(&temps).view([b, 1]).to_device(device);
+    let logp = scaled.log_softmax(-1, Kind::Float);
+    let argmax = scaled.argmax(-1, false);
+
+    let (tokens, sampling_lp) = if greedy.iter().all(|&g| g) {
+        (argmax, Tensor::zeros([b], (Kind::Float, device)))
+    } else {
+        let (sorted, order) = scaled.sort(-1, true);
+        let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
+        let ks: Vec<i64> = params.iter().map(|p| if p.top_k == 0 { v } else { p.top_k as i64 }).collect();
+        let ks = Tensor::from_slice(&ks).view([b, 1]).to_device(device);
+        let mut filtered = sorted.masked_fill(&ranks.ge_tensor(&ks), f64::NEG_INFINITY);
+        if params.iter().any(|p| p.top_p < 1.0) {
+            // Rows without top-p get a threshold no cumulative mass can reach.
+            let ps: Vec<f32> = params.iter().map(|p| if p.top_p < 1.0 { p.top_p as f32 } else { 2.0 }).collect();
+            let ps = Tensor::from_slice(&ps).view([b, 1]).to_device(device);
+            let probs = filtered.softmax(-1, Kind::Float);
+            let mass_before = probs.cumsum(-1, Kind::Float) - &probs;
+            filtered = filtered.masked_fill(&mass_before.ge_tensor(&ps), f64::NEG_INFINITY);
+        }
+        let final_lp = filtered.log_softmax(-1, Kind::Float);
+        let cdf = final_lp.exp().cumsum(-1, Kind::Float);
+        let u: Vec<f32> = rngs.iter_mut().zip(&greedy).map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() }).collect();
+        let u = Tensor::from_slice(&u).view([b, 1]).to_device(device);
+        let kept = filtered.isfinite().sum_dim_intlist(-1, false, Kind::Int64);
+        // Inverse CDF; clamp to the last kept token in case rounding leaves the CDF below u.
+        let pick = cdf.lt_tensor(&u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&(kept - 1)).unsqueeze(-1);
+        let sampled = order.gather(-1, &pick, false).squeeze_dim(-1);
+        let greedy_t = Tensor::from_slice(&greedy).to_device(device);
+        let tokens = argmax.where_self(&greedy_t, &sampled);
+        let slp = final_lp.gather(-1, &pick, false).squeeze_dim(-1).masked_fill(&greedy_t, 0.0);
+        (tokens, slp)
+    };
+    let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
+    let to_vec_f = |t: &Tensor| Vec::<f32>::try_from(&t.to_device(Device::Cpu)).expect("f32 vector");
+    let tokens = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu)).expect("i64 vector");
+    let (lp, slp) = (to_vec_f(&lp), to_vec_f(&sampling_lp));
+    (0..b as usize).map(|i| Sampled { token: tokens[i], logprob: lp[i], sampling_logprob: slp[i] }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(rows: &[&[f32]]) -> Tensor {
+        let v = rows[0].len() as i64;
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_slice(&flat).view([rows.len() as i64, v])
+    }
+
+    #[test]
+    fn greedy_picks_argmax_with_full_logprob() {
+        let p = SamplingParams::greedy(4);
+        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[]]);
+        assert_eq!(out[0].token, 1);
+        let z = (0f32.exp() + 2f32.exp() + 1f32.exp()).ln();
+        assert!((out[0].logprob - (2.0 - z)).abs() < 1e-6);
+        assert_eq!(out[0].sampling_logprob, 0.0);
+    }
+
+    #[test]
+    fn suppression_blocks_tokens() {
+        let p = SamplingParams::greedy(4);
+        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]]);
+        assert_eq!(out[0].token, 2);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_top_p_restricts_support() {
+        let row: &[f32] = &[3.0, 2.9, -5.0, -6.0];
+        let p = SamplingParams { top_p: 0.5, seed: 7, ..Default::default() };
+        let mut rng = p.rng();
+        for _ in 0..50 {
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            // mass of token 0 alone is ~0.52 >= 0.5, so only token 0 survives
+            assert_eq!(s.token, 0);
+            assert!(s.sampling_logprob.abs() < 1e-6);
+        }
+        let p = SamplingParams { top_k: 2, seed: 3, ..Default::default() };
+        let mut rng = p.rng();
+        let mut seen = [0usize; 4];
+        for _ in 0..200 {
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            seen[s.token as usize] += 1;
+            // renormalised over two tokens
+            let z = (3f32.exp() + 2.9f32.exp()).ln();
+            let want = if s.token == 0 { 3.0 - z } else { 2.9 - z };
+            assert!((s.sampling_logprob - want).abs() < 1e-5);
+        }
+        assert!(seen[0] > 60 && seen[1] > 60 && seen[2] == 0 && seen[3] == 0, "{seen:?}");
+    }
+
+    #[test]
+    fn temperature_scales_logprob_and_frequencies_follow_distribution() {
+        let row: &[f32] = &[1.0, 0.0];
+        let p = SamplingParams { temperature: 0.5, seed: 11, ..Default::default() };
+        let mut rng = p.rng();
+        let n = 4000;
+        let mut zeros = 0;
+        for _ in 0..n {
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            let z = (2f32.exp() + 1.0).ln();
+            let want = if s.token == 0 { 2.0 - z } else { -z };
+            assert!((s.logprob - want).abs() < 1e-5);
+            assert!((s.sampling_logprob - want).abs() < 1e-5);
+            zeros += (s.token == 0) as usize;
+        }
+        let p0 = 2f64.exp() / (2f64.exp() + 1.0); // 0.8808
+        let freq = zeros as f64 / n as f64;
+        assert!((freq - p0).abs() < 0.02, "freq {freq} vs {p0}");
+    }
+
+    #[test]
+    fn rows_are_independent_of_batch_company() {
+        let a = SamplingParams { seed: 5, ..Default::default() };
+        let b = SamplingParams { seed: 9, temperature: 0.7, top_p: 0.9, ..Default::default() };
+        let row_a: &[f32] = &[0.1, 0.2, 0.3, 0.4, 0.5];
+        let row_b: &[f32] = &[0.5, 0.1, 0.9, 0.0, 0.2];
+        let mut alone = a.rng();
+        let mut ra = a.rng();
+        let mut rb = b.rng();
+        for _ in 0..20 {
+            let x = sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]])[0];
+            let mut pair = [ra, rb];
+            let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]]);
+            [ra, rb] = pair;
+            assert_eq!(x.token, y[0].token);
+        }
+    }
+
+    #[test]
+    fn invalid_params_are_rejected() {
+        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { temperature: f64::NAN, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { min_new_tokens: 5, max_new_tokens: 2, ..Default::default() }.validate().is_err());
+    }
+}

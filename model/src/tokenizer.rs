@@ -1,0 +1,170 @@
+//! `tokenizer.json` through the `tokenizers` crate, the chat template from
+//! `tokenizer_config.json` (or `chat_template.jinja`) rendered with minijinja, and the stop
+//! tokens from `generation_config.json` / `config.json`.
+use crate::config::TokenIds;
+use crate::error::{read_json, ModelError, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    template: Option<minijinja::Environment<'static>>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    pad_token: Option<String>,
+    eos_token_ids: Vec<i64>,
+}
+
+/// Special tokens in tokenizer_config.json are either strings or AddedToken objects.
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(String::from),
+        _ => None,
+    }
+}
+
+fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+}
+
+/// A Jinja environment configured like the one `transformers` renders chat templates in:
+/// `trim_blocks` and `lstrip_blocks` on, Python string methods available.
+fn template_env(source: String) -> Result<minijinja::Environment<'static>> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_template_owned("chat", source).map_err(|e| ModelError::ChatTemplate(format!("does not compile: {e}")))?;
+    Ok(env)
+}
+
+#[derive(Deserialize)]
+struct EosOnly {
+    eos_token_id: Option<TokenIds>,
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer files of a Hugging Face model folder.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(ModelError::Folder { folder: dir.into(), what: "tokenizer.json is missing".into() });
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Value = if cfg_path.is_file() { read_json(&cfg_path)? } else { Value::Null };
+        // transformers 5 writes the template to its own file; older versions keep it in the config.
+        let jinja_path = dir.join("chat_template.jinja");
+        let source = if jinja_path.is_file() {
+            Some(std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?)
+        } else {
+            match cfg.get("chat_template") {
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: use the default one.
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Value::as_str))
+                    .map(String::from),
+                _ => None,
+            }
+        };
+        let template = source.map(template_env).transpose()?;
+        let mut tok = Self {
+            inner,
+            template,
+            bos_token: token_string(cfg.get("bos_token")),
+            eos_token: token_string(cfg.get("eos_token")),
+            pad_token: token_string(cfg.get("pad_token")),
+            eos_token_ids: Vec::new(),
+        };
+        tok.eos_token_ids = tok.resolve_eos(dir)?;
+        Ok(tok)
+    }
+
+    /// Stop tokens as generation uses them: generation_config.json first (what `generate`
+    /// reads), then config.json, then the tokenizer's eos token.
+    fn resolve_eos(&self, dir: &Path) -> Result<Vec<i64>> {
+        for file in ["generation_config.json", "config.json"] {
+            let p = dir.join(file);
+            if p.is_file() {
+                let e: EosOnly = read_json(&p)?;
+                if let Some(ids) = e.eos_token_id {
+                    return Ok(ids.to_vec());
+                }
+            }
+        }
+        Ok(self.eos_token.as_deref().and_then(|t| self.token_to_id(t)).into_iter().collect())
+    }
+
+    pub fn eos_token_ids(&self) -> &[i64] {
+        &self.eos_token_ids
+    }
+
+    pub fn pad_token_id(&self) -> Option<i64> {
+        self.pad_token.as_deref().and_then(|t| self.token_to_id(t))
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<i64> {
+        self.inner.token_to_id(token).map(i64::from)
+    }
+
+    /// Number of entries including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    /// Decodes ids; ids outside the tokenizer's vocabulary (padded embedding rows) are skipped.
+    pub fn decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
+        let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).filter(|&i| (i as usize) < self.vocab_size()).collect();
+        self.inner.decode(&ids, skip_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    /// Renders `messages` with the model's chat template.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let env = self.template.as_ref().ok_or_else(|| {
+            ModelError::ChatTemplate("this model has no chat template (tokenizer_config.json has no chat_template)".into())
+        })?;
+        let tmpl = env.get_template("chat").expect("template registered");
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+            pad_token => self.pad_token.clone().unwrap_or_default(),
+            tools => minijinja::Value::from(()),
+        };
+        tmpl.render(ctx).map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
+    }
+
+    /// Renders and tokenizes a chat prompt. The template already carries any BOS text, so no
+    /// special tokens are added on top (as `apply_chat_template(tokenize=True)` does).
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<i64>> {
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode(&text, false)
+    }
+}

@@ -1,0 +1,370 @@
+//! The decoder-only transformer shared by Qwen2/Qwen2.5, Qwen3 and Llama 3.x. Field names follow
+//! the checkpoint's tensor names; the KV cache lives outside the model.
+use crate::config::Config;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::lora::{LoraBatch, Proj};
+use crate::mask;
+use crate::rope::{self, Rope};
+use crate::weights::Checkpoint;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(ckpt: &mut Checkpoint, prefix: &str, in_dim: i64, out_dim: i64, bias: bool) -> Result<Self> {
+        let weight = ckpt.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let bias = if bias { Some(ckpt.take(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
+        Ok(Self { weight, bias })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(ckpt: &mut Checkpoint, name: &str, dim: i64, eps: f64) -> Result<Self> {
+        Ok(Self { weight: ckpt.take(name, &[dim])?, eps })
+    }
+
+    /// Normalises in f32 and casts back before the weight, as `transformers` does.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let h = x.to_kind(Kind::Float);
+        let var = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let h = h * (var + self.eps).rsqrt();
+        &self.weight * h.to_kind(kind)
+    }
+}
+
+/// Everything a layer needs for one forward call besides its input.
+struct LayerCtx<'a> {
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    mask: &'a Tensor,
+    lora: Option<&'a LoraBatch<'a>>,
+    cache_start: i64,
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    num_heads: i64,
+    num_kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn load(ckpt: &mut Checkpoint, p: &str, cfg: &Config) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let norm = |ckpt: &mut Checkpoint, n: &str| -> Result<Option<RmsNorm>> {
+            if cfg.qk_norm {
+                Ok(Some(RmsNorm::load(ckpt, &format!("{p}.{n}.weight"), d, cfg.rms_norm_eps)?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Self {
+            q_proj: Linear::load(ckpt, &format!("{p}.q_proj"), h, nq * d, cfg.qkv_bias)?,
+            k_proj: Linear::load(ckpt, &format!("{p}.k_proj"), h, nkv * d, cfg.qkv_bias)?,
+            v_proj: Linear::load(ckpt, &format!("{p}.v_proj"), h, nkv * d, cfg.qkv_bias)?,
+            o_proj: Linear::load(ckpt, &format!("{p}.o_proj"), nq * d, h, cfg.o_bias)?,
+            q_norm: norm(ckpt, "q_norm")?,
+            k_norm: norm(ckpt, "k_norm")?,
+            num_heads: nq,
+            num_kv_heads: nkv,
+            head_dim: d,
+        })
+    }
+
+    fn forward(&self, layer: usize, x: &Tensor, ctx: &LayerCtx, cache: Option<&mut KvCache>) -> Tensor {
+        let (b, s) = (x.size()[0], x.size()[1]);
+        let proj = |lin: &Linear, which: Proj| {
+            let y = lin.forward(x);
+            match ctx.lora {
+                Some(l) => l.apply(layer, which, x, y),
+                None => y,
+            }
+        };
+        let heads = |t: Tensor, n: i64, norm: &Option<RmsNorm>| {
+            let t = t.view([b, s, n, self.head_dim]);
+            let t = match norm {
+                Some(nm) => nm.forward(&t),
+                None => t,
+            };
+            t.transpose(1, 2)
+        };
+        let q = heads(proj(&self.q_proj, Proj::Q), self.num_heads, &self.q_norm);
+        let k = heads(proj(&self.k_proj, Proj::K), self.num_kv_heads, &self.k_norm);
+        let v = heads(proj(&self.v_proj, Proj::V), self.num_kv_heads, &None);
+        let q = rope::apply(&q, ctx.cos, ctx.sin);
+        let k = rope::apply(&k, ctx.cos, ctx.sin);
+        let (k, v) = match cache {
+            Some(c) => c.store(layer, ctx.cache_start, &k, &v),
+            None => (k, v),
+        };
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let gqa = self.num_heads != self.num_kv_heads;
+        let out = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(ctx.mask), 0.0, false, scale, gqa);
+        let out = out.transpose(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
+        let y = self.o_proj.forward(&out);
+        match ctx.lora {
+            Some(l) => l.apply(layer, Proj::O, &out, y),
+            None => y,
+        }
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(ckpt: &mut Checkpoint, p: &str, cfg: &Config) -> Result<Self> {
+        let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Ok(Self {
+            gate_proj: Linear::load(ckpt, &format!("{p}.gate_proj"), h, i, bias)?,
+            up_proj: Linear::load(ckpt, &format!("{p}.up_proj"), h, i, bias)?,
+            down_proj: Linear::load(ckpt, &format!("{p}.down_proj"), i, h, bias)?,
+        })
+    }
+
+    fn forward(&self, layer: usize, x: &Tensor, lora: Option<&LoraBatch>) -> Tensor {
+        let with = |lin: &Linear, which: Proj, input: &Tensor| {
+            let y = lin.forward(input);
+            match lora {
+                Some(l) => l.apply(layer, which, input, y),
+                None => y,
+            }
+        };
+        let act = with(&self.gate_proj, Proj::Gate, x).silu() * with(&self.up_proj, Proj::Up, x);
+        with(&self.down_proj, Proj::Down, &act)
+    }
+}
+
+struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn forward(&self, layer: usize, x: &Tensor, ctx: &LayerCtx, cache: Option<&mut KvCache>) -> Tensor {
+        let h = x + self.self_attn.forward(layer, &self.input_layernorm.forward(x), ctx, cache);
+        let m = self.mlp.forward(layer, &self.post_attention_layernorm.forward(&h), ctx.lora);
+        h + m
+    }
+}
+
+/// A causal language model with its weights on one device in one dtype.
+pub struct CausalLm {
+    config: Config,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// Shares storage with `embed_tokens` when embeddings are tied.
+    lm_head: Tensor,
+    rope: Rope,
+    kind: Kind,
+    device: Device,
+}
+
+impl CausalLm {
+    /// Loads `config.json` and the safetensors weights of a Hugging Face model folder.
+    pub fn load(dir: &Path, kind: Kind, device: Device) -> Result<Self> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let mut ckpt = Checkpoint::open(dir, kind, device)?;
+        let model = Self::from_checkpoint(config, &mut ckpt, kind, device)?;
+        let unused = ckpt.unused();
+        if !unused.is_empty() {
+            tracing::warn!(count = unused.len(), first = unused[0], "checkpoint tensors not used by the model");
+        }
+        Ok(model)
+    }
+
+    fn from_checkpoint(config: Config, ckpt: &mut Checkpoint, kind: Kind, device: Device) -> Result<Self> {
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let embed_tokens = ckpt.take("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers as usize);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(DecoderLayer {
+                self_attn: Attention::load(ckpt, &format!("{p}.self_attn"), &config)?,
+                mlp: Mlp::load(ckpt, &format!("{p}.mlp"), &config)?,
+                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), h, config.rms_norm_eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    h,
+                    config.rms_norm_eps,
+                )?,
+            });
+        }
+        let norm = RmsNorm::load(ckpt, "model.norm.weight", h, config.rms_norm_eps)?;
+        let lm_head = if config.tie_word_embeddings {
+            embed_tokens.shallow_clone()
+        } else {
+            ckpt.take("lm_head.weight", &[v, h])?
+        };
+        let rope = Rope::new(&config.rope, config.head_dim, device);
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, kind, device })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Parameters by checkpoint name (shallow clones sharing storage). With tied embeddings
+    /// `lm_head.weight` is not listed, as in the checkpoint.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed_tokens.shallow_clone())];
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let a = &l.self_attn;
+            for (name, lin) in [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)] {
+                out.push((format!("{p}.self_attn.{name}.weight"), lin.weight.shallow_clone()));
+                if let Some(b) = &lin.bias {
+                    out.push((format!("{p}.self_attn.{name}.bias"), b.shallow_clone()));
+                }
+            }
+            for (name, n) in [("q_norm", &a.q_norm), ("k_norm", &a.k_norm)] {
+                if let Some(n) = n {
+                    out.push((format!("{p}.self_attn.{name}.weight"), n.weight.shallow_clone()));
+                }
+            }
+            let m = &l.mlp;
+            for (name, lin) in [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)] {
+                out.push((format!("{p}.mlp.{name}.weight"), lin.weight.shallow_clone()));
+                if let Some(b) = &lin.bias {
+                    out.push((format!("{p}.mlp.{name}.bias"), b.shallow_clone()));
+                }
+            }
+            out.push((format!("{p}.input_layernorm.weight"), l.input_layernorm.weight.shallow_clone()));
+            out.push((format!("{p}.post_attention_layernorm.weight"), l.post_attention_layernorm.weight.shallow_clone()));
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.weight.shallow_clone()));
+        if !self.config.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), self.lm_head.shallow_clone()));
+        }
+        out
+    }
+
+    fn check_ids(&self, input_ids: &Tensor) -> Result<()> {
+        if input_ids.dim() != 2 {
+            return Err(ModelError::Input(format!("input ids must be [batch, seq], got {:?}", input_ids.size())));
+        }
+        if input_ids.numel() > 0 {
+            let (lo, hi) = (input_ids.min().int64_value(&[]), input_ids.max().int64_value(&[]));
+            if lo < 0 || hi >= self.config.vocab_size {
+                return Err(ModelError::Input(format!(
+                    "token id out of range [{lo}, {hi}]; the model's vocabulary has {} entries",
+                    self.config.vocab_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn run_layers(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, mut cache: Option<&mut KvCache>, cache_start: i64, lora: Option<&LoraBatch>) -> Tensor {
+        let _span = tracing::trace_span!("forward", batch = input_ids.size()[0], seq = input_ids.size()[1]).entered();
+        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let (cos, sin) = self.rope.cos_sin(positions, self.kind);
+        let lora = lora.filter(|l| !l.is_empty());
+        let ctx = LayerCtx { cos: &cos, sin: &sin, mask, lora, cache_start };
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(i, &x, &ctx, cache.as_deref_mut());
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Projects final hidden states to vocabulary logits.
+    pub fn lm_head(&self, hidden: &Tensor) -> Tensor {
+        hidden.linear::<Tensor>(&self.lm_head, None)
+    }
+
+    /// Full-sequence forward: logits [B, S, V] for every position. `attention_mask` [B, S]
+    /// (1 = token, 0 = padding) may pad on either side; positions count real tokens only.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
+        Ok(self.lm_head(&self.forward_hidden(input_ids, attention_mask, lora)?))
+    }
+
+    /// As `forward` but stops before the vocabulary projection: final hidden states [B, S, H].
+    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
+        self.check_ids(input_ids)?;
+        let input_ids = input_ids.to_device(self.device);
+        let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
+        let valid = match attention_mask {
+            Some(m) => {
+                if m.size() != [b, s] {
+                    return Err(ModelError::Input(format!("attention mask {:?} does not match ids {:?}", m.size(), [b, s])));
+                }
+                m.to_device(self.device).to_kind(Kind::Bool)
+            }
+            None => Tensor::ones([b, s], (Kind::Bool, self.device)),
+        };
+        let positions = mask::positions(&valid, &Tensor::zeros([b], (Kind::Int64, self.device)));
+        let attn = mask::attention_mask(&valid, 0, s);
+        Ok(self.run_layers(&input_ids, &positions, &attn, None, 0, lora))
+    }
+
+    /// Forward over new tokens [B, S] appended to `cache`; `new_valid` [B, S] marks padding
+    /// (None = all real). Returns logits of the last slot only, [B, V]: what decoding needs.
+    pub fn forward_cached(&self, input_ids: &Tensor, new_valid: Option<&Tensor>, cache: &mut KvCache, lora: Option<&LoraBatch>) -> Result<Tensor> {
+        self.check_ids(input_ids)?;
+        let input_ids = input_ids.to_device(self.device);
+        let valid = match new_valid {
+            Some(v) => v.shallow_clone(),
+            None => Tensor::ones(input_ids.size(), (Kind::Bool, self.device)),
+        };
+        let step = cache.begin(&valid)?;
+        let hidden = self.run_layers(&input_ids, &step.positions, &step.mask, Some(cache), step.start, lora);
+        let s = hidden.size()[1];
+        Ok(self.lm_head(&hidden.narrow(1, s - 1, 1).squeeze_dim(1)))
+    }
+
+    /// Log-probabilities (f32) of `input_ids[:, 1:]` under the model: [B, S-1]. Logits are divided
+    /// by `temperature` first, as a sampler at that temperature would. Padding positions hold 0.
+    pub fn token_logprobs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, temperature: f64, lora: Option<&LoraBatch>) -> Result<Tensor> {
+        if !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(ModelError::Input(format!("temperature must be positive and finite, got {temperature}")));
+        }
+        let s = input_ids.size().get(1).copied().unwrap_or(0);
+        if s < 2 {
+            return Err(ModelError::Input("need at least two tokens to score".into()));
+        }
+        let hidden = self.forward_hidden(input_ids, attention_mask, lora)?;
+        let logits = self.lm_head(&hidden.narrow(1, 0, s - 1)).to_kind(Kind::Float) / temperature;
+        let targets = input_ids.to_device(self.device).narrow(1, 1, s - 1);
+        let lp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+        Ok(match attention_mask {
+            Some(m) => lp * m.to_device(self.device).narrow(1, 1, s - 1).to_kind(Kind::Float),
+            None => lp,
+        })
+    }
+}

@@ -1,0 +1,11 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // A vendored protoc, so building needs no system protobuf compiler.
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    std::env::set_var("PROTOC", protoc);
+    let protos = ["proto/comas/v1/generation.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(&protos, &["proto"])?;
+    Ok(())
+}
