@@ -3,18 +3,12 @@ use std::path::PathBuf;
 /// Everything that can go wrong while loading or running a model. Messages say what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    // The underlying error goes into the message rather than `source()`, so printing the
+    // error chain does not repeat it.
+    #[error("cannot access {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: invalid JSON: {err}")]
+    Json { path: PathBuf, err: serde_json::Error },
     #[error("config: {0}")]
     Config(String),
     #[error("model folder {folder}: {what}")]
@@ -43,12 +37,12 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io { path: path.into(), source }
+        ModelError::Io { path: path.into(), err: source }
     }
 }
 
 /// Reads and parses a JSON file with errors that name the file.
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })
+    serde_json::from_str(&text).map_err(|err| ModelError::Json { path: path.to_path_buf(), err })
 }

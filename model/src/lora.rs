@@ -116,7 +116,7 @@ fn parse_peft_config(path: &Path) -> Result<LoraConfig> {
             return Err(bad(format!("peft_type `{t}` is not LORA")));
         }
     }
-    for key in ["use_dora", "fan_in_fan_out"] {
+    for key in ["use_dora", "fan_in_fan_out", "lora_bias"] {
         if raw.get(key).and_then(Value::as_bool) == Some(true) {
             return Err(bad(format!("`{key}: true` is not supported")));
         }
@@ -131,8 +131,10 @@ fn parse_peft_config(path: &Path) -> Result<LoraConfig> {
             return Err(bad(format!("`{key}` is not supported")));
         }
     }
-    if raw.get("layers_to_transform").is_some_and(|v| !v.is_null()) {
-        return Err(bad("`layers_to_transform` is not supported".into()));
+    for key in ["layers_to_transform", "modules_to_save"] {
+        if raw.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(bad(format!("`{key}` is not supported")));
+        }
     }
     let target_modules = match raw.get("target_modules") {
         Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(String::from).collect(),

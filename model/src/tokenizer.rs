@@ -129,6 +129,19 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Errors when the tokenizer can produce ids the model has no embedding for: the tokenizer
+    /// and the weights do not belong together.
+    pub fn check_fits(&self, cfg: &crate::config::Config) -> Result<()> {
+        if self.vocab_size() as i64 > cfg.vocab_size {
+            return Err(ModelError::Tokenizer(format!(
+                "tokenizer has {} entries but the model's vocab_size is {}; tokenizer.json does not belong to these weights",
+                self.vocab_size(),
+                cfg.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()
     }

@@ -1,0 +1,123 @@
+use anyhow::{bail, Context, Result};
+use comas_model::dtype::{parse_device, parse_kind};
+use comas_model::{generate, CausalLm, ChatMessage, GenerationRequest, LoraAdapter, SamplingParams, Tokenizer};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model folder (config.json, safetensors, tokenizer.json).
+    #[arg(long, env = "COMAS_MODEL")]
+    model: PathBuf,
+    /// Raw prompt text, tokenized as is (with the tokenizer's special-token template).
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template and the generation prompt.
+    #[arg(long)]
+    chat: Option<String>,
+    /// Optional system message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Greedy decoding (same as --temperature 0).
+    #[arg(long)]
+    greedy: bool,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    min_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the generated text contains this string (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Do not stop at the model's end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// PEFT LoRA adapter folder to apply.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// Weights dtype (default: the checkpoint's).
+    #[arg(long, env = "COMAS_DTYPE")]
+    dtype: Option<String>,
+    #[arg(long, env = "COMAS_DEVICE", default_value = "cpu")]
+    device: String,
+    /// Print prompt ids, generated ids and their log-probabilities as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let config = comas_model::Config::from_file(&a.model.join("config.json"))
+        .with_context(|| format!("loading model folder {}", a.model.display()))?;
+    let kind = match &a.dtype {
+        Some(d) => parse_kind(d)?,
+        None => config.dtype,
+    };
+    let tokenizer = Tokenizer::from_dir(&a.model)?;
+    let model = CausalLm::load(&a.model, kind, device).with_context(|| format!("loading {}", a.model.display()))?;
+    tokenizer.check_fits(model.config())?;
+    let adapter = match &a.adapter {
+        Some(dir) => Some(LoraAdapter::load(dir, model.config(), kind, device).with_context(|| format!("loading adapter {}", dir.display()))?),
+        None => None,
+    };
+    let prompt_ids = match (&a.prompt, &a.chat) {
+        (Some(p), _) => tokenizer.encode(p, true)?,
+        (None, Some(c)) => {
+            let mut msgs = Vec::new();
+            if let Some(s) = &a.system {
+                msgs.push(ChatMessage::new("system", s));
+            }
+            msgs.push(ChatMessage::new("user", c));
+            tokenizer.encode_chat(&msgs, true)?
+        }
+        (None, None) => bail!("give --prompt or --chat"),
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt tokenized to nothing; give a non-empty --prompt");
+    }
+    let params = SamplingParams {
+        temperature: if a.greedy { 0.0 } else { a.temperature },
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        max_new_tokens: a.max_new_tokens,
+        min_new_tokens: a.min_new_tokens,
+        stop_token_ids: if a.ignore_eos { Vec::new() } else { tokenizer.eos_token_ids().to_vec() },
+        stop_strings: a.stop.clone(),
+    };
+    let req = GenerationRequest { prompt_ids: prompt_ids.clone(), params, adapter: adapter.as_ref() };
+    let started = std::time::Instant::now();
+    let c = generate(&model, std::slice::from_ref(&req), Some(&tokenizer))?.remove(0);
+    let secs = started.elapsed().as_secs_f64();
+    let text = tokenizer.decode(&c.token_ids, true)?;
+    if a.json {
+        let out = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "sampling_logprobs": c.sampling_logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_string": c.stop_string,
+            "text": text,
+        });
+        println!("{out}");
+    } else {
+        println!("{text}");
+        eprintln!(
+            "[{} prompt tokens, {} generated in {:.2}s ({:.1} tok/s), finish: {:?}]",
+            prompt_ids.len(),
+            c.token_ids.len(),
+            secs,
+            c.token_ids.len() as f64 / secs.max(1e-9),
+            c.finish_reason
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! The `comas` binary as a user runs it: greedy generation and scoring agree with the
+//! `transformers` reference, and bad input exits non-zero with a message.
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn comas(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_comas")).args(args).env("COMAS_THREADS", "1").output().expect("comas runs")
+}
+
+fn reference(name: &str) -> (serde_json::Value, comas_model::safetensors::SafeTensorsFile) {
+    let dir = fixtures().join("reference");
+    let json = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    (json, comas_model::safetensors::SafeTensorsFile::open(&dir.join(format!("{name}.safetensors"))).unwrap())
+}
+
+fn ok_json(out: Output) -> serde_json::Value {
+    assert!(out.status.success(), "comas failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+#[test]
+fn generate_json_matches_transformers_greedy() {
+    let (r, t) = reference("llama3-gqa");
+    let model = fixtures().join("models/llama3-gqa");
+    let prompt = r["prompts"][0]["text"].as_str().unwrap();
+    let out = ok_json(comas(&[
+        "generate", "--model", model.to_str().unwrap(), "--prompt", prompt, "--greedy", "--ignore-eos",
+        "--max-new-tokens", "32", "--json",
+    ]));
+    assert_eq!(out["prompt_ids"], r["prompts"][0]["ids"]);
+    let want = Vec::<i64>::try_from(&t.tensor("greedy_0").unwrap()).unwrap();
+    let got: Vec<i64> = out["generated_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    assert_eq!(got, want);
+    assert_eq!(out["finish_reason"], "length");
+    let want_lp = Vec::<f32>::try_from(&t.tensor("logprobs_greedy_0").unwrap()).unwrap();
+    for (a, b) in out["logprobs"].as_array().unwrap().iter().zip(&want_lp) {
+        assert!((a.as_f64().unwrap() - *b as f64).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn chat_prompt_uses_the_template() {
+    let (r, _) = reference("qwen2-f32");
+    let model = fixtures().join("models/qwen2-f32");
+    let out = ok_json(comas(&[
+        "generate", "--model", model.to_str().unwrap(), "--chat", "What is 12 + 7?", "--max-new-tokens", "4",
+        "--seed", "3", "--json",
+    ]));
+    assert_eq!(out["prompt_ids"], r["prompts"][2]["ids"]);
+    assert!(out["generated_ids"].as_array().unwrap().len() <= 4);
+}
+
+#[test]
+fn sampling_is_reproducible_by_seed() {
+    let model = fixtures().join("models/qwen3");
+    let run = |seed: &str| {
+        ok_json(comas(&[
+            "generate", "--model", model.to_str().unwrap(), "--prompt", "The river", "--temperature", "1.0",
+            "--top-p", "0.95", "--max-new-tokens", "16", "--ignore-eos", "--seed", seed, "--json",
+        ]))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(run("7"), run("7"));
+    assert_ne!(run("7"), run("8"));
+}
+
+#[test]
+fn score_matches_generation_logprobs() {
+    let (r, t) = reference("qwen2-f32");
+    let model = fixtures().join("models/qwen2-f32");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let mut lines = String::new();
+    for i in 0..3 {
+        let greedy = Vec::<i64>::try_from(&t.tensor(&format!("greedy_{i}")).unwrap()).unwrap();
+        lines += &serde_json::json!({"id": i, "prompt_ids": r["prompts"][i]["ids"], "completion_ids": greedy}).to_string();
+        lines.push('\n');
+    }
+    std::fs::write(&input, lines).unwrap();
+    let output = dir.path().join("out.jsonl");
+    let out = comas(&[
+        "score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output",
+        output.to_str().unwrap(), "--batch-size", "2",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&output).unwrap();
+    let recs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recs.len(), 3);
+    for (i, rec) in recs.iter().enumerate() {
+        assert_eq!(rec["id"], i);
+        let want = Vec::<f32>::try_from(&t.tensor(&format!("logprobs_greedy_{i}")).unwrap()).unwrap();
+        let got = rec["logprobs"].as_array().unwrap();
+        assert_eq!(got.len(), 32);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a.as_f64().unwrap() - *b as f64).abs() < 1e-5, "record {i}");
+        }
+    }
+}
+
+#[test]
+fn bad_input_exits_with_a_clear_message() {
+    let model = fixtures().join("models/qwen2-f32");
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["generate".into(), "--model".into(), "/nonexistent".into(), "--prompt".into(), "hi".into()], "/nonexistent/config.json"),
+        (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--top-p".into(), "0".into()], "top_p"),
+        (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--device".into(), "cuda:3".into()], "cuda:3"),
+        (vec!["tiny-model".into(), "--out".into(), dir.path().join("x").to_str().unwrap().into(), "--arch".into(), "gpt2".into()], "gpt2"),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = comas(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let input = dir.path().join("bad.jsonl");
+    std::fs::write(&input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"\n").unwrap();
+    let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+    assert!(out.stdout.is_empty(), "no partial output on bad input");
+    std::fs::write(&input, "{\"prompt_ids\": [1], \"completion_ids\": [9999]}\n").unwrap();
+    let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("9999"));
+}
+
+#[test]
+fn tiny_model_builds_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("tiny");
+    let o = comas(&["tiny-model", "--out", out_dir.to_str().unwrap(), "--arch", "llama", "--seed", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = ok_json(comas(&[
+        "generate", "--model", out_dir.to_str().unwrap(), "--chat", "hi", "--max-new-tokens", "5", "--ignore-eos", "--json",
+    ]));
+    assert_eq!(out["generated_ids"].as_array().unwrap().len(), 5);
+}

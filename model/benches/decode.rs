@@ -1,0 +1,104 @@
+//! Decode throughput (tokens/s) at batch 1, 8 and 32 on a ~40M-parameter Qwen2-shaped model,
+//! side by side with `transformers`' `generate` on the same checkpoint, greedy, same threads.
+//!
+//!   cargo bench -p comas-model --bench decode
+//!
+//! The reference runs with the Python at COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made
+//! by tests/fixtures/setup-ref.sh). Without it only the comas figures are printed.
+//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
+//! COMAS_BENCH_REPEATS (3).
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::{generate, CausalLm, GenerationRequest, SamplingParams};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Device, Kind};
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
+    let new_tokens: usize = env_or("COMAS_BENCH_NEW_TOKENS", 64);
+    let prompt_len: usize = env_or("COMAS_BENCH_PROMPT_LEN", 32);
+    let repeats: usize = env_or("COMAS_BENCH_REPEATS", 3);
+    let batches = [1usize, 8, 32];
+    tch::set_num_threads(threads);
+
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-qwen2-40m");
+    if !model_dir.join("model.safetensors").is_file() {
+        write_model(&model_dir, &TinySpec::bench()).expect("write bench model");
+    }
+    let model = CausalLm::load(&model_dir, Kind::Float, Device::Cpu).expect("load bench model");
+    let params = model.config().num_parameters();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let prompts: Vec<Vec<i64>> =
+        (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
+    let prompts_file = model_dir.join("bench_prompts.json");
+    std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
+
+    println!("decode benchmark: {:.1}M parameters, f32 CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, greedy, best of {repeats}", params as f64 / 1e6);
+    let mut ours = HashMap::new();
+    for &b in &batches {
+        let reqs: Vec<GenerationRequest> = prompts[..b]
+            .iter()
+            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: SamplingParams::greedy(new_tokens), adapter: None })
+            .collect();
+        let warm: Vec<GenerationRequest> = prompts[..b]
+            .iter()
+            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: SamplingParams::greedy(4), adapter: None })
+            .collect();
+        generate(&model, &warm, None).unwrap();
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats {
+            let t0 = Instant::now();
+            let out = generate(&model, &reqs, None).unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+            assert!(out.iter().all(|c| c.token_ids.len() == new_tokens));
+        }
+        ours.insert(b, (b * new_tokens) as f64 / best);
+    }
+
+    let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
+    let reference = run_reference(&python, &root, &model_dir, &prompts_file, &batches, new_tokens, threads, repeats);
+    println!("{:>6} {:>14} {:>18} {:>8}", "batch", "comas tok/s", "transformers tok/s", "ratio");
+    for &b in &batches {
+        match reference.as_ref().and_then(|r| r.get(&b)) {
+            Some(hf) => println!("{b:>6} {:>14.1} {:>18.1} {:>7.2}x", ours[&b], hf, ours[&b] / hf),
+            None => println!("{b:>6} {:>14.1} {:>18} {:>8}", ours[&b], "n/a", "n/a"),
+        }
+    }
+    if reference.is_none() {
+        println!("(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display());
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_reference(python: &Path, root: &Path, model: &Path, prompts: &Path, batches: &[usize], new_tokens: usize, threads: i32, repeats: usize) -> Option<HashMap<usize, f64>> {
+    if !python.is_file() {
+        return None;
+    }
+    let script = root.join("model/benches/hf_decode.py");
+    let batches = batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(["--model", model.to_str()?, "--prompts", prompts.to_str()?, "--batches", &batches])
+        .args(["--new-tokens", &new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &repeats.to_string()])
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("reference failed: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    let mut res = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            res.insert(v["batch"].as_u64()? as usize, v["tokens_per_s"].as_f64()?);
+        }
+    }
+    Some(res)
+}

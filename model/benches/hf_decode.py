@@ -1,0 +1,52 @@
+"""Decode throughput of transformers' generate() on a model folder, for the side-by-side bench.
+
+Prints one JSON line per batch size: {"batch", "new_tokens", "seconds", "tokens_per_s"}.
+Greedy, no stopping (EOS disabled), the same prompt token ids as the Rust side.
+"""
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", required=True, help="JSON file: list of token-id lists (one batch of the largest size)")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    prompts = json.load(open(args.prompts))
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=args.new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
+    for b in [int(x) for x in args.batches.split(",")]:
+        ids = torch.tensor(prompts[:b], dtype=torch.long)
+        mask = torch.ones_like(ids)
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=4, eos_token_id=None, pad_token_id=0))
+            best = None
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+                dt = time.perf_counter() - t0
+                assert out.shape[1] == ids.shape[1] + args.new_tokens
+                best = dt if best is None else min(best, dt)
+        n = b * args.new_tokens
+        print(json.dumps({"batch": b, "new_tokens": n, "seconds": best, "tokens_per_s": n / best}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

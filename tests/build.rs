@@ -1,5 +1,0 @@
-include!("../build-support/libtorch_link.rs");
-
-fn main() {
-    emit_libtorch_link_args();
-}

@@ -1,1 +1,0 @@
-//! End-to-end tests live in `tests/tests/`; they start the real `comas` binaries.
