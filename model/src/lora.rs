@@ -236,6 +236,14 @@ impl LoraAdapter {
         self.scale
     }
 
+    /// Makes the adapter trainable (learners) or frozen (inference).
+    pub fn set_requires_grad(&self, on: bool) {
+        for (a, b) in self.weights.values() {
+            let _ = a.set_requires_grad(on);
+            let _ = b.set_requires_grad(on);
+        }
+    }
+
     pub fn get(&self, layer: usize, proj: Proj) -> Option<&(Tensor, Tensor)> {
         self.weights.get(&(layer, proj))
     }

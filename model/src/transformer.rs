@@ -275,6 +275,14 @@ impl CausalLm {
         out
     }
 
+    /// Makes every weight trainable (full fine-tuning) or frozen. Tied embeddings are one tensor,
+    /// so both of its uses accumulate into one gradient.
+    pub fn set_requires_grad(&self, on: bool) {
+        for (_, t) in self.named_parameters() {
+            let _ = t.set_requires_grad(on);
+        }
+    }
+
     fn check_ids(&self, input_ids: &Tensor) -> Result<()> {
         if input_ids.dim() != 2 {
             return Err(ModelError::Input(format!("input ids must be [batch, seq], got {:?}", input_ids.size())));
