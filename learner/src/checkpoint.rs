@@ -1,0 +1,177 @@
+//! Checkpoints and exports. A checkpoint is a folder `step-<N>` holding the model in the Hugging
+//! Face layout (or the PEFT adapter), the optimizer moments, and the counters; it is written
+//! under a temporary name and renamed into place, with a `COMPLETE` marker, so a partial
+//! checkpoint is never loaded.
+use crate::config::TrainConfig;
+use crate::error::{LearnerError, Result};
+use crate::trainer::Trainer;
+use comas_model::dtype::kind_name;
+use comas_model::lora::Proj;
+use comas_model::safetensors::{self, write_atomic, SafeTensorsFile};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+/// Files copied next to the weights so the folder is a complete model.
+const SIDECAR_FILES: [&str; 5] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "special_tokens_map.json"];
+const MARKER: &str = "COMPLETE";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointState {
+    pub format: u32,
+    pub global_step: u64,
+    pub optimizer_steps: u64,
+    pub adam_steps: u64,
+    /// The resolved training config, stored so a resume can be checked against it.
+    pub config: TrainConfig,
+    pub lora: bool,
+}
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|e| LearnerError::io(path, e))
+}
+
+/// Writes `tensors` plus config and tokenizer files of `source` as a model folder in `dir`,
+/// with the config's dtype set to what was saved.
+pub fn write_model_folder(dir: &Path, source: &Path, tensors: &[(String, Tensor)], kind: Kind) -> Result<()> {
+    io(dir, std::fs::create_dir_all(dir))?;
+    let cfg_path = source.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&io(&cfg_path, std::fs::read_to_string(&cfg_path))?)
+        .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", cfg_path.display())))?;
+    let key = if cfg.get("dtype").is_some() { "dtype" } else { "torch_dtype" };
+    cfg[key] = kind_name(kind).into();
+    let text = serde_json::to_string_pretty(&cfg).expect("json");
+    write_atomic(&dir.join("config.json"), |w| w.write_all(text.as_bytes()))?;
+    for f in SIDECAR_FILES {
+        let src = source.join(f);
+        if src.is_file() {
+            io(&src, std::fs::copy(&src, dir.join(f)))?;
+        }
+    }
+    let cpu: Vec<(String, Tensor)> = tch::no_grad(|| tensors.iter().map(|(n, t)| (n.clone(), t.detach().to_kind(kind))).collect());
+    safetensors::write(&dir.join("model.safetensors"), &cpu, &BTreeMap::new())?;
+    Ok(())
+}
+
+impl Trainer {
+    /// The trained weights as a plain model folder. With LoRA, `merge` folds the adapter into
+    /// the base weights (W + scale·B·A); otherwise the adapter is written in the PEFT layout.
+    pub fn export(&self, dir: &Path, merge: bool) -> Result<()> {
+        let kind = self.model().kind();
+        match (self.adapter(), merge) {
+            (None, _) => write_model_folder(dir, self.source_dir(), &self.model().named_parameters(), kind),
+            (Some(a), false) => Ok(a.save(dir)?),
+            (Some(a), true) => {
+                let merged: Vec<(String, Tensor)> = tch::no_grad(|| {
+                    self.model()
+                        .named_parameters()
+                        .into_iter()
+                        .map(|(name, w)| {
+                            let target = (0..self.model().config().num_hidden_layers as usize).find_map(|l| {
+                                Proj::ALL.into_iter().find(|p| name == format!("model.layers.{l}.{}.weight", p.module_path())).map(|p| (l, p))
+                            });
+                            match target.and_then(|(l, p)| a.get(l, p)) {
+                                Some((la, lb)) => (name, &w + lb.matmul(la) * a.scale()),
+                                None => (name, w),
+                            }
+                        })
+                        .collect()
+                });
+                write_model_folder(dir, self.source_dir(), &merged, kind)
+            }
+        }
+    }
+
+    /// Writes `root/step-<global_step>` atomically and keeps the newest `keep` checkpoints.
+    pub fn save_checkpoint(&self, root: &Path, keep: usize) -> Result<PathBuf> {
+        io(root, std::fs::create_dir_all(root))?;
+        let name = format!("step-{}", self.global_step);
+        let tmp = root.join(format!(".{name}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            io(&tmp, std::fs::remove_dir_all(&tmp))?;
+        }
+        let sub = if self.adapter().is_some() { "adapter" } else { "model" };
+        self.export(&tmp.join(sub), false)?;
+        safetensors::write(&tmp.join("optimizer.safetensors"), &self.optimizer().state_tensors(), &BTreeMap::new())?;
+        let state = CheckpointState {
+            format: 1,
+            global_step: self.global_step,
+            optimizer_steps: self.optimizer_steps,
+            adam_steps: self.optimizer().steps,
+            config: self.config().clone(),
+            lora: self.adapter().is_some(),
+        };
+        let text = serde_json::to_string_pretty(&state).expect("json");
+        write_atomic(&tmp.join("state.json"), |w| w.write_all(text.as_bytes()))?;
+        write_atomic(&tmp.join(MARKER), |w| w.write_all(b"ok\n"))?;
+        let dest = root.join(&name);
+        if dest.exists() {
+            io(&dest, std::fs::remove_dir_all(&dest))?;
+        }
+        io(&dest, std::fs::rename(&tmp, &dest))?;
+        if let Ok(f) = std::fs::File::open(root) {
+            let _ = f.sync_all();
+        }
+        let mut all = list_checkpoints(root)?;
+        while all.len() > keep.max(1) {
+            let (_, old) = all.remove(0);
+            io(&old, std::fs::remove_dir_all(&old))?;
+        }
+        Ok(dest)
+    }
+
+    /// Restores a trainer from a checkpoint folder written by `save_checkpoint`. The model
+    /// config and tokenizer come from the checkpoint itself; `cfg` may change schedule-free
+    /// knobs but the optimizer state must fit the parameters.
+    pub fn resume(ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>) -> Result<Self> {
+        if !ckpt.join(MARKER).is_file() {
+            return Err(LearnerError::Checkpoint(format!("{} is incomplete (no {MARKER} marker); use an earlier checkpoint", ckpt.display())));
+        }
+        let state_path = ckpt.join("state.json");
+        let state: CheckpointState = serde_json::from_str(&io(&state_path, std::fs::read_to_string(&state_path))?)
+            .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", state_path.display())))?;
+        let mut cfg = cfg.unwrap_or_else(|| state.config.clone());
+        cfg.completed_steps = state.optimizer_steps;
+        let mut t = if state.lora {
+            Trainer::new(base_model, cfg, Some(&ckpt.join("adapter")))?
+        } else {
+            Trainer::new(&ckpt.join("model"), cfg, None)?
+        };
+        let opt_path = ckpt.join("optimizer.safetensors");
+        let f = SafeTensorsFile::open(&opt_path)?;
+        let device = t.model().device();
+        let mut tensors = BTreeMap::new();
+        for n in f.names() {
+            tensors.insert(n.to_string(), f.tensor(n)?.to_device(device));
+        }
+        t.optimizer_mut().load_state(&tensors, state.adam_steps).map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
+        t.global_step = state.global_step;
+        t.optimizer_steps = state.optimizer_steps;
+        Ok(t)
+    }
+}
+
+/// Complete checkpoints under `root`, oldest first.
+pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    if !root.is_dir() {
+        return Ok(out);
+    }
+    for entry in io(root, std::fs::read_dir(root))? {
+        let p = io(root, entry)?.path();
+        let step = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")).and_then(|s| s.parse::<u64>().ok());
+        if let Some(s) = step {
+            if p.join(MARKER).is_file() {
+                out.push((s, p));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub fn latest_checkpoint(root: &Path) -> Result<Option<PathBuf>> {
+    Ok(list_checkpoints(root)?.pop().map(|(_, p)| p))
+}

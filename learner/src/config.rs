@@ -1,0 +1,259 @@
+//! Per-agent training configuration (a TOML table). Unknown keys are errors, so a misspelt knob
+//! can never be silently ignored.
+use crate::error::{LearnerError, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// REINFORCE++: returns whitened over the whole step buffer.
+    Reinforce,
+    ReinforceBaseline,
+    Rloo,
+    /// GRPO.
+    GroupNorm,
+    DrGrpo,
+}
+
+impl Estimator {
+    pub fn whitens(self) -> bool {
+        matches!(self, Estimator::Reinforce | Estimator::ReinforceBaseline)
+    }
+
+    pub fn uses_groups(self) -> bool {
+        !matches!(self, Estimator::Reinforce)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    K1,
+    K2,
+    K3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossAgg {
+    /// One token mean over every micro-batch of the optimizer step.
+    TokenMean,
+    /// Each micro-batch's own token mean, averaged over micro-batches (OpenRLHF < 0.10).
+    MicrobatchMean,
+    /// Mean over tokens within each sequence, then over sequences of the optimizer step.
+    SeqMean,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// Warm-up then cosine to min lr, progress clamped at 1 (rl.md §9 default).
+    Cosine,
+    /// The Hugging Face scheduler's indexing: first update at lr 0, cosine unclamped.
+    CosineHfParity,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSettings {
+    pub r: i64,
+    pub alpha: f64,
+    pub target_modules: Vec<String>,
+    #[serde(default)]
+    pub use_rslora: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub estimator: Estimator,
+    pub gamma: f64,
+    /// β; 0 means no reference model is loaded at all.
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    pub kl_in_loss: bool,
+    pub clip_eps_low: f64,
+    pub clip_eps_high: f64,
+    /// Dual-clip constant c > 1; 0 disables.
+    pub dual_clip: f64,
+    pub mask_truncated: bool,
+    pub truncated_in_norm_stats: bool,
+    pub no_std_norm: bool,
+    pub reward_clip: f64,
+    pub loss_agg: LossAgg,
+    /// Rollout temperature: log-probs use logits / temperature.
+    pub temperature: f64,
+    pub lr: f64,
+    pub adam_betas: [f64; 2],
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub lr_schedule: LrSchedule,
+    pub warmup_ratio: f64,
+    pub min_lr_ratio: f64,
+    /// S: optimizer steps the whole job will take (the schedule horizon).
+    pub total_steps: u64,
+    /// Optimizer steps already taken before this run (one-shot mode; a resumed learner takes it
+    /// from the checkpoint).
+    pub completed_steps: u64,
+    /// Samples per optimizer step.
+    pub train_batch_size: usize,
+    /// At most this many samples per micro-batch.
+    pub micro_batch_size: usize,
+    /// At most this many (padded) tokens per micro-batch; a longer sample gets a micro-batch alone.
+    pub micro_batch_tokens: usize,
+    pub max_epochs: usize,
+    /// Shuffle samples before splitting into optimizer steps (seeded by seed, step, epoch).
+    pub shuffle: bool,
+    pub seed: u64,
+    /// Weights dtype for training: float32 or bfloat16 (moments are always f32).
+    pub dtype: String,
+    pub device: String,
+    /// Train a LoRA adapter instead of all weights.
+    pub lora: Option<LoraSettings>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            estimator: Estimator::Reinforce,
+            gamma: 1.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K1,
+            kl_in_loss: false,
+            clip_eps_low: 0.2,
+            clip_eps_high: 0.2,
+            dual_clip: 0.0,
+            mask_truncated: true,
+            truncated_in_norm_stats: false,
+            no_std_norm: false,
+            reward_clip: 10.0,
+            loss_agg: LossAgg::TokenMean,
+            temperature: 1.0,
+            lr: 1e-6,
+            adam_betas: [0.9, 0.95],
+            adam_eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            lr_schedule: LrSchedule::Cosine,
+            warmup_ratio: 0.03,
+            min_lr_ratio: 0.1,
+            total_steps: 1,
+            completed_steps: 0,
+            train_batch_size: 64,
+            micro_batch_size: 2,
+            micro_batch_tokens: 16384,
+            max_epochs: 1,
+            shuffle: false,
+            seed: 42,
+            dtype: "float32".into(),
+            device: "cpu".into(),
+            lora: None,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| LearnerError::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| LearnerError::Config(format!("{}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| LearnerError::Config(format!("{}: {e}", path.display())))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(LearnerError::Config(m));
+        let finite_nonneg = |name: &str, v: f64| -> Result<()> {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(LearnerError::Config(format!("`{name}` must be finite and >= 0, got {v}")))
+            }
+        };
+        finite_nonneg("kl_coef", self.kl_coef)?;
+        finite_nonneg("weight_decay", self.weight_decay)?;
+        finite_nonneg("max_grad_norm", self.max_grad_norm)?;
+        finite_nonneg("warmup_ratio", self.warmup_ratio)?;
+        if !(self.gamma > 0.0 && self.gamma <= 1.0) {
+            return bad(format!("`gamma` must be in (0, 1], got {}", self.gamma));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad(format!("`lr` must be positive, got {}", self.lr));
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            return bad(format!("`temperature` must be positive, got {}", self.temperature));
+        }
+        if !(0.0..1.0).contains(&self.clip_eps_low) || !(self.clip_eps_high >= 0.0 && self.clip_eps_high.is_finite()) {
+            return bad(format!("clip range must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {} / {}", self.clip_eps_low, self.clip_eps_high));
+        }
+        if self.dual_clip != 0.0 && self.dual_clip <= 1.0 {
+            return bad(format!("`dual_clip` must be 0 (off) or > 1, got {}", self.dual_clip));
+        }
+        if !(self.reward_clip > 0.0) {
+            return bad(format!("`reward_clip` must be positive, got {}", self.reward_clip));
+        }
+        for (i, b) in self.adam_betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return bad(format!("`adam_betas[{i}]` must be in [0, 1), got {b}"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return bad(format!("`min_lr_ratio` must be in [0, 1], got {}", self.min_lr_ratio));
+        }
+        if self.total_steps == 0 {
+            return bad("`total_steps` must be at least 1".into());
+        }
+        if self.train_batch_size == 0 || self.micro_batch_size == 0 || self.micro_batch_tokens == 0 || self.max_epochs == 0 {
+            return bad("`train_batch_size`, `micro_batch_size`, `micro_batch_tokens` and `max_epochs` must be at least 1".into());
+        }
+        if self.kl_in_loss && self.kl_estimator == KlEstimator::K1 && self.kl_coef > 0.0 {
+            tracing::warn!("k1 in the loss has zero expected gradient; k2 or k3 is the usual choice");
+        }
+        comas_model::dtype::parse_kind(&self.dtype).map_err(|e| LearnerError::Config(e.to_string()))?;
+        if let Some(l) = &self.lora {
+            if l.r <= 0 || l.target_modules.is_empty() {
+                return bad("`lora.r` must be positive and `lora.target_modules` non-empty".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// γ actually used: group estimators force 1 (rl.md §4).
+    pub fn effective_gamma(&self) -> f64 {
+        if self.estimator == Estimator::Reinforce {
+            self.gamma
+        } else {
+            1.0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = TrainConfig::from_toml("estimator = \"group_norm\"\nkl_coef = 0.01\nkl_estimator = \"k3\"\nkl_in_loss = true\n").unwrap();
+        assert_eq!(c.estimator, Estimator::GroupNorm);
+        assert_eq!(c.kl_estimator, KlEstimator::K3);
+        assert_eq!(c.adam_betas, [0.9, 0.95]);
+        assert_eq!(c.effective_gamma(), 1.0);
+    }
+
+    #[test]
+    fn unknown_and_invalid_keys_are_named() {
+        let e = TrainConfig::from_toml("use_ttrl = true\n").unwrap_err().to_string();
+        assert!(e.contains("use_ttrl"), "{e}");
+        let e = TrainConfig::from_toml("estimator = \"ppo\"\n").unwrap_err().to_string();
+        assert!(e.contains("ppo"), "{e}");
+        let e = TrainConfig::from_toml("dual_clip = 0.5\n").unwrap_err().to_string();
+        assert!(e.contains("dual_clip"), "{e}");
+        let e = TrainConfig::from_toml("lr = -1.0\n").unwrap_err().to_string();
+        assert!(e.contains("lr"), "{e}");
+    }
+}

@@ -1,0 +1,25 @@
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("batch: {0}")]
+    Batch(String),
+    #[error("non-finite {what} in training step; weights left unchanged")]
+    NonFinite { what: String },
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error(transparent)]
+    Model(#[from] comas_model::ModelError),
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("io error on {path}: {err}")]
+    Io { path: std::path::PathBuf, err: std::io::Error },
+}
+
+pub type Result<T, E = LearnerError> = std::result::Result<T, E>;
+
+impl LearnerError {
+    pub fn io(path: impl Into<std::path::PathBuf>, err: std::io::Error) -> Self {
+        LearnerError::Io { path: path.into(), err }
+    }
+}

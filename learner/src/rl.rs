@@ -1,0 +1,219 @@
+//! The RL math of rl.md as pure functions over plain numbers (f64): KL estimators, scalar
+//! estimators over explicit groups, token rewards, returns and whitening. The loss itself, which
+//! needs gradients, is in `loss.rs`.
+use crate::config::{Estimator, KlEstimator, TrainConfig};
+use std::collections::HashMap;
+
+/// KL estimate of one token from log-probs under the policy (`a`) and the reference, clamped to
+/// [-10, 10] (rl.md §2).
+pub fn kl(estimator: KlEstimator, a: f64, reference: f64) -> f64 {
+    let d = a - reference;
+    let k = match estimator {
+        KlEstimator::K1 => d,
+        KlEstimator::K2 => d * d / 2.0,
+        KlEstimator::K3 => (-d).exp() - 1.0 + d,
+    };
+    k.clamp(-10.0, 10.0)
+}
+
+/// What the advantage computation needs of one sample.
+#[derive(Debug, Clone)]
+pub struct SampleInput<'a> {
+    pub reward: f64,
+    /// Per-token rewards (process rewards) added on top of the scalar reward, if any.
+    pub token_rewards: Option<&'a [f64]>,
+    pub group: &'a str,
+    /// Ended without a stop token.
+    pub truncated: bool,
+    /// ℓ^old per response token.
+    pub old_logprobs: &'a [f64],
+    /// ℓ^ref per response token (only when β > 0).
+    pub ref_logprobs: Option<&'a [f64]>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdvantageStats {
+    pub singleton_groups: usize,
+    /// Mean and std of the returns over the statistics mask (whitening estimators only).
+    pub return_mean: f64,
+    pub return_std: f64,
+    /// Masked mean of the KL estimate in the reward (0 when KL is not in the reward).
+    pub kl_in_reward_mean: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advantages {
+    /// Per sample, per response token.
+    pub advantages: Vec<Vec<f64>>,
+    pub returns: Vec<Vec<f64>>,
+    /// Loss mask per sample: 0 for truncated samples when masking is on.
+    pub loss_mask: Vec<bool>,
+    pub stats: AdvantageStats,
+}
+
+/// Scalar stage (rl.md §4): transformed reward per sample; singleton groups give 0.
+fn scalar_stage(estimator: Estimator, samples: &[SampleInput]) -> (Vec<f64>, usize) {
+    if !estimator.uses_groups() {
+        return (samples.iter().map(|s| s.reward).collect(), 0);
+    }
+    let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, s) in samples.iter().enumerate() {
+        groups.entry(s.group).or_default().push(i);
+    }
+    let mut out = vec![0.0; samples.len()];
+    let mut singletons = 0;
+    for idx in groups.values() {
+        let n = idx.len();
+        if n == 1 {
+            singletons += 1;
+            continue;
+        }
+        let rs: Vec<f64> = idx.iter().map(|&i| samples[i].reward).collect();
+        let sum: f64 = rs.iter().sum();
+        let mean = sum / n as f64;
+        let std = (rs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0)).sqrt();
+        for (&i, &r) in idx.iter().zip(&rs) {
+            out[i] = match estimator {
+                Estimator::ReinforceBaseline | Estimator::DrGrpo => r - mean,
+                Estimator::Rloo => r - (sum - r) / (n as f64 - 1.0),
+                Estimator::GroupNorm => (r - mean) / (std + 1e-9),
+                Estimator::Reinforce => unreachable!("no groups"),
+            };
+        }
+    }
+    (out, singletons)
+}
+
+/// Advantages for one agent's step buffer (rl.md §1 steps 4–7).
+pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advantages {
+    let (scalars, singleton_groups) = scalar_stage(cfg.estimator, samples);
+    let gamma = cfg.effective_gamma();
+    let kl_in_reward = cfg.kl_coef > 0.0 && !cfg.kl_in_loss;
+    let mut returns = Vec::with_capacity(samples.len());
+    let mut loss_mask = Vec::with_capacity(samples.len());
+    let (mut kl_sum, mut kl_n) = (0.0, 0usize);
+    for (s, &scalar) in samples.iter().zip(&scalars) {
+        let t = s.old_logprobs.len();
+        let masked_out = cfg.mask_truncated && s.truncated;
+        loss_mask.push(!masked_out);
+        let mut r = vec![0.0; t];
+        if let Some(tr) = s.token_rewards {
+            for (x, y) in r.iter_mut().zip(tr) {
+                *x += y.clamp(-cfg.reward_clip, cfg.reward_clip);
+            }
+        }
+        if kl_in_reward {
+            let refs = s.ref_logprobs.expect("reference log-probs when kl_coef > 0");
+            for (k, x) in r.iter_mut().enumerate() {
+                let est = kl(cfg.kl_estimator, s.old_logprobs[k], refs[k]);
+                *x -= cfg.kl_coef * est;
+                if !masked_out {
+                    kl_sum += est;
+                    kl_n += 1;
+                }
+            }
+        }
+        if t > 0 {
+            r[t - 1] += scalar.clamp(-cfg.reward_clip, cfg.reward_clip);
+        }
+        let mut g = vec![0.0; t];
+        let mut acc = 0.0;
+        for k in (0..t).rev() {
+            acc = r[k] + gamma * acc;
+            g[k] = acc;
+        }
+        returns.push(g);
+    }
+    let mut stats = AdvantageStats {
+        singleton_groups,
+        kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 },
+        ..Default::default()
+    };
+    let advantages = if cfg.estimator.whitens() {
+        let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
+        let (mut sum, mut n) = (0.0, 0.0);
+        for (i, g) in returns.iter().enumerate().filter(|(i, _)| in_stats(*i)) {
+            let _ = i;
+            sum += g.iter().sum::<f64>();
+            n += g.len() as f64;
+        }
+        let mean = if n > 0.0 { sum / n } else { 0.0 };
+        let var = if n > 0.0 {
+            returns.iter().enumerate().filter(|(i, _)| in_stats(*i)).flat_map(|(_, g)| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() / n
+        } else {
+            0.0
+        };
+        stats.return_mean = mean;
+        stats.return_std = var.sqrt();
+        let scale = if cfg.no_std_norm { 1.0 } else { 1.0 / var.max(1e-8).sqrt() };
+        returns.iter().map(|g| g.iter().map(|x| (x - mean) * scale).collect()).collect()
+    } else {
+        returns.clone()
+    };
+    Advantages { advantages, returns, loss_mask, stats }
+}
+
+/// Learning rate for the 1-based optimizer update `k` (rl.md §9).
+pub fn learning_rate(cfg: &TrainConfig, k: u64) -> f64 {
+    let s = cfg.total_steps as f64;
+    let w = (cfg.warmup_ratio * s).ceil();
+    let (max, min) = (cfg.lr, cfg.lr * cfg.min_lr_ratio);
+    let cosine = |p: f64| min + (max - min) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos());
+    match cfg.lr_schedule {
+        crate::config::LrSchedule::Cosine => {
+            let k = k as f64;
+            if k <= w {
+                max * k / w
+            } else {
+                cosine(((k - w) / (s - w).max(1.0)).min(1.0))
+            }
+        }
+        crate::config::LrSchedule::CosineHfParity => {
+            let step = (k as f64) - 1.0;
+            if step < w {
+                max * step / w.max(1.0)
+            } else {
+                cosine((step - w) / (s - w).max(1.0))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LrSchedule;
+
+    #[test]
+    fn kl_estimators_match_rl_md() {
+        // (old, ref) pairs of the worked example, S3
+        let old = [-0.7, -0.7, -0.1, -2.0];
+        let rf = [-0.7, -0.8, -0.3, -1.5];
+        let k1: Vec<f64> = old.iter().zip(&rf).map(|(a, b)| kl(KlEstimator::K1, *a, *b)).collect();
+        let k3: Vec<f64> = old.iter().zip(&rf).map(|(a, b)| kl(KlEstimator::K3, *a, *b)).collect();
+        let k2 = kl(KlEstimator::K2, -2.0, -1.5);
+        for (a, b) in k1.iter().zip([0.0, 0.1, 0.2, -0.5]) {
+            assert!((a - b).abs() < 1e-12);
+        }
+        for (a, b) in k3.iter().zip([0.0, 0.004837, 0.018731, 0.148721]) {
+            assert!((a - b).abs() < 1e-6, "{a} {b}");
+        }
+        assert!((k2 - 0.125).abs() < 1e-12);
+        assert_eq!(kl(KlEstimator::K1, 30.0, 0.0), 10.0);
+    }
+
+    #[test]
+    fn learning_rate_table() {
+        let cfg = TrainConfig { total_steps: 104, warmup_ratio: 4.0 / 104.0, lr: 1e-6, ..Default::default() };
+        assert_eq!((cfg.warmup_ratio * 104.0).ceil(), 4.0);
+        let want = [(1, 2.5e-7), (2, 5.0e-7), (4, 1.0e-6), (5, 9.99778e-7), (54, 5.5e-7), (104, 1.0e-7), (150, 1.0e-7)];
+        for (k, v) in want {
+            assert!((learning_rate(&cfg, k) - v).abs() < 1e-12, "k={k}: {}", learning_rate(&cfg, k));
+        }
+        let hf = TrainConfig { lr_schedule: LrSchedule::CosineHfParity, ..cfg };
+        let want = [(1, 0.0), (2, 2.5e-7), (4, 7.5e-7), (5, 1.0e-6), (54, 5.641348e-7), (104, 1.002220e-7), (150, 4.796045e-7)];
+        for (k, v) in want {
+            assert!((learning_rate(&hf, k) - v).abs() < 1e-12, "k={k}: {}", learning_rate(&hf, k));
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The training thread's state for one agent: its model (all weights or a LoRA adapter), an
+//! optional frozen reference, the optimizer and the counters. `train_step` runs one global step
+//! of rl.md §1 on the agent's experiences.
+use crate::config::{LossAgg, TrainConfig};
+use crate::error::{LearnerError, Result};
+use crate::experience::{Experience, Finish};
+use crate::loss::{kl_tensor, policy_loss};
+use crate::optim::AdamW;
+use crate::rl::{compute_advantages, learning_rate, SampleInput};
+use comas_model::dtype::{parse_device, parse_kind};
+use comas_model::lora::LoraConfig;
+use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct StepReport {
+    pub global_step: u64,
+    pub optimizer_steps: u64,
+    pub samples: usize,
+    /// Prompt + completion tokens processed by the training forward passes.
+    pub tokens: usize,
+    pub completion_tokens: usize,
+    /// pg_loss + β·kl_loss, averaged over the optimizer steps.
+    pub loss: f64,
+    pub pg_loss: f64,
+    pub kl_loss: f64,
+    /// Masked mean KL estimate (in the reward or in the loss, whichever is used).
+    pub kl: f64,
+    pub clip_frac: f64,
+    /// Masked mean of ℓ^old − ℓ^θ.
+    pub approx_kl: f64,
+    pub entropy: f64,
+    /// Global gradient norm before clipping (mean over optimizer steps), and the largest.
+    pub grad_norm: f64,
+    pub grad_norm_max: f64,
+    /// Learning rate of the last update.
+    pub lr: f64,
+    pub advantage_mean: f64,
+    pub return_mean: f64,
+    pub return_std: f64,
+    pub singleton_groups: usize,
+    pub truncated: usize,
+    /// Mean |ℓ^old − ℓ^sampler| over tokens that came with sampler log-probs.
+    pub sampler_mismatch: Option<f64>,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+}
+
+pub struct Trainer {
+    cfg: TrainConfig,
+    model: CausalLm,
+    adapter: Option<LoraAdapter>,
+    reference: Option<CausalLm>,
+    optim: AdamW,
+    source_dir: PathBuf,
+    /// Optimizer updates taken over the whole job (drives the schedule).
+    pub optimizer_steps: u64,
+    pub global_step: u64,
+}
+
+/// Sequence positions of a micro-batch's completion tokens, for gathering their log-probs.
+struct Packed {
+    ids: Tensor,
+    valid: Tensor,
+    /// Flat indices into [B * S] of the positions that predict each completion token.
+    gather: Tensor,
+    targets: Tensor,
+    tokens: usize,
+}
+
+fn pack(batch: &[&Experience], device: Device) -> Packed {
+    let seqs: Vec<Vec<i64>> = batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
+    let (ids, valid) = mask::right_pad(&seqs, 0, device);
+    let width = ids.size()[1];
+    let mut gather = Vec::new();
+    let mut targets = Vec::new();
+    for (b, e) in batch.iter().enumerate() {
+        let p = e.prompt_ids.len() as i64;
+        for (t, &tok) in e.completion_ids.iter().enumerate() {
+            gather.push(b as i64 * width + p + t as i64 - 1);
+            targets.push(tok);
+        }
+    }
+    Packed {
+        ids,
+        valid,
+        gather: Tensor::from_slice(&gather).to_device(device),
+        targets: Tensor::from_slice(&targets).to_device(device),
+        tokens: seqs.iter().map(Vec::len).sum(),
+    }
+}
+
+/// Splits `order` into micro-batches of at most `max_samples` samples and `max_tokens` padded
+/// tokens (a sample longer than the budget gets a micro-batch of its own).
+pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut longest = 0;
+    for &i in order {
+        let l = lens[i];
+        let widened = longest.max(l) * (cur.len() + 1);
+        if !cur.is_empty() && (cur.len() >= max_samples || widened > max_tokens) {
+            out.push(std::mem::take(&mut cur));
+            longest = 0;
+        }
+        longest = longest.max(l);
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+impl Trainer {
+    /// Loads the agent's model from a Hugging Face folder (and the LoRA adapter folder, if any,
+    /// to continue training it), plus a frozen reference when β > 0.
+    pub fn new(model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>) -> Result<Self> {
+        cfg.validate()?;
+        let kind = parse_kind(&cfg.dtype)?;
+        let device = parse_device(&cfg.device)?;
+        let model = CausalLm::load(model_dir, kind, device)?;
+        let adapter = match (&cfg.lora, adapter_dir) {
+            (None, None) => None,
+            (_, Some(dir)) => Some(LoraAdapter::load(dir, model.config(), kind, device)?),
+            (Some(l), None) => {
+                let lc = LoraConfig {
+                    r: l.r,
+                    lora_alpha: l.alpha,
+                    target_modules: l.target_modules.clone(),
+                    use_rslora: l.use_rslora,
+                    lora_dropout: 0.0,
+                    base_model_name_or_path: Some(model_dir.display().to_string()),
+                };
+                Some(LoraAdapter::init(model.config(), lc, cfg.seed as i64, kind, device)?)
+            }
+        };
+        // With LoRA the frozen base is the reference, so no second copy is needed.
+        let reference = if cfg.kl_coef > 0.0 && adapter.is_none() { Some(CausalLm::load(model_dir, kind, device)?) } else { None };
+        let params = match &adapter {
+            Some(a) => {
+                a.set_requires_grad(true);
+                a.named_tensors()
+            }
+            None => {
+                model.set_requires_grad(true);
+                model.named_parameters()
+            }
+        };
+        let optim = AdamW::new(params, (cfg.adam_betas[0], cfg.adam_betas[1]), cfg.adam_eps, cfg.weight_decay);
+        Ok(Self {
+            optimizer_steps: cfg.completed_steps,
+            global_step: 0,
+            cfg,
+            model,
+            adapter,
+            reference,
+            optim,
+            source_dir: model_dir.to_path_buf(),
+        })
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &CausalLm {
+        &self.model
+    }
+
+    pub fn adapter(&self) -> Option<&LoraAdapter> {
+        self.adapter.as_ref()
+    }
+
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optim
+    }
+
+    pub fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.optim
+    }
+
+    pub fn source_dir(&self) -> &Path {
+        &self.source_dir
+    }
+
+    /// Completion log-probs (f32, flat in sample order) and, optionally, the per-token entropy,
+    /// under `model` (+ adapter). Only completion positions go through the vocabulary
+    /// projection: prompts can be long and their logits are never needed.
+    fn completion_logprobs(&self, model: &CausalLm, with_adapter: bool, batch: &[&Experience], want_entropy: bool) -> Result<(Tensor, Option<Tensor>, usize)> {
+        let p = pack(batch, model.device());
+        let lora = match (&self.adapter, with_adapter) {
+            (Some(a), true) => Some(LoraBatch::uniform(a)),
+            _ => None,
+        };
+        let hidden = model.forward_hidden(&p.ids, Some(&p.valid), lora.as_ref())?;
+        let h = hidden.reshape([-1, hidden.size()[2]]).index_select(0, &p.gather);
+        let logits = model.lm_head(&h).to_kind(Kind::Float) / self.cfg.temperature;
+        let lsm = logits.log_softmax(-1, Kind::Float);
+        let lp = lsm.gather(-1, &p.targets.unsqueeze(-1), false).squeeze_dim(-1);
+        let entropy = want_entropy.then(|| tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg()));
+        Ok((lp, entropy, p.tokens))
+    }
+
+    /// ℓ under `model` for every sample, without gradient, in micro-batches.
+    fn logprobs_no_grad(&self, model: &CausalLm, with_adapter: bool, batch: &[Experience]) -> Result<Vec<Vec<f64>>> {
+        let _g = tch::no_grad_guard();
+        let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
+        let order: Vec<usize> = (0..batch.len()).collect();
+        let mut out = vec![Vec::new(); batch.len()];
+        for mb in micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens) {
+            let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
+            let (lp, _, _) = self.completion_logprobs(model, with_adapter, &refs, false)?;
+            let flat = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
+            let mut off = 0;
+            for &i in &mb {
+                let n = batch[i].completion_ids.len();
+                out[i] = flat[off..off + n].iter().map(|&x| x as f64).collect();
+                off += n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One global step on `batch`: experience making, advantages, then one or more optimizer
+    /// steps. On a non-finite loss or gradient the weights and optimizer are restored and an
+    /// error is returned.
+    pub fn train_step(&mut self, batch: &[Experience]) -> Result<StepReport> {
+        let started = Instant::now();
+        let _span = tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len()).entered();
+        if batch.is_empty() {
+            return Err(LearnerError::Batch("empty batch".into()));
+        }
+        let vocab = self.model.config().vocab_size;
+        for (i, e) in batch.iter().enumerate() {
+            e.validate(&format!("sample {i}"), vocab)?;
+            if e.token_rewards.is_some() && self.cfg.estimator.uses_groups() {
+                return Err(LearnerError::Batch(format!("sample {i}: token rewards need the `reinforce` estimator")));
+            }
+        }
+        // 2. Experience: ℓ^old (and ℓ^ref) before any update.
+        let old = self.logprobs_no_grad(&self.model, true, batch)?;
+        let reference = if self.cfg.kl_coef > 0.0 {
+            Some(match &self.reference {
+                Some(r) => self.logprobs_no_grad(r, false, batch)?,
+                None => self.logprobs_no_grad(&self.model, false, batch)?,
+            })
+        } else {
+            None
+        };
+        if old.iter().flatten().any(|x| !x.is_finite()) {
+            return Err(LearnerError::NonFinite { what: "log-probabilities under the current weights".into() });
+        }
+        let (mut mis_sum, mut mis_n) = (0.0, 0usize);
+        for (e, o) in batch.iter().zip(&old) {
+            if let Some(s) = &e.sampling_logprobs {
+                for (a, b) in o.iter().zip(s) {
+                    mis_sum += (a - b).abs();
+                    mis_n += 1;
+                }
+            }
+        }
+        // 3–7. Advantages.
+        let inputs: Vec<SampleInput> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, e)| SampleInput {
+                reward: e.scalar_reward(),
+                token_rewards: e.token_rewards.as_deref(),
+                group: &e.group,
+                truncated: e.finish_reason == Finish::Length,
+                old_logprobs: &old[i],
+                ref_logprobs: reference.as_ref().map(|r| r[i].as_slice()),
+            })
+            .collect();
+        let adv = compute_advantages(&inputs, &self.cfg);
+        let device = self.model.device();
+
+        // 8. Optimizer steps.
+        let n = batch.len();
+        let steps_here = n.div_ceil(self.cfg.train_batch_size) * self.cfg.max_epochs;
+        let snapshot = (steps_here > 1).then(|| self.optim.snapshot());
+        let steps_before = self.optimizer_steps;
+        let result = self.optimize(batch, &old, reference.as_deref(), &adv.advantages, &adv.loss_mask, device);
+        let mut report = match result {
+            Ok(r) => r,
+            Err(e) => {
+                match snapshot {
+                    Some(s) => self.optim.restore(s),
+                    None => self.optim.zero_grad(),
+                }
+                self.optimizer_steps = steps_before;
+                return Err(e);
+            }
+        };
+        self.global_step += 1;
+        report.global_step = self.global_step;
+        report.samples = n;
+        report.completion_tokens = batch.iter().map(|e| e.completion_ids.len()).sum();
+        report.singleton_groups = adv.stats.singleton_groups;
+        report.return_mean = adv.stats.return_mean;
+        report.return_std = adv.stats.return_std;
+        report.truncated = batch.iter().filter(|e| e.finish_reason == Finish::Length).count();
+        let masked: Vec<f64> = adv.advantages.iter().zip(&adv.loss_mask).filter(|(_, m)| **m).flat_map(|(a, _)| a.iter().copied()).collect();
+        report.advantage_mean = if masked.is_empty() { 0.0 } else { masked.iter().sum::<f64>() / masked.len() as f64 };
+        if self.cfg.kl_coef > 0.0 && !self.cfg.kl_in_loss {
+            report.kl = adv.stats.kl_in_reward_mean;
+        }
+        report.sampler_mismatch = (mis_n > 0).then(|| mis_sum / mis_n as f64);
+        report.seconds = started.elapsed().as_secs_f64();
+        report.tokens_per_s = report.tokens as f64 / report.seconds.max(1e-9);
+        tracing::info!(loss = report.loss, grad_norm = report.grad_norm, lr = report.lr, "step done");
+        Ok(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn optimize(&mut self, batch: &[Experience], old: &[Vec<f64>], reference: Option<&[Vec<f64>]>, adv: &[Vec<f64>], loss_mask: &[bool], device: Device) -> Result<StepReport> {
+        let cfg = self.cfg.clone();
+        let n = batch.len();
+        let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
+        let mut report = StepReport::default();
+        let (mut clip_sum, mut akl_sum, mut ent_sum, mut kl_sum, mut tok_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let mut norms = Vec::new();
+        let to_t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(Kind::Float).to_device(device);
+        for epoch in 0..cfg.max_epochs {
+            let mut order: Vec<usize> = (0..n).collect();
+            if cfg.shuffle {
+                let seed = cfg.seed ^ (self.global_step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (epoch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+            }
+            for chunk in order.chunks(cfg.train_batch_size) {
+                // Denominators for the whole optimizer step, fixed before any micro-batch (§7).
+                let step_tokens: usize = chunk.iter().filter(|&&i| loss_mask[i]).map(|&i| adv[i].len()).sum();
+                let step_seqs = chunk.iter().filter(|&&i| loss_mask[i]).count();
+                let mbs = micro_batches(chunk, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
+                let (mut pg_total, mut kl_total) = (0.0, 0.0);
+                for mb in &mbs {
+                    let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
+                    let (logp, entropy, tokens) = self.completion_logprobs(&self.model, true, &refs, true)?;
+                    report.tokens += tokens;
+                    let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
+                    let old_t = cat(&|i| old[i].clone());
+                    let adv_t = cat(&|i| adv[i].clone());
+                    let mask_t = cat(&|i| vec![if loss_mask[i] { 1.0 } else { 0.0 }; adv[i].len()]);
+                    let seq_idx = Tensor::from_slice(&mb.iter().enumerate().flat_map(|(k, &i)| vec![k as i64; adv[i].len()]).collect::<Vec<_>>()).to_device(device);
+                    let mb_tokens = mask_t.sum(Kind::Float).double_value(&[]);
+                    // Reduce a per-token quantity to this micro-batch's share of the step loss.
+                    let aggregate = |per_tok: &Tensor| -> Tensor {
+                        let masked = per_tok * &mask_t;
+                        match cfg.loss_agg {
+                            LossAgg::TokenMean if step_tokens > 0 => masked.sum(Kind::Float) / step_tokens as f64,
+                            LossAgg::MicrobatchMean if mb_tokens > 0.0 => masked.sum(Kind::Float) / mb_tokens / mbs.len() as f64,
+                            LossAgg::SeqMean if step_seqs > 0 => {
+                                let zeros = Tensor::zeros([mb.len() as i64], (Kind::Float, device));
+                                let sums = zeros.index_add(0, &seq_idx, &masked);
+                                let counts = zeros.index_add(0, &seq_idx, &mask_t).clamp_min(1.0);
+                                (sums / counts).sum(Kind::Float) / step_seqs as f64
+                            }
+                            _ => masked.sum(Kind::Float) * 0.0,
+                        }
+                    };
+                    let tl = policy_loss(&logp, &old_t, &adv_t, &cfg);
+                    let pg = aggregate(&tl.pg);
+                    let mut loss = pg.shallow_clone();
+                    if let (true, Some(r)) = (cfg.kl_in_loss && cfg.kl_coef > 0.0, reference) {
+                        let ref_t = cat(&|i| r[i].clone());
+                        let k = kl_tensor(cfg.kl_estimator, &logp, &ref_t);
+                        let kl_l = aggregate(&k);
+                        kl_total += kl_l.double_value(&[]);
+                        kl_sum += (&k * &mask_t).sum(Kind::Float).double_value(&[]);
+                        loss = loss + kl_l * cfg.kl_coef;
+                    }
+                    let lv = loss.double_value(&[]);
+                    if !lv.is_finite() {
+                        return Err(LearnerError::NonFinite { what: format!("loss ({lv})") });
+                    }
+                    pg_total += pg.double_value(&[]);
+                    loss.backward();
+                    tch::no_grad(|| {
+                        clip_sum += (&tl.clipped * &mask_t).sum(Kind::Float).double_value(&[]);
+                        akl_sum += ((&old_t - &logp) * &mask_t).sum(Kind::Float).double_value(&[]);
+                        if let Some(e) = &entropy {
+                            ent_sum += (e * &mask_t).sum(Kind::Float).double_value(&[]);
+                        }
+                    });
+                    tok_sum += mb_tokens;
+                }
+                let norm = self.optim.grad_norm();
+                if !norm.is_finite() {
+                    return Err(LearnerError::NonFinite { what: format!("gradient norm ({norm})") });
+                }
+                norms.push(norm);
+                self.optim.clip_grad(norm, cfg.max_grad_norm);
+                let lr = learning_rate(&cfg, self.optimizer_steps + 1);
+                self.optim.step(lr);
+                self.optim.zero_grad();
+                self.optimizer_steps += 1;
+                report.optimizer_steps += 1;
+                report.lr = lr;
+                report.pg_loss += pg_total;
+                report.kl_loss += kl_total;
+            }
+        }
+        let k = report.optimizer_steps.max(1) as f64;
+        report.pg_loss /= k;
+        report.kl_loss /= k;
+        report.loss = report.pg_loss + cfg.kl_coef * report.kl_loss;
+        let denom = tok_sum.max(1.0);
+        report.clip_frac = clip_sum / denom;
+        report.approx_kl = akl_sum / denom;
+        report.entropy = ent_sum / denom;
+        if cfg.kl_in_loss {
+            report.kl = kl_sum / denom;
+        }
+        report.grad_norm = norms.iter().sum::<f64>() / norms.len().max(1) as f64;
+        report.grad_norm_max = norms.iter().copied().fold(0.0, f64::max);
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_batches_respect_count_and_token_budget() {
+        let lens = [10, 10, 30, 5, 5, 5, 100];
+        let order: Vec<usize> = (0..lens.len()).collect();
+        assert_eq!(micro_batches(&order, &lens, 2, 1000), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
+        // budget 40 padded tokens: [10,10] = 20, adding 30 -> 90 > 40
+        assert_eq!(micro_batches(&order, &lens, 8, 40), vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6]]);
+    }
+}

@@ -1,0 +1,194 @@
+//! Learner behaviour on tiny models: learning a toy reward, exact resume, and bad input that
+//! leaves the weights untouched.
+use comas_learner::{checkpoint, Experience, Finish, TrainConfig, Trainer};
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::{generate, Architecture, GenerationRequest, SamplingParams};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use tch::Tensor;
+
+fn tiny_model(dir: &Path, seed: i64) {
+    let spec = TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) };
+    write_model(dir, &spec).unwrap();
+}
+
+fn params(t: &Trainer) -> Vec<(String, Tensor)> {
+    tch::no_grad(|| t.model().named_parameters().into_iter().map(|(n, p)| (n, p.detach().copy())).collect())
+}
+
+fn max_param_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    a.iter().zip(b).map(|((n1, x), (n2, y))| {
+        assert_eq!(n1, n2);
+        (x - y).abs().max().double_value(&[])
+    }).fold(0.0, f64::max)
+}
+
+fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| Experience {
+            prompt_ids: (0..rng.gen_range(2..8)).map(|_| rng.gen_range(0..420)).collect(),
+            completion_ids: (0..rng.gen_range(1..7)).map(|_| rng.gen_range(0..420)).collect(),
+            reward: Some([0.0, 0.5, 1.0][rng.gen_range(0..3)]),
+            token_rewards: None,
+            finish_reason: if i % 5 == 4 { Finish::Length } else { Finish::Stop },
+            group: format!("g{}", i / 2),
+            sampling_logprobs: None,
+            episode_id: None,
+            turn_id: Some(i as u64),
+            policy_version: Some(0),
+        })
+        .collect()
+}
+
+/// Toy task: reward 1 when the completion starts with one chosen token, else 0. The model has a
+/// 16-token vocabulary so the chosen token is sampled from the start (p ≈ 1/16); REINFORCE++
+/// must move the first-token distribution onto it.
+#[test]
+fn mean_reward_rises_on_a_toy_task() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &TinySpec { seed: 3, vocab_size: 16, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    let cfg = TrainConfig { lr: 1e-2, warmup_ratio: 0.0, total_steps: 30, train_batch_size: 32, micro_batch_size: 32, ..Default::default() };
+    let mut trainer = Trainer::new(dir.path(), cfg, None).unwrap();
+    let good = |t: i64| t == 3;
+    let prompts: Vec<Vec<i64>> = vec![vec![5, 6, 7], vec![10, 11], vec![2, 3, 4, 5], vec![13]];
+    let mut means = Vec::new();
+    for step in 0..25u64 {
+        let reqs: Vec<GenerationRequest> = (0..32)
+            .map(|i| GenerationRequest {
+                prompt_ids: prompts[i % 4].clone(),
+                params: SamplingParams { seed: step * 100 + i as u64, max_new_tokens: 3, ..Default::default() },
+                adapter: None,
+            })
+            .collect();
+        let outs = generate(trainer.model(), &reqs, None).unwrap();
+        let batch: Vec<Experience> = reqs
+            .iter()
+            .zip(&outs)
+            .map(|(r, c)| Experience {
+                prompt_ids: r.prompt_ids.clone(),
+                completion_ids: c.token_ids.clone(),
+                reward: Some(if good(c.token_ids[0]) { 1.0 } else { 0.0 }),
+                token_rewards: None,
+                finish_reason: Finish::Stop,
+                group: String::new(),
+                sampling_logprobs: Some(c.logprobs.iter().map(|&x| x as f64).collect()),
+                episode_id: None,
+                turn_id: None,
+                policy_version: Some(step),
+            })
+            .collect();
+        means.push(batch.iter().map(|e| e.scalar_reward()).sum::<f64>() / batch.len() as f64);
+        let report = trainer.train_step(&batch).unwrap();
+        // Weights the sampler used are the ones the learner starts from: no mismatch.
+        assert!(report.sampler_mismatch.unwrap() < 1e-4, "{report:?}");
+    }
+    let first: f64 = means[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = means[20..].iter().sum::<f64>() / 5.0;
+    eprintln!("mean reward per step: {means:?}");
+    assert!(first < 0.2, "starts near 1/16: {first}");
+    assert!(last > 0.7 && last > first + 0.4, "first {first}, last {last}");
+}
+
+fn resume_cfg() -> TrainConfig {
+    TrainConfig {
+        lr: 1e-3,
+        weight_decay: 0.01,
+        warmup_ratio: 0.25,
+        total_steps: 8,
+        train_batch_size: 6,
+        micro_batch_size: 4,
+        shuffle: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn resume_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 5);
+    let batches: Vec<Vec<Experience>> = (0..4).map(|s| random_batch(s, 12)).collect();
+    // Straight: 4 global steps (2 optimizer steps each).
+    let mut straight = Trainer::new(dir.path(), resume_cfg(), None).unwrap();
+    for b in &batches {
+        straight.train_step(b).unwrap();
+    }
+    // Interrupted: 2 steps, checkpoint, a fresh process state, 2 more.
+    let ckpts = dir.path().join("ckpt");
+    let mut first = Trainer::new(dir.path(), resume_cfg(), None).unwrap();
+    for b in &batches[..2] {
+        first.train_step(b).unwrap();
+    }
+    let saved = first.save_checkpoint(&ckpts, 2).unwrap();
+    drop(first);
+    assert_eq!(checkpoint::latest_checkpoint(&ckpts).unwrap().unwrap(), saved);
+    let mut resumed = Trainer::resume(&saved, dir.path(), None).unwrap();
+    assert_eq!((resumed.global_step, resumed.optimizer_steps), (2, 4));
+    for b in &batches[2..] {
+        resumed.train_step(b).unwrap();
+    }
+    let d = max_param_diff(&params(&straight), &params(&resumed));
+    assert!(d < 1e-7, "resumed weights differ by {d}");
+    assert!(max_param_diff(&params(&straight), &params(&Trainer::new(dir.path(), resume_cfg(), None).unwrap())) > 1e-4);
+}
+
+#[test]
+fn bad_batches_are_rejected_and_weights_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 6);
+    let mut t = Trainer::new(dir.path(), resume_cfg(), None).unwrap();
+    let before = params(&t);
+    let cases: Vec<(Box<dyn Fn(&mut Vec<Experience>)>, &str)> = vec![
+        (Box::new(|b| b[3].completion_ids.push(512)), "outside the model's vocabulary"),
+        (Box::new(|b| b[1].completion_ids.clear()), "empty completion"),
+        (Box::new(|b| b[2].reward = Some(f64::NAN)), "not finite"),
+        (Box::new(|b| b[0].reward = None), "no `reward`"),
+        (Box::new(|b| b[4].sampling_logprobs = Some(vec![0.0])), "sampling logprobs"),
+    ];
+    for (edit, needle) in cases {
+        let mut b = random_batch(9, 12);
+        edit(&mut b);
+        let err = t.train_step(&b).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+    assert!(t.train_step(&[]).unwrap_err().to_string().contains("empty batch"));
+    assert_eq!(max_param_diff(&before, &params(&t)), 0.0);
+    assert_eq!((t.global_step, t.optimizer_steps), (0, 0));
+}
+
+#[test]
+fn a_step_that_blows_up_is_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 7);
+    // An absurd learning rate: the first optimizer step succeeds and ruins the weights, the second
+    // sees a non-finite loss; the whole global step must be undone.
+    let cfg = TrainConfig { lr: 1e30, max_grad_norm: 0.0, ..resume_cfg() };
+    let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
+    let before = params(&t);
+    let err = t.train_step(&random_batch(3, 12)).unwrap_err().to_string();
+    assert!(err.contains("non-finite"), "{err}");
+    assert_eq!(max_param_diff(&before, &params(&t)), 0.0);
+    assert_eq!((t.global_step, t.optimizer_steps, t.optimizer().steps), (0, 0, 0));
+}
+
+#[test]
+fn checkpoint_is_a_loadable_model_folder_and_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 8);
+    let mut t = Trainer::new(dir.path(), resume_cfg(), None).unwrap();
+    let root = dir.path().join("ckpt");
+    for s in 0..3 {
+        t.train_step(&random_batch(s, 6)).unwrap();
+        t.save_checkpoint(&root, 2).unwrap();
+    }
+    let all = checkpoint::list_checkpoints(&root).unwrap();
+    assert_eq!(all.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 3]);
+    let m = comas_model::CausalLm::load(&all[1].1.join("model"), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let d = max_param_diff(&params(&t), &tch::no_grad(|| m.named_parameters().into_iter().map(|(n, p)| (n, p.copy())).collect::<Vec<_>>()));
+    assert_eq!(d, 0.0);
+    assert!(comas_model::Tokenizer::from_dir(&all[1].1.join("model")).is_ok());
+    // A half-written checkpoint (no marker) is never picked.
+    std::fs::create_dir_all(root.join("step-9/model")).unwrap();
+    assert_eq!(checkpoint::latest_checkpoint(&root).unwrap().unwrap(), all[1].1);
+    assert!(Trainer::resume(&root.join("step-9"), dir.path(), None).err().unwrap().to_string().contains("incomplete"));
+}
