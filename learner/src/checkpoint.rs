@@ -122,9 +122,9 @@ impl Trainer {
         Ok(dest)
     }
 
-    /// Restores a trainer from a checkpoint folder written by `save_checkpoint`. The model
-    /// config and tokenizer come from the checkpoint itself; `cfg` may change schedule-free
-    /// knobs but the optimizer state must fit the parameters.
+    /// Restores a trainer from a checkpoint folder written by `save_checkpoint`. The weights
+    /// come from the checkpoint; `base_model` is the job's original model, which stays the KL
+    /// reference (and the base under a LoRA adapter). `cfg` defaults to the stored config.
     pub fn resume(ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>) -> Result<Self> {
         if !ckpt.join(MARKER).is_file() {
             return Err(LearnerError::Checkpoint(format!("{} is incomplete (no {MARKER} marker); use an earlier checkpoint", ckpt.display())));
@@ -137,7 +137,7 @@ impl Trainer {
         let mut t = if state.lora {
             Trainer::new(base_model, cfg, Some(&ckpt.join("adapter")))?
         } else {
-            Trainer::new(&ckpt.join("model"), cfg, None)?
+            Trainer::with_reference(&ckpt.join("model"), cfg, None, Some(base_model))?
         };
         let opt_path = ckpt.join("optimizer.safetensors");
         let f = SafeTensorsFile::open(&opt_path)?;

@@ -1,12 +1,17 @@
 //! The learner of one agent: REINFORCE++ / GRPO training on the agent's own experiences,
-//! checkpoints, and (with the service) weight publishing to rollout workers.
+//! checkpoints, and weight publishing to rollout workers over gRPC.
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod experience;
 pub mod loss;
+pub mod metrics;
 pub mod optim;
+pub mod publish;
 pub mod rl;
+pub mod server;
+pub mod service;
 pub mod trainer;
 
 pub use config::TrainConfig;

@@ -119,8 +119,14 @@ pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_to
 
 impl Trainer {
     /// Loads the agent's model from a Hugging Face folder (and the LoRA adapter folder, if any,
-    /// to continue training it), plus a frozen reference when β > 0.
+    /// to continue training it), plus a frozen reference (the same folder) when β > 0.
     pub fn new(model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>) -> Result<Self> {
+        Self::with_reference(model_dir, cfg, adapter_dir, None)
+    }
+
+    /// As `new`, with the reference model read from `reference_dir` (default: `model_dir`).
+    /// A resumed learner passes the original base model here, not its checkpoint.
+    pub fn with_reference(model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>, reference_dir: Option<&Path>) -> Result<Self> {
         cfg.validate()?;
         let kind = parse_kind(&cfg.dtype)?;
         let device = parse_device(&cfg.device)?;
@@ -141,7 +147,21 @@ impl Trainer {
             }
         };
         // With LoRA the frozen base is the reference, so no second copy is needed.
-        let reference = if cfg.kl_coef > 0.0 && adapter.is_none() { Some(CausalLm::load(model_dir, kind, device)?) } else { None };
+        let reference = if cfg.kl_coef > 0.0 && adapter.is_none() {
+            let dir = reference_dir.unwrap_or(model_dir);
+            let r = CausalLm::load(dir, kind, device)?;
+            if r.config().vocab_size != model.config().vocab_size {
+                return Err(LearnerError::Config(format!(
+                    "reference model {} has vocab_size {} but the policy has {}",
+                    dir.display(),
+                    r.config().vocab_size,
+                    model.config().vocab_size
+                )));
+            }
+            Some(r)
+        } else {
+            None
+        };
         let params = match &adapter {
             Some(a) => {
                 a.set_requires_grad(true);

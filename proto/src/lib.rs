@@ -1,4 +1,4 @@
-//! Generated protobuf types of the `comas.v1` package.
+//! Generated protobuf types and gRPC services of the `comas.v1` package.
 pub mod v1 {
-    include!(concat!(env!("OUT_DIR"), "/comas.v1.rs"));
+    tonic::include_proto!("comas.v1");
 }

@@ -1,0 +1,172 @@
+//! The training thread. It owns the trainer (model, optimizer, reference) and serves commands
+//! from the async side over a channel; tensors never leave it.
+use crate::checkpoint::latest_checkpoint;
+use crate::config::TrainConfig;
+use crate::error::{LearnerError, Result};
+use crate::experience::Experience;
+use crate::publish::PublishedWeights;
+use crate::trainer::{StepReport, Trainer};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, RwLock};
+use tokio::sync::oneshot;
+
+pub struct CheckpointSummary {
+    pub path: PathBuf,
+    pub global_step: u64,
+    pub optimizer_steps: u64,
+}
+
+pub struct EngineInfo {
+    pub model_type: String,
+    pub num_parameters: u64,
+    pub trainable_parameters: u64,
+    pub lora: bool,
+    pub dtype: String,
+    pub device: String,
+    pub global_step: u64,
+    pub optimizer_steps: u64,
+    pub config_json: String,
+}
+
+pub enum Command {
+    Train { step_id: String, batch: Vec<Experience>, reply: oneshot::Sender<Result<StepReport>> },
+    Publish { reply: oneshot::Sender<Result<Arc<PublishedWeights>>> },
+    Save { reply: oneshot::Sender<Result<CheckpointSummary>> },
+    Load { path: Option<PathBuf>, reply: oneshot::Sender<Result<CheckpointSummary>> },
+    Info { reply: oneshot::Sender<EngineInfo> },
+}
+
+pub struct EngineSettings {
+    pub model_dir: PathBuf,
+    pub adapter_dir: Option<PathBuf>,
+    pub config: TrainConfig,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub keep_checkpoints: usize,
+    /// Resume from the newest complete checkpoint under `checkpoint_dir` at start.
+    pub resume: bool,
+}
+
+/// Published versions shared with the gRPC side (newest last, a few kept for slow pullers).
+pub type Versions = Arc<RwLock<VecDeque<Arc<PublishedWeights>>>>;
+const KEEP_VERSIONS: usize = 3;
+
+/// Starts the training thread; `ready` fires once the model is loaded (or loading failed).
+pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sender<Result<()>>) -> mpsc::Sender<Command> {
+    let (tx, rx) = mpsc::channel::<Command>();
+    std::thread::Builder::new()
+        .name("learner-train".into())
+        .spawn(move || {
+            let trainer = match load(&settings) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
+            run(trainer, settings, versions, rx, ready)
+        })
+        .expect("spawn training thread");
+    tx
+}
+
+fn load(s: &EngineSettings) -> Result<Trainer> {
+    if s.resume {
+        if let Some(dir) = &s.checkpoint_dir {
+            if let Some(ckpt) = latest_checkpoint(dir)? {
+                tracing::info!(checkpoint = %ckpt.display(), "resuming");
+                return Trainer::resume(&ckpt, &s.model_dir, Some(s.config.clone()));
+            }
+        }
+    }
+    Trainer::new(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref())
+}
+
+fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
+    let version = trainer.global_step;
+    if let Some(v) = versions.read().expect("versions lock").back() {
+        if v.version == version {
+            return Arc::clone(v);
+        }
+    }
+    let p = Arc::new(PublishedWeights::snapshot(trainer, version));
+    let mut w = versions.write().expect("versions lock");
+    w.push_back(Arc::clone(&p));
+    while w.len() > KEEP_VERSIONS {
+        w.pop_front();
+    }
+    p
+}
+
+fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Receiver<Command>, ready: oneshot::Sender<Result<()>>) {
+    // The starting weights are version `global_step` (0, or the resumed step).
+    publish(&trainer, &versions);
+    let _ = ready.send(Ok(()));
+    // Reports of recent step ids, so a retried Train is answered without training twice.
+    let mut done: VecDeque<(String, StepReport)> = VecDeque::new();
+    while let Ok(cmd) = rx.recv() {
+        match cmd {
+            Command::Train { step_id, batch, reply } => {
+                if let Some((_, r)) = done.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
+                    let _ = reply.send(Ok(r.clone()));
+                    continue;
+                }
+                let r = trainer.train_step(&batch);
+                if let Ok(rep) = &r {
+                    done.push_back((step_id, rep.clone()));
+                    if done.len() > 16 {
+                        done.pop_front();
+                    }
+                }
+                let _ = reply.send(r);
+            }
+            Command::Publish { reply } => {
+                let _ = reply.send(Ok(publish(&trainer, &versions)));
+            }
+            Command::Save { reply } => {
+                let r = match &s.checkpoint_dir {
+                    None => Err(LearnerError::Checkpoint("no checkpoint directory configured (--checkpoint-dir)".into())),
+                    Some(dir) => trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| CheckpointSummary {
+                        path,
+                        global_step: trainer.global_step,
+                        optimizer_steps: trainer.optimizer_steps,
+                    }),
+                };
+                let _ = reply.send(r);
+            }
+            Command::Load { path, reply } => {
+                let target = match (path, &s.checkpoint_dir) {
+                    (Some(p), _) => Ok(p),
+                    (None, Some(dir)) => latest_checkpoint(dir).and_then(|o| {
+                        o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))
+                    }),
+                    (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
+                };
+                let r = target.and_then(|p| {
+                    let t = Trainer::resume(&p, &s.model_dir, Some(s.config.clone()))?;
+                    trainer = t;
+                    done.clear();
+                    publish(&trainer, &versions);
+                    Ok(CheckpointSummary { path: p, global_step: trainer.global_step, optimizer_steps: trainer.optimizer_steps })
+                });
+                let _ = reply.send(r);
+            }
+            Command::Info { reply } => {
+                let m = trainer.model();
+                let trainable: i64 = trainer.optimizer().params().iter().map(|(_, t)| t.numel() as i64).sum();
+                let _ = reply.send(EngineInfo {
+                    model_type: m.config().model_type.clone(),
+                    num_parameters: m.config().num_parameters() as u64,
+                    trainable_parameters: trainable as u64,
+                    lora: trainer.adapter().is_some(),
+                    dtype: comas_model::dtype::kind_name(m.kind()).to_string(),
+                    device: format!("{:?}", m.device()),
+                    global_step: trainer.global_step,
+                    optimizer_steps: trainer.optimizer_steps,
+                    config_json: serde_json::to_string(trainer.config()).unwrap_or_default(),
+                });
+            }
+        }
+    }
+    tracing::info!("training thread stops: all senders dropped");
+}

@@ -1,0 +1,68 @@
+//! Prometheus metrics of the learner and the small HTTP server that exposes them (with a
+//! liveness endpoint) next to the gRPC port.
+use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub steps: IntCounter,
+    pub step_errors: IntCounter,
+    pub tokens: IntCounter,
+    pub step_seconds: Histogram,
+    pub loss: Gauge,
+    pub grad_norm: Gauge,
+    pub lr: Gauge,
+    pub version: IntGauge,
+    pub weight_bytes_sent: IntCounter,
+}
+
+impl Metrics {
+    pub fn new(agent: u32) -> Arc<Self> {
+        let registry = Registry::new_custom(Some("comas_learner".into()), Some([("agent".to_string(), agent.to_string())].into())).expect("registry");
+        let c = |n: &str, h: &str| {
+            let m = IntCounter::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        let g = |n: &str, h: &str| {
+            let m = Gauge::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        let steps = c("steps_total", "training steps completed");
+        let step_errors = c("step_errors_total", "training steps rejected");
+        let tokens = c("tokens_total", "tokens processed by training forward passes");
+        let weight_bytes_sent = c("weight_bytes_sent_total", "weight bytes streamed to workers");
+        let loss = g("loss", "loss of the last step");
+        let grad_norm = g("grad_norm", "gradient norm of the last step, before clipping");
+        let lr = g("learning_rate", "learning rate of the last update");
+        let version = IntGauge::new("weights_version", "newest published weights version").expect("metric");
+        registry.register(Box::new(version.clone())).expect("register");
+        let step_seconds = Histogram::with_opts(
+            HistogramOpts::new("step_seconds", "wall time of a training step").buckets(prometheus::exponential_buckets(0.01, 2.0, 16).expect("buckets")),
+        )
+        .expect("metric");
+        registry.register(Box::new(step_seconds.clone())).expect("register");
+        Arc::new(Self { registry, steps, step_errors, tokens, step_seconds, loss, grad_norm, lr, version, weight_bytes_sent })
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Serves `/metrics` and `/healthz` until `shutdown` resolves.
+pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::{routing::get, Router};
+    let app = Router::new()
+        .route("/metrics", get(move || {
+            let m = Arc::clone(&metrics);
+            async move { m.render() }
+        }))
+        .route("/healthz", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,117 @@
+//! Published weight versions: plain bytes copied off the training thread, so the async side can
+//! stream them without touching a tensor. Each tensor carries a CRC32 for the receiver to check.
+use crate::trainer::Trainer;
+use comas_model::dtype::kind_name;
+use comas_proto::v1::WeightChunk;
+use std::sync::Arc;
+use tch::{Device, Tensor};
+
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+/// Largest chunk a client may ask for: far below gRPC's 4 MiB message limit.
+pub const MAX_CHUNK_BYTES: usize = 2 << 20;
+
+pub struct PublishedTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    pub bytes: Vec<u8>,
+    pub crc32: u32,
+}
+
+pub struct PublishedWeights {
+    pub version: u64,
+    pub lora: bool,
+    pub dtype: String,
+    pub tensors: Vec<PublishedTensor>,
+}
+
+impl PublishedWeights {
+    /// Copies the trainable weights (the adapter only, for LoRA) to host memory.
+    pub fn snapshot(trainer: &Trainer, version: u64) -> Self {
+        let _g = tch::no_grad_guard();
+        let (lora, named) = match trainer.adapter() {
+            Some(a) => (true, a.named_tensors()),
+            None => (false, trainer.model().named_parameters()),
+        };
+        let kind = trainer.model().kind();
+        let tensors = named
+            .into_iter()
+            .map(|(name, t)| {
+                let t: Tensor = t.detach().to_device(Device::Cpu).contiguous();
+                let n = t.numel();
+                let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
+                t.copy_data_u8(&mut bytes, n);
+                let crc32 = crc32fast::hash(&bytes);
+                PublishedTensor { name, dtype: kind_name(t.kind()).to_string(), shape: t.size(), bytes, crc32 }
+            })
+            .collect();
+        Self { version, lora, dtype: kind_name(kind).to_string(), tensors }
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.bytes.len() as u64).sum()
+    }
+
+    /// The chunk sequence for a client: tensors in order, each split at `max_bytes`.
+    pub fn chunks(self: &Arc<Self>, max_bytes: usize) -> impl Iterator<Item = WeightChunk> + Send + 'static {
+        let max = max_bytes.clamp(1, MAX_CHUNK_BYTES);
+        let this = Arc::clone(self);
+        let plan: Vec<(usize, usize)> = self
+            .tensors
+            .iter()
+            .enumerate()
+            .flat_map(|(ti, t)| {
+                let n = t.bytes.len();
+                let pieces = n.div_ceil(max).max(1);
+                (0..pieces).map(move |p| (ti, p * max))
+            })
+            .collect();
+        plan.into_iter().map(move |(ti, off)| {
+            let t = &this.tensors[ti];
+            let end = (off + max).min(t.bytes.len());
+            let last = end == t.bytes.len();
+            WeightChunk {
+                version: this.version,
+                tensor_name: t.name.clone(),
+                dtype: t.dtype.clone(),
+                shape: t.shape.clone(),
+                offset: off as u64,
+                data: t.bytes[off..end].to_vec(),
+                last,
+                crc32: if last { t.crc32 } else { 0 },
+                tensor_bytes: t.bytes.len() as u64,
+            }
+        })
+    }
+}
+
+/// Reassembles and verifies a chunk stream (what a rollout worker does); returns tensors by
+/// name with their bytes, or an error naming the tensor that failed its checksum.
+pub fn assemble(chunks: impl IntoIterator<Item = WeightChunk>) -> Result<Vec<(String, String, Vec<i64>, Vec<u8>)>, String> {
+    let mut out: Vec<(String, String, Vec<i64>, Vec<u8>)> = Vec::new();
+    let mut open = false;
+    for c in chunks {
+        if !open {
+            if c.offset != 0 {
+                return Err(format!("tensor `{}` starts at offset {}", c.tensor_name, c.offset));
+            }
+            out.push((c.tensor_name.clone(), c.dtype.clone(), c.shape.clone(), Vec::with_capacity(c.tensor_bytes as usize)));
+            open = true;
+        }
+        let cur = out.last_mut().expect("open tensor");
+        if cur.0 != c.tensor_name || c.offset as usize != cur.3.len() {
+            return Err(format!("chunk of `{}` at offset {} out of order", c.tensor_name, c.offset));
+        }
+        cur.3.extend_from_slice(&c.data);
+        if c.last {
+            if crc32fast::hash(&cur.3) != c.crc32 || cur.3.len() as u64 != c.tensor_bytes {
+                return Err(format!("tensor `{}` failed its checksum", c.tensor_name));
+            }
+            open = false;
+        }
+    }
+    if open {
+        return Err("stream ended inside a tensor".into());
+    }
+    Ok(out)
+}

@@ -1,0 +1,89 @@
+//! Runs the learner service: training thread, gRPC (with health), metrics, graceful shutdown.
+use crate::engine::{self, EngineSettings, Versions};
+use crate::error::{LearnerError, Result};
+use crate::metrics::{self, Metrics};
+use crate::service::LearnerService;
+use comas_proto::v1::learner_server::LearnerServer;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::{oneshot, watch};
+
+pub struct ServerSettings {
+    pub agent_id: u32,
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub engine: EngineSettings,
+}
+
+/// Bytes a decoded gRPC message may hold; a Train stream sends one experience per message.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Serves until `shutdown` fires. Health reports SERVING only after the model has loaded.
+pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+    let metrics = Metrics::new(s.agent_id);
+    let versions: Versions = Default::default();
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_not_serving::<LearnerServer<LearnerService>>().await;
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let engine = engine::spawn(s.engine, Arc::clone(&versions), ready_tx);
+    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics) };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    if let Some(addr) = s.metrics_listen {
+        let m = Arc::clone(&metrics);
+        let stop = wait(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve_http(addr, m, stop).await {
+                tracing::error!(%addr, error = %e, "metrics server failed");
+            }
+        });
+    }
+    let hr = health_reporter.clone();
+    tokio::spawn(async move {
+        match ready_rx.await {
+            Ok(Ok(())) => {
+                hr.set_serving::<LearnerServer<LearnerService>>().await;
+                tracing::info!("model loaded; learner is ready");
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "model failed to load; the learner stays NOT_SERVING"),
+            Err(_) => tracing::error!("training thread exited during start-up"),
+        }
+    });
+    tracing::info!(addr = %s.listen, agent = s.agent_id, "learner listening");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(LearnerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .serve_with_shutdown(s.listen, wait(stop_rx))
+        .await
+        .map_err(|e| LearnerError::Config(format!("gRPC server on {}: {e}", s.listen)))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}

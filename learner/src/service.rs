@@ -1,0 +1,201 @@
+//! gRPC side of the learner: converts messages and forwards work to the training thread.
+use crate::engine::{Command, Versions};
+use crate::error::LearnerError;
+use crate::experience::{Experience, Finish};
+use crate::metrics::Metrics;
+use crate::publish::DEFAULT_CHUNK_BYTES;
+use crate::trainer::StepReport;
+use comas_proto::v1 as pb;
+use comas_proto::v1::learner_server::Learner;
+use std::pin::Pin;
+use std::sync::{mpsc, Arc};
+use tokio::sync::oneshot;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Largest number of experiences one Train call may carry (a guard against runaway clients).
+pub const MAX_EXPERIENCES: u32 = 1 << 20;
+
+pub struct LearnerService {
+    pub agent_id: u32,
+    pub engine: mpsc::Sender<Command>,
+    pub versions: Versions,
+    pub metrics: Arc<Metrics>,
+}
+
+fn status(e: LearnerError) -> Status {
+    match e {
+        LearnerError::Batch(_) | LearnerError::Config(_) => Status::invalid_argument(e.to_string()),
+        LearnerError::NonFinite { .. } => Status::failed_precondition(e.to_string()),
+        LearnerError::Checkpoint(_) => Status::failed_precondition(e.to_string()),
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+impl LearnerService {
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.engine.send(make(tx)).map_err(|_| Status::unavailable("the training thread has stopped; restart the learner"))?;
+        rx.await.map_err(|_| Status::internal("the training thread dropped the request"))
+    }
+}
+
+fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
+    let finish = match pb::FinishReason::try_from(m.finish_reason) {
+        Ok(pb::FinishReason::Stop) => Finish::Stop,
+        Ok(pb::FinishReason::Length) => Finish::Length,
+        _ => return Err(Status::invalid_argument(format!("experience {i}: finish_reason must be STOP or LENGTH"))),
+    };
+    Ok(Experience {
+        prompt_ids: m.prompt_ids,
+        completion_ids: m.completion_ids,
+        reward: m.reward,
+        token_rewards: (!m.token_rewards.is_empty()).then_some(m.token_rewards),
+        finish_reason: finish,
+        group: m.group,
+        sampling_logprobs: (!m.sampling_logprobs.is_empty()).then(|| m.sampling_logprobs.iter().map(|&x| x as f64).collect()),
+        episode_id: (!m.episode_id.is_empty()).then_some(m.episode_id),
+        turn_id: Some(m.turn_id),
+        policy_version: Some(m.policy_version),
+    })
+}
+
+pub fn report_to_pb(r: &StepReport) -> pb::TrainReport {
+    pb::TrainReport {
+        global_step: r.global_step,
+        optimizer_steps: r.optimizer_steps,
+        samples: r.samples as u32,
+        tokens: r.tokens as u64,
+        loss: r.loss,
+        pg_loss: r.pg_loss,
+        kl_loss: r.kl_loss,
+        kl: r.kl,
+        clip_frac: r.clip_frac,
+        approx_kl: r.approx_kl,
+        entropy: r.entropy,
+        grad_norm: r.grad_norm,
+        lr: r.lr,
+        seconds: r.seconds,
+        tokens_per_s: r.tokens_per_s,
+        sampler_mismatch: r.sampler_mismatch,
+        singleton_groups: r.singleton_groups as u32,
+        truncated: r.truncated as u32,
+        return_mean: r.return_mean,
+        json: serde_json::to_string(r).unwrap_or_default(),
+    }
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::WeightChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Learner for LearnerService {
+    async fn train(&self, request: Request<Streaming<pb::TrainRequest>>) -> Result<Response<pb::TrainReport>, Status> {
+        let mut stream = request.into_inner();
+        let header = match stream.next().await {
+            Some(Ok(pb::TrainRequest { item: Some(pb::train_request::Item::Header(h)) })) => h,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(Status::invalid_argument("a Train stream must start with a header")),
+        };
+        if header.num_experiences == 0 || header.num_experiences > MAX_EXPERIENCES {
+            return Err(Status::invalid_argument(format!("num_experiences must be in 1..={MAX_EXPERIENCES}, got {}", header.num_experiences)));
+        }
+        let mut batch = Vec::with_capacity(header.num_experiences as usize);
+        while let Some(msg) = stream.next().await {
+            match msg?.item {
+                Some(pb::train_request::Item::Experience(e)) => {
+                    if batch.len() as u32 >= header.num_experiences {
+                        return Err(Status::invalid_argument(format!("more experiences than the {} announced", header.num_experiences)));
+                    }
+                    let i = batch.len();
+                    batch.push(experience_from(e, i)?);
+                }
+                _ => return Err(Status::invalid_argument("only experiences may follow the header")),
+            }
+        }
+        if batch.len() as u32 != header.num_experiences {
+            return Err(Status::invalid_argument(format!(
+                "stream ended after {} of {} experiences; nothing was trained",
+                batch.len(),
+                header.num_experiences
+            )));
+        }
+        let timer = self.metrics.step_seconds.start_timer();
+        let result = self.call(|reply| Command::Train { step_id: header.step_id, batch, reply }).await?;
+        match result {
+            Ok(r) => {
+                timer.observe_duration();
+                self.metrics.steps.inc();
+                self.metrics.tokens.inc_by(r.tokens as u64);
+                self.metrics.loss.set(r.loss);
+                self.metrics.grad_norm.set(r.grad_norm);
+                self.metrics.lr.set(r.lr);
+                Ok(Response::new(report_to_pb(&r)))
+            }
+            Err(e) => {
+                timer.stop_and_discard();
+                self.metrics.step_errors.inc();
+                Err(status(e))
+            }
+        }
+    }
+
+    async fn publish_weights(&self, _: Request<pb::PublishWeightsRequest>) -> Result<Response<pb::WeightsPublished>, Status> {
+        let p = self.call(|reply| Command::Publish { reply }).await?.map_err(status)?;
+        self.metrics.version.set(p.version as i64);
+        Ok(Response::new(pb::WeightsPublished {
+            version: p.version,
+            num_tensors: p.tensors.len() as u32,
+            total_bytes: p.total_bytes(),
+            lora: p.lora,
+            dtype: p.dtype.clone(),
+        }))
+    }
+
+    type StreamWeightsStream = ChunkStream;
+
+    async fn stream_weights(&self, request: Request<pb::StreamWeightsRequest>) -> Result<Response<ChunkStream>, Status> {
+        let req = request.into_inner();
+        let found = self.versions.read().expect("versions lock").iter().find(|v| v.version == req.version).cloned();
+        let Some(weights) = found else {
+            let have: Vec<u64> = self.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
+            return Err(Status::not_found(format!("weights version {} is not published here (have {have:?})", req.version)));
+        };
+        let max = if req.max_chunk_bytes == 0 { DEFAULT_CHUNK_BYTES } else { req.max_chunk_bytes as usize };
+        let metrics = Arc::clone(&self.metrics);
+        let stream = tokio_stream::iter(weights.chunks(max)).map(move |c| {
+            metrics.weight_bytes_sent.inc_by(c.data.len() as u64);
+            Ok(c)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn save_checkpoint(&self, _: Request<pb::SaveCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let s = self.call(|reply| Command::Save { reply }).await?.map_err(status)?;
+        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+    }
+
+    async fn load_checkpoint(&self, request: Request<pb::LoadCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let p = request.into_inner().path;
+        let path = (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+        let s = self.call(|reply| Command::Load { path, reply }).await?.map_err(status)?;
+        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+    }
+
+    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
+        let i = self.call(|reply| Command::Info { reply }).await?;
+        let latest = self.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
+        Ok(Response::new(pb::LearnerInfo {
+            agent_id: self.agent_id,
+            model_type: i.model_type,
+            num_parameters: i.num_parameters,
+            trainable_parameters: i.trainable_parameters,
+            lora: i.lora,
+            dtype: i.dtype,
+            device: i.device,
+            global_step: i.global_step,
+            optimizer_steps: i.optimizer_steps,
+            latest_version: latest,
+            config_json: i.config_json,
+        }))
+    }
+}
