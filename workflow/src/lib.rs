@@ -1,3 +1,15 @@
-//! Interaction protocols, prompt templates, reward formulations and tasks as pure code (filled by issue 4).
+//! Methods as pure code: interaction protocols (episode state machines that ask for turns),
+//! prompt templates, reward formulations and task data sets. Nothing here touches a model, a
+//! thread pool or the network, so every rule can be unit-tested on plain data.
 //!
-//! This crate is part of the workspace layout of DESIGN.md; it holds no code yet.
+//! Layout: the pieces shared by every method sit at the top (`task`, `turn`, `seed`, `error`);
+//! each method gets its own folder (`comas/` today) with its config, prompts, protocol and rewards.
+pub mod comas;
+pub mod error;
+pub mod seed;
+pub mod task;
+pub mod turn;
+
+pub use error::WorkflowError;
+pub use task::{DatasetError, TaskKind, TaskRecord};
+pub use turn::{ChatMessage, FinishReason, Role, SamplingSpec, TurnOutput, TurnRequest};

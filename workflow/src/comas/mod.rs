@@ -1,0 +1,29 @@
+//! CoMAS: agents solve, critique each other's solutions and score the (solution, critique) pairs;
+//! the scores reward the solvers and, inversely, the critics (spec `comas.md`).
+//!
+//! - `config`: settings and validation;
+//! - `assignment`: who evaluates and who scores, planned per batch;
+//! - `discussion`: which earlier pairs a round's solvers see;
+//! - `prompts`: the templates;
+//! - `score`: reading scores and verdicts out of text;
+//! - `episode`: the protocol of one instance as a state machine;
+//! - `batch`: all episodes of a step;
+//! - `trajectory`: the record of a finished episode;
+//! - `reward`: trajectory → per-turn rewards.
+pub mod assignment;
+pub mod batch;
+pub mod config;
+pub mod discussion;
+pub mod episode;
+pub mod prompts;
+pub mod reward;
+pub mod score;
+pub mod trajectory;
+
+pub use assignment::{plan_batch, BatchPlan, InstancePlan, PlanSeed, RoundAssignment};
+pub use batch::{episode_seed, start_batch};
+pub use config::{Assignment, CoMasConfig, ConfigError, DiscussionSource, JudgeReward, RoleSampling, Variant};
+pub use episode::Episode;
+pub use reward::{comas_rewards, TurnReward};
+pub use score::{extract_judgment, extract_score, Judgment};
+pub use trajectory::{Trajectory, TrajectoryTurn};

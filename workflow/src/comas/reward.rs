@@ -1,0 +1,101 @@
+//! CoMAS rewards (spec 5) and those of the two ablations (spec 9): a pure function from a
+//! finished trajectory to one scalar per turn. Ground truth plays no part.
+//!
+//! - Full: a valid score ŝ gives the solver (ŝ−1)/2 and the evaluator 1 − that; the scorer gets 0.
+//!   A broken score gives solver and evaluator 0 and the scorer −1. It is never replaced by a
+//!   default. With n > 1 the solver gets the mean over its valid scores (0 if none) and each
+//!   evaluator is paid from the score of its own pair.
+//! - No evaluation: the solver as above; a judge gets −1 for a broken score, otherwise 1 − (ŝ−1)/2
+//!   of its own score (`zero_sum`) or 0 (`neutral`).
+//! - No scoring: the solver gets the fraction of valid verdicts that say correct (0 if none); an
+//!   evaluator gets −1 for a broken verdict, otherwise the fraction of the other valid verdicts on
+//!   the same solution that agree with it (0 if there are none).
+use super::config::{JudgeReward, Variant};
+use super::score::Judgment;
+use super::trajectory::{Trajectory, TrajectoryTurn};
+use crate::error::WorkflowError;
+use crate::turn::Role;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Reward of one turn; the list returned by [`comas_rewards`] follows the trajectory's turn order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TurnReward {
+    pub turn_index: u32,
+    pub agent: u32,
+    pub role: Role,
+    pub reward: f32,
+}
+
+pub const FORMAT_PENALTY: f64 = -1.0;
+
+/// (ŝ−1)/2: 1 → 0, 2 → 0.5, 3 → 1.
+fn solution_value(score: u8) -> f64 {
+    (f64::from(score) - 1.0) / 2.0
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, count) = values.fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
+    if count == 0 {
+        0.0
+    } else {
+        sum / count as f64
+    }
+}
+
+/// Per-turn rewards of a finished CoMAS trajectory (checked with `Trajectory::validate` first).
+pub fn comas_rewards(trajectory: &Trajectory) -> Result<Vec<TurnReward>, WorkflowError> {
+    trajectory.validate()?;
+    // The turns that pass a verdict on each solution: scorers, or the evaluators of no_scoring.
+    let verdict_role = if trajectory.variant == Variant::NoScoring { Role::Evaluator } else { Role::Scorer };
+    let mut verdicts: HashMap<u32, Vec<&TrajectoryTurn>> = HashMap::new();
+    let mut scorer_of_evaluation: HashMap<u32, &TrajectoryTurn> = HashMap::new();
+    for t in &trajectory.turns {
+        if t.role == verdict_role {
+            if let Some(s) = t.about_solution {
+                verdicts.entry(s).or_default().push(t);
+            }
+        }
+        if let (Role::Scorer, Some(e)) = (t.role, t.about_evaluation) {
+            scorer_of_evaluation.insert(e, t);
+        }
+    }
+    let on = |solution: Option<u32>| -> &[&TrajectoryTurn] {
+        solution.and_then(|s| verdicts.get(&s)).map(Vec::as_slice).unwrap_or(&[])
+    };
+
+    let rewards = trajectory.turns.iter().map(|t| {
+        let reward = match (trajectory.variant, t.role) {
+            (Variant::NoScoring, Role::Solver) => mean(
+                on(Some(t.turn_index))
+                    .iter()
+                    .filter_map(|v| v.judgment)
+                    .map(|j| f64::from(u8::from(j == Judgment::Correct))),
+            ),
+            (Variant::NoScoring, Role::Evaluator) => match t.judgment {
+                None => FORMAT_PENALTY,
+                Some(mine) => mean(
+                    on(t.about_solution)
+                        .iter()
+                        .filter(|v| v.turn_index != t.turn_index)
+                        .filter_map(|v| v.judgment)
+                        .map(|j| f64::from(u8::from(j == mine))),
+                ),
+            },
+            (_, Role::Solver) => mean(on(Some(t.turn_index)).iter().filter_map(|v| v.score).map(solution_value)),
+            (_, Role::Evaluator) => match scorer_of_evaluation.get(&t.turn_index).and_then(|s| s.score) {
+                Some(score) => 1.0 - solution_value(score),
+                None => 0.0,
+            },
+            (variant, Role::Scorer) => match (t.score, variant) {
+                (None, _) => FORMAT_PENALTY,
+                (Some(score), Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }) => {
+                    1.0 - solution_value(score)
+                }
+                (Some(_), _) => 0.0,
+            },
+        };
+        TurnReward { turn_index: t.turn_index, agent: t.agent, role: t.role, reward: reward as f32 }
+    });
+    Ok(rewards.collect())
+}

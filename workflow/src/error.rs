@@ -1,0 +1,32 @@
+//! The error type of the protocol side. Messages say what went wrong and what was expected.
+use crate::comas::config::ConfigError;
+use crate::task::DatasetError;
+use crate::turn::Role;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum WorkflowError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// An assignment plan whose shape does not match the config it is used with.
+    #[error("assignment plan does not fit the config: {0}")]
+    PlanMismatch(String),
+    #[error("batch too large: {0}")]
+    BatchTooLarge(String),
+    #[error("the episode is finished; it expects no more turn outputs")]
+    EpisodeFinished,
+    #[error("the episode is not finished: {pending} {role} turn(s) of round {round} are still pending")]
+    EpisodeNotFinished { round: u32, role: Role, pending: usize },
+    #[error("turn {turn_index} is not pending (the pending turns are {first}..{end})")]
+    UnknownTurn { turn_index: u32, first: u32, end: u32 },
+    #[error("turn {0} was submitted more than once")]
+    DuplicateTurn(u32),
+    #[error("outputs are missing for pending turns {0:?}; submit the whole group at once")]
+    MissingTurns(Vec<u32>),
+    #[error("turn {turn_index}: {logprobs} logprobs for {tokens} completion tokens (need one per token)")]
+    LogprobCount { turn_index: u32, logprobs: usize, tokens: usize },
+    #[error("malformed trajectory: {0}")]
+    MalformedTrajectory(String),
+}

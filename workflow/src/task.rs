@@ -1,0 +1,263 @@
+//! Task kinds and the training / in-training-eval data-set record (spec 7.1).
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use thiserror::Error;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    Math,
+    Coding,
+    Science,
+}
+
+impl TaskKind {
+    pub const ALL: [TaskKind; 3] = [TaskKind::Math, TaskKind::Coding, TaskKind::Science];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::Math => "math",
+            TaskKind::Coding => "coding",
+            TaskKind::Science => "science",
+        }
+    }
+}
+
+impl fmt::Display for TaskKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown task {0:?}: expected one of \"math\", \"coding\", \"science\"")]
+pub struct UnknownTask(pub String);
+
+impl FromStr for TaskKind {
+    type Err = UnknownTask;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownTask(s.to_string()))
+    }
+}
+
+/// One question. `answer` is only used for logging correctness, never for rewards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawRecord")]
+pub struct TaskRecord {
+    pub prompt: String,
+    pub answer: String,
+    pub task: TaskKind,
+    pub id: String,
+    /// The data set the question came from (`math`, `kodcode`, `webinstruct`); informational.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// The record as it is on disk; the task name is checked separately so an unknown task gets a
+/// typed error instead of a generic serde message.
+#[derive(Deserialize)]
+struct RawRecord {
+    prompt: String,
+    answer: String,
+    task: String,
+    id: String,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+impl TryFrom<RawRecord> for TaskRecord {
+    type Error = UnknownTask;
+    fn try_from(raw: RawRecord) -> Result<Self, UnknownTask> {
+        Ok(TaskRecord {
+            prompt: raw.prompt,
+            answer: raw.answer,
+            task: raw.task.parse()?,
+            id: raw.id,
+            source: raw.source,
+        })
+    }
+}
+
+/// Where in a data set a bad record sits: a line of a JSONL file or an element of a JSON array
+/// (both 1-based, as an editor shows them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    Line(usize),
+    Element(usize),
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Line(n) => write!(f, "line {n}"),
+            Location::Element(n) => write!(f, "element {n}"),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum DatasetError {
+    #[error("cannot read data set {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("{at}: not a valid task record: {message}")]
+    Json { at: Location, message: String },
+    #[error("{at}: {err}")]
+    Task { at: Location, err: UnknownTask },
+    #[error("{at}: duplicate id {id:?} (first used at {first})")]
+    DuplicateId { at: Location, id: String, first: Location },
+    #[error("not a JSON array of task records: {0}")]
+    NotAnArray(String),
+}
+
+/// serde_json positions are relative to the fragment it was given; the caller names the real
+/// location, so drop serde's to avoid "line 3: ... at line 1 column 9".
+fn without_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rsplit_once(" at line ") {
+        Some((head, _)) => head.to_string(),
+        None => text,
+    }
+}
+
+fn parse_value(value: RawOrText<'_>, at: Location) -> Result<TaskRecord, DatasetError> {
+    let raw: RawRecord = match value {
+        RawOrText::Text(t) => serde_json::from_str(t),
+        RawOrText::Value(v) => serde_json::from_value(v),
+    }
+    .map_err(|e| DatasetError::Json { at, message: without_position(&e) })?;
+    TaskRecord::try_from(raw).map_err(|err| DatasetError::Task { at, err })
+}
+
+enum RawOrText<'a> {
+    Text(&'a str),
+    Value(serde_json::Value),
+}
+
+fn check_unique_ids(records: &[(Location, TaskRecord)]) -> Result<(), DatasetError> {
+    let mut seen: HashMap<&str, Location> = HashMap::new();
+    for (at, r) in records {
+        if let Some(first) = seen.insert(&r.id, *at) {
+            return Err(DatasetError::DuplicateId { at: *at, id: r.id.clone(), first });
+        }
+    }
+    Ok(())
+}
+
+/// Parses JSON Lines: one record per line; blank lines are skipped. Ids must be unique.
+pub fn parse_jsonl(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = Location::Line(i + 1);
+        records.push((at, parse_value(RawOrText::Text(line), at)?));
+    }
+    check_unique_ids(&records)?;
+    Ok(records.into_iter().map(|(_, r)| r).collect())
+}
+
+/// Parses a JSON array of records (the layout of `blended/{train,test}.json`).
+pub fn parse_json_array(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
+    let values: Vec<serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
+    let mut records = Vec::with_capacity(values.len());
+    for (i, v) in values.into_iter().enumerate() {
+        let at = Location::Element(i + 1);
+        records.push((at, parse_value(RawOrText::Value(v), at)?));
+    }
+    check_unique_ids(&records)?;
+    Ok(records.into_iter().map(|(_, r)| r).collect())
+}
+
+/// Parses either layout: a document whose first non-blank character is `[` is a JSON array,
+/// anything else is JSON Lines.
+pub fn parse_dataset(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
+    if text.trim_start().starts_with('[') {
+        parse_json_array(text)
+    } else {
+        parse_jsonl(text)
+    }
+}
+
+/// Reads and parses a data set file in either layout.
+pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
+    parse_dataset(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str =
+        r#"{"prompt": "1+1?", "answer": "2", "task": "math", "source": "math", "id": "math-math-00001"}"#;
+
+    #[test]
+    fn parses_jsonl_and_skips_blank_lines() {
+        let text = format!("{GOOD}\n\n{}\n", r#"{"prompt":"p","answer":"1.4e+24","task":"science","id":"s-1"}"#);
+        let recs = parse_jsonl(&text).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0].task, TaskKind::Math);
+        assert_eq!(recs[0].source.as_deref(), Some("math"));
+        assert_eq!(recs[1].task, TaskKind::Science);
+        assert_eq!(recs[1].answer, "1.4e+24");
+        assert_eq!(recs[1].source, None);
+    }
+
+    #[test]
+    fn unknown_task_names_the_line() {
+        let text = format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
+        let err = parse_jsonl(&text).unwrap_err();
+        assert!(matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry"));
+        assert_eq!(
+            err.to_string(),
+            "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\""
+        );
+    }
+
+    #[test]
+    fn missing_field_and_bad_json_name_the_line() {
+        let text = format!("{GOOD}\n\n{}\n", r#"{"prompt":"p","task":"math","id":"x"}"#);
+        let err = parse_jsonl(&text).unwrap_err();
+        assert_eq!(err.to_string(), "line 3: not a valid task record: missing field `answer`");
+        let err = parse_jsonl("{oops\n").unwrap_err();
+        assert!(matches!(err, DatasetError::Json { at: Location::Line(1), .. }), "{err}");
+    }
+
+    #[test]
+    fn duplicate_ids_are_rejected() {
+        let err = parse_jsonl(&format!("{GOOD}\n{GOOD}\n")).unwrap_err();
+        assert_eq!(err.to_string(), "line 2: duplicate id \"math-math-00001\" (first used at line 1)");
+    }
+
+    #[test]
+    fn json_array_layout_and_autodetect() {
+        let text = format!("  [{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"coding","id":"c"}"#);
+        let recs = parse_dataset(&text).unwrap();
+        assert_eq!(recs.iter().map(|r| r.task).collect::<Vec<_>>(), vec![TaskKind::Math, TaskKind::Coding]);
+        let bad = format!("[{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"art","id":"c"}"#);
+        assert_eq!(
+            parse_dataset(&bad).unwrap_err().to_string(),
+            "element 2: unknown task \"art\": expected one of \"math\", \"coding\", \"science\""
+        );
+    }
+
+    #[test]
+    fn record_round_trips_through_serde() {
+        let rec: TaskRecord = serde_json::from_str(GOOD).unwrap();
+        let back: TaskRecord = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
+        assert_eq!(rec, back);
+        assert!(serde_json::from_str::<TaskRecord>(r#"{"prompt":"p","answer":"a","task":"Math","id":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn missing_file_is_an_io_error() {
+        let err = load_dataset("/nonexistent/comas/data.jsonl").unwrap_err();
+        assert!(matches!(err, DatasetError::Io { .. }));
+    }
+}

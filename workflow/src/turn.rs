@@ -1,0 +1,139 @@
+//! What a protocol asks a rollout worker for (a `TurnRequest`) and what it gets back (a
+//! `TurnOutput`). These are the only types a worker needs to drive any episode.
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One chat message; the same shape as `comas_model::ChatMessage`, so it converts field by field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn user(content: impl Into<String>) -> Self {
+        Self { role: "user".to_string(), content: content.into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Solver,
+    Evaluator,
+    Scorer,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Solver, Role::Evaluator, Role::Scorer];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Solver => "solver",
+            Role::Evaluator => "evaluator",
+            Role::Scorer => "scorer",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop token or stop string ended the completion.
+    Stop,
+    /// The max_new_tokens limit was reached (the turn is truncated).
+    Length,
+}
+
+/// Sampling settings of one role. `top_k` 0 means off; `top_p` 1 means off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingSpec {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: u32,
+    pub max_new_tokens: u32,
+    /// Stop tokens are suppressed until this many tokens have been generated.
+    pub min_new_tokens: u32,
+}
+
+impl Default for SamplingSpec {
+    /// The rollout settings of the CoMAS main run (spec 6.1).
+    fn default() -> Self {
+        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16 }
+    }
+}
+
+impl SamplingSpec {
+    /// Returns what is wrong, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!("temperature must be finite and >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if self.max_new_tokens == 0 {
+            return Err("max_new_tokens must be at least 1".to_string());
+        }
+        if self.min_new_tokens > self.max_new_tokens {
+            return Err(format!(
+                "min_new_tokens ({}) exceeds max_new_tokens ({})",
+                self.min_new_tokens, self.max_new_tokens
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One generation the protocol needs. All requests handed out together form a barrier group:
+/// they may run concurrently, in any order, and must be submitted back together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRequest {
+    /// Position of the turn in its episode; unique within the episode, starting at 0.
+    pub turn_index: u32,
+    /// Agent (policy) that must speak this turn, in 0..num_agents.
+    pub agent: u32,
+    pub role: Role,
+    pub round: u32,
+    /// Discussion slot d: the solution of solver d in this round and everything about it.
+    pub slot: u32,
+    /// Which of the slot's evaluations (evaluator turns) or judgments (scorer turns) this is,
+    /// in 0..evals_per_solution; 0 for solver turns.
+    pub judge_index: u32,
+    /// Turn index of the solution this turn is about (evaluator and scorer turns).
+    pub about_solution: Option<u32>,
+    /// Turn index of the evaluation this turn is about (scorer turns of the full variant).
+    pub about_evaluation: Option<u32>,
+    /// The conversation to continue: a single user message, no system message.
+    pub messages: Vec<ChatMessage>,
+    pub sampling: SamplingSpec,
+    /// Seed for this turn's sampler, derived from the episode seed and the turn index.
+    pub seed: u64,
+}
+
+/// What the worker produced for one `TurnRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnOutput {
+    pub turn_index: u32,
+    /// Completion decoded without special tokens and without the stop string.
+    pub text: String,
+    /// Completion decoded with special tokens and the stop string kept (quoted only when
+    /// `quote_raw_completion` is set).
+    pub raw_text: String,
+    /// The chat-templated prompt as token ids.
+    pub prompt_ids: Vec<u32>,
+    /// The sampled token ids; training uses these, never a re-tokenisation of `text`.
+    pub completion_ids: Vec<u32>,
+    /// Sampling log-probability of each completion token.
+    pub logprobs: Vec<f32>,
+    pub finish_reason: FinishReason,
+    /// Weight version of the agent that produced the turn.
+    pub policy_version: u64,
+}
