@@ -40,6 +40,8 @@ pub enum Command {
 pub struct EngineSettings {
     pub model_dir: PathBuf,
     pub adapter_dir: Option<PathBuf>,
+    /// Frozen KL reference; defaults to `model_dir`.
+    pub reference_dir: Option<PathBuf>,
     pub config: TrainConfig,
     pub checkpoint_dir: Option<PathBuf>,
     pub keep_checkpoints: usize,
@@ -75,11 +77,11 @@ fn load(s: &EngineSettings) -> Result<Trainer> {
         if let Some(dir) = &s.checkpoint_dir {
             if let Some(ckpt) = latest_checkpoint(dir)? {
                 tracing::info!(checkpoint = %ckpt.display(), "resuming");
-                return Trainer::resume(&ckpt, &s.model_dir, Some(s.config.clone()));
+                return Trainer::resume(&ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()));
             }
         }
     }
-    Trainer::new(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref())
+    Trainer::with_reference(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())
 }
 
 fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
@@ -143,7 +145,7 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
                     (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
                 };
                 let r = target.and_then(|p| {
-                    let t = Trainer::resume(&p, &s.model_dir, Some(s.config.clone()))?;
+                    let t = Trainer::resume(&p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
                     trainer = t;
                     done.clear();
                     publish(&trainer, &versions);

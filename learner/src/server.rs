@@ -10,7 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 pub struct ServerSettings {
     pub agent_id: u32,
-    pub listen: SocketAddr,
+    pub listener: tokio::net::TcpListener,
     pub metrics_listen: Option<SocketAddr>,
     pub engine: EngineSettings,
 }
@@ -56,13 +56,14 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
             Err(_) => tracing::error!("training thread exited during start-up"),
         }
     });
-    tracing::info!(addr = %s.listen, agent = s.agent_id, "learner listening");
+    let addr = s.listener.local_addr().map_err(|e| LearnerError::io("listener", e))?;
+    tracing::info!(%addr, agent = s.agent_id, "learner listening");
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(LearnerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
-        .serve_with_shutdown(s.listen, wait(stop_rx))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await
-        .map_err(|e| LearnerError::Config(format!("gRPC server on {}: {e}", s.listen)))
+        .map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

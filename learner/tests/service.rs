@@ -1,0 +1,218 @@
+//! The learner's gRPC API over real loopback TCP: training, idempotent retries, publishing and
+//! streaming weights with checksums, checkpoints, readiness and bad input. The last test runs
+//! the `comas-learner` binary as a process and stops it with SIGTERM.
+use comas_learner::engine::EngineSettings;
+use comas_learner::publish::assemble;
+use comas_learner::server::{serve, ServerSettings};
+use comas_learner::TrainConfig;
+use comas_model::safetensors::SafeTensorsFile;
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::Architecture;
+use comas_proto::v1 as pb;
+use comas_proto::v1::learner_client::LearnerClient;
+use std::path::Path;
+use std::time::Duration;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const SERVICE: &str = "comas.v1.Learner";
+
+fn experiences(n: usize, seed: u64) -> Vec<pb::Experience> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| pb::Experience {
+            prompt_ids: (0..rng.gen_range(2..6)).map(|_| rng.gen_range(0..420)).collect(),
+            completion_ids: (0..rng.gen_range(1..5)).map(|_| rng.gen_range(0..420)).collect(),
+            reward: Some((i % 3) as f64 / 2.0),
+            finish_reason: pb::FinishReason::Stop as i32,
+            group: format!("q{}", i / 2),
+            turn_id: i as u64,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
+    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced })) }];
+    msgs.extend(exps.into_iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }));
+    tokio_stream::iter(msgs)
+}
+
+async fn start(model: &Path, ckpt: &Path) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let cfg = TrainConfig { lr: 1e-3, total_steps: 10, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
+    let settings = ServerSettings {
+        agent_id: 3,
+        listener,
+        metrics_listen: None,
+        engine: EngineSettings {
+            model_dir: model.to_path_buf(),
+            adapter_dir: None,
+            reference_dir: None,
+            config: cfg,
+            checkpoint_dir: Some(ckpt.to_path_buf()),
+            keep_checkpoints: 2,
+            resume: false,
+        },
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        serve(settings, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    (addr, tx)
+}
+
+async fn wait_status(addr: &str, want: ServingStatus) -> bool {
+    for _ in 0..200 {
+        if let Ok(ch) = Channel::from_shared(addr.to_string()).unwrap().connect().await {
+            let mut h = HealthClient::new(ch);
+            if let Ok(r) = h.check(HealthCheckRequest { service: SERVICE.into() }).await {
+                if r.into_inner().status == want as i32 {
+                    return true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn train_publish_stream_checkpoint_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_model(&model, &TinySpec { seed: 2, ..TinySpec::tiny(Architecture::Llama) }).unwrap();
+    let (addr, stop) = start(&model, &dir.path().join("ckpt")).await;
+    assert!(wait_status(&addr, ServingStatus::Serving).await, "learner never became ready");
+    let mut c = LearnerClient::connect(addr.clone()).await.unwrap();
+
+    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.agent_id, info.global_step, info.latest_version), (3, 0, 0));
+    assert_eq!(info.model_type, "llama");
+    assert_eq!(info.trainable_parameters, info.num_parameters);
+
+    let r1 = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
+    assert_eq!((r1.global_step, r1.optimizer_steps, r1.samples), (1, 1, 8));
+    assert!(r1.grad_norm > 0.0 && r1.lr > 0.0);
+    // A retried step id is answered from the stored report, not trained again.
+    let again = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
+    assert_eq!(again, r1);
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+
+    // Bad input is rejected with the reason; nothing trains.
+    let err = c.train(train_stream("bad-1", 3, experiences(2, 2))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("2 of 3"), "{}", err.message());
+    let mut nan = experiences(4, 3);
+    nan[2].reward = Some(f64::NAN);
+    let err = c.train(train_stream("bad-2", 4, nan)).await.unwrap_err();
+    assert!(err.code() == tonic::Code::InvalidArgument && err.message().contains("not finite"), "{}", err.message());
+    let mut oov = experiences(4, 4);
+    oov[0].completion_ids.push(100_000);
+    let err = c.train(train_stream("bad-3", 4, oov)).await.unwrap_err();
+    assert!(err.message().contains("vocabulary"), "{}", err.message());
+    let err = c.train(tokio_stream::iter(vec![pb::TrainRequest { item: Some(pb::train_request::Item::Experience(Default::default())) }])).await.unwrap_err();
+    assert!(err.message().contains("header"), "{}", err.message());
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+
+    // Publish version 1 and pull it in small chunks; it must equal the saved checkpoint.
+    let p = c.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
+    assert_eq!((p.version, p.lora), (1, false));
+    let mut stream = c.stream_weights(pb::StreamWeightsRequest { version: 1, max_chunk_bytes: 1000 }).await.unwrap().into_inner();
+    let mut chunks = Vec::new();
+    while let Some(ch) = stream.message().await.unwrap() {
+        assert!(ch.data.len() <= 1000);
+        chunks.push(ch);
+    }
+    assert!(chunks.len() > p.num_tensors as usize, "tensors are split into chunks");
+    let tensors = assemble(chunks.clone()).unwrap();
+    assert_eq!(tensors.len(), p.num_tensors as usize);
+    assert_eq!(tensors.iter().map(|t| t.3.len() as u64).sum::<u64>(), p.total_bytes);
+    let saved = c.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    assert_eq!(saved.global_step, 1);
+    let file = SafeTensorsFile::open(&Path::new(&saved.path).join("model/model.safetensors")).unwrap();
+    for (name, _, shape, bytes) in &tensors {
+        let t = file.tensor(name).unwrap();
+        assert_eq!(&t.size(), shape);
+        let mut raw = vec![0u8; bytes.len()];
+        t.copy_data_u8(&mut raw, t.numel());
+        assert_eq!(&raw, bytes, "{name}");
+    }
+    // A corrupted chunk is caught by the checksum.
+    let mut bad = chunks.clone();
+    bad[0].data[0] ^= 1;
+    let last_of_first = bad.iter().position(|c| c.last).unwrap();
+    assert!(assemble(bad[..=last_of_first].to_vec()).unwrap_err().contains("checksum"));
+    let err = c.stream_weights(pb::StreamWeightsRequest { version: 7, max_chunk_bytes: 0 }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+
+    // Train once more, then load the checkpoint back: the step counter returns to 1.
+    c.train(train_stream("step-2", 8, experiences(8, 5))).await.unwrap();
+    let loaded = c.load_checkpoint(pb::LoadCheckpointRequest { path: String::new() }).await.unwrap().into_inner();
+    assert_eq!(loaded.global_step, 1);
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_whose_model_fails_to_load_never_reports_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop) = start(&dir.path().join("missing"), &dir.path().join("ckpt")).await;
+    assert!(wait_status(&addr, ServingStatus::NotServing).await);
+    let mut c = LearnerClient::connect(addr).await.unwrap();
+    let err = c.info(pb::InfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let _ = stop.send(());
+}
+
+#[test]
+fn the_binary_serves_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_model(&model, &TinySpec::tiny(Architecture::Qwen2)).unwrap();
+    let cfg = dir.path().join("train.toml");
+    std::fs::write(&cfg, "lr = 1e-4\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-learner"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
+        .env("COMAS_LEARNER_LISTEN", format!("127.0.0.1:{port}"))
+        .env("COMAS_LEARNER_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
+        .env("COMAS_THREADS", "1")
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ready = rt.block_on(wait_status(&format!("http://127.0.0.1:{port}"), ServingStatus::Serving));
+    if !ready {
+        let _ = child.kill();
+        panic!("learner process never became ready");
+    }
+    let body = rt.block_on(async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    });
+    assert!(body.contains("comas_learner_steps_total"), "{body}");
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "learner did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
