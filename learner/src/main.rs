@@ -35,6 +35,9 @@ enum Command {
         /// Fold a LoRA adapter into the base weights in the output.
         #[arg(long)]
         merge_lora: bool,
+        /// Frozen KL reference model (default: --model).
+        #[arg(long)]
+        reference_model: Option<PathBuf>,
     },
 }
 
@@ -98,10 +101,11 @@ fn run(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Command::Serve(a) => serve(a),
-        Command::Step { model, batch, config, out, adapter, merge_lora } => {
+        Command::Step { model, batch, config, out, adapter, merge_lora, reference_model } => {
             let cfg = TrainConfig::from_file(&config)?;
             let batch = experience::read_jsonl(&batch)?;
-            let mut trainer = Trainer::new(&model, cfg, adapter.as_deref()).with_context(|| format!("loading {}", model.display()))?;
+            let mut trainer = Trainer::with_reference(&model, cfg, adapter.as_deref(), reference_model.as_deref())
+                .with_context(|| format!("loading {}", model.display()))?;
             let report = trainer.train_step(&batch)?;
             trainer.export(&out, merge_lora)?;
             let text = serde_json::to_string_pretty(&report)?;

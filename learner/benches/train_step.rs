@@ -1,0 +1,98 @@
+//! Training throughput (tokens/s) of one learner step on a ~40M-parameter model, side by side
+//! with the PyTorch reference (learner/benches/torch_step.py) doing the same step.
+//!
+//!   cargo bench -p comas-learner --bench train_step
+//!
+//! The reference runs with COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made by
+//! tests/fixtures/setup-ref.sh); without it only the comas figure is printed.
+//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_SAMPLES (16), COMAS_BENCH_PROMPT_LEN (128),
+//! COMAS_BENCH_COMPLETION_LEN (128), COMAS_BENCH_REPEATS (2).
+use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
+use comas_model::tiny::{write_model, TinySpec};
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
+    let samples: usize = env_or("COMAS_BENCH_SAMPLES", 16);
+    let prompt_len: usize = env_or("COMAS_BENCH_PROMPT_LEN", 128);
+    let completion_len: usize = env_or("COMAS_BENCH_COMPLETION_LEN", 128);
+    let repeats: usize = env_or("COMAS_BENCH_REPEATS", 2);
+    tch::set_num_threads(threads);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-learner");
+    let model = work.join("qwen2-40m");
+    if !model.join("model.safetensors").is_file() {
+        write_model(&model, &TinySpec::bench()).expect("write bench model");
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let batch: Vec<Experience> = (0..samples)
+        .map(|i| Experience {
+            prompt_ids: (0..prompt_len).map(|_| rng.gen_range(0..32000)).collect(),
+            completion_ids: (0..completion_len).map(|_| rng.gen_range(0..32000)).collect(),
+            reward: Some((i % 3) as f64 / 2.0),
+            token_rewards: None,
+            finish_reason: Finish::Stop,
+            group: format!("g{}", i / 4),
+            sampling_logprobs: None,
+            episode_id: None,
+            turn_id: None,
+            policy_version: None,
+        })
+        .collect();
+    let batch_file = work.join("batch.jsonl");
+    let lines: Vec<String> = batch.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+    std::fs::write(&batch_file, lines.join("\n") + "\n").unwrap();
+    // CoMAS settings: REINFORCE++, no KL; 4 samples per micro-batch, one optimizer step.
+    let toml = format!("estimator = \"reinforce\"\nlr = 1e-6\ntotal_steps = 100\ntrain_batch_size = {samples}\nmicro_batch_size = 4\n");
+    let cfg_file = work.join("config.toml");
+    std::fs::write(&cfg_file, &toml).unwrap();
+    let cfg = TrainConfig::from_toml(&toml).unwrap();
+    let tokens = samples * (prompt_len + completion_len);
+    println!(
+        "learner step benchmark: {:.1}M parameters, f32 CPU, {threads} threads, {samples} samples x ({prompt_len} prompt + {completion_len} completion) tokens, best of {repeats}",
+        comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters() as f64 / 1e6
+    );
+    let mut best = f64::INFINITY;
+    for r in 0..=repeats {
+        // Each run starts from the initial weights, as the reference does.
+        let mut t = Trainer::new(&model, cfg.clone(), None).unwrap();
+        let t0 = Instant::now();
+        t.train_step(&batch).unwrap();
+        let s = t0.elapsed().as_secs_f64();
+        if r > 0 {
+            best = best.min(s);
+        }
+    }
+    let ours = tokens as f64 / best;
+    let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
+    let reference = python.is_file().then(|| {
+        let out = std::process::Command::new(&python)
+            .arg(root.join("learner/benches/torch_step.py"))
+            .args(["--model", model.to_str().unwrap(), "--batch", batch_file.to_str().unwrap(), "--config", cfg_file.to_str().unwrap()])
+            .args(["--threads", &threads.to_string(), "--repeats", &repeats.to_string()])
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .output()
+            .expect("run reference");
+        if !out.status.success() {
+            eprintln!("reference failed: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
+        serde_json::from_str::<serde_json::Value>(&line).ok().and_then(|v| v["tokens_per_s"].as_f64())
+    }).flatten();
+    println!("{:>16} {:>12} {:>10}", "", "tokens/s", "s/step");
+    println!("{:>16} {:>12.1} {:>10.2}", "comas", ours, best);
+    match reference {
+        Some(hf) => {
+            println!("{:>16} {:>12.1} {:>10.2}", "pytorch ref", hf, tokens as f64 / hf);
+            println!("ratio comas / pytorch: {:.2}x", ours / hf);
+        }
+        None => println!("(PyTorch reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display()),
+    }
+}

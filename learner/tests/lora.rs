@@ -1,0 +1,74 @@
+//! LoRA and bf16 training: only the adapter moves, the merged export equals base + adapter, and
+//! bf16 weights train through f32 master copies.
+use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::{Architecture, CausalLm, LoraAdapter, LoraBatch};
+use tch::{Device, Kind, Tensor};
+
+fn batch() -> Vec<Experience> {
+    (0..8)
+        .map(|i| Experience {
+            prompt_ids: vec![5 + i, 6, 7],
+            completion_ids: vec![10 + i, 11, 12 + 2 * i],
+            reward: Some((i % 2) as f64),
+            token_rewards: None,
+            finish_reason: Finish::Stop,
+            group: String::new(),
+            sampling_logprobs: None,
+            episode_id: None,
+            turn_id: None,
+            policy_version: None,
+        })
+        .collect()
+}
+
+#[test]
+fn lora_training_moves_only_the_adapter_and_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    write_model(&base, &TinySpec::tiny(Architecture::Qwen3)).unwrap();
+    let cfg = TrainConfig::from_toml(
+        "lr = 1e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 8\nkl_coef = 0.1\nkl_estimator = \"k3\"\nkl_in_loss = true\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\", \"up_proj\"]\n",
+    )
+    .unwrap();
+    let mut t = Trainer::new(&base, cfg, None).unwrap();
+    let before: Vec<Tensor> = t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
+    for _ in 0..3 {
+        t.train_step(&batch()).unwrap();
+    }
+    for ((n, p), b) in t.model().named_parameters().iter().zip(&before) {
+        assert!(p.detach().equal(b), "base weight {n} moved");
+    }
+    let b_norm: f64 = t.adapter().unwrap().named_tensors().iter().filter(|(n, _)| n.contains("lora_B")).map(|(_, x)| x.norm().double_value(&[])).sum();
+    assert!(b_norm > 0.0, "adapter B matrices must have moved from zero");
+    // Adapter export in the PEFT layout, and a merged export that equals base + adapter.
+    let adapter_dir = dir.path().join("adapter");
+    let merged_dir = dir.path().join("merged");
+    t.export(&adapter_dir, false).unwrap();
+    t.export(&merged_dir, true).unwrap();
+    let base_model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
+    let adapter = LoraAdapter::load(&adapter_dir, base_model.config(), Kind::Float, Device::Cpu).unwrap();
+    let merged = CausalLm::load(&merged_dir, Kind::Float, Device::Cpu).unwrap();
+    let ids = Tensor::from_slice(&[5i64, 6, 7, 10, 11, 12]).view([1, 6]);
+    let a = tch::no_grad(|| base_model.forward(&ids, None, Some(&LoraBatch::uniform(&adapter))).unwrap());
+    let m = tch::no_grad(|| merged.forward(&ids, None, None).unwrap());
+    let d = (a - m).abs().max().double_value(&[]);
+    assert!(d < 1e-5, "merged export differs from base + adapter by {d}");
+}
+
+#[test]
+fn bf16_training_keeps_f32_master_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &TinySpec::tiny(Architecture::Qwen2)).unwrap();
+    let cfg = TrainConfig { dtype: "bfloat16".into(), lr: 1e-3, warmup_ratio: 0.0, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
+    let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
+    let w0 = t.model().named_parameters()[1].1.detach().copy();
+    assert_eq!(w0.kind(), Kind::BFloat16);
+    let report = t.train_step(&batch()).unwrap();
+    assert!(report.loss.is_finite() && report.grad_norm > 0.0);
+    let masters = t.optimizer().state_tensors().into_iter().filter(|(n, _)| n.starts_with("master.")).count();
+    assert_eq!(masters, t.model().named_parameters().len(), "one f32 master copy per bf16 parameter");
+    let w1 = t.model().named_parameters()[1].1.detach();
+    assert_eq!(w1.kind(), Kind::BFloat16);
+    assert!(!w1.equal(&w0), "bf16 weights must be updated from the master copy");
+}
