@@ -132,6 +132,34 @@ impl KvCache {
         (self.keys[layer].narrow(2, 0, start + s), self.values[layer].narrow(2, 0, start + s))
     }
 
+    /// Appends the rows of `other` (sequences that just finished prefill) below this cache's rows.
+    /// Both sides are right-aligned on the newest slot, so every row's next token lands in the
+    /// same column; the shorter side is padded on the left with invalid slots.
+    pub fn append_rows(&mut self, other: &KvCache) {
+        let len = self.len.max(other.len);
+        let capacity = len + (self.capacity - self.len).max(other.capacity - other.len).max(1);
+        let (ba, bb) = (self.batch_size(), other.batch_size());
+        let shape = [ba + bb, self.kv_heads, capacity, self.head_dim];
+        let place = |dst: &Tensor, src: &Tensor, row: i64, rows: i64, used: i64, dim: i64| {
+            if used > 0 && rows > 0 {
+                dst.narrow(0, row, rows).narrow(dim, len - used, used).copy_(&src.narrow(dim, 0, used));
+            }
+        };
+        for (mine, theirs) in self.keys.iter_mut().zip(&other.keys).chain(self.values.iter_mut().zip(&other.values)) {
+            let merged = Tensor::zeros(shape, (self.kind, self.device));
+            place(&merged, mine, 0, ba, self.len, 2);
+            place(&merged, theirs, ba, bb, other.len, 2);
+            *mine = merged;
+        }
+        let valid = Tensor::zeros([ba + bb, capacity], (Kind::Bool, self.device));
+        place(&valid, &self.valid, 0, ba, self.len, 1);
+        place(&valid, &other.valid, ba, bb, other.len, 1);
+        self.valid = valid;
+        self.next_pos = Tensor::cat(&[&self.next_pos, &other.next_pos], 0);
+        self.len = len;
+        self.capacity = capacity;
+    }
+
     /// Keeps only the given rows (in that order), e.g. to drop finished sequences.
     pub fn retain_rows(&mut self, rows: &[i64]) {
         let idx = Tensor::from_slice(rows).to_device(self.device);

@@ -1,6 +1,7 @@
 //! Model core of comas: decoder-only transformers in tch (Qwen2/Qwen2.5, Qwen3, Llama 3.x),
 //! loaded from Hugging Face folders, with an external KV cache, batched sampling, log-prob
 //! scoring and per-request LoRA adapters.
+pub mod batcher;
 pub mod config;
 pub mod dtype;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
+pub use batcher::Batcher;
 pub use config::{Architecture, Config};
 pub use error::{ModelError, Result};
 pub use generate::{generate, Completion, FinishReason, GenerationRequest};

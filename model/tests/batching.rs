@@ -1,0 +1,107 @@
+//! Continuous batching: sequences that join a running batch between steps produce exactly what
+//! they produce alone (same greedy tokens, same seeded samples, log-probs within 1e-5).
+mod common;
+
+use comas_model::batcher::drain;
+use comas_model::{generate, Batcher, CausalLm, Completion, GenerationRequest, LoraAdapter, SamplingParams};
+use common::*;
+use tch::{Device, Kind};
+
+fn alone(model: &CausalLm, req: &GenerationRequest) -> Completion {
+    generate(model, std::slice::from_ref(req), None).unwrap().remove(0)
+}
+
+fn same(a: &Completion, b: &Completion, what: &str) {
+    assert_eq!(a.token_ids, b.token_ids, "{what}");
+    assert_eq!(a.finish_reason, b.finish_reason, "{what}");
+    for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+        assert!((x - y).abs() < 1e-5, "{what}: {x} vs {y}");
+    }
+}
+
+#[test]
+fn late_joiners_match_running_alone() {
+    let r = Reference::load("llama3-gqa");
+    let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
+    let reqs: Vec<GenerationRequest> = (0..9)
+        .map(|i| {
+            let mut prompt = r.prompt_ids(i % 3);
+            prompt.truncate(prompt.len() - i / 3); // different lengths
+            let params = SamplingParams {
+                temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                top_k: if i % 4 == 1 { 20 } else { 0 },
+                seed: 100 + i as u64,
+                max_new_tokens: 5 + 3 * i,
+                stop_token_ids: vec![424],
+                ..Default::default()
+            };
+            GenerationRequest { prompt_ids: prompt, params, adapter: None }
+        })
+        .collect();
+    let mut b = Batcher::new(&model, None);
+    let mut got: Vec<Option<Completion>> = vec![None; reqs.len()];
+    let mut next = 0;
+    let mut steps = 0;
+    // Admit 2 sequences every 3 steps while others are mid-decode.
+    while next < reqs.len() || !b.is_empty() {
+        if steps % 3 == 0 && next < reqs.len() {
+            for _ in 0..2.min(reqs.len() - next) {
+                let q = &reqs[next];
+                b.add(next as u64, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
+                next += 1;
+            }
+        }
+        for (id, c) in b.step().unwrap() {
+            assert!(got[id as usize].is_none(), "sequence {id} finished twice");
+            got[id as usize] = Some(c);
+        }
+        steps += 1;
+        assert!(steps < 500, "batcher does not finish");
+    }
+    for (i, q) in reqs.iter().enumerate() {
+        same(got[i].as_ref().expect("finished"), &alone(&model, q), &format!("request {i}"));
+    }
+}
+
+#[test]
+fn adapters_per_row_in_a_continuous_batch() {
+    let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();
+    let adapter = LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu).unwrap();
+    let r = Reference::load("qwen2-f32");
+    let reqs: Vec<GenerationRequest> = (0..4)
+        .map(|i| GenerationRequest {
+            prompt_ids: r.prompt_ids(i % 3),
+            params: SamplingParams::greedy(12),
+            adapter: (i % 2 == 1).then_some(&adapter),
+        })
+        .collect();
+    let mut b = Batcher::new(&model, None);
+    b.add(0, reqs[0].prompt_ids.clone(), reqs[0].params.clone(), reqs[0].adapter).unwrap();
+    b.add(1, reqs[1].prompt_ids.clone(), reqs[1].params.clone(), reqs[1].adapter).unwrap();
+    let mut got = b.step().unwrap();
+    got.extend(b.step().unwrap());
+    b.add(2, reqs[2].prompt_ids.clone(), reqs[2].params.clone(), reqs[2].adapter).unwrap();
+    b.add(3, reqs[3].prompt_ids.clone(), reqs[3].params.clone(), reqs[3].adapter).unwrap();
+    got.extend(drain(&mut b).unwrap());
+    assert_eq!(got.len(), 4);
+    for (id, c) in &got {
+        same(c, &alone(&model, &reqs[*id as usize]), &format!("request {id}"));
+    }
+}
+
+#[test]
+fn bad_sequences_are_refused_without_disturbing_the_batch() {
+    let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();
+    let mut b = Batcher::new(&model, None);
+    b.add(1, vec![1, 2, 3], SamplingParams::greedy(4), None).unwrap();
+    assert!(b.add(2, vec![], SamplingParams::greedy(4), None).is_err());
+    assert!(b.add(3, vec![1, 9999], SamplingParams::greedy(4), None).unwrap_err().to_string().contains("9999"));
+    assert!(b.add(4, vec![1], SamplingParams { stop_strings: vec!["x".into()], ..SamplingParams::greedy(2) }, None).is_err());
+    b.add(5, vec![4], SamplingParams::greedy(0), None).unwrap();
+    let done = drain(&mut b).unwrap();
+    let ids: Vec<u64> = done.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&1) && ids.contains(&5));
+    assert!(done.iter().find(|(i, _)| *i == 5).unwrap().1.token_ids.is_empty());
+    assert_eq!(done.iter().find(|(i, _)| *i == 1).unwrap().1.token_ids.len(), 4);
+}
