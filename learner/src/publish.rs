@@ -84,34 +84,3 @@ impl PublishedWeights {
         })
     }
 }
-
-/// Reassembles and verifies a chunk stream (what a rollout worker does); returns tensors by
-/// name with their bytes, or an error naming the tensor that failed its checksum.
-pub fn assemble(chunks: impl IntoIterator<Item = WeightChunk>) -> Result<Vec<(String, String, Vec<i64>, Vec<u8>)>, String> {
-    let mut out: Vec<(String, String, Vec<i64>, Vec<u8>)> = Vec::new();
-    let mut open = false;
-    for c in chunks {
-        if !open {
-            if c.offset != 0 {
-                return Err(format!("tensor `{}` starts at offset {}", c.tensor_name, c.offset));
-            }
-            out.push((c.tensor_name.clone(), c.dtype.clone(), c.shape.clone(), Vec::with_capacity(c.tensor_bytes as usize)));
-            open = true;
-        }
-        let cur = out.last_mut().expect("open tensor");
-        if cur.0 != c.tensor_name || c.offset as usize != cur.3.len() {
-            return Err(format!("chunk of `{}` at offset {} out of order", c.tensor_name, c.offset));
-        }
-        cur.3.extend_from_slice(&c.data);
-        if c.last {
-            if crc32fast::hash(&cur.3) != c.crc32 || cur.3.len() as u64 != c.tensor_bytes {
-                return Err(format!("tensor `{}` failed its checksum", c.tensor_name));
-            }
-            open = false;
-        }
-    }
-    if open {
-        return Err("stream ended inside a tensor".into());
-    }
-    Ok(out)
-}

@@ -2,7 +2,7 @@
 //! streaming weights with checksums, checkpoints, readiness and bad input. The last test runs
 //! the `comas-learner` binary as a process and stops it with SIGTERM.
 use comas_learner::engine::EngineSettings;
-use comas_learner::publish::assemble;
+use comas_proto::weights::assemble;
 use comas_learner::server::{serve, ServerSettings};
 use comas_learner::TrainConfig;
 use comas_model::safetensors::SafeTensorsFile;
@@ -135,22 +135,22 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     assert!(chunks.len() > p.num_tensors as usize, "tensors are split into chunks");
     let tensors = assemble(chunks.clone()).unwrap();
     assert_eq!(tensors.len(), p.num_tensors as usize);
-    assert_eq!(tensors.iter().map(|t| t.3.len() as u64).sum::<u64>(), p.total_bytes);
+    assert_eq!(tensors.iter().map(|t| t.bytes.len() as u64).sum::<u64>(), p.total_bytes);
     let saved = c.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
     assert_eq!(saved.global_step, 1);
     let file = SafeTensorsFile::open(&Path::new(&saved.path).join("model/model.safetensors")).unwrap();
-    for (name, _, shape, bytes) in &tensors {
-        let t = file.tensor(name).unwrap();
-        assert_eq!(&t.size(), shape);
-        let mut raw = vec![0u8; bytes.len()];
+    for r in &tensors {
+        let t = file.tensor(&r.name).unwrap();
+        assert_eq!(t.size(), r.shape);
+        let mut raw = vec![0u8; r.bytes.len()];
         t.copy_data_u8(&mut raw, t.numel());
-        assert_eq!(&raw, bytes, "{name}");
+        assert_eq!(raw, r.bytes, "{}", r.name);
     }
     // A corrupted chunk is caught by the checksum.
     let mut bad = chunks.clone();
     bad[0].data[0] ^= 1;
     let last_of_first = bad.iter().position(|c| c.last).unwrap();
-    assert!(assemble(bad[..=last_of_first].to_vec()).unwrap_err().contains("checksum"));
+    assert!(assemble(bad[..=last_of_first].to_vec()).err().unwrap().contains("checksum"));
     let err = c.stream_weights(pb::StreamWeightsRequest { version: 7, max_chunk_bytes: 0 }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
 

@@ -1,3 +1,7 @@
-//! Rollout worker service: continuous batching inference and discussion episodes (filled by issue 4).
-//!
-//! This crate is part of the workspace layout of DESIGN.md; it holds no code yet.
+//! A rollout worker: hosts the agents' policies, runs discussion episodes with continuous
+//! batching, and swaps in new weights pulled from learners between decode steps.
+pub mod engine;
+pub mod metrics;
+pub mod models;
+pub mod server;
+pub mod service;

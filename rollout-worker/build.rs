@@ -1,0 +1,5 @@
+include!("../build-support/libtorch_link.rs");
+
+fn main() {
+    emit_libtorch_link_args();
+}

@@ -1,0 +1,439 @@
+//! The engine thread: it owns the models and KV caches, drives every running episode, and
+//! decodes all pending turns that share a base model in one continuous batch. The async side
+//! talks to it over a channel; no tensor leaves this thread.
+use crate::models::{Models, PolicySpec};
+use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
+use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan};
+use comas_workflow::{FinishReason, TaskRecord, TurnOutput, TurnRequest};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use tch::Device;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+/// One finished (or failed) episode, sent back on the stream that asked for it.
+#[derive(Debug)]
+pub struct EpisodeOutcome {
+    pub episode_id: String,
+    pub result: Result<(String, u32, u64), String>,
+}
+
+pub struct EpisodeJob {
+    pub episode_id: String,
+    pub config: CoMasConfig,
+    pub question: TaskRecord,
+    pub plan: InstancePlan,
+    pub instance: u32,
+    pub seed: u64,
+}
+
+pub struct Snapshot {
+    pub versions: BTreeMap<u32, u64>,
+    pub running_episodes: usize,
+    pub running_sequences: usize,
+    pub waiting_turns: usize,
+    pub draining: bool,
+}
+
+pub enum Command {
+    Load { specs: Vec<PolicySpec>, dtype: String, reply: oneshot::Sender<Result<(usize, usize), String>> },
+    Episode { stream: u64, job: EpisodeJob, results: tmpsc::UnboundedSender<EpisodeOutcome> },
+    /// The stream broke: its unfinished episodes are dropped (the coordinator re-queues them).
+    CancelStream { stream: u64 },
+    Update { agent: u32, version: u64, tensors: Vec<comas_proto::weights::ReceivedTensor>, reply: oneshot::Sender<Result<(), String>> },
+    Info { reply: oneshot::Sender<Snapshot> },
+    /// Stop taking episodes; `reply` fires once the running ones have finished.
+    Drain { reply: oneshot::Sender<()> },
+}
+
+/// Counters the metrics endpoint reads (plain atomics: no locks on the hot path).
+#[derive(Default)]
+pub struct Stats {
+    pub generated_tokens: AtomicU64,
+    pub episodes_done: AtomicU64,
+    pub running_sequences: AtomicU64,
+    pub waiting_turns: AtomicU64,
+    pub running_episodes: AtomicU64,
+    pub kv_cache_bytes: AtomicU64,
+}
+
+pub struct EngineSettings {
+    pub device: Device,
+    /// Most sequences decoding at once per base model; more turns wait in the queue.
+    pub max_running: usize,
+}
+
+pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> mpsc::Sender<Command> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("worker-engine".into())
+        .spawn(move || {
+            let mut models = Models::empty();
+            let mut pending: Option<Command> = None;
+            loop {
+                let next = match pending.take() {
+                    Some(c) => c,
+                    None => match rx.recv() {
+                        Ok(c) => c,
+                        Err(_) => return,
+                    },
+                };
+                match next {
+                    Command::Load { specs, dtype, reply } => {
+                        let r = Models::load(&specs, &dtype, settings.device).map_err(|e| e.to_string());
+                        let _ = reply.send(r.as_ref().map(|m| (m.agents.len(), m.bases.len())).map_err(Clone::clone));
+                        if let Ok(m) = r {
+                            models = m;
+                        }
+                    }
+                    other => {
+                        // Runs until a Load arrives (returned here) or the channel closes.
+                        let mut rt = Runtime::new(&models, &settings, Arc::clone(&stats));
+                        pending = rt.run(other, &rx);
+                        if pending.is_none() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+        .expect("spawn engine thread");
+    tx
+}
+
+struct RunningEpisode {
+    id: String,
+    stream: u64,
+    episode: Episode,
+    outputs: Vec<TurnOutput>,
+    in_flight: usize,
+    tokens: u64,
+    results: tmpsc::UnboundedSender<EpisodeOutcome>,
+}
+
+struct Seq {
+    base: usize,
+    episode: u64,
+    turn: TurnRequest,
+    prompt_ids: Vec<i64>,
+    version: u64,
+}
+
+struct Runtime<'m> {
+    models: &'m Models,
+    settings: &'m EngineSettings,
+    stats: Arc<Stats>,
+    batchers: Vec<Batcher<'m>>,
+    episodes: HashMap<u64, RunningEpisode>,
+    seqs: HashMap<u64, Seq>,
+    waiting: VecDeque<(u64, TurnRequest)>,
+    versions: BTreeMap<u32, u64>,
+    in_flight: BTreeMap<u32, usize>,
+    updates: Vec<(u32, u64, Vec<comas_proto::weights::ReceivedTensor>, oneshot::Sender<Result<(), String>>)>,
+    drain: Option<oneshot::Sender<()>>,
+    draining: bool,
+    next_episode: u64,
+    next_seq: u64,
+}
+
+fn finish_of(c: &Completion) -> FinishReason {
+    match c.finish_reason {
+        ModelFinish::Stop => FinishReason::Stop,
+        ModelFinish::Length => FinishReason::Length,
+    }
+}
+
+impl<'m> Runtime<'m> {
+    fn new(models: &'m Models, settings: &'m EngineSettings, stats: Arc<Stats>) -> Self {
+        let batchers = models.bases.iter().map(|b| Batcher::new(&b.model, Some(&b.tokenizer))).collect();
+        Self {
+            models,
+            settings,
+            stats,
+            batchers,
+            episodes: HashMap::new(),
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            versions: models.agents.keys().map(|&a| (a, 0)).collect(),
+            in_flight: BTreeMap::new(),
+            updates: Vec::new(),
+            drain: None,
+            draining: false,
+            next_episode: 0,
+            next_seq: 0,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.episodes.is_empty()
+    }
+
+    /// Handles one command; returns it back if it must leave this runtime (Load).
+    fn handle(&mut self, cmd: Command) -> Option<Command> {
+        match cmd {
+            Command::Load { specs, dtype, reply } => {
+                if self.idle() {
+                    return Some(Command::Load { specs, dtype, reply });
+                }
+                let _ = reply.send(Err(format!("{} episodes are running; finish or cancel them before loading policies", self.episodes.len())));
+            }
+            Command::Episode { stream, job, results } => self.start_episode(stream, job, results),
+            Command::CancelStream { stream } => {
+                let dropped: Vec<u64> = self.episodes.iter().filter(|(_, e)| e.stream == stream).map(|(&k, _)| k).collect();
+                for k in &dropped {
+                    self.episodes.remove(k);
+                }
+                self.waiting.retain(|(k, _)| !dropped.contains(k));
+                if !dropped.is_empty() {
+                    tracing::info!(stream, dropped = dropped.len(), "stream closed; its unfinished episodes are dropped");
+                }
+                // Sequences already decoding finish and are then discarded (their episode is gone).
+            }
+            Command::Update { agent, version, tensors, reply } => {
+                if !self.models.agents.contains_key(&agent) {
+                    let _ = reply.send(Err(format!("agent {agent} is not loaded on this worker")));
+                } else {
+                    self.updates.push((agent, version, tensors, reply));
+                }
+            }
+            Command::Info { reply } => {
+                let _ = reply.send(Snapshot {
+                    versions: self.versions.clone(),
+                    running_episodes: self.episodes.len(),
+                    running_sequences: self.batchers.iter().map(Batcher::len).sum(),
+                    waiting_turns: self.waiting.len(),
+                    draining: self.draining,
+                });
+            }
+            Command::Drain { reply } => {
+                self.draining = true;
+                self.drain = Some(reply);
+            }
+        }
+        None
+    }
+
+    fn start_episode(&mut self, stream: u64, job: EpisodeJob, results: tmpsc::UnboundedSender<EpisodeOutcome>) {
+        let fail = |results: &tmpsc::UnboundedSender<EpisodeOutcome>, id: String, e: String| {
+            let _ = results.send(EpisodeOutcome { episode_id: id, result: Err(e) });
+        };
+        if self.draining {
+            return fail(&results, job.episode_id, "worker is draining; send this episode elsewhere".into());
+        }
+        if let Some(a) = (0..job.config.num_agents).find(|a| !self.models.agents.contains_key(a)) {
+            return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
+        }
+        match Episode::new(&job.config, &job.question, job.instance, job.plan, job.seed) {
+            Err(e) => fail(&results, job.episode_id, format!("invalid episode: {e}")),
+            Ok(episode) => {
+                let key = self.next_episode;
+                self.next_episode += 1;
+                let turns = episode.next_turns();
+                self.episodes.insert(key, RunningEpisode { id: job.episode_id, stream, episode, outputs: Vec::new(), in_flight: 0, tokens: 0, results });
+                self.enqueue(key, turns);
+            }
+        }
+    }
+
+    fn enqueue(&mut self, key: u64, turns: Vec<TurnRequest>) {
+        if let Some(e) = self.episodes.get_mut(&key) {
+            e.in_flight += turns.len();
+        }
+        self.waiting.extend(turns.into_iter().map(|t| (key, t)));
+    }
+
+    fn blocked(&self, agent: u32) -> bool {
+        self.updates.iter().any(|(a, ..)| *a == agent)
+    }
+
+    /// Moves waiting turns into their base model's batch, unless their agent awaits a weight
+    /// swap or the batch is full.
+    fn admit(&mut self) {
+        let mut keep = VecDeque::new();
+        while let Some((key, turn)) = self.waiting.pop_front() {
+            if !self.episodes.contains_key(&key) {
+                continue;
+            }
+            let policy = &self.models.agents[&turn.agent];
+            if self.blocked(turn.agent) || self.batchers[policy.base].len() >= self.settings.max_running {
+                keep.push_back((key, turn));
+                continue;
+            }
+            let base = &self.models.bases[policy.base];
+            let msgs: Vec<ChatMessage> = turn.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+            let prompt = base.tokenizer.encode_chat(&msgs, true);
+            let s = &turn.sampling;
+            let params = SamplingParams {
+                temperature: s.temperature,
+                top_k: s.top_k as usize,
+                top_p: s.top_p,
+                seed: turn.seed,
+                max_new_tokens: s.max_new_tokens as usize,
+                min_new_tokens: (s.min_new_tokens as usize).min(s.max_new_tokens as usize),
+                stop_token_ids: base.tokenizer.eos_token_ids().to_vec(),
+                stop_strings: Vec::new(),
+            };
+            let id = self.next_seq;
+            self.next_seq += 1;
+            let added = prompt.and_then(|p| self.batchers[policy.base].add(id, p.clone(), params, policy.adapter.as_ref()).map(|_| p));
+            match added {
+                Ok(prompt_ids) => {
+                    *self.in_flight.entry(turn.agent).or_default() += 1;
+                    let version = self.versions[&turn.agent];
+                    self.seqs.insert(id, Seq { base: policy.base, episode: key, turn, prompt_ids, version });
+                }
+                Err(e) => self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index)),
+            }
+        }
+        self.waiting = keep;
+    }
+
+    fn fail_episode(&mut self, key: u64, error: String) {
+        if let Some(e) = self.episodes.remove(&key) {
+            let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result: Err(error) });
+        }
+    }
+
+    fn finished(&mut self, base: usize, id: u64, c: Completion) {
+        let Some(seq) = self.seqs.remove(&id) else { return };
+        if let Some(n) = self.in_flight.get_mut(&seq.turn.agent) {
+            *n -= 1;
+        }
+        self.stats.generated_tokens.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
+        let Some(ep) = self.episodes.get_mut(&seq.episode) else { return };
+        let tok = &self.models.bases[base].tokenizer;
+        let stop = c.finish_reason == ModelFinish::Stop && c.stop_string.is_none();
+        let visible = if stop { &c.token_ids[..c.token_ids.len() - 1] } else { &c.token_ids[..] };
+        let text = tok.decode(visible, true).unwrap_or_default();
+        let raw_text = tok.decode(&c.token_ids, false).unwrap_or_default();
+        ep.tokens += c.token_ids.len() as u64;
+        ep.outputs.push(TurnOutput {
+            turn_index: seq.turn.turn_index,
+            text,
+            raw_text,
+            prompt_ids: seq.prompt_ids.iter().map(|&t| t as u32).collect(),
+            completion_ids: c.token_ids.iter().map(|&t| t as u32).collect(),
+            logprobs: c.logprobs.clone(),
+            finish_reason: finish_of(&c),
+            policy_version: seq.version,
+        });
+        ep.in_flight -= 1;
+        if ep.in_flight > 0 {
+            return;
+        }
+        let key = seq.episode;
+        let outputs = std::mem::take(&mut ep.outputs);
+        if let Err(e) = ep.episode.submit(outputs) {
+            return self.fail_episode(key, format!("protocol rejected the turns: {e}"));
+        }
+        if !ep.episode.is_done() {
+            let turns = ep.episode.next_turns();
+            return self.enqueue(key, turns);
+        }
+        let e = self.episodes.remove(&key).expect("episode present");
+        let n_turns = e.episode.turns().len() as u32;
+        let result = e
+            .episode
+            .into_trajectory()
+            .map_err(|err| err.to_string())
+            .and_then(|t| serde_json::to_string(&t).map_err(|err| err.to_string()))
+            .map(|json| (json, n_turns, e.tokens));
+        self.stats.episodes_done.fetch_add(1, Ordering::Relaxed);
+        let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result });
+    }
+
+    /// Swaps in weights for agents whose turns in flight have all finished.
+    fn apply_updates(&mut self) {
+        let mut i = 0;
+        while i < self.updates.len() {
+            let agent = self.updates[i].0;
+            if self.in_flight.get(&agent).copied().unwrap_or(0) > 0 {
+                i += 1;
+                continue;
+            }
+            let (agent, version, tensors, reply) = self.updates.remove(i);
+            let r = self.models.apply_update(agent, &tensors);
+            if r.is_ok() {
+                self.versions.insert(agent, version);
+                tracing::info!(agent, version, "weights swapped in");
+            }
+            let _ = reply.send(r);
+        }
+    }
+
+    fn publish_stats(&self) {
+        let running: usize = self.batchers.iter().map(Batcher::running).sum();
+        self.stats.running_sequences.store(running as u64, Ordering::Relaxed);
+        self.stats.waiting_turns.store(self.waiting.len() as u64, Ordering::Relaxed);
+        self.stats.running_episodes.store(self.episodes.len() as u64, Ordering::Relaxed);
+        let kv: i64 = self.batchers.iter().map(Batcher::cache_bytes).sum();
+        self.stats.kv_cache_bytes.store(kv.max(0) as u64, Ordering::Relaxed);
+    }
+
+    fn run(&mut self, first: Command, rx: &mpsc::Receiver<Command>) -> Option<Command> {
+        if let Some(c) = self.handle(first) {
+            return Some(c);
+        }
+        loop {
+            // Take every command that is waiting; block only when there is nothing to decode.
+            loop {
+                let busy = self.batchers.iter().any(|b| !b.is_empty()) || !self.waiting.is_empty() || !self.updates.is_empty();
+                let cmd = if busy {
+                    match rx.try_recv() {
+                        Ok(c) => c,
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => return None,
+                    }
+                } else {
+                    match rx.recv_timeout(Duration::from_millis(200)) {
+                        Ok(c) => c,
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                    }
+                };
+                if let Some(c) = self.handle(cmd) {
+                    return Some(c);
+                }
+            }
+            self.apply_updates();
+            self.admit();
+            for b in 0..self.batchers.len() {
+                if self.batchers[b].is_empty() {
+                    continue;
+                }
+                let step = {
+                    let _span = tracing::trace_span!("decode_step", base = b).entered();
+                    self.batchers[b].step()
+                };
+                match step {
+                    Ok(done) => {
+                        for (id, c) in done {
+                            self.finished(b, id, c);
+                        }
+                    }
+                    Err(e) => {
+                        // A failing step poisons every sequence of this batch: fail their episodes.
+                        tracing::error!(error = %e, "decode step failed");
+                        let lost: Vec<u64> = self.seqs.iter().filter(|(_, s)| s.base == b).map(|(&id, _)| id).collect();
+                        for id in lost {
+                            let s = self.seqs.remove(&id).expect("listed");
+                            if let Some(n) = self.in_flight.get_mut(&s.turn.agent) {
+                                *n -= 1;
+                            }
+                            self.fail_episode(s.episode, format!("decode failed: {e}"));
+                        }
+                        self.batchers[b] = Batcher::new(&self.models.bases[b].model, Some(&self.models.bases[b].tokenizer));
+                    }
+                }
+            }
+            self.apply_updates();
+            self.publish_stats();
+            if self.draining && self.idle() {
+                if let Some(r) = self.drain.take() {
+                    let _ = r.send(());
+                }
+            }
+        }
+    }
+}

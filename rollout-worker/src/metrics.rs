@@ -1,0 +1,71 @@
+//! Prometheus metrics of a worker, read from the engine's atomics at scrape time.
+use crate::engine::Stats;
+use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub struct Metrics {
+    registry: Registry,
+    stats: Arc<Stats>,
+    generated_tokens: IntCounter,
+    episodes_done: IntCounter,
+    running_sequences: IntGauge,
+    waiting_turns: IntGauge,
+    running_episodes: IntGauge,
+    kv_cache_bytes: IntGauge,
+    pub weight_bytes_received: IntCounter,
+}
+
+impl Metrics {
+    pub fn new(stats: Arc<Stats>) -> Arc<Self> {
+        let registry = Registry::new_custom(Some("comas_worker".into()), None).expect("registry");
+        let counter = |n: &str, h: &str| {
+            let m = IntCounter::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        let gauge = |n: &str, h: &str| {
+            let m = IntGauge::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        Arc::new(Self {
+            generated_tokens: counter("generated_tokens_total", "tokens generated (rate = tokens/s)"),
+            episodes_done: counter("episodes_total", "episodes finished"),
+            weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
+            running_sequences: gauge("running_sequences", "sequences in the decode batches"),
+            waiting_turns: gauge("queue_depth", "turns waiting to join a batch"),
+            running_episodes: gauge("running_episodes", "episodes in progress"),
+            kv_cache_bytes: gauge("kv_cache_bytes", "bytes held by KV caches"),
+            registry,
+            stats,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let s = &self.stats;
+        let catch_up = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+        catch_up(&self.generated_tokens, s.generated_tokens.load(Ordering::Relaxed));
+        catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
+        self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
+        self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);
+        self.running_episodes.set(s.running_episodes.load(Ordering::Relaxed) as i64);
+        self.kv_cache_bytes.set(s.kv_cache_bytes.load(Ordering::Relaxed) as i64);
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::{routing::get, Router};
+    let app = Router::new()
+        .route("/metrics", get(move || {
+            let m = Arc::clone(&metrics);
+            async move { m.render() }
+        }))
+        .route("/healthz", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}

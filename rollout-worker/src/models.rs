@@ -1,0 +1,114 @@
+//! The policies a worker hosts: base models with their tokenizers, and per agent either a LoRA
+//! adapter on a shared base or a model instance of its own. Built and used on the engine thread.
+use comas_model::dtype::parse_kind;
+use comas_model::{CausalLm, LoraAdapter, ModelError, Tokenizer};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySpec {
+    pub agent: u32,
+    pub model_dir: PathBuf,
+    pub adapter_dir: Option<PathBuf>,
+    pub full_weights: bool,
+}
+
+pub struct Base {
+    pub model: CausalLm,
+    pub tokenizer: Tokenizer,
+}
+
+pub struct AgentPolicy {
+    /// Index into `Models::bases`.
+    pub base: usize,
+    pub adapter: Option<LoraAdapter>,
+}
+
+pub struct Models {
+    pub bases: Vec<Base>,
+    pub agents: BTreeMap<u32, AgentPolicy>,
+}
+
+impl Models {
+    pub fn empty() -> Self {
+        Self { bases: Vec::new(), agents: BTreeMap::new() }
+    }
+
+    /// Loads every policy; agents without their own weights share a base loaded once per folder.
+    pub fn load(specs: &[PolicySpec], dtype: &str, device: Device) -> Result<Self, ModelError> {
+        let kind = if dtype.is_empty() { Kind::Float } else { parse_kind(dtype)? };
+        let mut bases: Vec<Base> = Vec::new();
+        let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        for s in specs {
+            if agents.contains_key(&s.agent) {
+                return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)));
+            }
+            let own = s.full_weights && s.adapter_dir.is_none();
+            let base = match (own, shared.get(&s.model_dir)) {
+                (false, Some(&i)) => i,
+                _ => {
+                    let model = CausalLm::load(&s.model_dir, kind, device)?;
+                    let tokenizer = Tokenizer::from_dir(&s.model_dir)?;
+                    tokenizer.check_fits(model.config())?;
+                    if !tokenizer.has_chat_template() {
+                        return Err(ModelError::ChatTemplate(format!("{} has no chat template; agents speak through it", s.model_dir.display())));
+                    }
+                    bases.push(Base { model, tokenizer });
+                    if !own {
+                        shared.insert(s.model_dir.clone(), bases.len() - 1);
+                    }
+                    bases.len() - 1
+                }
+            };
+            let adapter = match &s.adapter_dir {
+                Some(dir) => Some(LoraAdapter::load(dir, bases[base].model.config(), kind, device)?),
+                None => None,
+            };
+            agents.insert(s.agent, AgentPolicy { base, adapter });
+        }
+        // Warm-up: one forward per base, so the first real batch does not pay for lazy init.
+        for b in &bases {
+            let _g = tch::no_grad_guard();
+            let _ = b.model.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
+        }
+        Ok(Self { bases, agents })
+    }
+
+    /// Copies new weights for `agent` into its tensors in place. Every tensor of the agent's
+    /// trainable set (its adapter, or its whole model) must be present, with matching shapes.
+    pub fn apply_update(&self, agent: u32, tensors: &[comas_proto::weights::ReceivedTensor]) -> Result<(), String> {
+        let a = self.agents.get(&agent).ok_or_else(|| format!("agent {agent} is not loaded here"))?;
+        let targets: Vec<(String, Tensor)> = match &a.adapter {
+            Some(ad) => ad.named_tensors(),
+            None => {
+                if self.agents.values().filter(|o| o.base == a.base).count() > 1 {
+                    return Err(format!("agent {agent} shares its base model with other agents; load it with full_weights to update it"));
+                }
+                self.bases[a.base].model.named_parameters()
+            }
+        };
+        if targets.len() != tensors.len() {
+            return Err(format!("update for agent {agent} has {} tensors, the policy has {}", tensors.len(), targets.len()));
+        }
+        let by_name: BTreeMap<&str, &comas_proto::weights::ReceivedTensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        // Check everything before writing anything, so a bad update changes nothing.
+        let mut staged = Vec::with_capacity(targets.len());
+        for (name, dst) in &targets {
+            let src = by_name.get(name.as_str()).ok_or_else(|| format!("update for agent {agent} lacks tensor `{name}`"))?;
+            if src.shape != dst.size() {
+                return Err(format!("tensor `{name}`: update has shape {:?}, policy has {:?}", src.shape, dst.size()));
+            }
+            let kind = parse_kind(&src.dtype).map_err(|e| format!("tensor `{name}`: {e}"))?;
+            let t = Tensor::f_from_data_size(&src.bytes, &src.shape, kind).map_err(|e| format!("tensor `{name}`: {e}"))?;
+            staged.push((dst.shallow_clone(), t));
+        }
+        tch::no_grad(|| {
+            for (mut dst, src) in staged {
+                let _ = dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
+            }
+        });
+        Ok(())
+    }
+}

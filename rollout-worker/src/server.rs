@@ -1,0 +1,80 @@
+//! Runs a worker: engine thread, gRPC with health, metrics, and a draining shutdown.
+use crate::engine::{self, Command, EngineSettings, Stats};
+use crate::metrics::{self, Metrics};
+use crate::service::WorkerService;
+use comas_proto::v1::rollout_worker_server::RolloutWorkerServer;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+
+pub struct ServerSettings {
+    pub listener: tokio::net::TcpListener,
+    pub metrics_listen: Option<SocketAddr>,
+    pub engine: EngineSettings,
+    /// How long a SIGTERM waits for running episodes before exiting anyway.
+    pub drain_timeout: Duration,
+    pub weight_timeout: Duration,
+}
+
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Serves until `shutdown` fires, then stops taking episodes, lets the running ones finish
+/// (up to `drain_timeout`) and returns.
+pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let stats = Arc::new(Stats::default());
+    let engine = engine::spawn(s.engine, Arc::clone(&stats));
+    let metrics = Metrics::new(stats);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_not_serving::<RolloutWorkerServer<WorkerService>>().await;
+    let (loaded_tx, mut loaded_rx) = watch::channel(false);
+    let hr = health_reporter.clone();
+    tokio::spawn(async move {
+        if loaded_rx.wait_for(|v| *v).await.is_ok() {
+            hr.set_serving::<RolloutWorkerServer<WorkerService>>().await;
+            tracing::info!("policies loaded; worker is ready");
+        }
+    });
+    let service = WorkerService {
+        engine: engine.clone(),
+        metrics: Arc::clone(&metrics),
+        next_stream: AtomicU64::new(0),
+        loaded: loaded_tx,
+        weight_timeout: s.weight_timeout,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let drain_timeout = s.drain_timeout;
+    let hr = health_reporter.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        // Drain: refuse new episodes, let running ones finish, then stop serving.
+        hr.set_not_serving::<RolloutWorkerServer<WorkerService>>().await;
+        let (tx, rx) = oneshot::channel();
+        if engine.send(Command::Drain { reply: tx }).is_ok() {
+            if tokio::time::timeout(drain_timeout, rx).await.is_err() {
+                tracing::warn!(?drain_timeout, "episodes still running at the drain deadline; the coordinator re-queues them");
+            }
+        }
+        let _ = stop_tx.send(true);
+    });
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    if let Some(addr) = s.metrics_listen {
+        let stop = wait(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve_http(addr, metrics, stop).await {
+                tracing::error!(%addr, error = %e, "metrics server failed");
+            }
+        });
+    }
+    let addr = s.listener.local_addr()?;
+    tracing::info!(%addr, "rollout worker listening");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! gRPC side of the worker: parses specs, streams results back as episodes end, pulls weights.
+use crate::engine::{Command, EpisodeJob, EpisodeOutcome};
+use crate::metrics::Metrics;
+use crate::models::PolicySpec;
+use comas_proto::v1 as pb;
+use comas_proto::v1::learner_client::LearnerClient;
+use comas_proto::v1::rollout_worker_server::RolloutWorker;
+use comas_proto::weights::Assembler;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc as tmpsc, oneshot};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+pub struct WorkerService {
+    pub engine: mpsc::Sender<Command>,
+    pub metrics: Arc<Metrics>,
+    pub next_stream: AtomicU64,
+    /// Fires (with `true`) once LoadPolicies succeeded, so health can report SERVING.
+    pub loaded: tokio::sync::watch::Sender<bool>,
+    pub weight_timeout: Duration,
+}
+
+fn engine_gone() -> Status {
+    Status::unavailable("the engine thread has stopped; restart the worker")
+}
+
+fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
+    let field = |name: &str, e: serde_json::Error| format!("episode {}: `{name}` is not valid: {e}", spec.episode_id);
+    if spec.episode_id.is_empty() {
+        return Err("an episode spec needs an episode_id".into());
+    }
+    Ok(EpisodeJob {
+        config: serde_json::from_str(&spec.config_json).map_err(|e| field("config_json", e))?,
+        question: serde_json::from_str(&spec.question_json).map_err(|e| field("question_json", e))?,
+        plan: serde_json::from_str(&spec.plan_json).map_err(|e| field("plan_json", e))?,
+        instance: spec.instance,
+        seed: spec.seed,
+        episode_id: spec.episode_id,
+    })
+}
+
+fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
+    match o.result {
+        Ok((json, turns, tokens)) => pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, error: String::new(), turns, generated_tokens: tokens },
+        Err(e) => pb::EpisodeResult { episode_id: o.episode_id, error: e, ..Default::default() },
+    }
+}
+
+type ResultStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeResult, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RolloutWorker for WorkerService {
+    async fn load_policies(&self, request: Request<pb::LoadPoliciesRequest>) -> Result<Response<pb::LoadPoliciesResponse>, Status> {
+        let req = request.into_inner();
+        if req.agents.is_empty() {
+            return Err(Status::invalid_argument("LoadPolicies needs at least one agent"));
+        }
+        let specs = req
+            .agents
+            .into_iter()
+            .map(|a| PolicySpec {
+                agent: a.agent_id,
+                model_dir: PathBuf::from(a.model_dir),
+                adapter_dir: (!a.adapter_dir.is_empty()).then(|| PathBuf::from(a.adapter_dir)),
+                full_weights: a.full_weights,
+            })
+            .collect();
+        let (tx, rx) = oneshot::channel();
+        self.engine.send(Command::Load { specs, dtype: req.dtype, reply: tx }).map_err(|_| engine_gone())?;
+        let (agents, models) = rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
+        let _ = self.loaded.send(true);
+        Ok(Response::new(pb::LoadPoliciesResponse { num_agents: agents as u32, num_models: models as u32 }))
+    }
+
+    type RunEpisodesStream = ResultStream;
+
+    async fn run_episodes(&self, request: Request<Streaming<pb::EpisodeSpec>>) -> Result<Response<ResultStream>, Status> {
+        let mut incoming = request.into_inner();
+        let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let engine = self.engine.clone();
+        let (out_tx, out_rx) = tmpsc::channel::<Result<pb::EpisodeResult, Status>>(64);
+        tokio::spawn(async move {
+            let (res_tx, mut res_rx) = tmpsc::unbounded_channel::<EpisodeOutcome>();
+            let mut outstanding = 0usize;
+            let mut input_open = true;
+            let cancel = |engine: &mpsc::Sender<Command>| {
+                let _ = engine.send(Command::CancelStream { stream });
+            };
+            loop {
+                if !input_open && outstanding == 0 {
+                    break;
+                }
+                tokio::select! {
+                    msg = incoming.next(), if input_open => match msg {
+                        Some(Ok(spec)) => match parse_job(spec.clone()) {
+                            Ok(job) => {
+                                if engine.send(Command::Episode { stream, job, results: res_tx.clone() }).is_err() {
+                                    let _ = out_tx.send(Err(engine_gone())).await;
+                                    return;
+                                }
+                                outstanding += 1;
+                            }
+                            Err(e) => {
+                                let r = pb::EpisodeResult { episode_id: spec.episode_id, error: e, ..Default::default() };
+                                if out_tx.send(Ok(r)).await.is_err() {
+                                    cancel(&engine);
+                                    return;
+                                }
+                            }
+                        },
+                        // The client half-closed: finish what was sent, then end the stream.
+                        None => input_open = false,
+                        // A broken stream: drop this stream's episodes; the coordinator re-queues them.
+                        Some(Err(e)) => {
+                            tracing::warn!(stream, error = %e, "episode stream broke");
+                            cancel(&engine);
+                            return;
+                        }
+                    },
+                    Some(outcome) = res_rx.recv() => {
+                        outstanding -= 1;
+                        if out_tx.send(Ok(result_of(outcome))).await.is_err() {
+                            cancel(&engine);
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx))))
+    }
+
+    async fn update_weights(&self, request: Request<pb::UpdateWeightsRequest>) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
+        let req = request.into_inner();
+        let started = Instant::now();
+        let source = if req.source.starts_with("http") { req.source.clone() } else { format!("http://{}", req.source) };
+        let pull = async {
+            let mut client = LearnerClient::connect(source.clone())
+                .await
+                .map_err(|e| Status::unavailable(format!("cannot reach weight source {source}: {e}")))?
+                .max_decoding_message_size(8 << 20);
+            let mut stream = client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await?.into_inner();
+            let mut asm = Assembler::default();
+            let mut bytes = 0u64;
+            while let Some(chunk) = stream.message().await? {
+                if chunk.version != req.version {
+                    return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
+                }
+                bytes += chunk.data.len() as u64;
+                asm.push(chunk).map_err(Status::data_loss)?;
+            }
+            Ok::<_, Status>((asm.finish().map_err(Status::data_loss)?, bytes))
+        };
+        let (tensors, bytes) = tokio::time::timeout(self.weight_timeout, pull)
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout)))??;
+        self.metrics.weight_bytes_received.inc_by(bytes);
+        let (tx, rx) = oneshot::channel();
+        self.engine.send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx }).map_err(|_| engine_gone())?;
+        rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::UpdateWeightsResponse { version: req.version, bytes, seconds: started.elapsed().as_secs_f64() }))
+    }
+
+    async fn info(&self, _: Request<pb::WorkerInfoRequest>) -> Result<Response<pb::WorkerInfo>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.engine.send(Command::Info { reply: tx }).map_err(|_| engine_gone())?;
+        let s = rx.await.map_err(|_| engine_gone())?;
+        Ok(Response::new(pb::WorkerInfo {
+            agents: s.versions.into_iter().map(|(agent_id, version)| pb::AgentVersion { agent_id, version }).collect(),
+            running_episodes: s.running_episodes as u32,
+            running_sequences: s.running_sequences as u32,
+            waiting_turns: s.waiting_turns as u32,
+            draining: s.draining,
+        }))
+    }
+}

@@ -1,0 +1,303 @@
+//! The rollout worker over real loopback gRPC: CoMAS episodes with continuous batching, logprob
+//! agreement with scoring, identical greedy results at 1 and 64 concurrent episodes, a weight
+//! update from a real learner in the middle of a run, draining, and bad input.
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::{Architecture, CausalLm};
+use comas_proto::v1 as pb;
+use comas_proto::v1::learner_client::LearnerClient;
+use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_rollout_worker::engine::EngineSettings;
+use comas_rollout_worker::server::{serve, ServerSettings};
+use comas_workflow::comas::{plan_batch, CoMasConfig, InstancePlan, PlanSeed, Trajectory};
+use comas_workflow::{Role, SamplingSpec, TaskKind, TaskRecord};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use tch::{Device, Kind, Tensor};
+
+fn config(max_new: u32) -> CoMasConfig {
+    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0 };
+    let mut c = CoMasConfig { num_agents: 2, num_rounds: 2, num_references: 1, instances_per_question: 1, ..Default::default() };
+    c.sampling.solver = greedy.clone();
+    c.sampling.evaluator = greedy.clone();
+    c.sampling.scorer = greedy;
+    c
+}
+
+fn question(i: usize) -> TaskRecord {
+    TaskRecord { prompt: format!("What is {i} + {}?", i * 3 % 7), answer: format!("{}", i + i * 3 % 7), task: TaskKind::Math, id: format!("q{i}"), source: None }
+}
+
+fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
+    let plan = plan_batch(cfg, n, PlanSeed { global: 7, step: 1, shard: 0 }).unwrap();
+    plan.instances
+        .iter()
+        .enumerate()
+        .map(|(i, p): (usize, &InstancePlan)| pb::EpisodeSpec {
+            episode_id: format!("{tag}-{i}"),
+            config_json: serde_json::to_string(cfg).unwrap(),
+            question_json: serde_json::to_string(&question(i)).unwrap(),
+            plan_json: serde_json::to_string(p).unwrap(),
+            instance: i as u32,
+            seed: 1000 + i as u64,
+        })
+        .collect()
+}
+
+async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let settings = ServerSettings {
+        listener,
+        metrics_listen: None,
+        engine: EngineSettings { device: Device::Cpu, max_running: 256 },
+        drain_timeout: Duration::from_secs(60),
+        weight_timeout: Duration::from_secs(60),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(async move {
+        serve(settings, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    (addr, tx, h)
+}
+
+async fn client(addr: &str) -> RolloutWorkerClient<tonic::transport::Channel> {
+    for _ in 0..100 {
+        if let Ok(c) = RolloutWorkerClient::connect(addr.to_string()).await {
+            return c.max_decoding_message_size(64 << 20);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("worker did not come up");
+}
+
+async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool) {
+    let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full }).collect();
+    c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
+}
+
+/// Sends `specs` on one stream and collects every result by episode id.
+async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, specs: Vec<pb::EpisodeSpec>) -> BTreeMap<String, Trajectory> {
+    let n = specs.len();
+    let mut out = c.run_episodes(tokio_stream::iter(specs)).await.unwrap().into_inner();
+    let mut got = BTreeMap::new();
+    while let Some(r) = out.message().await.unwrap() {
+        assert!(r.error.is_empty(), "episode {} failed: {}", r.episode_id, r.error);
+        let t: Trajectory = serde_json::from_str(&r.trajectory_json).unwrap();
+        assert_eq!(r.turns as usize, t.turns.len());
+        assert!(got.insert(r.episode_id, t).is_none(), "an episode came back twice");
+    }
+    assert_eq!(got.len(), n, "every episode comes back exactly once");
+    got
+}
+
+fn tiny(dir: &Path) {
+    write_model(dir, &TinySpec { seed: 11, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_episodes_match_at_1_and_64_concurrent_and_logprobs_match_scoring() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (addr, stop, handle) = start_worker().await;
+    let mut c = client(&addr).await;
+    load(&mut c, dir.path(), false).await;
+    let cfg = config(6);
+    let all = specs(&cfg, 64, "ep");
+    let together = run(&mut c, all.clone()).await;
+    for (id, t) in &together {
+        // l = 2, R = 2, n = 1: per round 2 solutions, 2 evaluations, 2 scores.
+        assert_eq!(t.turns.len(), 12, "{id}");
+        for role in [Role::Solver, Role::Evaluator, Role::Scorer] {
+            assert_eq!(t.turns.iter().filter(|x| x.role == role).count(), 4, "{id} {role:?}");
+        }
+        for a in 0..2 {
+            assert_eq!(t.turns.iter().filter(|x| x.role == Role::Solver && x.agent == a).count(), 2, "each agent solves once per round");
+        }
+        assert!(t.turns.iter().all(|x| x.policy_version == 0 && !x.completion_ids.is_empty()));
+    }
+    for spec in all.iter().take(64) {
+        let alone = run(&mut c, vec![spec.clone()]).await;
+        let (a, b) = (&alone[&spec.episode_id], &together[&spec.episode_id]);
+        for (x, y) in a.turns.iter().zip(&b.turns) {
+            assert_eq!(x.completion_ids, y.completion_ids, "{} turn {}", spec.episode_id, x.turn_index);
+            assert_eq!(x.prompt_ids, y.prompt_ids);
+        }
+    }
+    // The logprobs a worker records equal what scoring computes for the same tokens.
+    let model = CausalLm::load(dir.path(), Kind::Float, Device::Cpu).unwrap();
+    let mut worst: f64 = 0.0;
+    for t in together.values().take(8) {
+        for turn in &t.turns {
+            let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+            let lp = tch::no_grad(|| model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, None).unwrap());
+            let start = turn.prompt_ids.len() as i64 - 1;
+            let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, start, turn.completion_ids.len() as i64)).unwrap();
+            for (a, b) in turn.logprobs.iter().zip(&want) {
+                worst = worst.max((a - b).abs() as f64);
+            }
+        }
+    }
+    eprintln!("worker vs score: max |logprob diff| = {worst:e}");
+    assert!(worst <= 1e-4, "{worst:e}");
+    let _ = stop.send(());
+    handle.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_update_mid_run_changes_only_later_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    tiny(&model_dir);
+    // A real learner for agent 0: train one step, publish version 1.
+    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let learner_addr = learner_listener.local_addr().unwrap().to_string();
+    let (lstop_tx, lstop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ckpt = dir.path().join("ckpt");
+    let learner_settings = comas_learner::server::ServerSettings {
+        agent_id: 0,
+        listener: learner_listener,
+        metrics_listen: None,
+        engine: comas_learner::engine::EngineSettings {
+            model_dir: model_dir.clone(),
+            adapter_dir: None,
+            reference_dir: None,
+            config: comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() },
+            checkpoint_dir: Some(ckpt.clone()),
+            keep_checkpoints: 1,
+            resume: false,
+        },
+    };
+    tokio::spawn(async move {
+        comas_learner::server::serve(learner_settings, async {
+            let _ = lstop_rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    let (addr, stop, handle) = start_worker().await;
+    let mut c = client(&addr).await;
+    load(&mut c, &model_dir, true).await;
+    let mut learner = loop {
+        if let Ok(l) = LearnerClient::connect(format!("http://{learner_addr}")).await {
+            if l.clone().info(pb::InfoRequest {}).await.is_ok() {
+                break l;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4 })) })
+        .chain((0..4).map(|i| pb::TrainRequest {
+            item: Some(pb::train_request::Item::Experience(pb::Experience {
+                prompt_ids: vec![421, 82, 313],
+                completion_ids: vec![50 + i, 60, 70],
+                reward: Some(i as f64),
+                finish_reason: pb::FinishReason::Stop as i32,
+                ..Default::default()
+            })),
+        }))
+        .collect();
+    learner.train(tokio_stream::iter(exps)).await.unwrap();
+    assert_eq!(learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner().version, 1);
+    let saved = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+
+    // Start a long run, update agent 0 while it decodes, then send more episodes.
+    let cfg = config(12);
+    let first = specs(&cfg, 16, "a");
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::EpisodeSpec>(64);
+    let mut out = c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    for s in &first {
+        tx.send(s.clone()).await.unwrap();
+    }
+    let mut got: BTreeMap<String, Trajectory> = BTreeMap::new();
+    let r = out.message().await.unwrap().unwrap();
+    got.insert(r.episode_id.clone(), serde_json::from_str(&r.trajectory_json).unwrap());
+    let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
+    assert_eq!(upd.version, 1);
+    assert!(upd.bytes > 0);
+    let later = specs(&cfg, 4, "b");
+    for s in &later {
+        tx.send(s.clone()).await.unwrap();
+    }
+    drop(tx);
+    while let Some(r) = out.message().await.unwrap() {
+        assert!(r.error.is_empty(), "{}", r.error);
+        got.insert(r.episode_id.clone(), serde_json::from_str(&r.trajectory_json).unwrap());
+    }
+    assert_eq!(got.len(), 20);
+    let info = c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(), vec![(0, 1), (1, 0)]);
+    let (mut v0, mut v1) = (0, 0);
+    for (id, t) in &got {
+        // Agent 1 was never updated; agent 0's versions never go back within an episode.
+        assert!(t.turns.iter().filter(|x| x.agent == 1).all(|x| x.policy_version == 0), "{id}");
+        let versions: Vec<u64> = t.turns.iter().filter(|x| x.agent == 0).map(|x| x.policy_version).collect();
+        assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{id}: {versions:?}");
+        if id.starts_with("b-") {
+            assert!(versions.iter().all(|&v| v == 1), "episodes sent after the update use version 1: {id}");
+        }
+        v0 += versions.iter().filter(|&&v| v == 0).count();
+        v1 += versions.iter().filter(|&&v| v == 1).count();
+    }
+    assert!(v0 > 0 && v1 > 0, "both versions appear ({v0} / {v1})");
+    // Version-1 turns were produced by exactly the learner's weights.
+    let trained = CausalLm::load(&Path::new(&saved.path).join("model"), Kind::Float, Device::Cpu).unwrap();
+    let turn = got["b-0"].turns.iter().find(|x| x.agent == 0).unwrap();
+    let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+    let lp = tch::no_grad(|| trained.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, None).unwrap());
+    let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, turn.prompt_ids.len() as i64 - 1, turn.completion_ids.len() as i64)).unwrap();
+    for (a, b) in turn.logprobs.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    // A version the learner does not have is refused without touching the policy.
+    let err = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 9, source: learner_addr.clone() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    let _ = stop.send(());
+    handle.await.unwrap();
+    let _ = lstop_tx.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_draining() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (addr, stop, handle) = start_worker().await;
+    let mut c = client(&addr).await;
+    // Nothing loaded yet: episodes are refused with the reason.
+    let cfg = config(4);
+    let mut s = specs(&cfg, 1, "x");
+    let mut out = c.run_episodes(tokio_stream::iter(s.clone())).await.unwrap().into_inner();
+    let r = out.message().await.unwrap().unwrap();
+    assert!(r.error.contains("not loaded"), "{}", r.error);
+    let err = c
+        .load_policies(pb::LoadPoliciesRequest { agents: vec![pb::AgentPolicy { agent_id: 0, model_dir: "/nonexistent".into(), ..Default::default() }], dtype: String::new() })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("/nonexistent"), "{}", err.message());
+    load(&mut c, dir.path(), false).await;
+    s[0].config_json = "{\"num_agents\": \"two\"}".into();
+    let mut out = c.run_episodes(tokio_stream::iter(s)).await.unwrap().into_inner();
+    let r = out.message().await.unwrap().unwrap();
+    assert!(r.error.contains("config_json"), "{}", r.error);
+    // Shutdown while episodes run: they still finish and come back, then the server exits.
+    let many = specs(&config(8), 8, "d");
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::EpisodeSpec>(16);
+    let mut out = c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    for s in &many {
+        tx.send(s.clone()).await.unwrap();
+    }
+    drop(tx);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let _ = stop.send(());
+    let mut n = 0;
+    while let Ok(Some(r)) = out.message().await {
+        assert!(r.error.is_empty(), "{}", r.error);
+        n += 1;
+    }
+    assert_eq!(n, 8, "draining finishes the running episodes");
+    tokio::time::timeout(Duration::from_secs(30), handle).await.expect("server stops after draining").unwrap();
+}
