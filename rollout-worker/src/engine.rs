@@ -62,6 +62,9 @@ pub struct EngineSettings {
     pub device: Device,
     /// Most sequences decoding at once per base model; more turns wait in the queue.
     pub max_running: usize,
+    /// Most tokens (prompt + max new tokens) admitted at once per base model: bounds KV-cache
+    /// memory. A turn larger than the whole budget still runs, alone.
+    pub max_batch_tokens: usize,
 }
 
 pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> mpsc::Sender<Command> {
@@ -114,6 +117,8 @@ struct RunningEpisode {
 
 struct Seq {
     base: usize,
+    /// Tokens this sequence reserved in its batch's budget.
+    reserved: usize,
     episode: u64,
     turn: TurnRequest,
     prompt_ids: Vec<i64>,
@@ -130,6 +135,8 @@ struct Runtime<'m> {
     waiting: VecDeque<(u64, TurnRequest)>,
     versions: BTreeMap<u32, u64>,
     in_flight: BTreeMap<u32, usize>,
+    /// Reserved tokens per base model (see `max_batch_tokens`).
+    reserved: Vec<usize>,
     updates: Vec<(u32, u64, Vec<comas_proto::weights::ReceivedTensor>, oneshot::Sender<Result<(), String>>)>,
     drain: Option<oneshot::Sender<()>>,
     draining: bool,
@@ -157,6 +164,7 @@ impl<'m> Runtime<'m> {
             waiting: VecDeque::new(),
             versions: models.agents.keys().map(|&a| (a, 0)).collect(),
             in_flight: BTreeMap::new(),
+            reserved: vec![0; models.bases.len()],
             updates: Vec::new(),
             drain: None,
             draining: false,
@@ -263,6 +271,12 @@ impl<'m> Runtime<'m> {
             let base = &self.models.bases[policy.base];
             let msgs: Vec<ChatMessage> = turn.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
             let prompt = base.tokenizer.encode_chat(&msgs, true);
+            let need = prompt.as_ref().map_or(0, Vec::len) + turn.sampling.max_new_tokens as usize;
+            let used = self.reserved[policy.base];
+            if used > 0 && used + need > self.settings.max_batch_tokens {
+                keep.push_back((key, turn));
+                continue;
+            }
             let s = &turn.sampling;
             let params = SamplingParams {
                 temperature: s.temperature,
@@ -280,13 +294,21 @@ impl<'m> Runtime<'m> {
             match added {
                 Ok(prompt_ids) => {
                     *self.in_flight.entry(turn.agent).or_default() += 1;
+                    self.reserved[policy.base] += need;
                     let version = self.versions[&turn.agent];
-                    self.seqs.insert(id, Seq { base: policy.base, episode: key, turn, prompt_ids, version });
+                    self.seqs.insert(id, Seq { base: policy.base, reserved: need, episode: key, turn, prompt_ids, version });
                 }
                 Err(e) => self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index)),
             }
         }
         self.waiting = keep;
+    }
+
+    fn release(&mut self, seq: &Seq) {
+        if let Some(n) = self.in_flight.get_mut(&seq.turn.agent) {
+            *n -= 1;
+        }
+        self.reserved[seq.base] -= seq.reserved;
     }
 
     fn fail_episode(&mut self, key: u64, error: String) {
@@ -297,9 +319,7 @@ impl<'m> Runtime<'m> {
 
     fn finished(&mut self, base: usize, id: u64, c: Completion) {
         let Some(seq) = self.seqs.remove(&id) else { return };
-        if let Some(n) = self.in_flight.get_mut(&seq.turn.agent) {
-            *n -= 1;
-        }
+        self.release(&seq);
         self.stats.generated_tokens.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
         let Some(ep) = self.episodes.get_mut(&seq.episode) else { return };
         let tok = &self.models.bases[base].tokenizer;
@@ -418,9 +438,7 @@ impl<'m> Runtime<'m> {
                         let lost: Vec<u64> = self.seqs.iter().filter(|(_, s)| s.base == b).map(|(&id, _)| id).collect();
                         for id in lost {
                             let s = self.seqs.remove(&id).expect("listed");
-                            if let Some(n) = self.in_flight.get_mut(&s.turn.agent) {
-                                *n -= 1;
-                            }
+                            self.release(&s);
                             self.fail_episode(s.episode, format!("decode failed: {e}"));
                         }
                         self.batchers[b] = Batcher::new(&self.models.bases[b].model, Some(&self.models.bases[b].tokenizer));

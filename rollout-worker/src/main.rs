@@ -17,6 +17,9 @@ struct Args {
     /// Most sequences decoding at once per base model.
     #[arg(long, env = "COMAS_WORKER_MAX_RUNNING", default_value_t = 256)]
     max_running: usize,
+    /// Most tokens (prompt + max new) admitted at once per base model; bounds KV-cache memory.
+    #[arg(long, env = "COMAS_WORKER_MAX_BATCH_TOKENS", default_value_t = 1 << 20)]
+    max_batch_tokens: usize,
     /// Seconds a SIGTERM waits for running episodes.
     #[arg(long, env = "COMAS_WORKER_DRAIN_SECS", default_value_t = 120)]
     drain_secs: u64,
@@ -38,7 +41,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         let settings = server::ServerSettings {
             listener,
             metrics_listen: a.metrics_listen,
-            engine: EngineSettings { device, max_running: a.max_running.max(1) },
+            engine: EngineSettings { device, max_running: a.max_running.max(1), max_batch_tokens: a.max_batch_tokens.max(1) },
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),
         };

@@ -50,7 +50,7 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
     let settings = ServerSettings {
         listener,
         metrics_listen: None,
-        engine: EngineSettings { device: Device::Cpu, max_running: 256 },
+        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 1 << 20 },
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
     };
@@ -300,4 +300,80 @@ async fn bad_input_and_draining() {
     }
     assert_eq!(n, 8, "draining finishes the running episodes");
     tokio::time::timeout(Duration::from_secs(30), handle).await.expect("server stops after draining").unwrap();
+}
+
+/// A tight token budget queues turns instead of admitting them all; results do not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_token_budget_only_queues_work() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let settings = ServerSettings {
+        listener,
+        metrics_listen: None,
+        // Room for about one turn at a time.
+        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 64 },
+        drain_timeout: Duration::from_secs(30),
+        weight_timeout: Duration::from_secs(30),
+    };
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(serve(settings, async {
+        let _ = rx.await;
+    }));
+    let mut c = client(&addr).await;
+    load(&mut c, dir.path(), false).await;
+    let s = specs(&config(5), 4, "t");
+    let tight = run(&mut c, s.clone()).await;
+    let (addr2, stop2, h2) = start_worker().await;
+    let mut c2 = client(&addr2).await;
+    load(&mut c2, dir.path(), false).await;
+    let roomy = run(&mut c2, s).await;
+    for (id, t) in &tight {
+        let ids: Vec<&Vec<u32>> = t.turns.iter().map(|x| &x.completion_ids).collect();
+        let ids2: Vec<&Vec<u32>> = roomy[id].turns.iter().map(|x| &x.completion_ids).collect();
+        assert_eq!(ids, ids2, "{id}");
+    }
+    let _ = stop.send(());
+    let _ = stop2.send(());
+    h.await.unwrap().unwrap();
+    h2.await.unwrap();
+}
+
+#[test]
+fn the_binary_exposes_metrics_and_stops_on_sigterm() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
+        .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
+        .env("COMAS_WORKER_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
+        .env("COMAS_THREADS", "1")
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let body = rt.block_on(async {
+        for _ in 0..200 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.unwrap();
+                return out;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        String::new()
+    });
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(body.contains("comas_worker_queue_depth") && body.contains("comas_worker_kv_cache_bytes"), "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "worker did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

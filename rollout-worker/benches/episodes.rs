@@ -1,0 +1,104 @@
+//! CoMAS episode throughput of a worker on a ~40M-parameter model: episodes run one at a time
+//! versus 64 at once on one stream (continuous batching). Prints tokens/s, episodes/s and the
+//! speed-up.
+//!
+//!   cargo bench -p comas-rollout-worker --bench episodes
+//!
+//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_TOKENS (24 per turn, fixed length),
+//! COMAS_BENCH_SERIAL (6 episodes run one by one), COMAS_BENCH_CONCURRENT (64).
+use comas_model::tiny::{write_model, TinySpec};
+use comas_proto::v1 as pb;
+use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_rollout_worker::engine::EngineSettings;
+use comas_rollout_worker::server::{serve, ServerSettings};
+use comas_workflow::comas::{plan_batch, CoMasConfig, PlanSeed};
+use comas_workflow::{SamplingSpec, TaskKind, TaskRecord};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
+    let plan = plan_batch(cfg, n, PlanSeed { global: 3, step: 0, shard: 0 }).unwrap();
+    plan.instances
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let q = TaskRecord { prompt: format!("Compute {i} * 7 - 3."), answer: format!("{}", i * 7 - 3), task: TaskKind::Math, id: format!("{tag}{i}"), source: None };
+            pb::EpisodeSpec {
+                episode_id: format!("{tag}{i}"),
+                config_json: serde_json::to_string(cfg).unwrap(),
+                question_json: serde_json::to_string(&q).unwrap(),
+                plan_json: serde_json::to_string(p).unwrap(),
+                instance: i as u32,
+                seed: i as u64,
+            }
+        })
+        .collect()
+}
+
+async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, s: Vec<pb::EpisodeSpec>) -> u64 {
+    let mut out = c.run_episodes(tokio_stream::iter(s)).await.unwrap().into_inner();
+    let mut tokens = 0;
+    while let Some(r) = out.message().await.unwrap() {
+        assert!(r.error.is_empty(), "{}", r.error);
+        tokens += r.generated_tokens;
+    }
+    tokens
+}
+
+fn main() {
+    let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
+    let per_turn: u32 = env_or("COMAS_BENCH_TOKENS", 24);
+    let serial: usize = env_or("COMAS_BENCH_SERIAL", 6);
+    let concurrent: usize = env_or("COMAS_BENCH_CONCURRENT", 64);
+    tch::set_num_threads(threads);
+    let model = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-worker-qwen2-40m");
+    if !model.join("model.safetensors").is_file() {
+        write_model(&model, &TinySpec::bench()).unwrap();
+    }
+    // l = 2 agents on one base, one round: 2 solutions, 2 evaluations, 2 scores per episode.
+    // Every turn generates exactly `per_turn` tokens, so both modes do the same work.
+    let fixed = SamplingSpec { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn };
+    let mut cfg = CoMasConfig { num_agents: 2, num_rounds: 1, num_references: 1, instances_per_question: 1, ..Default::default() };
+    cfg.sampling.solver = fixed.clone();
+    cfg.sampling.evaluator = fixed.clone();
+    cfg.sampling.scorer = fixed;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let settings = ServerSettings {
+            listener,
+            metrics_listen: None,
+            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22 },
+            drain_timeout: Duration::from_secs(5),
+            weight_timeout: Duration::from_secs(60),
+        };
+        tokio::spawn(serve(settings, std::future::pending::<()>()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut c = RolloutWorkerClient::connect(addr).await.unwrap().max_decoding_message_size(256 << 20);
+        let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), ..Default::default() }).collect();
+        c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
+        run(&mut c, specs(&cfg, 1, "warm")).await;
+
+        let t0 = Instant::now();
+        let mut serial_tokens = 0;
+        for s in specs(&cfg, serial, "s") {
+            serial_tokens += run(&mut c, vec![s]).await;
+        }
+        let serial_s = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let conc_tokens = run(&mut c, specs(&cfg, concurrent, "c")).await;
+        let conc_s = t0.elapsed().as_secs_f64();
+        println!("CoMAS episode benchmark: 40.0M parameters, f32 CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn");
+        println!("{:>22} {:>10} {:>12} {:>12}", "mode", "episodes", "tokens/s", "episodes/s");
+        let (st, se) = (serial_tokens as f64 / serial_s, serial as f64 / serial_s);
+        let (ct, ce) = (conc_tokens as f64 / conc_s, concurrent as f64 / conc_s);
+        println!("{:>22} {:>10} {:>12.1} {:>12.3}", "1 at a time", serial, st, se);
+        println!("{:>22} {:>10} {:>12.1} {:>12.3}", format!("{concurrent} concurrent"), concurrent, ct, ce);
+        println!("speed-up from continuous batching: {:.2}x episodes/s", ce / se);
+    });
+}
