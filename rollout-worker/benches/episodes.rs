@@ -4,8 +4,10 @@
 //!
 //!   cargo bench -p comas-rollout-worker --bench episodes
 //!
-//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_TOKENS (24 per turn, fixed length),
-//! COMAS_BENCH_SERIAL (6 episodes run one by one), COMAS_BENCH_CONCURRENT (64).
+//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_TOKENS (64 per turn, fixed length),
+//! COMAS_BENCH_SERIAL (4 episodes run one by one), COMAS_BENCH_CONCURRENT (64).
+//! Prompt tokens are reported too: with the tiny test tokenizer CoMAS prompts are a few hundred
+//! tokens, and their prefill (already batched within a sequence) does not speed up.
 use comas_model::tiny::{write_model, TinySpec};
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
@@ -39,20 +41,23 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
         .collect()
 }
 
-async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, s: Vec<pb::EpisodeSpec>) -> u64 {
+/// Runs the specs on one stream; returns (generated tokens, prompt tokens).
+async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, s: Vec<pb::EpisodeSpec>) -> (u64, u64) {
     let mut out = c.run_episodes(tokio_stream::iter(s)).await.unwrap().into_inner();
-    let mut tokens = 0;
+    let (mut tokens, mut prompt) = (0, 0);
     while let Some(r) = out.message().await.unwrap() {
         assert!(r.error.is_empty(), "{}", r.error);
         tokens += r.generated_tokens;
+        let t: comas_workflow::comas::Trajectory = serde_json::from_str(&r.trajectory_json).unwrap();
+        prompt += t.turns.iter().map(|x| x.prompt_ids.len() as u64).sum::<u64>();
     }
-    tokens
+    (tokens, prompt)
 }
 
 fn main() {
     let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
-    let per_turn: u32 = env_or("COMAS_BENCH_TOKENS", 24);
-    let serial: usize = env_or("COMAS_BENCH_SERIAL", 6);
+    let per_turn: u32 = env_or("COMAS_BENCH_TOKENS", 64);
+    let serial: usize = env_or("COMAS_BENCH_SERIAL", 4);
     let concurrent: usize = env_or("COMAS_BENCH_CONCURRENT", 64);
     tch::set_num_threads(threads);
     let model = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-worker-qwen2-40m");
@@ -85,20 +90,22 @@ fn main() {
         run(&mut c, specs(&cfg, 1, "warm")).await;
 
         let t0 = Instant::now();
-        let mut serial_tokens = 0;
+        let (mut serial_tokens, mut serial_prompt) = (0, 0);
         for s in specs(&cfg, serial, "s") {
-            serial_tokens += run(&mut c, vec![s]).await;
+            let (g, p) = run(&mut c, vec![s]).await;
+            serial_tokens += g;
+            serial_prompt += p;
         }
         let serial_s = t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let conc_tokens = run(&mut c, specs(&cfg, concurrent, "c")).await;
+        let (conc_tokens, conc_prompt) = run(&mut c, specs(&cfg, concurrent, "c")).await;
         let conc_s = t0.elapsed().as_secs_f64();
         println!("CoMAS episode benchmark: 40.0M parameters, f32 CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn");
-        println!("{:>22} {:>10} {:>12} {:>12}", "mode", "episodes", "tokens/s", "episodes/s");
+        println!("{:>16} {:>9} {:>16} {:>18} {:>11}", "mode", "episodes", "generated tok/s", "prompt tok/episode", "episodes/s");
         let (st, se) = (serial_tokens as f64 / serial_s, serial as f64 / serial_s);
         let (ct, ce) = (conc_tokens as f64 / conc_s, concurrent as f64 / conc_s);
-        println!("{:>22} {:>10} {:>12.1} {:>12.3}", "1 at a time", serial, st, se);
-        println!("{:>22} {:>10} {:>12.1} {:>12.3}", format!("{concurrent} concurrent"), concurrent, ct, ce);
+        println!("{:>16} {:>9} {:>16.1} {:>18} {:>11.3}", "1 at a time", serial, st, serial_prompt / serial as u64, se);
+        println!("{:>16} {:>9} {:>16.1} {:>18} {:>11.3}", format!("{concurrent} concurrent"), concurrent, ct, conc_prompt / concurrent as u64, ce);
         println!("speed-up from continuous batching: {:.2}x episodes/s", ce / se);
     });
 }
