@@ -90,7 +90,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 resume: a.resume,
             },
         };
-        server::serve(settings, server::shutdown_signal()).await?;
+        server::serve(settings, comas_service::shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -1,7 +1,5 @@
-//! Prometheus metrics of the learner and the small HTTP server that exposes them (with a
-//! liveness endpoint) next to the gRPC port.
+//! Prometheus metrics of the learner.
 use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub struct Metrics {
@@ -52,17 +50,4 @@ impl Metrics {
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
         String::from_utf8(buf).unwrap_or_default()
     }
-}
-
-/// Serves `/metrics` and `/healthz` until `shutdown` resolves.
-pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    use axum::{routing::get, Router};
-    let app = Router::new()
-        .route("/metrics", get(move || {
-            let m = Arc::clone(&metrics);
-            async move { m.render() }
-        }))
-        .route("/healthz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

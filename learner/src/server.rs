@@ -1,7 +1,7 @@
 //! Runs the learner service: training thread, gRPC (with health), metrics, graceful shutdown.
 use crate::engine::{self, EngineSettings, Versions};
 use crate::error::{LearnerError, Result};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::service::LearnerService;
 use comas_proto::v1::learner_server::LearnerServer;
 use std::net::SocketAddr;
@@ -40,7 +40,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let m = Arc::clone(&metrics);
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = metrics::serve_http(addr, m, stop).await {
+            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
                 tracing::error!(%addr, error = %e, "metrics server failed");
             }
         });
@@ -64,27 +64,4 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await
         .map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutdown signal received");
 }

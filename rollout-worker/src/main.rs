@@ -45,24 +45,8 @@ fn run(a: Args) -> anyhow::Result<()> {
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),
         };
-        server::serve(settings, shutdown_signal()).await
+        server::serve(settings, comas_service::shutdown_signal()).await
     })
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
-    tracing::info!("shutdown signal: draining");
 }
 
 fn main() -> ExitCode {

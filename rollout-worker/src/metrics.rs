@@ -1,7 +1,6 @@
 //! Prometheus metrics of a worker, read from the engine's atomics at scrape time.
 use crate::engine::Stats;
 use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -56,16 +55,4 @@ impl Metrics {
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
         String::from_utf8(buf).unwrap_or_default()
     }
-}
-
-pub async fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    use axum::{routing::get, Router};
-    let app = Router::new()
-        .route("/metrics", get(move || {
-            let m = Arc::clone(&metrics);
-            async move { m.render() }
-        }))
-        .route("/healthz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -1,6 +1,6 @@
 //! Runs a worker: engine thread, gRPC with health, metrics, and a draining shutdown.
 use crate::engine::{self, Command, EngineSettings, Stats};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::service::WorkerService;
 use comas_proto::v1::rollout_worker_server::RolloutWorkerServer;
 use std::net::SocketAddr;
@@ -64,7 +64,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     if let Some(addr) = s.metrics_listen {
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = metrics::serve_http(addr, metrics, stop).await {
+            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || metrics.render()), stop).await {
                 tracing::error!(%addr, error = %e, "metrics server failed");
             }
         });
