@@ -377,3 +377,90 @@ fn the_binary_exposes_metrics_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// LoRA agents: a learner trains agent 0's adapter and publishes only the adapter tensors; the
+/// worker swaps them into agent 0's adapter while agent 1 keeps sharing the same base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapters_are_updated_from_a_lora_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    tiny(&base);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let learner_addr = listener.local_addr().unwrap().to_string();
+    let ckpt = dir.path().join("ckpt");
+    let cfg = comas_learner::TrainConfig::from_toml(
+        "lr = 5e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 4\nmicro_batch_size = 4\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
+    )
+    .unwrap();
+    let settings = comas_learner::server::ServerSettings {
+        agent_id: 0,
+        listener,
+        metrics_listen: None,
+        engine: comas_learner::engine::EngineSettings {
+            model_dir: base.clone(),
+            adapter_dir: None,
+            reference_dir: None,
+            config: cfg,
+            checkpoint_dir: Some(ckpt.clone()),
+            keep_checkpoints: 3,
+            resume: false,
+        },
+    };
+    let (lstop, lrx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(comas_learner::server::serve(settings, async {
+        let _ = lrx.await;
+    }));
+    let mut learner = loop {
+        if let Ok(mut l) = LearnerClient::connect(format!("http://{learner_addr}")).await {
+            if l.info(pb::InfoRequest {}).await.is_ok() {
+                break l;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The untrained adapter (B = 0) is what the worker starts from.
+    let start = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    let (addr, stop, handle) = start_worker().await;
+    let mut c = client(&addr).await;
+    let agents = vec![
+        pb::AgentPolicy { agent_id: 0, model_dir: base.display().to_string(), adapter_dir: format!("{}/adapter", start.path), full_weights: false },
+        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), adapter_dir: String::new(), full_weights: false },
+    ];
+    let loaded = c.load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() }).await.unwrap().into_inner();
+    assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");
+    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4 })) })
+        .chain((0..4).map(|i| pb::TrainRequest {
+            item: Some(pb::train_request::Item::Experience(pb::Experience {
+                prompt_ids: vec![421, 82, 313],
+                completion_ids: vec![50 + i, 60, 70],
+                reward: Some(i as f64),
+                finish_reason: pb::FinishReason::Stop as i32,
+                ..Default::default()
+            })),
+        }))
+        .collect();
+    learner.train(tokio_stream::iter(exps)).await.unwrap();
+    let p = learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
+    assert!(p.lora && p.version == 1);
+    let trained = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
+    assert_eq!(upd.bytes, p.total_bytes, "only the adapter travels");
+    let got = run(&mut c, specs(&config(6), 2, "l")).await;
+    let base_model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
+    let adapter = comas_model::LoraAdapter::load(&Path::new(&trained.path).join("adapter"), base_model.config(), Kind::Float, Device::Cpu).unwrap();
+    for t in got.values() {
+        for turn in &t.turns {
+            assert_eq!(turn.policy_version, if turn.agent == 0 { 1 } else { 0 });
+            let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+            let lora = comas_model::LoraBatch::uniform(&adapter);
+            let lp = tch::no_grad(|| base_model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, (turn.agent == 0).then_some(&lora)).unwrap());
+            let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, turn.prompt_ids.len() as i64 - 1, turn.completion_ids.len() as i64)).unwrap();
+            for (a, b) in turn.logprobs.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-4, "agent {} turn {}: {a} vs {b}", turn.agent, turn.turn_index);
+            }
+        }
+    }
+    let _ = stop.send(());
+    handle.await.unwrap();
+    let _ = lstop.send(());
+}
