@@ -21,6 +21,9 @@ impl ChatMessage {
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special-token matching off: text that spells a special token
+    /// stays text.
+    plain: tokenizers::Tokenizer,
     template: Option<minijinja::Environment<'static>>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -85,8 +88,11 @@ impl Tokenizer {
             }
         };
         let template = source.map(template_env).transpose()?;
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
         let mut tok = Self {
             inner,
+            plain,
             template,
             bos_token: token_string(cfg.get("bos_token")),
             eos_token: token_string(cfg.get("eos_token")),
@@ -174,10 +180,49 @@ impl Tokenizer {
         tmpl.render(ctx).map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
     }
 
+    /// Encodes text with special-token strings treated as ordinary text.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<i64>> {
+        let enc = self.plain.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
     /// Renders and tokenizes a chat prompt. The template already carries any BOS text, so no
     /// special tokens are added on top (as `apply_chat_template(tokenize=True)` does).
+    ///
+    /// Message content is never turned into control tokens: when a message spells a special
+    /// token (a quoted completion may), the template's own text and the contents are encoded
+    /// separately, the contents as plain text. Other prompts are encoded whole, exactly as
+    /// `transformers` does.
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<i64>> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
-        self.encode(&text, false)
+        let specials: Vec<String> = self.inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        let spells_special = messages.iter().any(|m| specials.iter().any(|s| m.content.contains(s.as_str())));
+        if !spells_special {
+            return self.encode(&text, false);
+        }
+        let markers: Vec<String> = (0..messages.len()).map(|i| format!("\u{1}comas-content-{i}\u{1}")).collect();
+        let masked: Vec<ChatMessage> = messages.iter().zip(&markers).map(|(m, k)| ChatMessage::new(m.role.clone(), k.clone())).collect();
+        let skeleton = self.apply_chat_template(&masked, add_generation_prompt)?;
+        let mut rebuilt = skeleton.clone();
+        for (m, k) in messages.iter().zip(&markers) {
+            rebuilt = rebuilt.replacen(k.as_str(), &m.content, 1);
+        }
+        if rebuilt != text {
+            return Err(ModelError::ChatTemplate(
+                "a message spells a special token and this template rewrites message content, so it cannot be kept as plain text; strip the special-token text from the message".into(),
+            ));
+        }
+        let mut out = Vec::new();
+        let mut rest = skeleton.as_str();
+        for (m, k) in messages.iter().zip(&markers) {
+            let Some(pos) = rest.find(k.as_str()) else {
+                return Err(ModelError::ChatTemplate("the template dropped or reordered a message".into()));
+            };
+            out.extend(self.encode(&rest[..pos], false)?);
+            out.extend(self.encode_plain(&m.content)?);
+            rest = &rest[pos + k.len()..];
+        }
+        out.extend(self.encode(rest, false)?);
+        Ok(out)
     }
 }
