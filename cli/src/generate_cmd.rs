@@ -1,13 +1,12 @@
 use anyhow::{bail, Context, Result};
-use comas_model::dtype::{parse_device, parse_kind};
+use crate::model_args::ModelArgs;
 use comas_model::{generate, CausalLm, ChatMessage, GenerationRequest, LoraAdapter, SamplingParams, Tokenizer};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model folder (config.json, safetensors, tokenizer.json).
-    #[arg(long, env = "COMAS_MODEL")]
-    model: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Raw prompt text, tokenized as is (with the tokenizer's special-token template).
     #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
     prompt: Option<String>,
@@ -42,26 +41,16 @@ pub struct Args {
     /// PEFT LoRA adapter folder to apply.
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Weights dtype (default: the checkpoint's).
-    #[arg(long, env = "COMAS_DTYPE")]
-    dtype: Option<String>,
-    #[arg(long, env = "COMAS_DEVICE", default_value = "cpu")]
-    device: String,
     /// Print prompt ids, generated ids and their log-probabilities as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let device = parse_device(&a.device)?;
-    let config = comas_model::Config::from_file(&a.model.join("config.json"))
-        .with_context(|| format!("loading model folder {}", a.model.display()))?;
-    let kind = match &a.dtype {
-        Some(d) => parse_kind(d)?,
-        None => config.dtype,
-    };
-    let tokenizer = Tokenizer::from_dir(&a.model)?;
-    let model = CausalLm::load(&a.model, kind, device).with_context(|| format!("loading {}", a.model.display()))?;
+    let (_, kind, device) = a.model.resolve()?;
+    let dir = &a.model.model;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
     tokenizer.check_fits(model.config())?;
     let adapter = match &a.adapter {
         Some(dir) => Some(LoraAdapter::load(dir, model.config(), kind, device).with_context(|| format!("loading adapter {}", dir.display()))?),

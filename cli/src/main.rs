@@ -1,5 +1,6 @@
 //! The `comas` command line.
 mod generate_cmd;
+mod model_args;
 mod score_cmd;
 mod tiny_cmd;
 

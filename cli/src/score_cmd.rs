@@ -1,6 +1,6 @@
 //! `comas score`: log-probabilities of given completions, batched, one JSON line per input line.
 use anyhow::{bail, Context, Result};
-use comas_model::dtype::{parse_device, parse_kind};
+use crate::model_args::ModelArgs;
 use comas_model::{mask, CausalLm, ChatMessage, LoraAdapter, LoraBatch, Tokenizer};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(long, env = "COMAS_MODEL")]
-    model: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
     /// JSONL: each line has a prompt (`prompt` text, `prompt_ids`, or chat `messages`) and a
     /// completion (`completion` text or `completion_ids`).
     #[arg(long)]
@@ -24,10 +24,6 @@ pub struct Args {
     batch_size: usize,
     #[arg(long)]
     adapter: Option<PathBuf>,
-    #[arg(long, env = "COMAS_DTYPE")]
-    dtype: Option<String>,
-    #[arg(long, env = "COMAS_DEVICE", default_value = "cpu")]
-    device: String,
 }
 
 #[derive(Deserialize)]
@@ -77,13 +73,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let device = parse_device(&a.device)?;
-    let config = comas_model::Config::from_file(&a.model.join("config.json"))?;
-    let kind = match &a.dtype {
-        Some(d) => parse_kind(d)?,
-        None => config.dtype,
-    };
-    let tok = Tokenizer::from_dir(&a.model)?;
+    let (config, kind, device) = a.model.resolve()?;
+    let dir = &a.model.model;
+    let tok = Tokenizer::from_dir(dir)?;
     tok.check_fits(&config)?;
     // Read and check every line before loading weights, so bad input fails fast and whole.
     let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
@@ -95,7 +87,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         items.push(parse_line(i + 1, &line, &tok, config.vocab_size)?);
     }
-    let model = CausalLm::load(&a.model, kind, device)?;
+    let model = CausalLm::load(dir, kind, device)?;
     let adapter = a.adapter.as_ref().map(|d| LoraAdapter::load(d, model.config(), kind, device)).transpose()?;
     let lora = adapter.as_ref().map(LoraBatch::uniform);
     let pad = tok.pad_token_id().unwrap_or(0);

@@ -95,6 +95,60 @@ async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, specs: Vec<
     got
 }
 
+type Learner = LearnerClient<tonic::transport::Channel>;
+
+/// Starts a real learner for agent 0 on loopback; returns its address, a ready client and the
+/// stop switch.
+async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckpt: &Path) -> (String, Learner, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let settings = comas_learner::server::ServerSettings {
+        agent_id: 0,
+        listener,
+        metrics_listen: None,
+        engine: comas_learner::engine::EngineSettings {
+            model_dir: model_dir.to_path_buf(),
+            adapter_dir: None,
+            reference_dir: None,
+            config,
+            checkpoint_dir: Some(ckpt.to_path_buf()),
+            keep_checkpoints: 3,
+            resume: false,
+        },
+    };
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(comas_learner::server::serve(settings, async {
+        let _ = rx.await;
+    }));
+    loop {
+        if let Ok(mut l) = LearnerClient::connect(format!("http://{addr}")).await {
+            if l.info(pb::InfoRequest {}).await.is_ok() {
+                return (addr, l, stop);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One training step on four fixed experiences, then publish: the learner's version 1.
+async fn train_and_publish(learner: &mut Learner) -> pb::WeightsPublished {
+    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4 })) })
+        .chain((0..4).map(|i| pb::TrainRequest {
+            item: Some(pb::train_request::Item::Experience(pb::Experience {
+                prompt_ids: vec![421, 82, 313],
+                completion_ids: vec![50 + i, 60, 70],
+                reward: Some(i as f64),
+                finish_reason: pb::FinishReason::Stop as i32,
+                ..Default::default()
+            })),
+        }))
+        .collect();
+    learner.train(tokio_stream::iter(exps)).await.unwrap();
+    let p = learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
+    assert_eq!(p.version, 1);
+    p
+}
+
 fn tiny(dir: &Path) {
     write_model(dir, &TinySpec { seed: 11, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
 }
@@ -154,55 +208,13 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
     let model_dir = dir.path().join("model");
     tiny(&model_dir);
     // A real learner for agent 0: train one step, publish version 1.
-    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let learner_addr = learner_listener.local_addr().unwrap().to_string();
-    let (lstop_tx, lstop_rx) = tokio::sync::oneshot::channel::<()>();
     let ckpt = dir.path().join("ckpt");
-    let learner_settings = comas_learner::server::ServerSettings {
-        agent_id: 0,
-        listener: learner_listener,
-        metrics_listen: None,
-        engine: comas_learner::engine::EngineSettings {
-            model_dir: model_dir.clone(),
-            adapter_dir: None,
-            reference_dir: None,
-            config: comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() },
-            checkpoint_dir: Some(ckpt.clone()),
-            keep_checkpoints: 1,
-            resume: false,
-        },
-    };
-    tokio::spawn(async move {
-        comas_learner::server::serve(learner_settings, async {
-            let _ = lstop_rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let cfg = comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() };
+    let (learner_addr, mut learner, lstop_tx) = start_learner(&model_dir, cfg, &ckpt).await;
     let (addr, stop, handle) = start_worker().await;
     let mut c = client(&addr).await;
     load(&mut c, &model_dir, true).await;
-    let mut learner = loop {
-        if let Ok(l) = LearnerClient::connect(format!("http://{learner_addr}")).await {
-            if l.clone().info(pb::InfoRequest {}).await.is_ok() {
-                break l;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4 })) })
-        .chain((0..4).map(|i| pb::TrainRequest {
-            item: Some(pb::train_request::Item::Experience(pb::Experience {
-                prompt_ids: vec![421, 82, 313],
-                completion_ids: vec![50 + i, 60, 70],
-                reward: Some(i as f64),
-                finish_reason: pb::FinishReason::Stop as i32,
-                ..Default::default()
-            })),
-        }))
-        .collect();
-    learner.train(tokio_stream::iter(exps)).await.unwrap();
-    assert_eq!(learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner().version, 1);
+    train_and_publish(&mut learner).await;
     let saved = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
 
     // Start a long run, update agent 0 while it decodes, then send more episodes.
@@ -385,39 +397,11 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base");
     tiny(&base);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let learner_addr = listener.local_addr().unwrap().to_string();
-    let ckpt = dir.path().join("ckpt");
     let cfg = comas_learner::TrainConfig::from_toml(
         "lr = 5e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 4\nmicro_batch_size = 4\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
     )
     .unwrap();
-    let settings = comas_learner::server::ServerSettings {
-        agent_id: 0,
-        listener,
-        metrics_listen: None,
-        engine: comas_learner::engine::EngineSettings {
-            model_dir: base.clone(),
-            adapter_dir: None,
-            reference_dir: None,
-            config: cfg,
-            checkpoint_dir: Some(ckpt.clone()),
-            keep_checkpoints: 3,
-            resume: false,
-        },
-    };
-    let (lstop, lrx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(comas_learner::server::serve(settings, async {
-        let _ = lrx.await;
-    }));
-    let mut learner = loop {
-        if let Ok(mut l) = LearnerClient::connect(format!("http://{learner_addr}")).await {
-            if l.info(pb::InfoRequest {}).await.is_ok() {
-                break l;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (learner_addr, mut learner, lstop) = start_learner(&base, cfg, &dir.path().join("ckpt")).await;
     // The untrained adapter (B = 0) is what the worker starts from.
     let start = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
     let (addr, stop, handle) = start_worker().await;
@@ -428,20 +412,8 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     ];
     let loaded = c.load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() }).await.unwrap().into_inner();
     assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");
-    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4 })) })
-        .chain((0..4).map(|i| pb::TrainRequest {
-            item: Some(pb::train_request::Item::Experience(pb::Experience {
-                prompt_ids: vec![421, 82, 313],
-                completion_ids: vec![50 + i, 60, 70],
-                reward: Some(i as f64),
-                finish_reason: pb::FinishReason::Stop as i32,
-                ..Default::default()
-            })),
-        }))
-        .collect();
-    learner.train(tokio_stream::iter(exps)).await.unwrap();
-    let p = learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
-    assert!(p.lora && p.version == 1);
+    let p = train_and_publish(&mut learner).await;
+    assert!(p.lora);
     let trained = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
     let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
     assert_eq!(upd.bytes, p.total_bytes, "only the adapter travels");
