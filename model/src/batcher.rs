@@ -140,17 +140,21 @@ impl<'a> Batcher<'a> {
         let mut finished = std::mem::take(&mut self.done_early);
         self.admit()?;
         let Some(logits) = self.logits.take() else { return Ok(finished) };
-        let params: Vec<&SamplingParams> = self.rows.iter().map(|r| &r.params).collect();
-        let suppress: Vec<&[i64]> = self
-            .rows
-            .iter()
-            .map(|r| if r.out.token_ids.len() < r.params.min_new_tokens { r.params.stop_token_ids.as_slice() } else { &[] })
-            .collect();
-        let mut rngs: Vec<ChaCha8Rng> = self.rows.iter().map(|r| r.rng.clone()).collect();
-        let picked = sampling::sample(&logits, &params, &mut rngs, &suppress);
+        let picked = {
+            // Each row's own RNG advances in place; stop tokens stay suppressed until min_new_tokens.
+            let mut params: Vec<&SamplingParams> = Vec::with_capacity(self.rows.len());
+            let mut suppress: Vec<&[i64]> = Vec::with_capacity(self.rows.len());
+            let mut rngs: Vec<&mut ChaCha8Rng> = Vec::with_capacity(self.rows.len());
+            for r in self.rows.iter_mut() {
+                let early = r.out.token_ids.len() < r.params.min_new_tokens;
+                suppress.push(if early { r.params.stop_token_ids.as_slice() } else { &[] });
+                params.push(&r.params);
+                rngs.push(&mut r.rng);
+            }
+            sampling::sample(&logits, &params, &mut rngs, &suppress)
+        };
         let mut keep = Vec::with_capacity(self.rows.len());
         for (b, (row, s)) in self.rows.iter_mut().zip(&picked).enumerate() {
-            row.rng = rngs[b].clone();
             let c = &mut row.out;
             c.token_ids.push(s.token);
             c.logprobs.push(s.logprob);

@@ -70,11 +70,6 @@ impl KvCache {
         self.capacity
     }
 
-    /// Next position id of each row (= real tokens seen so far).
-    pub fn next_positions(&self) -> Vec<i64> {
-        Vec::<i64>::try_from(&self.next_pos.to_device(Device::Cpu)).unwrap_or_default()
-    }
-
     /// Bytes held by the key/value tensors.
     pub fn size_bytes(&self) -> i64 {
         let per = self.batch_size() * self.kv_heads * self.capacity * self.head_dim * self.kind.elt_size_in_bytes() as i64;

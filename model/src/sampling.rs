@@ -83,7 +83,7 @@ pub struct Sampled {
 
 /// Samples one token per row of `logits` [B, V]. `suppress[b]` lists token ids row b may not
 /// produce this step (stop tokens before `min_new_tokens`).
-pub fn sample(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [ChaCha8Rng], suppress: &[&[i64]]) -> Vec<Sampled> {
+pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [R], suppress: &[&[i64]]) -> Vec<Sampled> {
     let (b, v) = (logits.size()[0], logits.size()[1]);
     assert_eq!(params.len() as i64, b, "one SamplingParams per row");
     let device = logits.device();
