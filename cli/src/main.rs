@@ -30,19 +30,9 @@ enum Command {
     TinyModel(tiny_cmd::Args),
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COMAS_LOG").unwrap_or_else(|_| "warn".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    comas_service::init_logging(cli.log_format == "json");
     if let Some(n) = cli.threads {
         tch::set_num_threads(n);
     }

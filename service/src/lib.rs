@@ -1,6 +1,6 @@
 //! Plumbing every comas service shares: a small HTTP server for Prometheus `/metrics` and a
-//! `/healthz` liveness check next to the gRPC port, and the SIGTERM / Ctrl-C future that starts a
-//! graceful shutdown.
+//! `/healthz` liveness check next to the gRPC port, the SIGTERM / Ctrl-C future that starts a
+//! graceful shutdown, and the logging set-up.
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,4 +41,15 @@ pub async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received");
+}
+
+/// Logs to stderr, filtered by `COMAS_LOG` (default `warn`), as JSON lines or human-readable.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COMAS_LOG").unwrap_or_else(|_| "warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
 }
