@@ -2,7 +2,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A vendored protoc, so building needs no system protobuf compiler.
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
-    let protos = ["proto/comas/v1/generation.proto", "proto/comas/v1/learner.proto", "proto/comas/v1/worker.proto"];
+    let protos = ["proto/comas/v1/generation.proto", "proto/comas/v1/learner.proto", "proto/comas/v1/worker.proto", "proto/comas/v1/coordinator.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The embedded default: build comas, write a tiny random Qwen2-shaped model and generate from it.
-# (Until the coordinator exists this is what `comas local` will grow into.)
+# The embedded default: build comas and run `comas local` with its built-in example (a coordinator,
+# two learners and two rollout workers on loopback train two tiny agents with CoMAS for 3 steps).
+# Extra arguments go to `comas local` (e.g. --json, --workers 3, or a job file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build -q -p comas
-model=target/demo/tiny-qwen2
-[ -f "$model/model.safetensors" ] || target/debug/comas tiny-model --out "$model" --seed 0
-target/debug/comas generate --model "$model" --chat "What is 12 + 7?" --max-new-tokens 24 --seed 1 "$@"
+# A finished example runs afresh; an interrupted one resumes where it stopped.
+target/debug/comas local --dir target/demo/local "$@"

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
 cargo test --workspace "$@"

@@ -1,6 +1,9 @@
 //! The `comas` command line.
+mod client_cmd;
 mod generate_cmd;
+mod local_cmd;
 mod model_args;
+mod plot;
 mod score_cmd;
 mod tiny_cmd;
 
@@ -22,6 +25,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a job with every service on this machine (no job file: a built-in tiny example).
+    Local(local_cmd::Args),
+    /// Submit a job file to a coordinator.
+    Submit(client_cmd::SubmitArgs),
+    /// Follow a job's progress until it ends.
+    Watch(client_cmd::WatchArgs),
+    /// List a coordinator's jobs.
+    List(client_cmd::ListArgs),
+    /// Cancel a job.
+    Cancel(client_cmd::CancelArgs),
+    /// Draw reward, score and accuracy curves from a job's metrics log.
+    Plot(plot::Args),
+    /// Serve the coordinator (job API, scheduling, rewards, routing).
+    Coordinator(comas_coordinator::cli::Args),
+    /// Serve a rollout worker.
+    Worker(comas_rollout_worker::cli::Args),
+    /// Serve the learner of one agent, or run one offline training step.
+    Learner(comas_learner::cli::Args),
     /// Generate a completion from a model folder.
     Generate(generate_cmd::Args),
     /// Per-token log-probabilities of given completions (JSONL in, JSONL out).
@@ -37,6 +58,15 @@ fn main() -> ExitCode {
         tch::set_num_threads(n);
     }
     let result = match cli.command {
+        Command::Local(a) => local_cmd::run(a),
+        Command::Submit(a) => client_cmd::submit(a),
+        Command::Watch(a) => client_cmd::watch_cmd(a),
+        Command::List(a) => client_cmd::list(a),
+        Command::Cancel(a) => client_cmd::cancel(a),
+        Command::Plot(a) => plot::run(a),
+        Command::Coordinator(a) => comas_coordinator::cli::run(a),
+        Command::Worker(a) => comas_rollout_worker::cli::run(a),
+        Command::Learner(a) => comas_learner::cli::run(a),
         Command::Generate(a) => generate_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::TinyModel(a) => tiny_cmd::run(a),

@@ -1,3 +1,16 @@
-//! Coordinator service: job API, scheduling and reward routing (filled by issue 5).
-//!
-//! This crate is part of the workspace layout of DESIGN.md; it holds no code yet.
+//! The coordinator: job API and store, episode scheduling over the workers' streams, the
+//! reward formulation, routing to the learners and the weight-version barrier.
+pub mod cli;
+pub mod error;
+pub mod experience;
+pub mod files;
+pub mod jobs;
+pub mod learners;
+pub mod metrics;
+pub mod runner;
+pub mod scheduler;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use error::{CoordinatorError, Result};

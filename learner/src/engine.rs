@@ -35,6 +35,7 @@ pub enum Command {
     Save { reply: oneshot::Sender<Result<CheckpointSummary>> },
     Load { path: Option<PathBuf>, reply: oneshot::Sender<Result<CheckpointSummary>> },
     Info { reply: oneshot::Sender<EngineInfo> },
+    Export { dir: PathBuf, merge_lora: bool, reply: oneshot::Sender<Result<CheckpointSummary>> },
 }
 
 pub struct EngineSettings {
@@ -150,6 +151,14 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
                     done.clear();
                     publish(&trainer, &versions);
                     Ok(CheckpointSummary { path: p, global_step: trainer.global_step, optimizer_steps: trainer.optimizer_steps })
+                });
+                let _ = reply.send(r);
+            }
+            Command::Export { dir, merge_lora, reply } => {
+                let r = trainer.export(&dir, merge_lora).map(|()| CheckpointSummary {
+                    path: dir,
+                    global_step: trainer.global_step,
+                    optimizer_steps: trainer.optimizer_steps,
                 });
                 let _ = reply.send(r);
             }

@@ -2,6 +2,8 @@
 pub enum LearnerError {
     #[error("config: {0}")]
     Config(String),
+    #[error("config: {0}")]
+    TrainConfig(#[from] comas_workflow::TrainConfigError),
     #[error("batch: {0}")]
     Batch(String),
     #[error("non-finite {what} in training step; weights left unchanged")]

@@ -1,7 +1,11 @@
 //! The learner of one agent: REINFORCE++ / GRPO training on the agent's own experiences,
 //! checkpoints, and weight publishing to rollout workers over gRPC.
 pub mod checkpoint;
-pub mod config;
+pub mod cli;
+/// The training settings, defined in the tch-free workflow crate so the coordinator shares them.
+pub mod config {
+    pub use comas_workflow::train_config::*;
+}
 pub mod engine;
 pub mod error;
 pub mod experience;

@@ -181,6 +181,16 @@ impl Learner for LearnerService {
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
+    async fn export(&self, request: Request<pb::ExportRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let req = request.into_inner();
+        if req.dir.is_empty() {
+            return Err(Status::invalid_argument("Export needs a target folder (`dir`)"));
+        }
+        let (dir, merge_lora) = (std::path::PathBuf::from(req.dir), req.merge_lora);
+        let s = self.call(|reply| Command::Export { dir, merge_lora, reply }).await?.map_err(status)?;
+        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+    }
+
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
         let i = self.call(|reply| Command::Info { reply }).await?;
         let latest = self.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);

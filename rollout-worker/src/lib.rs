@@ -1,7 +1,9 @@
 //! A rollout worker: hosts the agents' policies, runs discussion episodes with continuous
 //! batching, and swaps in new weights pulled from learners between decode steps.
+pub mod cli;
 pub mod engine;
 pub mod metrics;
 pub mod models;
+pub mod register;
 pub mod server;
 pub mod service;

@@ -1,6 +1,7 @@
 //! The policies a worker hosts: base models with their tokenizers, and per agent either a LoRA
 //! adapter on a shared base or a model instance of its own. Built and used on the engine thread.
 use comas_model::dtype::parse_kind;
+use comas_model::lora::LoraConfig;
 use comas_model::{CausalLm, LoraAdapter, ModelError, Tokenizer};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,6 +13,8 @@ pub struct PolicySpec {
     pub model_dir: PathBuf,
     pub adapter_dir: Option<PathBuf>,
     pub full_weights: bool,
+    /// Start a zero LoRA adapter with these settings when there is no adapter folder.
+    pub lora: Option<comas_workflow::train_config::LoraSettings>,
 }
 
 pub struct Base {
@@ -45,7 +48,7 @@ impl Models {
             if agents.contains_key(&s.agent) {
                 return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)));
             }
-            let own = s.full_weights && s.adapter_dir.is_none();
+            let own = s.full_weights && s.adapter_dir.is_none() && s.lora.is_none();
             let base = match (own, shared.get(&s.model_dir)) {
                 (false, Some(&i)) => i,
                 _ => {
@@ -64,7 +67,21 @@ impl Models {
             };
             let adapter = match &s.adapter_dir {
                 Some(dir) => Some(LoraAdapter::load(dir, bases[base].model.config(), kind, device)?),
-                None => None,
+                // init leaves B = 0, so the adapter adds nothing until the learner's first version.
+                None => match &s.lora {
+                    Some(l) => {
+                        let lc = LoraConfig {
+                            r: l.r,
+                            lora_alpha: l.alpha,
+                            target_modules: l.target_modules.clone(),
+                            use_rslora: l.use_rslora,
+                            lora_dropout: 0.0,
+                            base_model_name_or_path: None,
+                        };
+                        Some(LoraAdapter::init(bases[base].model.config(), lc, 0, kind, device)?)
+                    }
+                    None => None,
+                },
             };
             agents.insert(s.agent, AgentPolicy { base, adapter });
         }

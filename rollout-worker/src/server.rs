@@ -36,14 +36,15 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
             tracing::info!("policies loaded; worker is ready");
         }
     });
+    let (stop_tx, stop_rx) = watch::channel(false);
     let service = WorkerService {
         engine: engine.clone(),
         metrics: Arc::clone(&metrics),
         next_stream: AtomicU64::new(0),
         loaded: loaded_tx,
         weight_timeout: s.weight_timeout,
+        stopping: stop_rx.clone(),
     };
-    let (stop_tx, stop_rx) = watch::channel(false);
     let drain_timeout = s.drain_timeout;
     let hr = health_reporter.clone();
     tokio::spawn(async move {

@@ -22,6 +22,8 @@ pub struct WorkerService {
     /// Fires (with `true`) once LoadPolicies succeeded, so health can report SERVING.
     pub loaded: tokio::sync::watch::Sender<bool>,
     pub weight_timeout: Duration,
+    /// Turns true once a drain has finished: open episode streams end so the server can stop.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 fn engine_gone() -> Status {
@@ -62,13 +64,21 @@ impl RolloutWorker for WorkerService {
         let specs = req
             .agents
             .into_iter()
-            .map(|a| PolicySpec {
-                agent: a.agent_id,
-                model_dir: PathBuf::from(a.model_dir),
-                adapter_dir: (!a.adapter_dir.is_empty()).then(|| PathBuf::from(a.adapter_dir)),
-                full_weights: a.full_weights,
+            .map(|a| {
+                let lora = if a.lora_json.is_empty() {
+                    None
+                } else {
+                    Some(serde_json::from_str(&a.lora_json).map_err(|e| Status::invalid_argument(format!("agent {}: `lora_json` is not valid: {e}", a.agent_id)))?)
+                };
+                Ok(PolicySpec {
+                    agent: a.agent_id,
+                    model_dir: PathBuf::from(a.model_dir),
+                    adapter_dir: (!a.adapter_dir.is_empty()).then(|| PathBuf::from(a.adapter_dir)),
+                    full_weights: a.full_weights,
+                    lora,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, Status>>()?;
         let (tx, rx) = oneshot::channel();
         self.engine.send(Command::Load { specs, dtype: req.dtype, reply: tx }).map_err(|_| engine_gone())?;
         let (agents, models) = rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
@@ -82,6 +92,7 @@ impl RolloutWorker for WorkerService {
         let mut incoming = request.into_inner();
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let engine = self.engine.clone();
+        let mut stopping = self.stopping.clone();
         let (out_tx, out_rx) = tmpsc::channel::<Result<pb::EpisodeResult, Status>>(64);
         tokio::spawn(async move {
             let (res_tx, mut res_rx) = tmpsc::unbounded_channel::<EpisodeOutcome>();
@@ -91,10 +102,14 @@ impl RolloutWorker for WorkerService {
                 let _ = engine.send(Command::CancelStream { stream });
             };
             loop {
-                if !input_open && outstanding == 0 {
+                if (!input_open || *stopping.borrow()) && outstanding == 0 {
                     break;
                 }
+                let stopped = *stopping.borrow();
                 tokio::select! {
+                    // Drained: end the stream so the client sees the worker go (nothing is lost,
+                    // the coordinator re-queues whatever it still had leased here).
+                    _ = stopping.changed(), if !stopped => {}
                     msg = incoming.next(), if input_open => match msg {
                         Some(Ok(spec)) => match parse_job(spec.clone()) {
                             Ok(job) => {

@@ -76,7 +76,7 @@ async fn client(addr: &str) -> RolloutWorkerClient<tonic::transport::Channel> {
 }
 
 async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool) {
-    let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full }).collect();
+    let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, lora_json: String::new() }).collect();
     c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
 }
 
@@ -402,13 +402,19 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     )
     .unwrap();
     let (learner_addr, mut learner, lstop) = start_learner(&base, cfg, &dir.path().join("ckpt")).await;
-    // The untrained adapter (B = 0) is what the worker starts from.
-    let start = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
     let (addr, stop, handle) = start_worker().await;
     let mut c = client(&addr).await;
     let agents = vec![
-        pb::AgentPolicy { agent_id: 0, model_dir: base.display().to_string(), adapter_dir: format!("{}/adapter", start.path), full_weights: false },
-        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), adapter_dir: String::new(), full_weights: false },
+        // No adapter folder: the worker starts a zero adapter (B = 0) from the job's LoRA settings,
+        // as a coordinator does for a LoRA agent that starts from its base model.
+        pb::AgentPolicy {
+            agent_id: 0,
+            model_dir: base.display().to_string(),
+            adapter_dir: String::new(),
+            full_weights: false,
+            lora_json: r#"{"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}"#.into(),
+        },
+        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), adapter_dir: String::new(), full_weights: false, lora_json: String::new() },
     ];
     let loaded = c.load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() }).await.unwrap().into_inner();
     assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");

@@ -5,11 +5,15 @@
 //! Layout: the pieces shared by every method sit at the top (`task`, `turn`, `seed`, `error`);
 //! each method gets its own folder (`comas/` today) with its config, prompts, protocol and rewards.
 pub mod comas;
+pub mod job;
 pub mod error;
+pub mod grade;
 pub mod seed;
 pub mod task;
+pub mod train_config;
 pub mod turn;
 
 pub use error::WorkflowError;
 pub use task::{DatasetError, TaskKind, TaskRecord};
+pub use train_config::{TrainConfig, TrainConfigError};
 pub use turn::{ChatMessage, FinishReason, Role, SamplingSpec, TurnOutput, TurnRequest};

@@ -1,7 +1,22 @@
 //! Per-agent training configuration (a TOML table). Unknown keys are errors, so a misspelt knob
-//! can never be silently ignored.
-use crate::error::{LearnerError, Result};
+//! can never be silently ignored. It lives here, free of tch, so the coordinator can check a
+//! job's settings at submit time with the same code the learner runs.
 use serde::{Deserialize, Serialize};
+
+/// A training setting that is wrong; the message names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct TrainConfigError(pub String);
+
+type Result<T> = std::result::Result<T, TrainConfigError>;
+
+/// The weight dtypes training accepts (the names `comas_model::dtype::parse_kind` reads).
+pub fn check_dtype(name: &str) -> Result<()> {
+    match name.trim().trim_start_matches("torch.") {
+        "float32" | "f32" | "float" | "fp32" | "bfloat16" | "bf16" | "float16" | "f16" | "half" | "fp16" => Ok(()),
+        other => Err(TrainConfigError(format!("unsupported dtype `{other}`; use one of float32, bfloat16, float16"))),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,23 +170,23 @@ impl Default for TrainConfig {
 
 impl TrainConfig {
     pub fn from_toml(text: &str) -> Result<Self> {
-        let cfg: TrainConfig = toml::from_str(text).map_err(|e| LearnerError::Config(e.to_string()))?;
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| TrainConfigError(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| LearnerError::Config(format!("{}: {e}", path.display())))?;
-        Self::from_toml(&text).map_err(|e| LearnerError::Config(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|e| TrainConfigError(format!("{}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| TrainConfigError(format!("{}: {e}", path.display())))
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(LearnerError::Config(m));
+        let bad = |m: String| Err(TrainConfigError(m));
         let finite_nonneg = |name: &str, v: f64| -> Result<()> {
             if v.is_finite() && v >= 0.0 {
                 Ok(())
             } else {
-                Err(LearnerError::Config(format!("`{name}` must be finite and >= 0, got {v}")))
+                Err(TrainConfigError(format!("`{name}` must be finite and >= 0, got {v}")))
             }
         };
         finite_nonneg("kl_coef", self.kl_coef)?;
@@ -211,9 +226,9 @@ impl TrainConfig {
             return bad("`train_batch_size`, `micro_batch_size`, `micro_batch_tokens` and `max_epochs` must be at least 1".into());
         }
         if self.kl_in_loss && self.kl_estimator == KlEstimator::K1 && self.kl_coef > 0.0 {
-            tracing::warn!("k1 in the loss has zero expected gradient; k2 or k3 is the usual choice");
+            // k1 in the loss has zero expected gradient; allowed (parity), but rarely what is meant.
         }
-        comas_model::dtype::parse_kind(&self.dtype).map_err(|e| LearnerError::Config(e.to_string()))?;
+        check_dtype(&self.dtype).map_err(|e| TrainConfigError(format!("`dtype`: {e}")))?;
         if let Some(l) = &self.lora {
             if l.r <= 0 || l.target_modules.is_empty() {
                 return bad("`lora.r` must be positive and `lora.target_modules` non-empty".into());

@@ -1,0 +1,234 @@
+//! `comas submit`, `watch`, `list`, `cancel`: clients of a coordinator's job API, and the live
+//! progress display that `comas local` uses too.
+use anyhow::{bail, Context, Result};
+use comas_proto::v1 as pb;
+use comas_proto::v1::coordinator_client::CoordinatorClient;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::Value;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::transport::Channel;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Conn {
+    /// Coordinator address.
+    #[arg(long, env = "COMAS_COORDINATOR", default_value = "http://127.0.0.1:50051")]
+    pub coordinator: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    /// Job file (TOML). Relative paths in it are resolved against its folder.
+    job: PathBuf,
+    #[command(flatten)]
+    conn: Conn,
+    /// Follow the job's progress until it ends.
+    #[arg(long)]
+    watch: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WatchArgs {
+    job_id: String,
+    #[command(flatten)]
+    conn: Conn,
+    /// One JSON event per line instead of progress bars.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    job_id: String,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+pub async fn connect(address: &str) -> Result<CoordinatorClient<Channel>> {
+    let uri = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+    let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the coordinator at {uri} (set --coordinator or COMAS_COORDINATOR)"))?;
+    Ok(CoordinatorClient::new(ch))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+pub fn state_name(s: i32) -> &'static str {
+    match pb::JobState::try_from(s) {
+        Ok(pb::JobState::Queued) => "queued",
+        Ok(pb::JobState::Running) => "running",
+        Ok(pb::JobState::Succeeded) => "succeeded",
+        Ok(pb::JobState::Failed) => "failed",
+        Ok(pb::JobState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+pub fn status_json(s: &pb::JobStatus) -> Value {
+    serde_json::json!({
+        "job_id": s.job_id, "name": s.name, "state": state_name(s.state), "steps_done": s.steps_done,
+        "total_steps": s.total_steps, "stage": s.stage, "episodes_done": s.episodes_done,
+        "episodes_total": s.episodes_total, "error": s.error, "metrics_path": s.metrics_path,
+        "agents": s.agents.iter().map(|a| serde_json::json!({"agent": a.agent_id, "version": a.version, "learner": a.learner})).collect::<Vec<_>>(),
+    })
+}
+
+pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, base_dir: String) -> Result<pb::JobStatus> {
+    match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir }).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) => bail!("job rejected: {}", s.message()),
+    }
+}
+
+pub fn submit(a: SubmitArgs) -> Result<()> {
+    let meta = std::fs::metadata(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
+    if meta.len() > 1 << 20 {
+        bail!("{} is {} bytes; a job file must be under 1 MiB", a.job.display(), meta.len());
+    }
+    let text = std::fs::read_to_string(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
+    let base = std::fs::canonicalize(&a.job)?.parent().map(|p| p.display().to_string()).unwrap_or_default();
+    runtime()?.block_on(async {
+        let mut c = connect(&a.conn.coordinator).await?;
+        let s = submit_text(&mut c, text, base).await?;
+        println!("{}", s.job_id);
+        if a.watch {
+            let end = watch(&mut c, &s.job_id, false).await?;
+            return finish(&end);
+        }
+        Ok(())
+    })
+}
+
+/// Exit status of a finished job: an error unless it succeeded.
+pub fn finish(s: &pb::JobStatus) -> Result<()> {
+    match pb::JobState::try_from(s.state) {
+        Ok(pb::JobState::Succeeded) => Ok(()),
+        _ if !s.error.is_empty() => bail!("job {} {}: {}", s.job_id, state_name(s.state), s.error),
+        _ => bail!("job {} {}", s.job_id, state_name(s.state)),
+    }
+}
+
+pub fn watch_cmd(a: WatchArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = connect(&a.conn.coordinator).await?;
+        let end = watch(&mut c, &a.job_id, a.json).await?;
+        finish(&end)
+    })
+}
+
+pub fn list(a: ListArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = connect(&a.conn.coordinator).await?;
+        let jobs = c.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner().jobs;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&jobs.iter().map(status_json).collect::<Vec<_>>())?);
+            return Ok(());
+        }
+        println!("{:<38} {:<20} {:<10} {:>9}  error", "job", "name", "state", "steps");
+        for j in jobs {
+            println!("{:<38} {:<20} {:<10} {:>4}/{:<4}  {}", j.job_id, j.name, state_name(j.state), j.steps_done, j.total_steps, j.error);
+        }
+        Ok(())
+    })
+}
+
+pub fn cancel(a: CancelArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = connect(&a.conn.coordinator).await?;
+        let s = c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        println!("{} {}", s.job_id, state_name(s.state));
+        Ok(())
+    })
+}
+
+fn fmt(v: Option<&Value>) -> String {
+    v.and_then(Value::as_f64).map_or("-".into(), |x| format!("{x:+.3}"))
+}
+
+/// One line per finished step: rewards per agent, score validity, accuracy, stage times.
+pub fn step_line(m: &Value) -> String {
+    let mut parts = vec![format!("step {}", m.get("step").and_then(Value::as_u64).unwrap_or(0))];
+    if let Some(agents) = m.get("agents").and_then(Value::as_array) {
+        let r: Vec<String> = agents.iter().map(|a| format!("a{}={}", a.get("agent").and_then(Value::as_u64).unwrap_or(0), fmt(a.get("reward_mean")))).collect();
+        parts.push(format!("reward {}", r.join(" ")));
+    }
+    if let Some(p) = m.get("parse_failure_rate").and_then(Value::as_f64) {
+        parts.push(format!("invalid scores {:.0}%", p * 100.0));
+    }
+    if let Some(acc) = m.pointer("/accuracy/last_round").and_then(Value::as_f64) {
+        parts.push(format!("accuracy {:.0}%", acc * 100.0));
+    }
+    if let Some(s) = m.get("seconds") {
+        let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
+    }
+    parts.join(" | ")
+}
+
+/// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
+pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: bool) -> Result<pb::JobStatus> {
+    let mut stream = client
+        .watch_job(pb::WatchJobRequest { job_id: job_id.to_string() })
+        .await
+        .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", s.message()))?
+        .into_inner();
+    let tty = std::io::stderr().is_terminal() && !json;
+    let multi = MultiProgress::with_draw_target(if tty { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+    let steps = multi.add(ProgressBar::new(0));
+    steps.set_style(ProgressStyle::with_template("{prefix:>9} [{bar:30.cyan/blue}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    steps.set_prefix("steps");
+    let episodes = multi.add(ProgressBar::new(0));
+    episodes.set_style(ProgressStyle::with_template("{prefix:>9} [{bar:30.green/white}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    let mut last: Option<pb::JobStatus> = None;
+    let mut stage = String::new();
+    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", s.message()))? {
+        let Some(s) = ev.status.clone() else { continue };
+        if json {
+            println!("{}", serde_json::json!({"kind": ev.kind, "message": ev.message, "status": status_json(&s), "metrics": serde_json::from_str::<Value>(&ev.metrics_json).ok()}));
+        } else {
+            steps.set_length(s.total_steps);
+            steps.set_position(s.steps_done);
+            episodes.set_prefix(if s.stage.is_empty() { "idle".to_string() } else { s.stage.clone() });
+            episodes.set_length(u64::from(s.episodes_total));
+            episodes.set_position(u64::from(s.episodes_done));
+            if ev.kind == "step" {
+                if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
+                    let line = step_line(&m);
+                    steps.set_message(line.split(" | ").nth(1).unwrap_or("").to_string());
+                    if tty {
+                        multi.println(&line).ok();
+                    } else {
+                        eprintln!("{line}");
+                    }
+                }
+            } else if !tty && s.stage != stage && !s.stage.is_empty() {
+                eprintln!("{}: {} (step {}/{})", s.job_id, s.stage, s.steps_done, s.total_steps);
+            }
+            stage = s.stage.clone();
+        }
+        let end = ev.kind == "finished" || matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+        last = Some(s);
+        if end {
+            break;
+        }
+    }
+    steps.finish_and_clear();
+    episodes.finish_and_clear();
+    // The stream may end on a final event; read the settled status.
+    let s = client.get_job(pb::GetJobRequest { job_id: job_id.to_string() }).await.map(|r| r.into_inner()).ok().or(last);
+    s.ok_or_else(|| anyhow::anyhow!("the watch stream of {job_id} ended without a status"))
+}

@@ -1,0 +1,348 @@
+//! `comas local`: every service on one machine over loopback. The coordinator runs in this
+//! process; each learner and rollout worker is a child process of this same binary, so a crash
+//! of one is a crash of one, as on a cluster. Without a job file it runs a built-in example:
+//! tiny models and a generated arithmetic data set, a few minutes on 2 CPU cores.
+use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, watch};
+use anyhow::{bail, Context, Result};
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::Architecture;
+use comas_proto::v1 as pb;
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Job file (TOML). Without one, the built-in example runs.
+    job: Option<PathBuf>,
+    /// Rollout worker processes.
+    #[arg(long, env = "COMAS_LOCAL_WORKERS", default_value_t = 2)]
+    workers: usize,
+    /// Folder for the job store, checkpoints, logs and the example's files. Running the same
+    /// command again resumes an unfinished job from its last completed step.
+    #[arg(long, env = "COMAS_LOCAL_DIR", default_value = "comas-local")]
+    dir: PathBuf,
+    /// libtorch threads per child process.
+    #[arg(long, env = "COMAS_LOCAL_THREADS", default_value_t = 1)]
+    threads_per_process: i32,
+    /// Device of the rollout workers (cpu, cuda, cuda:N).
+    #[arg(long, env = "COMAS_LOCAL_DEVICE", default_value = "cpu")]
+    device: String,
+    /// Print the final job status as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Child processes, stopped with SIGTERM (then SIGKILL after a grace period) when dropped.
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    fn spawn(&mut self, name: &str, args: &[String], log: &Path, threads: i32) -> Result<()> {
+        let exe = std::env::current_exe()?;
+        let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        // Own process group: Ctrl-C reaches only this process, which then stops the children in order.
+        let child = Command::new(exe)
+            .process_group(0)
+            .args(args)
+            .env("COMAS_THREADS", threads.to_string())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.0.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// A child that exited on its own, with its status.
+    fn exited(&mut self) -> Option<String> {
+        self.0.iter_mut().find_map(|(n, c)| c.try_wait().ok().flatten().map(|s| format!("{n} exited ({s})")))
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, c) in &self.0 {
+            // SAFETY: plain kill(2) on a pid we spawned and have not reaped yet.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (name, c) in &mut self.0 {
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if matches!(c.try_wait(), Ok(None)) {
+                eprintln!("{name} did not stop in time; killing it");
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+const EXAMPLE_JOB: &str = r#"# Built-in example of `comas local`: two agents with tiny random models discuss generated
+# arithmetic questions for three CoMAS steps.
+name = "local-example"
+seed = 42
+
+[data]
+train = "train.jsonl"
+
+[schedule]
+questions_per_step = 2
+steps = 3
+
+[output]
+dir = "out"
+
+[comas]
+num_rounds = 2
+evals_per_solution = 1
+num_references = 2
+instances_per_question = 2
+
+[comas.sampling.solver]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 24
+min_new_tokens = 1
+
+[comas.sampling.evaluator]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 24
+min_new_tokens = 1
+
+[comas.sampling.scorer]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 12
+min_new_tokens = 1
+
+[[agents]]
+model = "model-a"
+[agents.train]
+lr = 1e-4
+train_batch_size = 12
+micro_batch_size = 12
+
+[[agents]]
+model = "model-b"
+[agents.train]
+lr = 1e-4
+train_batch_size = 12
+micro_batch_size = 12
+"#;
+
+/// Writes the example (models, data, job file) once; later runs reuse it.
+fn write_example(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    for (name, seed) in [("model-a", 7), ("model-b", 8)] {
+        let m = dir.join(name);
+        if !m.join("model.safetensors").is_file() {
+            write_model(&m, &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })?;
+        }
+    }
+    let data = dir.join("train.jsonl");
+    if !data.is_file() {
+        let mut text = String::new();
+        for i in 0..32u32 {
+            let (a, b) = (3 + (i * 7) % 41, 5 + (i * 13) % 37);
+            let rec = serde_json::json!({
+                "prompt": format!("What is {a} + {b}? Put the final number in \\boxed{{}}."),
+                "answer": (a + b).to_string(),
+                "task": "math",
+                "id": format!("math-arith-{i:05}"),
+            });
+            text.push_str(&rec.to_string());
+            text.push('\n');
+        }
+        std::fs::write(&data, text)?;
+    }
+    let job = dir.join("job.toml");
+    if !job.is_file() {
+        std::fs::write(&job, EXAMPLE_JOB)?;
+    }
+    Ok(job)
+}
+
+fn absolutize(v: &mut toml::Value, base: &Path) {
+    if let Some(s) = v.as_str() {
+        let p = Path::new(s);
+        if p.is_relative() {
+            *v = toml::Value::String(base.join(p).display().to_string());
+        }
+    }
+}
+
+/// The job file with absolute paths and the given learner addresses filled in.
+fn patch_job(text: &str, base: &Path, learners: &[String]) -> Result<String> {
+    let mut t: toml::Table = toml::from_str(text).context("job file is not valid TOML")?;
+    if let Some(v) = t.get_mut("data").and_then(|d| d.get_mut("train")) {
+        absolutize(v, base);
+    }
+    if let Some(v) = t.get_mut("output").and_then(|d| d.get_mut("dir")) {
+        absolutize(v, base);
+    }
+    if let Some(agents) = t.get_mut("agents").and_then(toml::Value::as_array_mut) {
+        for (k, a) in agents.iter_mut().enumerate() {
+            let Some(a) = a.as_table_mut() else { continue };
+            for key in ["model", "adapter"] {
+                if let Some(v) = a.get_mut(key) {
+                    absolutize(v, base);
+                }
+            }
+            if let Some(addr) = learners.get(k) {
+                a.insert("learner".into(), toml::Value::String(addr.clone()));
+            }
+        }
+    }
+    Ok(toml::to_string(&t)?)
+}
+
+fn agent_count(text: &str) -> Result<usize> {
+    let t: toml::Table = toml::from_str(text).context("job file is not valid TOML")?;
+    Ok(t.get("agents").and_then(toml::Value::as_array).map_or(0, Vec::len))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    std::fs::create_dir_all(a.dir.join("logs"))?;
+    let dir = std::fs::canonicalize(&a.dir)?;
+    let job_path = match &a.job {
+        Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
+        None => write_example(&dir.join("example"))?,
+    };
+    let text = std::fs::read_to_string(&job_path).with_context(|| format!("reading {}", job_path.display()))?;
+    let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        // The coordinator, in this process.
+        let coord_port = free_port()?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let args = comas_coordinator::cli::Args {
+            listen: format!("127.0.0.1:{coord_port}").parse()?,
+            metrics_listen: None,
+            db: dir.join("jobs.sqlite"),
+            heartbeat_ms: 1000,
+            heartbeat_timeout_secs: 10,
+            episode_timeout_secs: 1800,
+            worker_wait_secs: 300,
+        };
+        let mut stop = stop_rx.clone();
+        let coordinator = tokio::spawn(comas_coordinator::cli::run_async(args, async move {
+            let _ = stop.wait_for(|v| *v).await;
+        }));
+        let address = format!("http://127.0.0.1:{coord_port}");
+        let mut client = {
+            let started = Instant::now();
+            loop {
+                match connect(&address).await {
+                    Ok(c) => break c,
+                    Err(e) if started.elapsed() > Duration::from_secs(10) => return Err(e),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        };
+        // Resume an unfinished job of the same name in this folder, or submit this one.
+        let name = comas_workflow::job::JobSpec::from_toml(&text).map(|s| s.name).map_err(|e| anyhow::anyhow!("{}: {e}", job_path.display()))?;
+        let jobs = client.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner().jobs;
+        let unfinished = jobs.into_iter().find(|j| j.name == name && matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running)));
+        let (learners, patched) = match &unfinished {
+            Some(j) => {
+                eprintln!("resuming job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);
+                (j.agents.iter().map(|a| a.learner.clone()).collect::<Vec<_>>(), dir.join("job.toml"))
+            }
+            None => {
+                // A new job starts from the base models, not from an older job's checkpoints.
+                let ckpt = dir.join("checkpoints");
+                if ckpt.exists() {
+                    std::fs::remove_dir_all(&ckpt).with_context(|| format!("clearing {}", ckpt.display()))?;
+                }
+                let n = agent_count(&text)?;
+                let learners = (0..n).map(|_| free_port().map(|p| format!("http://127.0.0.1:{p}"))).collect::<Result<Vec<_>>>()?;
+                let patched = patch_job(&text, &base, &learners)?;
+                comas_model::safetensors::write_atomic(&dir.join("job.toml"), |w| std::io::Write::write_all(w, patched.as_bytes()))?;
+                (learners, dir.join("job.toml"))
+            }
+        };
+        let mut children = Children(Vec::new());
+        for (k, addr) in learners.iter().enumerate() {
+            let listen = addr.trim_start_matches("http://").to_string();
+            let args: Vec<String> = [
+                "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &k.to_string(), "--listen", &listen,
+                "--checkpoint-dir", &dir.join("checkpoints").join(format!("agent-{k}")).display().to_string(), "--resume", "--keep-checkpoints", "2",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            children.spawn(&format!("learner {k}"), &args, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process)?;
+        }
+        for i in 0..a.workers {
+            let port = free_port()?;
+            let args: Vec<String> = ["worker", "--listen", &format!("127.0.0.1:{port}"), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), a.threads_per_process)?;
+        }
+        eprintln!("coordinator {address}, {} learners, {} workers; logs in {}", learners.len(), a.workers, dir.join("logs").display());
+        let job_id = match unfinished {
+            Some(j) => j.job_id,
+            None => {
+                let patched_text = std::fs::read_to_string(&patched)?;
+                let s = submit_text(&mut client, patched_text, String::new()).await?;
+                eprintln!("submitted job {} ({}), {} steps; metrics in {}", s.job_id, s.name, s.total_steps, s.metrics_path);
+                s.job_id
+            }
+        };
+        let outcome = tokio::select! {
+            r = watch(&mut client, &job_id, false) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            dead = async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if let Some(m) = children.exited() { break m; }
+                }
+            } => Some(Err(anyhow::anyhow!("{dead}; see the logs in {}", dir.join("logs").display()))),
+        };
+        drop(children);
+        let _ = stop_tx.send(true);
+        let _ = coordinator.await;
+        let Some(outcome) = outcome else {
+            eprintln!("stopped; run the same command again to resume job {job_id} from its last completed step");
+            bail!("interrupted");
+        };
+        let status = outcome?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&status_json(&status))?);
+        } else {
+            eprintln!("job {} {}: {}/{} steps; metrics {}", status.job_id, state_name(status.state), status.steps_done, status.total_steps, status.metrics_path);
+        }
+        finish(&status)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patching_makes_paths_absolute_and_sets_learners() {
+        let out = patch_job(EXAMPLE_JOB, Path::new("/x"), &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()]).unwrap();
+        let spec = comas_workflow::job::JobSpec::from_toml(&out).unwrap();
+        assert!(spec.relative_paths().is_empty());
+        assert_eq!(spec.agents[1].model, PathBuf::from("/x/model-b"));
+        assert_eq!(spec.agents[1].learner.as_deref(), Some("http://127.0.0.1:2"));
+        assert_eq!(spec.data.train, PathBuf::from("/x/train.jsonl"));
+    }
+}

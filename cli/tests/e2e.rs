@@ -1,0 +1,424 @@
+//! End to end, with real processes on loopback: a coordinator, one learner per agent and rollout
+//! workers, each a `comas` child process, running a 2-agent CoMAS job on tiny models. Faults are
+//! real too: SIGKILL of a worker, of the coordinator and of a learner in the middle of a job.
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::Architecture;
+use comas_proto::v1 as pb;
+use comas_proto::v1::coordinator_client::CoordinatorClient;
+use comas_proto::v1::learner_client::LearnerClient;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const QUESTIONS_PER_STEP: u64 = 2;
+const INSTANCES: u64 = 2;
+const STEPS: u64 = 3;
+const EPISODES: u64 = QUESTIONS_PER_STEP * INSTANCES;
+// l = 2, R = 2, n = 1: per instance and round, 2 solutions, 2 evaluations, 2 scores.
+const TURNS_PER_ROLE: u64 = EPISODES * 2 * 2;
+const SAMPLES_PER_AGENT: u64 = EPISODES * 12 / 2;
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Proc {
+    fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(args)
+        .env("COMAS_THREADS", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc { name: name.into(), child }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+struct Cluster {
+    dir: PathBuf,
+    coord_port: u16,
+    metrics_port: u16,
+    learner_ports: Vec<u16>,
+    coordinator: Option<Proc>,
+    learners: Vec<Option<Proc>>,
+    workers: Vec<Proc>,
+}
+
+/// Writes two tiny models, a data set and the job file; `tokens` fixes every turn's length.
+fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32) {
+    for (k, seed) in [(0, 3), (1, 4)] {
+        write_model(&dir.join(format!("model-{k}")), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    }
+    let mut data = String::new();
+    for i in 0..12 {
+        data.push_str(&format!("{{\"prompt\":\"What is {i} + 2?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", i + 2));
+    }
+    std::fs::write(dir.join("train.jsonl"), data).unwrap();
+    let sampling = format!("temperature = 1.0\ntop_p = 1.0\ntop_k = 0\nmax_new_tokens = {tokens}\nmin_new_tokens = {tokens}\n");
+    let agent = |k: usize| {
+        format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 12\nmicro_batch_size = 12\nmask_truncated = false\n", learner_ports[k])
+    };
+    let job = format!(
+        "name = \"e2e\"\nseed = 5\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {STEPS}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\n\
+         [comas]\nnum_rounds = 2\ninstances_per_question = {INSTANCES}\n[comas.sampling.solver]\n{sampling}[comas.sampling.evaluator]\n{sampling}[comas.sampling.scorer]\n{sampling}{}{}",
+        agent(0),
+        agent(1)
+    );
+    std::fs::write(dir.join("job.toml"), job).unwrap();
+}
+
+impl Cluster {
+    fn new(dir: &Path, workers: usize, tokens: u32) -> Self {
+        let learner_ports = vec![free_port(), free_port()];
+        write_job(dir, &learner_ports, tokens);
+        let mut c = Cluster {
+            dir: dir.to_path_buf(),
+            coord_port: free_port(),
+            metrics_port: free_port(),
+            learner_ports,
+            coordinator: None,
+            learners: vec![None, None],
+            workers: Vec::new(),
+        };
+        c.start_coordinator();
+        for k in 0..2 {
+            c.start_learner(k);
+        }
+        for _ in 0..workers {
+            c.add_worker();
+        }
+        c
+    }
+
+    fn start_coordinator(&mut self) {
+        let args = s(&[
+            "coordinator", "--listen", &format!("127.0.0.1:{}", self.coord_port), "--metrics-listen", &format!("127.0.0.1:{}", self.metrics_port),
+            "--db", &self.dir.join("jobs.sqlite").display().to_string(), "--heartbeat-ms", "300", "--heartbeat-timeout-secs", "5", "--worker-wait-secs", "120",
+        ]);
+        self.coordinator = Some(spawn(&self.dir, "coordinator", &args));
+    }
+
+    fn start_learner(&mut self, k: usize) {
+        let args = s(&[
+            "learner", "serve", "--job", &self.dir.join("job.toml").display().to_string(), "--agent-id", &k.to_string(),
+            "--listen", &format!("127.0.0.1:{}", self.learner_ports[k]), "--checkpoint-dir", &self.dir.join(format!("ckpt-{k}")).display().to_string(), "--resume",
+        ]);
+        self.learners[k] = Some(spawn(&self.dir, &format!("learner-{k}"), &args));
+    }
+
+    fn add_worker(&mut self) {
+        let i = self.workers.len();
+        let args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port), "--max-episodes", "3"]);
+        self.workers.push(spawn(&self.dir, &format!("worker-{i}"), &args));
+    }
+
+    async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
+        let started = Instant::now();
+        loop {
+            match CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await {
+                Ok(c) => return c,
+                Err(e) if started.elapsed() > Duration::from_secs(30) => panic!("coordinator unreachable: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn submit(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("job.toml")).unwrap();
+        let r = self.client().await.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: self.dir.display().to_string() }).await;
+        r.unwrap_or_else(|e| panic!("submit: {}", e.message())).into_inner().job_id
+    }
+
+    async fn status(&self, id: &str) -> Option<pb::JobStatus> {
+        let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await.ok()?;
+        c.get_job(pb::GetJobRequest { job_id: id.into() }).await.ok().map(|r| r.into_inner())
+    }
+
+    /// Polls until `pred` holds; panics with the logs' tails after `secs`.
+    async fn wait_for(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(st) = self.status(id).await {
+                if pred(&st) {
+                    return st;
+                }
+                if st.state == pb::JobState::Failed as i32 {
+                    panic!("job failed while waiting for {what}: {}\n{}", st.error, self.logs());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(secs) {
+                panic!("timed out waiting for {what}: {:?}\n{}", self.status(id).await, self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Follows the job's event stream and returns at the first event whose status matches, so
+    /// short windows (a step's rollout) are never missed between polls.
+    async fn on_event(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+        let mut c = self.client().await;
+        let mut stream = c.watch_job(pb::WatchJobRequest { job_id: id.into() }).await.unwrap().into_inner();
+        let found = tokio::time::timeout(Duration::from_secs(secs), async {
+            while let Some(ev) = stream.message().await.unwrap() {
+                let st = ev.status.unwrap();
+                if pred(&st) {
+                    return Some(st);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(st)) => st,
+            other => panic!("no event for {what} ({other:?})\n{}", self.logs()),
+        }
+    }
+
+    async fn finished(&self, id: &str) -> pb::JobStatus {
+        let st = self.wait_for(id, 240, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32).await;
+        assert_eq!(st.state, pb::JobState::Succeeded as i32, "job ended {}: {}\n{}", st.state, st.error, self.logs());
+        st
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(&self.dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let t = std::fs::read_to_string(&p).unwrap_or_default();
+                let tail: String = t.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                out.push_str(&format!("--- {} ---\n{tail}\n", p.display()));
+            }
+        }
+        out
+    }
+
+    fn metrics_log(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.join("out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    fn prometheus(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        sock.read_to_string(&mut body).unwrap();
+        body.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap())).unwrap_or_else(|| panic!("{name} not in /metrics"))
+    }
+
+    async fn learner_info(&self, k: usize) -> pb::LearnerInfo {
+        let mut c = LearnerClient::connect(format!("http://127.0.0.1:{}", self.learner_ports[k])).await.unwrap();
+        c.info(pb::InfoRequest {}).await.unwrap().into_inner()
+    }
+
+    /// What every run must show: each step once, every episode once, the right turn counts,
+    /// each learner trained on exactly its agent's turns, versions advanced by the step count.
+    async fn check_complete_run(&self) {
+        let log = self.metrics_log();
+        let steps: Vec<u64> = log.iter().map(|m| m["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "each step logged exactly once");
+        for m in &log {
+            assert_eq!(m["episodes"], EPISODES, "step {}", m["step"]);
+            for role in ["solver", "evaluator", "scorer"] {
+                assert_eq!(m["turns"][role], TURNS_PER_ROLE, "step {} {role}", m["step"]);
+                assert_eq!(m["reward"][role]["count"], TURNS_PER_ROLE, "step {} {role}", m["step"]);
+            }
+            let hist = &m["score_hist"];
+            let scored: u64 = ["1", "2", "3", "invalid"].iter().map(|k| hist[*k].as_u64().unwrap()).sum();
+            assert_eq!(scored, TURNS_PER_ROLE);
+            for k in 0..2 {
+                let a = &m["agents"][k];
+                assert_eq!(a["train"]["samples"], SAMPLES_PER_AGENT, "step {} agent {k} trained on its own turns only", m["step"]);
+                assert_eq!(a["version"], m["step"].as_u64().unwrap() + 1);
+                // Every turn of step s was generated by version s of its agent's weights.
+                assert_eq!(a["policy_versions"], serde_json::json!([m["step"]]), "step {} agent {k}", m["step"]);
+            }
+        }
+        for k in 0..2 {
+            let info = self.learner_info(k).await;
+            assert_eq!((info.global_step, info.latest_version), (STEPS, STEPS), "agent {k}'s version advanced by exactly {STEPS}");
+            assert!(self.dir.join(format!("out/agent-{k}/model.safetensors")).is_file(), "agent {k} exported");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_two_workers_three_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path(), 2, 8);
+    let id = c.submit().await;
+    let st = c.finished(&id).await;
+    assert_eq!((st.steps_done, st.total_steps), (STEPS, STEPS));
+    assert_eq!(st.agents.iter().map(|a| a.version).collect::<Vec<_>>(), vec![STEPS, STEPS]);
+    c.check_complete_run().await;
+    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
+    assert_eq!(c.prometheus("comas_coordinator_steps_completed_total"), STEPS as f64);
+    assert_eq!(c.prometheus("comas_coordinator_pending_episodes"), 0.0);
+    // Both workers took part: the store records who ran each episode until the step commits,
+    // so look at the workers' own logs for their episode counts instead.
+    assert_eq!(c.prometheus("comas_coordinator_workers"), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Long turns, so the kill lands while the step's episodes are running.
+    let mut c = Cluster::new(dir.path(), 2, 48);
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout" && s.episodes_total > 0).await;
+    let victim = &mut c.workers[1];
+    eprintln!("killing {}", victim.name);
+    victim.sigkill();
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "the dead worker's leases were re-queued");
+    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
+    assert_eq!(c.prometheus("comas_coordinator_workers"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_resumes_from_its_last_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 2, 24);
+    let id = c.submit().await;
+    // Kill it inside step 1's rollout, after some of its episodes came back.
+    c.on_event(&id, 120, "step 1's first episodes", |s| s.steps_done == 1 && s.stage == "rollout" && s.episodes_done >= 1).await;
+    c.coordinator.as_mut().unwrap().sigkill();
+    let committed = c.metrics_log().len();
+    assert_eq!(committed, 1, "step 0 was committed before the kill");
+    c.start_coordinator();
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    // The new coordinator ran only what was missing: not step 0, nor step 1's stored episodes.
+    let ran = c.prometheus("comas_coordinator_episodes_completed_total");
+    assert!(ran <= (2 * EPISODES - 1) as f64, "the restarted coordinator re-ran finished episodes: {ran}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_learner_restarts_from_its_checkpoint_and_the_job_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1, 24);
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 2's rollout", |s| s.steps_done == 2 && s.stage == "rollout").await;
+    c.learners[1].as_mut().unwrap().sigkill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.start_learner(1);
+    c.finished(&id).await;
+    c.check_complete_run().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ports = [free_port(), free_port()];
+    write_job(d, &ports, 8);
+    let coord_port = free_port();
+    let _coord = spawn(d, "coordinator", &s(&["coordinator", "--listen", &format!("127.0.0.1:{coord_port}"), "--db", &d.join("jobs.sqlite").display().to_string()]));
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", coord_port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let good = std::fs::read_to_string(d.join("job.toml")).unwrap();
+    // A data set with a broken third line, and a model whose tokenizer outgrows its vocabulary.
+    std::fs::write(d.join("broken.jsonl"), "{\"prompt\":\"a\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"a\"}\n{\"prompt\":\"b\",\"answer\":\"2\",\"task\":\"math\",\"id\":\"b\"}\n{\"prompt\": \"c\",\n").unwrap();
+    let small = d.join("model-small");
+    std::fs::create_dir_all(&small).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(d.join("model-0").join(f), small.join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(d.join("model-0/config.json")).unwrap().replace("\"vocab_size\": 512", "\"vocab_size\": 100").replace("\"vocab_size\":512", "\"vocab_size\":100");
+    std::fs::write(small.join("config.json"), cfg).unwrap();
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("syntax", good.replace("[schedule]", "[schedule"), "not valid TOML"),
+        ("unknown key", good.replace("steps = 3", "steps = 3\nstep_count = 9"), "step_count"),
+        ("missing model", good.replace("model-1", "no-such-model"), "does not exist"),
+        ("broken data line", good.replace("train.jsonl", "broken.jsonl"), "line 3"),
+        ("vocabulary mismatch", good.replace("model-1", "model-small"), "vocab_size is 100"),
+        ("impossible batch", good.replace("train_batch_size = 12", "train_batch_size = 500"), "train_batch_size"),
+        ("learner missing", good.replace(&format!("learner = \"http://127.0.0.1:{}\"\n", ports[0]), ""), "agents[0].learner"),
+    ];
+    for (name, text, want) in cases {
+        std::fs::write(d.join("bad.toml"), &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(["submit", &d.join("bad.toml").display().to_string(), "--coordinator", &format!("http://127.0.0.1:{coord_port}")])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: accepted");
+        assert!(err.contains(want), "{name}: message should mention `{want}`: {err}");
+    }
+    let list = Command::new(env!("CARGO_BIN_EXE_comas")).args(["list", "--json", "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    let jobs: Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(jobs.as_array().unwrap().len(), 0, "no job was stored: {jobs}");
+    assert!(!d.join("out/metrics.jsonl").exists());
+
+    // A valid job whose learners never come up waits for them, and can be cancelled meanwhile.
+    let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
+    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good, base_dir: d.display().to_string() }).await.unwrap().into_inner().job_id;
+    let started = Instant::now();
+    while c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state != pb::JobState::Running as i32 {
+        assert!(started.elapsed() < Duration::from_secs(30), "job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["cancel", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut state = 0;
+    while started.elapsed() < Duration::from_secs(30) {
+        state = c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state;
+        if state == pb::JobState::Cancelled as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, pb::JobState::Cancelled as i32);
+}
+
+/// The README's main command: `comas local` with its built-in example, as a user runs it.
+#[test]
+fn comas_local_runs_the_builtin_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["local", "--dir", &dir.path().display().to_string(), "--json"]).output().unwrap();
+        assert!(out.status.success(), "comas local failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
+    };
+    let first = run();
+    assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(3), Some(3)));
+    assert_eq!(first["agents"][0]["version"], 3);
+    let log = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 3);
+    // Run again: a fresh job from the base models (not from the first job's checkpoints).
+    let second = run();
+    assert_ne!(second["job_id"], first["job_id"]);
+    assert_eq!((second["state"].as_str(), second["agents"][1]["version"].as_u64()), (Some("succeeded"), Some(3)));
+}

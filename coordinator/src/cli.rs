@@ -1,0 +1,52 @@
+//! Command-line flags of the coordinator (every one readable from a `COMAS_COORDINATOR_*`
+//! variable), shared by `comas-coordinator` and `comas coordinator`.
+use crate::server::{serve, ServerSettings};
+use anyhow::Context;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[arg(long, env = "COMAS_COORDINATOR_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: std::net::SocketAddr,
+    /// HTTP address for /metrics and /healthz (off when not given).
+    #[arg(long, env = "COMAS_COORDINATOR_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// SQLite file with the job state.
+    #[arg(long, env = "COMAS_COORDINATOR_DB", default_value = "comas-jobs.sqlite")]
+    pub db: PathBuf,
+    /// How often workers send heartbeats.
+    #[arg(long, env = "COMAS_COORDINATOR_HEARTBEAT_MS", default_value_t = 2000)]
+    pub heartbeat_ms: u64,
+    /// A worker silent for this long is dropped and its episodes re-queued.
+    #[arg(long, env = "COMAS_COORDINATOR_HEARTBEAT_TIMEOUT_SECS", default_value_t = 30)]
+    pub heartbeat_timeout_secs: u64,
+    /// A leased episode not back after this long is leased again.
+    #[arg(long, env = "COMAS_COORDINATOR_EPISODE_TIMEOUT_SECS", default_value_t = 1800)]
+    pub episode_timeout_secs: u64,
+    /// Queued episodes with no ready worker for this long fail the job.
+    #[arg(long, env = "COMAS_COORDINATOR_WORKER_WAIT_SECS", default_value_t = 600)]
+    pub worker_wait_secs: u64,
+}
+
+pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    serve(
+        ServerSettings {
+            listener,
+            metrics_listen: a.metrics_listen,
+            db: a.db,
+            heartbeat_interval: Duration::from_millis(a.heartbeat_ms.max(100)),
+            heartbeat_timeout: Duration::from_secs(a.heartbeat_timeout_secs.max(1)),
+            episode_timeout: Duration::from_secs(a.episode_timeout_secs.max(1)),
+            worker_wait: Duration::from_secs(a.worker_wait_secs.max(1)),
+        },
+        shutdown,
+    )
+    .await
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run_async(a, comas_service::shutdown_signal()))
+}

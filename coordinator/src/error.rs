@@ -1,0 +1,31 @@
+use comas_workflow::job::JobError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error("job store: {0}")]
+    Store(String),
+    #[error("{0}")]
+    Files(String),
+    #[error("learner of agent {agent} ({address}): {message}")]
+    Learner { agent: u32, address: String, message: String },
+    #[error("rollout: {0}")]
+    Rollout(String),
+    #[error("job {0} was cancelled")]
+    Cancelled(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
+
+impl From<CoordinatorError> for tonic::Status {
+    fn from(e: CoordinatorError) -> Self {
+        match &e {
+            CoordinatorError::Job(_) | CoordinatorError::Files(_) => tonic::Status::invalid_argument(e.to_string()),
+            CoordinatorError::Store(_) => tonic::Status::internal(e.to_string()),
+            _ => tonic::Status::failed_precondition(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Experience making: the CoMAS reward formulation turns each finished trajectory into one
+//! reward per turn, and each turn becomes an experience for the learner of the agent that spoke
+//! it. The step's metrics record (rewards by agent and role, scores, accuracy, lengths) is
+//! computed from the same data. Pure code, no I/O.
+use comas_proto::v1 as pb;
+use comas_workflow::comas::{comas_rewards, Trajectory};
+use comas_workflow::grade::is_correct;
+use comas_workflow::{FinishReason, Role, WorkflowError};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+
+/// One accepted episode.
+pub struct Finished {
+    pub episode_id: String,
+    pub trajectory: Trajectory,
+    /// The question's reference answer (logging only).
+    pub answer: String,
+}
+
+pub struct StepBatch {
+    /// Experiences per agent, in (episode id, turn) order.
+    pub per_agent: Vec<Vec<pb::Experience>>,
+    /// Step metrics (without timings and training reports).
+    pub metrics: Value,
+}
+
+#[derive(Default)]
+struct Acc {
+    sum: f64,
+    sq: f64,
+    n: u64,
+}
+
+impl Acc {
+    fn push(&mut self, v: f64) {
+        self.sum += v;
+        self.sq += v * v;
+        self.n += 1;
+    }
+    fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+    fn json(&self) -> Value {
+        let mean = self.mean();
+        let std = mean.map(|m| (self.sq / self.n as f64 - m * m).max(0.0).sqrt());
+        json!({"mean": mean, "std": std, "count": self.n})
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    reward: HashMap<Role, Acc>,
+    all: Acc,
+    scores: [u64; 4],
+    len: HashMap<Role, Acc>,
+    truncated: u64,
+    turns: u64,
+    correct_first: Acc,
+    correct_last: Acc,
+    versions: std::collections::BTreeSet<u64>,
+}
+
+impl Tally {
+    fn json(&self) -> Value {
+        let by_role = |m: &HashMap<Role, Acc>, f: &dyn Fn(&Acc) -> Value| -> Value {
+            Value::Object(Role::ALL.iter().map(|r| (r.as_str().to_string(), m.get(r).map(f).unwrap_or(Value::Null))).collect::<Map<_, _>>())
+        };
+        let judged: u64 = self.scores.iter().sum();
+        json!({
+            "reward_mean": self.all.mean(),
+            "reward": by_role(&self.reward, &|a| a.json()),
+            "score_hist": {"1": self.scores[1], "2": self.scores[2], "3": self.scores[3], "invalid": self.scores[0]},
+            "parse_failure_rate": (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
+            "accuracy": {"first_round": self.correct_first.mean(), "last_round": self.correct_last.mean()},
+            "completion_len": by_role(&self.len, &|a| json!(a.mean())),
+            "truncation_rate": (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
+            // Weight versions that produced the turns: one value in the synchronous schedule.
+            "policy_versions": self.versions.iter().collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn finish(f: FinishReason) -> i32 {
+    match f {
+        FinishReason::Stop => pb::FinishReason::Stop as i32,
+        FinishReason::Length => pb::FinishReason::Length as i32,
+    }
+}
+
+/// Rewards, experiences and metrics of one step's episodes.
+pub fn make_step(episodes: &[Finished], num_agents: u32) -> Result<StepBatch, WorkflowError> {
+    let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
+    let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
+    let mut total = Tally::default();
+    let mut turn_counts: HashMap<Role, u64> = HashMap::new();
+    let mut tokens = 0u64;
+    for ep in episodes {
+        let t = &ep.trajectory;
+        if t.num_agents != num_agents {
+            return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
+        }
+        let rewards = comas_rewards(t)?;
+        for (turn, r) in t.turns.iter().zip(&rewards) {
+            let reward = f64::from(r.reward);
+            *turn_counts.entry(turn.role).or_default() += 1;
+            tokens += turn.completion_ids.len() as u64;
+            per_agent[turn.agent as usize].push(pb::Experience {
+                prompt_ids: turn.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
+                completion_ids: turn.completion_ids.iter().map(|&x| i64::from(x)).collect(),
+                reward: Some(reward),
+                token_rewards: Vec::new(),
+                finish_reason: finish(turn.finish_reason),
+                // Explicit group key: question, role and round (used by group estimators only).
+                group: format!("{}/{}/r{}", t.question_id, turn.role.as_str(), turn.round),
+                sampling_logprobs: turn.logprobs.clone(),
+                episode_id: ep.episode_id.clone(),
+                turn_id: u64::from(turn.turn_index),
+                policy_version: turn.policy_version,
+            });
+            for tally in [&mut agents[turn.agent as usize], &mut total] {
+                tally.reward.entry(turn.role).or_default().push(reward);
+                tally.all.push(reward);
+                tally.len.entry(turn.role).or_default().push(turn.completion_ids.len() as f64);
+                tally.turns += 1;
+                tally.versions.insert(turn.policy_version);
+                tally.truncated += u64::from(turn.finish_reason == FinishReason::Length);
+                if turn.role == Role::Scorer {
+                    tally.scores[turn.score.map_or(0, usize::from)] += 1;
+                }
+                if turn.role == Role::Solver {
+                    if let Some(ok) = is_correct(t.task, &turn.text, &ep.answer) {
+                        let v = f64::from(u8::from(ok));
+                        if turn.round == 0 {
+                            tally.correct_first.push(v);
+                        }
+                        if turn.round + 1 == t.num_rounds {
+                            tally.correct_last.push(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut metrics = total.json();
+    let m = metrics.as_object_mut().expect("object");
+    m.insert("episodes".into(), json!(episodes.len()));
+    m.insert("turns".into(), Value::Object(Role::ALL.iter().map(|r| (r.as_str().to_string(), json!(turn_counts.get(r).copied().unwrap_or(0)))).collect()));
+    m.insert("generated_tokens".into(), json!(tokens));
+    m.insert(
+        "agents".into(),
+        Value::Array(
+            agents
+                .iter()
+                .enumerate()
+                .map(|(k, a)| {
+                    let mut v = a.json();
+                    v.as_object_mut().expect("object").insert("agent".into(), json!(k));
+                    v
+                })
+                .collect(),
+        ),
+    );
+    Ok(StepBatch { per_agent, metrics })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comas_workflow::comas::{start_batch, CoMasConfig, PlanSeed};
+    use comas_workflow::{TaskKind, TaskRecord, TurnOutput};
+
+    /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
+    fn played(cfg: &CoMasConfig, text: impl Fn(&comas_workflow::TurnRequest) -> String) -> Trajectory {
+        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None };
+        let mut ep = start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
+        while !ep.is_done() {
+            let outs = ep
+                .next_turns()
+                .iter()
+                .map(|r| TurnOutput {
+                    turn_index: r.turn_index,
+                    text: text(r),
+                    raw_text: text(r),
+                    prompt_ids: vec![1, 2, r.turn_index],
+                    completion_ids: vec![5, 6, 7],
+                    logprobs: vec![-0.5; 3],
+                    finish_reason: FinishReason::Stop,
+                    policy_version: 7,
+                })
+                .collect();
+            ep.submit(outs).unwrap();
+        }
+        ep.into_trajectory().unwrap()
+    }
+
+    #[test]
+    fn turns_go_to_their_agents_with_the_comas_rewards() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        // Slot 0 scored 3 (solver 1.0, evaluator 0.0), slot 1 broken (0, 0, scorer -1).
+        let t = played(&cfg, |r| match (r.role, r.slot) {
+            (Role::Solver, 0) => "so \\boxed{2}".into(),
+            (Role::Solver, _) => "\\boxed{3}".into(),
+            (Role::Scorer, 0) => "<score>3</score>".into(),
+            (Role::Scorer, _) => "no score".into(),
+            _ => "fine".into(),
+        });
+        let speakers: Vec<(u32, Role, u32, f32)> = {
+            let rewards = comas_rewards(&t).unwrap();
+            t.turns.iter().zip(&rewards).map(|(x, r)| (x.agent, x.role, x.slot, r.reward)).collect()
+        };
+        let b = make_step(&[Finished { episode_id: "e1".into(), trajectory: t, answer: "2".into() }], 2).unwrap();
+        assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
+        for (agent, exps) in b.per_agent.iter().enumerate() {
+            let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();
+            assert_eq!(exps.len(), mine.len());
+            for (e, s) in exps.iter().zip(mine) {
+                assert_eq!(e.reward, Some(f64::from(s.3)));
+                assert_eq!(e.completion_ids, vec![5, 6, 7]);
+                assert_eq!(e.policy_version, 7);
+                assert_eq!(e.episode_id, "e1");
+                assert_eq!(e.group, format!("q1/{}/r0", s.1.as_str()));
+            }
+        }
+        let by_slot = |role: Role, slot: u32| speakers.iter().find(|s| s.1 == role && s.2 == slot).unwrap().3;
+        assert_eq!((by_slot(Role::Solver, 0), by_slot(Role::Evaluator, 0), by_slot(Role::Scorer, 0)), (1.0, 0.0, 0.0));
+        assert_eq!((by_slot(Role::Solver, 1), by_slot(Role::Evaluator, 1), by_slot(Role::Scorer, 1)), (0.0, 0.0, -1.0));
+        let m = &b.metrics;
+        assert_eq!(m["score_hist"], json!({"1": 0, "2": 0, "3": 1, "invalid": 1}));
+        assert_eq!(m["parse_failure_rate"], json!(0.5));
+        // Solver of slot 0 answered 2 (right), slot 1 answered 3 (wrong).
+        assert_eq!(m["accuracy"]["last_round"], json!(0.5));
+        assert_eq!(m["turns"], json!({"solver": 2, "evaluator": 2, "scorer": 2}));
+        assert_eq!(m["reward"]["solver"]["mean"], json!(0.5));
+        assert_eq!(m["reward"]["scorer"]["mean"], json!(-0.5));
+        assert_eq!(m["agents"][0]["policy_versions"], json!([7]));
+        assert_eq!(m["generated_tokens"], json!(18));
+    }
+}

@@ -1,0 +1,202 @@
+//! Job lifecycle: submit (checked before anything is stored), queue, run one job at a time,
+//! cancel, status and progress events. Jobs that were running when the coordinator stopped are
+//! picked up again at start, from their last completed step.
+use crate::error::{CoordinatorError, Result};
+use crate::files::load_job;
+use crate::metrics::Metrics;
+use crate::runner;
+use crate::scheduler::Scheduler;
+use crate::store::{JobRow, JobState, Store};
+use comas_proto::v1 as pb;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{broadcast, watch, Notify};
+
+/// Progress that is not worth a database write.
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    pub stage: String,
+    pub episodes_done: u32,
+    pub episodes_total: u32,
+}
+
+pub struct Jobs {
+    pub store: Arc<Store>,
+    pub scheduler: Scheduler,
+    pub metrics: Arc<Metrics>,
+    events: broadcast::Sender<(String, pb::JobEvent)>,
+    live: Mutex<HashMap<String, Live>>,
+    cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
+    wake: Notify,
+}
+
+pub fn state_pb(s: JobState) -> pb::JobState {
+    match s {
+        JobState::Queued => pb::JobState::Queued,
+        JobState::Running => pb::JobState::Running,
+        JobState::Succeeded => pb::JobState::Succeeded,
+        JobState::Failed => pb::JobState::Failed,
+        JobState::Cancelled => pb::JobState::Cancelled,
+    }
+}
+
+impl Jobs {
+    pub fn new(store: Arc<Store>, scheduler: Scheduler, metrics: Arc<Metrics>) -> Arc<Self> {
+        let (events, _) = broadcast::channel(1024);
+        Arc::new(Self { store, scheduler, metrics, events, live: Mutex::new(HashMap::new()), cancels: Mutex::new(HashMap::new()), wake: Notify::new() })
+    }
+
+    /// Checks the job file completely (TOML, keys, files, data, counts) and queues the job.
+    pub async fn submit(&self, text: String, base_dir: String) -> Result<pb::JobStatus> {
+        let (t, b) = (text.clone(), base_dir.clone());
+        let (job, _) = tokio::task::spawn_blocking(move || load_job(&t, &b)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+        for (k, a) in job.spec.agents.iter().enumerate() {
+            if a.learner.as_deref().unwrap_or("").is_empty() {
+                return Err(CoordinatorError::Files(format!(
+                    "`agents[{k}].learner`: not set; give the address of agent {k}'s learner (e.g. http://learner-{k}.learner:50061); `comas local` fills it in"
+                )));
+            }
+        }
+        let id = format!("job-{}", uuid::Uuid::new_v4().simple());
+        self.store.insert_job(&id, &job.spec.name, &text, &base_dir, job.total_steps)?;
+        tracing::info!(job = %id, name = %job.spec.name, steps = job.total_steps, "job queued");
+        self.wake.notify_one();
+        self.status(&id)
+    }
+
+    pub fn status(&self, id: &str) -> Result<pb::JobStatus> {
+        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        Ok(self.status_of(&row))
+    }
+
+    pub fn status_of(&self, row: &JobRow) -> pb::JobStatus {
+        let live = self.live.lock().expect("live lock").get(&row.id).cloned().unwrap_or_default();
+        let versions = self.store.versions(&row.id).unwrap_or_default();
+        let spec = comas_workflow::job::JobSpec::from_toml(&row.spec).ok();
+        let metrics_path = spec.as_ref().map(|s| {
+            let mut s = s.clone();
+            if !row.base_dir.is_empty() {
+                s.resolve_paths(std::path::Path::new(&row.base_dir));
+            }
+            s.output.dir.join("metrics.jsonl").display().to_string()
+        });
+        let agents = spec
+            .map(|s| {
+                s.agents
+                    .iter()
+                    .enumerate()
+                    .map(|(k, a)| pb::AgentProgress {
+                        agent_id: k as u32,
+                        version: versions.iter().find(|(x, _)| *x == k as u32).map_or(0, |(_, v)| *v),
+                        learner: a.learner.clone().unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        pb::JobStatus {
+            job_id: row.id.clone(),
+            name: row.name.clone(),
+            state: state_pb(row.state) as i32,
+            steps_done: row.steps_done,
+            total_steps: row.total_steps,
+            stage: if row.state == JobState::Running { live.stage } else { String::new() },
+            episodes_done: live.episodes_done,
+            episodes_total: live.episodes_total,
+            error: row.error.clone(),
+            created_unix: row.created,
+            updated_unix: row.updated,
+            metrics_path: metrics_path.unwrap_or_default(),
+            agents,
+        }
+    }
+
+    pub fn list(&self) -> Result<Vec<pb::JobStatus>> {
+        Ok(self.store.list_jobs()?.iter().map(|r| self.status_of(r)).collect())
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<(String, pb::JobEvent)> {
+        self.events.subscribe()
+    }
+
+    pub fn emit(&self, id: &str, kind: &str, metrics_json: String, message: String) {
+        if let Ok(status) = self.status(id) {
+            let _ = self.events.send((id.to_string(), pb::JobEvent { status: Some(status), kind: kind.into(), metrics_json, message }));
+        }
+    }
+
+    pub fn set_live(&self, id: &str, f: impl FnOnce(&mut Live)) {
+        f(self.live.lock().expect("live lock").entry(id.to_string()).or_default());
+    }
+
+    pub fn cancel(&self, id: &str) -> Result<pb::JobStatus> {
+        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        match row.state {
+            JobState::Queued => {
+                self.store.set_state(id, JobState::Cancelled, "cancelled before it started")?;
+                self.emit(id, "finished", String::new(), "cancelled".into());
+            }
+            JobState::Running => {
+                if let Some(tx) = self.cancels.lock().expect("cancel lock").get(id) {
+                    let _ = tx.send(true);
+                }
+            }
+            _ => {}
+        }
+        self.status(id)
+    }
+
+    /// Runs jobs one after another until `shutdown` fires: first any job that was running when
+    /// the coordinator last stopped, then queued jobs in submission order.
+    pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let next = match self.store.list_jobs() {
+                Ok(rows) => rows.iter().find(|r| r.state == JobState::Running).or_else(|| rows.iter().find(|r| r.state == JobState::Queued)).cloned(),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the job store");
+                    None
+                }
+            };
+            let Some(row) = next else {
+                tokio::select! {
+                    _ = self.wake.notified() => continue,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => continue,
+                    _ = shutdown.changed() => return,
+                }
+            };
+            let (cancel_tx, cancel_rx) = watch::channel(false);
+            let mut cancelled = cancel_rx.clone();
+            self.cancels.lock().expect("cancel lock").insert(row.id.clone(), cancel_tx);
+            self.metrics.running_jobs.set(1);
+            let id = row.id.clone();
+            let outcome = tokio::select! {
+                r = runner::run_job(&self, row, cancel_rx) => Some(r),
+                // Wherever the job is waiting (a learner, a worker, a step), a cancel ends it.
+                _ = cancelled.wait_for(|c| *c) => Some(Err(CoordinatorError::Cancelled(id.clone()))),
+                // Shutting down: the job stays `running` in the store and resumes on restart.
+                _ = shutdown.changed() => None,
+            };
+            self.metrics.running_jobs.set(0);
+            self.cancels.lock().expect("cancel lock").remove(&id);
+            self.scheduler.cancel_job(id.clone());
+            let Some(outcome) = outcome else { return };
+            let (state, error) = match outcome {
+                Ok(()) => (JobState::Succeeded, String::new()),
+                Err(CoordinatorError::Cancelled(_)) => (JobState::Cancelled, String::new()),
+                Err(e) => (JobState::Failed, e.to_string()),
+            };
+            if state == JobState::Failed {
+                tracing::error!(job = %id, error = %error, "job failed");
+            } else {
+                tracing::info!(job = %id, state = state.as_str(), "job ended");
+            }
+            if let Err(e) = self.store.set_state(&id, state, &error) {
+                tracing::error!(job = %id, error = %e, "cannot record the job's end");
+            }
+            self.set_live(&id, |l| l.stage = String::new());
+            self.emit(&id, "finished", String::new(), if error.is_empty() { state.as_str().to_string() } else { error });
+        }
+    }
+}

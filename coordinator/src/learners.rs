@@ -1,0 +1,117 @@
+//! Links to the job's learners. Every call has a deadline; while a learner is unreachable (for
+//! example restarting from its checkpoint) calls are retried with backoff until the deadline,
+//! and the error names the agent and the address.
+use crate::error::{CoordinatorError, Result};
+use comas_proto::v1 as pb;
+use comas_proto::v1::learner_client::LearnerClient;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+pub struct LearnerLink {
+    pub agent: u32,
+    pub address: String,
+    client: Option<LearnerClient<Channel>>,
+    /// How long to keep retrying an unreachable learner.
+    pub patience: Duration,
+}
+
+/// Errors worth retrying: the learner is down, restarting or its connection dropped.
+fn transient(s: &Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::Cancelled | Code::Unknown | Code::Aborted)
+}
+
+impl LearnerLink {
+    pub fn new(agent: u32, address: &str, patience: Duration) -> Self {
+        let address = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+        Self { agent, address, client: None, patience }
+    }
+
+    fn err(&self, message: String) -> CoordinatorError {
+        CoordinatorError::Learner { agent: self.agent, address: self.address.clone(), message }
+    }
+
+    async fn client(&mut self) -> Result<LearnerClient<Channel>, Status> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let ch = Endpoint::from_shared(self.address.clone())
+            .map_err(|e| Status::invalid_argument(format!("bad address: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .connect()
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot connect: {e}")))?;
+        let c = LearnerClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        self.client = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Runs `f` until it succeeds, fails for good, or the learner stays unreachable too long.
+    pub async fn call<T, F, Fut>(&mut self, what: &str, mut f: F) -> Result<T>
+    where
+        F: FnMut(LearnerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(200);
+        loop {
+            let outcome = match self.client().await {
+                Ok(c) => f(c).await.map(tonic::Response::into_inner),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(v) => return Ok(v),
+                Err(s) if transient(&s) && started.elapsed() < self.patience => {
+                    tracing::warn!(agent = self.agent, address = %self.address, error = %s.message(), "{what}: learner unreachable; retrying");
+                    self.client = None;
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(s) => {
+                    let hint = if transient(&s) { format!(" (unreachable for {:?}; is the learner running?)", self.patience) } else { String::new() };
+                    return Err(self.err(format!("{what}: {}{hint}", s.message())));
+                }
+            }
+        }
+    }
+
+    pub async fn info(&mut self) -> Result<pb::LearnerInfo> {
+        self.call("Info", |mut c| async move { c.info(pb::InfoRequest {}).await }).await
+    }
+
+    /// Trains one step; `step_id` makes a retry after a dropped connection harmless.
+    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience]) -> Result<pb::TrainReport> {
+        let header = pb::TrainRequest {
+            item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.to_string(), num_experiences: experiences.len() as u32 })),
+        };
+        self.call("Train", |mut c| {
+            let items: Vec<pb::TrainRequest> = std::iter::once(header.clone())
+                .chain(experiences.iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e.clone())) }))
+                .collect();
+            async move { c.train(tokio_stream::iter(items)).await }
+        })
+        .await
+    }
+
+    pub async fn save(&mut self) -> Result<pb::CheckpointInfo> {
+        self.call("SaveCheckpoint", |mut c| async move { c.save_checkpoint(pb::SaveCheckpointRequest {}).await }).await
+    }
+
+    pub async fn publish(&mut self) -> Result<pb::WeightsPublished> {
+        self.call("PublishWeights", |mut c| async move { c.publish_weights(pb::PublishWeightsRequest {}).await }).await
+    }
+
+    pub async fn export(&mut self, dir: &str) -> Result<pb::CheckpointInfo> {
+        let dir = dir.to_string();
+        self.call("Export", |mut c| {
+            let dir = dir.clone();
+            async move { c.export(pb::ExportRequest { dir, merge_lora: false }).await }
+        })
+        .await
+    }
+}

@@ -1,0 +1,55 @@
+//! Prometheus metrics of the coordinator. `comas_coordinator_pending_episodes` is what an
+//! autoscaler reads to size the worker pool.
+use prometheus::{Counter, Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use std::sync::Arc;
+
+pub struct Metrics {
+    registry: Registry,
+    pub pending_episodes: IntGauge,
+    pub leased_episodes: IntGauge,
+    pub workers: IntGauge,
+    pub ready_workers: IntGauge,
+    pub running_jobs: IntGauge,
+    pub episodes_completed: IntCounter,
+    pub requeued_episodes: IntCounter,
+    pub duplicate_results: IntCounter,
+    pub steps_completed: IntCounter,
+    pub scheduler_seconds: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new_custom(Some("comas_coordinator".into()), None).expect("registry");
+        let counter = |n: &str, h: &str| {
+            let m = IntCounter::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        let gauge = |n: &str, h: &str| {
+            let m = IntGauge::new(n, h).expect("metric");
+            registry.register(Box::new(m.clone())).expect("register");
+            m
+        };
+        let scheduler_seconds = Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric");
+        registry.register(Box::new(scheduler_seconds.clone())).expect("register");
+        Arc::new(Self {
+            pending_episodes: gauge("pending_episodes", "episodes queued and not leased to any worker"),
+            leased_episodes: gauge("leased_episodes", "episodes running on workers"),
+            workers: gauge("workers", "registered rollout workers"),
+            ready_workers: gauge("ready_workers", "workers holding the current policies"),
+            running_jobs: gauge("running_jobs", "jobs in progress"),
+            episodes_completed: counter("episodes_completed_total", "episodes accepted (once per episode id)"),
+            requeued_episodes: counter("requeued_episodes_total", "leases returned to the queue (lost worker, timeout, failure)"),
+            duplicate_results: counter("duplicate_results_total", "results ignored because the episode was already accepted or re-leased"),
+            steps_completed: counter("steps_completed_total", "training steps committed"),
+            scheduler_seconds,
+            registry,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,355 @@
+//! The synchronous training loop of one job, as in MARTI: rollout on the workers, experience
+//! making here, training on every agent's learner in parallel, then the weight broadcast. A
+//! step is committed to the store only when all of it is done, so a restarted coordinator
+//! repeats at most the unfinished step, and only its missing episodes.
+use crate::error::{CoordinatorError, Result};
+use crate::experience::{make_step, Finished};
+use crate::files::load_job;
+use crate::jobs::Jobs;
+use crate::learners::LearnerLink;
+use crate::scheduler::{Delivery, PolicyTarget};
+use crate::store::{now, JobRow, JobState};
+use comas_proto::v1 as pb;
+use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed, Trajectory};
+use comas_workflow::job::Job;
+use comas_workflow::task::TaskRecord;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Stable episode ids: the same (job, step, instance) gets the same id after a restart, so an
+/// episode stored before the restart is recognised and never run or counted again.
+fn episode_id(job_id: &str, step: u64, instance: u32) -> String {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{job_id}/{step}/{instance}").as_bytes()).to_string()
+}
+
+fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
+    pb::LoadPoliciesRequest {
+        agents: job
+            .spec
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(k, a)| pb::AgentPolicy {
+                agent_id: k as u32,
+                model_dir: a.model.display().to_string(),
+                adapter_dir: a.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                full_weights: job.train[k].lora.is_none(),
+                lora_json: job.train[k].lora.as_ref().filter(|_| a.adapter.is_none()).map(|l| serde_json::to_string(l).unwrap_or_default()).unwrap_or_default(),
+            })
+            .collect(),
+        dtype: job.spec.rollout.dtype.clone(),
+    }
+}
+
+fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Vec<pb::EpisodeSpec> {
+    let copies = job.comas.instances_per_question as usize;
+    let chosen = job.step_questions(step);
+    let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
+    let plan = plan_batch(&job.comas, chosen.len() * copies, seed).expect("checked at submit");
+    let config_json = serde_json::to_string(&job.comas).expect("config serialises");
+    plan.instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let instance = i as u32;
+            pb::EpisodeSpec {
+                episode_id: episode_id(job_id, step, instance),
+                config_json: config_json.clone(),
+                question_json: serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises"),
+                plan_json: serde_json::to_string(&p).expect("plan serialises"),
+                instance,
+                seed: episode_seed(seed, instance),
+            }
+        })
+        .collect()
+}
+
+fn parse_trajectory(json: &str, episode: &str) -> Result<Trajectory> {
+    let t: Trajectory = serde_json::from_str(json).map_err(|e| CoordinatorError::Rollout(format!("episode {episode}: trajectory is not valid JSON: {e}")))?;
+    t.validate().map_err(|e| CoordinatorError::Rollout(format!("episode {episode}: {e}")))?;
+    Ok(t)
+}
+
+/// Rewrites the job's metrics log from the store (temp file, then rename), so the log always
+/// holds each committed step exactly once, whatever restarts happened.
+fn write_metrics_log(path: &Path, lines: &[String]) -> std::io::Result<()> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut text = String::new();
+    for l in lines {
+        text.push_str(l);
+        text.push('\n');
+    }
+    std::fs::write(&tmp, text)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Checks a learner before the job uses it: right agent, the job's settings, a step that fits.
+async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u64> {
+    let info = link.info().await?;
+    let k = link.agent as usize;
+    let bad = |m: String| CoordinatorError::Learner { agent: link.agent, address: link.address.clone(), message: m };
+    if info.agent_id != link.agent {
+        return Err(bad(format!("it serves agent {}, not agent {}; check agents[{k}].learner", info.agent_id, link.agent)));
+    }
+    let theirs: Value = serde_json::from_str(&info.config_json).unwrap_or(Value::Null);
+    let ours = serde_json::to_value(&job.train[k]).unwrap_or(Value::Null);
+    if theirs != ours {
+        let diff: Vec<String> = ours
+            .as_object()
+            .map(|o| o.iter().filter(|(key, v)| theirs.get(key.as_str()) != Some(v)).map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
+            .collect())
+            .unwrap_or_default();
+        return Err(bad(format!("its training settings differ from agents[{k}].train ({}); start it with this job file", diff.join(", "))));
+    }
+    if info.global_step != step && info.global_step != step + 1 {
+        return Err(bad(format!(
+            "it is at training step {} but the job has completed {step} steps; restart it from the checkpoint of step {step} (keep checkpoint_every = 1 to always have one)",
+            info.global_step
+        )));
+    }
+    Ok(info.global_step)
+}
+
+pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<bool>) -> Result<()> {
+    let id = row.id.clone();
+    let (text, base) = (row.spec.clone(), row.base_dir.clone());
+    let (job, questions) = tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+    jobs.store.set_state(&id, JobState::Running, "")?;
+    jobs.emit(&id, "status", String::new(), "running".into());
+    let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
+    let mut links: Vec<LearnerLink> =
+        job.spec.agents.iter().enumerate().map(|(k, a)| LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)).collect();
+    let metrics_path = job.spec.output.dir.join("metrics.jsonl");
+    let load = load_request(&job);
+    let l = job.spec.agents.len();
+    let mut target_versions: Option<Vec<u64>> = None;
+    let mut step = row.steps_done;
+    let cancelled = |c: &watch::Receiver<bool>| *c.borrow();
+
+    while step < job.total_steps {
+        let step_started = Instant::now();
+        let sched_before = jobs.metrics.scheduler_seconds.get();
+        let mut store_secs = 0.0;
+        // Learners: at `step` (or `step + 1` if they trained it before a coordinator restart).
+        jobs.set_live(&id, |s| s.stage = "learners".into());
+        let mut at = Vec::with_capacity(l);
+        for link in links.iter_mut() {
+            at.push(check_learner(link, &job, step).await?);
+        }
+
+        // 1. Rollout with version `step` everywhere.
+        let versions = vec![step; l];
+        let episodes_stored = {
+            let t = Instant::now();
+            let v = jobs.store.step_episodes(&id, step)?;
+            store_secs += t.elapsed().as_secs_f64();
+            v
+        };
+        let specs = step_specs(&job, &id, step, &questions);
+        let total = specs.len();
+        let mut done: HashMap<String, (Trajectory, u64)> = HashMap::new();
+        for (eid, json) in episodes_stored {
+            done.insert(eid.clone(), (parse_trajectory(&json, &eid)?, 0));
+        }
+        let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
+        let rollout_started = Instant::now();
+        jobs.set_live(&id, |s| {
+            s.stage = "rollout".into();
+            s.episodes_done = done.len() as u32;
+            s.episodes_total = total as u32;
+        });
+        jobs.emit(&id, "stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done)", done.len()));
+        if !remaining.is_empty() {
+            if at.iter().any(|&g| g != step) {
+                return Err(CoordinatorError::Other(format!("step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree")));
+            }
+            if target_versions.as_ref() != Some(&versions) {
+                let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+                let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, step, a.learner.clone().unwrap_or_default())).collect();
+                jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
+                target_versions = Some(versions.clone());
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let mut outstanding = remaining.len();
+            jobs.scheduler.submit(id.clone(), remaining, job.spec.schedule.max_episode_attempts, tx);
+            while outstanding > 0 {
+                let delivery = tokio::select! {
+                    d = rx.recv() => d,
+                    _ = cancel.changed() => {
+                        jobs.scheduler.cancel_job(id.clone());
+                        return Err(CoordinatorError::Cancelled(id.clone()));
+                    }
+                };
+                match delivery {
+                    None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
+                    Some(Delivery::Done { episode_id, trajectory_json, worker, generated_tokens }) => {
+                        let t = parse_trajectory(&trajectory_json, &episode_id)?;
+                        let started = Instant::now();
+                        let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
+                        store_secs += started.elapsed().as_secs_f64();
+                        if fresh && !done.contains_key(&episode_id) {
+                            done.insert(episode_id, (t, generated_tokens));
+                            outstanding -= 1;
+                            jobs.set_live(&id, |s| s.episodes_done = done.len() as u32);
+                            jobs.emit(&id, "episodes", String::new(), String::new());
+                        }
+                    }
+                    Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}"))),
+                    Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
+                }
+            }
+        }
+        let rollout_secs = rollout_started.elapsed().as_secs_f64();
+        if cancelled(&cancel) {
+            return Err(CoordinatorError::Cancelled(id.clone()));
+        }
+
+        // 2. Experience making, in the specs' order so every run builds the same batches.
+        let exp_started = Instant::now();
+        jobs.set_live(&id, |s| s.stage = "experience".into());
+        let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
+        let mut finished = Vec::with_capacity(total);
+        for s in &specs {
+            let (t, _) = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
+            let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
+            finished.push(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer });
+        }
+        let batch = make_step(&finished, l as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
+        let experience_secs = exp_started.elapsed().as_secs_f64();
+
+        // 3. Training: every learner in parallel on its own agent's turns.
+        let train_started = Instant::now();
+        jobs.set_live(&id, |s| s.stage = "train".into());
+        jobs.emit(&id, "stage", String::new(), format!("step {step}: training {l} agents"));
+        let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
+        let step_id = format!("{id}/{step}");
+        let mut tasks = tokio::task::JoinSet::new();
+        for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent.into_iter()).enumerate() {
+            let (step_id, already) = (step_id.clone(), at[k] == step + 1);
+            tasks.spawn(async move {
+                let out: Result<(Option<pb::TrainReport>, u64)> = async {
+                    let report = if already { None } else { Some(link.train(&step_id, &exps).await?) };
+                    if checkpoint && !already {
+                        link.save().await?;
+                    }
+                    let published = link.publish().await?;
+                    Ok((report, published.version))
+                }
+                .await;
+                (k, link, out)
+            });
+        }
+        let mut reports: Vec<Option<pb::TrainReport>> = vec![None; l];
+        let mut new_versions = vec![0u64; l];
+        let mut slots: Vec<Option<LearnerLink>> = (0..l).map(|_| None).collect();
+        let mut first_err = None;
+        let joined = async {
+            while let Some(r) = tasks.join_next().await {
+                let (k, link, out) = r.map_err(|e| CoordinatorError::Other(format!("training task: {e}")))?;
+                slots[k] = Some(link);
+                match out {
+                    Ok((report, version)) => {
+                        reports[k] = report;
+                        new_versions[k] = version;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            Ok::<_, CoordinatorError>(())
+        };
+        tokio::select! {
+            r = joined => r?,
+            _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
+        }
+        links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for (k, v) in new_versions.iter().enumerate() {
+            if *v != step + 1 {
+                return Err(CoordinatorError::Learner {
+                    agent: k as u32,
+                    address: links[k].address.clone(),
+                    message: format!("published version {v} after step {step}; expected {}", step + 1),
+                });
+            }
+        }
+        let train_secs = train_started.elapsed().as_secs_f64();
+
+        // 4. Broadcast: every worker pulls the new versions before the next rollout.
+        let broadcast_started = Instant::now();
+        jobs.set_live(&id, |s| s.stage = "broadcast".into());
+        if step + 1 < job.total_steps {
+            let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+            let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, new_versions[k], a.learner.clone().unwrap_or_default())).collect();
+            jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
+            target_versions = Some(new_versions.clone());
+            tokio::select! {
+                r = jobs.scheduler.wait_prepared(generation) => r.map_err(CoordinatorError::Rollout)?,
+                _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
+            }
+        }
+        let broadcast_secs = broadcast_started.elapsed().as_secs_f64();
+
+        // 5. Commit the step and its metrics.
+        let commit_started = Instant::now();
+        let mut metrics = batch.metrics;
+        let tokens = metrics.get("generated_tokens").and_then(Value::as_u64).unwrap_or(0);
+        let coordinator_secs = experience_secs + store_secs + (jobs.metrics.scheduler_seconds.get() - sched_before);
+        if let Some(m) = metrics.as_object_mut() {
+            m.insert("kind".into(), json!("step"));
+            m.insert("job_id".into(), json!(id));
+            m.insert("step".into(), json!(step));
+            m.insert("unix_time".into(), json!(now()));
+            m.insert("tokens_per_s".into(), json!(if rollout_secs > 0.0 { tokens as f64 / rollout_secs } else { 0.0 }));
+            if let Some(agents) = m.get_mut("agents").and_then(Value::as_array_mut) {
+                for (k, a) in agents.iter_mut().enumerate() {
+                    let train = reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
+                    if let Some(o) = a.as_object_mut() {
+                        o.insert("version".into(), json!(new_versions[k]));
+                        o.insert("train".into(), train);
+                    }
+                }
+            }
+            m.insert(
+                "seconds".into(),
+                json!({
+                    "rollout": rollout_secs, "experience": experience_secs, "train": train_secs, "broadcast": broadcast_secs,
+                    "coordinator": coordinator_secs + commit_started.elapsed().as_secs_f64(),
+                    "total": step_started.elapsed().as_secs_f64(),
+                }),
+            );
+        }
+        let line = serde_json::to_string(&metrics).unwrap_or_default();
+        let versions_now: Vec<(u32, u64)> = new_versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
+        let cursor = (step + 1) * u64::from(job.spec.schedule.questions_per_step);
+        jobs.store.commit_step(&id, step, &line, &versions_now, cursor)?;
+        let lines = jobs.store.step_metrics(&id)?;
+        if let Err(e) = write_metrics_log(&metrics_path, &lines) {
+            tracing::warn!(path = %metrics_path.display(), error = %e, "cannot write the metrics log");
+        }
+        jobs.metrics.steps_completed.inc();
+        tracing::info!(job = %id, step, rollout_secs, train_secs, broadcast_secs, coordinator_secs, "step committed");
+        jobs.emit(&id, "step", line, format!("step {step} done"));
+        step += 1;
+    }
+
+    if job.spec.output.export {
+        jobs.set_live(&id, |s| s.stage = "export".into());
+        for (k, link) in links.iter_mut().enumerate() {
+            let dir = job.spec.output.dir.join(format!("agent-{k}"));
+            link.export(&dir.display().to_string()).await?;
+        }
+    }
+    Ok(())
+}

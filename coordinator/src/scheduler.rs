@@ -1,0 +1,578 @@
+//! Episode scheduling. One task owns the worker registry and the episode queue; everything
+//! else talks to it over a channel. Each registered worker gets a connection task that holds
+//! its `RunEpisodes` stream and brings it to the job's policies and weight versions before it is
+//! leased anything. A lost worker's leases go back to the front of the queue; a result is
+//! delivered once per episode id, so a retried episode is never counted twice.
+use crate::metrics::Metrics;
+use comas_proto::v1 as pb;
+use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint};
+
+const MAX_MESSAGE_BYTES: usize = 256 << 20;
+const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
+const UPDATE_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// What every worker must host before it gets episodes: the job's policies at these versions.
+#[derive(Debug, Clone)]
+pub struct PolicyTarget {
+    pub job_id: String,
+    /// Bumped whenever the versions change; a worker is ready for the generation it reached.
+    pub generation: u64,
+    pub load: pb::LoadPoliciesRequest,
+    /// (agent, version, address of the learner that serves it)
+    pub versions: Vec<(u32, u64, String)>,
+}
+
+/// An episode's outcome, sent to the job that submitted it.
+#[derive(Debug)]
+pub enum Delivery {
+    Done { episode_id: String, trajectory_json: String, worker: String, generated_tokens: u64 },
+    Failed { episode_id: String, error: String },
+    /// The batch cannot make progress (no ready worker for too long).
+    Stalled { reason: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerView {
+    pub id: String,
+    pub address: String,
+    pub capacity: u32,
+    pub leased: u32,
+    pub ready: bool,
+    pub draining: bool,
+    pub last_error: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub workers: Vec<WorkerView>,
+    pub pending: usize,
+    pub leased: usize,
+}
+
+enum Cmd {
+    Register { id: String, address: String, capacity: u32 },
+    Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
+    SetTarget { target: Arc<PolicyTarget> },
+    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<(), String>> },
+    Submit { job_id: String, specs: Vec<pb::EpisodeSpec>, max_attempts: u32, results: mpsc::UnboundedSender<Delivery> },
+    CancelJob { job_id: String },
+    Prepared { id: String, conn: u64, generation: u64, result: Result<(), String> },
+    Result { id: String, conn: u64, result: pb::EpisodeResult },
+    Lost { id: String, conn: u64, reason: String },
+    Tick,
+    Snapshot { reply: oneshot::Sender<Snapshot> },
+}
+
+enum WorkerMsg {
+    Prepare(Arc<PolicyTarget>),
+    Lease(pb::EpisodeSpec),
+}
+
+struct Lease {
+    job_id: String,
+    spec: pb::EpisodeSpec,
+    attempts: u32,
+    since: Instant,
+}
+
+struct Worker {
+    address: String,
+    capacity: u32,
+    conn: u64,
+    tx: mpsc::UnboundedSender<WorkerMsg>,
+    leased: HashMap<String, Lease>,
+    ready_gen: Option<u64>,
+    preparing: Option<u64>,
+    last_seen: Instant,
+    draining: bool,
+    last_error: String,
+}
+
+impl Worker {
+    fn free(&self) -> u32 {
+        self.capacity.saturating_sub(self.leased.len() as u32)
+    }
+}
+
+struct Batch {
+    results: mpsc::UnboundedSender<Delivery>,
+    outstanding: HashSet<String>,
+    max_attempts: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerSettings {
+    pub heartbeat_timeout: Duration,
+    pub episode_timeout: Duration,
+    /// How long queued episodes may wait with no ready worker before the batch is stalled.
+    pub worker_wait: Duration,
+}
+
+/// Handle to the scheduler task.
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl Scheduler {
+    pub fn spawn(settings: SchedulerSettings, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = State {
+            settings,
+            metrics,
+            me: tx.clone(),
+            workers: HashMap::new(),
+            next_conn: 0,
+            queue: VecDeque::new(),
+            batches: HashMap::new(),
+            target: None,
+            waiters: Vec::new(),
+            idle_since: None,
+        };
+        tokio::spawn(state.run(rx));
+        let ticker = tx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                every.tick().await;
+                if ticker.send(Cmd::Tick).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    pub fn register(&self, id: String, address: String, capacity: u32) {
+        let _ = self.tx.send(Cmd::Register { id, address, capacity });
+    }
+
+    pub async fn heartbeat(&self, id: String, draining: bool) -> bool {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Heartbeat { id, draining, reply });
+        rx.await.unwrap_or(false)
+    }
+
+    /// Workers start loading the job's policies and pulling these versions.
+    pub fn set_target(&self, target: PolicyTarget) {
+        let _ = self.tx.send(Cmd::SetTarget { target: Arc::new(target) });
+    }
+
+    /// Resolves when every live worker has reached `generation` (at once when there are none).
+    pub async fn wait_prepared(&self, generation: u64) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::WaitPrepared { generation, reply });
+        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+    }
+
+    pub fn submit(&self, job_id: String, specs: Vec<pb::EpisodeSpec>, max_attempts: u32, results: mpsc::UnboundedSender<Delivery>) {
+        let _ = self.tx.send(Cmd::Submit { job_id, specs, max_attempts, results });
+    }
+
+    pub fn cancel_job(&self, job_id: String) {
+        let _ = self.tx.send(Cmd::CancelJob { job_id });
+    }
+
+    pub async fn snapshot(&self) -> Snapshot {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send(Cmd::Snapshot { reply });
+        rx.await.unwrap_or_default()
+    }
+}
+
+struct State {
+    settings: SchedulerSettings,
+    metrics: Arc<Metrics>,
+    me: mpsc::UnboundedSender<Cmd>,
+    workers: HashMap<String, Worker>,
+    next_conn: u64,
+    queue: VecDeque<Lease>,
+    batches: HashMap<String, Batch>,
+    target: Option<Arc<PolicyTarget>>,
+    waiters: Vec<(u64, oneshot::Sender<Result<(), String>>)>,
+    /// Since when episodes have been queued with no ready worker to take them.
+    idle_since: Option<Instant>,
+}
+
+impl State {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        while let Some(cmd) = rx.recv().await {
+            let started = Instant::now();
+            self.handle(cmd);
+            self.dispatch();
+            self.settle_waiters();
+            self.publish_gauges();
+            self.metrics.scheduler_seconds.inc_by(started.elapsed().as_secs_f64());
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Register { id, address, capacity } => self.register(id, address, capacity),
+            Cmd::Heartbeat { id, draining, reply } => {
+                let known = match self.workers.get_mut(&id) {
+                    Some(w) => {
+                        w.last_seen = Instant::now();
+                        if draining && !w.draining {
+                            tracing::info!(worker = %id, "worker is draining; it gets no new episodes");
+                        }
+                        w.draining |= draining;
+                        true
+                    }
+                    None => false,
+                };
+                let _ = reply.send(known);
+            }
+            Cmd::SetTarget { target } => {
+                for w in self.workers.values_mut() {
+                    if w.ready_gen != Some(target.generation) {
+                        w.preparing = Some(target.generation);
+                        let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(&target)));
+                    }
+                }
+                self.target = Some(target);
+            }
+            Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
+            Cmd::Submit { job_id, specs, max_attempts, results } => {
+                let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
+                self.batches.insert(job_id.clone(), Batch { results, outstanding, max_attempts });
+                let now = Instant::now();
+                self.queue.extend(specs.into_iter().map(|spec| Lease { job_id: job_id.clone(), spec, attempts: 0, since: now }));
+            }
+            Cmd::CancelJob { job_id } => {
+                self.batches.remove(&job_id);
+                self.queue.retain(|l| l.job_id != job_id);
+            }
+            Cmd::Prepared { id, conn, generation, result } => {
+                if let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) {
+                    if w.preparing == Some(generation) {
+                        w.preparing = None;
+                    }
+                    match result {
+                        Ok(()) => {
+                            w.ready_gen = Some(w.ready_gen.map_or(generation, |g| g.max(generation)));
+                            w.last_error.clear();
+                        }
+                        Err(e) => {
+                            tracing::warn!(worker = %id, error = %e, "worker could not take the job's policies");
+                            w.last_error = e;
+                        }
+                    }
+                }
+            }
+            Cmd::Result { id, conn, result } => self.on_result(id, conn, result),
+            Cmd::Lost { id, conn, reason } => {
+                if self.workers.get(&id).is_some_and(|w| w.conn == conn) {
+                    self.drop_worker(&id, &reason);
+                }
+            }
+            Cmd::Tick => self.tick(),
+            Cmd::Snapshot { reply } => {
+                let workers = self
+                    .workers
+                    .iter()
+                    .map(|(id, w)| WorkerView {
+                        id: id.clone(),
+                        address: w.address.clone(),
+                        capacity: w.capacity,
+                        leased: w.leased.len() as u32,
+                        ready: self.is_ready(w),
+                        draining: w.draining,
+                        last_error: w.last_error.clone(),
+                    })
+                    .collect();
+                let _ = reply.send(Snapshot { workers, pending: self.queue.len(), leased: self.leased() });
+            }
+        }
+    }
+
+    fn leased(&self) -> usize {
+        self.workers.values().map(|w| w.leased.len()).sum()
+    }
+
+    fn is_ready(&self, w: &Worker) -> bool {
+        !w.draining && self.target.as_ref().is_some_and(|t| w.ready_gen == Some(t.generation))
+    }
+
+    fn register(&mut self, id: String, address: String, capacity: u32) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            if w.address == address {
+                w.last_seen = Instant::now();
+                w.capacity = capacity.max(1);
+                return;
+            }
+            self.drop_worker(&id, "re-registered with a new address");
+        }
+        self.next_conn += 1;
+        let conn = self.next_conn;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(connection(id.clone(), conn, address.clone(), rx, self.me.clone()));
+        tracing::info!(worker = %id, %address, capacity, "worker registered");
+        let mut w = Worker {
+            address,
+            capacity: capacity.max(1),
+            conn,
+            tx,
+            leased: HashMap::new(),
+            ready_gen: None,
+            preparing: None,
+            last_seen: Instant::now(),
+            draining: false,
+            last_error: String::new(),
+        };
+        if let Some(t) = &self.target {
+            w.preparing = Some(t.generation);
+            let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(t)));
+        }
+        self.workers.insert(id, w);
+    }
+
+    /// Forgets a worker; what it held goes back to the front of the queue, in lease order.
+    fn drop_worker(&mut self, id: &str, reason: &str) {
+        if let Some(w) = self.workers.remove(id) {
+            let mut back: Vec<Lease> = w.leased.into_values().filter(|l| self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
+            back.sort_by_key(|l| l.since);
+            tracing::warn!(worker = %id, reason, requeued = back.len(), "worker lost");
+            self.metrics.requeued_episodes.inc_by(back.len() as u64);
+            for l in back.into_iter().rev() {
+                self.queue.push_front(Lease { since: Instant::now(), ..l });
+            }
+        }
+    }
+
+    fn on_result(&mut self, id: String, conn: u64, r: pb::EpisodeResult) {
+        let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) else { return };
+        let Some(lease) = w.leased.remove(&r.episode_id) else {
+            // Leased elsewhere after a timeout; the other copy decides.
+            self.metrics.duplicate_results.inc();
+            return;
+        };
+        let Some(batch) = self.batches.get_mut(&lease.job_id) else { return };
+        if !batch.outstanding.contains(&r.episode_id) {
+            self.metrics.duplicate_results.inc();
+            return;
+        }
+        if r.error.is_empty() {
+            batch.outstanding.remove(&r.episode_id);
+            self.metrics.episodes_completed.inc();
+            let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory_json: r.trajectory_json, worker: id, generated_tokens: r.generated_tokens });
+            return;
+        }
+        if r.error.contains("draining") {
+            // Not the episode's fault: the worker is going away.
+            w.draining = true;
+            self.metrics.requeued_episodes.inc();
+            self.queue.push_front(Lease { since: Instant::now(), ..lease });
+            return;
+        }
+        let attempts = lease.attempts + 1;
+        tracing::warn!(worker = %id, episode = %r.episode_id, attempts, error = %r.error, "episode failed");
+        if attempts >= batch.max_attempts {
+            batch.outstanding.remove(&r.episode_id);
+            let _ = batch.results.send(Delivery::Failed { episode_id: r.episode_id, error: format!("failed {attempts} times; last error on worker {id}: {}", r.error) });
+        } else {
+            self.metrics.requeued_episodes.inc();
+            self.queue.push_back(Lease { attempts, since: Instant::now(), ..lease });
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let dead: Vec<String> = self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > self.settings.heartbeat_timeout).map(|(id, _)| id.clone()).collect();
+        for id in dead {
+            self.drop_worker(&id, "no heartbeat");
+        }
+        // A lease past the episode timeout is handed out again; whichever copy returns first counts.
+        let timeout = self.settings.episode_timeout;
+        let mut again = Vec::new();
+        for w in self.workers.values_mut() {
+            let late: Vec<String> = w.leased.iter().filter(|(_, l)| now.duration_since(l.since) > timeout).map(|(k, _)| k.clone()).collect();
+            for k in late {
+                if let Some(l) = w.leased.remove(&k) {
+                    again.push(l);
+                }
+            }
+        }
+        for l in again {
+            tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing it again");
+            self.metrics.requeued_episodes.inc();
+            self.queue.push_back(Lease { since: now, ..l });
+        }
+        let stalled = self.idle_since.is_some_and(|t| now.duration_since(t) > self.settings.worker_wait);
+        if stalled {
+            let workers: Vec<String> = self
+                .workers
+                .iter()
+                .map(|(id, w)| format!("{id} at {}{}", w.address, if w.last_error.is_empty() { String::new() } else { format!(": {}", w.last_error) }))
+                .collect();
+            let reason = format!(
+                "{} episodes waited {:?} with no ready rollout worker (registered: {})",
+                self.queue.len(),
+                self.settings.worker_wait,
+                if workers.is_empty() { "none".to_string() } else { workers.join("; ") }
+            );
+            let jobs: HashSet<String> = self.queue.iter().map(|l| l.job_id.clone()).collect();
+            for j in jobs {
+                if let Some(b) = self.batches.remove(&j) {
+                    let _ = b.results.send(Delivery::Stalled { reason: reason.clone() });
+                }
+            }
+            self.queue.clear();
+            self.idle_since = None;
+        }
+    }
+
+    /// Leases queued episodes to ready workers, always to the one with the most free slots.
+    fn dispatch(&mut self) {
+        while let Some(front) = self.queue.front() {
+            if !self.batches.get(&front.job_id).is_some_and(|b| b.outstanding.contains(&front.spec.episode_id)) {
+                self.queue.pop_front();
+                continue;
+            }
+            let target_gen = self.target.as_ref().map(|t| t.generation);
+            let best = self
+                .workers
+                .iter()
+                .filter(|(_, w)| !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0)
+                .max_by_key(|(id, w)| (w.free(), std::cmp::Reverse((*id).clone())))
+                .map(|(id, _)| id.clone());
+            let Some(id) = best else { break };
+            let lease = self.queue.pop_front().expect("front exists");
+            let w = self.workers.get_mut(&id).expect("chosen worker exists");
+            if w.tx.send(WorkerMsg::Lease(lease.spec.clone())).is_err() {
+                self.queue.push_front(lease);
+                let reason = "connection task ended".to_string();
+                self.drop_worker(&id, &reason);
+                continue;
+            }
+            w.leased.insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
+        }
+        let waiting = !self.queue.is_empty() && !self.workers.values().any(|w| self.is_ready(w));
+        self.idle_since = match (waiting, self.idle_since) {
+            (true, Some(t)) => Some(t),
+            (true, None) => Some(Instant::now()),
+            (false, _) => None,
+        };
+    }
+
+    fn settle_waiters(&mut self) {
+        let pending = std::mem::take(&mut self.waiters);
+        for (generation, reply) in pending {
+            let live: Vec<&Worker> = self.workers.values().filter(|w| !w.draining).collect();
+            let behind: Vec<&Worker> = live.iter().copied().filter(|w| w.ready_gen.is_none_or(|g| g < generation)).collect();
+            if behind.is_empty() {
+                let _ = reply.send(Ok(()));
+            } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty()) && behind.len() == live.len() {
+                let errors: Vec<String> = behind.iter().map(|w| format!("{}: {}", w.address, w.last_error)).collect();
+                let _ = reply.send(Err(format!("no worker could take the new weights: {}", errors.join("; "))));
+            } else if behind.iter().all(|w| w.preparing.is_none()) && behind.len() < live.len() {
+                // Some workers failed to update: they get nothing until the next target; go on with the rest.
+                let _ = reply.send(Ok(()));
+            } else {
+                self.waiters.push((generation, reply));
+            }
+        }
+    }
+
+    fn publish_gauges(&self) {
+        self.metrics.pending_episodes.set(self.queue.len() as i64);
+        self.metrics.leased_episodes.set(self.leased() as i64);
+        self.metrics.workers.set(self.workers.len() as i64);
+        self.metrics.ready_workers.set(self.workers.values().filter(|w| self.is_ready(w)).count() as i64);
+    }
+}
+
+async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
+    let uri = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+    let ch = Endpoint::from_shared(uri.clone())
+        .map_err(|e| format!("bad worker address {uri}: {e}"))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_keepalive(Some(Duration::from_secs(10)))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to worker {uri}: {e}"))?;
+    Ok(RolloutWorkerClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// One worker's connection: its episode stream, and bringing it to the current policies.
+async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::UnboundedReceiver<WorkerMsg>, sched: mpsc::UnboundedSender<Cmd>) {
+    let lost = |reason: String| {
+        let _ = sched.send(Cmd::Lost { id: id.clone(), conn, reason });
+    };
+    let mut client = match dial(&address).await {
+        Ok(c) => c,
+        Err(e) => return lost(e),
+    };
+    let (spec_tx, spec_rx) = mpsc::unbounded_channel::<pb::EpisodeSpec>();
+    let mut results = match client.run_episodes(tokio_stream::wrappers::UnboundedReceiverStream::new(spec_rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => return lost(format!("opening the episode stream: {e}")),
+    };
+    let reader = {
+        let (sched, id) = (sched.clone(), id.clone());
+        tokio::spawn(async move {
+            loop {
+                match results.next().await {
+                    Some(Ok(result)) => {
+                        if sched.send(Cmd::Result { id: id.clone(), conn, result }).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let _ = sched.send(Cmd::Lost { id, conn, reason: format!("episode stream broke: {}", e.message()) });
+                        return;
+                    }
+                    None => {
+                        let _ = sched.send(Cmd::Lost { id, conn, reason: "episode stream ended".into() });
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let mut loaded_job: Option<String> = None;
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            WorkerMsg::Lease(spec) => {
+                if spec_tx.send(spec).is_err() {
+                    break;
+                }
+            }
+            WorkerMsg::Prepare(target) => {
+                let result = prepare(&mut client, &target, &mut loaded_job).await;
+                if sched.send(Cmd::Prepared { id: id.clone(), conn, generation: target.generation, result }).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    reader.abort();
+}
+
+async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<(), String> {
+    if loaded_job.as_deref() != Some(t.job_id.as_str()) {
+        let mut req = tonic::Request::new(t.load.clone());
+        req.set_timeout(LOAD_TIMEOUT);
+        client.load_policies(req).await.map_err(|e| format!("LoadPolicies: {}", e.message()))?;
+        *loaded_job = Some(t.job_id.clone());
+    }
+    let info = client.info(pb::WorkerInfoRequest {}).await.map_err(|e| format!("Info: {}", e.message()))?.into_inner();
+    let have: HashMap<u32, u64> = info.agents.iter().map(|a| (a.agent_id, a.version)).collect();
+    for (agent, version, source) in &t.versions {
+        if have.get(agent) == Some(version) {
+            continue;
+        }
+        let mut req = tonic::Request::new(pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone() });
+        req.set_timeout(UPDATE_TIMEOUT);
+        client.update_weights(req).await.map_err(|e| format!("UpdateWeights agent {agent} to version {version}: {}", e.message()))?;
+    }
+    Ok(())
+}

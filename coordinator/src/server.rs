@@ -1,0 +1,64 @@
+//! Runs the coordinator: job store, scheduler, job driver, gRPC with health, metrics.
+use crate::jobs::Jobs;
+use crate::metrics::Metrics;
+use crate::scheduler::{Scheduler, SchedulerSettings};
+use crate::service::CoordinatorService;
+use crate::store::Store;
+use comas_proto::v1::coordinator_server::CoordinatorServer;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub struct ServerSettings {
+    pub listener: tokio::net::TcpListener,
+    pub metrics_listen: Option<SocketAddr>,
+    pub db: PathBuf,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_timeout: Duration,
+    pub episode_timeout: Duration,
+    pub worker_wait: Duration,
+}
+
+/// Serves until `shutdown` fires. A running job stays `running` in the store and continues
+/// from its last completed step when a coordinator starts on the same database.
+pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let store = Arc::new(Store::open(&s.db)?);
+    let metrics = Metrics::new();
+    let scheduler = Scheduler::spawn(
+        SchedulerSettings { heartbeat_timeout: s.heartbeat_timeout, episode_timeout: s.episode_timeout, worker_wait: s.worker_wait },
+        Arc::clone(&metrics),
+    );
+    let jobs = Jobs::new(store, scheduler, Arc::clone(&metrics));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let driver = tokio::spawn(Arc::clone(&jobs).drive(stop_rx.clone()));
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    if let Some(addr) = s.metrics_listen {
+        let stop = wait(stop_rx.clone());
+        let m = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
+                tracing::error!(%addr, error = %e, "metrics server failed");
+            }
+        });
+    }
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
+    let service = CoordinatorService { jobs, heartbeat_interval: s.heartbeat_interval };
+    let addr = s.listener.local_addr()?;
+    tracing::info!(%addr, db = %s.db.display(), "coordinator listening");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(CoordinatorServer::new(service).max_decoding_message_size(4 << 20))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
+        .await?;
+    let _ = driver.await;
+    Ok(())
+}

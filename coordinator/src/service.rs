@@ -1,0 +1,111 @@
+//! gRPC side of the coordinator: the job API for clients and registration for workers.
+use crate::jobs::Jobs;
+use comas_proto::v1 as pb;
+use comas_proto::v1::coordinator_server::Coordinator;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// Submitted job files larger than this are refused (a job file is a few KiB).
+pub const MAX_JOB_BYTES: usize = 1 << 20;
+
+pub struct CoordinatorService {
+    pub jobs: Arc<Jobs>,
+    pub heartbeat_interval: Duration,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+
+fn terminal(s: &pb::JobStatus) -> bool {
+    matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled))
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        let r = request.into_inner();
+        if r.job_toml.len() > MAX_JOB_BYTES {
+            return Err(Status::invalid_argument(format!("job file is {} bytes; the limit is {MAX_JOB_BYTES}", r.job_toml.len())));
+        }
+        Ok(Response::new(self.jobs.submit(r.job_toml, r.base_dir).await?))
+    }
+
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.jobs.status(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
+    }
+
+    async fn list_jobs(&self, _: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        Ok(Response::new(pb::ListJobsResponse { jobs: self.jobs.list()? }))
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<EventStream>, Status> {
+        let id = request.into_inner().job_id;
+        // Subscribe before reading the status, so no event falls between the two.
+        let mut events = self.jobs.subscribe();
+        let first = self.jobs.status(&id).map_err(|e| Status::not_found(e.to_string()))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let jobs = Arc::clone(&self.jobs);
+        tokio::spawn(async move {
+            let done = terminal(&first);
+            if tx.send(Ok(pb::JobEvent { status: Some(first), kind: "status".into(), ..Default::default() })).await.is_err() || done {
+                return;
+            }
+            loop {
+                match events.recv().await {
+                    Ok((job, ev)) if job == id => {
+                        let end = ev.kind == "finished";
+                        if tx.send(Ok(ev)).await.is_err() || end {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    // Fell behind: resend the current status and go on.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if let Ok(s) = jobs.status(&id) {
+                            let end = terminal(&s);
+                            if tx.send(Ok(pb::JobEvent { status: Some(s), kind: if end { "finished" } else { "status" }.into(), ..Default::default() })).await.is_err() || end {
+                                return;
+                            }
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.jobs.cancel(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
+    }
+
+    async fn register_worker(&self, request: Request<pb::RegisterWorkerRequest>) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
+        let r = request.into_inner();
+        if r.worker_id.is_empty() || r.address.is_empty() {
+            return Err(Status::invalid_argument("RegisterWorker needs a worker_id and the address the coordinator can dial"));
+        }
+        self.jobs.scheduler.register(r.worker_id, r.address, r.max_episodes.max(1));
+        Ok(Response::new(pb::RegisterWorkerResponse { heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64 }))
+    }
+
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        let known = self.jobs.scheduler.heartbeat(r.worker_id, r.draining).await;
+        Ok(Response::new(pb::HeartbeatResponse { known }))
+    }
+
+    async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let s = self.jobs.scheduler.snapshot().await;
+        let mut workers: Vec<pb::WorkerStatus> = s
+            .workers
+            .into_iter()
+            .map(|w| pb::WorkerStatus { worker_id: w.id, address: w.address, max_episodes: w.capacity, leased: w.leased, ready: w.ready, draining: w.draining })
+            .collect();
+        workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}

@@ -1,0 +1,265 @@
+//! Job state in an embedded SQLite database: jobs, completed steps with their metrics, each
+//! agent's weight version, and the episodes of the step in progress. A step commits in one
+//! transaction, so after a restart a job continues from its last completed step and keeps the
+//! episodes of the unfinished step that had already come back.
+use crate::error::{CoordinatorError, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "succeeded" => JobState::Succeeded,
+            "failed" => JobState::Failed,
+            "cancelled" => JobState::Cancelled,
+            other => return Err(CoordinatorError::Store(format!("unknown job state `{other}` in the database"))),
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    pub id: String,
+    pub name: String,
+    /// The job file as submitted.
+    pub spec: String,
+    pub base_dir: String,
+    pub state: JobState,
+    pub error: String,
+    pub created: f64,
+    pub updated: f64,
+    pub steps_done: u64,
+    pub total_steps: u64,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+pub fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn db(e: rusqlite::Error) -> CoordinatorError {
+    CoordinatorError::Store(e.to_string())
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    base_dir TEXT NOT NULL,
+    state TEXT NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    steps_done INTEGER NOT NULL DEFAULT 0,
+    total_steps INTEGER NOT NULL,
+    -- Questions consumed so far; the order itself is a pure function of (seed, epoch).
+    data_cursor INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS steps (
+    job_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    metrics TEXT NOT NULL,
+    finished REAL NOT NULL,
+    PRIMARY KEY (job_id, step)
+);
+CREATE TABLE IF NOT EXISTS agent_versions (
+    job_id TEXT NOT NULL,
+    agent INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (job_id, agent)
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    job_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    episode_id TEXT NOT NULL,
+    trajectory TEXT NOT NULL,
+    worker TEXT NOT NULL,
+    PRIMARY KEY (job_id, episode_id)
+);
+";
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| CoordinatorError::Store(format!("creating {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(|e| CoordinatorError::Store(format!("opening {}: {e}", path.display())))?;
+        // WAL with full sync: a committed step survives a crash of the process or the machine.
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;").map_err(db)?;
+        conn.execute_batch(SCHEMA).map_err(db)?;
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    pub fn in_memory() -> Result<Self> {
+        let conn = Connection::open_in_memory().map_err(db)?;
+        conn.execute_batch(SCHEMA).map_err(db)?;
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let mut c = self.conn.lock().map_err(|_| CoordinatorError::Store("database lock poisoned".into()))?;
+        f(&mut c).map_err(db)
+    }
+
+    pub fn insert_job(&self, id: &str, name: &str, spec: &str, base_dir: &str, total_steps: u64) -> Result<()> {
+        let t = now();
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO jobs (id, name, spec, base_dir, state, created, updated, total_steps) VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?5, ?6)",
+                params![id, name, spec, base_dir, t, total_steps as i64],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_state(&self, id: &str, state: JobState, error: &str) -> Result<()> {
+        self.with(|c| c.execute("UPDATE jobs SET state = ?2, error = ?3, updated = ?4 WHERE id = ?1", params![id, state.as_str(), error, now()]).map(|_| ()))
+    }
+
+    fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, String, String, String, String, f64, f64, i64, i64)> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?, r.get(9)?))
+    }
+
+    fn to_job(t: (String, String, String, String, String, String, f64, f64, i64, i64)) -> Result<JobRow> {
+        Ok(JobRow {
+            id: t.0,
+            name: t.1,
+            spec: t.2,
+            base_dir: t.3,
+            state: JobState::parse(&t.4)?,
+            error: t.5,
+            created: t.6,
+            updated: t.7,
+            steps_done: t.8 as u64,
+            total_steps: t.9 as u64,
+        })
+    }
+
+    const COLUMNS: &'static str = "id, name, spec, base_dir, state, error, created, updated, steps_done, total_steps";
+
+    pub fn get_job(&self, id: &str) -> Result<Option<JobRow>> {
+        let sql = format!("SELECT {} FROM jobs WHERE id = ?1", Self::COLUMNS);
+        let t = self.with(|c| c.query_row(&sql, params![id], Self::row).optional())?;
+        t.map(Self::to_job).transpose()
+    }
+
+    /// Every job, oldest first.
+    pub fn list_jobs(&self) -> Result<Vec<JobRow>> {
+        let sql = format!("SELECT {} FROM jobs ORDER BY seq", Self::COLUMNS);
+        let rows = self.with(|c| c.prepare(&sql)?.query_map([], Self::row)?.collect::<rusqlite::Result<Vec<_>>>())?;
+        rows.into_iter().map(Self::to_job).collect()
+    }
+
+    /// Stores an episode's trajectory once: false when this episode id was already stored.
+    pub fn record_episode(&self, job: &str, step: u64, episode_id: &str, trajectory: &str, worker: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO episodes (job_id, step, episode_id, trajectory, worker) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![job, step as i64, episode_id, trajectory, worker],
+            )
+            .map(|n| n == 1)
+        })
+    }
+
+    /// Episodes of `step` already back, as (episode id, trajectory JSON).
+    pub fn step_episodes(&self, job: &str, step: u64) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            c.prepare("SELECT episode_id, trajectory FROM episodes WHERE job_id = ?1 AND step = ?2 ORDER BY episode_id")?
+                .query_map(params![job, step as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+    }
+
+    /// Finishes a step atomically: its metrics, the new weight versions and the data cursor
+    /// go in together, and its episodes are dropped (their experiences are trained).
+    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)], data_cursor: u64) -> Result<()> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute("INSERT OR REPLACE INTO steps (job_id, step, metrics, finished) VALUES (?1, ?2, ?3, ?4)", params![job, step as i64, metrics, now()])?;
+            for (agent, version) in versions {
+                tx.execute(
+                    "INSERT OR REPLACE INTO agent_versions (job_id, agent, version) VALUES (?1, ?2, ?3)",
+                    params![job, i64::from(*agent), *version as i64],
+                )?;
+            }
+            tx.execute(
+                "UPDATE jobs SET steps_done = ?2, data_cursor = ?3, updated = ?4 WHERE id = ?1",
+                params![job, (step + 1) as i64, data_cursor as i64, now()],
+            )?;
+            tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step <= ?2", params![job, step as i64])?;
+            tx.commit()
+        })
+    }
+
+    pub fn step_metrics(&self, job: &str) -> Result<Vec<String>> {
+        self.with(|c| c.prepare("SELECT metrics FROM steps WHERE job_id = ?1 ORDER BY step")?.query_map(params![job], |r| r.get(0))?.collect())
+    }
+
+    pub fn versions(&self, job: &str) -> Result<Vec<(u32, u64)>> {
+        self.with(|c| {
+            c.prepare("SELECT agent, version FROM agent_versions WHERE job_id = ?1 ORDER BY agent")?
+                .query_map(params![job], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_commits_atomically_and_episodes_are_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let s = Store::open(&path).unwrap();
+        s.insert_job("j1", "demo", "name = 'demo'", "/tmp", 3).unwrap();
+        assert!(s.record_episode("j1", 0, "e0", "{}", "w1").unwrap());
+        assert!(!s.record_episode("j1", 0, "e0", "{\"other\":1}", "w2").unwrap(), "a second copy is ignored");
+        assert!(s.record_episode("j1", 0, "e1", "{}", "w1").unwrap());
+        assert_eq!(s.step_episodes("j1", 0).unwrap().len(), 2);
+        s.set_state("j1", JobState::Running, "").unwrap();
+        s.commit_step("j1", 0, "{\"step\":0}", &[(0, 1), (1, 1)], 4).unwrap();
+        drop(s);
+        // Reopened as after a crash: the committed step is there, its episodes are gone.
+        let s = Store::open(&path).unwrap();
+        let j = s.get_job("j1").unwrap().unwrap();
+        assert_eq!((j.state, j.steps_done, j.total_steps), (JobState::Running, 1, 3));
+        assert!(s.step_episodes("j1", 0).unwrap().is_empty());
+        assert_eq!(s.versions("j1").unwrap(), vec![(0, 1), (1, 1)]);
+        assert_eq!(s.step_metrics("j1").unwrap(), vec!["{\"step\":0}".to_string()]);
+        assert!(s.get_job("nope").unwrap().is_none());
+        assert_eq!(s.list_jobs().unwrap().len(), 1);
+    }
+}

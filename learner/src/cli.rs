@@ -1,0 +1,140 @@
+//! Command-line flags of the learner (every serve flag readable from a `COMAS_LEARNER_*`
+//! variable), shared by `comas-learner` and `comas learner`.
+use crate::{engine, experience, server, TrainConfig, Trainer};
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use comas_workflow::job::JobSpec;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Serve the Learner gRPC API for one agent.
+    Serve(ServeArgs),
+    /// Run one training step on a batch file, without the network, and write the updated model
+    /// folder and the step report (for debugging and reproduction).
+    Step {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        batch: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// LoRA adapter folder to continue training (with `[lora]` in the config).
+        #[arg(long)]
+        adapter: Option<PathBuf>,
+        /// Fold a LoRA adapter into the base weights in the output.
+        #[arg(long)]
+        merge_lora: bool,
+        /// Frozen KL reference model (default: --model).
+        #[arg(long)]
+        reference_model: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Job file: the agent's model, adapter and training settings come from its
+    /// `[[agents]]` entry number --agent-id (instead of --model / --config).
+    #[arg(long, env = "COMAS_LEARNER_JOB", conflicts_with_all = ["model", "config"])]
+    job: Option<PathBuf>,
+    /// The agent's base model folder (Hugging Face layout).
+    #[arg(long, env = "COMAS_LEARNER_MODEL")]
+    model: Option<PathBuf>,
+    /// Training config (TOML).
+    #[arg(long, env = "COMAS_LEARNER_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "COMAS_LEARNER_AGENT_ID", default_value_t = 0)]
+    agent_id: u32,
+    #[arg(long, env = "COMAS_LEARNER_LISTEN", default_value = "127.0.0.1:50061")]
+    listen: std::net::SocketAddr,
+    /// HTTP address for /metrics and /healthz (off when not given).
+    #[arg(long, env = "COMAS_LEARNER_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    #[arg(long, env = "COMAS_LEARNER_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    #[arg(long, env = "COMAS_LEARNER_KEEP_CHECKPOINTS", default_value_t = 3)]
+    keep_checkpoints: usize,
+    /// Continue from the newest complete checkpoint under --checkpoint-dir, if there is one.
+    #[arg(long, env = "COMAS_LEARNER_RESUME")]
+    resume: bool,
+    /// Frozen KL reference (default: --model).
+    #[arg(long, env = "COMAS_LEARNER_REFERENCE_MODEL")]
+    reference_model: Option<PathBuf>,
+    /// LoRA adapter to continue training.
+    #[arg(long, env = "COMAS_LEARNER_ADAPTER")]
+    adapter: Option<PathBuf>,
+}
+
+/// The agent's model, adapter and resolved settings from a job file, exactly as the
+/// coordinator resolves them (so the coordinator's check of the learner's settings passes).
+fn from_job(path: &std::path::Path, agent: u32) -> Result<(PathBuf, Option<PathBuf>, TrainConfig, String)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
+    let mut spec = JobSpec::from_toml(&text).with_context(|| path.display().to_string())?;
+    spec.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+    let n = comas_workflow::task::load_dataset(&spec.data.train).with_context(|| format!("data.train {}", spec.data.train.display()))?.len();
+    let job = spec.check(n).with_context(|| path.display().to_string())?;
+    let Some(a) = job.spec.agents.get(agent as usize) else {
+        bail!("--agent-id {agent}: the job lists only {} agents", job.spec.agents.len());
+    };
+    Ok((a.model.clone(), a.adapter.clone(), job.train[agent as usize].clone(), job.spec.name.clone()))
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let (model, adapter, config, checkpoint_dir) = match (&a.job, &a.model, &a.config) {
+        (Some(job), _, _) => {
+            let (model, adapter, config, name) = from_job(job, a.agent_id)?;
+            // One folder per job, so a new job never resumes from another job's checkpoint.
+            let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+            (model, adapter.or(a.adapter.clone()), config, a.checkpoint_dir.as_ref().map(|d| d.join(safe)))
+        }
+        (None, Some(model), Some(config)) => (model.clone(), a.adapter.clone(), TrainConfig::from_file(config)?, a.checkpoint_dir.clone()),
+        _ => bail!("give --job (with --agent-id), or both --model and --config"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+        let settings = server::ServerSettings {
+            agent_id: a.agent_id,
+            listener,
+            metrics_listen: a.metrics_listen,
+            engine: engine::EngineSettings {
+                model_dir: model,
+                adapter_dir: adapter,
+                reference_dir: a.reference_model,
+                config,
+                checkpoint_dir,
+                keep_checkpoints: a.keep_checkpoints,
+                resume: a.resume,
+            },
+        };
+        server::serve(settings, comas_service::shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.command {
+        Command::Serve(a) => serve(a),
+        Command::Step { model, batch, config, out, adapter, merge_lora, reference_model } => {
+            let cfg = TrainConfig::from_file(&config)?;
+            let batch = experience::read_jsonl(&batch)?;
+            let mut trainer = Trainer::with_reference(&model, cfg, adapter.as_deref(), reference_model.as_deref())
+                .with_context(|| format!("loading {}", model.display()))?;
+            let report = trainer.train_step(&batch)?;
+            trainer.export(&out, merge_lora)?;
+            let text = serde_json::to_string_pretty(&report)?;
+            comas_model::safetensors::write_atomic(&out.join("report.json"), |w| std::io::Write::write_all(w, text.as_bytes()))?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+    }
+}
+

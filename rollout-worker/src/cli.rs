@@ -1,0 +1,77 @@
+//! Command-line flags of a rollout worker (every one readable from a `COMAS_WORKER_*`
+//! variable), shared by `comas-rollout-worker` and `comas worker`.
+use crate::register::{self, Registration};
+use crate::{engine::EngineSettings, server};
+use anyhow::Context;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[arg(long, env = "COMAS_WORKER_LISTEN", default_value = "127.0.0.1:50071")]
+    listen: std::net::SocketAddr,
+    #[arg(long, env = "COMAS_WORKER_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    #[arg(long, env = "COMAS_WORKER_DEVICE", default_value = "cpu")]
+    device: String,
+    /// Most sequences decoding at once per base model.
+    #[arg(long, env = "COMAS_WORKER_MAX_RUNNING", default_value_t = 256)]
+    max_running: usize,
+    /// Most tokens (prompt + max new) admitted at once per base model; bounds KV-cache memory.
+    #[arg(long, env = "COMAS_WORKER_MAX_BATCH_TOKENS", default_value_t = 1 << 20)]
+    max_batch_tokens: usize,
+    /// Seconds a SIGTERM waits for running episodes.
+    #[arg(long, env = "COMAS_WORKER_DRAIN_SECS", default_value_t = 120)]
+    drain_secs: u64,
+    /// Seconds a weight pull may take.
+    #[arg(long, env = "COMAS_WORKER_WEIGHT_TIMEOUT_SECS", default_value_t = 600)]
+    weight_timeout_secs: u64,
+    /// Coordinator to register with (e.g. http://coordinator:50051); none = wait to be dialled.
+    #[arg(long, env = "COMAS_WORKER_COORDINATOR")]
+    coordinator: Option<String>,
+    /// Address the coordinator dials back (default: the listen address).
+    #[arg(long, env = "COMAS_WORKER_ADVERTISE")]
+    advertise: Option<String>,
+    /// Episodes this worker takes at once.
+    #[arg(long, env = "COMAS_WORKER_MAX_EPISODES", default_value_t = 64)]
+    max_episodes: u32,
+    /// Identity in the coordinator's registry (default: random per process).
+    #[arg(long, env = "COMAS_WORKER_ID")]
+    worker_id: Option<String>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let device = comas_model::dtype::parse_device(&a.device)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+        let bound = listener.local_addr()?;
+        // SIGTERM starts the drain; the registration loop tells the coordinator at once.
+        let (drain_tx, drain_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        if let Some(coordinator) = a.coordinator.clone() {
+            let reg = Registration {
+                coordinator,
+                worker_id: a.worker_id.clone().unwrap_or_else(|| format!("worker-{}-{}", std::process::id(), bound.port())),
+                advertise: a.advertise.clone().unwrap_or_else(|| bound.to_string()),
+                max_episodes: a.max_episodes.max(1),
+            };
+            tokio::spawn(register::run(reg, drain_rx, stop_rx));
+        }
+        let shutdown = async move {
+            comas_service::shutdown_signal().await;
+            let _ = drain_tx.send(true);
+        };
+        let settings = server::ServerSettings {
+            listener,
+            metrics_listen: a.metrics_listen,
+            engine: EngineSettings { device, max_running: a.max_running.max(1), max_batch_tokens: a.max_batch_tokens.max(1) },
+            drain_timeout: Duration::from_secs(a.drain_secs),
+            weight_timeout: Duration::from_secs(a.weight_timeout_secs),
+        };
+        let r = server::serve(settings, shutdown).await;
+        let _ = stop_tx.send(true);
+        r
+    })
+}
+

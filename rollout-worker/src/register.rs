@@ -1,0 +1,77 @@
+//! Registration with the coordinator: announce the address to dial back, then heartbeat. A
+//! coordinator that restarted answers `known = false`, and the worker registers again; an
+//! unreachable one is retried with backoff, so the two can start in any order.
+use comas_proto::v1 as pb;
+use comas_proto::v1::coordinator_client::CoordinatorClient;
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub struct Registration {
+    pub coordinator: String,
+    pub worker_id: String,
+    pub advertise: String,
+    pub max_episodes: u32,
+}
+
+fn uri(a: &str) -> String {
+    if a.starts_with("http") {
+        a.to_string()
+    } else {
+        format!("http://{a}")
+    }
+}
+
+/// Runs until `stop` fires. When `draining` turns true, one heartbeat says so at once, so the
+/// coordinator stops leasing to this worker before it goes away.
+pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+    let target = uri(&r.coordinator);
+    let mut backoff = Duration::from_millis(200);
+    let mut interval = Duration::from_secs(2);
+    let mut registered = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let is_draining = *draining.borrow();
+        let outcome = async {
+            let mut c = CoordinatorClient::connect(target.clone()).await.map_err(|e| e.to_string())?;
+            if !registered {
+                let resp = c
+                    .register_worker(pb::RegisterWorkerRequest { worker_id: r.worker_id.clone(), address: uri(&r.advertise), max_episodes: r.max_episodes })
+                    .await
+                    .map_err(|e| e.message().to_string())?
+                    .into_inner();
+                interval = Duration::from_millis(resp.heartbeat_interval_ms.clamp(100, 60_000));
+                tracing::info!(coordinator = %target, worker = %r.worker_id, "registered with the coordinator");
+            }
+            let known = c
+                .heartbeat(pb::HeartbeatRequest { worker_id: r.worker_id.clone(), draining: is_draining })
+                .await
+                .map_err(|e| e.message().to_string())?
+                .into_inner()
+                .known;
+            Ok::<bool, String>(known)
+        }
+        .await;
+        let pause = match outcome {
+            Ok(known) => {
+                registered = known;
+                backoff = Duration::from_millis(200);
+                if known { interval } else { Duration::ZERO }
+            }
+            Err(e) => {
+                if registered {
+                    tracing::warn!(coordinator = %target, error = %e, "coordinator unreachable; retrying");
+                }
+                registered = false;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = draining.changed() => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! The job file (TOML): agents, method, data, schedule, output. Parsing and every check that
+//! needs no file system live here, so the coordinator (at submit time) and each learner (at
+//! start) resolve an agent's training settings with the same code and get the same numbers.
+use crate::comas::CoMasConfig;
+use crate::seed::derive_seed;
+use crate::train_config::TrainConfig;
+use crate::turn::Role;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A job that cannot run. `field` is the key path in the job file (`agents[1].train.lr`).
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum JobError {
+    #[error("job file is not valid TOML or has a wrong key: {0}")]
+    Syntax(String),
+    #[error("`{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> JobError {
+    JobError::Invalid { field: field.into(), message: message.into() }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    #[default]
+    Comas,
+}
+
+/// Only the synchronous schedule exists: rollout, then training, then the weight broadcast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncMode {
+    #[default]
+    Synchronous,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSpec {
+    /// Training questions: JSONL (or a JSON array) of records {prompt, answer, task, id}.
+    pub train: PathBuf,
+    /// Reshuffle the questions every epoch (seeded by the job seed and the epoch).
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    pub questions_per_step: u32,
+    /// Training steps; give this or `epochs`.
+    pub steps: Option<u64>,
+    /// Passes over the data set (the last partial batch of an epoch is dropped).
+    pub epochs: Option<u64>,
+    #[serde(default)]
+    pub sync: SyncMode,
+    /// Learners checkpoint after every this many steps (and after the last one).
+    #[serde(default = "one")]
+    pub checkpoint_every: u64,
+    /// A leased episode that has not come back after this long is handed to another worker.
+    #[serde(default = "episode_timeout")]
+    pub episode_timeout_secs: u64,
+    /// An episode that fails this many times fails the job.
+    #[serde(default = "three")]
+    pub max_episode_attempts: u32,
+    /// How long a step waits for an unreachable learner (e.g. one restarting from its checkpoint).
+    #[serde(default = "learner_timeout")]
+    pub learner_timeout_secs: u64,
+    /// How long a step waits for at least one ready worker.
+    #[serde(default = "worker_wait")]
+    pub worker_wait_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// Weights dtype on the rollout workers.
+    #[serde(default = "float32")]
+    pub dtype: String,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self { dtype: float32() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// The job's folder: metrics log, and one export folder per agent at the end.
+    pub dir: PathBuf,
+    /// Write each agent's final model (or adapter) to `dir/agent-K` when the job ends.
+    #[serde(default = "yes")]
+    pub export: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// Must equal the agent's position in the list when given.
+    pub id: Option<u32>,
+    /// Base model folder (Hugging Face layout), as seen by learners and workers.
+    pub model: PathBuf,
+    /// PEFT adapter to start from (LoRA agents only).
+    pub adapter: Option<PathBuf>,
+    /// gRPC address of this agent's learner (filled in by `comas local`).
+    pub learner: Option<String>,
+    /// The agent's own training settings (see `TrainConfig`); kept raw until resolved, so a
+    /// setting left out can be derived from the job (LR horizon, temperature).
+    #[serde(default)]
+    pub train: toml::Table,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub method: Method,
+    /// Method settings; `num_agents` is taken from the agent list.
+    #[serde(default)]
+    pub comas: toml::Table,
+    pub data: DataSpec,
+    pub schedule: ScheduleSpec,
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+    pub output: OutputSpec,
+    pub agents: Vec<AgentSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> u64 {
+    1
+}
+fn three() -> u32 {
+    3
+}
+fn episode_timeout() -> u64 {
+    1800
+}
+fn learner_timeout() -> u64 {
+    600
+}
+fn worker_wait() -> u64 {
+    600
+}
+fn float32() -> String {
+    "float32".into()
+}
+fn default_seed() -> u64 {
+    42
+}
+
+/// A checked job: the spec with its method config and every agent's training settings resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub spec: JobSpec,
+    pub comas: CoMasConfig,
+    pub train: Vec<TrainConfig>,
+    pub total_steps: u64,
+    pub steps_per_epoch: u64,
+    pub dataset_len: usize,
+}
+
+impl JobSpec {
+    pub fn from_toml(text: &str) -> Result<Self, JobError> {
+        toml::from_str(text).map_err(|e| JobError::Syntax(e.to_string().trim_end().to_string()))
+    }
+
+    /// Makes relative paths absolute against `base` (the job file's folder).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.data.train);
+        fix(&mut self.output.dir);
+        for a in &mut self.agents {
+            fix(&mut a.model);
+            if let Some(ad) = &mut a.adapter {
+                fix(ad);
+            }
+        }
+    }
+
+    /// The paths that must be absolute before the job can run anywhere.
+    pub fn relative_paths(&self) -> Vec<(String, PathBuf)> {
+        let mut out = Vec::new();
+        let mut check = |field: String, p: &Path| {
+            if p.is_relative() {
+                out.push((field, p.to_path_buf()));
+            }
+        };
+        check("data.train".into(), &self.data.train);
+        check("output.dir".into(), &self.output.dir);
+        for (k, a) in self.agents.iter().enumerate() {
+            check(format!("agents[{k}].model"), &a.model);
+            if let Some(ad) = &a.adapter {
+                check(format!("agents[{k}].adapter"), ad);
+            }
+        }
+        out
+    }
+
+    fn comas_config(&self) -> Result<CoMasConfig, JobError> {
+        let l = self.agents.len() as u32;
+        if let Some(v) = self.comas.get("num_agents") {
+            if v.as_integer() != Some(i64::from(l)) {
+                return Err(invalid("comas.num_agents", format!("is {v} but {l} [[agents]] are listed; leave it out, it follows the agent list")));
+            }
+        }
+        let mut table = self.comas.clone();
+        table.insert("num_agents".into(), toml::Value::Integer(i64::from(l)));
+        let cfg: CoMasConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("comas", e.message().to_string()))?;
+        cfg.validate().map_err(|e| invalid("comas", e.to_string()))?;
+        Ok(cfg)
+    }
+
+    /// Checks everything that needs no file system; `dataset_len` is the number of questions.
+    pub fn check(&self, dataset_len: usize) -> Result<Job, JobError> {
+        if self.name.trim().is_empty() {
+            return Err(invalid("name", "must not be empty"));
+        }
+        if self.agents.is_empty() {
+            return Err(invalid("agents", "list at least one [[agents]] table"));
+        }
+        for (k, a) in self.agents.iter().enumerate() {
+            if let Some(id) = a.id {
+                if id as usize != k {
+                    return Err(invalid(format!("agents[{k}].id"), format!("is {id}; agent ids are their positions in the list (0, 1, ...), so this one must be {k}")));
+                }
+            }
+        }
+        let comas = self.comas_config()?;
+        crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))?;
+        let s = &self.schedule;
+        let q = u64::from(s.questions_per_step);
+        if q == 0 {
+            return Err(invalid("schedule.questions_per_step", "must be at least 1"));
+        }
+        if dataset_len == 0 {
+            return Err(invalid("data.train", "the data set has no questions"));
+        }
+        if q > dataset_len as u64 {
+            return Err(invalid("schedule.questions_per_step", format!("is {q} but the data set has only {dataset_len} questions")));
+        }
+        let steps_per_epoch = dataset_len as u64 / q;
+        let total_steps = match (s.steps, s.epochs) {
+            (Some(_), Some(_)) => return Err(invalid("schedule", "give `steps` or `epochs`, not both")),
+            (None, None) => return Err(invalid("schedule", "give `steps` (training steps) or `epochs` (passes over the data)")),
+            (Some(n), None) => n,
+            (None, Some(e)) => e.checked_mul(steps_per_epoch).ok_or_else(|| invalid("schedule.epochs", "is too large"))?,
+        };
+        if total_steps == 0 {
+            return Err(invalid(if s.steps.is_some() { "schedule.steps" } else { "schedule.epochs" }, "must be at least 1"));
+        }
+        if s.checkpoint_every == 0 {
+            return Err(invalid("schedule.checkpoint_every", "must be at least 1"));
+        }
+        if s.max_episode_attempts == 0 {
+            return Err(invalid("schedule.max_episode_attempts", "must be at least 1"));
+        }
+        for (name, v) in [("episode_timeout_secs", s.episode_timeout_secs), ("learner_timeout_secs", s.learner_timeout_secs), ("worker_wait_secs", s.worker_wait_secs)] {
+            if v == 0 {
+                return Err(invalid(format!("schedule.{name}"), "must be at least 1"));
+            }
+        }
+        let mut job = Job { spec: self.clone(), comas, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
+        Ok(job)
+    }
+}
+
+impl Job {
+    /// Episodes per step.
+    pub fn episodes_per_step(&self) -> u64 {
+        u64::from(self.spec.schedule.questions_per_step) * u64::from(self.comas.instances_per_question)
+    }
+
+    /// Turns each agent speaks per step: every agent solves once per round, and the judge turns
+    /// are spread evenly over the agents (exact for the balanced assignment).
+    pub fn samples_per_agent(&self) -> u64 {
+        let l = u64::from(self.comas.num_agents);
+        self.episodes_per_step() * self.comas.turns_per_instance() / l
+    }
+
+    /// Turns of each role in one step, all agents together.
+    pub fn turns_per_step(&self, role: Role) -> u64 {
+        self.episodes_per_step() * self.comas.turns_per_round_of(role) * u64::from(self.comas.num_rounds)
+    }
+
+    /// Resolves agent `k`'s training settings: the LR horizon defaults to the optimizer steps
+    /// the job will really take (spec 6.2), and the log-prob temperature to the rollout one.
+    fn agent_train(&self, k: usize) -> Result<TrainConfig, JobError> {
+        let field = format!("agents[{k}].train");
+        let raw = &self.spec.agents[k].train;
+        let mut table = raw.clone();
+        if !raw.contains_key("temperature") {
+            let temps: Vec<f64> = Role::ALL.iter().map(|&r| self.comas.sampling.for_role(r).temperature).collect();
+            if temps.iter().any(|&t| t != temps[0]) {
+                return Err(invalid(format!("{field}.temperature"), "the roles sample at different temperatures, and the learner scores with one; set it explicitly"));
+            }
+            table.insert("temperature".into(), toml::Value::Float(temps[0]));
+        }
+        if !raw.contains_key("seed") {
+            table.insert("seed".into(), toml::Value::Integer(derive_seed(&[self.spec.seed, k as u64]) as i64 & i64::MAX));
+        }
+        let text = toml::to_string(&table).map_err(|e| invalid(&field, e.to_string()))?;
+        let mut cfg = TrainConfig::from_toml(&text).map_err(|e| invalid(&field, e.to_string().replace("TOML parse error at line 1, column 1\n  |\n1 | \n  | ^\n", "")))?;
+        let samples = self.samples_per_agent();
+        if cfg.train_batch_size as u64 > samples {
+            return Err(invalid(
+                format!("{field}.train_batch_size"),
+                format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
+            ));
+        }
+        if cfg.micro_batch_size > cfg.train_batch_size {
+            return Err(invalid(format!("{field}.micro_batch_size"), format!("is {} but train_batch_size is {}", cfg.micro_batch_size, cfg.train_batch_size)));
+        }
+        if self.spec.agents[k].adapter.is_some() && cfg.lora.is_none() {
+            return Err(invalid(format!("agents[{k}].adapter"), "an adapter needs a [agents.train.lora] table with its settings"));
+        }
+        if !raw.contains_key("total_steps") {
+            let per_step = samples.div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
+            cfg.total_steps = (per_step * self.total_steps).max(1);
+        }
+        Ok(cfg)
+    }
+
+    /// Data set indices of step `step`'s questions: epoch e = step / steps_per_epoch uses its own
+    /// permutation (when shuffling), and the last partial batch of an epoch is dropped.
+    pub fn step_questions(&self, step: u64) -> Vec<usize> {
+        step_questions(self.dataset_len, self.spec.schedule.questions_per_step as usize, self.spec.seed, self.spec.data.shuffle, step)
+    }
+}
+
+const DATA_ORDER_TAG: u64 = 101;
+
+pub fn step_questions(n: usize, per_step: usize, seed: u64, shuffle: bool, step: u64) -> Vec<usize> {
+    let per_epoch = (n / per_step).max(1) as u64;
+    let (epoch, index) = (step / per_epoch, (step % per_epoch) as usize);
+    let mut order: Vec<usize> = (0..n).collect();
+    if shuffle {
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(derive_seed(&[seed, DATA_ORDER_TAG, epoch])));
+    }
+    order[index * per_step..(index + 1) * per_step].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: &str = r#"
+name = "t"
+[data]
+train = "data.jsonl"
+[schedule]
+questions_per_step = 2
+steps = 3
+[output]
+dir = "out"
+[comas]
+num_rounds = 2
+instances_per_question = 2
+[[agents]]
+model = "m0"
+[agents.train]
+train_batch_size = 4
+micro_batch_size = 2
+lr = 1e-5
+[[agents]]
+model = "m1"
+learner = "http://127.0.0.1:1"
+[agents.train]
+train_batch_size = 24
+"#;
+
+    #[test]
+    fn resolves_counts_and_per_agent_settings() {
+        let job = JobSpec::from_toml(JOB).unwrap().check(10).unwrap();
+        assert_eq!(job.comas.num_agents, 2);
+        assert_eq!(job.total_steps, 3);
+        assert_eq!(job.episodes_per_step(), 4);
+        // l = 2, R = 2, n = 1: 12 turns per instance, 48 per step, 24 per agent.
+        assert_eq!(job.samples_per_agent(), 24);
+        assert_eq!(job.turns_per_step(Role::Scorer), 16);
+        // LR horizon: ceil(24 / 4) = 6 optimizer steps per step for agent 0, 1 for agent 1.
+        assert_eq!(job.train[0].total_steps, 18);
+        assert_eq!(job.train[1].total_steps, 3);
+        assert_eq!(job.train[0].lr, 1e-5);
+        assert_eq!(job.train[0].temperature, 1.0);
+        assert_ne!(job.train[0].seed, job.train[1].seed);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = |text: &str, n: usize| JobSpec::from_toml(text).and_then(|s| s.check(n)).unwrap_err().to_string();
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nwarp = 9"), 10);
+        assert!(e.contains("warp"), "{e}");
+        let e = err(&JOB.replace("lr = 1e-5", "lr = 1e-5\nuse_ttrl = true"), 10);
+        assert!(e.contains("agents[0].train") && e.contains("use_ttrl"), "{e}");
+        let e = err(JOB, 1);
+        assert!(e.contains("questions_per_step") && e.contains("only 1"), "{e}");
+        let e = err(&JOB.replace("train_batch_size = 24", "train_batch_size = 25"), 10);
+        assert!(e.contains("agents[1].train.train_batch_size") && e.contains("24 turns"), "{e}");
+        let e = err(&JOB.replace("num_rounds = 2", "num_rounds = 2\nnum_agents = 3"), 10);
+        assert!(e.contains("comas.num_agents"), "{e}");
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nepochs = 1"), 10);
+        assert!(e.contains("not both"), "{e}");
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nsync = \"async\""), 10);
+        assert!(e.contains("async"), "{e}");
+        let e = err(&JOB.replace("model = \"m1\"", "model = \"m1\"\nid = 0"), 10);
+        assert!(e.contains("agents[1].id"), "{e}");
+    }
+
+    #[test]
+    fn epochs_drop_the_last_partial_batch_and_reshuffle() {
+        let job = JobSpec::from_toml(&JOB.replace("steps = 3", "epochs = 2")).unwrap().check(5).unwrap();
+        assert_eq!((job.steps_per_epoch, job.total_steps), (2, 4));
+        let e0: Vec<usize> = (0..2).flat_map(|s| job.step_questions(s)).collect();
+        let e1: Vec<usize> = (2..4).flat_map(|s| job.step_questions(s)).collect();
+        for e in [&e0, &e1] {
+            let mut sorted = e.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 4, "no question twice within an epoch: {e:?}");
+        }
+        assert_ne!(e0, e1, "each epoch has its own order");
+        assert_eq!(step_questions(5, 2, 7, false, 3), vec![2, 3]);
+        assert_eq!(job.step_questions(1), job.step_questions(1));
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_job_folder() {
+        let mut spec = JobSpec::from_toml(JOB).unwrap();
+        assert_eq!(spec.relative_paths().len(), 4);
+        spec.resolve_paths(Path::new("/jobs/x"));
+        assert!(spec.relative_paths().is_empty());
+        assert_eq!(spec.agents[1].model, PathBuf::from("/jobs/x/m1"));
+    }
+}
