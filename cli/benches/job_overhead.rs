@@ -64,7 +64,7 @@ fn real_job() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let wall = started.elapsed().as_secs_f64();
     let log: Vec<Value> = std::fs::read_to_string(d.join("out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    println!("local job: 2 agents, 2 workers, 16 episodes (768 turns of 16-32 tokens) per step, tiny models, 1 thread per process");
+    println!("local job: 2 agents, 2 workers, 16 episodes (192 turns of 16-32 tokens) per step, tiny models, 1 thread per process");
     println!("{:>4} {:>9} {:>9} {:>9} {:>10} {:>12} {:>9} {:>8}", "step", "rollout", "exper.", "train", "broadcast", "coordinator", "total", "coord %");
     let mut sums = [0.0f64; 6];
     for m in &log {

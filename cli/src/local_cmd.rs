@@ -1,7 +1,7 @@
 //! `comas local`: every service on one machine over loopback. The coordinator runs in this
 //! process; each learner and rollout worker is a child process of this same binary, so a crash
 //! of one is a crash of one, as on a cluster. Without a job file it runs a built-in example:
-//! tiny models and a generated arithmetic data set, a few minutes on 2 CPU cores.
+//! tiny models and a generated arithmetic data set, well under a minute on 2 CPU cores.
 use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, watch};
 use anyhow::{bail, Context, Result};
 use comas_model::tiny::{write_model, TinySpec};
@@ -88,7 +88,7 @@ fn free_port() -> Result<u16> {
 }
 
 const EXAMPLE_JOB: &str = r#"# Built-in example of `comas local`: two agents with tiny random models discuss generated
-# arithmetic questions for three CoMAS steps.
+# arithmetic questions for five CoMAS steps.
 name = "local-example"
 seed = 42
 
@@ -96,8 +96,8 @@ seed = 42
 train = "train.jsonl"
 
 [schedule]
-questions_per_step = 2
-steps = 3
+questions_per_step = 4
+steps = 5
 
 [output]
 dir = "out"
@@ -112,35 +112,35 @@ instances_per_question = 2
 temperature = 1.0
 top_p = 1.0
 top_k = 0
-max_new_tokens = 24
+max_new_tokens = 32
 min_new_tokens = 1
 
 [comas.sampling.evaluator]
 temperature = 1.0
 top_p = 1.0
 top_k = 0
-max_new_tokens = 24
+max_new_tokens = 32
 min_new_tokens = 1
 
 [comas.sampling.scorer]
 temperature = 1.0
 top_p = 1.0
 top_k = 0
-max_new_tokens = 12
+max_new_tokens = 16
 min_new_tokens = 1
 
 [[agents]]
 model = "model-a"
 [agents.train]
 lr = 1e-4
-train_batch_size = 12
+train_batch_size = 24
 micro_batch_size = 12
 
 [[agents]]
 model = "model-b"
 [agents.train]
 lr = 1e-4
-train_batch_size = 12
+train_batch_size = 24
 micro_batch_size = 12
 "#;
 
@@ -315,9 +315,10 @@ pub fn run(a: Args) -> Result<()> {
                 }
             } => Some(Err(anyhow::anyhow!("{dead}; see the logs in {}", dir.join("logs").display()))),
         };
-        drop(children);
+        // The coordinator first, so no step is cut off mid-call by a learner going away.
         let _ = stop_tx.send(true);
-        let _ = coordinator.await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), coordinator).await;
+        drop(children);
         let Some(outcome) = outcome else {
             eprintln!("stopped; run the same command again to resume job {job_id} from its last completed step");
             bail!("interrupted");

@@ -129,6 +129,8 @@ impl Cluster {
         let args = s(&[
             "learner", "serve", "--job", &self.dir.join("job.toml").display().to_string(), "--agent-id", &k.to_string(),
             "--listen", &format!("127.0.0.1:{}", self.learner_ports[k]), "--checkpoint-dir", &self.dir.join(format!("ckpt-{k}")).display().to_string(), "--resume",
+            // One checkpoint kept: a resumed learner must not depend on the one it started from.
+            "--keep-checkpoints", "1",
         ]);
         self.learners[k] = Some(spawn(&self.dir, &format!("learner-{k}"), &args));
     }
@@ -326,7 +328,8 @@ async fn a_killed_learner_restarts_from_its_checkpoint_and_the_job_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Cluster::new(dir.path(), 1, 24);
     let id = c.submit().await;
-    c.on_event(&id, 120, "step 2's rollout", |s| s.steps_done == 2 && s.stage == "rollout").await;
+    // During step 1's rollout: step 2 then starts by checking the resumed learner.
+    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
     c.learners[1].as_mut().unwrap().sigkill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.start_learner(1);
@@ -413,12 +416,16 @@ fn comas_local_runs_the_builtin_example() {
         serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
     };
     let first = run();
-    assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(3), Some(3)));
-    assert_eq!(first["agents"][0]["version"], 3);
-    let log = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap();
-    assert_eq!(log.lines().count(), 3);
+    assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(5), Some(5)));
+    assert_eq!(first["agents"][0]["version"], 5);
+    let log: Vec<Value> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(log.len(), 5);
+    // 4 questions x 2 instances; l = 2, R = 2: 2 x 2 = 4 turns per role per episode.
+    for m in &log {
+        assert_eq!((m["episodes"].as_u64(), m["turns"]["scorer"].as_u64(), m["turns"]["solver"].as_u64()), (Some(8), Some(32), Some(32)), "step {}", m["step"]);
+    }
     // Run again: a fresh job from the base models (not from the first job's checkpoints).
     let second = run();
     assert_ne!(second["job_id"], first["job_id"]);
-    assert_eq!((second["state"].as_str(), second["agents"][1]["version"].as_u64()), (Some("succeeded"), Some(3)));
+    assert_eq!((second["state"].as_str(), second["agents"][1]["version"].as_u64()), (Some("succeeded"), Some(5)));
 }

@@ -99,8 +99,15 @@ async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u
     if info.agent_id != link.agent {
         return Err(bad(format!("it serves agent {}, not agent {}; check agents[{k}].learner", info.agent_id, link.agent)));
     }
-    let theirs: Value = serde_json::from_str(&info.config_json).unwrap_or(Value::Null);
-    let ours = serde_json::to_value(&job.train[k]).unwrap_or(Value::Null);
+    // `completed_steps` is a counter a resumed learner takes from its checkpoint, not a setting.
+    let settings = |mut v: Value| {
+        if let Some(o) = v.as_object_mut() {
+            o.remove("completed_steps");
+        }
+        v
+    };
+    let theirs = settings(serde_json::from_str(&info.config_json).unwrap_or(Value::Null));
+    let ours = settings(serde_json::to_value(&job.train[k]).unwrap_or(Value::Null));
     if theirs != ours {
         let diff: Vec<String> = ours
             .as_object()
@@ -232,7 +239,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
         let step_id = format!("{id}/{step}");
         let mut tasks = tokio::task::JoinSet::new();
-        for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent.into_iter()).enumerate() {
+        for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent).enumerate() {
             let (step_id, already) = (step_id.clone(), at[k] == step + 1);
             tasks.spawn(async move {
                 let out: Result<(Option<pb::TrainReport>, u64)> = async {

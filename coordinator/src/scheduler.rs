@@ -248,6 +248,10 @@ impl State {
             Cmd::CancelJob { job_id } => {
                 self.batches.remove(&job_id);
                 self.queue.retain(|l| l.job_id != job_id);
+                // A worker that joins later must not load an ended job's policies.
+                if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
+                    self.target = None;
+                }
             }
             Cmd::Prepared { id, conn, generation, result } => {
                 if let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) {
@@ -338,7 +342,11 @@ impl State {
         if let Some(w) = self.workers.remove(id) {
             let mut back: Vec<Lease> = w.leased.into_values().filter(|l| self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
             back.sort_by_key(|l| l.since);
-            tracing::warn!(worker = %id, reason, requeued = back.len(), "worker lost");
+            if w.draining && back.is_empty() {
+                tracing::info!(worker = %id, reason, "drained worker left");
+            } else {
+                tracing::warn!(worker = %id, reason, requeued = back.len(), "worker lost");
+            }
             self.metrics.requeued_episodes.inc_by(back.len() as u64);
             for l in back.into_iter().rev() {
                 self.queue.push_front(Lease { since: Instant::now(), ..l });

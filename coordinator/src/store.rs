@@ -147,23 +147,26 @@ impl Store {
         self.with(|c| c.execute("UPDATE jobs SET state = ?2, error = ?3, updated = ?4 WHERE id = ?1", params![id, state.as_str(), error, now()]).map(|_| ()))
     }
 
-    fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, String, String, String, String, f64, f64, i64, i64)> {
-        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?, r.get(9)?))
+    /// A row with its state still as text (a bad state is reported after the query).
+    fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(JobRow, String)> {
+        let row = JobRow {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            spec: r.get(2)?,
+            base_dir: r.get(3)?,
+            state: JobState::Queued,
+            error: r.get(5)?,
+            created: r.get(6)?,
+            updated: r.get(7)?,
+            steps_done: r.get::<_, i64>(8)? as u64,
+            total_steps: r.get::<_, i64>(9)? as u64,
+        };
+        Ok((row, r.get(4)?))
     }
 
-    fn to_job(t: (String, String, String, String, String, String, f64, f64, i64, i64)) -> Result<JobRow> {
-        Ok(JobRow {
-            id: t.0,
-            name: t.1,
-            spec: t.2,
-            base_dir: t.3,
-            state: JobState::parse(&t.4)?,
-            error: t.5,
-            created: t.6,
-            updated: t.7,
-            steps_done: t.8 as u64,
-            total_steps: t.9 as u64,
-        })
+    fn to_job((mut row, state): (JobRow, String)) -> Result<JobRow> {
+        row.state = JobState::parse(&state)?;
+        Ok(row)
     }
 
     const COLUMNS: &'static str = "id, name, spec, base_dir, state, error, created, updated, steps_done, total_steps";

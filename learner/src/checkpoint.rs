@@ -137,7 +137,11 @@ impl Trainer {
         let mut t = if state.lora {
             Trainer::new(base_model, cfg, Some(&ckpt.join("adapter")))?
         } else {
-            Trainer::with_reference(&ckpt.join("model"), cfg, None, Some(base_model))?
+            let mut t = Trainer::with_reference(&ckpt.join("model"), cfg, None, Some(base_model))?;
+            // Later checkpoints copy config and tokenizer files from here; the checkpoint we
+            // resumed from may be rotated away, the base model folder is not.
+            t.source_dir = base_model.to_path_buf();
+            t
         };
         let opt_path = ckpt.join("optimizer.safetensors");
         let f = SafeTensorsFile::open(&opt_path)?;

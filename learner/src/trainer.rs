@@ -57,7 +57,7 @@ pub struct Trainer {
     adapter: Option<LoraAdapter>,
     reference: Option<CausalLm>,
     optim: AdamW,
-    source_dir: PathBuf,
+    pub(crate) source_dir: PathBuf,
     /// Optimizer updates taken over the whole job (drives the schedule).
     pub optimizer_steps: u64,
     pub global_step: u64,

@@ -28,13 +28,17 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
     let mut backoff = Duration::from_millis(200);
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
+    let mut client: Option<CoordinatorClient<tonic::transport::Channel>> = None;
     loop {
         if *stop.borrow() {
             return;
         }
         let is_draining = *draining.borrow();
         let outcome = async {
-            let mut c = CoordinatorClient::connect(target.clone()).await.map_err(|e| e.to_string())?;
+            let mut c = match client.take() {
+                Some(c) => c,
+                None => CoordinatorClient::connect(target.clone()).await.map_err(|e| e.to_string())?,
+            };
             if !registered {
                 let resp = c
                     .register_worker(pb::RegisterWorkerRequest { worker_id: r.worker_id.clone(), address: uri(&r.advertise), max_episodes: r.max_episodes })
@@ -50,6 +54,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
                 .map_err(|e| e.message().to_string())?
                 .into_inner()
                 .known;
+            client = Some(c);
             Ok::<bool, String>(known)
         }
         .await;
