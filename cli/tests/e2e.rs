@@ -283,9 +283,16 @@ async fn two_agents_two_workers_three_steps() {
     assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
     assert_eq!(c.prometheus("comas_coordinator_steps_completed_total"), STEPS as f64);
     assert_eq!(c.prometheus("comas_coordinator_pending_episodes"), 0.0);
-    // Both workers took part: the store records who ran each episode until the step commits,
-    // so look at the workers' own logs for their episode counts instead.
     assert_eq!(c.prometheus("comas_coordinator_workers"), 2.0);
+    // After every step but the last, both workers pulled each agent's full f32 weights once.
+    for m in c.metrics_log() {
+        let last = m["step"].as_u64().unwrap() + 1 == STEPS;
+        for k in 0..2 {
+            let params = c.learner_info(k).await.trainable_parameters;
+            let want = if last { 0 } else { 2 * 4 * params };
+            assert_eq!(m["agents"][k]["weight_sync"]["bytes"].as_u64(), Some(want), "step {} agent {k}", m["step"]);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -295,6 +295,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
 
         // 4. Broadcast: every worker pulls the new versions before the next rollout.
         let broadcast_started = Instant::now();
+        let mut sync = crate::scheduler::SyncStats::default();
         jobs.set_live(&id, |s| s.stage = "broadcast".into());
         if step + 1 < job.total_steps {
             let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
@@ -302,7 +303,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
             target_versions = Some(new_versions.clone());
             tokio::select! {
-                r = jobs.scheduler.wait_prepared(generation) => r.map_err(CoordinatorError::Rollout)?,
+                r = jobs.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
                 _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
             }
         }
@@ -323,6 +324,9 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 for (k, a) in agents.iter_mut().enumerate() {
                     let train = reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
                     if let Some(o) = a.as_object_mut() {
+                        let (bytes, secs) = sync.per_agent.get(&(k as u32)).copied().unwrap_or((0, 0.0));
+                        // Bytes pulled by all workers, and the slowest worker's seconds.
+                        o.insert("weight_sync".into(), json!({"bytes": bytes, "seconds": secs}));
                         o.insert("version".into(), json!(new_versions[k]));
                         o.insert("train".into(), train);
                     }

@@ -37,6 +37,22 @@ pub enum Delivery {
     Stalled { reason: String },
 }
 
+/// Weight pulls of one broadcast, per agent: bytes over all workers, slowest worker's seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncStats {
+    pub per_agent: std::collections::BTreeMap<u32, (u64, f64)>,
+}
+
+impl SyncStats {
+    fn add(&mut self, pulls: &[(u32, u64, f64)]) {
+        for &(agent, bytes, secs) in pulls {
+            let e = self.per_agent.entry(agent).or_insert((0, 0.0));
+            e.0 += bytes;
+            e.1 = e.1.max(secs);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct WorkerView {
     pub id: String,
@@ -59,10 +75,10 @@ enum Cmd {
     Register { id: String, address: String, capacity: u32 },
     Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
     SetTarget { target: Arc<PolicyTarget> },
-    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<(), String>> },
+    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
     Submit { job_id: String, specs: Vec<pb::EpisodeSpec>, max_attempts: u32, results: mpsc::UnboundedSender<Delivery> },
     CancelJob { job_id: String },
-    Prepared { id: String, conn: u64, generation: u64, result: Result<(), String> },
+    Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<(u32, u64, f64)>, String> },
     Result { id: String, conn: u64, result: pb::EpisodeResult },
     Lost { id: String, conn: u64, reason: String },
     Tick,
@@ -134,6 +150,7 @@ impl Scheduler {
             target: None,
             waiters: Vec::new(),
             idle_since: None,
+            sync: HashMap::new(),
         };
         tokio::spawn(state.run(rx));
         let ticker = tx.clone();
@@ -165,7 +182,7 @@ impl Scheduler {
     }
 
     /// Resolves when every live worker has reached `generation` (at once when there are none).
-    pub async fn wait_prepared(&self, generation: u64) -> Result<(), String> {
+    pub async fn wait_prepared(&self, generation: u64) -> Result<SyncStats, String> {
         let (reply, rx) = oneshot::channel();
         let _ = self.tx.send(Cmd::WaitPrepared { generation, reply });
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
@@ -195,7 +212,9 @@ struct State {
     queue: VecDeque<Lease>,
     batches: HashMap<String, Batch>,
     target: Option<Arc<PolicyTarget>>,
-    waiters: Vec<(u64, oneshot::Sender<Result<(), String>>)>,
+    waiters: Vec<(u64, oneshot::Sender<Result<SyncStats, String>>)>,
+    /// What each generation's weight pulls moved, until its waiter takes it.
+    sync: HashMap<u64, SyncStats>,
     /// Since when episodes have been queued with no ready worker to take them.
     idle_since: Option<Instant>,
 }
@@ -230,6 +249,8 @@ impl State {
                 let _ = reply.send(known);
             }
             Cmd::SetTarget { target } => {
+                let keep = target.generation.saturating_sub(1);
+                self.sync.retain(|g, _| *g >= keep);
                 for w in self.workers.values_mut() {
                     if w.ready_gen != Some(target.generation) {
                         w.preparing = Some(target.generation);
@@ -259,7 +280,8 @@ impl State {
                         w.preparing = None;
                     }
                     match result {
-                        Ok(()) => {
+                        Ok(pulls) => {
+                            self.sync.entry(generation).or_default().add(&pulls);
                             w.ready_gen = Some(w.ready_gen.map_or(generation, |g| g.max(generation)));
                             w.last_error.clear();
                         }
@@ -474,14 +496,15 @@ impl State {
         for (generation, reply) in pending {
             let live: Vec<&Worker> = self.workers.values().filter(|w| !w.draining).collect();
             let behind: Vec<&Worker> = live.iter().copied().filter(|w| w.ready_gen.is_none_or(|g| g < generation)).collect();
+            let stats = || self.sync.get(&generation).cloned().unwrap_or_default();
             if behind.is_empty() {
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(Ok(stats()));
             } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty()) && behind.len() == live.len() {
                 let errors: Vec<String> = behind.iter().map(|w| format!("{}: {}", w.address, w.last_error)).collect();
                 let _ = reply.send(Err(format!("no worker could take the new weights: {}", errors.join("; "))));
             } else if behind.iter().all(|w| w.preparing.is_none()) && behind.len() < live.len() {
                 // Some workers failed to update: they get nothing until the next target; go on with the rest.
-                let _ = reply.send(Ok(()));
+                let _ = reply.send(Ok(stats()));
             } else {
                 self.waiters.push((generation, reply));
             }
@@ -565,7 +588,9 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
     reader.abort();
 }
 
-async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<(), String> {
+/// Loads the job's policies if needed and pulls every version the worker lacks; returns the
+/// pulls as (agent, bytes, seconds).
+async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, String> {
     if loaded_job.as_deref() != Some(t.job_id.as_str()) {
         let mut req = tonic::Request::new(t.load.clone());
         req.set_timeout(LOAD_TIMEOUT);
@@ -574,13 +599,15 @@ async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, lo
     }
     let info = client.info(pb::WorkerInfoRequest {}).await.map_err(|e| format!("Info: {}", e.message()))?.into_inner();
     let have: HashMap<u32, u64> = info.agents.iter().map(|a| (a.agent_id, a.version)).collect();
+    let mut pulls = Vec::new();
     for (agent, version, source) in &t.versions {
         if have.get(agent) == Some(version) {
             continue;
         }
         let mut req = tonic::Request::new(pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone() });
         req.set_timeout(UPDATE_TIMEOUT);
-        client.update_weights(req).await.map_err(|e| format!("UpdateWeights agent {agent} to version {version}: {}", e.message()))?;
+        let r = client.update_weights(req).await.map_err(|e| format!("UpdateWeights agent {agent} to version {version}: {}", e.message()))?.into_inner();
+        pulls.push((*agent, r.bytes, r.seconds));
     }
-    Ok(())
+    Ok(pulls)
 }
