@@ -1,6 +1,7 @@
 //! Prometheus metrics of the coordinator. `comas_coordinator_pending_episodes` is what an
 //! autoscaler reads to size the worker pool.
-use prometheus::{Counter, Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use comas_service::prom::{registered, render};
+use prometheus::{Counter, IntCounter, IntGauge, Registry};
 use std::sync::Arc;
 
 pub struct Metrics {
@@ -20,18 +21,9 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let registry = Registry::new_custom(Some("comas_coordinator".into()), None).expect("registry");
-        let counter = |n: &str, h: &str| {
-            let m = IntCounter::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
-        let gauge = |n: &str, h: &str| {
-            let m = IntGauge::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
-        let scheduler_seconds = Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric");
-        registry.register(Box::new(scheduler_seconds.clone())).expect("register");
+        let counter = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
+        let gauge = |n: &str, h: &str| registered(&registry, IntGauge::new(n, h).expect("metric"));
+        let scheduler_seconds = registered(&registry, Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric"));
         Arc::new(Self {
             pending_episodes: gauge("pending_episodes", "episodes queued and not leased to any worker"),
             leased_episodes: gauge("leased_episodes", "episodes running on workers"),
@@ -48,8 +40,6 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        render(&self.registry)
     }
 }

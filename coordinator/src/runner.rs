@@ -48,13 +48,14 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
     }
 }
 
-fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Vec<pb::EpisodeSpec> {
+fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Result<Vec<pb::EpisodeSpec>> {
     let copies = job.comas.instances_per_question as usize;
     let chosen = job.step_questions(step);
     let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
-    let plan = plan_batch(&job.comas, chosen.len() * copies, seed).expect("checked at submit");
+    let plan = plan_batch(&job.comas, chosen.len() * copies, seed).map_err(|e| CoordinatorError::Rollout(format!("planning step {step}: {e}")))?;
     let config_json = serde_json::to_string(&job.comas).expect("config serialises");
-    plan.instances
+    Ok(plan
+        .instances
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
@@ -68,7 +69,7 @@ fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> V
                 seed: episode_seed(seed, instance),
             }
         })
-        .collect()
+        .collect())
 }
 
 fn parse_trajectory(json: &str, episode: &str) -> Result<Trajectory> {
@@ -160,7 +161,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             store_secs += t.elapsed().as_secs_f64();
             v
         };
-        let specs = step_specs(&job, &id, step, &questions);
+        let specs = step_specs(&job, &id, step, &questions)?;
         let total = specs.len();
         let mut done: HashMap<String, (Trajectory, u64)> = HashMap::new();
         for (eid, json) in episodes_stored {

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the learner.
-use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+use comas_service::prom::registered;
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
 use std::sync::Arc;
 
 pub struct Metrics {
@@ -18,16 +19,8 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(agent: u32) -> Arc<Self> {
         let registry = Registry::new_custom(Some("comas_learner".into()), Some([("agent".to_string(), agent.to_string())].into())).expect("registry");
-        let c = |n: &str, h: &str| {
-            let m = IntCounter::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
-        let g = |n: &str, h: &str| {
-            let m = Gauge::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
+        let c = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
+        let g = |n: &str, h: &str| registered(&registry, Gauge::new(n, h).expect("metric"));
         let steps = c("steps_total", "training steps completed");
         let step_errors = c("step_errors_total", "training steps rejected");
         let tokens = c("tokens_total", "tokens processed by training forward passes");
@@ -35,19 +28,18 @@ impl Metrics {
         let loss = g("loss", "loss of the last step");
         let grad_norm = g("grad_norm", "gradient norm of the last step, before clipping");
         let lr = g("learning_rate", "learning rate of the last update");
-        let version = IntGauge::new("weights_version", "newest published weights version").expect("metric");
-        registry.register(Box::new(version.clone())).expect("register");
-        let step_seconds = Histogram::with_opts(
-            HistogramOpts::new("step_seconds", "wall time of a training step").buckets(prometheus::exponential_buckets(0.01, 2.0, 16).expect("buckets")),
-        )
-        .expect("metric");
-        registry.register(Box::new(step_seconds.clone())).expect("register");
+        let version = registered(&registry, IntGauge::new("weights_version", "newest published weights version").expect("metric"));
+        let step_seconds = registered(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new("step_seconds", "wall time of a training step").buckets(prometheus::exponential_buckets(0.01, 2.0, 16).expect("buckets")),
+            )
+            .expect("metric"),
+        );
         Arc::new(Self { registry, steps, step_errors, tokens, step_seconds, loss, grad_norm, lr, version, weight_bytes_sent })
     }
 
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
-        String::from_utf8(buf).unwrap_or_default()
+        comas_service::prom::render(&self.registry)
     }
 }

@@ -136,12 +136,8 @@ impl Trainer {
             (_, Some(dir)) => Some(LoraAdapter::load(dir, model.config(), kind, device)?),
             (Some(l), None) => {
                 let lc = LoraConfig {
-                    r: l.r,
-                    lora_alpha: l.alpha,
-                    target_modules: l.target_modules.clone(),
-                    use_rslora: l.use_rslora,
-                    lora_dropout: 0.0,
                     base_model_name_or_path: Some(model_dir.display().to_string()),
+                    ..LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora)
                 };
                 Some(LoraAdapter::init(model.config(), lc, cfg.seed as i64, kind, device)?)
             }

@@ -79,6 +79,11 @@ pub struct LoraConfig {
 }
 
 impl LoraConfig {
+    /// A plain LoRA (no dropout) from a training config's `[lora]` settings.
+    pub fn new(r: i64, lora_alpha: f64, target_modules: Vec<String>, use_rslora: bool) -> Self {
+        Self { r, lora_alpha, target_modules, use_rslora, lora_dropout: 0.0, base_model_name_or_path: None }
+    }
+
     pub fn scale(&self) -> f64 {
         if self.use_rslora {
             self.lora_alpha / (self.r as f64).sqrt()

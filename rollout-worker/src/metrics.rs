@@ -1,6 +1,7 @@
 //! Prometheus metrics of a worker, read from the engine's atomics at scrape time.
 use crate::engine::Stats;
-use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use comas_service::prom::{registered, render};
+use prometheus::{IntCounter, IntGauge, Registry};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -19,16 +20,8 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(stats: Arc<Stats>) -> Arc<Self> {
         let registry = Registry::new_custom(Some("comas_worker".into()), None).expect("registry");
-        let counter = |n: &str, h: &str| {
-            let m = IntCounter::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
-        let gauge = |n: &str, h: &str| {
-            let m = IntGauge::new(n, h).expect("metric");
-            registry.register(Box::new(m.clone())).expect("register");
-            m
-        };
+        let counter = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
+        let gauge = |n: &str, h: &str| registered(&registry, IntGauge::new(n, h).expect("metric"));
         Arc::new(Self {
             generated_tokens: counter("generated_tokens_total", "tokens generated (rate = tokens/s)"),
             episodes_done: counter("episodes_total", "episodes finished"),
@@ -51,8 +44,6 @@ impl Metrics {
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);
         self.running_episodes.set(s.running_episodes.load(Ordering::Relaxed) as i64);
         self.kv_cache_bytes.set(s.kv_cache_bytes.load(Ordering::Relaxed) as i64);
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
-        String::from_utf8(buf).unwrap_or_default()
+        render(&self.registry)
     }
 }

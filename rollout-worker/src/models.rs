@@ -70,14 +70,7 @@ impl Models {
                 // init leaves B = 0, so the adapter adds nothing until the learner's first version.
                 None => match &s.lora {
                     Some(l) => {
-                        let lc = LoraConfig {
-                            r: l.r,
-                            lora_alpha: l.alpha,
-                            target_modules: l.target_modules.clone(),
-                            use_rslora: l.use_rslora,
-                            lora_dropout: 0.0,
-                            base_model_name_or_path: None,
-                        };
+                        let lc = LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora);
                         Some(LoraAdapter::init(bases[base].model.config(), lc, 0, kind, device)?)
                     }
                     None => None,

@@ -1,6 +1,8 @@
 //! Plumbing every comas service shares: a small HTTP server for Prometheus `/metrics` and a
 //! `/healthz` liveness check next to the gRPC port, the SIGTERM / Ctrl-C future that starts a
 //! graceful shutdown, and the logging set-up.
+pub mod prom;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
