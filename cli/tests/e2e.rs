@@ -67,6 +67,7 @@ struct Cluster {
     metrics_port: u16,
     learner_ports: Vec<u16>,
     coordinator: Option<Proc>,
+    coordinator_flags: Vec<String>,
     learners: Vec<Option<Proc>>,
     workers: Vec<Proc>,
 }
@@ -96,6 +97,10 @@ fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32) {
 
 impl Cluster {
     fn new(dir: &Path, workers: usize, tokens: u32) -> Self {
+        Self::with_flags(dir, workers, tokens, &[])
+    }
+
+    fn with_flags(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str]) -> Self {
         let learner_ports = vec![free_port(), free_port()];
         write_job(dir, &learner_ports, tokens);
         let mut c = Cluster {
@@ -104,6 +109,7 @@ impl Cluster {
             metrics_port: free_port(),
             learner_ports,
             coordinator: None,
+            coordinator_flags: s(coordinator_flags),
             learners: vec![None, None],
             workers: Vec::new(),
         };
@@ -118,10 +124,11 @@ impl Cluster {
     }
 
     fn start_coordinator(&mut self) {
-        let args = s(&[
+        let mut args = s(&[
             "coordinator", "--listen", &format!("127.0.0.1:{}", self.coord_port), "--metrics-listen", &format!("127.0.0.1:{}", self.metrics_port),
             "--db", &self.dir.join("jobs.sqlite").display().to_string(), "--heartbeat-ms", "300", "--heartbeat-timeout-secs", "5", "--worker-wait-secs", "120",
         ]);
+        args.extend(self.coordinator_flags.iter().cloned());
         self.coordinator = Some(spawn(&self.dir, "coordinator", &args));
     }
 
@@ -310,6 +317,21 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
     assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "the dead worker's leases were re-queued");
     assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
     assert_eq!(c.prometheus("comas_coordinator_workers"), 1.0);
+}
+
+/// Episodes that outlive the lease timeout get a second copy on the other worker; only the
+/// first result of each episode counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_out_leases_are_copied_and_only_one_result_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    // 150-token turns: an episode takes a few seconds here, past the 1 s lease timeout.
+    let c = Cluster::with_flags(dir.path(), 2, 150, &["--episode-timeout-secs", "1"]);
+    let id = c.submit().await;
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "late leases were copied");
+    assert!(c.prometheus("comas_coordinator_duplicate_results_total") >= 1.0, "a second result of an episode was ignored");
+    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,11 +90,14 @@ enum WorkerMsg {
     Lease(pb::EpisodeSpec),
 }
 
+#[derive(Clone)]
 struct Lease {
     job_id: String,
     spec: pb::EpisodeSpec,
     attempts: u32,
     since: Instant,
+    /// A copy of this lease was queued after it timed out; it still runs (and counts) here.
+    copied: bool,
 }
 
 struct Worker {
@@ -264,7 +267,7 @@ impl State {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 self.batches.insert(job_id.clone(), Batch { results, outstanding, max_attempts });
                 let now = Instant::now();
-                self.queue.extend(specs.into_iter().map(|spec| Lease { job_id: job_id.clone(), spec, attempts: 0, since: now }));
+                self.queue.extend(specs.into_iter().map(|spec| Lease { job_id: job_id.clone(), spec, attempts: 0, since: now, copied: false }));
             }
             Cmd::CancelJob { job_id } => {
                 self.batches.remove(&job_id);
@@ -371,7 +374,7 @@ impl State {
             }
             self.metrics.requeued_episodes.inc_by(back.len() as u64);
             for l in back.into_iter().rev() {
-                self.queue.push_front(Lease { since: Instant::now(), ..l });
+                self.queue.push_front(Lease { since: Instant::now(), copied: false, ..l });
             }
         }
     }
@@ -398,7 +401,7 @@ impl State {
             // Not the episode's fault: the worker is going away.
             w.draining = true;
             self.metrics.requeued_episodes.inc();
-            self.queue.push_front(Lease { since: Instant::now(), ..lease });
+            self.queue.push_front(Lease { since: Instant::now(), copied: false, ..lease });
             return;
         }
         let attempts = lease.attempts + 1;
@@ -408,7 +411,7 @@ impl State {
             let _ = batch.results.send(Delivery::Failed { episode_id: r.episode_id, error: format!("failed {attempts} times; last error on worker {id}: {}", r.error) });
         } else {
             self.metrics.requeued_episodes.inc();
-            self.queue.push_back(Lease { attempts, since: Instant::now(), ..lease });
+            self.queue.push_back(Lease { attempts, since: Instant::now(), copied: false, ..lease });
         }
     }
 
@@ -418,21 +421,22 @@ impl State {
         for id in dead {
             self.drop_worker(&id, "no heartbeat");
         }
-        // A lease past the episode timeout is handed out again; whichever copy returns first counts.
+        // A lease past the episode timeout is handed out once more, to another worker; it keeps its
+        // slot where it runs, and whichever copy returns first counts.
         let timeout = self.settings.episode_timeout;
         let mut again = Vec::new();
         for w in self.workers.values_mut() {
-            let late: Vec<String> = w.leased.iter().filter(|(_, l)| now.duration_since(l.since) > timeout).map(|(k, _)| k.clone()).collect();
-            for k in late {
-                if let Some(l) = w.leased.remove(&k) {
-                    again.push(l);
-                }
+            for l in w.leased.values_mut().filter(|l| !l.copied && now.duration_since(l.since) > timeout) {
+                l.copied = true;
+                again.push(Lease { since: now, copied: false, ..l.clone() });
             }
         }
         for l in again {
-            tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing it again");
-            self.metrics.requeued_episodes.inc();
-            self.queue.push_back(Lease { since: now, ..l });
+            if self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+                tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing a copy elsewhere");
+                self.metrics.requeued_episodes.inc();
+                self.queue.push_back(l);
+            }
         }
         let stalled = self.idle_since.is_some_and(|t| now.duration_since(t) > self.settings.worker_wait);
         if stalled {
@@ -458,27 +462,36 @@ impl State {
         }
     }
 
-    /// Leases queued episodes to ready workers, always to the one with the most free slots.
+    /// Leases queued episodes to ready workers, always to the one with the most free slots, and
+    /// never to a worker that already runs the same episode.
     fn dispatch(&mut self) {
-        while let Some(front) = self.queue.front() {
-            if !self.batches.get(&front.job_id).is_some_and(|b| b.outstanding.contains(&front.spec.episode_id)) {
-                self.queue.pop_front();
+        let target_gen = self.target.as_ref().map(|t| t.generation);
+        let mut i = 0;
+        while i < self.queue.len() {
+            let l = &self.queue[i];
+            if !self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+                self.queue.remove(i);
                 continue;
             }
-            let target_gen = self.target.as_ref().map(|t| t.generation);
+            let open = |w: &Worker| !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0;
+            if !self.workers.values().any(open) {
+                break;
+            }
             let best = self
                 .workers
                 .iter()
-                .filter(|(_, w)| !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0)
+                .filter(|(_, w)| open(w) && !w.leased.contains_key(&l.spec.episode_id))
                 .max_by_key(|(id, w)| (w.free(), std::cmp::Reverse((*id).clone())))
                 .map(|(id, _)| id.clone());
-            let Some(id) = best else { break };
-            let lease = self.queue.pop_front().expect("front exists");
+            let Some(id) = best else {
+                i += 1;
+                continue;
+            };
+            let lease = self.queue.remove(i).expect("index in range");
             let w = self.workers.get_mut(&id).expect("chosen worker exists");
             if w.tx.send(WorkerMsg::Lease(lease.spec.clone())).is_err() {
                 self.queue.push_front(lease);
-                let reason = "connection task ended".to_string();
-                self.drop_worker(&id, &reason);
+                self.drop_worker(&id, "connection task ended");
                 continue;
             }
             w.leased.insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
