@@ -146,6 +146,15 @@ pub fn list(a: ListArgs) -> Result<()> {
     })
 }
 
+pub fn resume(a: CancelArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let mut c = connect(&a.conn.coordinator).await?;
+        let s = c.resume_job(pb::ResumeJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        println!("{} {} from step {}/{}", s.job_id, state_name(s.state), s.steps_done, s.total_steps);
+        Ok(())
+    })
+}
+
 pub fn cancel(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;

@@ -35,6 +35,8 @@ enum Command {
     List(client_cmd::ListArgs),
     /// Cancel a job.
     Cancel(client_cmd::CancelArgs),
+    /// Queue a failed or cancelled job again, from its last completed step.
+    Resume(client_cmd::CancelArgs),
     /// Draw reward, score and accuracy curves from a job's metrics log.
     Plot(plot::Args),
     /// Serve the coordinator (job API, scheduling, rewards, routing).
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Watch(a) => client_cmd::watch_cmd(a),
         Command::List(a) => client_cmd::list(a),
         Command::Cancel(a) => client_cmd::cancel(a),
+        Command::Resume(a) => client_cmd::resume(a),
         Command::Plot(a) => plot::run(a),
         Command::Coordinator(a) => comas_coordinator::cli::run(a),
         Command::Worker(a) => comas_rollout_worker::cli::run(a),

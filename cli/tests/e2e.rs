@@ -433,6 +433,12 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(state, pb::JobState::Cancelled as i32);
+    // A cancelled job can be queued again; a finished or running one cannot be resumed twice.
+    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = c.resume_job(pb::ResumeJobRequest { job_id: id.clone() }).await.unwrap_err();
+    assert!(again.message().contains("only failed or cancelled"), "{}", again.message());
+    c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
 }
 
 /// The README's main command: `comas local` with its built-in example, as a user runs it.

@@ -145,6 +145,20 @@ impl Jobs {
         self.status(id)
     }
 
+    /// Queues a failed or cancelled job again; its committed steps and stored episodes are kept.
+    pub fn resume(&self, id: &str) -> Result<pb::JobStatus> {
+        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        match row.state {
+            JobState::Failed | JobState::Cancelled => {
+                self.store.set_state(id, JobState::Queued, "")?;
+                tracing::info!(job = %id, from_step = row.steps_done, "job queued again");
+                self.wake.notify_one();
+                self.status(id)
+            }
+            s => Err(CoordinatorError::Other(format!("job `{id}` is {}; only failed or cancelled jobs can be resumed", s.as_str()))),
+        }
+    }
+
     /// Runs jobs one after another until `shutdown` fires: first any job that was running when
     /// the coordinator last stopped, then queued jobs in submission order.
     pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {

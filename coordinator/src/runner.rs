@@ -163,9 +163,10 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         };
         let specs = step_specs(&job, &id, step, &questions)?;
         let total = specs.len();
-        let mut done: HashMap<String, (Trajectory, u64)> = HashMap::new();
+        let mut done: HashMap<String, Trajectory> = HashMap::new();
         for (eid, json) in episodes_stored {
-            done.insert(eid.clone(), (parse_trajectory(&json, &eid)?, 0));
+            let t = parse_trajectory(&json, &eid)?;
+            done.insert(eid, t);
         }
         let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
         let rollout_started = Instant::now();
@@ -198,13 +199,13 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 };
                 match delivery {
                     None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
-                    Some(Delivery::Done { episode_id, trajectory_json, worker, generated_tokens }) => {
+                    Some(Delivery::Done { episode_id, trajectory_json, worker }) => {
                         let t = parse_trajectory(&trajectory_json, &episode_id)?;
                         let started = Instant::now();
                         let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
                         store_secs += started.elapsed().as_secs_f64();
                         if fresh && !done.contains_key(&episode_id) {
-                            done.insert(episode_id, (t, generated_tokens));
+                            done.insert(episode_id, t);
                             outstanding -= 1;
                             jobs.set_live(&id, |s| s.episodes_done = done.len() as u32);
                             jobs.emit(&id, "episodes", String::new(), String::new());
@@ -226,7 +227,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
         let mut finished = Vec::with_capacity(total);
         for s in &specs {
-            let (t, _) = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
+            let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
             let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
             finished.push(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer });
         }

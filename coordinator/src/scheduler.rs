@@ -31,7 +31,7 @@ pub struct PolicyTarget {
 /// An episode's outcome, sent to the job that submitted it.
 #[derive(Debug)]
 pub enum Delivery {
-    Done { episode_id: String, trajectory_json: String, worker: String, generated_tokens: u64 },
+    Done { episode_id: String, trajectory_json: String, worker: String },
     Failed { episode_id: String, error: String },
     /// The batch cannot make progress (no ready worker for too long).
     Stalled { reason: String },
@@ -394,7 +394,7 @@ impl State {
         if r.error.is_empty() {
             batch.outstanding.remove(&r.episode_id);
             self.metrics.episodes_completed.inc();
-            let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory_json: r.trajectory_json, worker: id, generated_tokens: r.generated_tokens });
+            let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory_json: r.trajectory_json, worker: id });
             return;
         }
         if r.error.contains("draining") {

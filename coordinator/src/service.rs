@@ -83,6 +83,10 @@ impl Coordinator for CoordinatorService {
         self.jobs.cancel(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
     }
 
+    async fn resume_job(&self, request: Request<pb::ResumeJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.jobs.resume(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::failed_precondition(e.to_string()))
+    }
+
     async fn register_worker(&self, request: Request<pb::RegisterWorkerRequest>) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
         if r.worker_id.is_empty() || r.address.is_empty() {
