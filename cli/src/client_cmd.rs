@@ -214,7 +214,17 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             episodes.set_prefix(if s.stage.is_empty() { "idle".to_string() } else { s.stage.clone() });
             episodes.set_length(u64::from(s.episodes_total));
             episodes.set_position(u64::from(s.episodes_done));
-            if ev.kind == "step" {
+            if ev.kind == "eval" {
+                if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
+                    let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
+                    let line = format!("eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}", m["after_steps"], m["episodes"], fmt(m.get("parse_failure_rate")));
+                    if tty {
+                        multi.println(&line).ok();
+                    } else {
+                        eprintln!("{line}");
+                    }
+                }
+            } else if ev.kind == "step" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     let line = step_line(&m);
                     steps.set_message(line.split(" | ").nth(1).unwrap_or("").to_string());

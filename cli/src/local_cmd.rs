@@ -129,6 +129,13 @@ top_k = 0
 max_new_tokens = 16
 min_new_tokens = 1
 
+# Held-out evaluation: the same game on 4 other questions, before training, every 2 steps and
+# after the last one, sampled at temperature 0.7; nothing is trained on it.
+[eval]
+data = "test.jsonl"
+every_steps = 2
+max_questions = 4
+
 [[agents]]
 model = "model-a"
 [agents.train]
@@ -153,10 +160,13 @@ fn write_example(dir: &Path) -> Result<PathBuf> {
             write_model(&m, &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })?;
         }
     }
-    let data = dir.join("train.jsonl");
-    if !data.is_file() {
+    for (file, range) in [("train.jsonl", 0..32u32), ("test.jsonl", 32..40u32)] {
+        let data = dir.join(file);
+        if data.is_file() {
+            continue;
+        }
         let mut text = String::new();
-        for i in 0..32u32 {
+        for i in range {
             let (a, b) = (3 + (i * 7) % 41, 5 + (i * 13) % 37);
             let rec = serde_json::json!({
                 "prompt": format!("What is {a} + {b}? Put the final number in \\boxed{{}}."),
@@ -192,6 +202,9 @@ fn patch_job(text: &str, base: &Path, learners: &[String]) -> Result<String> {
         absolutize(v, base);
     }
     if let Some(v) = t.get_mut("output").and_then(|d| d.get_mut("dir")) {
+        absolutize(v, base);
+    }
+    if let Some(v) = t.get_mut("eval").and_then(|d| d.get_mut("data")) {
         absolutize(v, base);
     }
     if let Some(agents) = t.get_mut("agents").and_then(toml::Value::as_array_mut) {
@@ -345,5 +358,6 @@ mod tests {
         assert_eq!(spec.agents[1].model, PathBuf::from("/x/model-b"));
         assert_eq!(spec.agents[1].learner.as_deref(), Some("http://127.0.0.1:2"));
         assert_eq!(spec.data.train, PathBuf::from("/x/train.jsonl"));
+        assert_eq!(spec.eval.unwrap().data, PathBuf::from("/x/test.jsonl"));
     }
 }

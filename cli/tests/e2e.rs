@@ -73,7 +73,7 @@ struct Cluster {
 }
 
 /// Writes two tiny models, a data set and the job file; `tokens` fixes every turn's length.
-fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32) {
+fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32, eval: bool) {
     for (k, seed) in [(0, 3), (1, 4)] {
         write_model(&dir.join(format!("model-{k}")), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
     }
@@ -86,9 +86,10 @@ fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32) {
     let agent = |k: usize| {
         format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 12\nmicro_batch_size = 12\nmask_truncated = false\n", learner_ports[k])
     };
+    let eval = if eval { "[eval]\ndata = \"train.jsonl\"\nevery_steps = 2\nmax_questions = 2\n" } else { "" };
     let job = format!(
         "name = \"e2e\"\nseed = 5\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {STEPS}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\n\
-         [comas]\nnum_rounds = 2\ninstances_per_question = {INSTANCES}\n[comas.sampling.solver]\n{sampling}[comas.sampling.evaluator]\n{sampling}[comas.sampling.scorer]\n{sampling}{}{}",
+         [comas]\nnum_rounds = 2\ninstances_per_question = {INSTANCES}\n[comas.sampling.solver]\n{sampling}[comas.sampling.evaluator]\n{sampling}[comas.sampling.scorer]\n{sampling}{}{}{eval}",
         agent(0),
         agent(1)
     );
@@ -97,12 +98,12 @@ fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32) {
 
 impl Cluster {
     fn new(dir: &Path, workers: usize, tokens: u32) -> Self {
-        Self::with_flags(dir, workers, tokens, &[])
+        Self::with_flags(dir, workers, tokens, &[], false)
     }
 
-    fn with_flags(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str]) -> Self {
+    fn with_flags(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str], eval: bool) -> Self {
         let learner_ports = vec![free_port(), free_port()];
-        write_job(dir, &learner_ports, tokens);
+        write_job(dir, &learner_ports, tokens, eval);
         let mut c = Cluster {
             dir: dir.to_path_buf(),
             coord_port: free_port(),
@@ -229,8 +230,14 @@ impl Cluster {
         out
     }
 
+    /// The metrics log's records of one kind (`step` or `eval`), in file order.
+    fn log_of(&self, kind: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.join("out/metrics.jsonl")).unwrap();
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|m| m["kind"] == kind).collect()
+    }
+
     fn metrics_log(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.dir.join("out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        self.log_of("step")
     }
 
     fn prometheus(&self, name: &str) -> f64 {
@@ -281,13 +288,30 @@ impl Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_two_workers_three_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::new(dir.path(), 2, 8);
+    let c = Cluster::with_flags(dir.path(), 2, 8, &[], true);
     let id = c.submit().await;
     let st = c.finished(&id).await;
     assert_eq!((st.steps_done, st.total_steps), (STEPS, STEPS));
+    // Held-out evaluation before training, every 2 steps and at the end, on 2 questions each,
+    // in the order it happened.
+    let kinds: Vec<String> = std::fs::read_to_string(dir.path().join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let m: Value = serde_json::from_str(l).unwrap();
+            format!("{}{}", m["kind"].as_str().unwrap(), m["step"])
+        })
+        .collect();
+    assert_eq!(kinds, ["eval0", "step0", "step1", "eval2", "step2", "eval3"]);
+    for e in c.log_of("eval") {
+        assert_eq!((e["episodes"].as_u64(), e["turns"]["solver"].as_u64()), (Some(2), Some(8)), "{e}");
+        assert!(e["accuracy"]["last_round"].is_number());
+        // Evaluation used the weights of the steps completed so far.
+        assert_eq!(e["agents"][1]["policy_versions"], serde_json::json!([e["after_steps"]]));
+    }
     assert_eq!(st.agents.iter().map(|a| a.version).collect::<Vec<_>>(), vec![STEPS, STEPS]);
     c.check_complete_run().await;
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
+    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES + 3 * 2) as f64);
     assert_eq!(c.prometheus("comas_coordinator_steps_completed_total"), STEPS as f64);
     assert_eq!(c.prometheus("comas_coordinator_pending_episodes"), 0.0);
     assert_eq!(c.prometheus("comas_coordinator_workers"), 2.0);
@@ -325,7 +349,7 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
 async fn timed_out_leases_are_copied_and_only_one_result_counts() {
     let dir = tempfile::tempdir().unwrap();
     // 150-token turns: an episode takes a few seconds here, past the 1 s lease timeout.
-    let c = Cluster::with_flags(dir.path(), 2, 150, &["--episode-timeout-secs", "1"]);
+    let c = Cluster::with_flags(dir.path(), 2, 150, &["--episode-timeout-secs", "1"], false);
     let id = c.submit().await;
     c.finished(&id).await;
     c.check_complete_run().await;
@@ -371,7 +395,7 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ports = [free_port(), free_port()];
-    write_job(d, &ports, 8);
+    write_job(d, &ports, 8, false);
     let coord_port = free_port();
     let _coord = spawn(d, "coordinator", &s(&["coordinator", "--listen", &format!("127.0.0.1:{coord_port}"), "--db", &d.join("jobs.sqlite").display().to_string()]));
     let started = Instant::now();
@@ -453,10 +477,14 @@ fn comas_local_runs_the_builtin_example() {
     let first = run();
     assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(5), Some(5)));
     assert_eq!(first["agents"][0]["version"], 5);
-    let log: Vec<Value> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let all: Vec<Value> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let log: Vec<&Value> = all.iter().filter(|m| m["kind"] == "step").collect();
     assert_eq!(log.len(), 5);
+    // Held-out evaluation of 4 questions before training, after steps 2 and 4, and at the end.
+    let evals: Vec<(u64, u64)> = all.iter().filter(|m| m["kind"] == "eval").map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap())).collect();
+    assert_eq!(evals, vec![(0, 4), (2, 4), (4, 4), (5, 4)]);
     // 4 questions x 2 instances; l = 2, R = 2: 2 x 2 = 4 turns per role per episode.
-    for m in &log {
+    for m in log {
         assert_eq!((m["episodes"].as_u64(), m["turns"]["scorer"].as_u64(), m["turns"]["solver"].as_u64()), (Some(8), Some(32), Some(32)), "step {}", m["step"]);
     }
     // Run again: a fresh job from the base models (not from the first job's checkpoints).

@@ -11,8 +11,15 @@ fn bad(field: &str, message: String) -> CoordinatorError {
     CoordinatorError::Files(format!("`{field}`: {message}"))
 }
 
-/// Parses, resolves and checks a submitted job file; returns the checked job and its questions.
-pub fn load_job(text: &str, base_dir: &str) -> Result<(Job, Vec<TaskRecord>)> {
+/// A checked job with its training questions and its held-out evaluation questions (if any).
+pub struct Loaded {
+    pub job: Job,
+    pub questions: Vec<TaskRecord>,
+    pub eval_questions: Vec<TaskRecord>,
+}
+
+/// Parses, resolves and checks a submitted job file, and loads its data sets.
+pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     let mut spec = JobSpec::from_toml(text)?;
     if base_dir.is_empty() {
         if let Some((field, p)) = spec.relative_paths().into_iter().next() {
@@ -32,10 +39,20 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<(Job, Vec<TaskRecord>)> {
         }
     }
     let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
+    let mut eval_questions = Vec::new();
+    if let Some(e) = &spec.eval {
+        eval_questions = load_dataset(&e.data).map_err(|err| bad("eval.data", format!("{}: {err}", e.data.display())))?;
+        if e.max_questions > 0 {
+            eval_questions.truncate(e.max_questions);
+        }
+        if eval_questions.is_empty() {
+            return Err(bad("eval.data", format!("{} has no questions", e.data.display())));
+        }
+    }
     let job = spec.check(questions.len())?;
     let out = &job.spec.output.dir;
     std::fs::create_dir_all(out).map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
-    Ok((job, questions))
+    Ok(Loaded { job, questions, eval_questions })
 }
 
 /// A model folder needs config.json, weights and a tokenizer whose ids all have embeddings.

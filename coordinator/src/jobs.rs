@@ -49,7 +49,7 @@ impl Jobs {
     /// Checks the job file completely (TOML, keys, files, data, counts) and queues the job.
     pub async fn submit(&self, text: String, base_dir: String) -> Result<pb::JobStatus> {
         let (t, b) = (text.clone(), base_dir.clone());
-        let (job, _) = tokio::task::spawn_blocking(move || load_job(&t, &b)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+        let job = tokio::task::spawn_blocking(move || load_job(&t, &b)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??.job;
         for (k, a) in job.spec.agents.iter().enumerate() {
             if a.learner.as_deref().unwrap_or("").is_empty() {
                 return Err(CoordinatorError::Files(format!(

@@ -4,7 +4,7 @@
 //! repeats at most the unfinished step, and only its missing episodes.
 use crate::error::{CoordinatorError, Result};
 use crate::experience::{make_step, Finished};
-use crate::files::load_job;
+use crate::files::{load_job, Loaded};
 use crate::jobs::Jobs;
 use crate::learners::LearnerLink;
 use crate::scheduler::{Delivery, PolicyTarget};
@@ -48,12 +48,25 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
     }
 }
 
+/// Evaluation episodes draw from their own seed stream, apart from every training step's.
+const EVAL_SHARD: u64 = 1 << 32;
+
 fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Result<Vec<pb::EpisodeSpec>> {
-    let copies = job.comas.instances_per_question as usize;
     let chosen = job.step_questions(step);
     let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
-    let plan = plan_batch(&job.comas, chosen.len() * copies, seed).map_err(|e| CoordinatorError::Rollout(format!("planning step {step}: {e}")))?;
-    let config_json = serde_json::to_string(&job.comas).expect("config serialises");
+    episode_specs(&job.comas, &chosen, questions, seed, |i| episode_id(job_id, step, i))
+}
+
+fn episode_specs(
+    comas: &comas_workflow::comas::CoMasConfig,
+    chosen: &[usize],
+    questions: &[TaskRecord],
+    seed: PlanSeed,
+    id_of: impl Fn(u32) -> String,
+) -> Result<Vec<pb::EpisodeSpec>> {
+    let copies = comas.instances_per_question as usize;
+    let plan = plan_batch(comas, chosen.len() * copies, seed).map_err(|e| CoordinatorError::Rollout(format!("planning step {}: {e}", seed.step)))?;
+    let config_json = serde_json::to_string(comas).expect("config serialises");
     Ok(plan
         .instances
         .into_iter()
@@ -61,7 +74,7 @@ fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> R
         .map(|(i, p)| {
             let instance = i as u32;
             pb::EpisodeSpec {
-                episode_id: episode_id(job_id, step, instance),
+                episode_id: id_of(instance),
                 config_json: config_json.clone(),
                 question_json: serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises"),
                 plan_json: serde_json::to_string(&p).expect("plan serialises"),
@@ -126,10 +139,70 @@ async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u
     Ok(info.global_step)
 }
 
+/// Plays the CoMAS game on the held-out questions with the current weights; nothing is trained.
+/// The record (accuracy, rewards and scores by agent) goes into the store and the metrics log.
+async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
+    let started = Instant::now();
+    let comas = job.eval_comas().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
+    let chosen: Vec<usize> = (0..questions.len()).collect();
+    let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
+    let specs = episode_specs(&comas, &chosen, questions, seed, |i| {
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/eval/{after}/{i}").as_bytes()).to_string()
+    })?;
+    let total = specs.len();
+    jobs.set_live(id, |s| {
+        s.stage = "eval".into();
+        s.episodes_done = 0;
+        s.episodes_total = total as u32;
+    });
+    jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps: {total} episodes"));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    jobs.scheduler.submit(id.to_string(), specs.clone(), job.spec.schedule.max_episode_attempts, tx);
+    let mut done: HashMap<String, Trajectory> = HashMap::new();
+    while done.len() < total {
+        let delivery = tokio::select! {
+            d = rx.recv() => d,
+            _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.to_string())),
+        };
+        match delivery {
+            None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
+            Some(Delivery::Done { episode_id, trajectory_json, .. }) => {
+                let t = parse_trajectory(&trajectory_json, &episode_id)?;
+                done.insert(episode_id, t);
+                jobs.set_live(id, |s| s.episodes_done = done.len() as u32);
+            }
+            Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("evaluation episode {episode_id}: {error}"))),
+            Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
+        }
+    }
+    let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
+    let mut finished = Vec::with_capacity(total);
+    for s in &specs {
+        let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("evaluation episode {} is missing", s.episode_id)))?;
+        let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
+        finished.push(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer });
+    }
+    let mut m = make_step(&finished, job.spec.agents.len() as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
+    if let Some(o) = m.as_object_mut() {
+        o.insert("kind".into(), json!("eval"));
+        o.insert("job_id".into(), json!(id));
+        o.insert("step".into(), json!(after));
+        o.insert("after_steps".into(), json!(after));
+        o.insert("unix_time".into(), json!(now()));
+        o.insert("seconds".into(), json!({"total": started.elapsed().as_secs_f64()}));
+    }
+    let line = serde_json::to_string(&m).unwrap_or_default();
+    jobs.store.record_eval(id, after, &line)?;
+    tracing::info!(job = %id, after, accuracy = ?m.pointer("/accuracy/last_round"), "evaluation recorded");
+    jobs.emit(id, "eval", line, format!("evaluation after {after} steps"));
+    Ok(())
+}
+
 pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<bool>) -> Result<()> {
     let id = row.id.clone();
     let (text, base) = (row.spec.clone(), row.base_dir.clone());
-    let (job, questions) = tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+    let Loaded { job, questions, eval_questions } =
+        tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
     jobs.store.set_state(&id, JobState::Running, "")?;
     jobs.emit(&id, "status", String::new(), "running".into());
     let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
@@ -142,7 +215,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
     let mut step = row.steps_done;
     let cancelled = |c: &watch::Receiver<bool>| *c.borrow();
 
-    while step < job.total_steps {
+    loop {
         let step_started = Instant::now();
         let sched_before = jobs.metrics.scheduler_seconds.get();
         let mut store_secs = 0.0;
@@ -152,9 +225,32 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         for link in links.iter_mut() {
             at.push(check_learner(link, &job, step).await?);
         }
+        let versions = vec![step; l];
+        let sources: Vec<(u32, u64, String)> = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, step, a.learner.clone().unwrap_or_default())).collect();
+
+        // 0. Held-out evaluation with the weights of `step` completed steps.
+        if job.eval_due(step) && !jobs.store.has_eval(&id, step)? {
+            if at.iter().all(|&g| g == step) {
+                if target_versions.as_ref() != Some(&versions) {
+                    let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+                    jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources.clone() });
+                    target_versions = Some(versions.clone());
+                    jobs.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
+                }
+                evaluate(jobs, &job, &id, step, &eval_questions, &mut cancel).await?;
+                let lines = jobs.store.metrics_log(&id)?;
+                if let Err(e) = write_metrics_log(&metrics_path, &lines) {
+                    tracing::warn!(path = %metrics_path.display(), error = %e, "cannot write the metrics log");
+                }
+            } else {
+                tracing::warn!(job = %id, step, "skipping the evaluation after {step} steps: a learner has already trained the next step");
+            }
+        }
+        if step >= job.total_steps {
+            break;
+        }
 
         // 1. Rollout with version `step` everywhere.
-        let versions = vec![step; l];
         let episodes_stored = {
             let t = Instant::now();
             let v = jobs.store.step_episodes(&id, step)?;
@@ -182,7 +278,6 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             }
             if target_versions.as_ref() != Some(&versions) {
                 let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-                let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, step, a.learner.clone().unwrap_or_default())).collect();
                 jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
                 target_versions = Some(versions.clone());
             }
@@ -347,7 +442,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let versions_now: Vec<(u32, u64)> = new_versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         let cursor = (step + 1) * u64::from(job.spec.schedule.questions_per_step);
         jobs.store.commit_step(&id, step, &line, &versions_now, cursor)?;
-        let lines = jobs.store.step_metrics(&id)?;
+        let lines = jobs.store.metrics_log(&id)?;
         if let Err(e) = write_metrics_log(&metrics_path, &lines) {
             tracing::warn!(path = %metrics_path.display(), error = %e, "cannot write the metrics log");
         }

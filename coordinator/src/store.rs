@@ -93,6 +93,13 @@ CREATE TABLE IF NOT EXISTS steps (
     finished REAL NOT NULL,
     PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS evals (
+    job_id TEXT NOT NULL,
+    -- Completed training steps when the evaluation ran (0 = the base models).
+    after_steps INTEGER NOT NULL,
+    metrics TEXT NOT NULL,
+    PRIMARY KEY (job_id, after_steps)
+);
 CREATE TABLE IF NOT EXISTS agent_versions (
     job_id TEXT NOT NULL,
     agent INTEGER NOT NULL,
@@ -229,6 +236,29 @@ impl Store {
         self.with(|c| c.prepare("SELECT metrics FROM steps WHERE job_id = ?1 ORDER BY step")?.query_map(params![job], |r| r.get(0))?.collect())
     }
 
+    pub fn record_eval(&self, job: &str, after_steps: u64, metrics: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute("INSERT OR REPLACE INTO evals (job_id, after_steps, metrics) VALUES (?1, ?2, ?3)", params![job, after_steps as i64, metrics]).map(|_| ())
+        })
+    }
+
+    pub fn has_eval(&self, job: &str, after_steps: u64) -> Result<bool> {
+        self.with(|c| c.query_row("SELECT COUNT(*) FROM evals WHERE job_id = ?1 AND after_steps = ?2", params![job, after_steps as i64], |r| r.get::<_, i64>(0)).map(|n| n > 0))
+    }
+
+    /// The metrics log: every committed step and every evaluation, in the order they happened
+    /// (the evaluation after k steps follows step k - 1).
+    pub fn metrics_log(&self, job: &str) -> Result<Vec<String>> {
+        self.with(|c| {
+            c.prepare(
+                "SELECT metrics FROM (SELECT step + 1 AS k, 0 AS e, metrics FROM steps WHERE job_id = ?1 \
+                 UNION ALL SELECT after_steps AS k, 1 AS e, metrics FROM evals WHERE job_id = ?1) ORDER BY k, e",
+            )?
+            .query_map(params![job], |r| r.get(0))?
+            .collect()
+        })
+    }
+
     pub fn versions(&self, job: &str) -> Result<Vec<(u32, u64)>> {
         self.with(|c| {
             c.prepare("SELECT agent, version FROM agent_versions WHERE job_id = ?1 ORDER BY agent")?
@@ -262,6 +292,10 @@ mod tests {
         assert!(s.step_episodes("j1", 0).unwrap().is_empty());
         assert_eq!(s.versions("j1").unwrap(), vec![(0, 1), (1, 1)]);
         assert_eq!(s.step_metrics("j1").unwrap(), vec!["{\"step\":0}".to_string()]);
+        s.record_eval("j1", 1, "after-1").unwrap();
+        s.record_eval("j1", 0, "base").unwrap();
+        assert!(s.has_eval("j1", 0).unwrap() && !s.has_eval("j1", 2).unwrap());
+        assert_eq!(s.metrics_log("j1").unwrap(), vec!["base".to_string(), "{\"step\":0}".into(), "after-1".into()]);
         assert!(s.get_job("nope").unwrap().is_none());
         assert_eq!(s.list_jobs().unwrap().len(), 1);
     }

@@ -101,6 +101,28 @@ pub struct OutputSpec {
     pub export: bool,
 }
 
+/// In-training evaluation (spec 6.3): the same CoMAS game on held-out questions, no training,
+/// every `every_steps` steps, after the last step, and (with `at_start`) before the first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Held-out questions, same record format as the training data.
+    pub data: PathBuf,
+    #[serde(default = "five")]
+    pub every_steps: u64,
+    /// Evaluate the base models before the first step too.
+    #[serde(default = "yes")]
+    pub at_start: bool,
+    /// Use only the first this many questions; 0 = all.
+    #[serde(default)]
+    pub max_questions: usize,
+    #[serde(default = "one_u32")]
+    pub instances_per_question: u32,
+    /// Sampling temperature of every role during evaluation (spec 6.1: 0.7).
+    #[serde(default = "eval_temperature")]
+    pub temperature: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSpec {
@@ -134,6 +156,7 @@ pub struct JobSpec {
     #[serde(default)]
     pub rollout: RolloutSpec,
     pub output: OutputSpec,
+    pub eval: Option<EvalSpec>,
     pub agents: Vec<AgentSpec>,
 }
 
@@ -142,6 +165,15 @@ fn yes() -> bool {
 }
 fn one() -> u64 {
     1
+}
+fn five() -> u64 {
+    5
+}
+fn one_u32() -> u32 {
+    1
+}
+fn eval_temperature() -> f64 {
+    0.7
 }
 fn three() -> u32 {
     3
@@ -187,6 +219,9 @@ impl JobSpec {
         };
         fix(&mut self.data.train);
         fix(&mut self.output.dir);
+        if let Some(e) = &mut self.eval {
+            fix(&mut e.data);
+        }
         for a in &mut self.agents {
             fix(&mut a.model);
             if let Some(ad) = &mut a.adapter {
@@ -205,6 +240,9 @@ impl JobSpec {
         };
         check("data.train".into(), &self.data.train);
         check("output.dir".into(), &self.output.dir);
+        if let Some(e) = &self.eval {
+            check("eval.data".into(), &e.data);
+        }
         for (k, a) in self.agents.iter().enumerate() {
             check(format!("agents[{k}].model"), &a.model);
             if let Some(ad) = &a.adapter {
@@ -277,6 +315,14 @@ impl JobSpec {
                 return Err(invalid(format!("schedule.{name}"), "must be at least 1"));
             }
         }
+        if let Some(e) = &self.eval {
+            if e.every_steps == 0 || e.instances_per_question == 0 {
+                return Err(invalid("eval", "`every_steps` and `instances_per_question` must be at least 1"));
+            }
+            if !(e.temperature >= 0.0 && e.temperature.is_finite()) {
+                return Err(invalid("eval.temperature", format!("must be finite and >= 0, got {}", e.temperature)));
+            }
+        }
         let mut job = Job { spec: self.clone(), comas, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         Ok(job)
@@ -337,6 +383,23 @@ impl Job {
             cfg.total_steps = (per_step * self.total_steps).max(1);
         }
         Ok(cfg)
+    }
+
+    /// The CoMAS settings of evaluation episodes: the job's game, the eval temperature for every
+    /// role and the eval instance count.
+    pub fn eval_comas(&self) -> Option<CoMasConfig> {
+        let e = self.spec.eval.as_ref()?;
+        let mut c = self.comas.clone();
+        c.instances_per_question = e.instances_per_question;
+        for s in [&mut c.sampling.solver, &mut c.sampling.evaluator, &mut c.sampling.scorer] {
+            s.temperature = e.temperature;
+        }
+        Some(c)
+    }
+
+    /// Whether an evaluation is due once `completed` steps are done.
+    pub fn eval_due(&self, completed: u64) -> bool {
+        self.spec.eval.as_ref().is_some_and(|e| if completed == 0 { e.at_start } else { completed % e.every_steps == 0 || completed == self.total_steps })
     }
 
     /// Data set indices of step `step`'s questions: epoch e = step / steps_per_epoch uses its own
@@ -440,6 +503,24 @@ train_batch_size = 24
         assert_ne!(e0, e1, "each epoch has its own order");
         assert_eq!(step_questions(5, 2, 7, false, 3), vec![2, 3]);
         assert_eq!(job.step_questions(1), job.step_questions(1));
+    }
+
+    #[test]
+    fn evaluation_is_due_at_start_every_k_steps_and_at_the_end() {
+        let text = JOB.replace("[[agents]]\nmodel = \"m0\"", "[eval]\ndata = \"test.jsonl\"\nevery_steps = 2\n[[agents]]\nmodel = \"m0\"");
+        let job = JobSpec::from_toml(&text.replace("steps = 3", "steps = 5")).unwrap().check(10).unwrap();
+        let due: Vec<u64> = (0..=5).filter(|&k| job.eval_due(k)).collect();
+        assert_eq!(due, vec![0, 2, 4, 5]);
+        let c = job.eval_comas().unwrap();
+        assert_eq!((c.instances_per_question, c.sampling.scorer.temperature), (1, 0.7));
+        assert_eq!(c.sampling.solver.max_new_tokens, job.comas.sampling.solver.max_new_tokens);
+        let e = JobSpec::from_toml(&text.replace("every_steps = 2", "every_steps = 0")).unwrap().check(10).unwrap_err().to_string();
+        assert!(e.contains("eval"), "{e}");
+        let mut spec = JobSpec::from_toml(&text).unwrap();
+        assert_eq!(spec.relative_paths().len(), 5);
+        spec.resolve_paths(Path::new("/j"));
+        assert_eq!(spec.eval.unwrap().data, PathBuf::from("/j/test.jsonl"));
+        assert!(JobSpec::from_toml(JOB).unwrap().check(10).unwrap().eval_comas().is_none());
     }
 
     #[test]
