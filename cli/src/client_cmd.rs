@@ -54,7 +54,7 @@ pub struct CancelArgs {
 }
 
 pub async fn connect(address: &str) -> Result<CoordinatorClient<Channel>> {
-    let uri = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+    let uri = comas_service::grpc_uri(address);
     let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect_timeout(Duration::from_secs(5))
         .connect()
@@ -202,6 +202,14 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
     steps.set_prefix("steps");
     let episodes = multi.add(ProgressBar::new(0));
     episodes.set_style(ProgressStyle::with_template("{prefix:>9} [{bar:30.green/white}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    // A permanent line: above the bars on a terminal, plain on stderr otherwise.
+    let say = |line: &str| {
+        if tty {
+            multi.println(line).ok();
+        } else {
+            eprintln!("{line}");
+        }
+    };
     let mut last: Option<pb::JobStatus> = None;
     let mut stage = String::new();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", s.message()))? {
@@ -217,22 +225,13 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
-                    let line = format!("eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}", m["after_steps"], m["episodes"], fmt(m.get("parse_failure_rate")));
-                    if tty {
-                        multi.println(&line).ok();
-                    } else {
-                        eprintln!("{line}");
-                    }
+                    say(&format!("eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}", m["after_steps"], m["episodes"], fmt(m.get("parse_failure_rate"))));
                 }
             } else if ev.kind == "step" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     let line = step_line(&m);
                     steps.set_message(line.split(" | ").nth(1).unwrap_or("").to_string());
-                    if tty {
-                        multi.println(&line).ok();
-                    } else {
-                        eprintln!("{line}");
-                    }
+                    say(&line);
                 }
             } else if !tty && s.stage != stage && !s.stage.is_empty() {
                 eprintln!("{}: {} (step {}/{})", s.job_id, s.stage, s.steps_done, s.total_steps);

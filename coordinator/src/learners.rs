@@ -26,7 +26,7 @@ fn transient(s: &Status) -> bool {
 
 impl LearnerLink {
     pub fn new(agent: u32, address: &str, patience: Duration) -> Self {
-        let address = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+        let address = comas_service::grpc_uri(address);
         Self { agent, address, client: None, patience }
     }
 

@@ -105,6 +105,38 @@ fn write_metrics_log(path: &Path, lines: &[String]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Rewrites the metrics log from the store; a failed write is logged, the store stays the truth.
+fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
+    let lines = jobs.store.metrics_log(id)?;
+    if let Err(e) = write_metrics_log(path, &lines) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics log");
+    }
+    Ok(())
+}
+
+/// Points every worker at these weight versions (agent k's from its learner); returns the new
+/// target generation to wait for.
+fn retarget(jobs: &Jobs, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
+    let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, versions[k], a.learner.clone().unwrap_or_default())).collect();
+    jobs.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources });
+    generation
+}
+
+/// The episodes of `specs` in spec order (so every run builds the same batches), each with its
+/// question's reference answer for logging.
+fn in_spec_order(specs: &[pb::EpisodeSpec], mut done: HashMap<String, Trajectory>, questions: &[TaskRecord]) -> Result<Vec<Finished>> {
+    let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
+    specs
+        .iter()
+        .map(|s| {
+            let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
+            let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
+            Ok(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer })
+        })
+        .collect()
+}
+
 /// Checks a learner before the job uses it: right agent, the job's settings, a step that fits.
 async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u64> {
     let info = link.info().await?;
@@ -175,13 +207,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
             Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
         }
     }
-    let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
-    let mut finished = Vec::with_capacity(total);
-    for s in &specs {
-        let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("evaluation episode {} is missing", s.episode_id)))?;
-        let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
-        finished.push(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer });
-    }
+    let finished = in_spec_order(&specs, done, questions)?;
     let mut m = make_step(&finished, job.spec.agents.len() as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
     if let Some(o) = m.as_object_mut() {
         o.insert("kind".into(), json!("eval"));
@@ -226,22 +252,17 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             at.push(check_learner(link, &job, step).await?);
         }
         let versions = vec![step; l];
-        let sources: Vec<(u32, u64, String)> = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, step, a.learner.clone().unwrap_or_default())).collect();
 
         // 0. Held-out evaluation with the weights of `step` completed steps.
         if job.eval_due(step) && !jobs.store.has_eval(&id, step)? {
             if at.iter().all(|&g| g == step) {
                 if target_versions.as_ref() != Some(&versions) {
-                    let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-                    jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources.clone() });
+                    let generation = retarget(jobs, &job, &id, &load, &versions);
                     target_versions = Some(versions.clone());
                     jobs.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
                 }
                 evaluate(jobs, &job, &id, step, &eval_questions, &mut cancel).await?;
-                let lines = jobs.store.metrics_log(&id)?;
-                if let Err(e) = write_metrics_log(&metrics_path, &lines) {
-                    tracing::warn!(path = %metrics_path.display(), error = %e, "cannot write the metrics log");
-                }
+                refresh_metrics_log(jobs, &id, &metrics_path)?;
             } else {
                 tracing::warn!(job = %id, step, "skipping the evaluation after {step} steps: a learner has already trained the next step");
             }
@@ -277,8 +298,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 return Err(CoordinatorError::Other(format!("step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree")));
             }
             if target_versions.as_ref() != Some(&versions) {
-                let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-                jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
+                retarget(jobs, &job, &id, &load, &versions);
                 target_versions = Some(versions.clone());
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
@@ -319,13 +339,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         // 2. Experience making, in the specs' order so every run builds the same batches.
         let exp_started = Instant::now();
         jobs.set_live(&id, |s| s.stage = "experience".into());
-        let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
-        let mut finished = Vec::with_capacity(total);
-        for s in &specs {
-            let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
-            let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
-            finished.push(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer });
-        }
+        let finished = in_spec_order(&specs, done, &questions)?;
         let batch = make_step(&finished, l as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
@@ -395,9 +409,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let mut sync = crate::scheduler::SyncStats::default();
         jobs.set_live(&id, |s| s.stage = "broadcast".into());
         if step + 1 < job.total_steps {
-            let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-            let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, new_versions[k], a.learner.clone().unwrap_or_default())).collect();
-            jobs.scheduler.set_target(PolicyTarget { job_id: id.clone(), generation, load: load.clone(), versions: sources });
+            let generation = retarget(jobs, &job, &id, &load, &new_versions);
             target_versions = Some(new_versions.clone());
             tokio::select! {
                 r = jobs.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
@@ -442,10 +454,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let versions_now: Vec<(u32, u64)> = new_versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         let cursor = (step + 1) * u64::from(job.spec.schedule.questions_per_step);
         jobs.store.commit_step(&id, step, &line, &versions_now, cursor)?;
-        let lines = jobs.store.metrics_log(&id)?;
-        if let Err(e) = write_metrics_log(&metrics_path, &lines) {
-            tracing::warn!(path = %metrics_path.display(), error = %e, "cannot write the metrics log");
-        }
+        refresh_metrics_log(jobs, &id, &metrics_path)?;
         jobs.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs, train_secs, broadcast_secs, coordinator_secs, "step committed");
         jobs.emit(&id, "step", line, format!("step {step} done"));

@@ -533,7 +533,7 @@ impl State {
 }
 
 async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
-    let uri = if address.starts_with("http") { address.to_string() } else { format!("http://{address}") };
+    let uri = comas_service::grpc_uri(address);
     let ch = Endpoint::from_shared(uri.clone())
         .map_err(|e| format!("bad worker address {uri}: {e}"))?
         .connect_timeout(Duration::from_secs(10))

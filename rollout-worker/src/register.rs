@@ -13,18 +13,10 @@ pub struct Registration {
     pub max_episodes: u32,
 }
 
-fn uri(a: &str) -> String {
-    if a.starts_with("http") {
-        a.to_string()
-    } else {
-        format!("http://{a}")
-    }
-}
-
 /// Runs until `stop` fires. When `draining` turns true, one heartbeat says so at once, so the
 /// coordinator stops leasing to this worker before it goes away.
 pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
-    let target = uri(&r.coordinator);
+    let target = comas_service::grpc_uri(&r.coordinator);
     let mut backoff = Duration::from_millis(200);
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
@@ -41,7 +33,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
             };
             if !registered {
                 let resp = c
-                    .register_worker(pb::RegisterWorkerRequest { worker_id: r.worker_id.clone(), address: uri(&r.advertise), max_episodes: r.max_episodes })
+                    .register_worker(pb::RegisterWorkerRequest { worker_id: r.worker_id.clone(), address: comas_service::grpc_uri(&r.advertise), max_episodes: r.max_episodes })
                     .await
                     .map_err(|e| e.message().to_string())?
                     .into_inner();

@@ -152,7 +152,7 @@ impl RolloutWorker for WorkerService {
     async fn update_weights(&self, request: Request<pb::UpdateWeightsRequest>) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
         let req = request.into_inner();
         let started = Instant::now();
-        let source = if req.source.starts_with("http") { req.source.clone() } else { format!("http://{}", req.source) };
+        let source = comas_service::grpc_uri(&req.source);
         let pull = async {
             let mut client = LearnerClient::connect(source.clone())
                 .await

@@ -3,6 +3,15 @@
 //! graceful shutdown, and the logging set-up.
 pub mod prom;
 
+/// A gRPC address as a URI: `host:port` gets `http://`, anything with a scheme stays as it is.
+pub fn grpc_uri(address: &str) -> String {
+    if address.starts_with("http") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
