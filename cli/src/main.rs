@@ -1,6 +1,7 @@
 //! The `comas` command line.
 mod client_cmd;
 mod generate_cmd;
+mod import_cmd;
 mod local_cmd;
 mod model_args;
 mod plot;
@@ -49,6 +50,8 @@ enum Command {
     Generate(generate_cmd::Args),
     /// Per-token log-probabilities of given completions (JSONL in, JSONL out).
     Score(score_cmd::Args),
+    /// Convert a GGUF file (llama.cpp's format) into a Hugging Face model folder.
+    ImportGguf(import_cmd::Args),
     /// Write a small random model in the Hugging Face layout (for demos, tests, benchmarks).
     TinyModel(tiny_cmd::Args),
 }
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::TinyModel(a) => tiny_cmd::run(a),
+        Command::ImportGguf(a) => import_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
