@@ -113,6 +113,7 @@ fn paper_scale_experience() {
                         logprobs: vec![-1.0; 512],
                         finish_reason: FinishReason::Stop,
                         policy_version: 0,
+                        constrained: Vec::new(),
                     }
                 })
                 .collect();

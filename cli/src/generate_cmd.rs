@@ -38,6 +38,10 @@ pub struct Args {
     /// Do not stop at the model's end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Guided tail: once the reply would stop, continue it with text matching this regex
+    /// (e.g. '<score>[123]</score>'); the model still picks where the regex leaves a choice.
+    #[arg(long)]
+    guided_suffix: Option<String>,
     /// PEFT LoRA adapter folder to apply.
     #[arg(long)]
     adapter: Option<PathBuf>,
@@ -80,6 +84,7 @@ pub fn run(a: Args) -> Result<()> {
         min_new_tokens: a.min_new_tokens,
         stop_token_ids: if a.ignore_eos { Vec::new() } else { tokenizer.eos_token_ids().to_vec() },
         stop_strings: a.stop.clone(),
+        guided_suffix: a.guided_suffix.clone(),
     };
     let req = GenerationRequest { prompt_ids: prompt_ids.clone(), params, adapter: adapter.as_ref() };
     let started = std::time::Instant::now();
@@ -94,6 +99,7 @@ pub fn run(a: Args) -> Result<()> {
             "sampling_logprobs": c.sampling_logprobs,
             "finish_reason": c.finish_reason,
             "stop_string": c.stop_string,
+            "constrained": c.constrained,
             "text": text,
         });
         println!("{out}");

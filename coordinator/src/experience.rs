@@ -116,6 +116,11 @@ pub fn make_step(episodes: &[Finished], num_agents: u32) -> Result<StepBatch, Wo
                 episode_id: ep.episode_id.clone(),
                 turn_id: u64::from(turn.turn_index),
                 policy_version: turn.policy_version,
+                constrained: turn
+                    .constrained
+                    .iter()
+                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
+                    .collect(),
             });
             for tally in [&mut agents[turn.agent as usize], &mut total] {
                 tally.reward.entry(turn.role).or_default().push(reward);
@@ -186,6 +191,7 @@ mod tests {
                     logprobs: vec![-0.5; 3],
                     finish_reason: FinishReason::Stop,
                     policy_version: 7,
+                    constrained: Vec::new(),
                 })
                 .collect();
             ep.submit(outs).unwrap();

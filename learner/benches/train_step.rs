@@ -43,6 +43,7 @@ fn main() {
             episode_id: None,
             turn_id: None,
             policy_version: None,
+            constrained: Vec::new(),
         })
         .collect();
     let batch_file = work.join("batch.jsonl");

@@ -34,7 +34,13 @@ pub struct Experience {
     pub turn_id: Option<u64>,
     #[serde(default)]
     pub policy_version: Option<u64>,
+    /// Guided-tail tokens drawn from a restricted set (`comas_model::guide`): their log-probs
+    /// are renormalised over that set; a forced token (a set of one) carries no loss.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constrained: Vec<Constrained>,
 }
+
+pub use comas_model::guide::Constrained;
 
 impl Experience {
     pub fn len(&self) -> usize {
@@ -47,6 +53,15 @@ impl Experience {
 
     pub fn scalar_reward(&self) -> f64 {
         self.reward.unwrap_or(0.0)
+    }
+
+    /// Per-token loss weights: 1, or 0 at forced tokens (and everywhere when `in_loss` is off).
+    pub fn token_weights(&self, in_loss: bool) -> Vec<f64> {
+        let mut w = vec![if in_loss { 1.0 } else { 0.0 }; self.completion_ids.len()];
+        for c in self.constrained.iter().filter(|c| c.allowed.len() == 1) {
+            w[c.position] = 0.0;
+        }
+        w
     }
 
     /// Checks one sample against the model's vocabulary; `what` names it in errors.
@@ -78,6 +93,22 @@ impl Experience {
             if lp.len() != self.completion_ids.len() {
                 return bad(format!("{} sampling logprobs for {} completion tokens", lp.len(), self.completion_ids.len()));
             }
+        }
+        let mut last = None;
+        for c in &self.constrained {
+            let Some(&token) = self.completion_ids.get(c.position) else {
+                return bad(format!("constrained position {} is beyond the {} completion tokens", c.position, self.completion_ids.len()));
+            };
+            if last.is_some_and(|l| c.position <= l) {
+                return bad(format!("constrained positions are not ascending at {}", c.position));
+            }
+            if !c.allowed.windows(2).all(|w| w[0] < w[1]) || c.allowed.binary_search(&token).is_err() {
+                return bad(format!("constrained position {}: token {token} is not in its ascending allowed set", c.position));
+            }
+            if let Some(t) = c.allowed.iter().find(|&&t| t < 0 || t >= vocab) {
+                return bad(format!("constrained position {}: allowed token {t} is outside the vocabulary (size {vocab})", c.position));
+            }
+            last = Some(c.position);
         }
         Ok(())
     }

@@ -179,8 +179,38 @@ pub fn learning_rate(cfg: &TrainConfig, k: u64) -> f64 {
     }
 }
 
+/// The order in which one epoch of a global step visits its `n` samples (rl.md §8): a
+/// Fisher–Yates shuffle driven by SplitMix64, seeded by the config seed, the optimizer steps
+/// taken before this global step, and the epoch. Written out so the PyTorch reference
+/// (`tests/fixtures/learner/ref_step.py`) computes the same permutation.
+pub fn shuffle_order(n: usize, seed: u64, steps_before: u64, epoch: u64) -> Vec<usize> {
+    let mut state = seed ^ (steps_before + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shuffle_order_is_the_references_permutation() {
+        // Printed by ref_step.py for the `reinforce_shuffled` fixture (seed 7, 3 steps before).
+        assert_eq!(super::shuffle_order(8, 7, 3, 0), [3, 2, 4, 0, 7, 1, 5, 6]);
+        assert_eq!(super::shuffle_order(8, 7, 3, 1), [3, 5, 0, 1, 6, 7, 4, 2]);
+        assert_eq!(super::shuffle_order(1, 7, 3, 0), [0]);
+        assert!(super::shuffle_order(0, 7, 3, 0).is_empty());
+    }
+
     use super::*;
     use crate::config::LrSchedule;
 

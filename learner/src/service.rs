@@ -1,7 +1,7 @@
 //! gRPC side of the learner: converts messages and forwards work to the training thread.
 use crate::engine::{Command, Versions};
 use crate::error::LearnerError;
-use crate::experience::{Experience, Finish};
+use crate::experience::{Constrained, Experience, Finish};
 use crate::metrics::Metrics;
 use crate::publish::DEFAULT_CHUNK_BYTES;
 use crate::trainer::StepReport;
@@ -57,6 +57,7 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
         episode_id: (!m.episode_id.is_empty()).then_some(m.episode_id),
         turn_id: Some(m.turn_id),
         policy_version: Some(m.policy_version),
+        constrained: m.constrained.into_iter().map(|c| Constrained { position: c.position as usize, allowed: c.allowed }).collect(),
     })
 }
 

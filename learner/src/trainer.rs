@@ -6,12 +6,10 @@ use crate::error::{LearnerError, Result};
 use crate::experience::{Experience, Finish};
 use crate::loss::{kl_tensor, policy_loss};
 use crate::optim::AdamW;
-use crate::rl::{compute_advantages, learning_rate, SampleInput};
+use crate::rl::{compute_advantages, learning_rate, shuffle_order, SampleInput};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
 use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -71,10 +69,28 @@ struct Packed {
     gather: Tensor,
     targets: Tensor,
     tokens: usize,
+    /// Guided-tail tokens: their indices among the gathered positions, and the allowed ids of
+    /// each as one [C, V] mask (true = allowed).
+    constrained: Option<(Tensor, Tensor)>,
 }
 
-fn pack(batch: &[&Experience], device: Device) -> Packed {
+fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
     let seqs: Vec<Vec<i64>> = batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
+    let (mut rows, mut allowed) = (Vec::new(), Vec::new());
+    let mut offset = 0i64;
+    for e in batch {
+        for c in &e.constrained {
+            rows.push(offset + c.position as i64);
+            let mut m = vec![false; vocab as usize];
+            c.allowed.iter().for_each(|&t| m[t as usize] = true);
+            allowed.extend(m);
+        }
+        offset += e.completion_ids.len() as i64;
+    }
+    let constrained = (!rows.is_empty()).then(|| {
+        let n = rows.len() as i64;
+        (Tensor::from_slice(&rows).to_device(device), Tensor::from_slice(&allowed).view([n, vocab]).to_device(device))
+    });
     let (ids, valid) = mask::right_pad(&seqs, 0, device);
     let width = ids.size()[1];
     let mut gather = Vec::new();
@@ -92,6 +108,7 @@ fn pack(batch: &[&Experience], device: Device) -> Packed {
         gather: Tensor::from_slice(&gather).to_device(device),
         targets: Tensor::from_slice(&targets).to_device(device),
         tokens: seqs.iter().map(Vec::len).sum(),
+        constrained,
     }
 }
 
@@ -209,7 +226,7 @@ impl Trainer {
     /// under `model` (+ adapter). Only completion positions go through the vocabulary
     /// projection: prompts can be long and their logits are never needed.
     fn completion_logprobs(&self, model: &CausalLm, with_adapter: bool, batch: &[&Experience], want_entropy: bool) -> Result<(Tensor, Option<Tensor>, usize)> {
-        let p = pack(batch, model.device());
+        let p = pack(batch, model.config().vocab_size, model.device());
         let lora = match (&self.adapter, with_adapter) {
             (Some(a), true) => Some(LoraBatch::uniform(a)),
             _ => None,
@@ -218,7 +235,14 @@ impl Trainer {
         let h = hidden.reshape([-1, hidden.size()[2]]).index_select(0, &p.gather);
         let logits = model.lm_head(&h).to_kind(Kind::Float) / self.cfg.temperature;
         let lsm = logits.log_softmax(-1, Kind::Float);
-        let lp = lsm.gather(-1, &p.targets.unsqueeze(-1), false).squeeze_dim(-1);
+        let mut lp = lsm.gather(-1, &p.targets.unsqueeze(-1), false).squeeze_dim(-1);
+        if let Some((rows, allowed)) = &p.constrained {
+            // A token drawn from a restricted set: its log-prob renormalised over that set, as
+            // the sampler computed it (a forced token gets exactly 0 and no gradient).
+            let sub = logits.index_select(0, rows).masked_fill(&allowed.logical_not(), f64::NEG_INFINITY).log_softmax(-1, Kind::Float);
+            let picked = sub.gather(-1, &p.targets.index_select(0, rows).unsqueeze(-1), false).squeeze_dim(-1);
+            lp = lp.index_copy(0, rows, &picked);
+        }
         let entropy = want_entropy.then(|| tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg()));
         Ok((lp, entropy, p.tokens))
     }
@@ -340,19 +364,20 @@ impl Trainer {
         let n = batch.len();
         let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
         let mut report = StepReport::default();
-        let (mut clip_sum, mut akl_sum, mut ent_sum, mut kl_sum, mut tok_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let (mut clip_sum, mut akl_sum, mut ent_sum, mut tok_sum) = (0.0, 0.0, 0.0, 0.0);
         let mut norms = Vec::new();
         let to_t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(Kind::Float).to_device(device);
+        // The shuffle is seeded by the optimizer steps already taken, which a resumed learner
+        // restores from its checkpoint.
+        let steps_before = self.optimizer_steps;
+        let weights: Vec<Vec<f64>> = batch.iter().zip(loss_mask).map(|(e, &m)| e.token_weights(m)).collect();
+        let in_loss = |i: usize| weights[i].iter().any(|&w| w > 0.0);
         for epoch in 0..cfg.max_epochs {
-            let mut order: Vec<usize> = (0..n).collect();
-            if cfg.shuffle {
-                let seed = cfg.seed ^ (self.global_step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (epoch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-                order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-            }
+            let order: Vec<usize> = if cfg.shuffle { shuffle_order(n, cfg.seed, steps_before, epoch as u64) } else { (0..n).collect() };
             for chunk in order.chunks(cfg.train_batch_size) {
                 // Denominators for the whole optimizer step, fixed before any micro-batch (§7).
-                let step_tokens: usize = chunk.iter().filter(|&&i| loss_mask[i]).map(|&i| adv[i].len()).sum();
-                let step_seqs = chunk.iter().filter(|&&i| loss_mask[i]).count();
+                let step_tokens: f64 = chunk.iter().map(|&i| weights[i].iter().sum::<f64>()).sum();
+                let step_seqs = chunk.iter().filter(|&&i| in_loss(i)).count();
                 let mbs = micro_batches(chunk, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
@@ -362,14 +387,14 @@ impl Trainer {
                     let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
                     let old_t = cat(&|i| old[i].clone());
                     let adv_t = cat(&|i| adv[i].clone());
-                    let mask_t = cat(&|i| vec![if loss_mask[i] { 1.0 } else { 0.0 }; adv[i].len()]);
+                    let mask_t = cat(&|i| weights[i].clone());
                     let seq_idx = Tensor::from_slice(&mb.iter().enumerate().flat_map(|(k, &i)| vec![k as i64; adv[i].len()]).collect::<Vec<_>>()).to_device(device);
                     let mb_tokens = mask_t.sum(Kind::Float).double_value(&[]);
                     // Reduce a per-token quantity to this micro-batch's share of the step loss.
                     let aggregate = |per_tok: &Tensor| -> Tensor {
                         let masked = per_tok * &mask_t;
                         match cfg.loss_agg {
-                            LossAgg::TokenMean if step_tokens > 0 => masked.sum(Kind::Float) / step_tokens as f64,
+                            LossAgg::TokenMean if step_tokens > 0.0 => masked.sum(Kind::Float) / step_tokens,
                             LossAgg::MicrobatchMean if mb_tokens > 0.0 => masked.sum(Kind::Float) / mb_tokens / mbs.len() as f64,
                             LossAgg::SeqMean if step_seqs > 0 => {
                                 let zeros = Tensor::zeros([mb.len() as i64], (Kind::Float, device));
@@ -388,7 +413,6 @@ impl Trainer {
                         let k = kl_tensor(cfg.kl_estimator, &logp, &ref_t);
                         let kl_l = aggregate(&k);
                         kl_total += kl_l.double_value(&[]);
-                        kl_sum += (&k * &mask_t).sum(Kind::Float).double_value(&[]);
                         loss = loss + kl_l * cfg.kl_coef;
                     }
                     let lv = loss.double_value(&[]);
@@ -431,7 +455,8 @@ impl Trainer {
         report.approx_kl = akl_sum / denom;
         report.entropy = ent_sum / denom;
         if cfg.kl_in_loss {
-            report.kl = kl_sum / denom;
+            // As aggregated into the loss (mean over optimizer steps), like kl_loss.
+            report.kl = report.kl_loss;
         }
         report.grad_norm = norms.iter().sum::<f64>() / norms.len().max(1) as f64;
         report.grad_norm_max = norms.iter().copied().fold(0.0, f64::max);

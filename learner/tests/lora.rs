@@ -18,6 +18,7 @@ fn batch() -> Vec<Experience> {
             episode_id: None,
             turn_id: None,
             policy_version: None,
+            constrained: Vec::new(),
         })
         .collect()
 }

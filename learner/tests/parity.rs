@@ -92,3 +92,18 @@ fn one_shot_step_binary_matches_pytorch() {
     comas_model::CausalLm::load(out.path(), tch::Kind::Float, tch::Device::Cpu).unwrap();
     comas_model::Tokenizer::from_dir(out.path()).unwrap();
 }
+
+#[test]
+fn shuffled_two_epochs_match_pytorch() {
+    run_case("reinforce_shuffled");
+}
+
+#[test]
+fn microbatch_mean_over_uneven_micro_batches_matches_pytorch() {
+    run_case("microbatch_mean_two_steps");
+}
+
+#[test]
+fn seq_mean_with_k2_kl_in_loss_matches_pytorch() {
+    run_case("seq_mean_kl_loss");
+}

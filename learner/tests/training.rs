@@ -37,6 +37,7 @@ fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
             episode_id: None,
             turn_id: Some(i as u64),
             policy_version: Some(0),
+            constrained: Vec::new(),
         })
         .collect()
 }
@@ -76,6 +77,7 @@ fn mean_reward_rises_on_a_toy_task() {
                 episode_id: None,
                 turn_id: None,
                 policy_version: Some(step),
+                constrained: Vec::new(),
             })
             .collect();
         means.push(batch.iter().map(|e| e.scalar_reward()).sum::<f64>() / batch.len() as f64);

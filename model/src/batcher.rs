@@ -3,6 +3,7 @@
 //! batcher with every request admitted at once.
 use crate::error::{ModelError, Result};
 use crate::generate::{Completion, FinishReason};
+use crate::guide::{Allowed, Constrained, Guide, TAIL_RESERVE};
 use crate::kv_cache::KvCache;
 use crate::lora::{LoraAdapter, LoraBatch};
 use crate::mask;
@@ -12,12 +13,28 @@ use crate::transformer::CausalLm;
 use rand_chacha::ChaCha8Rng;
 use tch::Tensor;
 
+/// Where a row stands with its guided tail (`SamplingParams::guided_suffix`).
+enum Tail {
+    Unguided,
+    /// Writing freely; the guide starts when the row would stop.
+    Free(String),
+    /// In the guided tail; `next` is what the guide allows at the next position.
+    Guided { guide: Guide, next: Vec<i64> },
+}
+
 struct Row<'a> {
     id: u64,
     params: SamplingParams,
     adapter: Option<&'a LoraAdapter>,
     rng: ChaCha8Rng,
     out: Completion,
+    tail: Tail,
+}
+
+/// What happened to a row after its token of this step.
+enum RowState {
+    Running,
+    Finished(FinishReason),
 }
 
 struct Pending<'a> {
@@ -40,7 +57,14 @@ pub struct Batcher<'a> {
 }
 
 fn empty_completion() -> Completion {
-    Completion { token_ids: Vec::new(), logprobs: Vec::new(), sampling_logprobs: Vec::new(), finish_reason: FinishReason::Length, stop_string: None }
+    Completion {
+        token_ids: Vec::new(),
+        logprobs: Vec::new(),
+        sampling_logprobs: Vec::new(),
+        finish_reason: FinishReason::Length,
+        stop_string: None,
+        constrained: Vec::new(),
+    }
 }
 
 /// Token window decoded to look for stop strings: enough tokens to cover the longest stop
@@ -88,6 +112,11 @@ impl<'a> Batcher<'a> {
         if !params.stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(ModelError::Input(format!("sequence {id}: stop strings need a tokenizer")));
         }
+        if let Some(regex) = &params.guided_suffix {
+            let tok = self.tokenizer.ok_or_else(|| ModelError::Input(format!("sequence {id}: a guided suffix needs a tokenizer")))?;
+            // Compiles (and caches) the guide now, so a bad regex fails this request only.
+            tok.guidance()?.start(regex)?;
+        }
         if params.max_new_tokens == 0 {
             self.done_early.push((id, empty_completion()));
         } else {
@@ -128,7 +157,8 @@ impl<'a> Batcher<'a> {
         });
         for p in queue {
             let rng = p.params.rng();
-            self.rows.push(Row { id: p.id, params: p.params, adapter: p.adapter, rng, out: empty_completion() });
+            let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
+            self.rows.push(Row { id: p.id, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
         }
         Ok(())
     }
@@ -141,46 +171,41 @@ impl<'a> Batcher<'a> {
         self.admit()?;
         let Some(logits) = self.logits.take() else { return Ok(finished) };
         let picked = {
-            // Each row's own RNG advances in place; stop tokens stay suppressed until min_new_tokens.
+            // Each row's own RNG advances in place; stop tokens stay suppressed until
+            // min_new_tokens; a row in its guided tail may only produce what the guide allows.
             let mut params: Vec<&SamplingParams> = Vec::with_capacity(self.rows.len());
             let mut suppress: Vec<&[i64]> = Vec::with_capacity(self.rows.len());
+            let mut allow: Vec<Option<&[i64]>> = Vec::with_capacity(self.rows.len());
             let mut rngs: Vec<&mut ChaCha8Rng> = Vec::with_capacity(self.rows.len());
             for r in self.rows.iter_mut() {
                 let early = r.out.token_ids.len() < r.params.min_new_tokens;
                 suppress.push(if early { r.params.stop_token_ids.as_slice() } else { &[] });
+                allow.push(match &r.tail {
+                    Tail::Guided { next, .. } => Some(next.as_slice()),
+                    _ => None,
+                });
                 params.push(&r.params);
                 rngs.push(&mut r.rng);
             }
-            sampling::sample(&logits, &params, &mut rngs, &suppress)
+            sampling::sample(&logits, &params, &mut rngs, &suppress, &allow)
         };
         let mut keep = Vec::with_capacity(self.rows.len());
+        let mut next_tokens = Vec::with_capacity(self.rows.len());
         for (b, (row, s)) in self.rows.iter_mut().zip(&picked).enumerate() {
-            let c = &mut row.out;
-            c.token_ids.push(s.token);
-            c.logprobs.push(s.logprob);
-            c.sampling_logprobs.push(s.sampling_logprob);
-            let n = c.token_ids.len();
-            let p = &row.params;
-            let mut stop = false;
-            if n >= p.min_new_tokens {
-                if p.stop_token_ids.contains(&s.token) {
-                    stop = true;
-                } else if let (false, Some(tok)) = (p.stop_strings.is_empty(), self.tokenizer) {
-                    if let Some(hit) = find_stop_string(tok, &c.token_ids, &p.stop_strings)? {
-                        c.stop_string = Some(hit);
-                        stop = true;
-                    }
+            let token = match &row.tail {
+                Tail::Unguided => row_unguided(self.tokenizer, row, *s)?,
+                Tail::Free(_) => row_free(self.tokenizer, row, *s, &logits, b)?,
+                Tail::Guided { .. } => row_guided(row, *s)?,
+            };
+            match token {
+                RowState::Running => {
+                    keep.push(b);
+                    next_tokens.push(*row.out.token_ids.last().expect("a running row has a token"));
                 }
-            }
-            if stop {
-                c.finish_reason = FinishReason::Stop;
-            } else if n >= p.max_new_tokens {
-                c.finish_reason = FinishReason::Length;
-            } else {
-                keep.push(b);
+                RowState::Finished(reason) => row.out.finish_reason = reason,
             }
         }
-        let next: Vec<i64> = keep.iter().map(|&b| picked[b].token).collect();
+        let next = next_tokens;
         if keep.len() != self.rows.len() {
             let rows = std::mem::take(&mut self.rows);
             let mut kept_rows = Vec::with_capacity(keep.len());
@@ -210,6 +235,92 @@ impl<'a> Batcher<'a> {
         let cache = self.cache.as_mut().expect("rows imply a cache");
         self.logits = Some(self.model.forward_cached(&input, None, cache, lora.as_ref())?);
         Ok(finished)
+    }
+}
+
+fn push(out: &mut Completion, s: sampling::Sampled) {
+    out.token_ids.push(s.token);
+    out.logprobs.push(s.logprob);
+    out.sampling_logprobs.push(s.sampling_logprob);
+}
+
+fn length_or_running(row: &Row) -> RowState {
+    if row.out.token_ids.len() >= row.params.max_new_tokens {
+        RowState::Finished(FinishReason::Length)
+    } else {
+        RowState::Running
+    }
+}
+
+/// Stop token or stop string (once `min_new_tokens` are out), else length.
+fn would_stop(tokenizer: Option<&Tokenizer>, row: &mut Row, token: i64) -> Result<bool> {
+    let (c, p) = (&mut row.out, &row.params);
+    if c.token_ids.len() < p.min_new_tokens {
+        return Ok(false);
+    }
+    if p.stop_token_ids.contains(&token) {
+        return Ok(true);
+    }
+    if let (false, Some(tok)) = (p.stop_strings.is_empty(), tokenizer) {
+        if let Some(hit) = find_stop_string(tok, &c.token_ids, &p.stop_strings)? {
+            c.stop_string = Some(hit);
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn row_unguided(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
+    push(&mut row.out, s);
+    if would_stop(tokenizer, row, s.token)? {
+        return Ok(RowState::Finished(FinishReason::Stop));
+    }
+    Ok(length_or_running(row))
+}
+
+/// A guided row writing freely: when it would stop, or its free budget is spent, the tail
+/// starts. A stop token is not kept: the tail's first token is drawn in its place, from the
+/// same logits, among what the guide allows.
+fn row_free(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled, logits: &Tensor, b: usize) -> Result<RowState> {
+    push(&mut row.out, s);
+    let stop_token = row.out.token_ids.len() >= row.params.min_new_tokens && row.params.stop_token_ids.contains(&s.token);
+    let stopped = would_stop(tokenizer, row, s.token)?;
+    let budget_spent = row.out.token_ids.len() + TAIL_RESERVE >= row.params.max_new_tokens;
+    if !stopped && !budget_spent {
+        return Ok(RowState::Running);
+    }
+    row.out.stop_string = None;
+    let Tail::Free(regex) = &row.tail else { unreachable!("row_free on a free row") };
+    let tok = tokenizer.expect("checked in add: a guided row has a tokenizer");
+    let mut guide = tok.guidance()?.start(regex)?;
+    let next = match guide.allowed()? {
+        Allowed::Done => return Ok(RowState::Finished(FinishReason::Stop)),
+        Allowed::Tokens(ids) => ids,
+    };
+    if stop_token {
+        row.out.token_ids.pop();
+        row.out.logprobs.pop();
+        row.out.sampling_logprobs.pop();
+        let redraw = sampling::sample(&logits.narrow(0, b as i64, 1), &[&row.params], std::slice::from_mut(&mut row.rng), &[&[]], &[Some(&next)])[0];
+        row.tail = Tail::Guided { guide, next };
+        return row_guided(row, redraw);
+    }
+    row.tail = Tail::Guided { guide, next };
+    Ok(length_or_running(row))
+}
+
+/// A row in its guided tail: the token was drawn from `next`; record that set, advance the guide.
+fn row_guided(row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
+    let Tail::Guided { guide, next } = &mut row.tail else { unreachable!("row_guided on a guided row") };
+    row.out.constrained.push(Constrained { position: row.out.token_ids.len(), allowed: std::mem::take(next) });
+    push(&mut row.out, s);
+    guide.commit(s.token)?;
+    match guide.allowed()? {
+        Allowed::Done => Ok(RowState::Finished(FinishReason::Stop)),
+        Allowed::Tokens(ids) => {
+            *next = ids;
+            Ok(length_or_running(row))
+        }
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     /// The stop string that ended the completion, if one did.
     pub stop_string: Option<String>,
+    /// Positions of a guided tail whose tokens were drawn from a restricted set.
+    pub constrained: Vec<crate::guide::Constrained>,
 }
 
 /// Generates completions for all requests in one batch and returns them in request order.

@@ -6,6 +6,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod generate;
+pub mod guide;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;

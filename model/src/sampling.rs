@@ -22,6 +22,9 @@ pub struct SamplingParams {
     pub min_new_tokens: usize,
     pub stop_token_ids: Vec<i64>,
     pub stop_strings: Vec<String>,
+    /// Guided tail (see `guide`): once the reply would stop, it must continue with text that
+    /// matches this regex, e.g. `<score>[123]</score>`.
+    pub guided_suffix: Option<String>,
 }
 
 impl Default for SamplingParams {
@@ -35,6 +38,7 @@ impl Default for SamplingParams {
             min_new_tokens: 0,
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
+            guided_suffix: None,
         }
     }
 }
@@ -62,6 +66,16 @@ impl SamplingParams {
         if self.stop_strings.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());
         }
+        if self.guided_suffix.as_deref() == Some("") {
+            return bad("guided_suffix must not be empty".into());
+        }
+        if self.guided_suffix.is_some() && self.max_new_tokens <= crate::guide::TAIL_RESERVE {
+            return bad(format!(
+                "a guided reply needs max_new_tokens above {} (the tail's reserve), got {}",
+                crate::guide::TAIL_RESERVE,
+                self.max_new_tokens
+            ));
+        }
         Ok(())
     }
 
@@ -82,17 +96,35 @@ pub struct Sampled {
 }
 
 /// Samples one token per row of `logits` [B, V]. `suppress[b]` lists token ids row b may not
-/// produce this step (stop tokens before `min_new_tokens`).
-pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [R], suppress: &[&[i64]]) -> Vec<Sampled> {
+/// produce this step (stop tokens before `min_new_tokens`); `allow[b]`, when set, lists the
+/// only ids row b may produce (a guided tail). Both shape the distribution the log-probs are
+/// taken from, so a restricted token's `logprob` is renormalised over what was allowed.
+pub fn sample<R: rand::RngCore>(
+    logits: &Tensor,
+    params: &[&SamplingParams],
+    rngs: &mut [R],
+    suppress: &[&[i64]],
+    allow: &[Option<&[i64]>],
+) -> Vec<Sampled> {
     let (b, v) = (logits.size()[0], logits.size()[1]);
     assert_eq!(params.len() as i64, b, "one SamplingParams per row");
+    assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");
     let device = logits.device();
     let mut logits = logits.to_kind(Kind::Float);
-    if suppress.iter().any(|s| !s.is_empty()) {
+    if suppress.iter().any(|s| !s.is_empty()) || allow.iter().any(Option::is_some) {
         let mut m = vec![false; (b * v) as usize];
         for (row, ids) in suppress.iter().enumerate() {
             for &id in ids.iter().filter(|&&id| (0..v).contains(&id)) {
                 m[row * v as usize + id as usize] = true;
+            }
+        }
+        for (row, ids) in allow.iter().enumerate() {
+            if let Some(ids) = ids {
+                let r = &mut m[row * v as usize..(row + 1) * v as usize];
+                r.fill(true);
+                for &id in ids.iter().filter(|&&id| (0..v).contains(&id)) {
+                    r[id as usize] = false;
+                }
             }
         }
         let m = Tensor::from_slice(&m).view([b, v]).to_device(device);
@@ -153,7 +185,7 @@ mod tests {
     #[test]
     fn greedy_picks_argmax_with_full_logprob() {
         let p = SamplingParams::greedy(4);
-        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[]]);
+        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[]], &[None]);
         assert_eq!(out[0].token, 1);
         let z = (0f32.exp() + 2f32.exp() + 1f32.exp()).ln();
         assert!((out[0].logprob - (2.0 - z)).abs() < 1e-6);
@@ -163,7 +195,7 @@ mod tests {
     #[test]
     fn suppression_blocks_tokens() {
         let p = SamplingParams::greedy(4);
-        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]]);
+        let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]], &[None]);
         assert_eq!(out[0].token, 2);
     }
 
@@ -173,7 +205,7 @@ mod tests {
         let p = SamplingParams { top_p: 0.5, seed: 7, ..Default::default() };
         let mut rng = p.rng();
         for _ in 0..50 {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             // mass of token 0 alone is ~0.52 >= 0.5, so only token 0 survives
             assert_eq!(s.token, 0);
             assert!(s.sampling_logprob.abs() < 1e-6);
@@ -182,7 +214,7 @@ mod tests {
         let mut rng = p.rng();
         let mut seen = [0usize; 4];
         for _ in 0..200 {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             seen[s.token as usize] += 1;
             // renormalised over two tokens
             let z = (3f32.exp() + 2.9f32.exp()).ln();
@@ -200,7 +232,7 @@ mod tests {
         let n = 4000;
         let mut zeros = 0;
         for _ in 0..n {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]])[0];
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             let z = (2f32.exp() + 1.0).ln();
             let want = if s.token == 0 { 2.0 - z } else { -z };
             assert!((s.logprob - want).abs() < 1e-5);
@@ -222,12 +254,32 @@ mod tests {
         let mut ra = a.rng();
         let mut rb = b.rng();
         for _ in 0..20 {
-            let x = sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]])[0];
+            let x = sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]], &[None])[0];
             let mut pair = [ra, rb];
-            let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]]);
+            let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]], &[None, None]);
             [ra, rb] = pair;
             assert_eq!(x.token, y[0].token);
         }
+    }
+
+    #[test]
+    fn an_allow_list_restricts_and_renormalises() {
+        let row: &[f32] = &[0.5, 3.0, 1.0, 2.0];
+        let p = SamplingParams { seed: 2, ..Default::default() };
+        let mut rng = p.rng();
+        let allowed: &[i64] = &[0, 2];
+        let z = (0.5f32.exp() + 1f32.exp()).ln();
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(allowed)])[0];
+            seen[s.token as usize] += 1;
+            let want = row[s.token as usize] - z;
+            assert!((s.logprob - want).abs() < 1e-5 && (s.sampling_logprob - want).abs() < 1e-5);
+        }
+        assert!(seen[1] == 0 && seen[3] == 0 && seen[0] > 60 && seen[2] > 160, "{seen:?}");
+        // A single allowed id is forced, with log-prob 0 under the restricted distribution.
+        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(&[3][..])])[0];
+        assert_eq!((s.token, s.logprob), (3, 0.0));
     }
 
     #[test]

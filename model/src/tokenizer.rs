@@ -29,6 +29,8 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     pad_token: Option<String>,
     eos_token_ids: Vec<i64>,
+    /// Guided decoding state, built on first use (a token trie over the whole vocabulary).
+    guidance: std::sync::OnceLock<std::result::Result<crate::guide::Guidance, String>>,
 }
 
 /// Special tokens in tokenizer_config.json are either strings or AddedToken objects.
@@ -98,6 +100,7 @@ impl Tokenizer {
             eos_token: token_string(cfg.get("eos_token")),
             pad_token: token_string(cfg.get("pad_token")),
             eos_token_ids: Vec::new(),
+            guidance: std::sync::OnceLock::new(),
         };
         tok.eos_token_ids = tok.resolve_eos(dir)?;
         Ok(tok)
@@ -116,6 +119,12 @@ impl Tokenizer {
             }
         }
         Ok(self.eos_token.as_deref().and_then(|t| self.token_to_id(t)).into_iter().collect())
+    }
+
+    /// The guided-decoding tables of this tokenizer.
+    pub fn guidance(&self) -> Result<&crate::guide::Guidance> {
+        let g = self.guidance.get_or_init(|| crate::guide::Guidance::new(&self.inner, self.eos_token_ids.first().copied()).map_err(|e| e.to_string()));
+        g.as_ref().map_err(|e| ModelError::Tokenizer(e.clone()))
     }
 
     pub fn eos_token_ids(&self) -> &[i64] {

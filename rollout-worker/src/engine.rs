@@ -4,7 +4,7 @@
 use crate::models::{Models, PolicySpec};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan};
-use comas_workflow::{FinishReason, TaskRecord, TurnOutput, TurnRequest};
+use comas_workflow::{ConstrainedToken, FinishReason, TaskRecord, TurnOutput, TurnRequest};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -287,6 +287,7 @@ impl<'m> Runtime<'m> {
                 min_new_tokens: (s.min_new_tokens as usize).min(s.max_new_tokens as usize),
                 stop_token_ids: base.tokenizer.eos_token_ids().to_vec(),
                 stop_strings: Vec::new(),
+                guided_suffix: s.guided_suffix.clone(),
             };
             let id = self.next_seq;
             self.next_seq += 1;
@@ -323,7 +324,8 @@ impl<'m> Runtime<'m> {
         self.stats.generated_tokens.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
         let Some(ep) = self.episodes.get_mut(&seq.episode) else { return };
         let tok = &self.models.bases[base].tokenizer;
-        let stop = c.finish_reason == ModelFinish::Stop && c.stop_string.is_none();
+        // Only a stop token is hidden from the text; a guided tail also ends with Stop.
+        let stop = c.finish_reason == ModelFinish::Stop && c.stop_string.is_none() && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
         let visible = if stop { &c.token_ids[..c.token_ids.len() - 1] } else { &c.token_ids[..] };
         let text = tok.decode(visible, true).unwrap_or_default();
         let raw_text = tok.decode(&c.token_ids, false).unwrap_or_default();
@@ -337,6 +339,11 @@ impl<'m> Runtime<'m> {
             logprobs: c.logprobs.clone(),
             finish_reason: finish_of(&c),
             policy_version: seq.version,
+            constrained: c
+                .constrained
+                .iter()
+                .map(|k| ConstrainedToken { position: k.position as u32, allowed: k.allowed.iter().map(|&t| t as u32).collect() })
+                .collect(),
         });
         ep.in_flight -= 1;
         if ep.in_flight > 0 {

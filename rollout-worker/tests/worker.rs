@@ -16,7 +16,7 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 fn config(max_new: u32) -> CoMasConfig {
-    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0 };
+    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0, guided_suffix: None };
     let mut c = CoMasConfig { num_agents: 2, num_rounds: 2, num_references: 1, instances_per_question: 1, ..Default::default() };
     c.sampling.solver = greedy.clone();
     c.sampling.evaluator = greedy.clone();

@@ -27,6 +27,8 @@ pub enum WorkflowError {
     MissingTurns(Vec<u32>),
     #[error("turn {turn_index}: {logprobs} logprobs for {tokens} completion tokens (need one per token)")]
     LogprobCount { turn_index: u32, logprobs: usize, tokens: usize },
+    #[error("turn {turn_index}: {message}")]
+    MalformedTurn { turn_index: u32, message: String },
     #[error("malformed trajectory: {0}")]
     MalformedTrajectory(String),
 }

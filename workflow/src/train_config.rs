@@ -118,7 +118,8 @@ pub struct TrainConfig {
     /// At most this many (padded) tokens per micro-batch; a longer sample gets a micro-batch alone.
     pub micro_batch_tokens: usize,
     pub max_epochs: usize,
-    /// Shuffle samples before splitting into optimizer steps (seeded by seed, step, epoch).
+    /// Shuffle samples before splitting into optimizer steps, every epoch (rl.md §8; seeded by
+    /// seed, optimizer steps taken before the global step, and epoch). On by default.
     pub shuffle: bool,
     pub seed: u64,
     /// Weights dtype for training: float32 or bfloat16 (moments are always f32).
@@ -159,7 +160,7 @@ impl Default for TrainConfig {
             micro_batch_size: 2,
             micro_batch_tokens: 16384,
             max_epochs: 1,
-            shuffle: false,
+            shuffle: true,
             seed: 42,
             dtype: "float32".into(),
             device: "cpu".into(),

@@ -61,14 +61,25 @@ pub struct SamplingSpec {
     pub max_new_tokens: u32,
     /// Stop tokens are suppressed until this many tokens have been generated.
     pub min_new_tokens: u32,
+    /// Guided decoding of the reply's tail (a deviation from the spec, for models too small to
+    /// follow the format): the agent writes freely until it would stop, then must continue with
+    /// text matching this regex, e.g. `<score>[123]</score>`; where the regex leaves a choice
+    /// (the digit) the model still chooses. Off by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_suffix: Option<String>,
 }
 
 impl Default for SamplingSpec {
     /// The rollout settings of the CoMAS main run (spec 6.1).
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16 }
+        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16, guided_suffix: None }
     }
 }
+
+/// The scorer's guided tail: free text, then a score tag whose digit the model picks.
+pub const GUIDED_SCORE_SUFFIX: &str = "<score>[123]</score>";
+/// Tokens a guided reply keeps for its tail (the rollout engine's reserve).
+pub const GUIDED_TAIL_RESERVE: u32 = 16;
 
 impl SamplingSpec {
     /// Returns what is wrong, if anything.
@@ -81,6 +92,17 @@ impl SamplingSpec {
         }
         if self.max_new_tokens == 0 {
             return Err("max_new_tokens must be at least 1".to_string());
+        }
+        if let Some(g) = &self.guided_suffix {
+            if g.is_empty() {
+                return Err("guided_suffix must not be empty".to_string());
+            }
+            if self.max_new_tokens <= GUIDED_TAIL_RESERVE {
+                return Err(format!(
+                    "guided_suffix needs max_new_tokens above {GUIDED_TAIL_RESERVE} (the tail's reserve), got {}",
+                    self.max_new_tokens
+                ));
+            }
         }
         if self.min_new_tokens > self.max_new_tokens {
             return Err(format!(
@@ -136,4 +158,34 @@ pub struct TurnOutput {
     pub finish_reason: FinishReason,
     /// Weight version of the agent that produced the turn.
     pub policy_version: u64,
+    /// Tokens of a guided tail that were drawn from a restricted set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constrained: Vec<ConstrainedToken>,
+}
+
+/// A completion position whose token was drawn from a restricted set (a guided tail).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConstrainedToken {
+    pub position: u32,
+    /// Allowed token ids, ascending; a single id means the token was forced.
+    pub allowed: Vec<u32>,
+}
+
+/// Checks constrained positions against their completion: in range, ascending, each allowed
+/// set non-empty and containing the sampled token.
+pub fn check_constrained(constrained: &[ConstrainedToken], completion_ids: &[u32]) -> Result<(), String> {
+    let mut last = None;
+    for c in constrained {
+        let Some(&token) = completion_ids.get(c.position as usize) else {
+            return Err(format!("constrained position {} is beyond the {} completion tokens", c.position, completion_ids.len()));
+        };
+        if last.is_some_and(|l| c.position <= l) {
+            return Err(format!("constrained positions are not ascending at {}", c.position));
+        }
+        if c.allowed.binary_search(&token).is_err() || !c.allowed.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("position {}: token {token} is not in its ascending allowed set", c.position));
+        }
+        last = Some(c.position);
+    }
+    Ok(())
 }

@@ -127,6 +127,9 @@ impl Episode {
                     tokens: out.completion_ids.len(),
                 });
             }
+            if let Err(m) = crate::turn::check_constrained(&out.constrained, &out.completion_ids) {
+                return Err(WorkflowError::MalformedTurn { turn_index: out.turn_index, message: m });
+            }
             by_position[position] = Some(out);
         }
         let missing: Vec<u32> = (first..end).filter(|&i| by_position[(i - first) as usize].is_none()).collect();
@@ -153,6 +156,7 @@ impl Episode {
                 logprobs: out.logprobs,
                 finish_reason: out.finish_reason,
                 policy_version: out.policy_version,
+                constrained: out.constrained,
                 text: out.text,
                 raw_text: out.raw_text,
                 score,

@@ -4,7 +4,7 @@ use super::config::Variant;
 use super::score::{extract_judgment, extract_score, Judgment};
 use crate::error::WorkflowError;
 use crate::task::TaskKind;
-use crate::turn::{FinishReason, Role};
+use crate::turn::{check_constrained, ConstrainedToken, FinishReason, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -26,6 +26,9 @@ pub struct TrajectoryTurn {
     pub logprobs: Vec<f32>,
     pub finish_reason: FinishReason,
     pub policy_version: u64,
+    /// Guided-tail tokens drawn from a restricted set (see `SamplingSpec::guided_suffix`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constrained: Vec<ConstrainedToken>,
     pub text: String,
     pub raw_text: String,
     /// Scorer turns: the extracted 1–3 score, `None` when the format was broken.
@@ -81,6 +84,9 @@ impl Trajectory {
             }
             if t.logprobs.len() != t.completion_ids.len() {
                 return here(format!("{} logprobs for {} completion tokens", t.logprobs.len(), t.completion_ids.len()));
+            }
+            if let Err(m) = check_constrained(&t.constrained, &t.completion_ids) {
+                return here(m);
             }
             if !seen.insert((t.round, t.role, t.slot, t.judge_index)) {
                 return here(format!(

@@ -17,6 +17,7 @@ pub fn output(req: &TurnRequest, text: &str) -> TurnOutput {
         logprobs: vec![-0.5, -0.25, -1.0],
         finish_reason: FinishReason::Stop,
         policy_version: 3,
+        constrained: Vec::new(),
     }
 }
 
