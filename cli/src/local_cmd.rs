@@ -1,11 +1,10 @@
 //! `comas local`: every service on one machine over loopback. The coordinator runs in this
 //! process; each learner and rollout worker is a child process of this same binary, so a crash
-//! of one is a crash of one, as on a cluster. Without a job file it runs a built-in example:
-//! tiny models and a generated arithmetic data set, well under a minute on 2 CPU cores.
+//! of one is a crash of one, as on a cluster. Without a job file it runs a built-in example
+//! (`examples.rs`): SmolLM2 by default, or tiny random models.
 use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, watch};
 use anyhow::{bail, Context, Result};
-use comas_model::tiny::{write_model, TinySpec};
-use comas_model::Architecture;
+use crate::examples::{self, Example};
 use comas_proto::v1 as pb;
 use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
@@ -16,14 +15,21 @@ use std::time::{Duration, Instant};
 pub struct Args {
     /// Job file (TOML). Without one, the built-in example runs.
     job: Option<PathBuf>,
-    /// Rollout worker processes.
-    #[arg(long, env = "COMAS_LOCAL_WORKERS", default_value_t = 2)]
-    workers: usize,
+    /// The built-in example to run when no job file is given.
+    #[arg(long, env = "COMAS_LOCAL_EXAMPLE", value_enum, default_value = "smollm2")]
+    example: Example,
+    /// Rollout worker processes (default: 1 for the smollm2 example, else 2).
+    #[arg(long, env = "COMAS_LOCAL_WORKERS")]
+    workers: Option<usize>,
+    /// libtorch threads per rollout worker (default: 2 for the smollm2 example, else
+    /// --threads-per-process).
+    #[arg(long, env = "COMAS_LOCAL_WORKER_THREADS")]
+    worker_threads: Option<i32>,
     /// Folder for the job store, checkpoints, logs and the example's files. Running the same
     /// command again resumes an unfinished job from its last completed step.
     #[arg(long, env = "COMAS_LOCAL_DIR", default_value = "comas-local")]
     dir: PathBuf,
-    /// libtorch threads per child process.
+    /// libtorch threads per learner (and per worker unless --worker-threads).
     #[arg(long, env = "COMAS_LOCAL_THREADS", default_value_t = 1)]
     threads_per_process: i32,
     /// Device of the rollout workers (cpu, cuda, cuda:N).
@@ -87,105 +93,6 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-const EXAMPLE_JOB: &str = r#"# Built-in example of `comas local`: two agents with tiny random models discuss generated
-# arithmetic questions for five CoMAS steps.
-name = "local-example"
-seed = 42
-
-[data]
-train = "train.jsonl"
-
-[schedule]
-questions_per_step = 4
-steps = 5
-
-[output]
-dir = "out"
-
-[comas]
-num_rounds = 2
-evals_per_solution = 1
-num_references = 2
-instances_per_question = 2
-
-[comas.sampling.solver]
-temperature = 1.0
-top_p = 1.0
-top_k = 0
-max_new_tokens = 32
-min_new_tokens = 1
-
-[comas.sampling.evaluator]
-temperature = 1.0
-top_p = 1.0
-top_k = 0
-max_new_tokens = 32
-min_new_tokens = 1
-
-[comas.sampling.scorer]
-temperature = 1.0
-top_p = 1.0
-top_k = 0
-max_new_tokens = 16
-min_new_tokens = 1
-
-# Held-out evaluation: the same game on 4 other questions, before training, every 2 steps and
-# after the last one, sampled at temperature 0.7; nothing is trained on it.
-[eval]
-data = "test.jsonl"
-every_steps = 2
-max_questions = 4
-
-[[agents]]
-model = "model-a"
-[agents.train]
-lr = 1e-4
-train_batch_size = 24
-micro_batch_size = 12
-
-[[agents]]
-model = "model-b"
-[agents.train]
-lr = 1e-4
-train_batch_size = 24
-micro_batch_size = 12
-"#;
-
-/// Writes the example (models, data, job file) once; later runs reuse it.
-fn write_example(dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    for (name, seed) in [("model-a", 7), ("model-b", 8)] {
-        let m = dir.join(name);
-        if !m.join("model.safetensors").is_file() {
-            write_model(&m, &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })?;
-        }
-    }
-    for (file, range) in [("train.jsonl", 0..32u32), ("test.jsonl", 32..40u32)] {
-        let data = dir.join(file);
-        if data.is_file() {
-            continue;
-        }
-        let mut text = String::new();
-        for i in range {
-            let (a, b) = (3 + (i * 7) % 41, 5 + (i * 13) % 37);
-            let rec = serde_json::json!({
-                "prompt": format!("What is {a} + {b}? Put the final number in \\boxed{{}}."),
-                "answer": (a + b).to_string(),
-                "task": "math",
-                "id": format!("math-arith-{i:05}"),
-            });
-            text.push_str(&rec.to_string());
-            text.push('\n');
-        }
-        std::fs::write(&data, text)?;
-    }
-    let job = dir.join("job.toml");
-    if !job.is_file() {
-        std::fs::write(&job, EXAMPLE_JOB)?;
-    }
-    Ok(job)
-}
-
 fn absolutize(v: &mut toml::Value, base: &Path) {
     if let Some(s) = v.as_str() {
         let p = Path::new(s);
@@ -233,8 +140,14 @@ pub fn run(a: Args) -> Result<()> {
     let dir = std::fs::canonicalize(&a.dir)?;
     let job_path = match &a.job {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
-        None => write_example(&dir.join("example"))?,
+        None => examples::write(a.example, &dir)?,
     };
+    let (default_workers, default_threads) = match a.job {
+        None => a.example.workers(),
+        Some(_) => (2, a.threads_per_process),
+    };
+    let workers = a.workers.unwrap_or(default_workers);
+    let worker_threads = a.worker_threads.unwrap_or(default_threads);
     let text = std::fs::read_to_string(&job_path).with_context(|| format!("reading {}", job_path.display()))?;
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -300,15 +213,15 @@ pub fn run(a: Args) -> Result<()> {
             .collect();
             children.spawn(&format!("learner {k}"), &args, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process)?;
         }
-        for i in 0..a.workers {
+        for i in 0..workers {
             let port = free_port()?;
             let args: Vec<String> = ["worker", "--listen", &format!("127.0.0.1:{port}"), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30"]
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), a.threads_per_process)?;
+            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads)?;
         }
-        eprintln!("coordinator {address}, {} learners, {} workers; logs in {}", learners.len(), a.workers, dir.join("logs").display());
+        eprintln!("coordinator {address}, {} learners, {workers} workers; logs in {}", learners.len(), dir.join("logs").display());
         let job_id = match unfinished {
             Some(j) => j.job_id,
             None => {
@@ -337,6 +250,9 @@ pub fn run(a: Args) -> Result<()> {
             bail!("interrupted");
         };
         let status = outcome?;
+        if let Some(table) = examples::before_after(Path::new(&status.metrics_path)) {
+            eprint!("{table}");
+        }
         if a.json {
             println!("{}", serde_json::to_string_pretty(&status_json(&status))?);
         } else {
@@ -352,7 +268,7 @@ mod tests {
 
     #[test]
     fn patching_makes_paths_absolute_and_sets_learners() {
-        let out = patch_job(EXAMPLE_JOB, Path::new("/x"), &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()]).unwrap();
+        let out = patch_job(examples::TINY_JOB, Path::new("/x"), &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()]).unwrap();
         let spec = comas_workflow::job::JobSpec::from_toml(&out).unwrap();
         assert!(spec.relative_paths().is_empty());
         assert_eq!(spec.agents[1].model, PathBuf::from("/x/model-b"));

@@ -1,5 +1,6 @@
 //! The `comas` command line.
 mod client_cmd;
+mod examples;
 mod generate_cmd;
 mod import_cmd;
 mod local_cmd;

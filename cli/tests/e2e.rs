@@ -465,12 +465,13 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
 }
 
-/// The README's main command: `comas local` with its built-in example, as a user runs it.
+/// `comas local` with its built-in tiny example, as a user runs it (the SmolLM2 example is the
+/// same code with a real model; `scripts/demo.sh` runs it).
 #[test]
 fn comas_local_runs_the_builtin_example() {
     let dir = tempfile::tempdir().unwrap();
     let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["local", "--dir", &dir.path().display().to_string(), "--json"]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string(), "--json"]).output().unwrap();
         assert!(out.status.success(), "comas local failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
     };

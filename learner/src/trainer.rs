@@ -1,7 +1,7 @@
 //! The training thread's state for one agent: its model (all weights or a LoRA adapter), an
 //! optional frozen reference, the optimizer and the counters. `train_step` runs one global step
 //! of rl.md §1 on the agent's experiences.
-use crate::config::{LossAgg, TrainConfig};
+use crate::config::{LossAgg, OldLogprobs, TrainConfig};
 use crate::error::{LearnerError, Result};
 use crate::experience::{Experience, Finish};
 use crate::loss::{kl_tensor, policy_loss};
@@ -43,8 +43,13 @@ pub struct StepReport {
     pub return_std: f64,
     pub singleton_groups: usize,
     pub truncated: usize,
-    /// Mean |ℓ^old − ℓ^sampler| over tokens that came with sampler log-probs.
+    /// Mean |ℓ^old − ℓ^sampler| over tokens that came with sampler log-probs (not measured
+    /// when the sampler's log-probs are ℓ^old).
     pub sampler_mismatch: Option<f64>,
+    /// ℓ^old came from the sampler (`old_logprobs = "sampler"`), with no recompute pass.
+    pub old_logprobs_from_sampler: bool,
+    /// The process's peak resident memory so far (Linux; 0 elsewhere).
+    pub peak_rss_bytes: u64,
     pub seconds: f64,
     pub tokens_per_s: f64,
 }
@@ -110,6 +115,15 @@ fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
         tokens: seqs.iter().map(Vec::len).sum(),
         constrained,
     }
+}
+
+/// The process's peak resident set size (`ru_maxrss`), for the step report.
+fn peak_rss_bytes() -> u64 {
+    // /proc keeps it in kB as VmHWM; reading it needs no unsafe code.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Splits `order` into micro-batches of at most `max_samples` samples and `max_tokens` padded
@@ -284,7 +298,12 @@ impl Trainer {
             }
         }
         // 2. Experience: ℓ^old (and ℓ^ref) before any update.
-        let old = self.logprobs_no_grad(&self.model, true, batch)?;
+        let use_sampler = self.cfg.old_logprobs == OldLogprobs::Sampler && batch.iter().all(|e| e.sampling_logprobs.is_some());
+        let old = if use_sampler {
+            batch.iter().map(|e| e.sampling_logprobs.clone().expect("checked above")).collect()
+        } else {
+            self.logprobs_no_grad(&self.model, true, batch)?
+        };
         let reference = if self.cfg.kl_coef > 0.0 {
             Some(match &self.reference {
                 Some(r) => self.logprobs_no_grad(r, false, batch)?,
@@ -297,7 +316,7 @@ impl Trainer {
             return Err(LearnerError::NonFinite { what: "log-probabilities under the current weights".into() });
         }
         let (mut mis_sum, mut mis_n) = (0.0, 0usize);
-        for (e, o) in batch.iter().zip(&old) {
+        for (e, o) in batch.iter().zip(&old).filter(|_| !use_sampler) {
             if let Some(s) = &e.sampling_logprobs {
                 for (a, b) in o.iter().zip(s) {
                     mis_sum += (a - b).abs();
@@ -352,6 +371,8 @@ impl Trainer {
             report.kl = adv.stats.kl_in_reward_mean;
         }
         report.sampler_mismatch = (mis_n > 0).then(|| mis_sum / mis_n as f64);
+        report.old_logprobs_from_sampler = use_sampler;
+        report.peak_rss_bytes = peak_rss_bytes();
         report.seconds = started.elapsed().as_secs_f64();
         report.tokens_per_s = report.tokens as f64 / report.seconds.max(1e-9);
         tracing::info!(loss = report.loss, grad_norm = report.grad_norm, lr = report.lr, "step done");
@@ -382,7 +403,7 @@ impl Trainer {
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-                    let (logp, entropy, tokens) = self.completion_logprobs(&self.model, true, &refs, true)?;
+                    let (logp, entropy, tokens) = self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy)?;
                     report.tokens += tokens;
                     let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
                     let old_t = cat(&|i| old[i].clone());

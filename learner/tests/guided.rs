@@ -143,3 +143,25 @@ fn forced_tokens_carry_no_loss() {
     let mut t = Trainer::new(&model_dir(), cfg, None).unwrap();
     assert!(t.train_step(&free).unwrap().grad_norm > 0.0);
 }
+
+/// `old_logprobs = "sampler"` skips the recompute pass; with the sampler's exact log-probs the
+/// update is the one the recompute gives.
+#[test]
+fn sampler_logprobs_as_old_give_the_recomputed_update() {
+    use comas_learner::config::OldLogprobs;
+    let batch = guided_batch(1.0);
+    let base = TrainConfig { lr: 1e-3, warmup_ratio: 0.0, train_batch_size: 3, micro_batch_size: 3, ..Default::default() };
+    let run = |old_logprobs| {
+        let mut t = Trainer::new(&model_dir(), TrainConfig { old_logprobs, ..base.clone() }, None).unwrap();
+        let r = t.train_step(&batch).unwrap();
+        let w: Vec<Tensor> = t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
+        (r, w)
+    };
+    let (r_re, w_re) = run(OldLogprobs::Recompute);
+    let (r_sa, w_sa) = run(OldLogprobs::Sampler);
+    assert!(!r_re.old_logprobs_from_sampler && r_sa.old_logprobs_from_sampler);
+    eprintln!("sampler vs recomputed old log-probs: mean |diff| {:e}", r_re.sampler_mismatch.unwrap());
+    let diff = w_re.iter().zip(&w_sa).map(|(a, b)| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
+    assert!(diff < 1e-6, "updates differ by {diff:e}");
+    assert!(r_sa.peak_rss_bytes > 0);
+}

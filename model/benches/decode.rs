@@ -28,28 +28,44 @@ fn main() {
     tch::set_num_threads(threads);
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-qwen2-40m");
-    if !model_dir.join("model.safetensors").is_file() {
-        write_model(&model_dir, &TinySpec::bench()).expect("write bench model");
-    }
+    // Any model folder (COMAS_BENCH_MODEL, e.g. the SmolLM2 import), else the random 40M model.
+    let model_dir = match std::env::var_os("COMAS_BENCH_MODEL") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-qwen2-40m");
+            if !dir.join("model.safetensors").is_file() {
+                write_model(&dir, &TinySpec::bench()).expect("write bench model");
+            }
+            dir
+        }
+    };
+    // COMAS_BENCH_SAMPLE=1 samples at temperature 1 (the rollout path) instead of greedy.
+    let sample = std::env::var("COMAS_BENCH_SAMPLE").is_ok_and(|v| v == "1");
+    let params_for = |n: usize, seed: u64| if sample { SamplingParams { max_new_tokens: n, seed, ..Default::default() } } else { SamplingParams::greedy(n) };
     let model = CausalLm::load(&model_dir, Kind::Float, Device::Cpu).expect("load bench model");
     let params = model.config().num_parameters();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let prompts: Vec<Vec<i64>> =
         (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
-    let prompts_file = model_dir.join("bench_prompts.json");
+    let prompts_file = std::env::temp_dir().join(format!("comas-bench-prompts-{}.json", std::process::id()));
     std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
 
-    println!("decode benchmark: {:.1}M parameters, f32 CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, greedy, best of {repeats}", params as f64 / 1e6);
+    println!(
+        "decode benchmark: {} ({:.1}M parameters), f32 CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, {}, best of {repeats}",
+        model_dir.display(),
+        params as f64 / 1e6,
+        if sample { "sampled at temperature 1" } else { "greedy" }
+    );
     let mut ours = HashMap::new();
     for &b in &batches {
         let reqs: Vec<GenerationRequest> = prompts[..b]
             .iter()
-            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: SamplingParams::greedy(new_tokens), adapter: None })
+            .enumerate()
+            .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), params: params_for(new_tokens, i as u64), adapter: None })
             .collect();
         let warm: Vec<GenerationRequest> = prompts[..b]
             .iter()
-            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: SamplingParams::greedy(4), adapter: None })
+            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: params_for(4, 0), adapter: None })
             .collect();
         generate(&model, &warm, None).unwrap();
         let mut best = f64::INFINITY;

@@ -97,8 +97,9 @@ pub struct Sampled {
 
 /// Samples one token per row of `logits` [B, V]. `suppress[b]` lists token ids row b may not
 /// produce this step (stop tokens before `min_new_tokens`); `allow[b]`, when set, lists the
-/// only ids row b may produce (a guided tail). Both shape the distribution the log-probs are
-/// taken from, so a restricted token's `logprob` is renormalised over what was allowed.
+/// only ids row b may produce (a guided tail). `logprob` is what a learner recomputes: over the
+/// whole vocabulary, or renormalised over the allowed set of a guided token; suppression only
+/// shapes what is drawn (and `sampling_logprob`).
 pub fn sample<R: rand::RngCore>(
     logits: &Tensor,
     params: &[&SamplingParams],
@@ -111,65 +112,97 @@ pub fn sample<R: rand::RngCore>(
     assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");
     let device = logits.device();
     let mut logits = logits.to_kind(Kind::Float);
-    if suppress.iter().any(|s| !s.is_empty()) || allow.iter().any(Option::is_some) {
+    let mask = |rows: &dyn Fn(usize, &mut [bool])| -> Tensor {
         let mut m = vec![false; (b * v) as usize];
-        for (row, ids) in suppress.iter().enumerate() {
-            for &id in ids.iter().filter(|&&id| (0..v).contains(&id)) {
-                m[row * v as usize + id as usize] = true;
-            }
+        for (row, chunk) in m.chunks_mut(v as usize).enumerate() {
+            rows(row, chunk);
         }
-        for (row, ids) in allow.iter().enumerate() {
-            if let Some(ids) = ids {
-                let r = &mut m[row * v as usize..(row + 1) * v as usize];
+        Tensor::from_slice(&m).view([b, v]).to_device(device)
+    };
+    if allow.iter().any(Option::is_some) {
+        let m = mask(&|row, r| {
+            if let Some(ids) = allow[row] {
                 r.fill(true);
-                for &id in ids.iter().filter(|&&id| (0..v).contains(&id)) {
-                    r[id as usize] = false;
-                }
+                ids.iter().filter(|&&id| (0..v).contains(&id)).for_each(|&id| r[id as usize] = false);
             }
-        }
-        let m = Tensor::from_slice(&m).view([b, v]).to_device(device);
+        });
         logits = logits.masked_fill(&m, f64::NEG_INFINITY);
     }
     let greedy: Vec<bool> = params.iter().map(|p| p.is_greedy()).collect();
     let temps: Vec<f32> = params.iter().zip(&greedy).map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 }).collect();
-    let scaled = logits / Tensor::from_slice(&temps).view([b, 1]).to_device(device);
-    let logp = scaled.log_softmax(-1, Kind::Float);
+    let temps = Tensor::from_slice(&temps).view([b, 1]).to_device(device);
+    // The learner's quantity, before suppression.
+    let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
+    if suppress.iter().any(|s| !s.is_empty()) {
+        let m = mask(&|row, r| suppress[row].iter().filter(|&&id| (0..v).contains(&id)).for_each(|&id| r[id as usize] = true));
+        logits = logits.masked_fill(&m, f64::NEG_INFINITY);
+    }
+    let scaled = logits / temps;
     let argmax = scaled.argmax(-1, false);
 
+    // Rows with top-k or top-p need the sorted distribution; the others draw from the
+    // vocabulary as it is, with no O(V log V) sort. The choice is per row, so a row's token
+    // does not depend on the rows beside it.
+    let truncating: Vec<bool> = params.iter().map(|p| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0).collect();
     let (tokens, sampling_lp) = if greedy.iter().all(|&g| g) {
         (argmax, Tensor::zeros([b], (Kind::Float, device)))
     } else {
-        let (sorted, order) = scaled.sort(-1, true);
-        let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
-        let ks: Vec<i64> = params.iter().map(|p| if p.top_k == 0 { v } else { p.top_k as i64 }).collect();
-        let ks = Tensor::from_slice(&ks).view([b, 1]).to_device(device);
-        let mut filtered = sorted.masked_fill(&ranks.ge_tensor(&ks), f64::NEG_INFINITY);
-        if params.iter().any(|p| p.top_p < 1.0) {
-            // Rows without top-p get a threshold no cumulative mass can reach.
-            let ps: Vec<f32> = params.iter().map(|p| if p.top_p < 1.0 { p.top_p as f32 } else { 2.0 }).collect();
-            let ps = Tensor::from_slice(&ps).view([b, 1]).to_device(device);
-            let probs = filtered.softmax(-1, Kind::Float);
-            let mass_before = probs.cumsum(-1, Kind::Float) - &probs;
-            filtered = filtered.masked_fill(&mass_before.ge_tensor(&ps), f64::NEG_INFINITY);
-        }
-        let final_lp = filtered.log_softmax(-1, Kind::Float);
-        let cdf = final_lp.exp().cumsum(-1, Kind::Float);
         let u: Vec<f32> = rngs.iter_mut().zip(&greedy).map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() }).collect();
         let u = Tensor::from_slice(&u).view([b, 1]).to_device(device);
-        let kept = filtered.isfinite().sum_dim_intlist(-1, false, Kind::Int64);
-        // Inverse CDF; clamp to the last kept token in case rounding leaves the CDF below u.
-        let pick = cdf.lt_tensor(&u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&(kept - 1)).unsqueeze(-1);
-        let sampled = order.gather(-1, &pick, false).squeeze_dim(-1);
+        let (mut tokens, mut slp) = draw_full(&scaled, &u);
+        if truncating.iter().any(|&t| t) {
+            let (t, l) = draw_truncated(&scaled, &u, params);
+            let rows = Tensor::from_slice(&truncating).to_device(device);
+            tokens = t.where_self(&rows, &tokens);
+            slp = l.where_self(&rows, &slp);
+        }
         let greedy_t = Tensor::from_slice(&greedy).to_device(device);
-        let tokens = argmax.where_self(&greedy_t, &sampled);
-        let slp = final_lp.gather(-1, &pick, false).squeeze_dim(-1).masked_fill(&greedy_t, 0.0);
-        (tokens, slp)
+        (argmax.where_self(&greedy_t, &tokens), slp.masked_fill(&greedy_t, 0.0))
     };
     let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
     let to_vec_f = |t: &Tensor| Vec::<f32>::try_from(&t.to_device(Device::Cpu)).expect("f32 vector");
     let tokens = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu)).expect("i64 vector");
     let (lp, slp) = (to_vec_f(&lp), to_vec_f(&sampling_lp));
     (0..b as usize).map(|i| Sampled { token: tokens[i], logprob: lp[i], sampling_logprob: slp[i] }).collect()
+}
+
+/// Inverse-CDF draws over the whole (masked) vocabulary: tokens [B] and their log-probs [B].
+fn draw_full(scaled: &Tensor, u: &Tensor) -> (Tensor, Tensor) {
+    let v = scaled.size()[1];
+    let final_lp = scaled.log_softmax(-1, Kind::Float);
+    let cdf = final_lp.exp().cumsum(-1, Kind::Float);
+    // The last token with any mass, in case rounding leaves the CDF below u.
+    let positions = Tensor::arange(v, (Kind::Int64, scaled.device())).view([1, v]);
+    let last = positions.masked_fill(&final_lp.isfinite().logical_not(), -1).amax([-1].as_slice(), false);
+    let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&last);
+    let lp = final_lp.gather(-1, &pick.unsqueeze(-1), false).squeeze_dim(-1);
+    (pick, lp)
+}
+
+/// Inverse-CDF draws after each row's top-k / top-p cut, over the sorted distribution.
+fn draw_truncated(scaled: &Tensor, u: &Tensor, params: &[&SamplingParams]) -> (Tensor, Tensor) {
+    let (b, v) = (scaled.size()[0], scaled.size()[1]);
+    let device = scaled.device();
+    let (sorted, order) = scaled.sort(-1, true);
+    let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
+    let ks: Vec<i64> = params.iter().map(|p| if p.top_k == 0 { v } else { p.top_k as i64 }).collect();
+    let ks = Tensor::from_slice(&ks).view([b, 1]).to_device(device);
+    let mut filtered = sorted.masked_fill(&ranks.ge_tensor(&ks), f64::NEG_INFINITY);
+    if params.iter().any(|p| p.top_p < 1.0) {
+        // Rows without top-p get a threshold no cumulative mass can reach.
+        let ps: Vec<f32> = params.iter().map(|p| if p.top_p < 1.0 { p.top_p as f32 } else { 2.0 }).collect();
+        let ps = Tensor::from_slice(&ps).view([b, 1]).to_device(device);
+        let probs = filtered.softmax(-1, Kind::Float);
+        let mass_before = probs.cumsum(-1, Kind::Float) - &probs;
+        filtered = filtered.masked_fill(&mass_before.ge_tensor(&ps), f64::NEG_INFINITY);
+    }
+    let final_lp = filtered.log_softmax(-1, Kind::Float);
+    let cdf = final_lp.exp().cumsum(-1, Kind::Float);
+    let kept = filtered.isfinite().sum_dim_intlist(-1, false, Kind::Int64);
+    // Clamp to the last kept token in case rounding leaves the CDF below u.
+    let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&(kept - 1)).unsqueeze(-1);
+    let tokens = order.gather(-1, &pick, false).squeeze_dim(-1);
+    (tokens, final_lp.gather(-1, &pick, false).squeeze_dim(-1))
 }
 
 #[cfg(test)]
@@ -197,6 +230,10 @@ mod tests {
         let p = SamplingParams::greedy(4);
         let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]], &[None]);
         assert_eq!(out[0].token, 2);
+        // The recorded log-prob is over the whole vocabulary, as the learner computes it: the
+        // suppressed token still counts in the normaliser.
+        let z = (0f32.exp() + 2f32.exp() + 1f32.exp()).ln();
+        assert!((out[0].logprob - (1.0 - z)).abs() < 1e-6, "{}", out[0].logprob);
     }
 
     #[test]

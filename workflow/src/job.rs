@@ -3,7 +3,7 @@
 //! start) resolve an agent's training settings with the same code and get the same numbers.
 use crate::comas::CoMasConfig;
 use crate::seed::derive_seed;
-use crate::train_config::TrainConfig;
+use crate::train_config::{canonical_dtype, OldLogprobs, TrainConfig};
 use crate::turn::Role;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -381,6 +381,11 @@ impl Job {
         if !raw.contains_key("total_steps") {
             let per_step = samples.div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
             cfg.total_steps = (per_step * self.total_steps).max(1);
+        }
+        // The sampler ran the same weights: when it also used the learner's dtype on the CPU,
+        // its log-probs are ℓ^old and the recompute pass can go.
+        if !raw.contains_key("old_logprobs") && cfg.device == "cpu" && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype) {
+            cfg.old_logprobs = OldLogprobs::Sampler;
         }
         Ok(cfg)
     }

@@ -10,11 +10,21 @@ pub struct TrainConfigError(pub String);
 
 type Result<T> = std::result::Result<T, TrainConfigError>;
 
-/// The weight dtypes training accepts (the names `comas_model::dtype::parse_kind` reads).
-pub fn check_dtype(name: &str) -> Result<()> {
+/// The one name of a weight dtype (the names `comas_model::dtype::parse_kind` reads).
+pub fn canonical_dtype(name: &str) -> Option<&'static str> {
     match name.trim().trim_start_matches("torch.") {
-        "float32" | "f32" | "float" | "fp32" | "bfloat16" | "bf16" | "float16" | "f16" | "half" | "fp16" => Ok(()),
-        other => Err(TrainConfigError(format!("unsupported dtype `{other}`; use one of float32, bfloat16, float16"))),
+        "float32" | "f32" | "float" | "fp32" => Some("float32"),
+        "bfloat16" | "bf16" => Some("bfloat16"),
+        "float16" | "f16" | "half" | "fp16" => Some("float16"),
+        _ => None,
+    }
+}
+
+/// The weight dtypes training accepts.
+pub fn check_dtype(name: &str) -> Result<()> {
+    match canonical_dtype(name) {
+        Some(_) => Ok(()),
+        None => Err(TrainConfigError(format!("unsupported dtype `{}`; use one of float32, bfloat16, float16", name.trim()))),
     }
 }
 
@@ -46,6 +56,18 @@ pub enum KlEstimator {
     K1,
     K2,
     K3,
+}
+
+/// Where ℓ^old, the log-probs of the policy that sampled, comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldLogprobs {
+    /// A forward pass of the learner before the first update (rl.md §2).
+    Recompute,
+    /// The sampler's own log-probs, when every experience carries them: exact when the sampler
+    /// ran the same weights in the same dtype and device (comas's CPU workers do), and one
+    /// forward pass cheaper. Experiences without them are recomputed.
+    Sampler,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +149,10 @@ pub struct TrainConfig {
     pub device: String,
     /// Train a LoRA adapter instead of all weights.
     pub lora: Option<LoraSettings>,
+    pub old_logprobs: OldLogprobs,
+    /// Compute the full-vocabulary entropy of every trained token for the report (costs a pass
+    /// over [tokens, vocab]; off by default).
+    pub log_entropy: bool,
 }
 
 impl Default for TrainConfig {
@@ -165,6 +191,8 @@ impl Default for TrainConfig {
             dtype: "float32".into(),
             device: "cpu".into(),
             lora: None,
+            old_logprobs: OldLogprobs::Recompute,
+            log_entropy: false,
         }
     }
 }

@@ -1,0 +1,286 @@
+//! The built-in examples of `comas local`: `smollm2` (the default: two LoRA agents on the real
+//! SmolLM2-135M-Instruct) and `tiny` (two tiny random models, for smoke runs), each with a
+//! generated arithmetic data set, plus the before/after table printed when a run ends.
+use anyhow::{bail, Context, Result};
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::Architecture;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Example {
+    /// Two LoRA agents on SmolLM2-135M-Instruct (from `scripts/fetch-smollm2.sh`).
+    Smollm2,
+    /// Two tiny random models: the plumbing only, in about a minute.
+    Tiny,
+}
+
+impl Example {
+    /// Rollout workers and libtorch threads per worker that suit the example on 2 cores.
+    pub fn workers(self) -> (usize, i32) {
+        match self {
+            // One worker batching every episode beats two half-size ones.
+            Example::Smollm2 => (1, 2),
+            Example::Tiny => (2, 1),
+        }
+    }
+
+    fn folder(self) -> &'static str {
+        match self {
+            Example::Smollm2 => "example-smollm2",
+            Example::Tiny => "example",
+        }
+    }
+}
+
+pub const TINY_JOB: &str = r#"# Built-in example of `comas local`: two agents with tiny random models discuss generated
+# arithmetic questions for five CoMAS steps.
+name = "local-example"
+seed = 42
+
+[data]
+train = "train.jsonl"
+
+[schedule]
+questions_per_step = 4
+steps = 5
+
+[output]
+dir = "out"
+
+[comas]
+num_rounds = 2
+evals_per_solution = 1
+num_references = 2
+instances_per_question = 2
+
+[comas.sampling.solver]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 32
+min_new_tokens = 1
+
+[comas.sampling.evaluator]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 32
+min_new_tokens = 1
+
+[comas.sampling.scorer]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 16
+min_new_tokens = 1
+
+# Held-out evaluation: the same game on 4 other questions, before training, every 2 steps and
+# after the last one, sampled at temperature 0.7; nothing is trained on it.
+[eval]
+data = "test.jsonl"
+every_steps = 2
+max_questions = 4
+
+[[agents]]
+model = "model-a"
+[agents.train]
+lr = 1e-4
+train_batch_size = 24
+micro_batch_size = 12
+
+[[agents]]
+model = "model-b"
+[agents.train]
+lr = 1e-4
+train_batch_size = 24
+micro_batch_size = 12
+"#;
+
+const SMOLLM2_JOB: &str = r#"# Built-in example of `comas local`: two agents, each a LoRA adapter on the shared
+# SmolLM2-135M-Instruct, play CoMAS on generated arithmetic word problems for two steps, with a
+# held-out evaluation before and after. Scorers use the guided score tag (a small model does
+# not write it on its own); everything else follows the spec.
+name = "local-smollm2"
+seed = 42
+
+[data]
+train = "train.jsonl"
+
+[schedule]
+questions_per_step = 2
+steps = 2
+
+[output]
+dir = "out"
+
+[comas]
+num_rounds = 1
+evals_per_solution = 1
+num_references = 2
+instances_per_question = 2
+
+[comas.sampling.solver]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 96
+min_new_tokens = 1
+
+[comas.sampling.evaluator]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 64
+min_new_tokens = 1
+
+[comas.sampling.scorer]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 48
+min_new_tokens = 1
+guided_suffix = "<score>[123]</score>"
+
+# The same game on 4 held-out questions before training and after the last step.
+[eval]
+data = "test.jsonl"
+every_steps = 2
+max_questions = 4
+
+[[agents]]
+model = "{model}"
+[agents.train]
+lr = 2e-4
+train_batch_size = 12
+micro_batch_size = 6
+[agents.train.lora]
+r = 8
+alpha = 16.0
+target_modules = ["q_proj", "v_proj"]
+
+[[agents]]
+model = "{model}"
+[agents.train]
+lr = 2e-4
+train_batch_size = 12
+micro_batch_size = 6
+[agents.train.lora]
+r = 8
+alpha = 16.0
+target_modules = ["q_proj", "v_proj"]
+"#;
+
+/// Arithmetic records: bare sums for the tiny models, word problems for SmolLM2.
+fn write_data(path: &Path, range: std::ops::Range<u32>, words: bool) -> Result<()> {
+    if path.is_file() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    for i in range {
+        let (a, b) = (3 + (i * 7) % 41, 5 + (i * 13) % 37);
+        let prompt = if words {
+            let (who, what) = [("Mia", "marbles"), ("Omar", "stickers"), ("Lena", "books"), ("Raj", "coins")][i as usize % 4];
+            format!("{who} has {a} {what} and gets {b} more. How many {what} does {who} have now? Put the final number in \\boxed{{}}.")
+        } else {
+            format!("What is {a} + {b}? Put the final number in \\boxed{{}}.")
+        };
+        let rec = serde_json::json!({"prompt": prompt, "answer": (a + b).to_string(), "task": "math", "id": format!("math-arith-{i:05}")});
+        text.push_str(&rec.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes the example (models, data, job file) under `dir` once; later runs reuse it.
+pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
+    let dir = dir.join(example.folder());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let job = dir.join("job.toml");
+    match example {
+        Example::Tiny => {
+            for (name, seed) in [("model-a", 7), ("model-b", 8)] {
+                let m = dir.join(name);
+                if !m.join("model.safetensors").is_file() {
+                    write_model(&m, &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })?;
+                }
+            }
+            write_data(&dir.join("train.jsonl"), 0..32, false)?;
+            write_data(&dir.join("test.jsonl"), 32..40, false)?;
+            if !job.is_file() {
+                std::fs::write(&job, TINY_JOB)?;
+            }
+        }
+        Example::Smollm2 => {
+            let model = comas_gguf::cache::smollm2_model();
+            if !model.join("model.safetensors").is_file() {
+                bail!(
+                    "SmolLM2-135M-Instruct is not in the cache ({}): run `bash scripts/fetch-smollm2.sh` first (scripts/demo.sh does), or pass --example tiny",
+                    model.display()
+                );
+            }
+            write_data(&dir.join("train.jsonl"), 0..32, true)?;
+            write_data(&dir.join("test.jsonl"), 100..108, true)?;
+            std::fs::write(&job, SMOLLM2_JOB.replace("{model}", &model.display().to_string()))?;
+        }
+    }
+    Ok(job)
+}
+
+fn num(v: &Value, pointer: &str) -> Option<f64> {
+    v.pointer(pointer).and_then(Value::as_f64)
+}
+
+/// The first and the last held-out evaluation of a run, side by side: accuracy, score parse
+/// rate and mean reward per role. None when the run logged fewer than two evaluations.
+pub fn before_after(metrics_path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(metrics_path).ok()?;
+    let evals: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|v| v["kind"] == "eval").collect();
+    let (first, last) = (evals.first()?, evals.last()?);
+    if evals.len() < 2 {
+        return None;
+    }
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.0} %", x * 100.0));
+    let signed = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:+.3}"));
+    let rows: Vec<(String, String, String)> = [
+        ("held-out accuracy".to_string(), pct(num(first, "/accuracy/last_round")), pct(num(last, "/accuracy/last_round"))),
+        ("score parse rate".to_string(), pct(num(first, "/parse_failure_rate").map(|f| 1.0 - f)), pct(num(last, "/parse_failure_rate").map(|f| 1.0 - f))),
+    ]
+    .into_iter()
+    .chain(["solver", "evaluator", "scorer"].iter().map(|r| {
+        let p = format!("/reward/{r}/mean");
+        (format!("mean reward, {r}"), signed(num(first, &p)), signed(num(last, &p)))
+    }))
+    .collect();
+    let after = |v: &Value| v["after_steps"].as_u64().unwrap_or(0);
+    let mut out = format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", after(first)), format!("after {} steps", after(last)));
+    for (name, a, b) in rows {
+        out.push_str(&format!("{name:<24} {a:>14} {b:>14}\n"));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_compares_the_first_and_last_evaluation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        let rec = |steps: u64, acc: f64, fail: f64, solver: f64| {
+            serde_json::json!({"kind": "eval", "after_steps": steps, "accuracy": {"last_round": acc}, "parse_failure_rate": fail,
+                "reward": {"solver": {"mean": solver}, "evaluator": {"mean": -solver}, "scorer": {"mean": 0.0}}})
+            .to_string()
+        };
+        let step = serde_json::json!({"kind": "step", "step": 1}).to_string();
+        std::fs::write(&p, [rec(0, 0.25, 0.5, 0.1), step, rec(2, 0.5, 0.0, 0.3)].join("\n")).unwrap();
+        let t = before_after(&p).unwrap();
+        assert!(t.contains("after 0 steps") && t.contains("after 2 steps"), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("held-out accuracy") && l.contains("25 %") && l.contains("50 %")), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("score parse rate") && l.contains("50 %") && l.contains("100 %")), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("mean reward, evaluator") && l.contains("-0.100") && l.contains("-0.300")), "{t}");
+        std::fs::write(&p, rec(0, 0.25, 0.5, 0.1)).unwrap();
+        assert!(before_after(&p).is_none(), "one evaluation is not a comparison");
+    }
+}
