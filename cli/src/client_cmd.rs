@@ -82,7 +82,9 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
     serde_json::json!({
         "job_id": s.job_id, "name": s.name, "state": state_name(s.state), "steps_done": s.steps_done,
         "total_steps": s.total_steps, "stage": s.stage, "episodes_done": s.episodes_done,
-        "episodes_total": s.episodes_total, "error": s.error, "metrics_path": s.metrics_path,
+        "episodes_total": s.episodes_total, "stage_tokens": s.stage_tokens, "stage_seconds": s.stage_seconds,
+        "train_samples_done": s.train_samples_done, "train_samples_total": s.train_samples_total,
+        "error": s.error, "metrics_path": s.metrics_path,
         "agents": s.agents.iter().map(|a| serde_json::json!({"agent": a.agent_id, "version": a.version, "learner": a.learner})).collect::<Vec<_>>(),
     })
 }
@@ -168,6 +170,21 @@ fn fmt(v: Option<&Value>) -> String {
     v.and_then(Value::as_f64).map_or("-".into(), |x| format!("{x:+.3}"))
 }
 
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Progress within the current stage: episodes, tokens and tokens/s while generating;
+/// experiences trained while the learners train.
+pub fn stage_progress(s: &pb::JobStatus) -> String {
+    match s.stage.as_str() {
+        "rollout" | "eval" if s.episodes_total > 0 => {
+            let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
+            format!("{}/{} episodes, {} tokens, {rate:.1} tok/s", s.episodes_done, s.episodes_total, s.stage_tokens)
+        }
+        "train" if s.train_samples_total > 0 => format!("{}/{} experiences trained ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_seconds),
+        _ => String::new(),
+    }
+}
+
 /// One line per finished step: rewards per agent, score validity, accuracy, stage times.
 pub fn step_line(m: &Value) -> String {
     let mut parts = vec![format!("step {}", m.get("step").and_then(Value::as_u64).unwrap_or(0))];
@@ -212,6 +229,7 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
     };
     let mut last: Option<pb::JobStatus> = None;
     let mut stage = String::new();
+    let mut last_progress = std::time::Instant::now();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", s.message()))? {
         let Some(s) = ev.status.clone() else { continue };
         if json {
@@ -220,8 +238,18 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             steps.set_length(s.total_steps);
             steps.set_position(s.steps_done);
             episodes.set_prefix(if s.stage.is_empty() { "idle".to_string() } else { s.stage.clone() });
-            episodes.set_length(u64::from(s.episodes_total));
-            episodes.set_position(u64::from(s.episodes_done));
+            let (done, total) = if s.stage == "train" { (s.train_samples_done, s.train_samples_total) } else { (s.episodes_done, s.episodes_total) };
+            episodes.set_length(u64::from(total));
+            episodes.set_position(u64::from(done));
+            let progress = stage_progress(&s);
+            episodes.set_message(progress.clone());
+            // Without a terminal: a progress line as episodes and learners finish, at most every 5 s
+            // (and always for the last one of a stage).
+            let last_of_stage = total > 0 && done == total;
+            if !tty && matches!(ev.kind.as_str(), "episodes" | "trained") && !progress.is_empty() && (last_of_stage || last_progress.elapsed() >= PROGRESS_EVERY) {
+                eprintln!("{}: {} (step {}/{}) {progress}", s.job_id, s.stage, s.steps_done, s.total_steps);
+                last_progress = std::time::Instant::now();
+            }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
@@ -249,4 +277,18 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
     // The stream may end on a final event; read the settled status.
     let s = client.get_job(pb::GetJobRequest { job_id: job_id.to_string() }).await.map(|r| r.into_inner()).ok().or(last);
     s.ok_or_else(|| anyhow::anyhow!("the watch stream of {job_id} ended without a status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_progress_shows_tokens_per_second_and_trained_experiences() {
+        let rollout = pb::JobStatus { stage: "rollout".into(), episodes_done: 3, episodes_total: 8, stage_tokens: 500, stage_seconds: 10.0, ..Default::default() };
+        assert_eq!(stage_progress(&rollout), "3/8 episodes, 500 tokens, 50.0 tok/s");
+        let train = pb::JobStatus { stage: "train".into(), train_samples_done: 12, train_samples_total: 24, stage_seconds: 31.4, ..Default::default() };
+        assert_eq!(stage_progress(&train), "12/24 experiences trained (31 s)");
+        assert_eq!(stage_progress(&pb::JobStatus { stage: "broadcast".into(), ..Default::default() }), "");
+    }
 }

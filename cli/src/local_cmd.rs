@@ -47,9 +47,23 @@ impl Children {
     fn spawn(&mut self, name: &str, args: &[String], log: &Path, threads: i32) -> Result<()> {
         let exe = std::env::current_exe()?;
         let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let parent = std::process::id() as libc::pid_t;
+        let mut cmd = Command::new(exe);
         // Own process group: Ctrl-C reaches only this process, which then stops the children in order.
-        let child = Command::new(exe)
-            .process_group(0)
+        cmd.process_group(0);
+        // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid, _exit. The
+        // child gets SIGTERM when this process dies however it dies (SIGKILL included), and
+        // exits at once if it already has.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .args(args)
             .env("COMAS_THREADS", threads.to_string())
             .stdin(Stdio::null())
@@ -57,6 +71,7 @@ impl Children {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
+        eprintln!("{name}: pid {}, log {}", child.id(), log.display());
         self.0.push((name.to_string(), child));
         Ok(())
     }
@@ -86,6 +101,21 @@ impl Drop for Children {
                 let _ = c.wait();
             }
         }
+    }
+}
+
+/// Ctrl-C, SIGTERM (timeout, systemd, docker stop) or SIGHUP (a closed terminal): each stops
+/// the run the same clean way.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
     }
 }
 
@@ -136,18 +166,25 @@ fn agent_count(text: &str) -> Result<usize> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    std::fs::create_dir_all(a.dir.join("logs"))?;
-    let dir = std::fs::canonicalize(&a.dir)?;
-    let job_path = match &a.job {
-        Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
-        None => examples::write(a.example, &dir)?,
-    };
     let (default_workers, default_threads) = match a.job {
         None => a.example.workers(),
         Some(_) => (2, a.threads_per_process),
     };
     let workers = a.workers.unwrap_or(default_workers);
     let worker_threads = a.worker_threads.unwrap_or(default_threads);
+    if workers == 0 {
+        bail!("--workers must be at least 1: a job needs a rollout worker");
+    }
+    if worker_threads < 1 || a.threads_per_process < 1 {
+        bail!("--worker-threads and --threads-per-process must be at least 1");
+    }
+    let logs = a.dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("--dir {}: cannot create {}", a.dir.display(), logs.display()))?;
+    let dir = std::fs::canonicalize(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
+    let job_path = match &a.job {
+        Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
+        None => examples::write(a.example, &dir)?,
+    };
     let text = std::fs::read_to_string(&job_path).with_context(|| format!("reading {}", job_path.display()))?;
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -233,7 +270,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         let outcome = tokio::select! {
             r = watch(&mut client, &job_id, false) => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
+            _ = stop_signal() => None,
             dead = async {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;

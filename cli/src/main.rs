@@ -61,6 +61,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     comas_service::init_logging(cli.log_format == "json");
     if let Some(n) = cli.threads {
+        if n < 1 {
+            eprintln!("error: --threads (COMAS_THREADS) must be at least 1, got {n}");
+            return ExitCode::FAILURE;
+        }
         tch::set_num_threads(n);
     }
     let result = match cli.command {

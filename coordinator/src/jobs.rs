@@ -18,6 +18,18 @@ pub struct Live {
     pub stage: String,
     pub episodes_done: u32,
     pub episodes_total: u32,
+    /// Completion tokens of the episodes done in this stage.
+    pub stage_tokens: u64,
+    pub stage_started: Option<std::time::Instant>,
+    pub train_samples_done: u32,
+    pub train_samples_total: u32,
+}
+
+impl Live {
+    /// Enters a stage: its counters start from zero.
+    pub fn enter(&mut self, stage: &str) {
+        *self = Live { stage: stage.to_string(), stage_started: Some(std::time::Instant::now()), ..Live::default() };
+    }
 }
 
 pub struct Jobs {
@@ -102,6 +114,10 @@ impl Jobs {
             stage: if row.state == JobState::Running { live.stage } else { String::new() },
             episodes_done: live.episodes_done,
             episodes_total: live.episodes_total,
+            stage_tokens: live.stage_tokens,
+            stage_seconds: live.stage_started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            train_samples_done: live.train_samples_done,
+            train_samples_total: live.train_samples_total,
             error: row.error.clone(),
             created_unix: row.created,
             updated_unix: row.updated,

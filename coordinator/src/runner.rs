@@ -183,8 +183,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
     })?;
     let total = specs.len();
     jobs.set_live(id, |s| {
-        s.stage = "eval".into();
-        s.episodes_done = 0;
+        s.enter("eval");
         s.episodes_total = total as u32;
     });
     jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps: {total} episodes"));
@@ -200,8 +199,13 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
             None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
             Some(Delivery::Done { episode_id, trajectory_json, .. }) => {
                 let t = parse_trajectory(&trajectory_json, &episode_id)?;
+                let tokens = completion_tokens(&t);
                 done.insert(episode_id, t);
-                jobs.set_live(id, |s| s.episodes_done = done.len() as u32);
+                jobs.set_live(id, |s| {
+                    s.episodes_done = done.len() as u32;
+                    s.stage_tokens += tokens;
+                });
+                jobs.emit(id, "episodes", String::new(), String::new());
             }
             Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("evaluation episode {episode_id}: {error}"))),
             Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
@@ -246,7 +250,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let sched_before = jobs.metrics.scheduler_seconds.get();
         let mut store_secs = 0.0;
         // Learners: at `step` (or `step + 1` if they trained it before a coordinator restart).
-        jobs.set_live(&id, |s| s.stage = "learners".into());
+        jobs.set_live(&id, |s| s.enter("learners"));
         let mut at = Vec::with_capacity(l);
         for link in links.iter_mut() {
             at.push(check_learner(link, &job, step).await?);
@@ -288,7 +292,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
         let rollout_started = Instant::now();
         jobs.set_live(&id, |s| {
-            s.stage = "rollout".into();
+            s.enter("rollout");
             s.episodes_done = done.len() as u32;
             s.episodes_total = total as u32;
         });
@@ -320,9 +324,13 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                         let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
                         store_secs += started.elapsed().as_secs_f64();
                         if fresh && !done.contains_key(&episode_id) {
+                            let tokens = completion_tokens(&t);
                             done.insert(episode_id, t);
                             outstanding -= 1;
-                            jobs.set_live(&id, |s| s.episodes_done = done.len() as u32);
+                            jobs.set_live(&id, |s| {
+                                s.episodes_done = done.len() as u32;
+                                s.stage_tokens += tokens;
+                            });
                             jobs.emit(&id, "episodes", String::new(), String::new());
                         }
                     }
@@ -338,14 +346,18 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
 
         // 2. Experience making, in the specs' order so every run builds the same batches.
         let exp_started = Instant::now();
-        jobs.set_live(&id, |s| s.stage = "experience".into());
+        jobs.set_live(&id, |s| s.enter("experience"));
         let finished = in_spec_order(&specs, done, &questions)?;
         let batch = make_step(&finished, l as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
         // 3. Training: every learner in parallel on its own agent's turns.
         let train_started = Instant::now();
-        jobs.set_live(&id, |s| s.stage = "train".into());
+        let samples: Vec<u32> = batch.per_agent.iter().map(|e| e.len() as u32).collect();
+        jobs.set_live(&id, |s| {
+            s.enter("train");
+            s.train_samples_total = samples.iter().sum();
+        });
         jobs.emit(&id, "stage", String::new(), format!("step {step}: training {l} agents"));
         let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
         let step_id = format!("{id}/{step}");
@@ -377,6 +389,8 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                     Ok((report, version)) => {
                         reports[k] = report;
                         new_versions[k] = version;
+                        jobs.set_live(&id, |s| s.train_samples_done += samples[k]);
+                        jobs.emit(&id, "trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -407,7 +421,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         // 4. Broadcast: every worker pulls the new versions before the next rollout.
         let broadcast_started = Instant::now();
         let mut sync = crate::scheduler::SyncStats::default();
-        jobs.set_live(&id, |s| s.stage = "broadcast".into());
+        jobs.set_live(&id, |s| s.enter("broadcast"));
         if step + 1 < job.total_steps {
             let generation = retarget(jobs, &job, &id, &load, &new_versions);
             target_versions = Some(new_versions.clone());
@@ -462,11 +476,16 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
     }
 
     if job.spec.output.export {
-        jobs.set_live(&id, |s| s.stage = "export".into());
+        jobs.set_live(&id, |s| s.enter("export"));
         for (k, link) in links.iter_mut().enumerate() {
             let dir = job.spec.output.dir.join(format!("agent-{k}"));
             link.export(&dir.display().to_string()).await?;
         }
     }
     Ok(())
+}
+
+/// Tokens the agents generated in one episode.
+fn completion_tokens(t: &Trajectory) -> u64 {
+    t.turns.iter().map(|turn| turn.completion_ids.len() as u64).sum()
 }

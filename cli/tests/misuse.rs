@@ -1,0 +1,124 @@
+//! `comas local` and the CLI under misuse, with real processes: however `comas local` is
+//! stopped, no learner or worker outlives it, and SIGTERM stops it as cleanly as Ctrl-C (the
+//! same command resumes the job). Flags that cannot work are refused with a message.
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn comas() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
+    c.env("COMAS_THREADS", "1");
+    c
+}
+
+/// Starts the tiny example and returns it with the pids of its children, once the job is
+/// submitted; stderr lines keep arriving on the channel.
+fn start_local(dir: &Path) -> (Child, Vec<u32>, mpsc::Receiver<String>) {
+    let mut child =
+        comas().args(["local", "--example", "tiny", "--dir", &dir.display().to_string()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut pids = Vec::new();
+    let mut job = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(job && pids.len() == 4) {
+        let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("comas local printed its children and submitted the job");
+        if let Some(pid) = line.split(": pid ").nth(1).and_then(|r| r.split(',').next()).and_then(|p| p.parse().ok()) {
+            pids.push(pid);
+        }
+        job |= line.starts_with("submitted job") || line.starts_with("resuming job");
+        assert!(pids.len() <= 4, "2 learners and 2 workers: {pids:?}");
+    }
+    (child, pids, rx)
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
+    }
+}
+
+fn wait_gone(pids: &[u32], within: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "comas local did not exit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_the_same_command_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, pids, rx) = start_local(dir.path());
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, Duration::from_secs(90));
+    assert!(!status.success());
+    let said: Vec<String> = rx.try_iter().collect();
+    assert!(said.iter().any(|l| l.contains("run the same command again to resume")), "{said:?}");
+    assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
+    // Nothing was lost: the same command picks the job up again and finishes it.
+    let (mut again, pids, rx) = start_local(dir.path());
+    let status = wait_exit(&mut again, Duration::from_secs(300));
+    let said: Vec<String> = rx.try_iter().collect();
+    assert!(status.success(), "{said:?}");
+    assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new());
+}
+
+#[test]
+fn sighup_and_sigkill_leave_no_learner_or_worker_behind() {
+    for sig in [libc::SIGHUP, libc::SIGKILL] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut child, pids, _rx) = start_local(dir.path());
+        assert!(pids.iter().all(|&p| alive(p)));
+        signal(&child, sig);
+        wait_exit(&mut child, Duration::from_secs(90));
+        // SIGKILL gives comas local no chance: its children go by the parent-death signal.
+        assert_eq!(wait_gone(&pids, Duration::from_secs(60)), Vec::<u32>::new(), "orphans after signal {sig}");
+    }
+}
+
+#[test]
+fn flags_that_cannot_work_are_refused() {
+    let out = comas().args(["--threads", "0", "plot", "nothing.jsonl", "-o", "x.svg"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--threads (COMAS_THREADS) must be at least 1"));
+    let out = comas().env("COMAS_THREADS", "0").args(["plot", "nothing.jsonl", "-o", "x.svg"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("must be at least 1, got 0"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = comas().args(["local", "--example", "tiny", "--workers", "0", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--workers must be at least 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    let file = dir.path().join("f");
+    std::fs::write(&file, "x").unwrap();
+    let out = comas().args(["local", "--example", "tiny", "--dir", &file.join("sub").display().to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--dir") && err.contains(&file.display().to_string()), "{err}");
+}
