@@ -1,7 +1,8 @@
 //! AdamW exactly as rl.md §8 writes it, with f32 moments (and f32 master weights when the model
 //! trains in bf16/f16), plus global gradient-norm clipping.
+//! Every in-place update checks its result: a failed one is an error, never a skipped update.
 use std::collections::BTreeMap;
-use tch::{Kind, Tensor};
+use tch::{Kind, TchError, Tensor};
 
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
@@ -30,13 +31,14 @@ impl AdamW {
         &self.params
     }
 
-    pub fn zero_grad(&self) {
+    pub fn zero_grad(&self) -> Result<(), TchError> {
         for (_, p) in &self.params {
             let mut g = p.grad();
             if g.defined() {
-                let _ = g.zero_();
+                g.f_zero_()?;
             }
         }
+        Ok(())
     }
 
     /// sqrt(sum of squared gradient norms), in f64.
@@ -52,19 +54,20 @@ impl AdamW {
     }
 
     /// Scales gradients so their global norm is at most `max_norm` (given the measured `norm`).
-    pub fn clip_grad(&self, norm: f64, max_norm: f64) {
+    pub fn clip_grad(&self, norm: f64, max_norm: f64) -> Result<(), TchError> {
         if max_norm > 0.0 && norm > max_norm {
             let scale = max_norm / (norm + 1e-6);
             for (_, p) in &self.params {
                 let mut g = p.grad();
                 if g.defined() {
-                    let _ = g.f_mul_scalar_(scale);
+                    g.f_mul_scalar_(scale)?;
                 }
             }
         }
+        Ok(())
     }
 
-    pub fn step(&mut self, lr: f64) {
+    pub fn step(&mut self, lr: f64) -> Result<(), TchError> {
         let _g = tch::no_grad_guard();
         self.steps += 1;
         let k = self.steps as i32;
@@ -76,24 +79,24 @@ impl AdamW {
             if !g.defined() {
                 continue;
             }
-            let g = g.to_kind(Kind::Float);
+            let g = g.f_to_kind(Kind::Float)?;
             let mut w = match &self.master[i] {
                 Some(m) => m.shallow_clone(),
                 None => p.shallow_clone(),
             };
             if self.weight_decay != 0.0 {
-                let _ = w.f_mul_scalar_(1.0 - lr * self.weight_decay);
+                w.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
             }
-            let _ = self.m[i].f_mul_scalar_(b1).and_then(|mut m| m.f_add_(&(&g * (1.0 - b1))));
-            let _ = self.v[i].f_mul_scalar_(b2).and_then(|mut v| v.f_add_(&(g.square() * (1.0 - b2))));
-            let denom = (&self.v[i] / bc2).sqrt() + self.eps;
-            let update = (&self.m[i] / bc1) / denom * lr;
-            let _ = w.f_sub_(&update);
+            self.m[i].f_mul_scalar_(b1)?.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
+            self.v[i].f_mul_scalar_(b2)?.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
+            let denom = self.v[i].f_div_scalar(bc2)?.f_sqrt()?.f_add_scalar(self.eps)?;
+            let update = self.m[i].f_div_scalar(bc1)?.f_div(&denom)?.f_mul_scalar(lr)?;
+            w.f_sub_(&update)?;
             if self.master[i].is_some() {
-                let mut p = p.shallow_clone();
-                let _ = p.copy_(&w);
+                p.shallow_clone().f_copy_(&w)?;
             }
         }
+        Ok(())
     }
 
     /// Optimizer state by name for checkpoints: `m.<param>`, `v.<param>`, `master.<param>`.
@@ -143,17 +146,16 @@ impl AdamW {
         }
     }
 
-    pub fn restore(&mut self, s: Snapshot) {
+    pub fn restore(&mut self, s: Snapshot) -> Result<(), TchError> {
         let _g = tch::no_grad_guard();
         for ((_, p), saved) in self.params.iter().zip(&s.params) {
-            let mut p = p.shallow_clone();
-            let _ = p.copy_(saved);
+            p.shallow_clone().f_copy_(saved)?;
         }
         self.master = s.master;
         self.m = s.m;
         self.v = s.v;
         self.steps = s.steps;
-        self.zero_grad();
+        self.zero_grad()
     }
 }
 
@@ -175,7 +177,7 @@ mod tests {
         let loss = (&p * Tensor::from_slice(&[0.5f32, 0.25])).sum(Kind::Float);
         loss.backward();
         let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], (0.9, 0.95), 1e-8, 0.1);
-        opt.step(0.01);
+        opt.step(0.01).unwrap();
         // decay then Adam: m̂ = g, v̂ = g², update = lr * g / (|g| + eps)
         let want = [1.0 * (1.0 - 0.001) - 0.01 * 0.5 / (0.5 + 1e-8), -2.0 * (1.0 - 0.001) - 0.01 * 0.25 / (0.25 + 1e-8)];
         let got = Vec::<f32>::try_from(&p.detach()).unwrap();
@@ -185,13 +187,23 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_update_is_an_error_not_a_skipped_step() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
+        (&p * 2.0).sum(Kind::Float).backward();
+        let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], (0.9, 0.95), 1e-8, 0.0);
+        // A first moment of the wrong shape (as a corrupt state would give): the in-place add fails.
+        opt.m[0] = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
+        assert!(opt.step(0.01).is_err());
+    }
+
+    #[test]
     fn clipping_scales_to_max_norm() {
         let p = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
         (&p * &p / 2.0).sum(Kind::Float).backward(); // grad = p, norm 5
         let opt = AdamW::new(vec![("p".into(), p.shallow_clone())], (0.9, 0.95), 1e-8, 0.0);
         let n = opt.grad_norm();
         assert!((n - 5.0).abs() < 1e-9);
-        opt.clip_grad(n, 1.0);
+        opt.clip_grad(n, 1.0).unwrap();
         assert!((opt.grad_norm() - 5.0 / (5.0 + 1e-6)).abs() < 1e-6);
     }
 }

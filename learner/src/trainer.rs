@@ -350,8 +350,8 @@ impl Trainer {
             Ok(r) => r,
             Err(e) => {
                 match snapshot {
-                    Some(s) => self.optim.restore(s),
-                    None => self.optim.zero_grad(),
+                    Some(s) => self.optim.restore(s)?,
+                    None => self.optim.zero_grad()?,
                 }
                 self.optimizer_steps = steps_before;
                 return Err(e);
@@ -456,10 +456,10 @@ impl Trainer {
                     return Err(LearnerError::NonFinite { what: format!("gradient norm ({norm})") });
                 }
                 norms.push(norm);
-                self.optim.clip_grad(norm, cfg.max_grad_norm);
+                self.optim.clip_grad(norm, cfg.max_grad_norm)?;
                 let lr = learning_rate(&cfg, self.optimizer_steps + 1);
-                self.optim.step(lr);
-                self.optim.zero_grad();
+                self.optim.step(lr)?;
+                self.optim.zero_grad()?;
                 self.optimizer_steps += 1;
                 report.optimizer_steps += 1;
                 report.lr = lr;
