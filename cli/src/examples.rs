@@ -97,6 +97,20 @@ train_batch_size = 24
 micro_batch_size = 12
 "#;
 
+/// One agent of the SmolLM2 example: a LoRA adapter on the shared base.
+const SMOLLM2_AGENT: &str = r#"
+[[agents]]
+model = "{model}"
+[agents.train]
+lr = 2e-4
+train_batch_size = 12
+micro_batch_size = 6
+[agents.train.lora]
+r = 8
+alpha = 16.0
+target_modules = ["q_proj", "v_proj"]
+"#;
+
 const SMOLLM2_JOB: &str = r#"# Built-in example of `comas local`: two agents, each a LoRA adapter on the shared
 # SmolLM2-135M-Instruct, play CoMAS on generated arithmetic word problems for two steps, with a
 # held-out evaluation before and after. Scorers use the guided score tag (a small model does
@@ -148,28 +162,12 @@ data = "test.jsonl"
 every_steps = 2
 max_questions = 4
 
-[[agents]]
-model = "{model}"
-[agents.train]
-lr = 2e-4
-train_batch_size = 12
-micro_batch_size = 6
-[agents.train.lora]
-r = 8
-alpha = 16.0
-target_modules = ["q_proj", "v_proj"]
-
-[[agents]]
-model = "{model}"
-[agents.train]
-lr = 2e-4
-train_batch_size = 12
-micro_batch_size = 6
-[agents.train.lora]
-r = 8
-alpha = 16.0
-target_modules = ["q_proj", "v_proj"]
 "#;
+
+/// The SmolLM2 example's job file, both agents on the model folder `model`.
+fn smollm2_job(model: &Path) -> String {
+    format!("{SMOLLM2_JOB}{}", SMOLLM2_AGENT.repeat(2)).replace("{model}", &model.display().to_string())
+}
 
 /// Arithmetic records: bare sums for the tiny models, word problems for SmolLM2.
 fn write_data(path: &Path, range: std::ops::Range<u32>, words: bool) -> Result<()> {
@@ -221,7 +219,7 @@ pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
             }
             write_data(&dir.join("train.jsonl"), 0..32, true)?;
             write_data(&dir.join("test.jsonl"), 100..108, true)?;
-            std::fs::write(&job, SMOLLM2_JOB.replace("{model}", &model.display().to_string()))?;
+            std::fs::write(&job, smollm2_job(&model))?;
         }
     }
     Ok(job)
@@ -263,6 +261,17 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_smollm2_job_is_two_lora_agents_with_guided_scorers() {
+        let spec = comas_workflow::job::JobSpec::from_toml(&smollm2_job(Path::new("/m/smollm2"))).unwrap();
+        assert_eq!(spec.agents.len(), 2);
+        assert!(spec.agents.iter().all(|a| a.model == Path::new("/m/smollm2") && a.train.contains_key("lora")));
+        assert_eq!(
+            spec.comas.get("sampling").and_then(|s| s.get("scorer")).and_then(|s| s.get("guided_suffix")).and_then(|v| v.as_str()),
+            Some(comas_workflow::GUIDED_SCORE_SUFFIX)
+        );
+    }
 
     #[test]
     fn the_table_compares_the_first_and_last_evaluation() {

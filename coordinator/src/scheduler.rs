@@ -369,6 +369,9 @@ impl State {
             back.sort_by_key(|l| l.since);
             if w.draining && back.is_empty() {
                 tracing::info!(worker = %id, reason, "drained worker left");
+            } else if back.is_empty() {
+                // Nothing of a job was lost (an idle worker stopping at the end of a run): no alarm.
+                tracing::info!(worker = %id, reason, "idle worker left");
             } else {
                 tracing::warn!(worker = %id, reason, requeued = back.len(), "worker lost");
             }

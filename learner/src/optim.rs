@@ -1,6 +1,7 @@
 //! AdamW exactly as rl.md §8 writes it, with f32 moments (and f32 master weights when the model
 //! trains in bf16/f16), plus global gradient-norm clipping.
-//! Every in-place update checks its result: a failed one is an error, never a skipped update.
+//! Every in-place update checks its result: a failed one is an error, never a skipped update
+//! (`let _ = t.f_op_(..)?` drops the returned handle to the same storage; `?` passes the error on).
 use std::collections::BTreeMap;
 use tch::{Kind, TchError, Tensor};
 
@@ -35,7 +36,7 @@ impl AdamW {
         for (_, p) in &self.params {
             let mut g = p.grad();
             if g.defined() {
-                g.f_zero_()?;
+                let _ = g.f_zero_()?;
             }
         }
         Ok(())
@@ -60,7 +61,7 @@ impl AdamW {
             for (_, p) in &self.params {
                 let mut g = p.grad();
                 if g.defined() {
-                    g.f_mul_scalar_(scale)?;
+                    let _ = g.f_mul_scalar_(scale)?;
                 }
             }
         }
@@ -85,15 +86,15 @@ impl AdamW {
                 None => p.shallow_clone(),
             };
             if self.weight_decay != 0.0 {
-                w.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
+                let _ = w.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
             }
-            self.m[i].f_mul_scalar_(b1)?.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
-            self.v[i].f_mul_scalar_(b2)?.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
+            let _ = self.m[i].f_mul_scalar_(b1)?.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
+            let _ = self.v[i].f_mul_scalar_(b2)?.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
             let denom = self.v[i].f_div_scalar(bc2)?.f_sqrt()?.f_add_scalar(self.eps)?;
             let update = self.m[i].f_div_scalar(bc1)?.f_div(&denom)?.f_mul_scalar(lr)?;
-            w.f_sub_(&update)?;
+            let _ = w.f_sub_(&update)?;
             if self.master[i].is_some() {
-                p.shallow_clone().f_copy_(&w)?;
+                let _ = p.shallow_clone().f_copy_(&w)?;
             }
         }
         Ok(())
@@ -149,7 +150,7 @@ impl AdamW {
     pub fn restore(&mut self, s: Snapshot) -> Result<(), TchError> {
         let _g = tch::no_grad_guard();
         for ((_, p), saved) in self.params.iter().zip(&s.params) {
-            p.shallow_clone().f_copy_(saved)?;
+            let _ = p.shallow_clone().f_copy_(saved)?;
         }
         self.master = s.master;
         self.m = s.m;
