@@ -190,22 +190,22 @@ impl<'a> Batcher<'a> {
             sampling::sample(&logits, &params, &mut rngs, &suppress, &allow)
         };
         let mut keep = Vec::with_capacity(self.rows.len());
-        let mut next_tokens = Vec::with_capacity(self.rows.len());
+        let mut next = Vec::with_capacity(self.rows.len());
         for (b, (row, s)) in self.rows.iter_mut().zip(&picked).enumerate() {
-            let token = match &row.tail {
+            let state = match &row.tail {
                 Tail::Unguided => row_unguided(self.tokenizer, row, *s)?,
                 Tail::Free(_) => row_free(self.tokenizer, row, *s, &logits, b)?,
                 Tail::Guided { .. } => row_guided(row, *s)?,
             };
-            match token {
+            match state {
                 RowState::Running => {
                     keep.push(b);
-                    next_tokens.push(*row.out.token_ids.last().expect("a running row has a token"));
+                    // A guided row may have replaced the sampled token: feed what was kept.
+                    next.push(*row.out.token_ids.last().expect("a running row has a token"));
                 }
                 RowState::Finished(reason) => row.out.finish_reason = reason,
             }
         }
-        let next = next_tokens;
         if keep.len() != self.rows.len() {
             let rows = std::mem::take(&mut self.rows);
             let mut kept_rows = Vec::with_capacity(keep.len());
