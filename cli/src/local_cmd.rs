@@ -3,11 +3,11 @@
 //! of one is a crash of one, as on a cluster. Without a job file it runs a built-in example
 //! (`examples.rs`): SmolLM2 by default, or tiny random models.
 use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, watch};
-use anyhow::{bail, Context, Result};
 use crate::examples::{self, Example};
+use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,11 @@ pub struct Args {
     /// Print the final job status as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Start the job afresh from the base models, discarding any unfinished job in --dir and its
+    /// checkpoints (without it, an unfinished job of the same name is resumed, and one of
+    /// another name is an error).
+    #[arg(long)]
+    fresh: bool,
 }
 
 /// Child processes, stopped with SIGTERM (then SIGKILL after a grace period) when dropped.
@@ -219,7 +224,35 @@ pub fn run(a: Args) -> Result<()> {
         // Resume an unfinished job of the same name in this folder, or submit this one.
         let name = comas_workflow::job::JobSpec::from_toml(&text).map(|s| s.name).map_err(|e| anyhow::anyhow!("{}: {e}", job_path.display()))?;
         let jobs = client.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner().jobs;
-        let unfinished = jobs.into_iter().find(|j| j.name == name && matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running)));
+        // A job that has not succeeded still owns this folder's checkpoints: it is resumed (a
+        // failed or cancelled one queued again), never silently replaced.
+        let open = |j: &pb::JobStatus| matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running | pb::JobState::Failed | pb::JobState::Cancelled));
+        let mut unfinished = jobs.iter().find(|j| j.name == name && open(j)).cloned();
+        let others: Vec<&pb::JobStatus> = jobs.iter().filter(|j| j.name != name && open(j)).collect();
+        if a.fresh {
+            for j in jobs.iter().filter(|j| open(j) && matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running))) {
+                client.cancel_job(pb::CancelJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+            }
+            if let Some(j) = unfinished.take() {
+                eprintln!("--fresh: discarding job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);
+            }
+        } else if let (None, Some(o)) = (&unfinished, others.first()) {
+            bail!(
+                "{} holds the unfinished job {} (`{}`, step {}/{}, {}) and its checkpoints; run that job file again to resume it, use another --dir, or pass --fresh to discard it",
+                dir.display(),
+                o.job_id,
+                o.name,
+                o.steps_done,
+                o.total_steps,
+                state_name(o.state)
+            );
+        }
+        if let Some(j) = &unfinished {
+            if matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Failed | pb::JobState::Cancelled)) {
+                eprintln!("job {} ({}) was {}: {}", j.job_id, j.name, state_name(j.state), if j.error.is_empty() { "-" } else { &j.error });
+                client.resume_job(pb::ResumeJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+            }
+        }
         let (learners, patched) = match &unfinished {
             Some(j) => {
                 eprintln!("resuming job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);

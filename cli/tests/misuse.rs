@@ -13,9 +13,9 @@ fn comas() -> Command {
     c
 }
 
-/// Starts the tiny example and returns it with the pids of its children, once the job is
-/// submitted; stderr lines keep arriving on the channel.
-fn start_local(dir: &Path) -> (Child, Vec<u32>, mpsc::Receiver<String>) {
+/// Starts the tiny example and returns it with the pids of its children and the lines it
+/// printed, once the job is submitted or resumed; later stderr lines arrive on the channel.
+fn start_local(dir: &Path) -> (Child, Vec<u32>, Vec<String>, mpsc::Receiver<String>) {
     let mut child =
         comas().args(["local", "--example", "tiny", "--dir", &dir.display().to_string()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -28,6 +28,7 @@ fn start_local(dir: &Path) -> (Child, Vec<u32>, mpsc::Receiver<String>) {
         }
     });
     let mut pids = Vec::new();
+    let mut lines = Vec::new();
     let mut job = false;
     let deadline = Instant::now() + Duration::from_secs(120);
     while !(job && pids.len() == 4) {
@@ -37,8 +38,9 @@ fn start_local(dir: &Path) -> (Child, Vec<u32>, mpsc::Receiver<String>) {
         }
         job |= line.starts_with("submitted job") || line.starts_with("resuming job");
         assert!(pids.len() <= 4, "2 learners and 2 workers: {pids:?}");
+        lines.push(line);
     }
-    (child, pids, rx)
+    (child, pids, lines, rx)
 }
 
 /// Alive and not a zombie.
@@ -79,7 +81,7 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
 #[test]
 fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, pids, rx) = start_local(dir.path());
+    let (mut child, pids, _, rx) = start_local(dir.path());
     signal(&child, libc::SIGTERM);
     let status = wait_exit(&mut child, Duration::from_secs(90));
     assert!(!status.success());
@@ -87,7 +89,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     assert!(said.iter().any(|l| l.contains("run the same command again to resume")), "{said:?}");
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
     // Nothing was lost: the same command picks the job up again and finishes it.
-    let (mut again, pids, rx) = start_local(dir.path());
+    let (mut again, pids, _, rx) = start_local(dir.path());
     let status = wait_exit(&mut again, Duration::from_secs(300));
     let said: Vec<String> = rx.try_iter().collect();
     assert!(status.success(), "{said:?}");
@@ -98,7 +100,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
 fn sighup_and_sigkill_leave_no_learner_or_worker_behind() {
     for sig in [libc::SIGHUP, libc::SIGKILL] {
         let dir = tempfile::tempdir().unwrap();
-        let (mut child, pids, _rx) = start_local(dir.path());
+        let (mut child, pids, _, _rx) = start_local(dir.path());
         assert!(pids.iter().all(|&p| alive(p)));
         signal(&child, sig);
         wait_exit(&mut child, Duration::from_secs(90));
@@ -121,4 +123,77 @@ fn flags_that_cannot_work_are_refused() {
     let out = comas().args(["local", "--example", "tiny", "--dir", &file.join("sub").display().to_string()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--dir") && err.contains(&file.display().to_string()), "{err}");
+}
+
+/// The start of `start_local`'s output that names the in-process coordinator and the job.
+fn coordinator_and_job(lines: &[String]) -> (String, String) {
+    let addr = lines.iter().find_map(|l| l.strip_prefix("coordinator ").and_then(|r| r.split(',').next())).expect("coordinator address").to_string();
+    let job = lines.iter().find_map(|l| l.strip_prefix("submitted job ").and_then(|r| r.split(' ').next())).expect("job id").to_string();
+    (addr, job)
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn another_job_in_the_same_dir_is_refused_until_fresh_and_checkpoints_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _, _, rx) = start_local(dir.path());
+    // Let one step finish (and checkpoint), then interrupt.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a finished step").starts_with("step 0 ") {}
+    signal(&child, libc::SIGTERM);
+    wait_exit(&mut child, Duration::from_secs(90));
+    let ckpt = files_under(&dir.path().join("checkpoints"));
+    assert!(ckpt.iter().any(|f| f.contains("agent-0")), "{ckpt:?}");
+
+    let example = dir.path().join("example");
+    let other = example.join("other.toml");
+    std::fs::write(&other, std::fs::read_to_string(example.join("job.toml")).unwrap().replace("name = \"local-example\"", "name = \"other\"")).unwrap();
+    let run_other = |fresh: bool| {
+        let mut args = vec!["local".to_string(), other.display().to_string(), "--dir".into(), dir.path().display().to_string(), "--json".into()];
+        if fresh {
+            args.push("--fresh".into());
+        }
+        comas().args(&args).output().unwrap()
+    };
+    let out = run_other(false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("holds the unfinished job") && err.contains("local-example") && err.contains("--fresh"), "{err}");
+    assert_eq!(files_under(&dir.path().join("checkpoints")), ckpt, "a refused run touches no checkpoint");
+    let out = run_other(true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((status["name"].as_str(), status["state"].as_str()), (Some("other"), Some("succeeded")));
+}
+
+#[test]
+fn a_cancelled_job_is_resumed_by_the_same_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _, mut said, rx) = start_local(dir.path());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !said.last().is_some_and(|l| l.starts_with("step 0 ")) {
+        said.push(rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a finished step"));
+    }
+    let (addr, job) = coordinator_and_job(&said);
+    let out = comas().args(["cancel", &job, "--coordinator", &addr]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!wait_exit(&mut child, Duration::from_secs(90)).success(), "a cancelled job is not a success");
+    // The same command queues it again from its last completed step and finishes it.
+    let (mut again, _, mut said, rx) = start_local(dir.path());
+    let status = wait_exit(&mut again, Duration::from_secs(300));
+    said.extend(rx.try_iter());
+    assert!(status.success(), "{said:?}");
+    assert!(said.iter().any(|l| l.contains(&job) && l.contains("was cancelled")), "{said:?}");
 }
