@@ -7,6 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// One `comas local` at a time: several at once on 2 cores would test the machine's load, not
+/// the signal handling (and their loopback ports could collide).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn comas() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
     c.env("COMAS_THREADS", "1");
@@ -80,6 +88,7 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
 
 #[test]
 fn sigterm_stops_cleanly_and_the_same_command_resumes() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, pids, _, rx) = start_local(dir.path());
     signal(&child, libc::SIGTERM);
@@ -98,6 +107,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
 
 #[test]
 fn sighup_and_sigkill_leave_no_learner_or_worker_behind() {
+    let _one = serial();
     for sig in [libc::SIGHUP, libc::SIGKILL] {
         let dir = tempfile::tempdir().unwrap();
         let (mut child, pids, _, _rx) = start_local(dir.path());
@@ -148,11 +158,18 @@ fn files_under(dir: &Path) -> Vec<String> {
 
 #[test]
 fn another_job_in_the_same_dir_is_refused_until_fresh_and_checkpoints_stay() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, _, _, rx) = start_local(dir.path());
     // Let one step finish (and checkpoint), then interrupt.
     let deadline = Instant::now() + Duration::from_secs(180);
-    while !rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a finished step").starts_with("step 0 ") {}
+    let mut said = Vec::new();
+    while !said.last().is_some_and(|l: &String| l.starts_with("step 0 ")) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => said.push(line),
+            Err(e) => panic!("no finished step ({e}); comas local said: {said:?}"),
+        }
+    }
     signal(&child, libc::SIGTERM);
     wait_exit(&mut child, Duration::from_secs(90));
     let ckpt = files_under(&dir.path().join("checkpoints"));
@@ -180,11 +197,15 @@ fn another_job_in_the_same_dir_is_refused_until_fresh_and_checkpoints_stay() {
 
 #[test]
 fn a_cancelled_job_is_resumed_by_the_same_command() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, _, mut said, rx) = start_local(dir.path());
     let deadline = Instant::now() + Duration::from_secs(180);
     while !said.last().is_some_and(|l| l.starts_with("step 0 ")) {
-        said.push(rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a finished step"));
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => said.push(line),
+            Err(e) => panic!("no finished step ({e}); comas local said: {said:?}"),
+        }
     }
     let (addr, job) = coordinator_and_job(&said);
     let out = comas().args(["cancel", &job, "--coordinator", &addr]).output().unwrap();
