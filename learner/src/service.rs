@@ -36,7 +36,9 @@ impl LearnerService {
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         self.engine.send(make(tx)).map_err(|_| Status::unavailable("the training thread has stopped; restart the learner"))?;
-        rx.await.map_err(|_| Status::internal("the training thread dropped the request"))
+        // The thread can also stop between taking the request and answering it (a model that
+        // fails to load): that is the same unavailable learner, not an internal error.
+        rx.await.map_err(|_| Status::unavailable("the training thread stopped before answering; restart the learner (its log says why)"))
     }
 }
 
