@@ -1,5 +1,7 @@
-//! Decode throughput (tokens/s) at batch 1, 8 and 32 on a ~40M-parameter Qwen2-shaped model,
-//! side by side with `transformers`' `generate` on the same checkpoint, greedy, same threads.
+//! Decode throughput (tokens/s) at batch 1, 8 and 32 on a ~40M-parameter Qwen2-shaped model (or
+//! any model folder), side by side with `transformers`' `generate` on the same checkpoint,
+//! greedy, same threads. It also measures this machine's copy bandwidth and prints the batch-1
+//! bound it implies (every weight byte is read once per token) and the fraction reached.
 //!
 //!   cargo bench -p comas-model --bench decode
 //!
@@ -56,6 +58,9 @@ fn main() {
         params as f64 / 1e6,
         if sample { "sampled at temperature 1" } else { "greedy" }
     );
+    let (copy_bw, read_bw) = memory_bandwidth();
+    let weight_bytes = weight_bytes_per_token(&model);
+    let bound = read_bw / weight_bytes;
     let mut ours = HashMap::new();
     for &b in &batches {
         let reqs: Vec<GenerationRequest> = prompts[..b]
@@ -87,9 +92,53 @@ fn main() {
             None => println!("{b:>6} {:>14.1} {:>18} {:>8}", ours[&b], "n/a", "n/a"),
         }
     }
+    println!(
+        "memory bandwidth ({threads} threads): copy {:.1} GB/s (read + written), read {:.1} GB/s; {:.0} MB of weights read per token: batch-1 bound {bound:.1} tok/s, reached {:.0}%",
+        copy_bw / 1e9,
+        read_bw / 1e9,
+        weight_bytes / 1e6,
+        100.0 * ours[&1] / bound
+    );
     if reference.is_none() {
         println!("(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display());
     }
+}
+
+/// Bytes per second of a large tensor copy (read plus written, as STREAM counts it) and of a
+/// large read (a sum), best of 5 each. Decoding reads weights, so the read figure sets the bound.
+fn memory_bandwidth() -> (f64, f64) {
+    let n: i64 = 64 << 20; // 256 MB of f32 per side: far beyond any cache
+    let src = tch::Tensor::ones([n], (Kind::Float, Device::Cpu));
+    let mut dst = tch::Tensor::zeros([n], (Kind::Float, Device::Cpu));
+    let best = |f: &mut dyn FnMut()| {
+        (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                f();
+                t0.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let copy = best(&mut || {
+        dst.copy_(&src);
+    });
+    let read = best(&mut || {
+        let _ = src.sum(Kind::Float).double_value(&[]);
+    });
+    let bytes = (n * 4) as f64;
+    (2.0 * bytes / copy, bytes / read)
+}
+
+/// Weight bytes a batch-1 decode step reads: every parameter, except that an untied input
+/// embedding contributes only the one row it looks up.
+fn weight_bytes_per_token(model: &CausalLm) -> f64 {
+    let elt = model.kind().elt_size_in_bytes() as f64;
+    let cfg = model.config();
+    let mut params = cfg.num_parameters() as f64;
+    if !cfg.tie_word_embeddings {
+        params -= ((cfg.vocab_size - 1) * cfg.hidden_size) as f64;
+    }
+    params * elt
 }
 
 #[allow(clippy::too_many_arguments)]

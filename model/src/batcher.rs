@@ -1,6 +1,7 @@
 //! Continuous batching: sequences join between decode steps (their prompts prefilled together
-//! and merged into the running KV cache) and leave the moment they finish. `generate` is this
-//! batcher with every request admitted at once.
+//! straight into free rows of the KV cache) and leave the moment they finish (the last row takes
+//! their place). Neither copies the other sequences' cache. `generate` is this batcher with
+//! every request admitted at once.
 use crate::error::{ModelError, Result};
 use crate::generate::{Completion, FinishReason};
 use crate::guide::{Allowed, Constrained, Guide, TAIL_RESERVE};
@@ -24,6 +25,8 @@ enum Tail {
 
 struct Row<'a> {
     id: u64,
+    /// Prompt plus most new tokens: the columns this row may come to hold.
+    need: usize,
     params: SamplingParams,
     adapter: Option<&'a LoraAdapter>,
     rng: ChaCha8Rng,
@@ -47,8 +50,9 @@ struct Pending<'a> {
 pub struct Batcher<'a> {
     model: &'a CausalLm,
     tokenizer: Option<&'a Tokenizer>,
+    /// In the cache's row order.
     rows: Vec<Row<'a>>,
-    cache: Option<KvCache>,
+    cache: KvCache,
     /// Next-token logits of every row, [rows, V].
     logits: Option<Tensor>,
     queue: Vec<Pending<'a>>,
@@ -77,7 +81,21 @@ fn find_stop_string(tok: &Tokenizer, ids: &[i64], stops: &[String]) -> Result<Op
 
 impl<'a> Batcher<'a> {
     pub fn new(model: &'a CausalLm, tokenizer: Option<&'a Tokenizer>) -> Self {
-        Self { model, tokenizer, rows: Vec::new(), cache: None, logits: None, queue: Vec::new(), done_early: Vec::new() }
+        let cache = KvCache::new(model.config(), 0, 0, model.kind(), model.device());
+        Self { model, tokenizer, rows: Vec::new(), cache, logits: None, queue: Vec::new(), done_early: Vec::new() }
+    }
+
+    /// Caps the KV cache's allocation at `slots` token slots (rows × columns); see
+    /// `slots_if_added` for keeping admissions within it.
+    pub fn set_cache_limit(&mut self, slots: Option<usize>) {
+        self.cache.set_limit(slots.map(|s| s as i64));
+    }
+
+    /// Cache slots (rows × columns) the batch needs if one more sequence of `prompt_len +
+    /// max_new_tokens = need` tokens joins: every row is as wide as the widest.
+    pub fn slots_if_added(&self, need: usize) -> usize {
+        let widest = self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0);
+        (self.rows.len() + self.queue.len() + 1) * widest.max(need)
     }
 
     /// Sequences decoding now plus those waiting to join.
@@ -93,9 +111,19 @@ impl<'a> Batcher<'a> {
         self.rows.len()
     }
 
-    /// Slots × rows held by the KV cache, in bytes.
+    /// Bytes allocated by the KV cache.
     pub fn cache_bytes(&self) -> i64 {
-        self.cache.as_ref().map_or(0, KvCache::size_bytes)
+        self.cache.size_bytes()
+    }
+
+    /// Token slots (rows × columns) the KV cache has allocated.
+    pub fn cache_slots(&self) -> i64 {
+        self.cache.capacity_slots()
+    }
+
+    /// Tokens the KV cache holds now.
+    pub fn cached_tokens(&self) -> i64 {
+        self.cache.lens().iter().sum()
     }
 
     /// Queues a sequence; it joins the batch at the next `step`. Input is checked here, so a
@@ -129,7 +157,8 @@ impl<'a> Batcher<'a> {
         adapters.iter().any(Option::is_some).then(|| LoraBatch::per_row(adapters, self.model.device()))
     }
 
-    /// Prefills queued prompts as one left-padded batch and merges them into the running batch.
+    /// Prefills queued prompts as one right-padded batch, written straight into new rows at the
+    /// end of the cache.
     fn admit(&mut self) -> Result<()> {
         if self.queue.is_empty() {
             return Ok(());
@@ -137,20 +166,22 @@ impl<'a> Batcher<'a> {
         let queue = std::mem::take(&mut self.queue);
         let device = self.model.device();
         let prompts: Vec<Vec<i64>> = queue.iter().map(|p| p.prompt.clone()).collect();
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let room = queue.iter().map(|p| p.params.max_new_tokens).max().unwrap_or(0);
-        let mut cache = KvCache::new(self.model.config(), queue.len() as i64, (longest + room) as i64, self.model.kind(), device);
-        let (ids, valid) = mask::left_pad(&prompts, 0, device);
+        let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+        let widest = self.rows.iter().map(|r| r.need).chain(queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0);
+        self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64);
+        let first = self.cache.push_rows(queue.len());
+        let (ids, _) = mask::right_pad(&prompts, 0, device);
         let adapters: Vec<Option<&'a LoraAdapter>> = queue.iter().map(|p| p.adapter).collect();
         let lora = self.lora(&adapters);
-        let logits = self.model.forward_cached(&ids, Some(&valid), &mut cache, lora.as_ref())?;
-        self.cache = Some(match self.cache.take() {
-            Some(mut running) => {
-                running.append_rows(&cache);
-                running
+        let logits = match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref()) {
+            Ok(l) => l,
+            Err(e) => {
+                for _ in 0..queue.len() {
+                    self.cache.swap_remove(self.cache.rows() - 1);
+                }
+                return Err(e);
             }
-            None => cache,
-        });
+        };
         self.logits = Some(match self.logits.take() {
             Some(l) => Tensor::cat(&[l, logits], 0),
             None => logits,
@@ -158,7 +189,8 @@ impl<'a> Batcher<'a> {
         for p in queue {
             let rng = p.params.rng();
             let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
-            self.rows.push(Row { id: p.id, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
+            let need = p.prompt.len() + p.params.max_new_tokens;
+            self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
         }
         Ok(())
     }
@@ -189,51 +221,35 @@ impl<'a> Batcher<'a> {
             }
             sampling::sample(&logits, &params, &mut rngs, &suppress, &allow)
         };
-        let mut keep = Vec::with_capacity(self.rows.len());
-        let mut next = Vec::with_capacity(self.rows.len());
+        let mut done = Vec::new();
         for (b, (row, s)) in self.rows.iter_mut().zip(&picked).enumerate() {
             let state = match &row.tail {
                 Tail::Unguided => row_unguided(self.tokenizer, row, *s)?,
                 Tail::Free(_) => row_free(self.tokenizer, row, *s, &logits, b)?,
                 Tail::Guided { .. } => row_guided(row, *s)?,
             };
-            match state {
-                RowState::Running => {
-                    keep.push(b);
-                    // A guided row may have replaced the sampled token: feed what was kept.
-                    next.push(*row.out.token_ids.last().expect("a running row has a token"));
-                }
-                RowState::Finished(reason) => row.out.finish_reason = reason,
+            if let RowState::Finished(reason) = state {
+                row.out.finish_reason = reason;
+                done.push(b);
             }
         }
-        if keep.len() != self.rows.len() {
-            let rows = std::mem::take(&mut self.rows);
-            let mut kept_rows = Vec::with_capacity(keep.len());
-            let mut k = keep.iter().peekable();
-            for (b, row) in rows.into_iter().enumerate() {
-                if k.peek() == Some(&&b) {
-                    k.next();
-                    kept_rows.push(row);
-                } else {
-                    finished.push((row.id, row.out));
-                }
-            }
-            self.rows = kept_rows;
-            let keep_i64: Vec<i64> = keep.iter().map(|&b| b as i64).collect();
-            if let Some(c) = self.cache.as_mut() {
-                c.retain_rows(&keep_i64);
-            }
+        // Highest first, so the last row that fills each hole is one that keeps running.
+        for &b in done.iter().rev() {
+            self.cache.swap_remove(b);
+            let row = self.rows.swap_remove(b);
+            finished.push((row.id, row.out));
         }
         if self.rows.is_empty() {
-            self.cache = None;
             return Ok(finished);
         }
+        // A guided row may have replaced the sampled token: feed what each row kept.
+        let next: Vec<i64> = self.rows.iter().map(|r| *r.out.token_ids.last().expect("a running row has a token")).collect();
         let device = self.model.device();
         let input = Tensor::from_slice(&next).view([next.len() as i64, 1]).to_device(device);
         let adapters: Vec<Option<&'a LoraAdapter>> = self.rows.iter().map(|r| r.adapter).collect();
         let lora = self.lora(&adapters);
-        let cache = self.cache.as_mut().expect("rows imply a cache");
-        self.logits = Some(self.model.forward_cached(&input, None, cache, lora.as_ref())?);
+        let ones = vec![1i64; next.len()];
+        self.logits = Some(self.model.forward_cached(&input, &ones, 0, &mut self.cache, lora.as_ref())?);
         Ok(finished)
     }
 }
@@ -332,4 +348,3 @@ pub fn drain(batcher: &mut Batcher) -> Result<Vec<(u64, Completion)>> {
     }
     Ok(out)
 }
-

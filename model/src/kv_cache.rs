@@ -1,51 +1,65 @@
 //! Key/value cache held outside the model, so many caches can share one set of weights.
 //!
-//! Layout: per layer, keys and values of shape [B, kv_heads, capacity, head_dim]. Row b is one
-//! sequence; slots (columns) are filled left to right by every forward call, and `valid` records
-//! which slots hold real tokens (prompts are left-padded, finished rows can be dropped). Each row
-//! keeps its own next position, so rows of different lengths decode together.
+//! Layout: per layer, keys and values of shape [row_capacity, kv_heads, col_capacity, head_dim].
+//! Row r is one sequence and holds its tokens left-aligned in columns `0..len(r)`, so a token's
+//! column is its position and rows of different lengths need no padding slots. Rows stay
+//! compact (`0..rows`): a sequence that joins takes the next free row and one that leaves is
+//! replaced by the last row (`swap_remove`), so neither copies any other row. The capacity
+//! grows by doubling, within an optional limit, so reallocation is rare and never per step.
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::mask;
 use tch::{Device, Kind, Tensor};
 
 pub struct KvCache {
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
-    /// [B, capacity] bool
-    valid: Tensor,
-    /// [B] i64: number of real tokens per row (the next position id)
-    next_pos: Tensor,
-    len: i64,
-    capacity: i64,
+    /// Tokens held per row (the row's next position).
+    lens: Vec<i64>,
+    row_cap: i64,
+    col_cap: i64,
+    /// At most this many slots (rows × columns) are allocated, when set.
+    limit: Option<i64>,
     kv_heads: i64,
     head_dim: i64,
     kind: Kind,
     device: Device,
 }
 
-/// What one forward call over the cache needs: where the new slots start, their position ids
-/// and the attention mask over all used slots.
+/// Where one forward call writes its new tokens and what its queries may see. The call covers
+/// rows `first_row..first_row + n`; row j gets `new_lens[j]` real tokens from the left of a
+/// right-padded [n, S] input, written from column `lens[j]` on.
 pub struct CacheStep {
-    pub start: i64,
+    first_row: i64,
+    /// Columns of the new tokens, [n, S]; None when every row starts at the same column.
+    cols: Option<Tensor>,
+    start: i64,
+    width: i64,
+    new_lens: Vec<i64>,
     pub positions: Tensor,
+    /// [n, 1, S, width] (true = attend): causal over the row's own columns.
     pub mask: Tensor,
 }
 
-const GROW_ALIGN: i64 = 64;
+/// Column capacity is allocated in multiples of this.
+const COL_ALIGN: i64 = 16;
+
+fn align(n: i64, to: i64) -> i64 {
+    (n + to - 1) / to * to
+}
 
 impl KvCache {
-    pub fn new(cfg: &Config, batch: i64, capacity: i64, kind: Kind, device: Device) -> Self {
-        let capacity = capacity.max(1);
-        let shape = [batch, cfg.num_key_value_heads, capacity, cfg.head_dim];
+    /// An empty cache with room for `rows` sequences of `cols` tokens.
+    pub fn new(cfg: &Config, rows: i64, cols: i64, kind: Kind, device: Device) -> Self {
         let n = cfg.num_hidden_layers as usize;
+        let (rows, cols) = (rows.max(0), align(cols.max(0), COL_ALIGN));
+        let shape = [rows, cfg.num_key_value_heads, cols, cfg.head_dim];
         Self {
             keys: (0..n).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
             values: (0..n).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
-            valid: Tensor::zeros([batch, capacity], (Kind::Bool, device)),
-            next_pos: Tensor::zeros([batch], (Kind::Int64, device)),
-            len: 0,
-            capacity,
+            lens: Vec::new(),
+            row_cap: rows,
+            col_cap: cols,
+            limit: None,
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
             kind,
@@ -53,132 +67,254 @@ impl KvCache {
         }
     }
 
-    /// Slots used so far (including padding slots).
-    pub fn len(&self) -> i64 {
-        self.len
+    /// Caps the slots (rows × columns) that growth may allocate; a reservation that needs more
+    /// still gets exactly what it needs.
+    pub fn set_limit(&mut self, slots: Option<i64>) {
+        self.limit = slots;
+    }
+
+    /// Sequences held.
+    pub fn rows(&self) -> usize {
+        self.lens.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.lens.is_empty()
     }
 
-    pub fn batch_size(&self) -> i64 {
-        self.valid.size()[0]
+    /// Tokens held by each row.
+    pub fn lens(&self) -> &[i64] {
+        &self.lens
     }
 
-    pub fn capacity(&self) -> i64 {
-        self.capacity
+    /// Allocated slots (rows × columns).
+    pub fn capacity_slots(&self) -> i64 {
+        self.row_cap * self.col_cap
     }
 
     /// Bytes held by the key/value tensors.
     pub fn size_bytes(&self) -> i64 {
-        let per = self.batch_size() * self.kv_heads * self.capacity * self.head_dim * self.kind.elt_size_in_bytes() as i64;
-        per * 2 * self.keys.len() as i64
+        let per_slot = self.kv_heads * self.head_dim * self.kind.elt_size_in_bytes() as i64;
+        self.capacity_slots() * per_slot * 2 * self.keys.len() as i64
     }
 
-    fn grow(&mut self, needed: i64) {
-        let new_cap = ((needed.max(self.capacity * 2) + GROW_ALIGN - 1) / GROW_ALIGN) * GROW_ALIGN;
-        let b = self.batch_size();
-        let widen = |t: &Tensor, shape: &[i64], kind: Kind, device: Device| {
-            let out = Tensor::zeros(shape, (kind, device));
-            out.narrow(-2, 0, self.len).copy_(&t.narrow(-2, 0, self.len));
-            out
-        };
-        let shape = [b, self.kv_heads, new_cap, self.head_dim];
-        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            *t = widen(t, &shape, self.kind, self.device);
+    /// Makes room for `rows` sequences and `cols` columns. Growth doubles what is short
+    /// (amortised); with a limit, the slack is dropped first, so an allocation exceeds the limit
+    /// only when the need itself does.
+    pub fn reserve(&mut self, rows: i64, cols: i64) {
+        if rows <= self.row_cap && cols <= self.col_cap {
+            return;
         }
-        let valid = Tensor::zeros([b, new_cap], (Kind::Bool, self.device));
-        valid.narrow(1, 0, self.len).copy_(&self.valid.narrow(1, 0, self.len));
-        self.valid = valid;
-        self.capacity = new_cap;
-    }
-
-    /// Reserves slots for `new_valid` [B, S] (true = real token), growing the cache if needed,
-    /// and returns the positions and mask for the forward call.
-    pub fn begin(&mut self, new_valid: &Tensor) -> Result<CacheStep> {
-        let size = new_valid.size();
-        if size.len() != 2 || size[0] != self.batch_size() {
-            return Err(ModelError::Input(format!(
-                "cache holds {} rows but the step has shape {size:?}",
-                self.batch_size()
-            )));
-        }
-        let s = size[1];
-        let start = self.len;
-        if start + s > self.capacity {
-            self.grow(start + s);
-        }
-        let new_valid = new_valid.to_kind(Kind::Bool).to_device(self.device);
-        self.valid.narrow(1, start, s).copy_(&new_valid);
-        let positions = mask::positions(&new_valid, &self.next_pos);
-        self.next_pos = &self.next_pos + new_valid.to_kind(Kind::Int64).sum_dim_intlist(1, false, Kind::Int64);
-        self.len = start + s;
-        let mask = mask::attention_mask(&self.valid.narrow(1, 0, self.len), start, s);
-        Ok(CacheStep { start, positions, mask })
-    }
-
-    /// Writes a layer's new keys/values [B, kv_heads, S, D] at `start` and returns views of all
-    /// used slots.
-    pub fn store(&mut self, layer: usize, start: i64, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let s = k.size()[2];
-        self.keys[layer].narrow(2, start, s).copy_(k);
-        self.values[layer].narrow(2, start, s).copy_(v);
-        (self.keys[layer].narrow(2, 0, start + s), self.values[layer].narrow(2, 0, start + s))
-    }
-
-    /// Appends the rows of `other` (sequences that just finished prefill) below this cache's rows.
-    /// Both sides are right-aligned on the newest slot, so every row's next token lands in the
-    /// same column; the shorter side is padded on the left with invalid slots.
-    pub fn append_rows(&mut self, other: &KvCache) {
-        let len = self.len.max(other.len);
-        let capacity = len + (self.capacity - self.len).max(other.capacity - other.len).max(1);
-        let (ba, bb) = (self.batch_size(), other.batch_size());
-        let shape = [ba + bb, self.kv_heads, capacity, self.head_dim];
-        let place = |dst: &Tensor, src: &Tensor, row: i64, rows: i64, used: i64, dim: i64| {
-            if used > 0 && rows > 0 {
-                dst.narrow(0, row, rows).narrow(dim, len - used, used).copy_(&src.narrow(dim, 0, used));
+        let used_rows = self.lens.len() as i64;
+        let used_cols = self.lens.iter().copied().max().unwrap_or(0);
+        let (need_rows, need_cols) = (rows.max(used_rows), cols.max(used_cols));
+        let mut new_rows = if rows > self.row_cap { rows.max(self.row_cap * 2) } else { self.row_cap };
+        let mut new_cols = if cols > self.col_cap { align(cols.max(self.col_cap * 2), COL_ALIGN) } else { self.col_cap };
+        if let Some(limit) = self.limit {
+            if new_rows * new_cols > limit {
+                new_cols = align(need_cols, COL_ALIGN);
             }
-        };
-        for (mine, theirs) in self.keys.iter_mut().zip(&other.keys).chain(self.values.iter_mut().zip(&other.values)) {
-            let merged = Tensor::zeros(shape, (self.kind, self.device));
-            place(&merged, mine, 0, ba, self.len, 2);
-            place(&merged, theirs, ba, bb, other.len, 2);
-            *mine = merged;
+            if new_rows * new_cols > limit {
+                new_rows = need_rows.max(limit / new_cols.max(1)).min(new_rows);
+            }
+            if new_rows * new_cols > limit {
+                new_cols = need_cols;
+                new_rows = need_rows.max(limit / new_cols.max(1)).min(new_rows);
+            }
         }
-        let valid = Tensor::zeros([ba + bb, capacity], (Kind::Bool, self.device));
-        place(&valid, &self.valid, 0, ba, self.len, 1);
-        place(&valid, &other.valid, ba, bb, other.len, 1);
-        self.valid = valid;
-        self.next_pos = Tensor::cat(&[&self.next_pos, &other.next_pos], 0);
-        self.len = len;
-        self.capacity = capacity;
+        let shape = [new_rows, self.kv_heads, new_cols, self.head_dim];
+        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let grown = Tensor::zeros(shape, (self.kind, self.device));
+            if used_rows > 0 && used_cols > 0 {
+                grown.narrow(0, 0, used_rows).narrow(2, 0, used_cols).copy_(&t.narrow(0, 0, used_rows).narrow(2, 0, used_cols));
+            }
+            *t = grown;
+        }
+        self.row_cap = new_rows;
+        self.col_cap = new_cols;
     }
 
-    /// Keeps only the given rows (in that order), e.g. to drop finished sequences.
-    pub fn retain_rows(&mut self, rows: &[i64]) {
-        let idx = Tensor::from_slice(rows).to_device(self.device);
-        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            *t = t.index_select(0, &idx);
-        }
-        self.valid = self.valid.index_select(0, &idx);
-        self.next_pos = self.next_pos.index_select(0, &idx);
-        // Leading slots that no remaining row uses are dead weight for attention; drop them.
-        if self.len > 0 && !rows.is_empty() {
-            let used = self.valid.narrow(1, 0, self.len).any_dim(0, false);
-            let first = Vec::<bool>::try_from(&used.to_device(Device::Cpu)).unwrap_or_default().iter().position(|&u| u);
-            if let Some(first) = first.filter(|&f| f > 0) {
-                let first = first as i64;
-                let keep = self.len - first;
-                for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
-                    let moved = t.narrow(2, first, keep).copy();
-                    t.narrow(2, 0, keep).copy_(&moved);
+    /// Adds `n` empty rows at the end; returns the first one.
+    pub fn push_rows(&mut self, n: usize) -> i64 {
+        let first = self.lens.len() as i64;
+        self.reserve(first + n as i64, self.col_cap);
+        self.lens.extend(std::iter::repeat_n(0, n));
+        first
+    }
+
+    /// Drops row `row`, moving the last row into its place (as `Vec::swap_remove`): one row is
+    /// copied, the rest stay where they are.
+    pub fn swap_remove(&mut self, row: usize) {
+        let last = self.lens.len() - 1;
+        if row != last {
+            let len = self.lens[last];
+            if len > 0 {
+                for t in self.keys.iter().chain(self.values.iter()) {
+                    t.narrow(0, row as i64, 1).narrow(2, 0, len).copy_(&t.narrow(0, last as i64, 1).narrow(2, 0, len));
                 }
-                let moved = self.valid.narrow(1, first, keep).copy();
-                self.valid.narrow(1, 0, keep).copy_(&moved);
-                let _ = self.valid.narrow(1, keep, self.capacity - keep).fill_(0);
-                self.len = keep;
             }
         }
+        self.lens.swap_remove(row);
+    }
+
+    /// Prepares a forward call over rows `first_row..first_row + new_lens.len()` whose input is
+    /// right-padded to `width` tokens: checks the rows, grows the columns if needed and builds
+    /// positions and mask. Nothing is recorded as held until `commit`.
+    pub fn begin(&mut self, first_row: i64, new_lens: &[i64], width: i64) -> Result<CacheStep> {
+        let n = new_lens.len() as i64;
+        if first_row < 0 || first_row + n > self.lens.len() as i64 {
+            return Err(ModelError::Input(format!("cache holds {} rows; the step covers rows {first_row}..{}", self.lens.len(), first_row + n)));
+        }
+        if let Some(bad) = new_lens.iter().find(|&&l| l < 1 || l > width) {
+            return Err(ModelError::Input(format!("a row of the step has {bad} new tokens; each needs 1..={width}")));
+        }
+        let starts: Vec<i64> = self.lens[first_row as usize..(first_row + n) as usize].to_vec();
+        let end = starts.iter().map(|s| s + width).max().unwrap_or(0);
+        self.reserve(self.lens.len() as i64, end);
+        let device = self.device;
+        let offsets = Tensor::arange(width, (Kind::Int64, device)).view([1, width]);
+        let start_t = Tensor::from_slice(&starts).to_device(device).view([n, 1]);
+        let query_cols = &start_t + &offsets; // [n, S]
+        let keys = Tensor::arange(end, (Kind::Int64, device)).view([1, 1, end]);
+        let mask = keys.le_tensor(&query_cols.unsqueeze(-1)).unsqueeze(1); // [n, 1, S, end]
+        let same_start = starts.windows(2).all(|w| w[0] == w[1]);
+        Ok(CacheStep {
+            first_row,
+            cols: (!same_start).then(|| query_cols.shallow_clone()),
+            start: starts.first().copied().unwrap_or(0),
+            width: end,
+            new_lens: new_lens.to_vec(),
+            positions: query_cols,
+            mask,
+        })
+    }
+
+    /// Writes a layer's new keys/values [n, kv_heads, S, D] into the step's rows and returns
+    /// views of the columns its queries may read, [n, kv_heads, width, D].
+    pub fn store(&mut self, layer: usize, step: &CacheStep, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let (n, s) = (k.size()[0], k.size()[2]);
+        for (cache, new) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
+            let rows = cache.narrow(0, step.first_row, n);
+            match &step.cols {
+                None => {
+                    rows.narrow(2, step.start, s).copy_(new);
+                }
+                Some(cols) => {
+                    // Every row at its own column: one scatter, [n, S] (row, column) pairs.
+                    let row_idx = Tensor::arange(n, (Kind::Int64, self.device)).view([n, 1]).expand([n, s], false);
+                    let mut rows = rows;
+                    let _ = rows.index_put_(&[Some(row_idx), None, Some(cols.shallow_clone())], &new.transpose(1, 2), false);
+                }
+            }
+        }
+        let view = |t: &Tensor| t.narrow(0, step.first_row, n).narrow(2, 0, step.width);
+        (view(&self.keys[layer]), view(&self.values[layer]))
+    }
+
+    /// Records the step's real tokens as held (padding columns past them are overwritten later).
+    pub fn commit(&mut self, step: &CacheStep) {
+        for (j, l) in step.new_lens.iter().enumerate() {
+            self.lens[step.first_row as usize + j] += l;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Architecture;
+    use crate::tiny::TinySpec;
+
+    fn cfg() -> Config {
+        Config::from_json_str(&TinySpec::tiny(Architecture::Qwen2).config_json().to_string()).unwrap()
+    }
+
+    fn bools(t: &Tensor) -> Vec<bool> {
+        Vec::<bool>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    #[test]
+    fn prefill_mask_is_causal_within_each_row() {
+        let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2);
+        let step = c.begin(0, &[3, 1], 3).unwrap();
+        assert_eq!(step.mask.size(), vec![2, 1, 3, 3]);
+        #[rustfmt::skip]
+        let want = vec![
+            true, false, false,  true, true, false,  true, true, true,
+            true, false, false,  true, true, false,  true, true, true, // row 1's padding queries are ignored
+        ];
+        assert_eq!(bools(&step.mask), want);
+        assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        c.commit(&step);
+        assert_eq!(c.lens(), &[3, 1]);
+    }
+
+    #[test]
+    fn decode_step_offsets_each_row_by_its_length() {
+        let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2);
+        let s = c.begin(0, &[3, 1], 3).unwrap();
+        c.commit(&s);
+        let step = c.begin(0, &[1, 1], 1).unwrap();
+        assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![3, 1]);
+        assert_eq!(step.mask.size(), vec![2, 1, 1, 4]);
+        assert_eq!(bools(&step.mask), vec![true, true, true, true, true, true, false, false]);
+        assert!(step.cols.is_some(), "rows at different columns scatter");
+    }
+
+    #[test]
+    fn store_writes_each_row_at_its_own_column() {
+        let cfg = cfg();
+        let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2);
+        let s = c.begin(0, &[2, 1], 2).unwrap();
+        let k = Tensor::ones([2, kv, 2, d], (Kind::Float, Device::Cpu));
+        let _ = c.store(0, &s, &k, &k);
+        c.commit(&s);
+        let step = c.begin(0, &[1, 1], 1).unwrap();
+        let k = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1, 1, 1]).expand([2, kv, 1, d], false).contiguous();
+        let (keys, _) = c.store(0, &step, &k, &k);
+        assert_eq!(keys.size(), vec![2, kv, 3, d]);
+        let col = |r: i64, j: i64| keys.get(r).get(0).get(j).get(0).double_value(&[]);
+        assert_eq!((col(0, 0), col(0, 1), col(0, 2)), (1.0, 1.0, 5.0));
+        assert_eq!((col(1, 0), col(1, 1)), (1.0, 7.0));
+    }
+
+    #[test]
+    fn swap_remove_moves_only_the_last_row() {
+        let cfg = cfg();
+        let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(3);
+        let s = c.begin(0, &[1, 2, 3], 3).unwrap();
+        let k = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([3, 1, 1, 1]).expand([3, kv, 3, d], false).contiguous();
+        let _ = c.store(0, &s, &k, &k);
+        c.commit(&s);
+        c.swap_remove(0);
+        assert_eq!(c.lens(), &[3, 2]);
+        let step = c.begin(0, &[1, 1], 1).unwrap();
+        let (keys, _) = c.store(0, &step, &k.narrow(0, 0, 2).narrow(2, 0, 1), &k.narrow(0, 0, 2).narrow(2, 0, 1));
+        assert_eq!(keys.get(0).get(0).get(2).get(0).double_value(&[]), 3.0, "row 2 moved into row 0");
+        assert_eq!(keys.get(1).get(0).get(1).get(0).double_value(&[]), 2.0, "row 1 untouched");
+    }
+
+    #[test]
+    fn growth_keeps_tokens_and_respects_the_limit() {
+        let cfg = cfg();
+        let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let mut c = KvCache::new(&cfg, 1, 16, Kind::Float, Device::Cpu);
+        c.set_limit(Some(3 * 32));
+        c.push_rows(1);
+        let s = c.begin(0, &[4], 4).unwrap();
+        let k = Tensor::full([1, kv, 4, d], 9.0, (Kind::Float, Device::Cpu));
+        let _ = c.store(0, &s, &k, &k);
+        c.commit(&s);
+        c.reserve(3, 20);
+        assert!(c.capacity_slots() <= 3 * 32, "{} slots", c.capacity_slots());
+        assert_eq!(c.keys[0].get(0).get(0).get(3).get(0).double_value(&[]), 9.0);
+        assert!(c.begin(0, &[0], 1).is_err(), "a row needs at least one new token");
+        assert!(c.begin(1, &[1], 1).is_err(), "row 1 does not exist");
     }
 }

@@ -29,6 +29,9 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     pad_token: Option<String>,
     eos_token_ids: Vec<i64>,
+    /// Looked up once: `tokenizers` rebuilds the whole vocabulary map to answer either.
+    vocab_size: usize,
+    special_texts: Vec<String>,
     /// Guided decoding state, built on first use (a token trie over the whole vocabulary).
     guidance: std::sync::OnceLock<std::result::Result<crate::guide::Guidance, String>>,
 }
@@ -92,6 +95,8 @@ impl Tokenizer {
         let template = source.map(template_env).transpose()?;
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
+        let vocab_size = inner.get_vocab_size(true);
+        let special_texts = inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
         let mut tok = Self {
             inner,
             plain,
@@ -100,6 +105,8 @@ impl Tokenizer {
             eos_token: token_string(cfg.get("eos_token")),
             pad_token: token_string(cfg.get("pad_token")),
             eos_token_ids: Vec::new(),
+            vocab_size,
+            special_texts,
             guidance: std::sync::OnceLock::new(),
         };
         tok.eos_token_ids = tok.resolve_eos(dir)?;
@@ -141,7 +148,7 @@ impl Tokenizer {
 
     /// Number of entries including added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// Errors when the tokenizer can produce ids the model has no embedding for: the tokenizer
@@ -168,7 +175,8 @@ impl Tokenizer {
 
     /// Decodes ids; ids outside the tokenizer's vocabulary (padded embedding rows) are skipped.
     pub fn decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
-        let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).filter(|&i| (i as usize) < self.vocab_size()).collect();
+        let vocab = self.vocab_size;
+        let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).filter(|&i| (i as usize) < vocab).collect();
         self.inner.decode(&ids, skip_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
@@ -204,8 +212,7 @@ impl Tokenizer {
     /// `transformers` does.
     pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<i64>> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
-        let specials: Vec<String> = self.inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
-        let spells_special = messages.iter().any(|m| specials.iter().any(|s| m.content.contains(s.as_str())));
+        let spells_special = messages.iter().any(|m| self.special_texts.iter().any(|s| m.content.contains(s.as_str())));
         if !spells_special {
             return self.encode(&text, false);
         }

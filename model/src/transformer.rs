@@ -2,7 +2,7 @@
 //! the checkpoint's tensor names; the KV cache lives outside the model.
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{CacheStep, KvCache};
 use crate::lora::{LoraBatch, Proj};
 use crate::mask;
 use crate::rope::{self, Rope};
@@ -53,7 +53,8 @@ struct LayerCtx<'a> {
     sin: &'a Tensor,
     mask: &'a Tensor,
     lora: Option<&'a LoraBatch<'a>>,
-    cache_start: i64,
+    /// Where this call's keys/values go in the cache, when there is one.
+    step: Option<&'a CacheStep>,
 }
 
 struct Attention {
@@ -114,9 +115,9 @@ impl Attention {
         let v = heads(proj(&self.v_proj, Proj::V), self.num_kv_heads, &None);
         let q = rope::apply(&q, ctx.cos, ctx.sin);
         let k = rope::apply(&k, ctx.cos, ctx.sin);
-        let (k, v) = match cache {
-            Some(c) => c.store(layer, ctx.cache_start, &k, &v),
-            None => (k, v),
+        let (k, v) = match (cache, ctx.step) {
+            (Some(c), Some(step)) => c.store(layer, step, &k, &v),
+            _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
         let gqa = self.num_heads != self.num_kv_heads;
@@ -299,12 +300,12 @@ impl CausalLm {
         Ok(())
     }
 
-    fn run_layers(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, mut cache: Option<&mut KvCache>, cache_start: i64, lora: Option<&LoraBatch>) -> Tensor {
+    fn run_layers(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, mut cache: Option<&mut KvCache>, step: Option<&CacheStep>, lora: Option<&LoraBatch>) -> Tensor {
         let _span = tracing::trace_span!("forward", batch = input_ids.size()[0], seq = input_ids.size()[1]).entered();
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = self.rope.cos_sin(positions, self.kind);
         let lora = lora.filter(|l| !l.is_empty());
-        let ctx = LayerCtx { cos: &cos, sin: &sin, mask, lora, cache_start };
+        let ctx = LayerCtx { cos: &cos, sin: &sin, mask, lora, step };
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(i, &x, &ctx, cache.as_deref_mut());
         }
@@ -338,22 +339,29 @@ impl CausalLm {
         };
         let positions = mask::positions(&valid, &Tensor::zeros([b], (Kind::Int64, self.device)));
         let attn = mask::attention_mask(&valid, 0, s);
-        Ok(self.run_layers(&input_ids, &positions, &attn, None, 0, lora))
+        Ok(self.run_layers(&input_ids, &positions, &attn, None, None, lora))
     }
 
-    /// Forward over new tokens [B, S] appended to `cache`; `new_valid` [B, S] marks padding
-    /// (None = all real). Returns logits of the last slot only, [B, V]: what decoding needs.
-    pub fn forward_cached(&self, input_ids: &Tensor, new_valid: Option<&Tensor>, cache: &mut KvCache, lora: Option<&LoraBatch>) -> Result<Tensor> {
+    /// Forward over new tokens appended to rows `first_row..first_row + n` of `cache`. The
+    /// input [n, S] is right-padded: row j has `new_lens[j]` real tokens. Returns the logits after
+    /// each row's last real token, [n, V]: what decoding needs.
+    pub fn forward_cached(&self, input_ids: &Tensor, new_lens: &[i64], first_row: i64, cache: &mut KvCache, lora: Option<&LoraBatch>) -> Result<Tensor> {
         self.check_ids(input_ids)?;
+        let (n, s) = (input_ids.size()[0], input_ids.size()[1]);
+        if n != new_lens.len() as i64 {
+            return Err(ModelError::Input(format!("{n} input rows but {} row lengths", new_lens.len())));
+        }
         let input_ids = input_ids.to_device(self.device);
-        let valid = match new_valid {
-            Some(v) => v.shallow_clone(),
-            None => Tensor::ones(input_ids.size(), (Kind::Bool, self.device)),
+        let step = cache.begin(first_row, new_lens, s)?;
+        let hidden = self.run_layers(&input_ids, &step.positions, &step.mask, Some(cache), Some(&step), lora);
+        cache.commit(&step);
+        let last = if s == 1 {
+            hidden.squeeze_dim(1)
+        } else {
+            let idx: Vec<i64> = new_lens.iter().enumerate().map(|(j, l)| j as i64 * s + l - 1).collect();
+            hidden.view([n * s, -1]).index_select(0, &Tensor::from_slice(&idx).to_device(self.device))
         };
-        let step = cache.begin(&valid)?;
-        let hidden = self.run_layers(&input_ids, &step.positions, &step.mask, Some(cache), step.start, lora);
-        let s = hidden.size()[1];
-        Ok(self.lm_head(&hidden.narrow(1, s - 1, 1).squeeze_dim(1)))
+        Ok(self.lm_head(&last))
     }
 
     /// Log-probabilities (f32) of `input_ids[:, 1:]` under the model: [B, S-1]. Logits are divided

@@ -63,6 +63,47 @@ fn late_joiners_match_running_alone() {
     }
 }
 
+/// Admitting only what `slots_if_added` says fits (as the worker does with its token budget)
+/// keeps the cache's allocation within the limit while sequences of different lengths come and
+/// go, and changes no result.
+#[test]
+fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
+    let r = Reference::load("llama3-gqa");
+    let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
+    let reqs: Vec<GenerationRequest> = (0..8)
+        .map(|i| {
+            let mut prompt = r.prompt_ids(i % 3);
+            prompt.truncate(prompt.len() - i % 4);
+            GenerationRequest { prompt_ids: prompt, params: SamplingParams { seed: i as u64, max_new_tokens: 4 + 5 * (i % 3), ..Default::default() }, adapter: None }
+        })
+        .collect();
+    let widest = reqs.iter().map(|q| q.prompt_ids.len() + q.params.max_new_tokens).max().unwrap();
+    let limit = 3 * widest; // about three sequences at a time
+    let mut b = Batcher::new(&model, None);
+    b.set_cache_limit(Some(limit));
+    let (mut got, mut next, mut most_running) = (vec![None; reqs.len()], 0, 0);
+    while next < reqs.len() || !b.is_empty() {
+        while next < reqs.len() {
+            let q = &reqs[next];
+            if !b.is_empty() && b.slots_if_added(q.prompt_ids.len() + q.params.max_new_tokens) > limit {
+                break;
+            }
+            b.add(next as u64, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
+            next += 1;
+        }
+        for (id, c) in b.step().unwrap() {
+            got[id as usize] = Some(c);
+        }
+        most_running = most_running.max(b.running());
+        assert!(b.cache_slots() <= limit as i64, "{} slots allocated, limit {limit}", b.cache_slots());
+        assert!(b.cached_tokens() <= b.cache_slots());
+    }
+    assert!(most_running >= 2, "the limit left room for {most_running} sequence(s) at a time");
+    for (i, q) in reqs.iter().enumerate() {
+        same(got[i].as_ref().expect("finished"), &alone(&model, q), &format!("request {i}"));
+    }
+}
+
 #[test]
 fn adapters_per_row_in_a_continuous_batch() {
     let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();

@@ -1,11 +1,13 @@
-//! CoMAS episode throughput of a worker on a ~40M-parameter model: episodes run one at a time
-//! versus 64 at once on one stream (continuous batching). Prints tokens/s, episodes/s and the
-//! speed-up.
+//! CoMAS episode throughput of a worker: episodes run one at a time versus many at once on one
+//! stream (continuous batching). Prints tokens/s, episodes/s and the speed-up.
 //!
 //!   cargo bench -p comas-rollout-worker --bench episodes
 //!
-//! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_TOKENS (64 per turn, fixed length),
-//! COMAS_BENCH_SERIAL (4 episodes run one by one), COMAS_BENCH_CONCURRENT (64).
+//! Knobs: COMAS_BENCH_MODEL (a model folder, e.g. the SmolLM2 import; default a random ~40M
+//! Qwen2), COMAS_BENCH_LORA (r: both agents are LoRA adapters of that rank on q/v over one
+//! shared base, as in the SmolLM2 example; default 0 = two plain agents), COMAS_BENCH_THREADS (2),
+//! COMAS_BENCH_TOKENS (64 per turn, fixed length), COMAS_BENCH_SERIAL (4 episodes run one by
+//! one), COMAS_BENCH_CONCURRENT (64).
 //! Prompt tokens are reported too: with the tiny test tokenizer CoMAS prompts are a few hundred
 //! tokens, and their prefill (already batched within a sequence) does not speed up.
 use comas_model::tiny::{write_model, TinySpec};
@@ -14,6 +16,7 @@ use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use comas_rollout_worker::engine::EngineSettings;
 use comas_rollout_worker::server::{serve, ServerSettings};
 use comas_workflow::comas::{plan_batch, CoMasConfig, PlanSeed};
+use comas_workflow::train_config::LoraSettings;
 use comas_workflow::{SamplingSpec, TaskKind, TaskRecord};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -60,10 +63,18 @@ fn main() {
     let serial: usize = env_or("COMAS_BENCH_SERIAL", 4);
     let concurrent: usize = env_or("COMAS_BENCH_CONCURRENT", 64);
     tch::set_num_threads(threads);
-    let model = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-worker-qwen2-40m");
-    if !model.join("model.safetensors").is_file() {
-        write_model(&model, &TinySpec::bench()).unwrap();
-    }
+    let lora_r: i64 = env_or("COMAS_BENCH_LORA", 0);
+    let model = match std::env::var_os("COMAS_BENCH_MODEL") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-worker-qwen2-40m");
+            if !dir.join("model.safetensors").is_file() {
+                write_model(&dir, &TinySpec::bench()).unwrap();
+            }
+            dir
+        }
+    };
+    let params = comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters();
     // l = 2 agents on one base, one round: 2 solutions, 2 evaluations, 2 scores per episode.
     // Every turn generates exactly `per_turn` tokens, so both modes do the same work.
     let fixed = SamplingSpec { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None };
@@ -85,7 +96,13 @@ fn main() {
         tokio::spawn(serve(settings, std::future::pending::<()>()));
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut c = RolloutWorkerClient::connect(addr).await.unwrap().max_decoding_message_size(256 << 20);
-        let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), ..Default::default() }).collect();
+        let lora_json = if lora_r > 0 {
+            let l = LoraSettings { r: lora_r, alpha: 2.0 * lora_r as f64, target_modules: vec!["q_proj".into(), "v_proj".into()], use_rslora: false };
+            serde_json::to_string(&l).unwrap()
+        } else {
+            String::new()
+        };
+        let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), lora_json: lora_json.clone(), ..Default::default() }).collect();
         c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
         run(&mut c, specs(&cfg, 1, "warm")).await;
 
@@ -100,7 +117,12 @@ fn main() {
         let t0 = Instant::now();
         let (conc_tokens, conc_prompt) = run(&mut c, specs(&cfg, concurrent, "c")).await;
         let conc_s = t0.elapsed().as_secs_f64();
-        println!("CoMAS episode benchmark: 40.0M parameters, f32 CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn");
+        let agents = if lora_r > 0 { format!("2 LoRA r={lora_r} agents on one base") } else { "2 agents".to_string() };
+        println!(
+            "CoMAS episode benchmark: {} ({:.1}M parameters), {agents}, f32 CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn",
+            model.display(),
+            params as f64 / 1e6
+        );
         println!("{:>16} {:>9} {:>16} {:>18} {:>11}", "mode", "episodes", "generated tok/s", "prompt tok/episode", "episodes/s");
         let (st, se) = (serial_tokens as f64 / serial_s, serial as f64 / serial_s);
         let (ct, ce) = (conc_tokens as f64 / conc_s, concurrent as f64 / conc_s);

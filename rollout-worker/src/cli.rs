@@ -17,7 +17,8 @@ pub struct Args {
     /// Most sequences decoding at once per base model.
     #[arg(long, env = "COMAS_WORKER_MAX_RUNNING", default_value_t = 256)]
     max_running: usize,
-    /// Most tokens (prompt + max new) admitted at once per base model; bounds KV-cache memory.
+    /// KV-cache token slots per base model (sequences × the widest prompt + max new tokens);
+    /// bounds KV-cache memory.
     #[arg(long, env = "COMAS_WORKER_MAX_BATCH_TOKENS", default_value_t = 1 << 20)]
     max_batch_tokens: usize,
     /// Seconds a SIGTERM waits for running episodes.

@@ -62,8 +62,9 @@ pub struct EngineSettings {
     pub device: Device,
     /// Most sequences decoding at once per base model; more turns wait in the queue.
     pub max_running: usize,
-    /// Most tokens (prompt + max new tokens) admitted at once per base model: bounds KV-cache
-    /// memory. A turn larger than the whole budget still runs, alone.
+    /// KV-cache slots per base model: sequences × the widest sequence's prompt + max new tokens.
+    /// Admission keeps within it and the cache never allocates more, so it bounds KV memory. A
+    /// turn larger than the whole budget still runs, alone.
     pub max_batch_tokens: usize,
 }
 
@@ -117,12 +118,18 @@ struct RunningEpisode {
 
 struct Seq {
     base: usize,
-    /// Tokens this sequence reserved in its batch's budget.
-    reserved: usize,
     episode: u64,
     turn: TurnRequest,
     prompt_ids: Vec<i64>,
     version: u64,
+}
+
+/// A turn waiting for room in its batch. Its prompt is rendered and tokenized the first time it
+/// is considered and kept, so a turn that waits many decode steps is tokenized once.
+struct WaitingTurn {
+    key: u64,
+    turn: TurnRequest,
+    prompt: Option<Vec<i64>>,
 }
 
 struct Runtime<'m> {
@@ -132,11 +139,9 @@ struct Runtime<'m> {
     batchers: Vec<Batcher<'m>>,
     episodes: HashMap<u64, RunningEpisode>,
     seqs: HashMap<u64, Seq>,
-    waiting: VecDeque<(u64, TurnRequest)>,
+    waiting: VecDeque<WaitingTurn>,
     versions: BTreeMap<u32, u64>,
     in_flight: BTreeMap<u32, usize>,
-    /// Reserved tokens per base model (see `max_batch_tokens`).
-    reserved: Vec<usize>,
     updates: Vec<(u32, u64, Vec<comas_proto::weights::ReceivedTensor>, oneshot::Sender<Result<(), String>>)>,
     drain: Option<oneshot::Sender<()>>,
     draining: bool,
@@ -151,9 +156,17 @@ fn finish_of(c: &Completion) -> FinishReason {
     }
 }
 
+/// The batch of base model `b`, its KV cache capped at the token budget.
+fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> Batcher<'m> {
+    let base = &models.bases[b];
+    let mut batcher = Batcher::new(&base.model, Some(&base.tokenizer));
+    batcher.set_cache_limit(Some(settings.max_batch_tokens));
+    batcher
+}
+
 impl<'m> Runtime<'m> {
     fn new(models: &'m Models, settings: &'m EngineSettings, stats: Arc<Stats>) -> Self {
-        let batchers = models.bases.iter().map(|b| Batcher::new(&b.model, Some(&b.tokenizer))).collect();
+        let batchers = (0..models.bases.len()).map(|b| new_batcher(models, settings, b)).collect();
         Self {
             models,
             settings,
@@ -164,7 +177,6 @@ impl<'m> Runtime<'m> {
             waiting: VecDeque::new(),
             versions: models.agents.keys().map(|&a| (a, 0)).collect(),
             in_flight: BTreeMap::new(),
-            reserved: vec![0; models.bases.len()],
             updates: Vec::new(),
             drain: None,
             draining: false,
@@ -192,7 +204,7 @@ impl<'m> Runtime<'m> {
                 for k in &dropped {
                     self.episodes.remove(k);
                 }
-                self.waiting.retain(|(k, _)| !dropped.contains(k));
+                self.waiting.retain(|w| !dropped.contains(&w.key));
                 if !dropped.is_empty() {
                     tracing::info!(stream, dropped = dropped.len(), "stream closed; its unfinished episodes are dropped");
                 }
@@ -248,7 +260,7 @@ impl<'m> Runtime<'m> {
         if let Some(e) = self.episodes.get_mut(&key) {
             e.in_flight += turns.len();
         }
-        self.waiting.extend(turns.into_iter().map(|t| (key, t)));
+        self.waiting.extend(turns.into_iter().map(|turn| WaitingTurn { key, turn, prompt: None }));
     }
 
     fn blocked(&self, agent: u32) -> bool {
@@ -259,24 +271,38 @@ impl<'m> Runtime<'m> {
     /// swap or the batch is full.
     fn admit(&mut self) {
         let mut keep = VecDeque::new();
-        while let Some((key, turn)) = self.waiting.pop_front() {
-            if !self.episodes.contains_key(&key) {
+        while let Some(mut w) = self.waiting.pop_front() {
+            if !self.episodes.contains_key(&w.key) {
                 continue;
             }
-            let policy = &self.models.agents[&turn.agent];
-            if self.blocked(turn.agent) || self.batchers[policy.base].len() >= self.settings.max_running {
-                keep.push_back((key, turn));
+            let policy = &self.models.agents[&w.turn.agent];
+            if self.blocked(w.turn.agent) || self.batchers[policy.base].len() >= self.settings.max_running {
+                keep.push_back(w);
                 continue;
             }
             let base = &self.models.bases[policy.base];
-            let msgs: Vec<ChatMessage> = turn.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
-            let prompt = base.tokenizer.encode_chat(&msgs, true);
-            let need = prompt.as_ref().map_or(0, Vec::len) + turn.sampling.max_new_tokens as usize;
-            let used = self.reserved[policy.base];
-            if used > 0 && used + need > self.settings.max_batch_tokens {
-                keep.push_back((key, turn));
+            let prompt = match w.prompt.take() {
+                Some(p) => p,
+                None => {
+                    let msgs: Vec<ChatMessage> = w.turn.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+                    match base.tokenizer.encode_chat(&msgs, true) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            self.fail_episode(w.key, format!("turn {} could not start: {e}", w.turn.turn_index));
+                            continue;
+                        }
+                    }
+                }
+            };
+            let need = prompt.len() + w.turn.sampling.max_new_tokens as usize;
+            let batcher = &self.batchers[policy.base];
+            // The cache gives every row the widest row's columns, so that is what must fit.
+            if !batcher.is_empty() && batcher.slots_if_added(need) > self.settings.max_batch_tokens {
+                w.prompt = Some(prompt);
+                keep.push_back(w);
                 continue;
             }
+            let WaitingTurn { key, turn, .. } = w;
             let s = &turn.sampling;
             let params = SamplingParams {
                 temperature: s.temperature,
@@ -291,13 +317,12 @@ impl<'m> Runtime<'m> {
             };
             let id = self.next_seq;
             self.next_seq += 1;
-            let added = prompt.and_then(|p| self.batchers[policy.base].add(id, p.clone(), params, policy.adapter.as_ref()).map(|_| p));
-            match added {
-                Ok(prompt_ids) => {
+            match self.batchers[policy.base].add(id, prompt.clone(), params, policy.adapter.as_ref()) {
+                Ok(()) => {
+                    let prompt_ids = prompt;
                     *self.in_flight.entry(turn.agent).or_default() += 1;
-                    self.reserved[policy.base] += need;
                     let version = self.versions[&turn.agent];
-                    self.seqs.insert(id, Seq { base: policy.base, reserved: need, episode: key, turn, prompt_ids, version });
+                    self.seqs.insert(id, Seq { base: policy.base, episode: key, turn, prompt_ids, version });
                 }
                 Err(e) => self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index)),
             }
@@ -309,7 +334,6 @@ impl<'m> Runtime<'m> {
         if let Some(n) = self.in_flight.get_mut(&seq.turn.agent) {
             *n -= 1;
         }
-        self.reserved[seq.base] -= seq.reserved;
     }
 
     fn fail_episode(&mut self, key: u64, error: String) {
@@ -448,7 +472,7 @@ impl<'m> Runtime<'m> {
                             self.release(&s);
                             self.fail_episode(s.episode, format!("decode failed: {e}"));
                         }
-                        self.batchers[b] = Batcher::new(&self.models.bases[b].model, Some(&self.models.bases[b].tokenizer));
+                        self.batchers[b] = new_batcher(self.models, self.settings, b);
                     }
                 }
             }
