@@ -2,13 +2,15 @@
 """Times one full learner training step in PyTorch, as the baseline for the Rust learner bench.
 
     .venv-ref/bin/python learner/benches/torch_step.py --model DIR --batch FILE.jsonl \
-        --config FILE.toml --threads N --repeats 3 [--device cpu|cuda] [--ref-model DIR]
+        --config FILE.toml --threads N --repeats 3 [--device cpu|cuda] [--ref-model DIR] [--lora-r R]
 
 One step = what tests/fixtures/learner/ref_step.py does for a global step (the same code,
 imported): experience forward (ℓ^old, and ℓ^ref when kl_coef > 0), advantages, every optimizer
 step of the batch (forward, loss, backward, grad clip, AdamW). Model loading and the reference
 copy are not timed. One untimed warm-up run, then --repeats timed runs, each starting from the
-initial weights again. Prints one JSON line:
+initial weights again. With --lora-r R > 0 the model is wrapped in a PEFT LoRA adapter on q/v
+(alpha 2R, no dropout), so only the adapter trains, as the Rust learner's `[lora]` table does.
+Prints one JSON line:
 
     {"tokens": Σ len(prompt)+len(completion) over the batch, "seconds": best run, "tokens_per_s": ...}
 """
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--ref-model", default=None, help="reference checkpoint (default: copy of the initial weights)")
+    ap.add_argument("--lora-r", type=int, default=0, help="train a LoRA adapter of this rank on q/v (0: full fine-tuning)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -52,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     samples = ref_step.load_batch(args.batch)
     torch.manual_seed(int(cfg["seed"]))
     model = ref_step.load_model(args.model, args.device)
+    if args.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lc = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+        model = get_peft_model(model, lc)
     ref_model = ref_step.make_reference_model(model, cfg, args.ref_model, args.device)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     tokens = sum(len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples)

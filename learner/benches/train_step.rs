@@ -1,12 +1,16 @@
-//! Training throughput (tokens/s) of one learner step on a ~40M-parameter model, side by side
-//! with the PyTorch reference (learner/benches/torch_step.py) doing the same step.
+//! Training throughput (tokens/s) of one learner step on a ~40M-parameter model (or any model
+//! folder), side by side with the PyTorch reference (learner/benches/torch_step.py) doing the
+//! same step: full fine-tuning, or LoRA on q/v with PEFT as the reference.
 //!
 //!   cargo bench -p comas-learner --bench train_step
 //!
 //! The reference runs with COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made by
 //! tests/fixtures/setup-ref.sh); without it only the comas figure is printed.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_SAMPLES (16), COMAS_BENCH_PROMPT_LEN (128),
-//! COMAS_BENCH_COMPLETION_LEN (128), COMAS_BENCH_REPEATS (2).
+//! COMAS_BENCH_COMPLETION_LEN (128), COMAS_BENCH_REPEATS (2), COMAS_BENCH_MODEL (a model folder,
+//! e.g. the SmolLM2 import), COMAS_BENCH_LORA (rank r; 0 = full fine-tuning), COMAS_BENCH_SAMPLER=1
+//! (the samples carry sampler log-probs and comas uses them as ℓ^old instead of a recompute
+//! forward, as it does on CPU when rollout and training dtypes match; the reference recomputes).
 use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
 use comas_model::tiny::{write_model, TinySpec};
 use rand::{Rng, SeedableRng};
@@ -26,20 +30,31 @@ fn main() {
     tch::set_num_threads(threads);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-learner");
-    let model = work.join("qwen2-40m");
-    if !model.join("model.safetensors").is_file() {
-        write_model(&model, &TinySpec::bench()).expect("write bench model");
-    }
+    let lora_r: i64 = env_or("COMAS_BENCH_LORA", 0);
+    let sampler = std::env::var("COMAS_BENCH_SAMPLER").is_ok_and(|v| v == "1");
+    let model = match std::env::var_os("COMAS_BENCH_MODEL") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let dir = work.join("qwen2-40m");
+            if !dir.join("model.safetensors").is_file() {
+                write_model(&dir, &TinySpec::bench()).expect("write bench model");
+            }
+            dir
+        }
+    };
+    std::fs::create_dir_all(&work).unwrap();
+    let vocab = comas_model::Config::from_file(&model.join("config.json")).unwrap().vocab_size.min(32000);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let batch: Vec<Experience> = (0..samples)
         .map(|i| Experience {
-            prompt_ids: (0..prompt_len).map(|_| rng.gen_range(0..32000)).collect(),
-            completion_ids: (0..completion_len).map(|_| rng.gen_range(0..32000)).collect(),
+            prompt_ids: (0..prompt_len).map(|_| rng.gen_range(0..vocab)).collect(),
+            completion_ids: (0..completion_len).map(|_| rng.gen_range(0..vocab)).collect(),
             reward: Some((i % 3) as f64 / 2.0),
             token_rewards: None,
             finish_reason: Finish::Stop,
             group: format!("g{}", i / 4),
-            sampling_logprobs: None,
+            // Any finite values do for timing: they only enter the loss.
+            sampling_logprobs: sampler.then(|| vec![-2.0; completion_len]),
             episode_id: None,
             turn_id: None,
             policy_version: None,
@@ -50,14 +65,25 @@ fn main() {
     let lines: Vec<String> = batch.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
     std::fs::write(&batch_file, lines.join("\n") + "\n").unwrap();
     // CoMAS settings: REINFORCE++, no KL; 4 samples per micro-batch, one optimizer step.
-    let toml = format!("estimator = \"reinforce\"\nlr = 1e-6\ntotal_steps = 100\ntrain_batch_size = {samples}\nmicro_batch_size = 4\n");
+    let base = format!("estimator = \"reinforce\"\nlr = 1e-6\ntotal_steps = 100\ntrain_batch_size = {samples}\nmicro_batch_size = 4\n");
+    // The reference reads only the shared keys; LoRA and ℓ^old are its command-line choices.
+    let mut toml = base.clone();
+    if sampler {
+        toml.push_str("old_logprobs = \"sampler\"\n");
+    }
+    if lora_r > 0 {
+        toml.push_str(&format!("[lora]\nr = {lora_r}\nalpha = {}.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n", 2 * lora_r));
+    }
     let cfg_file = work.join("config.toml");
-    std::fs::write(&cfg_file, &toml).unwrap();
+    std::fs::write(&cfg_file, &base).unwrap();
     let cfg = TrainConfig::from_toml(&toml).unwrap();
     let tokens = samples * (prompt_len + completion_len);
     println!(
-        "learner step benchmark: {:.1}M parameters, f32 CPU, {threads} threads, {samples} samples x ({prompt_len} prompt + {completion_len} completion) tokens, best of {repeats}",
-        comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters() as f64 / 1e6
+        "learner step benchmark: {} ({:.1}M parameters), {}, f32 CPU, {threads} threads, {samples} samples x ({prompt_len} prompt + {completion_len} completion) tokens, old log-probs {}, best of {repeats}",
+        model.display(),
+        comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters() as f64 / 1e6,
+        if lora_r > 0 { format!("LoRA r={lora_r} on q/v") } else { "full fine-tuning".to_string() },
+        if sampler { "from the sampler (comas), recomputed (reference)" } else { "recomputed" }
     );
     let mut best = f64::INFINITY;
     for r in 0..=repeats {
@@ -76,7 +102,7 @@ fn main() {
         let out = std::process::Command::new(&python)
             .arg(root.join("learner/benches/torch_step.py"))
             .args(["--model", model.to_str().unwrap(), "--batch", batch_file.to_str().unwrap(), "--config", cfg_file.to_str().unwrap()])
-            .args(["--threads", &threads.to_string(), "--repeats", &repeats.to_string()])
+            .args(["--threads", &threads.to_string(), "--repeats", &repeats.to_string(), "--lora-r", &lora_r.to_string()])
             .env("OMP_NUM_THREADS", threads.to_string())
             .output()
             .expect("run reference");

@@ -10,6 +10,10 @@ pub enum LearnerError {
     NonFinite { what: String },
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A full-model update failed after some of its optimizer steps were applied; there is no
+    /// full-model snapshot to undo them, so this trainer refuses further steps.
+    #[error("{0}; the weights were partly updated, so restart the learner: it resumes from its last checkpoint")]
+    PartlyUpdated(String),
     #[error(transparent)]
     Model(#[from] comas_model::ModelError),
     #[error("torch: {0}")]

@@ -28,6 +28,7 @@ fn status(e: LearnerError) -> Status {
         LearnerError::Batch(_) | LearnerError::Config(_) => Status::invalid_argument(e.to_string()),
         LearnerError::NonFinite { .. } => Status::failed_precondition(e.to_string()),
         LearnerError::Checkpoint(_) => Status::failed_precondition(e.to_string()),
+        LearnerError::PartlyUpdated(_) => Status::unavailable(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
 }

@@ -50,6 +50,9 @@ pub struct StepReport {
     pub old_logprobs_from_sampler: bool,
     /// The process's peak resident memory so far (Linux; 0 elsewhere).
     pub peak_rss_bytes: u64,
+    /// Optimizer steps skipped because their loss or gradient was not finite (their gradients
+    /// are dropped, as DeepSpeed and Megatron do).
+    pub skipped_steps: u64,
     pub seconds: f64,
     pub tokens_per_s: f64,
 }
@@ -64,6 +67,8 @@ pub struct Trainer {
     /// Optimizer updates taken over the whole job (drives the schedule).
     pub optimizer_steps: u64,
     pub global_step: u64,
+    /// Set when a full-model update failed midway (see `LearnerError::PartlyUpdated`).
+    poisoned: Option<String>,
 }
 
 /// Sequence positions of a micro-batch's completion tokens, for gathering their log-probs.
@@ -203,6 +208,7 @@ impl Trainer {
         Ok(Self {
             optimizer_steps: cfg.completed_steps,
             global_step: 0,
+            poisoned: None,
             cfg,
             model,
             adapter,
@@ -282,11 +288,16 @@ impl Trainer {
     }
 
     /// One global step on `batch`: experience making, advantages, then one or more optimizer
-    /// steps. On a non-finite loss or gradient the weights and optimizer are restored and an
-    /// error is returned.
+    /// steps. An optimizer step whose loss or gradient is not finite is skipped (reported in
+    /// `skipped_steps`); when every one is, nothing changed and a `NonFinite` error is returned.
+    /// Any other failure of a multi-step update restores an adapter from its snapshot (LoRA-sized,
+    /// cheap); a full model has no snapshot and the trainer refuses further steps.
     pub fn train_step(&mut self, batch: &[Experience]) -> Result<StepReport> {
         let started = Instant::now();
         let _span = tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len()).entered();
+        if let Some(why) = &self.poisoned {
+            return Err(LearnerError::PartlyUpdated(why.clone()));
+        }
         if batch.is_empty() {
             return Err(LearnerError::Batch("empty batch".into()));
         }
@@ -343,15 +354,22 @@ impl Trainer {
         // 8. Optimizer steps.
         let n = batch.len();
         let steps_here = n.div_ceil(self.cfg.train_batch_size) * self.cfg.max_epochs;
-        let snapshot = (steps_here > 1).then(|| self.optim.snapshot());
+        // Only adapter state is small enough to copy every update.
+        let snapshot = (steps_here > 1 && self.adapter.is_some()).then(|| self.optim.snapshot());
         let steps_before = self.optimizer_steps;
         let result = self.optimize(batch, &old, reference.as_deref(), &adv.advantages, &adv.loss_mask, device);
         let mut report = match result {
             Ok(r) => r,
             Err(e) => {
+                let applied = self.optimizer_steps - steps_before;
                 match snapshot {
                     Some(s) => self.optim.restore(s)?,
                     None => self.optim.zero_grad()?,
+                }
+                if applied > 0 && self.adapter.is_none() {
+                    let why = format!("optimizer step {} of {steps_here} failed: {e}", applied + 1);
+                    self.poisoned = Some(why.clone());
+                    return Err(LearnerError::PartlyUpdated(why));
                 }
                 self.optimizer_steps = steps_before;
                 return Err(e);
@@ -379,6 +397,15 @@ impl Trainer {
         Ok(report)
     }
 
+    /// Drops the gradients of an optimizer step that went non-finite and counts it as skipped.
+    fn skip_step(&mut self, report: &mut StepReport, first: &mut Option<String>, what: String) -> Result<()> {
+        tracing::warn!(what = %what, "non-finite optimizer step skipped");
+        self.optim.zero_grad()?;
+        report.skipped_steps += 1;
+        first.get_or_insert(what);
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn optimize(&mut self, batch: &[Experience], old: &[Vec<f64>], reference: Option<&[Vec<f64>]>, adv: &[Vec<f64>], loss_mask: &[bool], device: Device) -> Result<StepReport> {
         let cfg = self.cfg.clone();
@@ -393,9 +420,10 @@ impl Trainer {
         let steps_before = self.optimizer_steps;
         let weights: Vec<Vec<f64>> = batch.iter().zip(loss_mask).map(|(e, &m)| e.token_weights(m)).collect();
         let in_loss = |i: usize| weights[i].iter().any(|&w| w > 0.0);
+        let mut first_skip: Option<String> = None;
         for epoch in 0..cfg.max_epochs {
             let order: Vec<usize> = if cfg.shuffle { shuffle_order(n, cfg.seed, steps_before, epoch as u64) } else { (0..n).collect() };
-            for chunk in order.chunks(cfg.train_batch_size) {
+            'steps: for chunk in order.chunks(cfg.train_batch_size) {
                 // Denominators for the whole optimizer step, fixed before any micro-batch (§7).
                 let step_tokens: f64 = chunk.iter().map(|&i| weights[i].iter().sum::<f64>()).sum();
                 let step_seqs = chunk.iter().filter(|&&i| in_loss(i)).count();
@@ -438,7 +466,8 @@ impl Trainer {
                     }
                     let lv = loss.double_value(&[]);
                     if !lv.is_finite() {
-                        return Err(LearnerError::NonFinite { what: format!("loss ({lv})") });
+                        self.skip_step(&mut report, &mut first_skip, format!("loss ({lv})"))?;
+                        continue 'steps;
                     }
                     pg_total += pg.double_value(&[]);
                     loss.backward();
@@ -453,7 +482,8 @@ impl Trainer {
                 }
                 let norm = self.optim.grad_norm();
                 if !norm.is_finite() {
-                    return Err(LearnerError::NonFinite { what: format!("gradient norm ({norm})") });
+                    self.skip_step(&mut report, &mut first_skip, format!("gradient norm ({norm})"))?;
+                    continue 'steps;
                 }
                 norms.push(norm);
                 self.optim.clip_grad(norm, cfg.max_grad_norm)?;
@@ -465,6 +495,11 @@ impl Trainer {
                 report.lr = lr;
                 report.pg_loss += pg_total;
                 report.kl_loss += kl_total;
+            }
+        }
+        if report.optimizer_steps == 0 {
+            if let Some(what) = first_skip {
+                return Err(LearnerError::NonFinite { what });
             }
         }
         let k = report.optimizer_steps.max(1) as f64;

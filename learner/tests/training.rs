@@ -159,16 +159,36 @@ fn bad_batches_are_rejected_and_weights_stay() {
 }
 
 #[test]
-fn a_step_that_blows_up_is_rolled_back() {
+fn a_step_that_blows_up_is_skipped_without_a_full_model_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     tiny_model(dir.path(), 7);
     // An absurd learning rate: the first optimizer step succeeds and ruins the weights, the second
-    // sees a non-finite loss; the whole global step must be undone.
+    // sees a non-finite loss or gradient and is skipped (its gradients dropped), as DeepSpeed and
+    // Megatron do; no copy of the full model is kept to undo the first.
     let cfg = TrainConfig { lr: 1e30, max_grad_norm: 0.0, ..resume_cfg() };
     let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
-    let before = params(&t);
-    let err = t.train_step(&random_batch(3, 12)).unwrap_err().to_string();
+    let r = t.train_step(&random_batch(3, 12)).unwrap();
+    assert_eq!((r.optimizer_steps, r.skipped_steps), (1, 1));
+    assert_eq!((t.global_step, t.optimizer_steps, t.optimizer().steps), (1, 1, 1));
+    // With the weights ruined nothing can be trained: an error, and no step is counted.
+    let err = t.train_step(&random_batch(4, 12)).unwrap_err().to_string();
     assert!(err.contains("non-finite"), "{err}");
+    assert_eq!((t.global_step, t.optimizer_steps, t.optimizer().steps), (1, 1, 1));
+}
+
+/// A corrupted reference model (NaN weights) makes the KL term, and so the loss of every
+/// optimizer step, non-finite: all are skipped, the step is an error and nothing changed.
+#[test]
+fn an_update_whose_every_step_is_non_finite_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 7);
+    let bad_ref = dir.path().join("nan-reference");
+    write_model(&bad_ref, &TinySpec { seed: 7, init_std: f64::NAN, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    let cfg = TrainConfig { kl_coef: 0.1, kl_in_loss: true, ..resume_cfg() };
+    let mut t = Trainer::with_reference(dir.path(), cfg, None, Some(&bad_ref)).unwrap();
+    let before = params(&t);
+    let err = t.train_step(&random_batch(5, 12)).unwrap_err().to_string();
+    assert!(err.contains("non-finite") && err.contains("unchanged"), "{err}");
     assert_eq!(max_param_diff(&before, &params(&t)), 0.0);
     assert_eq!((t.global_step, t.optimizer_steps, t.optimizer().steps), (0, 0, 0));
 }
