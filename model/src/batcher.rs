@@ -94,8 +94,12 @@ impl<'a> Batcher<'a> {
     /// Cache slots (rows × columns) the batch needs if one more sequence of `prompt_len +
     /// max_new_tokens = need` tokens joins: every row is as wide as the widest.
     pub fn slots_if_added(&self, need: usize) -> usize {
-        let widest = self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0);
-        (self.rows.len() + self.queue.len() + 1) * widest.max(need)
+        (self.rows.len() + self.queue.len() + 1) * self.widest_need().max(need)
+    }
+
+    /// Prompt plus most new tokens of the widest sequence decoding or waiting.
+    fn widest_need(&self) -> usize {
+        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0)
     }
 
     /// Sequences decoding now plus those waiting to join.
@@ -163,11 +167,11 @@ impl<'a> Batcher<'a> {
         if self.queue.is_empty() {
             return Ok(());
         }
+        let widest = self.widest_need();
         let queue = std::mem::take(&mut self.queue);
         let device = self.model.device();
         let prompts: Vec<Vec<i64>> = queue.iter().map(|p| p.prompt.clone()).collect();
         let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
-        let widest = self.rows.iter().map(|r| r.need).chain(queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0);
         self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64);
         let first = self.cache.push_rows(queue.len());
         let (ids, _) = mask::right_pad(&prompts, 0, device);

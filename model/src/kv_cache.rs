@@ -30,8 +30,9 @@ pub struct KvCache {
 /// right-padded [n, S] input, written from column `lens[j]` on.
 pub struct CacheStep {
     first_row: i64,
-    /// Columns of the new tokens, [n, S]; None when every row starts at the same column.
-    cols: Option<Tensor>,
+    /// (row, column) of every new token, both [n, S]; None when every row starts at the same
+    /// column (then one block copy writes them).
+    scatter: Option<(Tensor, Tensor)>,
     start: i64,
     width: i64,
     new_lens: Vec<i64>,
@@ -180,7 +181,7 @@ impl KvCache {
         let same_start = starts.windows(2).all(|w| w[0] == w[1]);
         Ok(CacheStep {
             first_row,
-            cols: (!same_start).then(|| query_cols.shallow_clone()),
+            scatter: (!same_start).then(|| (Tensor::arange(n, (Kind::Int64, device)).view([n, 1]).expand([n, width], false), query_cols.shallow_clone())),
             start: starts.first().copied().unwrap_or(0),
             width: end,
             new_lens: new_lens.to_vec(),
@@ -194,16 +195,13 @@ impl KvCache {
     pub fn store(&mut self, layer: usize, step: &CacheStep, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
         let (n, s) = (k.size()[0], k.size()[2]);
         for (cache, new) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
-            let rows = cache.narrow(0, step.first_row, n);
-            match &step.cols {
+            let mut rows = cache.narrow(0, step.first_row, n);
+            match &step.scatter {
                 None => {
                     rows.narrow(2, step.start, s).copy_(new);
                 }
-                Some(cols) => {
-                    // Every row at its own column: one scatter, [n, S] (row, column) pairs.
-                    let row_idx = Tensor::arange(n, (Kind::Int64, self.device)).view([n, 1]).expand([n, s], false);
-                    let mut rows = rows;
-                    let _ = rows.index_put_(&[Some(row_idx), None, Some(cols.shallow_clone())], &new.transpose(1, 2), false);
+                Some((row_idx, cols)) => {
+                    let _ = rows.index_put_(&[Some(row_idx), None, Some(cols)], &new.transpose(1, 2), false);
                 }
             }
         }
@@ -260,7 +258,7 @@ mod tests {
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![3, 1]);
         assert_eq!(step.mask.size(), vec![2, 1, 1, 4]);
         assert_eq!(bools(&step.mask), vec![true, true, true, true, true, true, false, false]);
-        assert!(step.cols.is_some(), "rows at different columns scatter");
+        assert!(step.scatter.is_some(), "rows at different columns scatter");
     }
 
     #[test]
