@@ -40,6 +40,13 @@ enum RowState {
     Finished(FinishReason),
 }
 
+impl Pending<'_> {
+    /// Prompt plus most new tokens: the columns this sequence may come to hold.
+    fn need(&self) -> usize {
+        self.prompt.len() + self.params.max_new_tokens
+    }
+}
+
 struct Pending<'a> {
     id: u64,
     prompt: Vec<i64>,
@@ -99,7 +106,7 @@ impl<'a> Batcher<'a> {
 
     /// Prompt plus most new tokens of the widest sequence decoding or waiting.
     fn widest_need(&self) -> usize {
-        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(|p| p.prompt.len() + p.params.max_new_tokens)).max().unwrap_or(0)
+        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(Pending::need)).max().unwrap_or(0)
     }
 
     /// Sequences decoding now plus those waiting to join.
@@ -193,7 +200,7 @@ impl<'a> Batcher<'a> {
         for p in queue {
             let rng = p.params.rng();
             let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
-            let need = p.prompt.len() + p.params.max_new_tokens;
+            let need = p.need();
             self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
         }
         Ok(())

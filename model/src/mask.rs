@@ -27,20 +27,6 @@ pub fn positions(valid: &Tensor, start: &Tensor) -> Tensor {
     (counted - 1 + start.view([-1, 1])).clamp_min(0)
 }
 
-/// Left-pads token sequences into a [B, S] id tensor and its validity mask.
-pub fn left_pad(seqs: &[Vec<i64>], pad_id: i64, device: Device) -> (Tensor, Tensor) {
-    let width = seqs.iter().map(Vec::len).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(seqs.len() * width);
-    let mut valid = Vec::with_capacity(seqs.len() * width);
-    for s in seqs {
-        let pad = width - s.len();
-        ids.extend(std::iter::repeat_n(pad_id, pad).chain(s.iter().copied()));
-        valid.extend(std::iter::repeat_n(false, pad).chain(std::iter::repeat_n(true, s.len())));
-    }
-    let shape = [seqs.len() as i64, width as i64];
-    (Tensor::from_slice(&ids).view(shape).to_device(device), Tensor::from_slice(&valid).view(shape).to_device(device))
-}
-
 /// Right-pads token sequences (the layout learners and scoring use).
 pub fn right_pad(seqs: &[Vec<i64>], pad_id: i64, device: Device) -> (Tensor, Tensor) {
     let width = seqs.iter().map(Vec::len).max().unwrap_or(0);
@@ -63,9 +49,14 @@ mod tests {
         Vec::<bool>::try_from(t.flatten(0, -1)).unwrap()
     }
 
+    /// Validity of [5, 6, 7] and [8] left-padded to width 3.
+    fn left_padded_valid() -> Tensor {
+        Tensor::from_slice(&[true, true, true, false, false, true]).view([2, 3])
+    }
+
     #[test]
     fn prefill_mask_is_causal_and_hides_left_padding() {
-        let (_, valid) = left_pad(&[vec![5, 6, 7], vec![8]], 0, Device::Cpu);
+        let valid = left_padded_valid();
         let m = attention_mask(&valid, 0, 3);
         assert_eq!(m.size(), vec![2, 1, 3, 3]);
         #[rustfmt::skip]
@@ -87,7 +78,7 @@ mod tests {
 
     #[test]
     fn positions_skip_padding_and_continue_from_start() {
-        let (_, valid) = left_pad(&[vec![5, 6, 7], vec![8]], 0, Device::Cpu);
+        let valid = left_padded_valid();
         let p = positions(&valid, &Tensor::from_slice(&[0i64, 0]));
         assert_eq!(Vec::<i64>::try_from(p.flatten(0, -1)).unwrap(), vec![0, 1, 2, 0, 0, 0]);
         let one = Tensor::ones([2, 1], (Kind::Bool, Device::Cpu));
