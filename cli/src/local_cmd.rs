@@ -6,6 +6,7 @@ use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, w
 use crate::examples::{self, Example};
 use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,21 +50,34 @@ pub struct Args {
 struct Children(Vec<(String, Child)>);
 
 impl Children {
-    fn spawn(&mut self, name: &str, args: &[String], log: &Path, threads: i32) -> Result<()> {
+    /// Starts `name`, handing it the listening sockets in `sockets` (its flags name them as
+    /// `fd:N`); this process's copies close when they are dropped after the call.
+    fn spawn(&mut self, name: &str, args: &[String], log: &Path, threads: i32, sockets: &[&std::net::TcpListener]) -> Result<()> {
         let exe = std::env::current_exe()?;
-        let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        // Appended to, so an earlier run's log (perhaps the one that says why it failed) stays.
+        let mut out = std::fs::OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        std::io::Write::write_all(&mut out, format!("==== comas local (pid {}) starts {name} at unix time {since}\n", std::process::id()).as_bytes())
+            .with_context(|| format!("writing {}", log.display()))?;
         let parent = std::process::id() as libc::pid_t;
+        let fds: Vec<i32> = sockets.iter().map(|l| l.as_raw_fd()).collect();
         let mut cmd = Command::new(exe);
         // Own process group: Ctrl-C reaches only this process, which then stops the children in order.
         cmd.process_group(0);
-        // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid, _exit. The
-        // child gets SIGTERM when this process dies however it dies (SIGKILL included), and
-        // exits at once if it already has.
+        // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid, fcntl,
+        // _exit. The child gets SIGTERM when this process dies however it dies (SIGKILL
+        // included), and exits at once if it already has. Its sockets lose close-on-exec in the
+        // child alone, so no other child inherits them.
         unsafe {
             cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 if libc::getppid() != parent {
                     libc::_exit(1);
+                }
+                for &fd in &fds {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -76,7 +90,8 @@ impl Children {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        eprintln!("{name}: pid {}, log {}", child.id(), log.display());
+        let metrics = sockets.get(1).and_then(|l| l.local_addr().ok()).map(|a| format!(", metrics http://{a}/metrics")).unwrap_or_default();
+        eprintln!("{name}: pid {}{metrics}, log {}", child.id(), log.display());
         self.0.push((name.to_string(), child));
         Ok(())
     }
@@ -124,8 +139,15 @@ async fn stop_signal() {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A loopback listening socket on a port the kernel picks: bound here and passed on, never
+/// picked by binding and dropping, so two services can never be given the same port.
+fn loopback() -> Result<std::net::TcpListener> {
+    std::net::TcpListener::bind("127.0.0.1:0").context("binding a loopback port")
+}
+
+/// The `fd:N` flag value that hands `l` to a child.
+fn fd_flag(l: &std::net::TcpListener) -> String {
+    comas_service::Listen::Fd(l.as_raw_fd()).to_string()
 }
 
 fn absolutize(v: &mut toml::Value, base: &Path) {
@@ -186,6 +208,14 @@ pub fn run(a: Args) -> Result<()> {
     let logs = a.dir.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("--dir {}: cannot create {}", a.dir.display(), logs.display()))?;
     let dir = std::fs::canonicalize(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
+    // One run per folder, taken before anything in it is written: two runs would share the job
+    // store, the example's files and the learners' checkpoints.
+    let _one_run = comas_service::exclusive_lock(&dir.join("local.lock")).map_err(|e| match e {
+        comas_service::LockError::Held { holder, .. } => {
+            anyhow::anyhow!("{} is in use by another comas local ({holder}); wait for it or stop it, or use another --dir", dir.display())
+        }
+        other => anyhow::anyhow!("--dir {}: {other}", dir.display()),
+    })?;
     let job_path = match &a.job {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
         None => examples::write(a.example, &dir)?,
@@ -194,26 +224,38 @@ pub fn run(a: Args) -> Result<()> {
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        // The coordinator, in this process.
-        let coord_port = free_port()?;
+        // The coordinator, in this process, on sockets bound before anything else starts.
+        let coord_listener = loopback()?;
+        let coord_metrics = loopback()?;
+        let address = format!("http://{}", coord_listener.local_addr()?);
+        let metrics_address = format!("http://{}/metrics", coord_metrics.local_addr()?);
+        coord_listener.set_nonblocking(true)?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let args = comas_coordinator::cli::Args {
-            listen: format!("127.0.0.1:{coord_port}").parse()?,
-            metrics_listen: None,
+        let settings = comas_coordinator::server::ServerSettings {
+            listener: tokio::net::TcpListener::from_std(coord_listener)?,
+            metrics_listen: Some(comas_service::Listen::Fd(coord_metrics.into_raw_fd())),
             db: dir.join("jobs.sqlite"),
-            heartbeat_ms: 1000,
-            heartbeat_timeout_secs: 10,
-            episode_timeout_secs: 1800,
-            worker_wait_secs: 300,
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(10),
+            episode_timeout: Duration::from_secs(1800),
+            worker_wait: Duration::from_secs(300),
         };
         let mut stop = stop_rx.clone();
-        let coordinator = tokio::spawn(comas_coordinator::cli::run_async(args, async move {
+        let mut coordinator = tokio::spawn(comas_coordinator::server::serve(settings, async move {
             let _ = stop.wait_for(|v| *v).await;
         }));
-        let address = format!("http://127.0.0.1:{coord_port}");
         let mut client = {
             let started = Instant::now();
             loop {
+                // A coordinator that cannot start (its store taken by another run) says why.
+                if coordinator.is_finished() {
+                    let why = match (&mut coordinator).await {
+                        Ok(Err(e)) => e.to_string(),
+                        Ok(Ok(())) => "it stopped".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    bail!("the coordinator did not start: {why}");
+                }
                 match connect(&address).await {
                     Ok(c) => break c,
                     Err(e) if started.elapsed() > Duration::from_secs(10) => return Err(e),
@@ -253,10 +295,20 @@ pub fn run(a: Args) -> Result<()> {
                 client.resume_job(pb::ResumeJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
             }
         }
-        let (learners, patched) = match &unfinished {
+        let (learners, sockets, patched) = match &unfinished {
             Some(j) => {
                 eprintln!("resuming job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);
-                (j.agents.iter().map(|a| a.learner.clone()).collect::<Vec<_>>(), dir.join("job.toml"))
+                // The job names its learners' addresses: the same ports are bound again.
+                let learners: Vec<String> = j.agents.iter().map(|a| a.learner.clone()).collect();
+                let sockets = learners
+                    .iter()
+                    .enumerate()
+                    .map(|(k, addr)| {
+                        let at = addr.trim_start_matches("http://");
+                        std::net::TcpListener::bind(at).with_context(|| format!("learner {k} of job {} listens on {at}, which is in use: is another comas local, or an old learner, still running?", j.job_id))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (learners, sockets, dir.join("job.toml"))
             }
             None => {
                 // A new job starts from the base models, not from an older job's checkpoints.
@@ -264,34 +316,36 @@ pub fn run(a: Args) -> Result<()> {
                 if ckpt.exists() {
                     std::fs::remove_dir_all(&ckpt).with_context(|| format!("clearing {}", ckpt.display()))?;
                 }
-                let n = agent_count(&text)?;
-                let learners = (0..n).map(|_| free_port().map(|p| format!("http://127.0.0.1:{p}"))).collect::<Result<Vec<_>>>()?;
+                let sockets = (0..agent_count(&text)?).map(|_| loopback()).collect::<Result<Vec<_>>>()?;
+                let learners = sockets.iter().map(|l| Ok(format!("http://{}", l.local_addr()?))).collect::<Result<Vec<_>>>()?;
                 let patched = patch_job(&text, &base, &learners)?;
                 comas_model::safetensors::write_atomic(&dir.join("job.toml"), |w| std::io::Write::write_all(w, patched.as_bytes()))?;
-                (learners, dir.join("job.toml"))
+                (learners, sockets, dir.join("job.toml"))
             }
         };
         let mut children = Children(Vec::new());
-        for (k, addr) in learners.iter().enumerate() {
-            let listen = addr.trim_start_matches("http://").to_string();
+        for (k, listener) in sockets.into_iter().enumerate() {
+            let metrics = loopback()?;
             let args: Vec<String> = [
-                "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &k.to_string(), "--listen", &listen,
+                "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &k.to_string(), "--listen", &fd_flag(&listener),
+                "--metrics-listen", &fd_flag(&metrics),
                 "--checkpoint-dir", &dir.join("checkpoints").join(format!("agent-{k}")).display().to_string(), "--resume", "--keep-checkpoints", "2",
             ]
             .iter()
             .map(|s| s.to_string())
             .collect();
-            children.spawn(&format!("learner {k}"), &args, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process)?;
+            children.spawn(&format!("learner {k}"), &args, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process, &[&listener, &metrics])?;
         }
         for i in 0..workers {
-            let port = free_port()?;
-            let args: Vec<String> = ["worker", "--listen", &format!("127.0.0.1:{port}"), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads)?;
+            let (listener, metrics) = (loopback()?, loopback()?);
+            let args: Vec<String> =
+                ["worker", "--listen", &fd_flag(&listener), "--metrics-listen", &fd_flag(&metrics), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads, &[&listener, &metrics])?;
         }
-        eprintln!("coordinator {address}, {} learners, {workers} workers; logs in {}", learners.len(), dir.join("logs").display());
+        eprintln!("coordinator {address}, metrics {metrics_address}, {} learners, {workers} workers; logs in {}", learners.len(), dir.join("logs").display());
         let job_id = match unfinished {
             Some(j) => j.job_id,
             None => {

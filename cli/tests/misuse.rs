@@ -97,6 +97,14 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let said: Vec<String> = rx.try_iter().collect();
     assert!(said.iter().any(|l| l.contains("run the same command again to resume")), "{said:?}");
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
+    // The job's learners get the same ports back; one that is taken is named, not a riddle.
+    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
+    let port0 = job.split("learner = \"http://").nth(1).and_then(|r| r.split('"').next()).expect("learner 0 address in job.toml").to_string();
+    let squatter = std::net::TcpListener::bind(&port0).unwrap();
+    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("listens on {port0}, which is in use")), "{err}");
+    drop(squatter);
     // Nothing was lost: the same command picks the job up again and finishes it.
     let (mut again, pids, _, rx) = start_local(dir.path());
     let status = wait_exit(&mut again, Duration::from_secs(300));
@@ -217,4 +225,43 @@ fn a_cancelled_job_is_resumed_by_the_same_command() {
     said.extend(rx.try_iter());
     assert!(status.success(), "{said:?}");
     assert!(said.iter().any(|l| l.contains(&job) && l.contains("was cancelled")), "{said:?}");
+}
+
+#[test]
+fn a_second_run_or_coordinator_on_the_same_store_is_refused_naming_the_first() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, pids, _, _rx) = start_local(dir.path());
+    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("in use by another comas local (process {})", child.id())), "{err}");
+    // Standalone coordinators lock their database the same way.
+    let db = dir.path().join("jobs.sqlite").display().to_string();
+    let out = comas().args(["coordinator", "--listen", "127.0.0.1:0", "--db", &db]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("in use by another coordinator (process {},", child.id())), "{err}");
+    // The first run is untouched by either and finishes its job.
+    let status = wait_exit(&mut child, Duration::from_secs(300));
+    assert!(status.success());
+    assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new());
+}
+
+#[test]
+fn a_model_that_cannot_load_fails_the_job_at_once_with_the_cause() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // The example keeps a model file it finds: give it a truncated one.
+    let model = dir.path().join("example").join("model-a");
+    let out = comas().args(["tiny-model", "--out", &model.display().to_string(), "--seed", "7"]).output().unwrap();
+    assert!(out.status.success());
+    let weights = model.join("model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    let started = Instant::now();
+    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("learner of agent 0") && err.contains("could not load its model") && err.contains(&weights.display().to_string()), "{err}");
+    // Not a retry loop that waits for the learner's patience to run out.
+    assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
 }

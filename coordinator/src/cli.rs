@@ -1,17 +1,16 @@
 //! Command-line flags of the coordinator (every one readable from a `COMAS_COORDINATOR_*`
 //! variable), shared by `comas-coordinator` and `comas coordinator`.
 use crate::server::{serve, ServerSettings};
-use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     #[arg(long, env = "COMAS_COORDINATOR_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: std::net::SocketAddr,
+    pub listen: comas_service::Listen,
     /// HTTP address for /metrics and /healthz (off when not given).
     #[arg(long, env = "COMAS_COORDINATOR_METRICS_LISTEN")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub metrics_listen: Option<comas_service::Listen>,
     /// SQLite file with the job state.
     #[arg(long, env = "COMAS_COORDINATOR_DB", default_value = "comas-jobs.sqlite")]
     pub db: PathBuf,
@@ -30,7 +29,7 @@ pub struct Args {
 }
 
 pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let listener = a.listen.bind().await?;
     serve(
         ServerSettings {
             listener,

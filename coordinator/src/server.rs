@@ -5,7 +5,6 @@ use crate::scheduler::{Scheduler, SchedulerSettings};
 use crate::service::CoordinatorService;
 use crate::store::Store;
 use comas_proto::v1::coordinator_server::CoordinatorServer;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use tokio::sync::watch;
 
 pub struct ServerSettings {
     pub listener: tokio::net::TcpListener,
-    pub metrics_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<comas_service::Listen>,
     pub db: PathBuf,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
@@ -45,7 +44,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let m = Arc::clone(&metrics);
         tokio::spawn(async move {
             if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
-                tracing::error!(%addr, error = %e, "metrics server failed");
+                tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
     }

@@ -60,6 +60,27 @@ pub struct JobRow {
 
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Held for the store's life: one coordinator per database. Two would both drive the same
+    /// running job and split its episodes between them.
+    _lock: Option<std::fs::File>,
+}
+
+/// Takes the exclusive lock beside the database (`PATH.lock`).
+fn lock(path: &Path) -> Result<std::fs::File> {
+    let lock_path = path.with_extension(match path.extension() {
+        Some(e) => format!("{}.lock", e.to_string_lossy()),
+        None => "lock".into(),
+    });
+    comas_service::exclusive_lock(&lock_path).map_err(|e| {
+        CoordinatorError::Store(match e {
+            comas_service::LockError::Held { holder, .. } => format!(
+                "{} is in use by another coordinator ({holder}, lock {}); stop it first, or give this one its own database (--db, or --dir for comas local)",
+                path.display(),
+                lock_path.display()
+            ),
+            other => other.to_string(),
+        })
+    })
 }
 
 pub fn now() -> f64 {
@@ -121,17 +142,18 @@ impl Store {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| CoordinatorError::Store(format!("creating {}: {e}", dir.display())))?;
         }
+        let lock = lock(path)?;
         let conn = Connection::open(path).map_err(|e| CoordinatorError::Store(format!("opening {}: {e}", path.display())))?;
         // WAL with full sync: a committed step survives a crash of the process or the machine.
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;").map_err(db)?;
         conn.execute_batch(SCHEMA).map_err(db)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self { conn: Mutex::new(conn), _lock: Some(lock) })
     }
 
     pub fn in_memory() -> Result<Self> {
         let conn = Connection::open_in_memory().map_err(db)?;
         conn.execute_batch(SCHEMA).map_err(db)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self { conn: Mutex::new(conn), _lock: None })
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
@@ -298,5 +320,17 @@ mod tests {
         assert_eq!(s.metrics_log("j1").unwrap(), vec!["base".to_string(), "{\"step\":0}".into(), "after-1".into()]);
         assert!(s.get_job("nope").unwrap().is_none());
         assert_eq!(s.list_jobs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_second_store_on_the_same_database_is_refused_with_the_holder_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.sqlite");
+        let first = Store::open(&path).unwrap();
+        let err = Store::open(&path).err().expect("the database is taken").to_string();
+        assert!(err.contains(&format!("process {}", std::process::id())) && err.contains("jobs.sqlite.lock"), "{err}");
+        drop(first);
+        // Released with its holder: the next coordinator opens it.
+        Store::open(&path).unwrap();
     }
 }

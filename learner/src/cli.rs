@@ -54,10 +54,10 @@ pub struct ServeArgs {
     #[arg(long, env = "COMAS_LEARNER_AGENT_ID", default_value_t = 0)]
     agent_id: u32,
     #[arg(long, env = "COMAS_LEARNER_LISTEN", default_value = "127.0.0.1:50061")]
-    listen: std::net::SocketAddr,
+    listen: comas_service::Listen,
     /// HTTP address for /metrics and /healthz (off when not given).
     #[arg(long, env = "COMAS_LEARNER_METRICS_LISTEN")]
-    metrics_listen: Option<std::net::SocketAddr>,
+    metrics_listen: Option<comas_service::Listen>,
     #[arg(long, env = "COMAS_LEARNER_CHECKPOINT_DIR")]
     checkpoint_dir: Option<PathBuf>,
     #[arg(long, env = "COMAS_LEARNER_KEEP_CHECKPOINTS", default_value_t = 3)]
@@ -100,7 +100,7 @@ fn serve(a: ServeArgs) -> Result<()> {
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+        let listener = a.listen.bind().await?;
         let settings = server::ServerSettings {
             agent_id: a.agent_id,
             listener,

@@ -54,8 +54,13 @@ pub struct EngineSettings {
 pub type Versions = Arc<RwLock<VecDeque<Arc<PublishedWeights>>>>;
 const KEEP_VERSIONS: usize = 3;
 
-/// Starts the training thread; `ready` fires once the model is loaded (or loading failed).
-pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sender<Result<()>>) -> mpsc::Sender<Command> {
+/// Why the model could not be loaded, set once by the training thread before it exits, so that
+/// every later call can say so instead of a bare "unavailable".
+pub type LoadFailure = Arc<std::sync::OnceLock<String>>;
+
+/// Starts the training thread; `ready` fires once the model is loaded (or loading failed, and
+/// then `failure` holds the reason).
+pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sender<Result<()>>, failure: LoadFailure) -> mpsc::Sender<Command> {
     let (tx, rx) = mpsc::channel::<Command>();
     std::thread::Builder::new()
         .name("learner-train".into())
@@ -63,6 +68,7 @@ pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sende
             let trainer = match load(&settings) {
                 Ok(t) => t,
                 Err(e) => {
+                    let _ = failure.set(e.to_string());
                     let _ = ready.send(Err(e));
                     return;
                 }

@@ -4,14 +4,13 @@ use crate::error::{LearnerError, Result};
 use crate::metrics::Metrics;
 use crate::service::LearnerService;
 use comas_proto::v1::learner_server::LearnerServer;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
 pub struct ServerSettings {
     pub agent_id: u32,
     pub listener: tokio::net::TcpListener,
-    pub metrics_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<comas_service::Listen>,
     pub engine: EngineSettings,
 }
 
@@ -25,8 +24,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_not_serving::<LearnerServer<LearnerService>>().await;
     let (ready_tx, ready_rx) = oneshot::channel();
-    let engine = engine::spawn(s.engine, Arc::clone(&versions), ready_tx);
-    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics) };
+    let load_failure = engine::LoadFailure::default();
+    let engine = engine::spawn(s.engine, Arc::clone(&versions), ready_tx, Arc::clone(&load_failure));
+    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -41,7 +41,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
             if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
-                tracing::error!(%addr, error = %e, "metrics server failed");
+                tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
     }

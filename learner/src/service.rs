@@ -1,5 +1,5 @@
 //! gRPC side of the learner: converts messages and forwards work to the training thread.
-use crate::engine::{Command, Versions};
+use crate::engine::{Command, LoadFailure, Versions};
 use crate::error::LearnerError;
 use crate::experience::{Constrained, Experience, Finish};
 use crate::metrics::Metrics;
@@ -21,6 +21,7 @@ pub struct LearnerService {
     pub engine: mpsc::Sender<Command>,
     pub versions: Versions,
     pub metrics: Arc<Metrics>,
+    pub load_failure: LoadFailure,
 }
 
 fn status(e: LearnerError) -> Status {
@@ -36,10 +37,19 @@ fn status(e: LearnerError) -> Status {
 impl LearnerService {
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        self.engine.send(make(tx)).map_err(|_| Status::unavailable("the training thread has stopped; restart the learner"))?;
-        // The thread can also stop between taking the request and answering it (a model that
-        // fails to load): that is the same unavailable learner, not an internal error.
-        rx.await.map_err(|_| Status::unavailable("the training thread stopped before answering; restart the learner (its log says why)"))
+        self.engine.send(make(tx)).map_err(|_| self.stopped("the training thread has stopped; restart the learner"))?;
+        // The thread can also stop between taking the request and answering it: a model that
+        // fails to load does so while the first calls wait in the queue.
+        rx.await.map_err(|_| self.stopped("the training thread stopped before answering; restart the learner (its log says why)"))
+    }
+
+    /// A model that failed to load will not load by retrying: say why, as a permanent error,
+    /// so the caller fails the job at once. Any other stop may be a crash worth retrying.
+    fn stopped(&self, otherwise: &str) -> Status {
+        match self.load_failure.get() {
+            Some(why) => Status::failed_precondition(format!("the learner could not load its model: {why}; fix it and restart the learner")),
+            None => Status::unavailable(otherwise),
+        }
     }
 }
 

@@ -169,7 +169,9 @@ async fn a_learner_whose_model_fails_to_load_never_reports_ready() {
     assert!(wait_status(&addr, ServingStatus::NotServing).await);
     let mut c = LearnerClient::connect(addr).await.unwrap();
     let err = c.info(pb::InfoRequest {}).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable);
+    // Permanent, and it says what is wrong: the caller fails the job instead of retrying.
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("could not load its model") && err.message().contains("missing"), "{}", err.message());
     let _ = stop.send(());
 }
 

@@ -2,16 +2,15 @@
 //! variable), shared by `comas-rollout-worker` and `comas worker`.
 use crate::register::{self, Registration};
 use crate::{engine::EngineSettings, server};
-use anyhow::Context;
 use std::time::Duration;
 use tokio::sync::watch;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     #[arg(long, env = "COMAS_WORKER_LISTEN", default_value = "127.0.0.1:50071")]
-    listen: std::net::SocketAddr,
+    listen: comas_service::Listen,
     #[arg(long, env = "COMAS_WORKER_METRICS_LISTEN")]
-    metrics_listen: Option<std::net::SocketAddr>,
+    metrics_listen: Option<comas_service::Listen>,
     #[arg(long, env = "COMAS_WORKER_DEVICE", default_value = "cpu")]
     device: String,
     /// Most sequences decoding at once per base model.
@@ -45,7 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let device = comas_model::dtype::parse_device(&a.device)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+        let listener = a.listen.bind().await?;
         let bound = listener.local_addr()?;
         // SIGTERM starts the drain; the registration loop tells the coordinator at once.
         let (drain_tx, drain_rx) = watch::channel(false);

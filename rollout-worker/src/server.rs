@@ -3,7 +3,6 @@ use crate::engine::{self, Command, EngineSettings, Stats};
 use crate::metrics::Metrics;
 use crate::service::WorkerService;
 use comas_proto::v1::rollout_worker_server::RolloutWorkerServer;
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 pub struct ServerSettings {
     pub listener: tokio::net::TcpListener,
-    pub metrics_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<comas_service::Listen>,
     pub engine: EngineSettings,
     /// How long a SIGTERM waits for running episodes before exiting anyway.
     pub drain_timeout: Duration,
@@ -66,7 +65,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
             if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || metrics.render()), stop).await {
-                tracing::error!(%addr, error = %e, "metrics server failed");
+                tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
     }

@@ -16,10 +16,90 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// Where a service listens: an address to bind, or (`fd:N`) a listening socket that the process
+/// that started it bound and passed down. `comas local` binds every port itself and hands the
+/// sockets on, so that no two services can pick the same free port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    Addr(SocketAddr),
+    Fd(i32),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("fd:") {
+            Some(n) => n.parse::<i32>().ok().filter(|&n| n > 2).map(Listen::Fd).ok_or_else(|| format!("`{s}`: an inherited socket is fd:N with N at least 3")),
+            None => s.parse().map(Listen::Addr).map_err(|e| format!("`{s}`: {e} (give host:port, or fd:N for an inherited socket)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Addr(a) => write!(f, "{a}"),
+            Listen::Fd(n) => write!(f, "fd:{n}"),
+        }
+    }
+}
+
+impl Listen {
+    /// The listening socket, inside a tokio runtime.
+    pub async fn bind(self) -> std::io::Result<tokio::net::TcpListener> {
+        match self {
+            Listen::Addr(a) => tokio::net::TcpListener::bind(a).await.map_err(|e| std::io::Error::new(e.kind(), format!("binding {a}: {e}"))),
+            Listen::Fd(n) => {
+                use std::os::fd::FromRawFd;
+                // SAFETY: `fd:N` is a contract with the parent process: N is an open listening
+                // TCP socket it passed to this process alone. A wrong N fails the checks below.
+                let l = unsafe { std::net::TcpListener::from_raw_fd(n) };
+                let checked = l.local_addr().and_then(|_| l.set_nonblocking(true)).and_then(|_| tokio::net::TcpListener::from_std(l));
+                checked.map_err(|e| std::io::Error::new(e.kind(), format!("fd:{n} is not a listening socket passed to this process: {e}")))
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{path} is locked by {holder}")]
+    Held { path: std::path::PathBuf, holder: String },
+    #[error("{path}: {err}")]
+    Io { path: std::path::PathBuf, err: std::io::Error },
+}
+
+/// Takes an exclusive lock on `path` (created if missing) and writes this process's pid into
+/// it; the lock lasts as long as the returned file. The kernel drops it when the process dies,
+/// however it dies, so a file left behind never blocks the next run.
+pub fn exclusive_lock(path: &std::path::Path) -> Result<std::fs::File, LockError> {
+    use std::io::{Read, Seek, Write};
+    let io = |err: std::io::Error| LockError::Io { path: path.to_path_buf(), err };
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            let holder = match pid.trim() {
+                "" => "another process".to_string(),
+                pid => format!("process {pid}"),
+            };
+            return Err(LockError::Held { path: path.to_path_buf(), holder });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    f.set_len(0).map_err(io)?;
+    f.rewind().map_err(io)?;
+    write!(f, "{}", std::process::id()).map_err(io)?;
+    Ok(f)
+}
+
 /// Serves `/metrics` (the text `render` returns at scrape time) and `/healthz` until `shutdown`
 /// resolves.
 pub async fn serve_metrics(
-    addr: SocketAddr,
+    listen: Listen,
     render: Arc<dyn Fn() -> String + Send + Sync>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -30,7 +110,7 @@ pub async fn serve_metrics(
             async move { r() }
         }))
         .route("/healthz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = listen.bind().await?;
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
@@ -62,5 +142,31 @@ pub fn init_logging(json: bool) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Listen;
+
+    #[test]
+    fn listen_takes_an_address_or_an_inherited_fd() {
+        assert_eq!("127.0.0.1:7".parse::<Listen>().unwrap(), Listen::Addr("127.0.0.1:7".parse().unwrap()));
+        assert_eq!("fd:5".parse::<Listen>().unwrap(), Listen::Fd(5));
+        assert!("fd:1".parse::<Listen>().unwrap_err().contains("at least 3"));
+        assert!("localhost".parse::<Listen>().unwrap_err().contains("fd:N"));
+    }
+
+    #[tokio::test]
+    async fn an_inherited_socket_is_used_and_a_wrong_fd_is_refused() {
+        use std::os::fd::IntoRawFd;
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let fd = std_listener.into_raw_fd();
+        let l = Listen::Fd(fd).bind().await.unwrap();
+        assert_eq!(l.local_addr().unwrap(), addr);
+        let file = std::fs::File::open("/proc/self/exe").unwrap().into_raw_fd();
+        let err = Listen::Fd(file).bind().await.unwrap_err().to_string();
+        assert!(err.contains(&format!("fd:{file} is not a listening socket")), "{err}");
     }
 }
