@@ -81,11 +81,16 @@ pub fn run(a: Args) -> Result<()> {
     let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
     let mut items = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", a.input.display()))?;
+        let line = line.with_context(|| format!("reading {} line {}: is it UTF-8 text?", a.input.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
-        items.push(parse_line(i + 1, &line, &tok, config.vocab_size)?);
+        let item = parse_line(i + 1, &line, &tok, config.vocab_size)?;
+        let len = item.prompt.len() + item.completion.len();
+        if len as i64 > config.max_position_embeddings {
+            bail!("line {}: prompt and completion are {len} tokens, over the model's context of {} (max_position_embeddings)", i + 1, config.max_position_embeddings);
+        }
+        items.push(item);
     }
     let model = CausalLm::load(dir, kind, device)?;
     let adapter = a.adapter.as_ref().map(|d| LoraAdapter::load(d, model.config(), kind, device)).transpose()?;

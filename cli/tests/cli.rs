@@ -111,6 +111,10 @@ fn bad_input_exits_with_a_clear_message() {
         (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--top-p".into(), "0".into()], "top_p"),
         (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--device".into(), "cuda:3".into()], "cuda:3"),
         (vec!["tiny-model".into(), "--out".into(), dir.path().join("x").to_str().unwrap().into(), "--arch".into(), "gpt2".into()], "gpt2"),
+        (
+            vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--max-new-tokens".into(), "1000000000".into()],
+            "max_new_tokens 1000000000 exceed the model's context",
+        ),
     ];
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -129,6 +133,19 @@ fn bad_input_exits_with_a_clear_message() {
     std::fs::write(&input, "{\"prompt_ids\": [1], \"completion_ids\": [9999]}\n").unwrap();
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("9999"));
+    // A record longer than the context is refused by line, before any allocation for it.
+    let ctx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let ctx = ctx["max_position_embeddings"].as_u64().unwrap() as usize;
+    let ids: Vec<String> = (0..ctx).map(|i| (1 + i % 50).to_string()).collect();
+    std::fs::write(&input, format!("{{\"prompt\": \"a\", \"completion\": \"b\"}}\n{{\"prompt_ids\": [1], \"completion_ids\": [{}]}}\n", ids.join(","))).unwrap();
+    let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("line 2: prompt and completion are {} tokens, over the model's context of {ctx}", ctx + 1)), "{err}");
+    // Bytes that are not UTF-8 are named by line.
+    std::fs::write(&input, b"{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"\xff\"}\n").unwrap();
+    let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("line 2: is it UTF-8 text?"), "{err}");
 }
 
 #[test]

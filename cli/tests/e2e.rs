@@ -406,6 +406,12 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     let good = std::fs::read_to_string(d.join("job.toml")).unwrap();
     // A data set with a broken third line, and a model whose tokenizer outgrows its vocabulary.
     std::fs::write(d.join("broken.jsonl"), "{\"prompt\":\"a\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"a\"}\n{\"prompt\":\"b\",\"answer\":\"2\",\"task\":\"math\",\"id\":\"b\"}\n{\"prompt\": \"c\",\n").unwrap();
+    let train = std::fs::read_to_string(d.join("train.jsonl")).unwrap();
+    let long = format!("{{\"prompt\":\"{}\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"long\"}}", "seven ".repeat(6000));
+    let mut lines: Vec<&str> = train.lines().collect();
+    lines.insert(1, "");
+    lines.insert(2, &long);
+    std::fs::write(d.join("long.jsonl"), lines.join("\n")).unwrap();
     let small = d.join("model-small");
     std::fs::create_dir_all(&small).unwrap();
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
@@ -421,6 +427,13 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
         ("vocabulary mismatch", good.replace("model-1", "model-small"), "vocab_size is 100"),
         ("impossible batch", good.replace("train_batch_size = 12", "train_batch_size = 500"), "train_batch_size"),
         ("learner missing", good.replace(&format!("learner = \"http://127.0.0.1:{}\"\n", ports[0]), ""), "agents[0].learner"),
+        (
+            "max_new_tokens past the context",
+            good.replacen("max_new_tokens = 8\n", "max_new_tokens = 1000000000\n", 1),
+            "`comas.sampling.solver.max_new_tokens`: is 1000000000, but agent 0's model holds 4096 tokens",
+        ),
+        ("prompt_max_len past the context", good.replace("[comas]\n", "[comas]\nprompt_max_len = 4090\n"), "`comas.prompt_max_len`: 4090 prompt tokens plus"),
+        ("a problem longer than the context", good.replace("train.jsonl", "long.jsonl"), "long.jsonl line 3 (id `long`): the problem alone is"),
     ];
     for (name, text, want) in cases {
         std::fs::write(d.join("bad.toml"), &text).unwrap();

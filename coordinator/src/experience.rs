@@ -151,6 +151,8 @@ pub fn make_step(episodes: &[Finished], num_agents: u32) -> Result<StepBatch, Wo
     m.insert("episodes".into(), json!(episodes.len()));
     m.insert("turns".into(), Value::Object(Role::ALL.iter().map(|r| (r.as_str().to_string(), json!(turn_counts.get(r).copied().unwrap_or(0)))).collect()));
     m.insert("generated_tokens".into(), json!(tokens));
+    // Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
+    m.insert("prompts_truncated".into(), json!(episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum::<usize>()));
     m.insert(
         "agents".into(),
         Value::Array(
@@ -240,5 +242,6 @@ mod tests {
         assert_eq!(m["reward"]["scorer"]["mean"], json!(-0.5));
         assert_eq!(m["agents"][0]["policy_versions"], json!([7]));
         assert_eq!(m["generated_tokens"], json!(18));
+        assert_eq!(m["prompts_truncated"], json!(0));
     }
 }

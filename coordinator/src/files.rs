@@ -4,8 +4,9 @@
 //! (a shared volume in a cluster).
 use crate::error::{CoordinatorError, Result};
 use comas_workflow::job::{Job, JobSpec};
-use comas_workflow::task::{load_dataset, TaskRecord};
-use std::path::Path;
+use comas_workflow::task::{load_dataset, location_of, TaskRecord};
+use comas_workflow::Role;
+use std::path::{Path, PathBuf};
 
 fn bad(field: &str, message: String) -> CoordinatorError {
     CoordinatorError::Files(format!("`{field}`: {message}"))
@@ -28,8 +29,9 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     } else {
         spec.resolve_paths(Path::new(base_dir));
     }
+    let mut models = Vec::with_capacity(spec.agents.len());
     for (k, a) in spec.agents.iter().enumerate() {
-        check_model(&format!("agents[{k}].model"), &a.model)?;
+        models.push(check_model(&format!("agents[{k}].model"), &a.model)?);
         if let Some(ad) = &a.adapter {
             for f in ["adapter_config.json", "adapter_model.safetensors"] {
                 if !ad.join(f).is_file() {
@@ -50,13 +52,90 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
         }
     }
     let job = spec.check(questions.len())?;
+    let room = check_context(&job, &models)?;
+    check_records(&room, &questions, "data.train", &job.spec.data.train)?;
+    if let Some(e) = &job.spec.eval {
+        check_records(&room, &eval_questions, "eval.data", &e.data)?;
+    }
     let out = &job.spec.output.dir;
     std::fs::create_dir_all(out).map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
     Ok(Loaded { job, questions, eval_questions })
 }
 
+/// What submit-time checks need of a model: its context and its tokenizer.
+struct ModelRoom {
+    dir: PathBuf,
+    /// `max_position_embeddings` (32768 when config.json leaves it out, as the model loader does).
+    context: u64,
+    tokenizer: tokenizers::Tokenizer,
+}
+
+/// The room a problem has: the tightest limit over the models and the job, and what sets it.
+struct Room<'a> {
+    tokens: u64,
+    why: String,
+    models: &'a [ModelRoom],
+}
+
+/// Every role's max_new_tokens must leave room for a prompt in every agent's context, and
+/// `prompt_max_len` plus it must fit there too.
+fn check_context<'a>(job: &Job, models: &'a [ModelRoom]) -> Result<Room<'a>> {
+    let Some((k, m)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
+        return Err(bad("agents", "the job lists no agents".into()));
+    };
+    let held = format!("agent {k}'s model holds {} tokens (max_position_embeddings in {})", m.context, m.dir.join("config.json").display());
+    let solver_new = u64::from(job.comas.sampling.solver.max_new_tokens);
+    for role in Role::ALL {
+        let new = u64::from(job.comas.sampling.for_role(role).max_new_tokens);
+        if new >= m.context {
+            return Err(bad(&format!("comas.sampling.{role}.max_new_tokens"), format!("is {new}, but {held}; leave room for the prompt")));
+        }
+        if let Some(p) = job.comas.prompt_max_len.map(u64::from) {
+            if p + new > m.context {
+                return Err(bad(
+                    "comas.prompt_max_len",
+                    format!("{p} prompt tokens plus sampling.{role}.max_new_tokens {new} is {}, but {held}; lower one of them", p + new),
+                ));
+            }
+        }
+    }
+    Ok(match job.comas.prompt_max_len.map(u64::from) {
+        Some(p) => Room { tokens: p, why: "comas.prompt_max_len".into(), models },
+        None => Room { tokens: m.context - solver_new, why: format!("{held}, less sampling.solver.max_new_tokens {solver_new}"), models },
+    })
+}
+
+/// A problem that alone is longer than a prompt may be can never run: refuse it, naming its
+/// line. Only problems with more bytes than the limit has tokens are tokenized, since a token
+/// covers at least one byte.
+fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &Path) -> Result<()> {
+    for (i, q) in questions.iter().enumerate() {
+        if (q.prompt.len() as u64) <= room.tokens {
+            continue;
+        }
+        for m in room.models {
+            let n = m.tokenizer.encode(q.prompt.as_str(), false).map(|e| e.len() as u64).unwrap_or(u64::MAX);
+            if n > room.tokens {
+                let at = std::fs::read_to_string(path).map(|t| location_of(&t, i).to_string()).unwrap_or_else(|_| format!("record {}", i + 1));
+                return Err(bad(
+                    field,
+                    format!(
+                        "{} {at} (id `{}`): the problem alone is {n} tokens for {}, but a prompt may have at most {} ({}); shorten or drop it",
+                        path.display(),
+                        q.id,
+                        m.dir.display(),
+                        room.tokens,
+                        room.why
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A model folder needs config.json, weights and a tokenizer whose ids all have embeddings.
-fn check_model(field: &str, dir: &Path) -> Result<()> {
+fn check_model(field: &str, dir: &Path) -> Result<ModelRoom> {
     if !dir.is_dir() {
         return Err(bad(field, format!("model folder {} does not exist", dir.display())));
     }
@@ -81,5 +160,10 @@ fn check_model(field: &str, dir: &Path) -> Result<()> {
             format!("tokenizer.json has {tok_vocab} entries but config.json's vocab_size is {vocab}: the tokenizer does not belong to these weights"),
         ));
     }
-    Ok(())
+    let context = json
+        .get("max_position_embeddings")
+        .or_else(|| json.get("text_config").and_then(|t| t.get("max_position_embeddings")))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(32768);
+    Ok(ModelRoom { dir: dir.to_path_buf(), context, tokenizer: tok })
 }

@@ -148,6 +148,14 @@ impl<'a> Batcher<'a> {
         if let Some(bad) = prompt_ids.iter().find(|&&t| t < 0 || t >= vocab) {
             return Err(ModelError::Input(format!("sequence {id}: token id {bad} outside the vocabulary (size {vocab})")));
         }
+        let context = self.model.config().max_position_embeddings.max(0) as usize;
+        if prompt_ids.len().saturating_add(params.max_new_tokens) > context {
+            return Err(ModelError::Input(format!(
+                "sequence {id}: its prompt of {} tokens and max_new_tokens {} exceed the model's context of {context} tokens (max_position_embeddings)",
+                prompt_ids.len(),
+                params.max_new_tokens
+            )));
+        }
         if !params.stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(ModelError::Input(format!("sequence {id}: stop strings need a tokenizer")));
         }

@@ -4,7 +4,7 @@
 use crate::models::{Models, PolicySpec};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan};
-use comas_workflow::{ConstrainedToken, FinishReason, TaskRecord, TurnOutput, TurnRequest};
+use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TaskRecord, TurnOutput, TurnRequest};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -56,6 +56,12 @@ pub struct Stats {
     pub waiting_turns: AtomicU64,
     pub running_episodes: AtomicU64,
     pub kv_cache_bytes: AtomicU64,
+    /// Most sequences decoding at once so far, summed over the base models' batches.
+    pub peak_running_sequences: AtomicU64,
+    /// Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
+    pub prompts_truncated: AtomicU64,
+    /// Episodes failed because a prompt did not fit even with every block cut.
+    pub prompts_refused: AtomicU64,
 }
 
 pub struct EngineSettings {
@@ -64,8 +70,51 @@ pub struct EngineSettings {
     pub max_running: usize,
     /// KV-cache slots per base model: sequences × the widest sequence's prompt + max new tokens.
     /// Admission keeps within it and the cache never allocates more, so it bounds KV memory. A
-    /// turn larger than the whole budget still runs, alone.
+    /// turn larger than the whole budget fails its episode.
     pub max_batch_tokens: usize,
+}
+
+/// Template tokens a tokenizer may add beyond one per byte of the message; a message this much
+/// under its limit in bytes fits without being tokenized (a token covers at least one byte).
+const TEMPLATE_SLACK: usize = 64;
+
+/// The prompt room of one episode's turns: what the job allows (`prompt_max_len`), what every
+/// agent's model holds (its context less the role's new tokens) and the worker's token budget.
+struct Room<'a> {
+    models: &'a Models,
+    /// The bases of the episode's agents, each once.
+    bases: Vec<usize>,
+    limit: [usize; 3],
+}
+
+/// The room of an episode with `config` on this worker.
+fn room_for<'a>(models: &'a Models, settings: &EngineSettings, config: &CoMasConfig) -> Room<'a> {
+    let mut bases: Vec<usize> = (0..config.num_agents).filter_map(|a| models.agents.get(&a)).map(|p| p.base).collect();
+    bases.sort_unstable();
+    bases.dedup();
+    let context = bases.iter().map(|&b| models.bases[b].model.config().max_position_embeddings.max(0) as usize).min().unwrap_or(0);
+    let limit = Role::ALL.map(|role| {
+        let new = config.sampling.for_role(role).max_new_tokens as usize;
+        let job = config.prompt_max_len.map_or(usize::MAX, |n| n as usize);
+        job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new))
+    });
+    Room { models, bases, limit }
+}
+
+fn role_index(role: Role) -> usize {
+    Role::ALL.iter().position(|&r| r == role).unwrap_or(0)
+}
+
+impl PromptMeter for Room<'_> {
+    fn fits(&self, role: Role, text: &str) -> bool {
+        let limit = self.limit[role_index(role)];
+        if text.len() + TEMPLATE_SLACK <= limit {
+            return true;
+        }
+        let msgs = [ChatMessage::new("user", text)];
+        // A prompt that cannot be tokenized is refused at admission with its own error.
+        self.bases.iter().all(|&b| self.models.bases[b].tokenizer.encode_chat(&msgs, true).is_ok_and(|ids| ids.len() <= limit))
+    }
 }
 
 pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> mpsc::Sender<Command> {
@@ -244,16 +293,23 @@ impl<'m> Runtime<'m> {
         if let Some(a) = (0..job.config.num_agents).find(|a| !self.models.agents.contains_key(a)) {
             return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
         }
-        match Episode::new(&job.config, &job.question, job.instance, job.plan, job.seed) {
+        let room = room_for(self.models, self.settings, &job.config);
+        match Episode::new_metered(&job.config, &job.question, job.instance, job.plan, job.seed, &room) {
             Err(e) => fail(&results, job.episode_id, format!("invalid episode: {e}")),
             Ok(episode) => {
                 let key = self.next_episode;
                 self.next_episode += 1;
                 let turns = episode.next_turns();
+                self.count_truncated(&turns);
                 self.episodes.insert(key, RunningEpisode { id: job.episode_id, stream, episode, outputs: Vec::new(), in_flight: 0, tokens: 0, results });
                 self.enqueue(key, turns);
             }
         }
+    }
+
+    fn count_truncated(&self, turns: &[TurnRequest]) {
+        let n = turns.iter().filter(|t| t.blocks_cut > 0).count() as u64;
+        self.stats.prompts_truncated.fetch_add(n, Ordering::Relaxed);
     }
 
     fn enqueue(&mut self, key: u64, turns: Vec<TurnRequest>) {
@@ -295,9 +351,15 @@ impl<'m> Runtime<'m> {
                 }
             };
             let need = prompt.len() + w.turn.sampling.max_new_tokens as usize;
+            if let Some(why) = self.no_room(w.key, &w.turn, prompt.len(), policy.base) {
+                self.stats.prompts_refused.fetch_add(1, Ordering::Relaxed);
+                let t = &w.turn;
+                self.fail_episode(w.key, format!("turn {} ({}, round {}, agent {}): {why}", t.turn_index, t.role, t.round, t.agent));
+                continue;
+            }
             let batcher = &self.batchers[policy.base];
             // The cache gives every row the widest row's columns, so that is what must fit.
-            if !batcher.is_empty() && batcher.slots_if_added(need) > self.settings.max_batch_tokens {
+            if batcher.slots_if_added(need) > self.settings.max_batch_tokens {
                 w.prompt = Some(prompt);
                 keep.push_back(w);
                 continue;
@@ -328,6 +390,32 @@ impl<'m> Runtime<'m> {
             }
         }
         self.waiting = keep;
+        let running: usize = self.batchers.iter().map(Batcher::len).sum();
+        self.stats.peak_running_sequences.fetch_max(running as u64, Ordering::Relaxed);
+    }
+
+    /// Why a tokenized prompt of `prompt` tokens cannot run here, if it cannot: it would pass
+    /// the job's prompt limit, the model's context or this worker's whole token budget.
+    fn no_room(&self, key: u64, turn: &TurnRequest, prompt: usize, base: usize) -> Option<String> {
+        let new = turn.sampling.max_new_tokens as usize;
+        let cut = if turn.blocks_cut > 0 { format!(" even with {} quoted discussion blocks cut", turn.blocks_cut) } else { String::new() };
+        let context = self.models.bases[base].model.config().max_position_embeddings.max(0) as usize;
+        let budget = self.settings.max_batch_tokens;
+        if let Some(max) = self.episodes.get(&key).and_then(|e| e.episode.config().prompt_max_len) {
+            if prompt > max as usize {
+                return Some(format!("its prompt is {prompt} tokens{cut}, over comas.prompt_max_len {max}; the problem text is too long for this job"));
+            }
+        }
+        if prompt + new > context {
+            return Some(format!(
+                "its prompt of {prompt} tokens{cut} and max_new_tokens {new} exceed the model's context of {context} tokens (max_position_embeddings); shorten the problem or lower sampling.{}.max_new_tokens",
+                turn.role
+            ));
+        }
+        if prompt + new > budget {
+            return Some(format!("its prompt of {prompt} tokens{cut} and max_new_tokens {new} exceed this worker's token budget of {budget} (--max-batch-tokens)"));
+        }
+        None
     }
 
     fn release(&mut self, seq: &Seq) {
@@ -375,11 +463,13 @@ impl<'m> Runtime<'m> {
         }
         let key = seq.episode;
         let outputs = std::mem::take(&mut ep.outputs);
-        if let Err(e) = ep.episode.submit(outputs) {
+        let room = room_for(self.models, self.settings, ep.episode.config());
+        if let Err(e) = ep.episode.submit_metered(outputs, &room) {
             return self.fail_episode(key, format!("protocol rejected the turns: {e}"));
         }
         if !ep.episode.is_done() {
             let turns = ep.episode.next_turns();
+            self.count_truncated(&turns);
             return self.enqueue(key, turns);
         }
         let e = self.episodes.remove(&key).expect("episode present");

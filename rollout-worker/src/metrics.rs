@@ -10,7 +10,10 @@ pub struct Metrics {
     stats: Arc<Stats>,
     generated_tokens: IntCounter,
     episodes_done: IntCounter,
+    prompts_truncated: IntCounter,
+    prompts_refused: IntCounter,
     running_sequences: IntGauge,
+    peak_running_sequences: IntGauge,
     waiting_turns: IntGauge,
     running_episodes: IntGauge,
     kv_cache_bytes: IntGauge,
@@ -25,8 +28,11 @@ impl Metrics {
         Arc::new(Self {
             generated_tokens: counter("generated_tokens_total", "tokens generated (rate = tokens/s)"),
             episodes_done: counter("episodes_total", "episodes finished"),
+            prompts_truncated: counter("prompt_truncated_total", "turns whose prompt lost quoted discussion blocks to fit"),
+            prompts_refused: counter("prompt_refused_total", "episodes failed by a prompt that did not fit with every block cut"),
             weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
             running_sequences: gauge("running_sequences", "sequences in the decode batches"),
+            peak_running_sequences: gauge("peak_running_sequences", "most sequences in the decode batches at once since start"),
             waiting_turns: gauge("queue_depth", "turns waiting to join a batch"),
             running_episodes: gauge("running_episodes", "episodes in progress"),
             kv_cache_bytes: gauge("kv_cache_bytes", "bytes held by KV caches"),
@@ -40,7 +46,10 @@ impl Metrics {
         let catch_up = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         catch_up(&self.generated_tokens, s.generated_tokens.load(Ordering::Relaxed));
         catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
+        catch_up(&self.prompts_truncated, s.prompts_truncated.load(Ordering::Relaxed));
+        catch_up(&self.prompts_refused, s.prompts_refused.load(Ordering::Relaxed));
         self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
+        self.peak_running_sequences.set(s.peak_running_sequences.load(Ordering::Relaxed) as i64);
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);
         self.running_episodes.set(s.running_episodes.load(Ordering::Relaxed) as i64);
         self.kv_cache_bytes.set(s.kv_cache_bytes.load(Ordering::Relaxed) as i64);

@@ -76,7 +76,11 @@ async fn client(addr: &str) -> RolloutWorkerClient<tonic::transport::Channel> {
 }
 
 async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool) {
-    let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, lora_json: String::new() }).collect();
+    load_agents(c, model, full, 2).await
+}
+
+async fn load_agents(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool, n: u32) {
+    let agents = (0..n).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, lora_json: String::new() }).collect();
     c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
 }
 
@@ -314,18 +318,17 @@ async fn bad_input_and_draining() {
     tokio::time::timeout(Duration::from_secs(30), handle).await.expect("server stops after draining").unwrap();
 }
 
-/// A tight token budget queues turns instead of admitting them all; results do not change.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_token_budget_only_queues_work() {
-    let dir = tempfile::tempdir().unwrap();
-    tiny(dir.path());
+/// A worker on loopback with the given token budget, its /metrics on a socket bound here.
+async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    use std::os::fd::IntoRawFd;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
     let settings = ServerSettings {
         listener,
-        metrics_listen: None,
-        // Room for about one turn at a time.
-        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 64 },
+        metrics_listen: Some(comas_service::Listen::Fd(metrics.into_raw_fd())),
+        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens },
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
     };
@@ -333,14 +336,42 @@ async fn a_small_token_budget_only_queues_work() {
     let h = tokio::spawn(serve(settings, async {
         let _ = rx.await;
     }));
+    (addr, metrics_addr, stop, h)
+}
+
+async fn metric(addr: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let line = out.lines().find(|l| l.starts_with(&format!("comas_worker_{name} "))).unwrap_or_else(|| panic!("no {name} in {out}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A tight token budget queues turns instead of admitting them all: no more sequences decode
+/// at once than the budget holds, and the results do not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_token_budget_only_queues_work() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let s = specs(&config(5), 4, "t");
+    let (addr, roomy_metrics, stop, h) = start_budgeted(1 << 20).await;
     let mut c = client(&addr).await;
     load(&mut c, dir.path(), false).await;
-    let s = specs(&config(5), 4, "t");
-    let tight = run(&mut c, s.clone()).await;
-    let (addr2, stop2, h2) = start_worker().await;
+    let roomy = run(&mut c, s.clone()).await;
+    let needs: Vec<usize> = roomy.values().flat_map(|t| t.turns.iter().map(|x| x.prompt_ids.len() + 5)).collect();
+    let (least, most) = (*needs.iter().min().unwrap(), *needs.iter().max().unwrap());
+    // With room for everything, the 8 solver turns of round 0 decode together.
+    assert!(metric(&roomy_metrics, "peak_running_sequences").await >= 8.0);
+    let budget = 2 * most;
+    let (addr2, tight_metrics, stop2, h2) = start_budgeted(budget).await;
     let mut c2 = client(&addr2).await;
     load(&mut c2, dir.path(), false).await;
-    let roomy = run(&mut c2, s).await;
+    let tight = run(&mut c2, s).await;
+    let peak = metric(&tight_metrics, "peak_running_sequences").await as usize;
+    // Every row is as wide as the widest, so at most budget / least rows fit.
+    assert!(peak >= 1 && peak <= budget / least && peak < 8, "peak {peak}, budget {budget}, needs {least}..{most}");
     for (id, t) in &tight {
         let ids: Vec<&Vec<u32>> = t.turns.iter().map(|x| &x.completion_ids).collect();
         let ids2: Vec<&Vec<u32>> = roomy[id].turns.iter().map(|x| &x.completion_ids).collect();
@@ -349,7 +380,67 @@ async fn a_small_token_budget_only_queues_work() {
     let _ = stop.send(());
     let _ = stop2.send(());
     h.await.unwrap().unwrap();
-    h2.await.unwrap();
+    h2.await.unwrap().unwrap();
+}
+
+/// Spec 3.7: a prompt over the limit loses its quoted discussion blocks, and one that still
+/// does not fit fails its episode with a message that names the turn and the limit; a problem
+/// longer than the model's context fails the same way, and the worker goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_over_the_limit_are_cut_then_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (addr, metrics, stop, h) = start_budgeted(1 << 20).await;
+    let mut c = client(&addr).await;
+    load_agents(&mut c, dir.path(), false, 4).await;
+    // Four long solutions quoted in round 1 make those solver prompts the longest of all.
+    let mut cfg = config(5);
+    cfg.num_agents = 4;
+    cfg.num_references = 4;
+    cfg.sampling.solver.max_new_tokens = 120;
+    cfg.sampling.solver.min_new_tokens = 120;
+    let full = run(&mut c, specs(&cfg, 2, "full")).await;
+    let longest = |pick: &dyn Fn(&comas_workflow::comas::TrajectoryTurn) -> bool| {
+        full.values().flat_map(|t| t.turns.iter().filter(|x| pick(x)).map(|x| x.prompt_ids.len())).max().unwrap()
+    };
+    let bare = longest(&|x| x.role == Role::Solver && x.round == 0);
+    let others = longest(&|x| x.role != Role::Solver);
+    let quoting = full.values().flat_map(|t| t.turns.iter().filter(|x| x.role == Role::Solver && x.round == 1).map(|x| x.prompt_ids.len())).min().unwrap();
+    let limit = bare.max(others);
+    assert!(limit < quoting, "the set-up needs round-1 solver prompts ({quoting}) above every other ({limit})");
+
+    let cut = run(&mut c, specs(&CoMasConfig { prompt_max_len: Some(limit as u32), ..cfg.clone() }, 2, "cut")).await;
+    for t in cut.values() {
+        for x in t.turns.iter().filter(|x| x.role == Role::Solver && x.round == 1) {
+            assert!(x.blocks_cut >= 1 && x.prompt_ids.len() <= limit, "{} blocks cut, {} tokens", x.blocks_cut, x.prompt_ids.len());
+            // Whole blocks go: the rest are numbered from 1 again.
+            let blocks = (4 - x.blocks_cut) as usize;
+            assert_eq!(x.prompt.matches("=== Discussion ").count(), blocks, "{}", x.prompt);
+            assert_eq!(t.discussions[1].matches("\nEvaluation: ").count(), blocks);
+        }
+        assert!(t.turns.iter().filter(|x| x.blocks_cut > 0).all(|x| x.role == Role::Solver && x.round == 1));
+        assert_eq!(t.truncated_prompts(), 4);
+    }
+    assert_eq!(metric(&metrics, "prompt_truncated_total").await, 8.0);
+
+    // Room for no round-0 prompt: refused with the turn and the limit named.
+    let tight = CoMasConfig { prompt_max_len: Some(bare as u32 - 1), ..cfg.clone() };
+    let mut out = c.run_episodes(tokio_stream::iter(specs(&tight, 1, "refused"))).await.unwrap().into_inner();
+    let r = out.message().await.unwrap().unwrap();
+    assert!(r.error.contains("(solver, round 0, agent") && r.error.contains(&format!("over comas.prompt_max_len {}", bare - 1)), "{}", r.error);
+
+    // A problem longer than the tiny model's 4096-token context.
+    let mut huge = specs(&cfg, 1, "huge");
+    let long = TaskRecord { prompt: "seven ".repeat(6000), ..question(0) };
+    huge[0].question_json = serde_json::to_string(&long).unwrap();
+    let mut out = c.run_episodes(tokio_stream::iter(huge)).await.unwrap().into_inner();
+    let r = out.message().await.unwrap().unwrap();
+    assert!(r.error.contains("exceed the model's context of 4096 tokens"), "{}", r.error);
+    assert_eq!(metric(&metrics, "prompt_refused_total").await, 2.0);
+    // The worker is still there and well.
+    assert_eq!(run(&mut c, specs(&cfg, 2, "after")).await.len(), 2);
+    let _ = stop.send(());
+    h.await.unwrap().unwrap();
 }
 
 #[test]

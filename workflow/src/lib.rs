@@ -16,4 +16,4 @@ pub mod turn;
 pub use error::WorkflowError;
 pub use task::{DatasetError, TaskKind, TaskRecord};
 pub use train_config::{TrainConfig, TrainConfigError};
-pub use turn::{ChatMessage, ConstrainedToken, FinishReason, Role, SamplingSpec, TurnOutput, TurnRequest, GUIDED_SCORE_SUFFIX};
+pub use turn::{ChatMessage, ConstrainedToken, FinishReason, PromptMeter, Role, SamplingSpec, TurnOutput, TurnRequest, Unmetered, GUIDED_SCORE_SUFFIX};

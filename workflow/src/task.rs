@@ -183,6 +183,16 @@ pub fn parse_dataset(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
     }
 }
 
+/// Where the record at `index` (0-based, as parsed) sits in `text`: its line in JSON Lines
+/// (blank lines are skipped when parsing), its element in a JSON array.
+pub fn location_of(text: &str, index: usize) -> Location {
+    if text.trim_start().starts_with('[') {
+        return Location::Element(index + 1);
+    }
+    let line = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).nth(index).map_or(index + 1, |(i, _)| i + 1);
+    Location::Line(line)
+}
+
 /// Reads and parses a data set file in either layout.
 pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetError> {
     let path = path.as_ref();
@@ -207,6 +217,14 @@ mod tests {
         assert_eq!(recs[1].task, TaskKind::Science);
         assert_eq!(recs[1].answer, "1.4e+24");
         assert_eq!(recs[1].source, None);
+    }
+
+    #[test]
+    fn a_record_is_located_by_its_line_or_element() {
+        let text = format!("\n{GOOD}\n\n{}\n", GOOD.replace("00001", "00002"));
+        assert_eq!(location_of(&text, 0), Location::Line(2));
+        assert_eq!(location_of(&text, 1), Location::Line(4));
+        assert_eq!(location_of(&format!("[{GOOD}, {GOOD}]"), 1), Location::Element(2));
     }
 
     #[test]

@@ -138,6 +138,25 @@ pub struct TurnRequest {
     pub sampling: SamplingSpec,
     /// Seed for this turn's sampler, derived from the episode seed and the turn index.
     pub seed: u64,
+    /// Quoted discussion blocks left out of the prompt to make it fit (spec 3.7).
+    #[serde(default)]
+    pub blocks_cut: u32,
+}
+
+/// Tells an episode whether a prompt fits: the rollout worker renders it with each agent's chat
+/// template and counts tokens against the prompt limit, the context and its token budget. The
+/// protocol itself stays free of tokenizers.
+pub trait PromptMeter {
+    fn fits(&self, role: Role, user_message: &str) -> bool;
+}
+
+/// Every prompt fits: for callers that replay or test the protocol.
+pub struct Unmetered;
+
+impl PromptMeter for Unmetered {
+    fn fits(&self, _: Role, _: &str) -> bool {
+        true
+    }
 }
 
 /// What the worker produced for one `TurnRequest`.

@@ -5,7 +5,7 @@ use comas_workflow::comas::{
     plan_batch, start_batch, Assignment, CoMasConfig, DiscussionSource, Episode, JudgeReward, PlanSeed, Trajectory,
     Variant,
 };
-use comas_workflow::{Role, SamplingSpec, TaskKind, TurnRequest, WorkflowError};
+use comas_workflow::{PromptMeter, Role, SamplingSpec, TaskKind, TurnRequest, WorkflowError};
 use common::{output, question, run, single, tag};
 use std::collections::HashSet;
 
@@ -415,4 +415,62 @@ fn tampered_trajectories_are_rejected() {
     let mut x = t;
     x.turns[3].agent = 9;
     assert!(x.validate().unwrap_err().to_string().contains("agent 9"));
+}
+
+/// Fits a prompt when it is at most `solver` (solver turns) or `evaluator` characters long.
+struct CharLimit {
+    solver: usize,
+    evaluator: usize,
+}
+
+impl PromptMeter for CharLimit {
+    fn fits(&self, role: Role, text: &str) -> bool {
+        text.len() <= if role == Role::Solver { self.solver } else { self.evaluator }
+    }
+}
+
+fn run_metered(config: &CoMasConfig, meter: &CharLimit) -> (Vec<Vec<TurnRequest>>, Trajectory) {
+    let plan = comas_workflow::comas::plan_batch(config, 1, comas_workflow::comas::PlanSeed { global: 4, step: 0, shard: 0 }).unwrap().instances.remove(0);
+    let mut ep = Episode::new_metered(config, &common::question("q", TaskKind::Math), 0, plan, 4, meter).unwrap();
+    let mut groups = Vec::new();
+    while !ep.is_done() {
+        let group = ep.next_turns();
+        ep.submit_metered(group.iter().map(|r| common::output(r, &padded(r))).collect(), meter).unwrap();
+        groups.push(group);
+    }
+    (groups, ep.into_trajectory().unwrap())
+}
+
+#[test]
+fn a_prompt_too_long_loses_whole_discussion_blocks_oldest_first() {
+    let config = CoMasConfig {
+        num_agents: 2,
+        discussion_source: DiscussionSource::LastKPairsChronological,
+        evaluator_sees_discussion: true,
+        ..Default::default()
+    };
+    let unlimited = CharLimit { solver: usize::MAX, evaluator: usize::MAX };
+    let (groups, t) = run_metered(&config, &unlimited);
+    let full = groups[3][0].messages[0].content.len();
+    assert_eq!(t.truncated_prompts(), 0);
+    assert!(t.turns.iter().all(|t| t.blocks_cut == 0));
+
+    // One character short of the full solver prompt: the older block (slot 0) goes, whole.
+    let (groups, t) = run_metered(&config, &CharLimit { solver: full - 1, evaluator: usize::MAX });
+    let newer = "=== Discussion 1 ===\nSolution: S r0 d1\nEvaluation: E r0 d1 k0";
+    assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}{newer}{MATH_TAIL}"));
+    assert_eq!(t.discussions[1], newer);
+    let cut: Vec<(Role, u32, u32)> = t.turns.iter().filter(|t| t.blocks_cut > 0).map(|t| (t.role, t.round, t.blocks_cut)).collect();
+    assert_eq!(cut, vec![(Role::Solver, 1, 1), (Role::Solver, 1, 1)]);
+    // Evaluators that see the discussion see the block the solvers saw.
+    assert!(groups[4][0].messages[0].content.contains(newer) && !groups[4][0].messages[0].content.contains("S r0 d0\n"));
+
+    // Nothing fits: every block is cut, the rest of the prompt stays (the worker refuses it).
+    let (groups, t) = run_metered(&config, &CharLimit { solver: 1, evaluator: 1 });
+    assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}(Empty discussion){MATH_TAIL}"));
+    assert_eq!(t.discussions[1], "(Empty discussion)");
+    assert_eq!(t.truncated_prompts(), 2);
+    assert!(t.turns.iter().filter(|t| t.role == Role::Solver && t.round == 1).all(|t| t.blocks_cut == 2));
+    // The solution under review is never cut from an evaluator's prompt.
+    assert!(groups[4][1].messages[0].content.contains("Solution to check:\nS r1 d1"));
 }

@@ -121,6 +121,10 @@ pub struct CoMasConfig {
     pub variant: Variant,
     /// Quote completions with special tokens and stop string kept (reference-code parity).
     pub quote_raw_completion: bool,
+    /// Most prompt tokens a turn may have (spec 3.7). Above it, quoted discussion blocks are
+    /// left out, oldest first; a prompt that still does not fit fails its episode. Unset: the
+    /// model's context less the role's max_new_tokens (the worker's token budget also binds).
+    pub prompt_max_len: Option<u32>,
     pub sampling: RoleSampling,
 }
 
@@ -139,6 +143,7 @@ impl Default for CoMasConfig {
             evaluator_sees_discussion: false,
             variant: Variant::Full,
             quote_raw_completion: false,
+            prompt_max_len: None,
             sampling: RoleSampling::default(),
         }
     }
@@ -162,6 +167,8 @@ pub enum ConfigError {
     Sampling { role: Role, reason: String },
     #[error("an episode would have {0} turns; num_agents x num_rounds x evals_per_solution is too large")]
     TooManyTurns(u64),
+    #[error("prompt_max_len must be at least 1")]
+    NoPromptRoom,
 }
 
 impl CoMasConfig {
@@ -183,6 +190,9 @@ impl CoMasConfig {
         }
         if self.exclude_self && self.num_agents < 2 {
             return Err(ConfigError::ExcludeSelfNeedsTwoAgents(self.num_agents));
+        }
+        if self.prompt_max_len == Some(0) {
+            return Err(ConfigError::NoPromptRoom);
         }
         for role in Role::ALL {
             self.sampling.for_role(role).check().map_err(|reason| ConfigError::Sampling { role, reason })?;

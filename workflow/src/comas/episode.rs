@@ -15,7 +15,7 @@ use super::trajectory::{Trajectory, TrajectoryTurn};
 use crate::error::WorkflowError;
 use crate::seed::{derive_seed, rng_for, tag};
 use crate::task::TaskRecord;
-use crate::turn::{ChatMessage, Role, TurnOutput, TurnRequest};
+use crate::turn::{ChatMessage, PromptMeter, Role, TurnOutput, TurnRequest, Unmetered};
 
 #[derive(Debug, Clone)]
 pub struct Episode {
@@ -31,6 +31,8 @@ pub struct Episode {
     /// Submitted turns; `turns[i].turn_index == i` because groups complete in order.
     turns: Vec<TrajectoryTurn>,
     discussions: Vec<String>,
+    /// The pairs quoted in each round's discussion block, after any cut.
+    shown: Vec<Vec<PairRef>>,
     /// Turn index of each solution, `[round][slot]`.
     solutions: Vec<Vec<u32>>,
     /// Turn index of each evaluation, `[round][slot][judge]`.
@@ -47,6 +49,19 @@ impl Episode {
         plan: InstancePlan,
         seed: u64,
     ) -> Result<Self, WorkflowError> {
+        Self::new_metered(config, question, instance, plan, seed, &Unmetered)
+    }
+
+    /// Like [`Episode::new`], with prompts fitted by `meter` (spec 3.7): a prompt that does not
+    /// fit loses quoted discussion blocks, oldest first, until it fits or none is left.
+    pub fn new_metered(
+        config: &CoMasConfig,
+        question: &TaskRecord,
+        instance: u32,
+        plan: InstancePlan,
+        seed: u64,
+        meter: &dyn PromptMeter,
+    ) -> Result<Self, WorkflowError> {
         config.validate()?;
         plan.check(config)?;
         let mut episode = Episode {
@@ -60,11 +75,16 @@ impl Episode {
             pending: Vec::new(),
             turns: Vec::new(),
             discussions: Vec::new(),
+            shown: Vec::new(),
             solutions: Vec::new(),
             evaluations: Vec::new(),
         };
-        episode.open_group();
+        episode.open_group(meter);
         Ok(episode)
+    }
+
+    pub fn config(&self) -> &CoMasConfig {
+        &self.config
     }
 
     pub fn instance(&self) -> u32 {
@@ -107,6 +127,11 @@ impl Episode {
     /// Accepts the outputs of the whole pending group, in any order. Nothing changes when the
     /// outputs are rejected (unknown, duplicate or missing turn, wrong logprob count).
     pub fn submit(&mut self, outputs: Vec<TurnOutput>) -> Result<(), WorkflowError> {
+        self.submit_metered(outputs, &Unmetered)
+    }
+
+    /// Like [`Episode::submit`], fitting the next group's prompts with `meter`.
+    pub fn submit_metered(&mut self, outputs: Vec<TurnOutput>, meter: &dyn PromptMeter) -> Result<(), WorkflowError> {
         let Some(first) = self.pending.first().map(|t| t.turn_index) else {
             return Err(WorkflowError::EpisodeFinished);
         };
@@ -157,13 +182,14 @@ impl Episode {
                 finish_reason: out.finish_reason,
                 policy_version: out.policy_version,
                 constrained: out.constrained,
+                blocks_cut: request.blocks_cut,
                 text: out.text,
                 raw_text: out.raw_text,
                 score,
                 judgment,
             });
         }
-        self.advance();
+        self.advance(meter);
         Ok(())
     }
 
@@ -188,7 +214,7 @@ impl Episode {
         Ok(trajectory)
     }
 
-    fn advance(&mut self) {
+    fn advance(&mut self, meter: &dyn PromptMeter) {
         let Some(role) = self.stage else { return };
         let roles = self.config.variant.roles();
         let next_in_round = roles.iter().skip_while(|&&r| r != role).nth(1).copied();
@@ -201,14 +227,14 @@ impl Episode {
             None => None,
         };
         if self.stage.is_some() {
-            self.open_group();
+            self.open_group(meter);
         }
     }
 
-    fn open_group(&mut self) {
+    fn open_group(&mut self, meter: &dyn PromptMeter) {
         match self.stage {
-            Some(Role::Solver) => self.open_solvers(),
-            Some(Role::Evaluator) => self.open_evaluators(),
+            Some(Role::Solver) => self.open_solvers(meter),
+            Some(Role::Evaluator) => self.open_evaluators(meter),
             Some(Role::Scorer) => self.open_scorers(),
             None => {}
         }
@@ -237,6 +263,7 @@ impl Episode {
         about_solution: Option<u32>,
         about_evaluation: Option<u32>,
         prompt: String,
+        blocks_cut: u32,
     ) -> u32 {
         let turn_index = self.next_index();
         self.pending.push(TurnRequest {
@@ -251,6 +278,7 @@ impl Episode {
             messages: vec![ChatMessage::user(prompt)],
             sampling: self.config.sampling.for_role(role).clone(),
             seed: derive_seed(&[self.seed, tag::TURN_SAMPLING, u64::from(turn_index)]),
+            blocks_cut,
         });
         turn_index
     }
@@ -271,44 +299,48 @@ impl Episode {
         pairs
     }
 
-    fn open_solvers(&mut self) {
+    fn open_solvers(&mut self, meter: &dyn PromptMeter) {
         let r = self.round;
         let mut rng = rng_for(&[self.seed, tag::DISCUSSION, u64::from(r)]);
         let kappa = self.config.num_references as usize;
         let chosen = select_pairs(self.config.discussion_source, kappa, r, &self.history(), &mut rng);
-        let entries: Vec<DiscussionEntry<'_>> = chosen
-            .iter()
-            .map(|p| DiscussionEntry {
-                solution: self.quote(p.solution),
-                evaluation: p.evaluation.map(|e| self.quote(e)),
-            })
-            .collect();
-        let discussion = render_discussion(&entries);
-        let prompt = solver_prompt(self.question.task, &self.question.prompt, &discussion);
+        let (task, problem) = (self.question.task, self.question.prompt.as_str());
+        let (shown, discussion, prompt) = fit_discussion(self, &chosen, |d| solver_prompt(task, problem, d), |p| meter.fits(Role::Solver, p));
+        let cut = (chosen.len() - shown.len()) as u32;
         self.discussions.push(discussion);
+        self.shown.push(shown);
         let indices: Vec<u32> = (0..self.config.num_agents)
-            .map(|d| self.push_request(d, Role::Solver, d, 0, None, None, prompt.clone()))
+            .map(|d| self.push_request(d, Role::Solver, d, 0, None, None, prompt.clone(), cut))
             .collect();
         self.solutions.push(indices);
     }
 
-    fn open_evaluators(&mut self) {
+    fn open_evaluators(&mut self, meter: &dyn PromptMeter) {
         let r = self.round as usize;
-        let see = self.config.evaluator_sees_discussion.then(|| self.discussions[r].clone());
+        let see = self.config.evaluator_sees_discussion;
         let mut round_evals = Vec::with_capacity(self.config.num_agents as usize);
         for d in 0..self.config.num_agents as usize {
             let solution = self.solutions[r][d];
-            let task = self.question.task;
-            let prompt = match self.config.variant {
-                Variant::NoScoring => verdict_prompt(task, &self.question.prompt, self.quote(solution), see.as_deref()),
-                _ => evaluator_prompt(task, &self.question.prompt, self.quote(solution), see.as_deref()),
+            let (task, problem, quoted) = (self.question.task, self.question.prompt.as_str(), self.quote(solution));
+            let render = |discussion: Option<&str>| match self.config.variant {
+                Variant::NoScoring => verdict_prompt(task, problem, quoted, discussion),
+                _ => evaluator_prompt(task, problem, quoted, discussion),
+            };
+            // An evaluator that sees the discussion sees the solvers' blocks, cut the same way
+            // if its longer prompt needs it; the solution under review is never cut.
+            let (prompt, cut) = if see {
+                let pairs = &self.shown[r];
+                let (kept, _, prompt) = fit_discussion(self, pairs, |dsc| render(Some(dsc)), |p| meter.fits(Role::Evaluator, p));
+                (prompt, (pairs.len() - kept.len()) as u32)
+            } else {
+                (render(None), 0)
             };
             let judges = self.plan.rounds[r].evaluators[d].clone();
             let slot_evals: Vec<u32> = judges
                 .iter()
                 .enumerate()
                 .map(|(k, &agent)| {
-                    self.push_request(agent, Role::Evaluator, d as u32, k as u32, Some(solution), None, prompt.clone())
+                    self.push_request(agent, Role::Evaluator, d as u32, k as u32, Some(solution), None, prompt.clone(), cut)
                 })
                 .collect();
             round_evals.push(slot_evals);
@@ -330,8 +362,39 @@ impl Episode {
                 } else {
                     (judge_prompt(task, &self.question.prompt, self.quote(solution)), None)
                 };
-                self.push_request(agent, Role::Scorer, d as u32, k as u32, Some(solution), evaluation, prompt);
+                self.push_request(agent, Role::Scorer, d as u32, k as u32, Some(solution), evaluation, prompt, 0);
             }
         }
     }
+}
+
+/// The pairs to quote, the discussion block and the prompt that `render` makes of it: all of
+/// `pairs` if the prompt `fits`, else with whole pairs left out, oldest first (lowest solution
+/// turn index), the rest in their order (spec 3.7). With every pair cut the block reads as an
+/// empty discussion; whether that prompt fits is for the caller to find out.
+fn fit_discussion(
+    episode: &Episode,
+    pairs: &[PairRef],
+    render: impl Fn(&str) -> String,
+    fits: impl Fn(&str) -> bool,
+) -> (Vec<PairRef>, String, String) {
+    let mut by_age: Vec<usize> = (0..pairs.len()).collect();
+    by_age.sort_by_key(|&i| (pairs[i].round, pairs[i].solution, pairs[i].evaluation));
+    let mut kept = pairs.to_vec();
+    for cut in 0..=pairs.len() {
+        if cut > 0 {
+            let oldest = pairs[by_age[cut - 1]];
+            kept.retain(|p| *p != oldest);
+        }
+        let entries: Vec<DiscussionEntry<'_>> = kept
+            .iter()
+            .map(|p| DiscussionEntry { solution: episode.quote(p.solution), evaluation: p.evaluation.map(|e| episode.quote(e)) })
+            .collect();
+        let discussion = render_discussion(&entries);
+        let prompt = render(&discussion);
+        if cut == pairs.len() || fits(&prompt) {
+            return (kept, discussion, prompt);
+        }
+    }
+    unreachable!("the last pass returns")
 }

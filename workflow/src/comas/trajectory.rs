@@ -31,6 +31,9 @@ pub struct TrajectoryTurn {
     pub constrained: Vec<ConstrainedToken>,
     pub text: String,
     pub raw_text: String,
+    /// Quoted discussion blocks left out of this turn's prompt to make it fit (spec 3.7).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub blocks_cut: u32,
     /// Scorer turns: the extracted 1–3 score, `None` when the format was broken.
     pub score: Option<u8>,
     /// Evaluator turns of the no-scoring ablation: the extracted verdict, `None` when broken.
@@ -53,7 +56,16 @@ pub struct Trajectory {
     pub turns: Vec<TrajectoryTurn>,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 impl Trajectory {
+    /// Turns whose prompt had discussion blocks cut (the `prompt_truncated_total` count).
+    pub fn truncated_prompts(&self) -> usize {
+        self.turns.iter().filter(|t| t.blocks_cut > 0).count()
+    }
+
     pub fn turns_of(&self, role: Role) -> impl Iterator<Item = &TrajectoryTurn> {
         self.turns.iter().filter(move |t| t.role == role)
     }
