@@ -117,9 +117,39 @@ impl PromptMeter for Room<'_> {
     }
 }
 
-pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> mpsc::Sender<Command> {
+/// A fault injected for tests of the failure paths, from `COMAS_WORKER_FAULT`:
+/// `step-panic:N` panics inside decode step N (caught: that batch fails), `engine-panic:N`
+/// panics in the engine loop after step N (the thread dies and the worker with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    StepPanic(u64),
+    EnginePanic(u64),
+}
+
+fn fault_from_env() -> Option<Fault> {
+    let v = std::env::var("COMAS_WORKER_FAULT").ok()?;
+    let (kind, n) = v.split_once(':')?;
+    let n = n.parse().ok()?;
+    match kind {
+        "step-panic" => Some(Fault::StepPanic(n)),
+        "engine-panic" => Some(Fault::EnginePanic(n)),
+        _ => None,
+    }
+}
+
+/// The text of a panic's payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_string(),
+    }
+}
+
+/// Starts the engine thread; the handle tells the server when the thread has died.
+pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
+    let handle = std::thread::Builder::new()
         .name("worker-engine".into())
         .spawn(move || {
             let mut models = Models::empty();
@@ -152,7 +182,7 @@ pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> mpsc::Sender<Comman
             }
         })
         .expect("spawn engine thread");
-    tx
+    (tx, handle)
 }
 
 struct RunningEpisode {
@@ -196,6 +226,8 @@ struct Runtime<'m> {
     draining: bool,
     next_episode: u64,
     next_seq: u64,
+    steps: u64,
+    fault: Option<Fault>,
 }
 
 fn finish_of(c: &Completion) -> FinishReason {
@@ -231,6 +263,8 @@ impl<'m> Runtime<'m> {
             draining: false,
             next_episode: 0,
             next_seq: 0,
+            steps: 0,
+            fault: fault_from_env(),
         }
     }
 
@@ -545,7 +579,19 @@ impl<'m> Runtime<'m> {
                 }
                 let step = {
                     let _span = tracing::trace_span!("decode_step", base = b).entered();
-                    self.batchers[b].step()
+                    // libtorch reports some failures (an allocation too large) by panicking in
+                    // tch; the step's sequences fail and the batch starts afresh. The weights
+                    // are only read by a step, so they are intact.
+                    let batcher = &mut self.batchers[b];
+                    self.steps += 1;
+                    let inject = self.fault == Some(Fault::StepPanic(self.steps));
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        if inject {
+                            panic!("injected by COMAS_WORKER_FAULT");
+                        }
+                        batcher.step()
+                    }))
+                        .unwrap_or_else(|p| Err(comas_model::ModelError::Input(format!("the decode step panicked: {}", panic_message(p.as_ref())))))
                 };
                 match step {
                     Ok(done) => {
@@ -565,6 +611,9 @@ impl<'m> Runtime<'m> {
                         self.batchers[b] = new_batcher(self.models, self.settings, b);
                     }
                 }
+            }
+            if self.fault == Some(Fault::EnginePanic(self.steps)) {
+                panic!("injected by COMAS_WORKER_FAULT after step {}", self.steps);
             }
             self.apply_updates();
             self.publish_stats();

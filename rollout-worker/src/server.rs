@@ -23,7 +23,7 @@ const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// (up to `drain_timeout`) and returns.
 pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
-    let engine = engine::spawn(s.engine, Arc::clone(&stats));
+    let (engine, engine_thread) = engine::spawn(s.engine, Arc::clone(&stats));
     let metrics = Metrics::new(stats);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_not_serving::<RolloutWorkerServer<WorkerService>>().await;
@@ -36,7 +36,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         }
     });
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (engine_failed_tx, engine_failed) = watch::channel(None::<String>);
     let service = WorkerService {
+        engine_failed: engine_failed.clone(),
         engine: engine.clone(),
         metrics: Arc::clone(&metrics),
         next_stream: AtomicU64::new(0),
@@ -46,8 +48,32 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     };
     let drain_timeout = s.drain_timeout;
     let hr = health_reporter.clone();
+    // A worker whose engine thread has died can run nothing: it stops serving and exits with
+    // the reason, so its streams break and the coordinator re-queues its episodes.
+    let (died_tx, mut died_rx) = oneshot::channel::<String>();
     tokio::spawn(async move {
-        shutdown.await;
+        while !engine_thread.is_finished() {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        let why = match engine_thread.join() {
+            Err(panic) => engine::panic_message(panic.as_ref()),
+            Ok(()) => "it stopped".to_string(),
+        };
+        let _ = died_tx.send(why);
+    });
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown => {}
+            why = &mut died_rx => {
+                if let Ok(why) = why {
+                    tracing::error!(error = %why, "the engine thread died; the worker stops");
+                    let _ = engine_failed_tx.send(Some(why));
+                }
+                hr.set_not_serving::<RolloutWorkerServer<WorkerService>>().await;
+                let _ = stop_tx.send(true);
+                return;
+            }
+        }
         // Drain: refuse new episodes, let running ones finish, then stop serving.
         hr.set_not_serving::<RolloutWorkerServer<WorkerService>>().await;
         let (tx, rx) = oneshot::channel();
@@ -76,5 +102,8 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await?;
+    if let Some(why) = engine_failed.borrow().clone() {
+        anyhow::bail!("the engine thread died ({why}); restart the worker");
+    }
     Ok(())
 }

@@ -24,6 +24,17 @@ pub struct WorkerService {
     pub weight_timeout: Duration,
     /// Turns true once a drain has finished: open episode streams end so the server can stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Set, with the reason, once the engine thread has died: open streams end at once.
+    pub engine_failed: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+/// Resolves with the reason once the engine thread has died (never, if the sender is gone).
+async fn engine_death(failed: &mut tokio::sync::watch::Receiver<Option<String>>) -> String {
+    let why = failed.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+    match why {
+        Ok(why) => why,
+        Err(_) => std::future::pending().await,
+    }
 }
 
 fn engine_gone() -> Status {
@@ -93,6 +104,7 @@ impl RolloutWorker for WorkerService {
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let engine = self.engine.clone();
         let mut stopping = self.stopping.clone();
+        let mut failed = self.engine_failed.clone();
         let (out_tx, out_rx) = tmpsc::channel::<Result<pb::EpisodeResult, Status>>(64);
         tokio::spawn(async move {
             let (res_tx, mut res_rx) = tmpsc::unbounded_channel::<EpisodeOutcome>();
@@ -110,6 +122,11 @@ impl RolloutWorker for WorkerService {
                     // Drained: end the stream so the client sees the worker go (nothing is lost,
                     // the coordinator re-queues whatever it still had leased here).
                     _ = stopping.changed(), if !stopped => {}
+                    // No result can come any more: the client re-sends its episodes elsewhere.
+                    why = engine_death(&mut failed) => {
+                        let _ = out_tx.send(Err(Status::unavailable(format!("the engine thread died ({why}); the worker is stopping")))).await;
+                        return;
+                    }
                     msg = incoming.next(), if input_open => match msg {
                         Some(Ok(spec)) => match parse_job(spec.clone()) {
                             Ok(job) => {

@@ -533,3 +533,65 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     handle.await.unwrap();
     let _ = lstop.send(());
 }
+
+/// The worker binary with a fault injected (`COMAS_WORKER_FAULT`), its models loaded.
+async fn faulty_worker(model: &Path, fault: &str) -> (std::process::Child, RolloutWorkerClient<tonic::transport::Channel>) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
+        .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
+        .env("COMAS_WORKER_FAULT", fault)
+        .env("COMAS_THREADS", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = client(&format!("http://127.0.0.1:{port}")).await;
+    load(&mut c, model, false).await;
+    (child, c)
+}
+
+/// A panic inside a decode step (libtorch failing an allocation does that) fails that batch's
+/// episodes with the reason and leaves the worker serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_decode_step_fails_its_episodes_and_the_worker_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (mut child, mut c) = faulty_worker(dir.path(), "step-panic:3").await;
+    let mut out = c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "p"))).await.unwrap().into_inner();
+    let mut errors = Vec::new();
+    while let Some(r) = out.message().await.unwrap() {
+        errors.push(r.error);
+    }
+    assert_eq!(errors.len(), 2);
+    assert!(errors.iter().all(|e| e.contains("the decode step panicked: injected by COMAS_WORKER_FAULT")), "{errors:?}");
+    assert_eq!(run(&mut c, specs(&config(5), 2, "after")).await.len(), 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// An engine thread that dies takes the worker down with the reason, instead of a process that
+/// holds its episodes and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_engine_thread_takes_the_worker_down() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (mut child, mut c) = faulty_worker(dir.path(), "engine-panic:3").await;
+    let mut out = c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "d"))).await.unwrap().into_inner();
+    let mut finished = 0;
+    while let Ok(Some(r)) = out.message().await {
+        assert!(r.error.is_empty(), "{}", r.error);
+        finished += 1;
+    }
+    assert!(finished < 2, "the stream ends without the episodes");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the worker outlived its engine thread");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("the engine thread died (injected by COMAS_WORKER_FAULT after step 3)"), "{err}");
+}
