@@ -400,7 +400,7 @@ impl State {
             let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory_json: r.trajectory_json, worker: id });
             return;
         }
-        if r.error.contains("draining") {
+        if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
             // Not the episode's fault: the worker is going away.
             w.draining = true;
             self.metrics.requeued_episodes.inc();

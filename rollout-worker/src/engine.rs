@@ -17,6 +17,8 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 pub struct EpisodeOutcome {
     pub episode_id: String,
     pub result: Result<(String, u32, u64), String>,
+    /// Whether an error is this worker draining (not the episode's fault).
+    pub draining: bool,
 }
 
 pub struct EpisodeJob {
@@ -319,10 +321,12 @@ impl<'m> Runtime<'m> {
 
     fn start_episode(&mut self, stream: u64, job: EpisodeJob, results: tmpsc::UnboundedSender<EpisodeOutcome>) {
         let fail = |results: &tmpsc::UnboundedSender<EpisodeOutcome>, id: String, e: String| {
-            let _ = results.send(EpisodeOutcome { episode_id: id, result: Err(e) });
+            let _ = results.send(EpisodeOutcome { episode_id: id, result: Err(e), draining: false });
         };
         if self.draining {
-            return fail(&results, job.episode_id, "worker is draining; send this episode elsewhere".into());
+            let e = "worker is draining; send this episode elsewhere".to_string();
+            let _ = results.send(EpisodeOutcome { episode_id: job.episode_id, result: Err(e), draining: true });
+            return;
         }
         if let Some(a) = (0..job.config.num_agents).find(|a| !self.models.agents.contains_key(a)) {
             return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
@@ -460,7 +464,7 @@ impl<'m> Runtime<'m> {
 
     fn fail_episode(&mut self, key: u64, error: String) {
         if let Some(e) = self.episodes.remove(&key) {
-            let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result: Err(error) });
+            let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result: Err(error), draining: false });
         }
     }
 
@@ -515,7 +519,7 @@ impl<'m> Runtime<'m> {
             .and_then(|t| serde_json::to_string(&t).map_err(|err| err.to_string()))
             .map(|json| (json, n_turns, e.tokens));
         self.stats.episodes_done.fetch_add(1, Ordering::Relaxed);
-        let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result });
+        let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result, draining: false });
     }
 
     /// Swaps in weights for agents whose turns in flight have all finished.

@@ -58,8 +58,11 @@ fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
 
 fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
     match o.result {
-        Ok((json, turns, tokens)) => pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, error: String::new(), turns, generated_tokens: tokens },
-        Err(e) => pb::EpisodeResult { episode_id: o.episode_id, error: e, ..Default::default() },
+        Ok((json, turns, tokens)) => pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, turns, generated_tokens: tokens, ..Default::default() },
+        Err(e) => {
+            let kind = if o.draining { pb::EpisodeErrorKind::Draining } else { pb::EpisodeErrorKind::Failed };
+            pb::EpisodeResult { episode_id: o.episode_id, error: e, error_kind: kind as i32, ..Default::default() }
+        }
     }
 }
 

@@ -309,6 +309,13 @@ async fn bad_input_and_draining() {
     drop(tx);
     tokio::time::sleep(Duration::from_millis(30)).await;
     let _ = stop.send(());
+    // Once the engine drains, a new episode is handed back as a draining refusal, by kind.
+    while !c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner().draining {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut late = c.run_episodes(tokio_stream::iter(specs(&config(8), 1, "late"))).await.unwrap().into_inner();
+    let r = late.message().await.unwrap().unwrap();
+    assert_eq!((r.error_kind, r.error.contains("draining")), (pb::EpisodeErrorKind::Draining as i32, true), "{r:?}");
     let mut n = 0;
     while let Ok(Some(r)) = out.message().await {
         assert!(r.error.is_empty(), "{}", r.error);
