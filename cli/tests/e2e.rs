@@ -506,3 +506,17 @@ fn comas_local_runs_the_builtin_example() {
     assert_ne!(second["job_id"], first["job_id"]);
     assert_eq!((second["state"].as_str(), second["agents"][1]["version"].as_u64()), (Some("succeeded"), Some(5)));
 }
+
+/// The job's own schedule times win over the coordinator's defaults: with no worker at all, a
+/// job that waits 3 s for one fails after about that long, though the coordinator would wait 120.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waits_for_workers_as_long_as_its_schedule_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path(), 0, 8);
+    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap().replace("[schedule]\n", "[schedule]\nworker_wait_secs = 3\n");
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let id = c.submit().await;
+    let st = c.wait_for(&id, 90, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
+    assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
+    assert!(st.error.contains("episodes waited 3s with no ready rollout worker (registered: none)"), "{}", st.error);
+}

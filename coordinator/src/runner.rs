@@ -188,7 +188,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
     });
     jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps: {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    jobs.scheduler.submit(id.to_string(), specs.clone(), job.spec.schedule.max_episode_attempts, tx);
+    jobs.scheduler.submit(id.to_string(), specs.clone(), crate::scheduler::BatchLimits::of(&job.spec.schedule), tx);
     let mut done: HashMap<String, Trajectory> = HashMap::new();
     while done.len() < total {
         let delivery = tokio::select! {
@@ -307,7 +307,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut outstanding = remaining.len();
-            jobs.scheduler.submit(id.clone(), remaining, job.spec.schedule.max_episode_attempts, tx);
+            jobs.scheduler.submit(id.clone(), remaining, crate::scheduler::BatchLimits::of(&job.spec.schedule), tx);
             while outstanding > 0 {
                 let delivery = tokio::select! {
                     d = rx.recv() => d,
@@ -466,8 +466,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         }
         let line = serde_json::to_string(&metrics).unwrap_or_default();
         let versions_now: Vec<(u32, u64)> = new_versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
-        let cursor = (step + 1) * u64::from(job.spec.schedule.questions_per_step);
-        jobs.store.commit_step(&id, step, &line, &versions_now, cursor)?;
+        jobs.store.commit_step(&id, step, &line, &versions_now)?;
         refresh_metrics_log(jobs, &id, &metrics_path)?;
         jobs.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs, train_secs, broadcast_secs, coordinator_secs, "step committed");

@@ -76,7 +76,7 @@ enum Cmd {
     Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
     SetTarget { target: Arc<PolicyTarget> },
     WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
-    Submit { job_id: String, specs: Vec<pb::EpisodeSpec>, max_attempts: u32, results: mpsc::UnboundedSender<Delivery> },
+    Submit { job_id: String, specs: Vec<pb::EpisodeSpec>, limits: BatchLimits, results: mpsc::UnboundedSender<Delivery> },
     CancelJob { job_id: String },
     Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<(u32, u64, f64)>, String> },
     Result { id: String, conn: u64, result: pb::EpisodeResult },
@@ -123,6 +123,26 @@ struct Batch {
     results: mpsc::UnboundedSender<Delivery>,
     outstanding: HashSet<String>,
     max_attempts: u32,
+    episode_timeout: Duration,
+    worker_wait: Duration,
+}
+
+/// What a job's schedule says about its episodes; unset times fall back to the coordinator's.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    pub max_attempts: u32,
+    pub episode_timeout: Option<Duration>,
+    pub worker_wait: Option<Duration>,
+}
+
+impl BatchLimits {
+    pub fn of(s: &comas_workflow::job::ScheduleSpec) -> Self {
+        Self {
+            max_attempts: s.max_episode_attempts,
+            episode_timeout: s.episode_timeout_secs.map(Duration::from_secs),
+            worker_wait: s.worker_wait_secs.map(Duration::from_secs),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -191,8 +211,8 @@ impl Scheduler {
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
     }
 
-    pub fn submit(&self, job_id: String, specs: Vec<pb::EpisodeSpec>, max_attempts: u32, results: mpsc::UnboundedSender<Delivery>) {
-        let _ = self.tx.send(Cmd::Submit { job_id, specs, max_attempts, results });
+    pub fn submit(&self, job_id: String, specs: Vec<pb::EpisodeSpec>, limits: BatchLimits, results: mpsc::UnboundedSender<Delivery>) {
+        let _ = self.tx.send(Cmd::Submit { job_id, specs, limits, results });
     }
 
     pub fn cancel_job(&self, job_id: String) {
@@ -263,9 +283,16 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, specs, max_attempts, results } => {
+            Cmd::Submit { job_id, specs, limits, results } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
-                self.batches.insert(job_id.clone(), Batch { results, outstanding, max_attempts });
+                let batch = Batch {
+                    results,
+                    outstanding,
+                    max_attempts: limits.max_attempts,
+                    episode_timeout: limits.episode_timeout.unwrap_or(self.settings.episode_timeout),
+                    worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
+                };
+                self.batches.insert(job_id.clone(), batch);
                 let now = Instant::now();
                 self.queue.extend(specs.into_iter().map(|spec| Lease { job_id: job_id.clone(), spec, attempts: 0, since: now, copied: false }));
             }
@@ -424,14 +451,17 @@ impl State {
         for id in dead {
             self.drop_worker(&id, "no heartbeat");
         }
-        // A lease past the episode timeout is handed out once more, to another worker; it keeps its
-        // slot where it runs, and whichever copy returns first counts.
-        let timeout = self.settings.episode_timeout;
+        // A lease past its job's episode timeout is handed out once more, to another worker; it
+        // keeps its slot where it runs, and whichever copy returns first counts.
         let mut again = Vec::new();
+        let batches = &self.batches;
         for w in self.workers.values_mut() {
-            for l in w.leased.values_mut().filter(|l| !l.copied && now.duration_since(l.since) > timeout) {
-                l.copied = true;
-                again.push(Lease { since: now, copied: false, ..l.clone() });
+            for l in w.leased.values_mut() {
+                let timeout = batches.get(&l.job_id).map_or(self.settings.episode_timeout, |b| b.episode_timeout);
+                if !l.copied && now.duration_since(l.since) > timeout {
+                    l.copied = true;
+                    again.push(Lease { since: now, copied: false, ..l.clone() });
+                }
             }
         }
         for l in again {
@@ -441,26 +471,31 @@ impl State {
                 self.queue.push_back(l);
             }
         }
-        let stalled = self.idle_since.is_some_and(|t| now.duration_since(t) > self.settings.worker_wait);
-        if stalled {
-            let workers: Vec<String> = self
-                .workers
-                .iter()
-                .map(|(id, w)| format!("{id} at {}{}", w.address, if w.last_error.is_empty() { String::new() } else { format!(": {}", w.last_error) }))
-                .collect();
+        // Queued episodes with no ready worker: each job waits as long as its schedule says.
+        let Some(idle) = self.idle_since.map(|t| now.duration_since(t)) else { return };
+        let queued: HashSet<String> = self.queue.iter().map(|l| l.job_id.clone()).collect();
+        let stalled: Vec<(String, Duration)> =
+            queued.into_iter().filter_map(|j| self.batches.get(&j).map(|b| (j, b.worker_wait))).filter(|(_, wait)| idle > *wait).collect();
+        if stalled.is_empty() {
+            return;
+        }
+        let workers: Vec<String> = self
+            .workers
+            .iter()
+            .map(|(id, w)| format!("{id} at {}{}", w.address, if w.last_error.is_empty() { String::new() } else { format!(": {}", w.last_error) }))
+            .collect();
+        for (j, wait) in stalled {
+            let n = self.queue.iter().filter(|l| l.job_id == j).count();
             let reason = format!(
-                "{} episodes waited {:?} with no ready rollout worker (registered: {})",
-                self.queue.len(),
-                self.settings.worker_wait,
+                "{n} episodes waited {wait:?} with no ready rollout worker (registered: {})",
                 if workers.is_empty() { "none".to_string() } else { workers.join("; ") }
             );
-            let jobs: HashSet<String> = self.queue.iter().map(|l| l.job_id.clone()).collect();
-            for j in jobs {
-                if let Some(b) = self.batches.remove(&j) {
-                    let _ = b.results.send(Delivery::Stalled { reason: reason.clone() });
-                }
+            if let Some(b) = self.batches.remove(&j) {
+                let _ = b.results.send(Delivery::Stalled { reason });
             }
-            self.queue.clear();
+            self.queue.retain(|l| l.job_id != j);
+        }
+        if self.queue.is_empty() {
             self.idle_since = None;
         }
     }

@@ -103,9 +103,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     steps_done INTEGER NOT NULL DEFAULT 0,
-    total_steps INTEGER NOT NULL,
-    -- Questions consumed so far; the order itself is a pure function of (seed, epoch).
-    data_cursor INTEGER NOT NULL DEFAULT 0
+    -- The questions of a step are a pure function of (seed, step), so no data cursor is kept.
+    total_steps INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS steps (
     job_id TEXT NOT NULL,
@@ -233,9 +232,9 @@ impl Store {
         })
     }
 
-    /// Finishes a step atomically: its metrics, the new weight versions and the data cursor
-    /// go in together, and its episodes are dropped (their experiences are trained).
-    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)], data_cursor: u64) -> Result<()> {
+    /// Finishes a step atomically: its metrics and the new weight versions go in together, and
+    /// its episodes are dropped (their experiences are trained).
+    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)]) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             tx.execute("INSERT OR REPLACE INTO steps (job_id, step, metrics, finished) VALUES (?1, ?2, ?3, ?4)", params![job, step as i64, metrics, now()])?;
@@ -246,8 +245,8 @@ impl Store {
                 )?;
             }
             tx.execute(
-                "UPDATE jobs SET steps_done = ?2, data_cursor = ?3, updated = ?4 WHERE id = ?1",
-                params![job, (step + 1) as i64, data_cursor as i64, now()],
+                "UPDATE jobs SET steps_done = ?2, updated = ?3 WHERE id = ?1",
+                params![job, (step + 1) as i64, now()],
             )?;
             tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step <= ?2", params![job, step as i64])?;
             tx.commit()
@@ -305,7 +304,7 @@ mod tests {
         assert!(s.record_episode("j1", 0, "e1", "{}", "w1").unwrap());
         assert_eq!(s.step_episodes("j1", 0).unwrap().len(), 2);
         s.set_state("j1", JobState::Running, "").unwrap();
-        s.commit_step("j1", 0, "{\"step\":0}", &[(0, 1), (1, 1)], 4).unwrap();
+        s.commit_step("j1", 0, "{\"step\":0}", &[(0, 1), (1, 1)]).unwrap();
         drop(s);
         // Reopened as after a crash: the committed step is there, its episodes are gone.
         let s = Store::open(&path).unwrap();

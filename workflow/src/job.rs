@@ -63,18 +63,20 @@ pub struct ScheduleSpec {
     /// Learners checkpoint after every this many steps (and after the last one).
     #[serde(default = "one")]
     pub checkpoint_every: u64,
-    /// A leased episode that has not come back after this long is handed to another worker.
-    #[serde(default = "episode_timeout")]
-    pub episode_timeout_secs: u64,
+    /// A leased episode that has not come back after this long is handed to another worker
+    /// (default: the coordinator's `--episode-timeout-secs`).
+    #[serde(default)]
+    pub episode_timeout_secs: Option<u64>,
     /// An episode that fails this many times fails the job.
     #[serde(default = "three")]
     pub max_episode_attempts: u32,
     /// How long a step waits for an unreachable learner (e.g. one restarting from its checkpoint).
     #[serde(default = "learner_timeout")]
     pub learner_timeout_secs: u64,
-    /// How long a step waits for at least one ready worker.
-    #[serde(default = "worker_wait")]
-    pub worker_wait_secs: u64,
+    /// How long queued episodes wait for a ready worker before the job fails (default: the
+    /// coordinator's `--worker-wait-secs`).
+    #[serde(default)]
+    pub worker_wait_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,13 +180,7 @@ fn eval_temperature() -> f64 {
 fn three() -> u32 {
     3
 }
-fn episode_timeout() -> u64 {
-    1800
-}
 fn learner_timeout() -> u64 {
-    600
-}
-fn worker_wait() -> u64 {
     600
 }
 fn float32() -> String {
@@ -310,7 +306,11 @@ impl JobSpec {
         if s.max_episode_attempts == 0 {
             return Err(invalid("schedule.max_episode_attempts", "must be at least 1"));
         }
-        for (name, v) in [("episode_timeout_secs", s.episode_timeout_secs), ("learner_timeout_secs", s.learner_timeout_secs), ("worker_wait_secs", s.worker_wait_secs)] {
+        for (name, v) in [
+            ("episode_timeout_secs", s.episode_timeout_secs.unwrap_or(1)),
+            ("learner_timeout_secs", s.learner_timeout_secs),
+            ("worker_wait_secs", s.worker_wait_secs.unwrap_or(1)),
+        ] {
             if v == 0 {
                 return Err(invalid(format!("schedule.{name}"), "must be at least 1"));
             }
