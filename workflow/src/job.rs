@@ -428,6 +428,16 @@ pub fn step_questions(n: usize, per_step: usize, seed: u64, shuffle: bool, step:
 
 #[cfg(test)]
 mod tests {
+    /// The shipped cluster job parses, checks, and trains every 7B agent with LoRA: full
+    /// fine-tuning of 7B does not fit one 80 GB GPU per learner.
+    #[test]
+    fn the_cluster_job_is_valid_and_uses_lora() {
+        let text = include_str!("../../deploy/k8s/overlays/cluster/job.toml");
+        let job = super::JobSpec::from_toml(text).unwrap().check(2000).unwrap();
+        assert_eq!(job.train.len(), 3);
+        assert!(job.train.iter().all(|t| t.lora.as_ref().is_some_and(|l| l.r == 64 && l.target_modules.len() == 7)));
+    }
+
     use super::*;
 
     const JOB: &str = r#"
