@@ -45,9 +45,14 @@ fn free_port() -> u16 {
 }
 
 fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+    spawn_with(dir, name, args, &[])
+}
+
+fn spawn_with(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(args)
+        .envs(env.iter().copied())
         .env("COMAS_THREADS", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -144,9 +149,13 @@ impl Cluster {
     }
 
     fn add_worker(&mut self) {
+        self.add_worker_with(&[]);
+    }
+
+    fn add_worker_with(&mut self, env: &[(&str, &str)]) {
         let i = self.workers.len();
         let args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port), "--max-episodes", "3"]);
-        self.workers.push(spawn(&self.dir, &format!("worker-{i}"), &args));
+        self.workers.push(spawn_with(&self.dir, &format!("worker-{i}"), &args, env));
     }
 
     async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
@@ -519,4 +528,21 @@ async fn a_job_waits_for_workers_as_long_as_its_schedule_says() {
     let st = c.wait_for(&id, 90, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
     assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
     assert!(st.error.contains("episodes waited 3s with no ready rollout worker (registered: none)"), "{}", st.error);
+}
+
+/// A worker that reports an episode sampled with the wrong weights does not fail the job: the
+/// coordinator refuses that trajectory, counts it, runs the episode again, and the run ends
+/// with the exact counts and every turn at its step's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 0, 24);
+    c.add_worker_with(&[("COMAS_WORKER_FAULT", "stale-version:2")]);
+    c.add_worker();
+    let id = c.submit().await;
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    assert_eq!(c.prometheus("comas_coordinator_malformed_trajectories_total"), 1.0);
+    let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
+    assert!(log.contains("malformed trajectory") && log.contains("was sampled with policy version 1000, but this step uses version 0"), "{log}");
 }

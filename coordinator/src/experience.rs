@@ -87,8 +87,38 @@ fn finish(f: FinishReason) -> i32 {
     }
 }
 
+/// A worker's trajectory, parsed and checked: the protocol's own checks, and in synchronous mode
+/// that every turn was sampled with the version its agent is at (`versions[agent]`).
+pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
+    let t: Trajectory = serde_json::from_str(json).map_err(|e| format!("episode {episode}: not valid JSON: {e}"))?;
+    t.validate().map_err(|e| format!("episode {episode}: {e}"))?;
+    if let Some(v) = versions {
+        check_versions(&t, episode, v)?;
+    }
+    Ok(t)
+}
+
+/// Every turn carries the policy version its agent's step expects.
+pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result<(), String> {
+    for turn in &t.turns {
+        let want = versions.get(turn.agent as usize).copied();
+        if want != Some(turn.policy_version) {
+            return Err(format!(
+                "episode {episode}: turn {} ({} of agent {}) was sampled with policy version {}, but this step uses version {}",
+                turn.turn_index,
+                turn.role,
+                turn.agent,
+                turn.policy_version,
+                want.map_or("none".to_string(), |v| v.to_string())
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Rewards, experiences and metrics of one step's episodes.
-pub fn make_step(episodes: &[Finished], num_agents: u32) -> Result<StepBatch, WorkflowError> {
+/// With `versions`, a turn sampled with any other version than its agent's is refused.
+pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]>) -> Result<StepBatch, WorkflowError> {
     let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
     let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
     let mut total = Tally::default();
@@ -98,6 +128,9 @@ pub fn make_step(episodes: &[Finished], num_agents: u32) -> Result<StepBatch, Wo
         let t = &ep.trajectory;
         if t.num_agents != num_agents {
             return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
+        }
+        if let Some(v) = versions {
+            check_versions(t, &ep.episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
         }
         let rewards = comas_rewards(t)?;
         for (turn, r) in t.turns.iter().zip(&rewards) {
@@ -216,7 +249,15 @@ mod tests {
             let rewards = comas_rewards(&t).unwrap();
             t.turns.iter().zip(&rewards).map(|(x, r)| (x.agent, x.role, x.slot, r.reward)).collect()
         };
-        let b = make_step(&[Finished { episode_id: "e1".into(), trajectory: t, answer: "2".into() }], 2).unwrap();
+        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
+        // Sampled with version 7: a step that expects version 6 for agent 1 refuses it, by turn.
+        let err = make_step(&finished, 2, Some(&[7, 6])).err().expect("a stale turn is refused").to_string();
+        assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(check_trajectory(&json, "e1", Some(&[7, 7])).is_ok());
+        assert!(check_trajectory(&json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
+        assert!(check_trajectory(&json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
+        let b = make_step(&finished, 2, Some(&[7, 7])).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
         for (agent, exps) in b.per_agent.iter().enumerate() {
             let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();

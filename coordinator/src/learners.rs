@@ -84,10 +84,15 @@ impl LearnerLink {
         self.call("Info", |mut c| async move { c.info(pb::InfoRequest {}).await }).await
     }
 
-    /// Trains one step; `step_id` makes a retry after a dropped connection harmless.
-    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience]) -> Result<pb::TrainReport> {
+    /// Trains one step; `step_id` makes a retry after a dropped connection harmless. With
+    /// `version`, the learner refuses the step unless every experience was sampled with it.
+    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience], version: Option<u64>) -> Result<pb::TrainReport> {
         let header = pb::TrainRequest {
-            item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.to_string(), num_experiences: experiences.len() as u32 })),
+            item: Some(pb::train_request::Item::Header(pb::TrainHeader {
+                step_id: step_id.to_string(),
+                num_experiences: experiences.len() as u32,
+                expected_version: version,
+            })),
         };
         self.call("Train", |mut c| {
             let items: Vec<pb::TrainRequest> = std::iter::once(header.clone())

@@ -14,6 +14,7 @@ pub struct Metrics {
     pub episodes_completed: IntCounter,
     pub requeued_episodes: IntCounter,
     pub duplicate_results: IntCounter,
+    pub malformed_trajectories: IntCounter,
     pub steps_completed: IntCounter,
     pub scheduler_seconds: Counter,
 }
@@ -33,6 +34,7 @@ impl Metrics {
             episodes_completed: counter("episodes_completed_total", "episodes accepted (once per episode id)"),
             requeued_episodes: counter("requeued_episodes_total", "leases returned to the queue (lost worker, timeout, failure)"),
             duplicate_results: counter("duplicate_results_total", "results ignored because the episode was already accepted or re-leased"),
+            malformed_trajectories: counter("malformed_trajectories_total", "trajectories refused (bad JSON, protocol or policy version) and retried"),
             steps_completed: counter("steps_completed_total", "training steps committed"),
             scheduler_seconds,
             registry,

@@ -4,6 +4,7 @@
 //! repeats at most the unfinished step, and only its missing episodes.
 use crate::error::{CoordinatorError, Result};
 use crate::experience::{make_step, Finished};
+use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::files::{load_job, Loaded};
 use crate::jobs::Jobs;
 use crate::learners::LearnerLink;
@@ -188,7 +189,8 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
     });
     jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps: {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    jobs.scheduler.submit(id.to_string(), specs.clone(), crate::scheduler::BatchLimits::of(&job.spec.schedule), tx);
+    let batch = BatchSpec { specs: specs.clone(), limits: BatchLimits::of(&job.spec.schedule), versions: Some(vec![after; job.spec.agents.len()]) };
+    jobs.scheduler.submit(id.to_string(), batch, tx);
     let mut done: HashMap<String, Trajectory> = HashMap::new();
     while done.len() < total {
         let delivery = tokio::select! {
@@ -197,8 +199,8 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         };
         match delivery {
             None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
-            Some(Delivery::Done { episode_id, trajectory_json, .. }) => {
-                let t = parse_trajectory(&trajectory_json, &episode_id)?;
+            Some(Delivery::Done { episode_id, trajectory, .. }) => {
+                let t = *trajectory;
                 let tokens = completion_tokens(&t);
                 done.insert(episode_id, t);
                 jobs.set_live(id, |s| {
@@ -212,7 +214,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         }
     }
     let finished = in_spec_order(&specs, done, questions)?;
-    let mut m = make_step(&finished, job.spec.agents.len() as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
+    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()])).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
     if let Some(o) = m.as_object_mut() {
         o.insert("kind".into(), json!("eval"));
         o.insert("job_id".into(), json!(id));
@@ -307,7 +309,8 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut outstanding = remaining.len();
-            jobs.scheduler.submit(id.clone(), remaining, crate::scheduler::BatchLimits::of(&job.spec.schedule), tx);
+            let batch = BatchSpec { specs: remaining, limits: BatchLimits::of(&job.spec.schedule), versions: Some(versions.clone()) };
+            jobs.scheduler.submit(id.clone(), batch, tx);
             while outstanding > 0 {
                 let delivery = tokio::select! {
                     d = rx.recv() => d,
@@ -318,8 +321,8 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 };
                 match delivery {
                     None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
-                    Some(Delivery::Done { episode_id, trajectory_json, worker }) => {
-                        let t = parse_trajectory(&trajectory_json, &episode_id)?;
+                    Some(Delivery::Done { episode_id, trajectory, trajectory_json, worker }) => {
+                        let t = *trajectory;
                         let started = Instant::now();
                         let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
                         store_secs += started.elapsed().as_secs_f64();
@@ -348,7 +351,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let exp_started = Instant::now();
         jobs.set_live(&id, |s| s.enter("experience"));
         let finished = in_spec_order(&specs, done, &questions)?;
-        let batch = make_step(&finished, l as u32).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
+        let batch = make_step(&finished, l as u32, Some(&versions)).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
         // 3. Training: every learner in parallel on its own agent's turns.
@@ -366,7 +369,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             let (step_id, already) = (step_id.clone(), at[k] == step + 1);
             tasks.spawn(async move {
                 let out: Result<(Option<pb::TrainReport>, u64)> = async {
-                    let report = if already { None } else { Some(link.train(&step_id, &exps).await?) };
+                    let report = if already { None } else { Some(link.train(&step_id, &exps, Some(step)).await?) };
                     if checkpoint && !already {
                         link.save().await?;
                     }

@@ -31,7 +31,9 @@ pub struct PolicyTarget {
 /// An episode's outcome, sent to the job that submitted it.
 #[derive(Debug)]
 pub enum Delivery {
-    Done { episode_id: String, trajectory_json: String, worker: String },
+    /// A trajectory that parsed, passed `Trajectory::validate` and carries the versions the
+    /// batch expects; `trajectory_json` is what the worker sent, for the store.
+    Done { episode_id: String, trajectory: Box<comas_workflow::comas::Trajectory>, trajectory_json: String, worker: String },
     Failed { episode_id: String, error: String },
     /// The batch cannot make progress (no ready worker for too long).
     Stalled { reason: String },
@@ -76,7 +78,7 @@ enum Cmd {
     Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
     SetTarget { target: Arc<PolicyTarget> },
     WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
-    Submit { job_id: String, specs: Vec<pb::EpisodeSpec>, limits: BatchLimits, results: mpsc::UnboundedSender<Delivery> },
+    Submit { job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery> },
     CancelJob { job_id: String },
     Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<(u32, u64, f64)>, String> },
     Result { id: String, conn: u64, result: pb::EpisodeResult },
@@ -125,6 +127,7 @@ struct Batch {
     max_attempts: u32,
     episode_timeout: Duration,
     worker_wait: Duration,
+    versions: Option<Vec<u64>>,
 }
 
 /// What a job's schedule says about its episodes; unset times fall back to the coordinator's.
@@ -133,6 +136,13 @@ pub struct BatchLimits {
     pub max_attempts: u32,
     pub episode_timeout: Option<Duration>,
     pub worker_wait: Option<Duration>,
+}
+
+/// A batch's episodes and the policy version each agent's turns must carry (synchronous mode).
+pub struct BatchSpec {
+    pub specs: Vec<pb::EpisodeSpec>,
+    pub limits: BatchLimits,
+    pub versions: Option<Vec<u64>>,
 }
 
 impl BatchLimits {
@@ -211,8 +221,8 @@ impl Scheduler {
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
     }
 
-    pub fn submit(&self, job_id: String, specs: Vec<pb::EpisodeSpec>, limits: BatchLimits, results: mpsc::UnboundedSender<Delivery>) {
-        let _ = self.tx.send(Cmd::Submit { job_id, specs, limits, results });
+    pub fn submit(&self, job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery>) {
+        let _ = self.tx.send(Cmd::Submit { job_id, batch, results });
     }
 
     pub fn cancel_job(&self, job_id: String) {
@@ -283,7 +293,7 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, specs, limits, results } => {
+            Cmd::Submit { job_id, batch: BatchSpec { specs, limits, versions }, results } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 let batch = Batch {
                     results,
@@ -291,6 +301,7 @@ impl State {
                     max_attempts: limits.max_attempts,
                     episode_timeout: limits.episode_timeout.unwrap_or(self.settings.episode_timeout),
                     worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
+                    versions,
                 };
                 self.batches.insert(job_id.clone(), batch);
                 let now = Instant::now();
@@ -421,11 +432,22 @@ impl State {
             self.metrics.duplicate_results.inc();
             return;
         }
+        // A trajectory that does not parse, breaks the protocol or was sampled with the wrong
+        // weights is this attempt failing: it is retried like any failed episode.
+        let mut r = r;
         if r.error.is_empty() {
-            batch.outstanding.remove(&r.episode_id);
-            self.metrics.episodes_completed.inc();
-            let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory_json: r.trajectory_json, worker: id });
-            return;
+            match crate::experience::check_trajectory(&r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
+                Ok(t) => {
+                    batch.outstanding.remove(&r.episode_id);
+                    self.metrics.episodes_completed.inc();
+                    let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory: Box::new(t), trajectory_json: r.trajectory_json, worker: id });
+                    return;
+                }
+                Err(e) => {
+                    self.metrics.malformed_trajectories.inc();
+                    r.error = format!("malformed trajectory: {e}");
+                }
+            }
         }
         if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
             // Not the episode's fault: the worker is going away.

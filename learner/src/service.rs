@@ -121,6 +121,12 @@ impl Learner for LearnerService {
                         return Err(Status::invalid_argument(format!("more experiences than the {} announced", header.num_experiences)));
                     }
                     let i = batch.len();
+                    if let Some(v) = header.expected_version.filter(|&v| v != e.policy_version) {
+                        return Err(Status::invalid_argument(format!(
+                            "experience {i} (episode {}, turn {}) was sampled with policy version {}, but this step trains on version {v}; nothing was trained",
+                            e.episode_id, e.turn_id, e.policy_version
+                        )));
+                    }
                     batch.push(experience_from(e, i)?);
                 }
                 _ => return Err(Status::invalid_argument("only experiences may follow the header")),

@@ -36,7 +36,7 @@ fn experiences(n: usize, seed: u64) -> Vec<pb::Experience> {
 }
 
 fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
-    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced })) }];
+    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, expected_version: None })) }];
     msgs.extend(exps.into_iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }));
     tokio_stream::iter(msgs)
 }
@@ -121,6 +121,27 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     assert!(err.message().contains("vocabulary"), "{}", err.message());
     let err = c.train(tokio_stream::iter(vec![pb::TrainRequest { item: Some(pb::train_request::Item::Experience(Default::default())) }])).await.unwrap_err();
     assert!(err.message().contains("header"), "{}", err.message());
+    // A step that says which version it trains refuses an experience sampled with another.
+    let mut stale = experiences(4, 5);
+    stale[1].policy_version = 7;
+    stale[1].episode_id = "ep-9".into();
+    stale[1].turn_id = 3;
+    let mut msgs: Vec<pb::TrainRequest> = tokio_stream::StreamExt::collect(train_stream("bad-4", 4, stale)).await;
+    if let Some(pb::train_request::Item::Header(h)) = &mut msgs[0].item {
+        h.expected_version = Some(1);
+    }
+    for e in msgs.iter_mut().skip(1) {
+        if let Some(pb::train_request::Item::Experience(x)) = &mut e.item {
+            x.policy_version = if x.policy_version == 7 { 7 } else { 1 };
+        }
+    }
+    let err = c.train(tokio_stream::iter(msgs)).await.unwrap_err();
+    assert!(
+        err.code() == tonic::Code::InvalidArgument
+            && err.message().contains("experience 1 (episode ep-9, turn 3) was sampled with policy version 7, but this step trains on version 1"),
+        "{}",
+        err.message()
+    );
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
 
     // Publish version 1 and pull it in small chunks; it must equal the saved checkpoint.

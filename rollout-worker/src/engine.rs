@@ -121,11 +121,13 @@ impl PromptMeter for Room<'_> {
 
 /// A fault injected for tests of the failure paths, from `COMAS_WORKER_FAULT`:
 /// `step-panic:N` panics inside decode step N (caught: that batch fails), `engine-panic:N`
-/// panics in the engine loop after step N (the thread dies and the worker with it).
+/// panics in the engine loop after step N (the thread dies and the worker with it),
+/// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     StepPanic(u64),
     EnginePanic(u64),
+    StaleVersion(u64),
 }
 
 fn fault_from_env() -> Option<Fault> {
@@ -135,6 +137,7 @@ fn fault_from_env() -> Option<Fault> {
     match kind {
         "step-panic" => Some(Fault::StepPanic(n)),
         "engine-panic" => Some(Fault::EnginePanic(n)),
+        "stale-version" => Some(Fault::StaleVersion(n)),
         _ => None,
     }
 }
@@ -512,9 +515,17 @@ impl<'m> Runtime<'m> {
         }
         let e = self.episodes.remove(&key).expect("episode present");
         let n_turns = e.episode.turns().len() as u32;
+        let done = self.stats.episodes_done.load(Ordering::Relaxed) + 1;
+        let stale = self.fault == Some(Fault::StaleVersion(done));
         let result = e
             .episode
             .into_trajectory()
+            .map(|mut t| {
+                if stale {
+                    t.turns.iter_mut().for_each(|turn| turn.policy_version += 1000);
+                }
+                t
+            })
             .map_err(|err| err.to_string())
             .and_then(|t| serde_json::to_string(&t).map_err(|err| err.to_string()))
             .map(|json| (json, n_turns, e.tokens));
