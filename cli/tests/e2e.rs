@@ -546,3 +546,30 @@ async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
     let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
     assert!(log.contains("malformed trajectory") && log.contains("was sampled with policy version 1000, but this step uses version 0"), "{log}");
 }
+
+/// A learner that hangs (SIGSTOP: its port still accepts connections, nothing answers) fails the
+/// job after the job's learner timeout with a message naming it, instead of a silent wait; once
+/// it runs again, `comas resume` finishes the job with exact counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path(), 1, 24);
+    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap().replace("learner_timeout_secs = 120", "learner_timeout_secs = 5");
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
+    let pid = c.learners[1].as_ref().unwrap().child.id() as libc::pid_t;
+    // SAFETY: kill(2) on a child this test spawned and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped = Instant::now();
+    let st = c.wait_for(&id, 180, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
+    assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
+    assert!(st.error.contains("learner of agent 1"), "{}", st.error);
+    assert!(stopped.elapsed() < Duration::from_secs(150), "failed only after {:?}", stopped.elapsed());
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.finished(&id).await;
+    c.check_complete_run().await;
+}

@@ -92,6 +92,7 @@ impl LearnerLink {
                 step_id: step_id.to_string(),
                 num_experiences: experiences.len() as u32,
                 expected_version: version,
+                report_only: false,
             })),
         };
         self.call("Train", |mut c| {
@@ -99,6 +100,25 @@ impl LearnerLink {
                 .chain(experiences.iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e.clone())) }))
                 .collect();
             async move { c.train(tokio_stream::iter(items)).await }
+        })
+        .await
+    }
+
+    /// The stored report of a step this learner trained before (say, before the coordinator
+    /// restarted or the job failed); `None` when the learner keeps none (it restarted since).
+    pub async fn report(&mut self, step_id: &str) -> Result<Option<pb::TrainReport>> {
+        let header = pb::TrainRequest {
+            item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.to_string(), report_only: true, ..Default::default() })),
+        };
+        self.call("Train (report)", |mut c| {
+            let header = header.clone();
+            async move {
+                match c.train(tokio_stream::iter([header])).await {
+                    Ok(r) => Ok(r.map(Some)),
+                    Err(s) if s.code() == Code::NotFound => Ok(tonic::Response::new(None)),
+                    Err(s) => Err(s),
+                }
+            }
         })
         .await
     }

@@ -369,7 +369,9 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             let (step_id, already) = (step_id.clone(), at[k] == step + 1);
             tasks.spawn(async move {
                 let out: Result<(Option<pb::TrainReport>, u64)> = async {
-                    let report = if already { None } else { Some(link.train(&step_id, &exps, Some(step)).await?) };
+                    // A step this learner already trained is not trained again; its report
+                    // comes from the learner's memory if it still has it.
+                    let report = if already { link.report(&step_id).await? } else { Some(link.train(&step_id, &exps, Some(step)).await?) };
                     if checkpoint && !already {
                         link.save().await?;
                     }

@@ -31,6 +31,8 @@ pub struct EngineInfo {
 
 pub enum Command {
     Train { step_id: String, batch: Vec<Experience>, reply: oneshot::Sender<Result<StepReport>> },
+    /// The stored report of a step already trained.
+    Report { step_id: String, reply: oneshot::Sender<Result<StepReport>> },
     Publish { reply: oneshot::Sender<Result<Arc<PublishedWeights>>> },
     Save { reply: oneshot::Sender<Result<CheckpointSummary>> },
     Load { path: Option<PathBuf>, reply: oneshot::Sender<Result<CheckpointSummary>> },
@@ -128,6 +130,10 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
                     }
                 }
                 let _ = reply.send(r);
+            }
+            Command::Report { step_id, reply } => {
+                let r = done.iter().find(|(id, _)| *id == step_id).map(|(_, r)| r.clone());
+                let _ = reply.send(r.ok_or(LearnerError::UnknownStep(step_id)));
             }
             Command::Publish { reply } => {
                 let _ = reply.send(Ok(publish(&trainer, &versions)));

@@ -10,6 +10,8 @@ pub enum LearnerError {
     NonFinite { what: String },
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("no report of training step `{0}` is kept here (the learner may have restarted since it trained it)")]
+    UnknownStep(String),
     /// A full-model update failed after some of its optimizer steps were applied; there is no
     /// full-model snapshot to undo them, so this trainer refuses further steps.
     #[error("{0}; the weights were partly updated, so restart the learner: it resumes from its last checkpoint")]

@@ -29,6 +29,7 @@ fn status(e: LearnerError) -> Status {
         LearnerError::Batch(_) | LearnerError::Config(_) => Status::invalid_argument(e.to_string()),
         LearnerError::NonFinite { .. } => Status::failed_precondition(e.to_string()),
         LearnerError::Checkpoint(_) => Status::failed_precondition(e.to_string()),
+        LearnerError::UnknownStep(_) => Status::not_found(e.to_string()),
         LearnerError::PartlyUpdated(_) => Status::unavailable(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
@@ -110,6 +111,13 @@ impl Learner for LearnerService {
             Some(Err(e)) => return Err(e),
             _ => return Err(Status::invalid_argument("a Train stream must start with a header")),
         };
+        if header.report_only {
+            if header.num_experiences != 0 || stream.next().await.is_some() {
+                return Err(Status::invalid_argument("a report_only Train carries no experiences"));
+            }
+            let r = self.call(|reply| Command::Report { step_id: header.step_id, reply }).await?.map_err(status)?;
+            return Ok(Response::new(report_to_pb(&r)));
+        }
         if header.num_experiences == 0 || header.num_experiences > MAX_EXPERIENCES {
             return Err(Status::invalid_argument(format!("num_experiences must be in 1..={MAX_EXPERIENCES}, got {}", header.num_experiences)));
         }

@@ -36,7 +36,7 @@ fn experiences(n: usize, seed: u64) -> Vec<pb::Experience> {
 }
 
 fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
-    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, expected_version: None })) }];
+    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, ..Default::default() })) }];
     msgs.extend(exps.into_iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }));
     tokio_stream::iter(msgs)
 }
@@ -105,6 +105,13 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     // A retried step id is answered from the stored report, not trained again.
     let again = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
     assert_eq!(again, r1);
+    // Asked for the report alone, it answers from memory, or NOT_FOUND for a step it never trained.
+    let report_only = |id: &str| {
+        let h = pb::TrainHeader { step_id: id.into(), report_only: true, ..Default::default() };
+        tokio_stream::iter(vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(h)) }])
+    };
+    assert_eq!(c.train(report_only("step-1")).await.unwrap().into_inner(), r1);
+    assert_eq!(c.train(report_only("step-9")).await.unwrap_err().code(), tonic::Code::NotFound);
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
 
     // Bad input is rejected with the reason; nothing trains.

@@ -136,7 +136,7 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
 
 /// One training step on four fixed experiences, then publish: the learner's version 1.
 async fn train_and_publish(learner: &mut Learner) -> pb::WeightsPublished {
-    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4, expected_version: None })) })
+    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4, ..Default::default() })) })
         .chain((0..4).map(|i| pb::TrainRequest {
             item: Some(pb::train_request::Item::Experience(pb::Experience {
                 prompt_ids: vec![421, 82, 313],
