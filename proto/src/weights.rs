@@ -9,6 +9,9 @@ pub struct ReceivedTensor {
     pub bytes: Vec<u8>,
 }
 
+/// Bytes reserved up front for one tensor.
+const MAX_RESERVE: u64 = 64 << 20;
+
 /// Incremental reassembly, so a caller can verify while chunks arrive.
 #[derive(Default)]
 pub struct Assembler {
@@ -22,7 +25,10 @@ impl Assembler {
             if c.offset != 0 {
                 return Err(format!("tensor `{}` starts at offset {}", c.tensor_name, c.offset));
             }
-            let t = ReceivedTensor { name: c.tensor_name.clone(), dtype: c.dtype.clone(), shape: c.shape.clone(), bytes: Vec::with_capacity(c.tensor_bytes as usize) };
+            // The announced size only sizes the first allocation, capped: memory grows with the
+            // bytes that really arrive, never with what a peer claims.
+            let reserve = c.tensor_bytes.min(MAX_RESERVE) as usize;
+            let t = ReceivedTensor { name: c.tensor_name.clone(), dtype: c.dtype.clone(), shape: c.shape.clone(), bytes: Vec::with_capacity(reserve) };
             self.open = Some((t, c.tensor_bytes));
         }
         let (cur, total) = self.open.as_mut().expect("open tensor");

@@ -116,9 +116,11 @@ impl Models {
         }
         tch::no_grad(|| {
             for (mut dst, src) in staged {
-                let _ = dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
+                // Every shape and dtype was checked above; a failure here is libtorch's.
+                dst.f_copy_(&src.to_kind(dst.kind()).to_device(dst.device())).map_err(|e| format!("update for agent {agent}: {e}"))?;
             }
-        });
+            Ok::<(), String>(())
+        })?;
         Ok(())
     }
 }

@@ -112,6 +112,8 @@ impl Trajectory {
         }
         for round in 0..rounds {
             for role in Role::ALL {
+                // In u64: the counts come off the wire, and l · n can pass u32.
+                let (l, n) = (u64::from(l), u64::from(n));
                 let want = match role {
                     Role::Solver => l,
                     Role::Evaluator if self.variant.has_evaluators() => l * n,
@@ -119,7 +121,7 @@ impl Trajectory {
                     _ => 0,
                 };
                 let have = self.turns.iter().filter(|t| t.round == round && t.role == role).count();
-                if have != want as usize {
+                if have as u64 != want {
                     return bad(format!("round {round} has {have} {role} turns, expected {want}"));
                 }
             }
