@@ -26,6 +26,10 @@ pub struct SubmitArgs {
     /// Follow the job's progress until it ends.
     #[arg(long)]
     watch: bool,
+    /// Accept a name an earlier job already has; only once its learners' checkpoints are gone
+    /// (they are kept under the job's name).
+    #[arg(long)]
+    reuse_name: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -89,8 +93,8 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
     })
 }
 
-pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, base_dir: String) -> Result<pb::JobStatus> {
-    match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir }).await {
+pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
+    match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir, reuse_name }).await {
         Ok(r) => Ok(r.into_inner()),
         Err(s) => bail!("job rejected: {}", s.message()),
     }
@@ -105,7 +109,7 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
     let base = std::fs::canonicalize(&a.job)?.parent().map(|p| p.display().to_string()).unwrap_or_default();
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let s = submit_text(&mut c, text, base).await?;
+        let s = submit_text(&mut c, text, base, a.reuse_name).await?;
         println!("{}", s.job_id);
         if a.watch {
             let end = watch(&mut c, &s.job_id, false).await?;

@@ -350,7 +350,8 @@ pub fn run(a: Args) -> Result<()> {
             Some(j) => j.job_id,
             None => {
                 let patched_text = std::fs::read_to_string(&patched)?;
-                let s = submit_text(&mut client, patched_text, String::new()).await?;
+                // The checkpoints of any earlier job of this name were cleared above.
+                let s = submit_text(&mut client, patched_text, String::new(), true).await?;
                 eprintln!("submitted job {} ({}), {} steps; metrics in {}", s.job_id, s.name, s.total_steps, s.metrics_path);
                 s.job_id
             }

@@ -171,7 +171,7 @@ impl Cluster {
 
     async fn submit(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("job.toml")).unwrap();
-        let r = self.client().await.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: self.dir.display().to_string() }).await;
+        let r = self.client().await.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: self.dir.display().to_string(), reuse_name: false }).await;
         r.unwrap_or_else(|e| panic!("submit: {}", e.message())).into_inner().job_id
     }
 
@@ -462,7 +462,14 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
 
     // A valid job whose learners never come up waits for them, and can be cancelled meanwhile.
     let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
-    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good, base_dir: d.display().to_string() }).await.unwrap().into_inner().job_id;
+    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap().into_inner().job_id;
+    // The same name again would pick up that job's checkpoints; another name with the same
+    // output folder would interleave its metrics: both are refused while it lives.
+    let again = c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap_err();
+    assert!(again.message().contains(&format!("`name`: job {id} is already called `e2e`")) && again.message().contains("comas resume"), "{}", again.message());
+    let renamed = good.replace("name = \"e2e\"", "name = \"e2e-2\"");
+    let shared = c.submit_job(pb::SubmitJobRequest { job_toml: renamed, base_dir: d.display().to_string(), reuse_name: false }).await.unwrap_err();
+    assert!(shared.message().contains(&format!("is the output folder of job {id} (`e2e`")), "{}", shared.message());
     let started = Instant::now();
     while c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state != pb::JobState::Running as i32 {
         assert!(started.elapsed() < Duration::from_secs(30), "job never started");

@@ -59,6 +59,10 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     }
     let out = &job.spec.output.dir;
     std::fs::create_dir_all(out).map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
+    // Found now, not after the last step: the folder must take metrics and the final export.
+    let probe = out.join(format!(".comas-write-check-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&probe, b"").map_err(|e| bad("output.dir", format!("cannot write in {}: {e}", out.display())))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(Loaded { job, questions, eval_questions })
 }
 

@@ -59,9 +59,32 @@ impl Jobs {
     }
 
     /// Checks the job file completely (TOML, keys, files, data, counts) and queues the job.
-    pub async fn submit(&self, text: String, base_dir: String) -> Result<pb::JobStatus> {
+    pub async fn submit(&self, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
         let (t, b) = (text.clone(), base_dir.clone());
         let job = tokio::task::spawn_blocking(move || load_job(&t, &b)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??.job;
+        let rows = self.store.list_jobs()?;
+        if let Some(old) = rows.iter().find(|r| r.name == job.spec.name).filter(|_| !reuse_name) {
+            return Err(CoordinatorError::Files(format!(
+                "`name`: job {} is already called `{}` ({}, {}/{} steps); learners keep checkpoints under a job's name, so this job would pick up that one's. Give this job another name, or continue that one with `comas resume {}`",
+                old.id,
+                old.name,
+                old.state.as_str(),
+                old.steps_done,
+                old.total_steps,
+                old.id
+            )));
+        }
+        // Two live jobs writing one metrics.jsonl would interleave their steps.
+        let out = &job.spec.output.dir;
+        if let Some(other) = rows.iter().filter(|r| !r.state.is_terminal()).find(|r| output_dir_of(r).as_ref() == Some(out)) {
+            return Err(CoordinatorError::Files(format!(
+                "`output.dir`: {} is the output folder of job {} (`{}`, {}), which has not ended; give this job its own folder",
+                out.display(),
+                other.id,
+                other.name,
+                other.state.as_str()
+            )));
+        }
         for (k, a) in job.spec.agents.iter().enumerate() {
             if a.learner.as_deref().unwrap_or("").is_empty() {
                 return Err(CoordinatorError::Files(format!(
@@ -229,4 +252,13 @@ impl Jobs {
             self.emit(&id, "finished", String::new(), if error.is_empty() { state.as_str().to_string() } else { error });
         }
     }
+}
+
+/// A stored job's output folder, with relative paths resolved as at its submission.
+fn output_dir_of(row: &JobRow) -> Option<std::path::PathBuf> {
+    let mut spec = comas_workflow::job::JobSpec::from_toml(&row.spec).ok()?;
+    if !row.base_dir.is_empty() {
+        spec.resolve_paths(std::path::Path::new(&row.base_dir));
+    }
+    Some(spec.output.dir)
 }

@@ -29,7 +29,7 @@ impl Coordinator for CoordinatorService {
         if r.job_toml.len() > MAX_JOB_BYTES {
             return Err(Status::invalid_argument(format!("job file is {} bytes; the limit is {MAX_JOB_BYTES}", r.job_toml.len())));
         }
-        Ok(Response::new(self.jobs.submit(r.job_toml, r.base_dir).await?))
+        Ok(Response::new(self.jobs.submit(r.job_toml, r.base_dir, r.reuse_name).await?))
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
