@@ -135,7 +135,7 @@ fn paper_scale_experience() {
                 Finished { episode_id: format!("e{i}"), trajectory, answer: "1".into() }
             })
             .collect();
-        let b = make_step(&parsed, 4, None).unwrap();
+        let b = make_step(&parsed, 4, None, None).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 256 * 24);
         best = best.min(t.elapsed().as_secs_f64());
     }

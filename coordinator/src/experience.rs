@@ -3,7 +3,7 @@
 //! it. The step's metrics record (rewards by agent and role, scores, accuracy, lengths) is
 //! computed from the same data. Pure code, no I/O.
 use comas_proto::v1 as pb;
-use comas_workflow::comas::{comas_rewards, Trajectory};
+use comas_workflow::comas::{comas_rewards, RoleSampling, Trajectory};
 use comas_workflow::grade::is_correct;
 use comas_workflow::{FinishReason, Role, WorkflowError};
 use serde_json::{json, Map, Value};
@@ -87,6 +87,15 @@ fn finish(f: FinishReason) -> i32 {
     }
 }
 
+/// The group of a turn: its question, role and round, and a hash of its exact prompt tokens.
+fn group_key(question: &str, turn: &comas_workflow::comas::TrajectoryTurn) -> String {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same prompt gives the same key in every process.
+    let mut h = std::hash::DefaultHasher::new();
+    turn.prompt_ids.hash(&mut h);
+    format!("{question}/{}/r{}/{:016x}", turn.role.as_str(), turn.round, h.finish())
+}
+
 /// A worker's trajectory, parsed and checked: the protocol's own checks, and in synchronous mode
 /// that every turn was sampled with the version its agent is at (`versions[agent]`).
 pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
@@ -117,8 +126,9 @@ pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result
 }
 
 /// Rewards, experiences and metrics of one step's episodes.
-/// With `versions`, a turn sampled with any other version than its agent's is refused.
-pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]>) -> Result<StepBatch, WorkflowError> {
+/// With `versions`, a turn sampled with any other version than its agent's is refused. With
+/// `sampling`, each experience carries its role's sampling temperature for the learner.
+pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]>, sampling: Option<&RoleSampling>) -> Result<StepBatch, WorkflowError> {
     let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
     let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
     let mut total = Tally::default();
@@ -143,8 +153,10 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]
                 reward: Some(reward),
                 token_rewards: Vec::new(),
                 finish_reason: finish(turn.finish_reason),
-                // Explicit group key: question, role and round (used by group estimators only).
-                group: format!("{}/{}/r{}", t.question_id, turn.role.as_str(), turn.round),
+                // Group estimators compare turns that answered one and the same prompt: the
+                // question's instances in round 0, but not turns whose quoted texts differ.
+                group: group_key(&t.question_id, turn),
+                temperature: sampling.map(|s| s.for_role(turn.role).temperature).filter(|&t| t > 0.0),
                 sampling_logprobs: turn.logprobs.clone(),
                 episode_id: ep.episode_id.clone(),
                 turn_id: u64::from(turn.turn_index),
@@ -235,6 +247,19 @@ mod tests {
     }
 
     #[test]
+    fn a_group_is_one_prompt() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        let t = played(&cfg, |_| "x".into());
+        let a = &t.turns[0];
+        let same = a.clone();
+        let mut other = a.clone();
+        other.prompt_ids.push(99);
+        assert_eq!(group_key("q1", a), group_key("q1", &same));
+        assert_ne!(group_key("q1", a), group_key("q1", &other), "a different prompt is another group");
+        assert_ne!(group_key("q1", a), group_key("q2", a));
+    }
+
+    #[test]
     fn turns_go_to_their_agents_with_the_comas_rewards() {
         let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
         // Slot 0 scored 3 (solver 1.0, evaluator 0.0), slot 1 broken (0, 0, scorer -1).
@@ -251,13 +276,13 @@ mod tests {
         };
         let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
         // Sampled with version 7: a step that expects version 6 for agent 1 refuses it, by turn.
-        let err = make_step(&finished, 2, Some(&[7, 6])).err().expect("a stale turn is refused").to_string();
+        let err = make_step(&finished, 2, Some(&[7, 6]), None).err().expect("a stale turn is refused").to_string();
         assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
         let json = serde_json::to_string(&t).unwrap();
         assert!(check_trajectory(&json, "e1", Some(&[7, 7])).is_ok());
         assert!(check_trajectory(&json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
         assert!(check_trajectory(&json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
-        let b = make_step(&finished, 2, Some(&[7, 7])).unwrap();
+        let b = make_step(&finished, 2, Some(&[7, 7]), Some(&cfg.sampling)).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
         for (agent, exps) in b.per_agent.iter().enumerate() {
             let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();
@@ -267,7 +292,9 @@ mod tests {
                 assert_eq!(e.completion_ids, vec![5, 6, 7]);
                 assert_eq!(e.policy_version, 7);
                 assert_eq!(e.episode_id, "e1");
-                assert_eq!(e.group, format!("q1/{}/r0", s.1.as_str()));
+                // Scripted prompts differ per turn ([1, 2, turn]), so every turn is its own group.
+                assert!(e.group.starts_with(&format!("q1/{}/r0/", s.1.as_str())), "{}", e.group);
+                assert_eq!(e.temperature, Some(cfg.sampling.for_role(s.1).temperature));
             }
         }
         let by_slot = |role: Role, slot: u32| speakers.iter().find(|s| s.1 == role && s.2 == slot).unwrap().3;

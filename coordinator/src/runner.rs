@@ -214,7 +214,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         }
     }
     let finished = in_spec_order(&specs, done, questions)?;
-    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()])).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
+    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
     if let Some(o) = m.as_object_mut() {
         o.insert("kind".into(), json!("eval"));
         o.insert("job_id".into(), json!(id));
@@ -351,7 +351,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let exp_started = Instant::now();
         jobs.set_live(&id, |s| s.enter("experience"));
         let finished = in_spec_order(&specs, done, &questions)?;
-        let batch = make_step(&finished, l as u32, Some(&versions)).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
+        let batch = make_step(&finished, l as u32, Some(&versions), Some(&job.comas.sampling)).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
         // 3. Training: every learner in parallel on its own agent's turns.

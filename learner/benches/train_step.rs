@@ -59,6 +59,7 @@ fn main() {
             turn_id: None,
             policy_version: None,
             constrained: Vec::new(),
+            temperature: None,
         })
         .collect();
     let batch_file = work.join("batch.jsonl");

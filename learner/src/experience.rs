@@ -38,6 +38,9 @@ pub struct Experience {
     /// are renormalised over that set; a forced token (a set of one) carries no loss.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub constrained: Vec<Constrained>,
+    /// The sampling temperature; log-probs are computed at it (default: the config's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
 }
 
 pub use comas_model::guide::Constrained;

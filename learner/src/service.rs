@@ -72,6 +72,10 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
         turn_id: Some(m.turn_id),
         policy_version: Some(m.policy_version),
         constrained: m.constrained.into_iter().map(|c| Constrained { position: c.position as usize, allowed: c.allowed }).collect(),
+        temperature: match m.temperature {
+            Some(t) if !(t > 0.0 && t.is_finite()) => return Err(Status::invalid_argument(format!("experience {i}: temperature must be positive and finite, got {t}"))),
+            t => t,
+        },
     })
 }
 

@@ -84,6 +84,15 @@ struct Packed {
     constrained: Option<(Tensor, Tensor)>,
 }
 
+/// Per-token temperatures, when some experience was sampled at another than `default`.
+fn token_temperatures(batch: &[&Experience], default: f64, device: Device) -> Option<Tensor> {
+    if batch.iter().all(|e| e.temperature.is_none_or(|t| t == default)) {
+        return None;
+    }
+    let per_token: Vec<f32> = batch.iter().flat_map(|e| std::iter::repeat_n(e.temperature.unwrap_or(default) as f32, e.completion_ids.len())).collect();
+    Some(Tensor::from_slice(&per_token).to_device(device))
+}
+
 fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
     let seqs: Vec<Vec<i64>> = batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
     let (mut rows, mut allowed) = (Vec::new(), Vec::new());
@@ -253,7 +262,11 @@ impl Trainer {
         };
         let hidden = model.forward_hidden(&p.ids, Some(&p.valid), lora.as_ref())?;
         let h = hidden.reshape([-1, hidden.size()[2]]).index_select(0, &p.gather);
-        let logits = model.lm_head(&h).to_kind(Kind::Float) / self.cfg.temperature;
+        // Each token at the temperature its turn was sampled at (roles may differ).
+        let logits = match token_temperatures(batch, self.cfg.temperature, model.device()) {
+            None => model.lm_head(&h).to_kind(Kind::Float) / self.cfg.temperature,
+            Some(t) => model.lm_head(&h).to_kind(Kind::Float) / t.unsqueeze(-1),
+        };
         let lsm = logits.log_softmax(-1, Kind::Float);
         let mut lp = lsm.gather(-1, &p.targets.unsqueeze(-1), false).squeeze_dim(-1);
         if let Some((rows, allowed)) = &p.constrained {

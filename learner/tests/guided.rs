@@ -51,6 +51,7 @@ fn guided_batch(temperature: f64) -> Vec<Experience> {
                 turn_id: None,
                 policy_version: None,
                 constrained: c.constrained,
+                temperature: None,
             }
         })
         .collect()
@@ -122,6 +123,7 @@ fn forced_tokens_carry_no_loss() {
                 prompt_ids: prompt,
                 completion_ids: e.completion_ids[start..start + n].to_vec(),
                 constrained: tail.iter().map(|c| Constrained { position: c.position - start, allowed: c.allowed.clone() }).collect(),
+                temperature: None,
                 sampling_logprobs: None,
                 ..e.clone()
             }

@@ -19,6 +19,7 @@ fn batch() -> Vec<Experience> {
             turn_id: None,
             policy_version: None,
             constrained: Vec::new(),
+            temperature: None,
         })
         .collect()
 }

@@ -38,6 +38,7 @@ fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
             turn_id: Some(i as u64),
             policy_version: Some(0),
             constrained: Vec::new(),
+            temperature: None,
         })
         .collect()
 }
@@ -78,6 +79,7 @@ fn mean_reward_rises_on_a_toy_task() {
                 turn_id: None,
                 policy_version: Some(step),
                 constrained: Vec::new(),
+                temperature: None,
             })
             .collect();
         means.push(batch.iter().map(|e| e.scalar_reward()).sum::<f64>() / batch.len() as f64);
@@ -213,4 +215,26 @@ fn checkpoint_is_a_loadable_model_folder_and_rotates() {
     std::fs::create_dir_all(root.join("step-9/model")).unwrap();
     assert_eq!(checkpoint::latest_checkpoint(&root).unwrap().unwrap(), all[1].1);
     assert!(Trainer::resume(&root.join("step-9"), dir.path(), None).err().unwrap().to_string().contains("incomplete"));
+}
+
+/// Each experience is scored at the temperature it was sampled at: a batch sampled at 0.5
+/// trains exactly as the same batch under a learner configured for 0.5, and not as at 1.0.
+#[test]
+fn experiences_are_scored_at_their_own_sampling_temperature() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 6);
+    let plain = random_batch(9, 12);
+    let tagged: Vec<Experience> = plain.iter().cloned().map(|e| Experience { temperature: Some(0.5), ..e }).collect();
+    let at = |t: f64, batch: &[Experience]| {
+        let mut tr = Trainer::new(dir.path(), TrainConfig { temperature: t, ..resume_cfg() }, None).unwrap();
+        let r = tr.train_step(batch).unwrap();
+        (r.loss, params(&tr))
+    };
+    let (loss_cfg, p_cfg) = at(0.5, &plain);
+    let (loss_tagged, p_tagged) = at(1.0, &tagged);
+    let (loss_one, p_one) = at(1.0, &plain);
+    assert!((loss_cfg - loss_tagged).abs() < 1e-6, "{loss_cfg} vs {loss_tagged}");
+    assert!(max_param_diff(&p_cfg, &p_tagged) < 1e-6);
+    assert!(max_param_diff(&p_one, &p_tagged) > 1e-5, "the tag changed nothing");
+    let _ = loss_one;
 }

@@ -354,11 +354,10 @@ impl Job {
         let raw = &self.spec.agents[k].train;
         let mut table = raw.clone();
         if !raw.contains_key("temperature") {
-            let temps: Vec<f64> = Role::ALL.iter().map(|&r| self.comas.sampling.for_role(r).temperature).collect();
-            if temps.iter().any(|&t| t != temps[0]) {
-                return Err(invalid(format!("{field}.temperature"), "the roles sample at different temperatures, and the learner scores with one; set it explicitly"));
-            }
-            table.insert("temperature".into(), toml::Value::Float(temps[0]));
+            // Every experience carries its role's sampling temperature and is scored at it;
+            // this is only the default for experiences that carry none (greedy roles).
+            let t = Role::ALL.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0);
+            table.insert("temperature".into(), toml::Value::Float(t));
         }
         if !raw.contains_key("seed") {
             table.insert("seed".into(), toml::Value::Integer(derive_seed(&[self.spec.seed, k as u64]) as i64 & i64::MAX));
