@@ -580,3 +580,25 @@ async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     c.finished(&id).await;
     c.check_complete_run().await;
 }
+
+/// A worker restarted in place (same id, same address, as a pod restarted by Kubernetes) while
+/// idle is seen as new: it loads the policies again before it gets episodes, and the job ends
+/// with exact counts. (Here the coordinator also sees the old connection break; the
+/// registration's incarnation covers a restart it does not see.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restarted_in_place_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 0, 24);
+    let port = free_port();
+    let args = s(&[
+        "worker", "--listen", &format!("127.0.0.1:{port}"), "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port), "--max-episodes", "3", "--worker-id", "pod-0",
+    ]);
+    c.workers.push(spawn(dir.path(), "worker-first", &args));
+    let id = c.submit().await;
+    // Step 0's training: the worker holds no episode, so only its registration can tell.
+    c.on_event(&id, 120, "step 0's training", |s| s.steps_done == 0 && s.stage == "train").await;
+    c.workers.pop().unwrap().sigkill();
+    c.workers.push(spawn(dir.path(), "worker-second", &args));
+    c.finished(&id).await;
+    c.check_complete_run().await;
+}

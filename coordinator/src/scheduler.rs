@@ -74,7 +74,7 @@ pub struct Snapshot {
 }
 
 enum Cmd {
-    Register { id: String, address: String, capacity: u32 },
+    Register { id: String, address: String, capacity: u32, incarnation: u64 },
     Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
     SetTarget { target: Arc<PolicyTarget> },
     WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
@@ -104,6 +104,7 @@ struct Lease {
 
 struct Worker {
     address: String,
+    incarnation: u64,
     capacity: u32,
     conn: u64,
     tx: mpsc::UnboundedSender<WorkerMsg>,
@@ -199,8 +200,8 @@ impl Scheduler {
         Self { tx }
     }
 
-    pub fn register(&self, id: String, address: String, capacity: u32) {
-        let _ = self.tx.send(Cmd::Register { id, address, capacity });
+    pub fn register(&self, id: String, address: String, capacity: u32, incarnation: u64) {
+        let _ = self.tx.send(Cmd::Register { id, address, capacity, incarnation });
     }
 
     pub async fn heartbeat(&self, id: String, draining: bool) -> bool {
@@ -266,7 +267,7 @@ impl State {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Register { id, address, capacity } => self.register(id, address, capacity),
+            Cmd::Register { id, address, capacity, incarnation } => self.register(id, address, capacity, incarnation),
             Cmd::Heartbeat { id, draining, reply } => {
                 let known = match self.workers.get_mut(&id) {
                     Some(w) => {
@@ -367,14 +368,16 @@ impl State {
         !w.draining && self.target.as_ref().is_some_and(|t| w.ready_gen == Some(t.generation))
     }
 
-    fn register(&mut self, id: String, address: String, capacity: u32) {
+    fn register(&mut self, id: String, address: String, capacity: u32, incarnation: u64) {
         if let Some(w) = self.workers.get_mut(&id) {
-            if w.address == address {
+            if w.address == address && w.incarnation == incarnation {
                 w.last_seen = Instant::now();
                 w.capacity = capacity.max(1);
                 return;
             }
-            self.drop_worker(&id, "re-registered with a new address");
+            // A restarted process lost its policies and its episodes, whatever its address.
+            let why = if w.address == address { "restarted (a new incarnation)" } else { "re-registered with a new address" };
+            self.drop_worker(&id, why);
         }
         self.next_conn += 1;
         let conn = self.next_conn;
@@ -383,6 +386,7 @@ impl State {
         tracing::info!(worker = %id, %address, capacity, "worker registered");
         let mut w = Worker {
             address,
+            incarnation,
             capacity: capacity.max(1),
             conn,
             tx,

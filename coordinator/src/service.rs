@@ -92,7 +92,7 @@ impl Coordinator for CoordinatorService {
         if r.worker_id.is_empty() || r.address.is_empty() {
             return Err(Status::invalid_argument("RegisterWorker needs a worker_id and the address the coordinator can dial"));
         }
-        self.jobs.scheduler.register(r.worker_id, r.address, r.max_episodes.max(1));
+        self.jobs.scheduler.register(r.worker_id, r.address, r.max_episodes.max(1), r.incarnation);
         Ok(Response::new(pb::RegisterWorkerResponse { heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64 }))
     }
 

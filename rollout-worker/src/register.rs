@@ -17,6 +17,8 @@ pub struct Registration {
 /// coordinator stops leasing to this worker before it goes away.
 pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
     let target = comas_service::grpc_uri(&r.coordinator);
+    // One per process: re-registrations of this process carry it, a restart draws another.
+    let incarnation: u64 = rand::random();
     let mut backoff = Duration::from_millis(200);
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
@@ -33,7 +35,12 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
             };
             if !registered {
                 let resp = c
-                    .register_worker(pb::RegisterWorkerRequest { worker_id: r.worker_id.clone(), address: comas_service::grpc_uri(&r.advertise), max_episodes: r.max_episodes })
+                    .register_worker(pb::RegisterWorkerRequest {
+                        worker_id: r.worker_id.clone(),
+                        address: comas_service::grpc_uri(&r.advertise),
+                        max_episodes: r.max_episodes,
+                        incarnation,
+                    })
                     .await
                     .map_err(|e| e.message().to_string())?
                     .into_inner();
