@@ -602,3 +602,18 @@ async fn a_worker_restarted_in_place_is_reloaded() {
     c.finished(&id).await;
     c.check_complete_run().await;
 }
+
+/// A worker that joins mid-job and takes long to load does not hold up the broadcast: the
+/// ready worker goes on, and the job ends long before the late one is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_late_joiner_does_not_stall_the_broadcast() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1, 24);
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 0's rollout", |s| s.steps_done == 0 && s.stage == "rollout").await;
+    c.add_worker_with(&[("COMAS_WORKER_FAULT", "slow-load:300")]);
+    let joined = Instant::now();
+    c.finished(&id).await;
+    assert!(joined.elapsed() < Duration::from_secs(120), "the job waited {:?} for the late joiner", joined.elapsed());
+    c.check_complete_run().await;
+}

@@ -105,6 +105,9 @@ struct Lease {
 struct Worker {
     address: String,
     incarnation: u64,
+    /// Registered while a target was already set: until it is first ready it is a late
+    /// joiner, which a broadcast does not wait for when other workers are ready.
+    joined_late: bool,
     capacity: u32,
     conn: u64,
     tx: mpsc::UnboundedSender<WorkerMsg>,
@@ -387,6 +390,7 @@ impl State {
         let mut w = Worker {
             address,
             incarnation,
+            joined_late: self.target.is_some(),
             capacity: capacity.max(1),
             conn,
             tx,
@@ -573,6 +577,12 @@ impl State {
         for (generation, reply) in pending {
             let live: Vec<&Worker> = self.workers.values().filter(|w| !w.draining).collect();
             let behind: Vec<&Worker> = live.iter().copied().filter(|w| w.ready_gen.is_none_or(|g| g < generation)).collect();
+            // A worker that joined mid-job and has never been ready may load for a long time;
+            // the ready ones go on without it, and it gets episodes once it has caught up.
+            let some_ready = behind.len() < live.len();
+            let late = |w: &Worker| w.joined_late && w.ready_gen.is_none();
+            let live: Vec<&Worker> = live.into_iter().filter(|w| !(some_ready && late(w))).collect();
+            let behind: Vec<&Worker> = behind.into_iter().filter(|w| !(some_ready && late(w))).collect();
             let stats = || self.sync.get(&generation).cloned().unwrap_or_default();
             if behind.is_empty() {
                 let _ = reply.send(Ok(stats()));

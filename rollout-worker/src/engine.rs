@@ -122,12 +122,14 @@ impl PromptMeter for Room<'_> {
 /// A fault injected for tests of the failure paths, from `COMAS_WORKER_FAULT`:
 /// `step-panic:N` panics inside decode step N (caught: that batch fails), `engine-panic:N`
 /// panics in the engine loop after step N (the thread dies and the worker with it),
-/// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version.
+/// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version,
+/// `slow-load:S` takes S seconds longer to load policies (a big model on a slow disk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     StepPanic(u64),
     EnginePanic(u64),
     StaleVersion(u64),
+    SlowLoad(u64),
 }
 
 fn fault_from_env() -> Option<Fault> {
@@ -138,6 +140,7 @@ fn fault_from_env() -> Option<Fault> {
         "step-panic" => Some(Fault::StepPanic(n)),
         "engine-panic" => Some(Fault::EnginePanic(n)),
         "stale-version" => Some(Fault::StaleVersion(n)),
+        "slow-load" => Some(Fault::SlowLoad(n)),
         _ => None,
     }
 }
@@ -169,6 +172,9 @@ pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Comma
                 };
                 match next {
                     Command::Load { specs, dtype, reply } => {
+                        if let Some(Fault::SlowLoad(secs)) = fault_from_env() {
+                            std::thread::sleep(Duration::from_secs(secs));
+                        }
                         let r = Models::load(&specs, &dtype, settings.device).map_err(|e| e.to_string());
                         let _ = reply.send(r.as_ref().map(|m| (m.agents.len(), m.bases.len())).map_err(Clone::clone));
                         if let Ok(m) = r {
