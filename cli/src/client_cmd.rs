@@ -164,7 +164,17 @@ pub fn resume(a: CancelArgs) -> Result<()> {
 pub fn cancel(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let s = c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+        // A running job stops at its next check; report the state it reaches, not the one it had.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let s = loop {
+            let s = c.get_job(pb::GetJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+            let ended = matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+            if ended || std::time::Instant::now() > deadline {
+                break s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
         println!("{} {}", s.job_id, state_name(s.state));
         Ok(())
     })

@@ -443,6 +443,10 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
         ),
         ("prompt_max_len past the context", good.replace("[comas]\n", "[comas]\nprompt_max_len = 4090\n"), "`comas.prompt_max_len`: 4090 prompt tokens plus"),
         ("a problem longer than the context", good.replace("train.jsonl", "long.jsonl"), "long.jsonl line 3 (id `long`): the problem alone is"),
+        ("a model path that is a file", good.replace("model-1", "model-1/config.json"), "config.json is a file; give the model's folder"),
+        ("no agents", good.split("[[agents]]").next().unwrap().to_string(), "list at least one [[agents]] table"),
+        // procfs takes no new files, whoever writes.
+        ("an output folder that cannot be written", good.replace("dir = \"out\"", "dir = \"/proc\""), "`output.dir`: cannot write in /proc"),
     ];
     for (name, text, want) in cases {
         std::fs::write(d.join("bad.toml"), &text).unwrap();

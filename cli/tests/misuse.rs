@@ -111,6 +111,9 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let said: Vec<String> = rx.try_iter().collect();
     assert!(status.success(), "{said:?}");
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new());
+    // The logs of both runs are kept, one header per start.
+    let log = std::fs::read_to_string(dir.path().join("logs/learner-0.log")).unwrap();
+    assert_eq!(log.matches("==== comas local (pid ").count(), 2, "{log}");
 }
 
 #[test]
@@ -218,6 +221,8 @@ fn a_cancelled_job_is_resumed_by_the_same_command() {
     let (addr, job) = coordinator_and_job(&said);
     let out = comas().args(["cancel", &job, "--coordinator", &addr]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // It reports the state the job reached, not the one it had when asked.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{job} cancelled"));
     assert!(!wait_exit(&mut child, Duration::from_secs(90)).success(), "a cancelled job is not a success");
     // The same command queues it again from its last completed step and finishes it.
     let (mut again, _, mut said, rx) = start_local(dir.path());

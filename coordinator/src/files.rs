@@ -140,6 +140,9 @@ fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &
 
 /// A model folder needs config.json, weights and a tokenizer whose ids all have embeddings.
 fn check_model(field: &str, dir: &Path) -> Result<ModelRoom> {
+    if dir.is_file() {
+        return Err(bad(field, format!("{} is a file; give the model's folder (with config.json, model.safetensors and tokenizer.json)", dir.display())));
+    }
     if !dir.is_dir() {
         return Err(bad(field, format!("model folder {} does not exist", dir.display())));
     }

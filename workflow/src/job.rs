@@ -159,6 +159,8 @@ pub struct JobSpec {
     pub rollout: RolloutSpec,
     pub output: OutputSpec,
     pub eval: Option<EvalSpec>,
+    /// Missing is the same as empty: `check` then says what to add.
+    #[serde(default)]
     pub agents: Vec<AgentSpec>,
 }
 

@@ -102,6 +102,8 @@ impl fmt::Display for Location {
 pub enum DatasetError {
     #[error("cannot read data set {path}: {err}")]
     Io { path: PathBuf, err: std::io::Error },
+    #[error("data set {path}: line {line} is not UTF-8 text")]
+    NotUtf8 { path: PathBuf, line: usize },
     #[error("{at}: not a valid task record: {message}")]
     Json { at: Location, message: String },
     #[error("{at}: {err}")]
@@ -196,7 +198,11 @@ pub fn location_of(text: &str, index: usize) -> Location {
 /// Reads and parses a data set file in either layout.
 pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
+    let bytes = std::fs::read(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        DatasetError::NotUtf8 { path: path.to_path_buf(), line: 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() }
+    })?;
     parse_dataset(&text)
 }
 
@@ -277,5 +283,14 @@ mod tests {
     fn missing_file_is_an_io_error() {
         let err = load_dataset("/nonexistent/comas/data.jsonl").unwrap_err();
         assert!(matches!(err, DatasetError::Io { .. }));
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_named_by_line() {
+        let path = std::env::temp_dir().join(format!("comas-utf8-{}.jsonl", std::process::id()));
+        std::fs::write(&path, [GOOD.as_bytes(), b"\n\n{\"prompt\": \"\xff\"}\n"].concat()).unwrap();
+        let err = load_dataset(&path).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&path);
+        assert!(err.ends_with("line 3 is not UTF-8 text"), "{err}");
     }
 }
