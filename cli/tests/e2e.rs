@@ -555,7 +555,9 @@ async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
     c.check_complete_run().await;
     assert_eq!(c.prometheus("comas_coordinator_malformed_trajectories_total"), 1.0);
     let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
-    assert!(log.contains("malformed trajectory") && log.contains("was sampled with policy version 1000, but this step uses version 0"), "{log}");
+    // Which step the faulty worker's second episode falls in depends on how the two workers
+    // shared the work: version 1000 + s against s.
+    assert!(log.contains("malformed trajectory") && log.contains("was sampled with policy version 100") && log.contains(", but this step uses version "), "{log}");
 }
 
 /// A learner that hangs (SIGSTOP: its port still accepts connections, nothing answers) fails the
