@@ -86,10 +86,10 @@ fn episode_specs(
         .collect())
 }
 
+/// A stored trajectory (it passed the same check when it arrived; versions are checked again
+/// when the step's experiences are made).
 fn parse_trajectory(json: &str, episode: &str) -> Result<Trajectory> {
-    let t: Trajectory = serde_json::from_str(json).map_err(|e| CoordinatorError::Rollout(format!("episode {episode}: trajectory is not valid JSON: {e}")))?;
-    t.validate().map_err(|e| CoordinatorError::Rollout(format!("episode {episode}: {e}")))?;
-    Ok(t)
+    crate::experience::check_trajectory(json, episode, None).map_err(CoordinatorError::Rollout)
 }
 
 /// Rewrites the job's metrics log from the store (temp file, then rename), so the log always

@@ -94,7 +94,7 @@ fn room_for<'a>(models: &'a Models, settings: &EngineSettings, config: &CoMasCon
     let mut bases: Vec<usize> = (0..config.num_agents).filter_map(|a| models.agents.get(&a)).map(|p| p.base).collect();
     bases.sort_unstable();
     bases.dedup();
-    let context = bases.iter().map(|&b| models.bases[b].model.config().max_position_embeddings.max(0) as usize).min().unwrap_or(0);
+    let context = bases.iter().map(|&b| models.context(b)).min().unwrap_or(0);
     let limit = Role::ALL.map(|role| {
         let new = config.sampling.for_role(role).max_new_tokens as usize;
         let job = config.prompt_max_len.map_or(usize::MAX, |n| n as usize);
@@ -446,7 +446,7 @@ impl<'m> Runtime<'m> {
     fn no_room(&self, key: u64, turn: &TurnRequest, prompt: usize, base: usize) -> Option<String> {
         let new = turn.sampling.max_new_tokens as usize;
         let cut = if turn.blocks_cut > 0 { format!(" even with {} quoted discussion blocks cut", turn.blocks_cut) } else { String::new() };
-        let context = self.models.bases[base].model.config().max_position_embeddings.max(0) as usize;
+        let context = self.models.context(base);
         let budget = self.settings.max_batch_tokens;
         if let Some(max) = self.episodes.get(&key).and_then(|e| e.episode.config().prompt_max_len) {
             if prompt > max as usize {

@@ -88,6 +88,11 @@ impl Models {
 
     /// Copies new weights for `agent` into its tensors in place. Every tensor of the agent's
     /// trainable set (its adapter, or its whole model) must be present, with matching shapes.
+    /// Tokens base model `b` holds: its `max_position_embeddings`.
+    pub fn context(&self, b: usize) -> usize {
+        self.bases[b].model.config().max_position_embeddings.max(0) as usize
+    }
+
     pub fn apply_update(&self, agent: u32, tensors: &[comas_proto::weights::ReceivedTensor]) -> Result<(), String> {
         let a = self.agents.get(&agent).ok_or_else(|| format!("agent {agent} is not loaded here"))?;
         let targets: Vec<(String, Tensor)> = match &a.adapter {
