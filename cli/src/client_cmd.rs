@@ -95,7 +95,14 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
 
 pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
     match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir, reuse_name }).await {
-        Ok(r) => Ok(r.into_inner()),
+        Ok(r) => {
+            let status = r.into_inner();
+            // The memory estimate and its warnings; stdout stays the job id alone.
+            for n in &status.notes {
+                eprintln!("{n}");
+            }
+            Ok(status)
+        }
         Err(s) => bail!("job rejected: {}", s.message()),
     }
 }
@@ -247,7 +254,10 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", s.message()))? {
         let Some(s) = ev.status.clone() else { continue };
         if json {
-            println!("{}", serde_json::json!({"kind": ev.kind, "message": ev.message, "status": status_json(&s), "metrics": serde_json::from_str::<Value>(&ev.metrics_json).ok()}));
+            println!(
+                "{}",
+                serde_json::json!({"kind": ev.kind, "message": ev.message, "status": status_json(&s), "metrics": serde_json::from_str::<Value>(&ev.metrics_json).ok()})
+            );
         } else {
             steps.set_length(s.total_steps);
             steps.set_position(s.steps_done);
@@ -260,14 +270,23 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             // Without a terminal: a progress line as episodes and learners finish, at most every 5 s
             // (and always for the last one of a stage).
             let last_of_stage = total > 0 && done == total;
-            if !tty && matches!(ev.kind.as_str(), "episodes" | "trained") && !progress.is_empty() && (last_of_stage || last_progress.elapsed() >= PROGRESS_EVERY) {
+            if !tty
+                && matches!(ev.kind.as_str(), "episodes" | "trained")
+                && !progress.is_empty()
+                && (last_of_stage || last_progress.elapsed() >= PROGRESS_EVERY)
+            {
                 eprintln!("{}: {} (step {}/{}) {progress}", s.job_id, s.stage, s.steps_done, s.total_steps);
                 last_progress = std::time::Instant::now();
             }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
-                    say(&format!("eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}", m["after_steps"], m["episodes"], fmt(m.get("parse_failure_rate"))));
+                    say(&format!(
+                        "eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}",
+                        m["after_steps"],
+                        m["episodes"],
+                        fmt(m.get("parse_failure_rate"))
+                    ));
                 }
             } else if ev.kind == "step" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
@@ -280,7 +299,8 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             }
             stage = s.stage.clone();
         }
-        let end = ev.kind == "finished" || matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+        let end =
+            ev.kind == "finished" || matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
         last = Some(s);
         if end {
             break;
@@ -299,7 +319,8 @@ mod tests {
 
     #[test]
     fn stage_progress_shows_tokens_per_second_and_trained_experiences() {
-        let rollout = pb::JobStatus { stage: "rollout".into(), episodes_done: 3, episodes_total: 8, stage_tokens: 500, stage_seconds: 10.0, ..Default::default() };
+        let rollout =
+            pb::JobStatus { stage: "rollout".into(), episodes_done: 3, episodes_total: 8, stage_tokens: 500, stage_seconds: 10.0, ..Default::default() };
         assert_eq!(stage_progress(&rollout), "3/8 episodes, 500 tokens, 50.0 tok/s");
         let train = pb::JobStatus { stage: "train".into(), train_samples_done: 12, train_samples_total: 24, stage_seconds: 31.4, ..Default::default() };
         assert_eq!(stage_progress(&train), "12/24 experiences trained (31 s)");

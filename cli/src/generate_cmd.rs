@@ -88,7 +88,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     let req = GenerationRequest { prompt_ids: prompt_ids.clone(), params, adapter: adapter.as_ref() };
     let started = std::time::Instant::now();
-    let c = generate(&model, std::slice::from_ref(&req), Some(&tokenizer))?.remove(0);
+    // libtorch panics where an allocation fails: an error that says what to lower instead.
+    let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generate(&model, std::slice::from_ref(&req), Some(&tokenizer))))
+        .map_err(|p| anyhow::anyhow!("libtorch failed generating: {}; lower --max-new-tokens or shorten the prompt", comas_service::panic_message(p.as_ref())))??
+        .remove(0);
     let secs = started.elapsed().as_secs_f64();
     let text = tokenizer.decode(&c.token_ids, true)?;
     if a.json {

@@ -39,6 +39,8 @@ struct Line {
 }
 
 struct Item {
+    /// Line of the input file.
+    line: usize,
     id: Option<serde_json::Value>,
     prompt: Vec<i64>,
     completion: Vec<i64>,
@@ -66,7 +68,7 @@ fn parse_line(n: usize, text: &str, tok: &Tokenizer, vocab: i64) -> Result<Item>
     if let Some(bad) = prompt.iter().chain(&completion).find(|&&t| t < 0 || t >= vocab) {
         bail!("line {n}: token id {bad} is outside the model's vocabulary (size {vocab})");
     }
-    Ok(Item { id: l.id, prompt, completion })
+    Ok(Item { line: n, id: l.id, prompt, completion })
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -101,7 +103,18 @@ pub fn run(a: Args) -> Result<()> {
     for chunk in items.chunks(a.batch_size) {
         let seqs: Vec<Vec<i64>> = chunk.iter().map(|it| [it.prompt.as_slice(), &it.completion].concat()).collect();
         let (ids, valid) = mask::right_pad(&seqs, pad, device);
-        let lp = model.token_logprobs(&ids, Some(&valid), a.temperature, lora.as_ref())?.to_device(tch::Device::Cpu);
+        // libtorch panics where an allocation fails; say which records and what to lower.
+        let lp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.token_logprobs(&ids, Some(&valid), a.temperature, lora.as_ref())))
+            .map_err(|p| {
+                let (first, last) = (chunk[0].line, chunk[chunk.len() - 1].line);
+                anyhow::anyhow!(
+                    "libtorch failed scoring lines {first}..={last} ({} sequences of up to {} tokens): {}; lower --batch-size",
+                    seqs.len(),
+                    seqs.iter().map(Vec::len).max().unwrap_or(0),
+                    comas_service::panic_message(p.as_ref())
+                )
+            })??
+            .to_device(tch::Device::Cpu);
         for (row, it) in chunk.iter().enumerate() {
             let start = it.prompt.len() as i64 - 1;
             let vals = Vec::<f32>::try_from(&lp.get(row as i64).narrow(0, start, it.completion.len() as i64))?;

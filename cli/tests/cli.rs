@@ -27,10 +27,8 @@ fn generate_json_matches_transformers_greedy() {
     let (r, t) = reference("llama3-gqa");
     let model = fixtures().join("models/llama3-gqa");
     let prompt = r["prompts"][0]["text"].as_str().unwrap();
-    let out = ok_json(comas(&[
-        "generate", "--model", model.to_str().unwrap(), "--prompt", prompt, "--greedy", "--ignore-eos",
-        "--max-new-tokens", "32", "--json",
-    ]));
+    let out =
+        ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--prompt", prompt, "--greedy", "--ignore-eos", "--max-new-tokens", "32", "--json"]));
     assert_eq!(out["prompt_ids"], r["prompts"][0]["ids"]);
     let want = Vec::<i64>::try_from(&t.tensor("greedy_0").unwrap()).unwrap();
     let got: Vec<i64> = out["generated_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
@@ -46,10 +44,7 @@ fn generate_json_matches_transformers_greedy() {
 fn chat_prompt_uses_the_template() {
     let (r, _) = reference("qwen2-f32");
     let model = fixtures().join("models/qwen2-f32");
-    let out = ok_json(comas(&[
-        "generate", "--model", model.to_str().unwrap(), "--chat", "What is 12 + 7?", "--max-new-tokens", "4",
-        "--seed", "3", "--json",
-    ]));
+    let out = ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--chat", "What is 12 + 7?", "--max-new-tokens", "4", "--seed", "3", "--json"]));
     assert_eq!(out["prompt_ids"], r["prompts"][2]["ids"]);
     assert!(out["generated_ids"].as_array().unwrap().len() <= 4);
 }
@@ -59,8 +54,21 @@ fn sampling_is_reproducible_by_seed() {
     let model = fixtures().join("models/qwen3");
     let run = |seed: &str| {
         ok_json(comas(&[
-            "generate", "--model", model.to_str().unwrap(), "--prompt", "The river", "--temperature", "1.0",
-            "--top-p", "0.95", "--max-new-tokens", "16", "--ignore-eos", "--seed", seed, "--json",
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The river",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.95",
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+            "--seed",
+            seed,
+            "--json",
         ]))["generated_ids"]
             .clone()
     };
@@ -82,10 +90,8 @@ fn score_matches_generation_logprobs() {
     }
     std::fs::write(&input, lines).unwrap();
     let output = dir.path().join("out.jsonl");
-    let out = comas(&[
-        "score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output",
-        output.to_str().unwrap(), "--batch-size", "2",
-    ]);
+    let out =
+        comas(&["score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--batch-size", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&output).unwrap();
     let recs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -137,10 +143,14 @@ fn bad_input_exits_with_a_clear_message() {
     let ctx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
     let ctx = ctx["max_position_embeddings"].as_u64().unwrap() as usize;
     let ids: Vec<String> = (0..ctx).map(|i| (1 + i % 50).to_string()).collect();
-    std::fs::write(&input, format!("{{\"prompt\": \"a\", \"completion\": \"b\"}}\n{{\"prompt_ids\": [1], \"completion_ids\": [{}]}}\n", ids.join(","))).unwrap();
+    std::fs::write(&input, format!("{{\"prompt\": \"a\", \"completion\": \"b\"}}\n{{\"prompt_ids\": [1], \"completion_ids\": [{}]}}\n", ids.join(",")))
+        .unwrap();
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("line 2: prompt and completion are {} tokens, over the model's context of {ctx}", ctx + 1)), "{err}");
+    assert!(
+        !out.status.success() && err.contains(&format!("line 2: prompt and completion are {} tokens, over the model's context of {ctx}", ctx + 1)),
+        "{err}"
+    );
     // Bytes that are not UTF-8 are named by line.
     std::fs::write(&input, b"{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"\xff\"}\n").unwrap();
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
@@ -154,8 +164,47 @@ fn tiny_model_builds_and_generates() {
     let out_dir = dir.path().join("tiny");
     let o = comas(&["tiny-model", "--out", out_dir.to_str().unwrap(), "--arch", "llama", "--seed", "4"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = ok_json(comas(&[
-        "generate", "--model", out_dir.to_str().unwrap(), "--chat", "hi", "--max-new-tokens", "5", "--ignore-eos", "--json",
-    ]));
+    let out = ok_json(comas(&["generate", "--model", out_dir.to_str().unwrap(), "--chat", "hi", "--max-new-tokens", "5", "--ignore-eos", "--json"]));
     assert_eq!(out["generated_ids"].as_array().unwrap().len(), 5);
+}
+
+/// Copies a fixture model folder so a test can break one of its files.
+fn copy_model(name: &str, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(fixtures().join("models").join(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// A `tokenizer.json` that is JSON but not a tokenizer, or not JSON at all, is named as such;
+/// a chat template that does not compile names its file and breaks only chat prompts: raw
+/// prompts still generate and score.
+#[test]
+fn broken_tokenizer_files_are_named_and_a_broken_template_breaks_only_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    copy_model("qwen2-f32", &model);
+    let m = model.to_str().unwrap();
+    let tok = model.join("tokenizer.json");
+    let good = std::fs::read_to_string(&tok).unwrap();
+    for (text, needle) in [("{\"vocab\": [1, 2]}", "is JSON but not a tokenizer"), ("{\"model\": {\"type\": \"BPE\"", "is not valid JSON")] {
+        std::fs::write(&tok, text).unwrap();
+        let out = comas(&["generate", "--model", m, "--prompt", "hi", "--max-new-tokens", "2"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle) && err.contains(tok.to_str().unwrap()), "{err}");
+    }
+    std::fs::write(&tok, good).unwrap();
+    let jinja = model.join("chat_template.jinja");
+    std::fs::write(&jinja, "{% for m in messages %}{{ m.content }").unwrap();
+    let out = comas(&["generate", "--model", m, "--chat", "hi", "--max-new-tokens", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("{} does not compile", jinja.display())), "{err}");
+    let out = ok_json(comas(&["generate", "--model", m, "--prompt", "hi", "--max-new-tokens", "2", "--ignore-eos", "--json"]));
+    assert_eq!(out["generated_ids"].as_array().unwrap().len(), 2);
+    let input = dir.path().join("score.jsonl");
+    std::fs::write(&input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n").unwrap();
+    let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }

@@ -49,7 +49,8 @@ fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
 }
 
 fn spawn_with(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    // Appended, so a restarted service's log follows the one before it.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(args)
         .envs(env.iter().copied())
@@ -75,10 +76,16 @@ struct Cluster {
     coordinator_flags: Vec<String>,
     learners: Vec<Option<Proc>>,
     workers: Vec<Proc>,
+    steps: u64,
+    worker_flags: Vec<String>,
 }
 
 /// Writes two tiny models, a data set and the job file; `tokens` fixes every turn's length.
 fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32, eval: bool) {
+    write_job_of(dir, learner_ports, tokens, eval, STEPS)
+}
+
+fn write_job_of(dir: &Path, learner_ports: &[u16], tokens: u32, eval: bool, steps: u64) {
     for (k, seed) in [(0, 3), (1, 4)] {
         write_model(&dir.join(format!("model-{k}")), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
     }
@@ -93,7 +100,7 @@ fn write_job(dir: &Path, learner_ports: &[u16], tokens: u32, eval: bool) {
     };
     let eval = if eval { "[eval]\ndata = \"train.jsonl\"\nevery_steps = 2\nmax_questions = 2\n" } else { "" };
     let job = format!(
-        "name = \"e2e\"\nseed = 5\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {STEPS}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\n\
+        "name = \"e2e\"\nseed = 5\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {steps}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\n\
          [comas]\nnum_rounds = 2\ninstances_per_question = {INSTANCES}\n[comas.sampling.solver]\n{sampling}[comas.sampling.evaluator]\n{sampling}[comas.sampling.scorer]\n{sampling}{}{}{eval}",
         agent(0),
         agent(1)
@@ -107,8 +114,12 @@ impl Cluster {
     }
 
     fn with_flags(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str], eval: bool) -> Self {
+        Self::build(dir, workers, tokens, coordinator_flags, eval, STEPS, &["--max-episodes", "3"])
+    }
+
+    fn build(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str], eval: bool, steps: u64, worker_flags: &[&str]) -> Self {
         let learner_ports = vec![free_port(), free_port()];
-        write_job(dir, &learner_ports, tokens, eval);
+        write_job_of(dir, &learner_ports, tokens, eval, steps);
         let mut c = Cluster {
             dir: dir.to_path_buf(),
             coord_port: free_port(),
@@ -118,6 +129,8 @@ impl Cluster {
             coordinator_flags: s(coordinator_flags),
             learners: vec![None, None],
             workers: Vec::new(),
+            steps,
+            worker_flags: s(worker_flags),
         };
         c.start_coordinator();
         for k in 0..2 {
@@ -131,21 +144,46 @@ impl Cluster {
 
     fn start_coordinator(&mut self) {
         let mut args = s(&[
-            "coordinator", "--listen", &format!("127.0.0.1:{}", self.coord_port), "--metrics-listen", &format!("127.0.0.1:{}", self.metrics_port),
-            "--db", &self.dir.join("jobs.sqlite").display().to_string(), "--heartbeat-ms", "300", "--heartbeat-timeout-secs", "5", "--worker-wait-secs", "120",
+            "coordinator",
+            "--listen",
+            &format!("127.0.0.1:{}", self.coord_port),
+            "--metrics-listen",
+            &format!("127.0.0.1:{}", self.metrics_port),
+            "--db",
+            &self.dir.join("jobs.sqlite").display().to_string(),
+            "--heartbeat-ms",
+            "300",
+            "--heartbeat-timeout-secs",
+            "5",
+            "--worker-wait-secs",
+            "120",
         ]);
         args.extend(self.coordinator_flags.iter().cloned());
         self.coordinator = Some(spawn(&self.dir, "coordinator", &args));
     }
 
     fn start_learner(&mut self, k: usize) {
+        self.start_learner_with(k, &[]);
+    }
+
+    fn start_learner_with(&mut self, k: usize, env: &[(&str, &str)]) {
         let args = s(&[
-            "learner", "serve", "--job", &self.dir.join("job.toml").display().to_string(), "--agent-id", &k.to_string(),
-            "--listen", &format!("127.0.0.1:{}", self.learner_ports[k]), "--checkpoint-dir", &self.dir.join(format!("ckpt-{k}")).display().to_string(), "--resume",
+            "learner",
+            "serve",
+            "--job",
+            &self.dir.join("job.toml").display().to_string(),
+            "--agent-id",
+            &k.to_string(),
+            "--listen",
+            &format!("127.0.0.1:{}", self.learner_ports[k]),
+            "--checkpoint-dir",
+            &self.dir.join(format!("ckpt-{k}")).display().to_string(),
+            "--resume",
             // One checkpoint kept: a resumed learner must not depend on the one it started from.
-            "--keep-checkpoints", "1",
+            "--keep-checkpoints",
+            "1",
         ]);
-        self.learners[k] = Some(spawn(&self.dir, &format!("learner-{k}"), &args));
+        self.learners[k] = Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, env));
     }
 
     fn add_worker(&mut self) {
@@ -154,8 +192,14 @@ impl Cluster {
 
     fn add_worker_with(&mut self, env: &[(&str, &str)]) {
         let i = self.workers.len();
-        let args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port), "--max-episodes", "3"]);
-        self.workers.push(spawn_with(&self.dir, &format!("worker-{i}"), &args, env));
+        let w = self.worker(i, env);
+        self.workers.push(w);
+    }
+
+    fn worker(&self, i: usize, env: &[(&str, &str)]) -> Proc {
+        let mut args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port)]);
+        args.extend(self.worker_flags.iter().cloned());
+        spawn_with(&self.dir, &format!("worker-{i}"), &args, env)
     }
 
     async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
@@ -268,7 +312,7 @@ impl Cluster {
     async fn check_complete_run(&self) {
         let log = self.metrics_log();
         let steps: Vec<u64> = log.iter().map(|m| m["step"].as_u64().unwrap()).collect();
-        assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "each step logged exactly once");
+        assert_eq!(steps, (0..self.steps).collect::<Vec<_>>(), "each step logged exactly once");
         for m in &log {
             assert_eq!(m["episodes"], EPISODES, "step {}", m["step"]);
             for role in ["solver", "evaluator", "scorer"] {
@@ -288,7 +332,7 @@ impl Cluster {
         }
         for k in 0..2 {
             let info = self.learner_info(k).await;
-            assert_eq!((info.global_step, info.latest_version), (STEPS, STEPS), "agent {k}'s version advanced by exactly {STEPS}");
+            assert_eq!((info.global_step, info.latest_version), (self.steps, self.steps), "agent {k}'s version advanced by exactly {}", self.steps);
             assert!(self.dir.join(format!("out/agent-{k}/model.safetensors")).is_file(), "agent {k} exported");
         }
     }
@@ -406,7 +450,8 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     let ports = [free_port(), free_port()];
     write_job(d, &ports, 8, false);
     let coord_port = free_port();
-    let _coord = spawn(d, "coordinator", &s(&["coordinator", "--listen", &format!("127.0.0.1:{coord_port}"), "--db", &d.join("jobs.sqlite").display().to_string()]));
+    let _coord =
+        spawn(d, "coordinator", &s(&["coordinator", "--listen", &format!("127.0.0.1:{coord_port}"), "--db", &d.join("jobs.sqlite").display().to_string()]));
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", coord_port)).is_err() {
         assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start");
@@ -426,7 +471,10 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(d.join("model-0").join(f), small.join(f)).unwrap();
     }
-    let cfg = std::fs::read_to_string(d.join("model-0/config.json")).unwrap().replace("\"vocab_size\": 512", "\"vocab_size\": 100").replace("\"vocab_size\":512", "\"vocab_size\":100");
+    let cfg = std::fs::read_to_string(d.join("model-0/config.json"))
+        .unwrap()
+        .replace("\"vocab_size\": 512", "\"vocab_size\": 100")
+        .replace("\"vocab_size\":512", "\"vocab_size\":100");
     std::fs::write(small.join("config.json"), cfg).unwrap();
     let cases: Vec<(&str, String, &str)> = vec![
         ("syntax", good.replace("[schedule]", "[schedule"), "not valid TOML"),
@@ -466,7 +514,8 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
 
     // A valid job whose learners never come up waits for them, and can be cancelled meanwhile.
     let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
-    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap().into_inner().job_id;
+    let id =
+        c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap().into_inner().job_id;
     // The same name again would pick up that job's checkpoints; another name with the same
     // output folder would interleave its metrics: both are refused while it lives.
     let again = c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap_err();
@@ -504,18 +553,23 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
 fn comas_local_runs_the_builtin_example() {
     let dir = tempfile::tempdir().unwrap();
     let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string(), "--json"]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string(), "--json"])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "comas local failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
     };
     let first = run();
     assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(5), Some(5)));
     assert_eq!(first["agents"][0]["version"], 5);
-    let all: Vec<Value> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let all: Vec<Value> =
+        std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let log: Vec<&Value> = all.iter().filter(|m| m["kind"] == "step").collect();
     assert_eq!(log.len(), 5);
     // Held-out evaluation of 4 questions before training, after steps 2 and 4, and at the end.
-    let evals: Vec<(u64, u64)> = all.iter().filter(|m| m["kind"] == "eval").map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap())).collect();
+    let evals: Vec<(u64, u64)> =
+        all.iter().filter(|m| m["kind"] == "eval").map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap())).collect();
     assert_eq!(evals, vec![(0, 4), (2, 4), (4, 4), (5, 4)]);
     // 4 questions x 2 instances; l = 2, R = 2: 2 x 2 = 4 turns per role per episode.
     for m in log {
@@ -557,7 +611,10 @@ async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
     let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
     // Which step the faulty worker's second episode falls in depends on how the two workers
     // shared the work: version 1000 + s against s.
-    assert!(log.contains("malformed trajectory") && log.contains("was sampled with policy version 100") && log.contains(", but this step uses version "), "{log}");
+    assert!(
+        log.contains("malformed trajectory") && log.contains("was sampled with policy version 100") && log.contains(", but this step uses version "),
+        "{log}"
+    );
 }
 
 /// A learner that hangs (SIGSTOP: its port still accepts connections, nothing answers) fails the
@@ -597,7 +654,15 @@ async fn a_worker_restarted_in_place_is_reloaded() {
     let mut c = Cluster::new(dir.path(), 0, 24);
     let port = free_port();
     let args = s(&[
-        "worker", "--listen", &format!("127.0.0.1:{port}"), "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port), "--max-episodes", "3", "--worker-id", "pod-0",
+        "worker",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--coordinator",
+        &format!("http://127.0.0.1:{}", c.coord_port),
+        "--max-episodes",
+        "3",
+        "--worker-id",
+        "pod-0",
     ]);
     c.workers.push(spawn(dir.path(), "worker-first", &args));
     let id = c.submit().await;
@@ -622,4 +687,112 @@ async fn a_slow_late_joiner_does_not_stall_the_broadcast() {
     c.finished(&id).await;
     assert!(joined.elapsed() < Duration::from_secs(120), "the job waited {:?} for the late joiner", joined.elapsed());
     c.check_complete_run().await;
+}
+
+/// Chaos: a 6-step job with a dozen seeded SIGKILLs at random moments, spread over the
+/// coordinator, both learners and both workers, each killed service started again. The job
+/// completes; every step is logged once with the exact episode and turn counts; every turn was
+/// sampled with its step's version; and the final weights equal those of an undisturbed run of
+/// the same job. (One episode per worker at a time, so that no batch differs between the runs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_of_every_service_change_nothing_in_the_result() {
+    use rand::{Rng, SeedableRng};
+    const CHAOS_STEPS: u64 = 6;
+    const KILLS: usize = 12;
+    let flags = ["--max-episodes", "1"];
+    let calm_dir = tempfile::tempdir().unwrap();
+    let calm = Cluster::build(calm_dir.path(), 2, 40, &[], false, CHAOS_STEPS, &flags);
+    let id = calm.submit().await;
+    calm.finished(&id).await;
+    calm.check_complete_run().await;
+    drop(calm);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::build(dir.path(), 2, 40, &[], false, CHAOS_STEPS, &flags);
+    let id = c.submit().await;
+    // COMAS_CHAOS_SEED replays another schedule of kills (to hunt for failures by hand).
+    let seed = std::env::var("COMAS_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Every kind of service is hit at least twice; the rest of the order is random.
+    let mut victims: Vec<usize> = (0..KILLS).map(|i| i % 5).collect();
+    for i in (1..victims.len()).rev() {
+        victims.swap(i, rng.gen_range(0..=i));
+    }
+    let started = Instant::now();
+    let mut killed = Vec::new();
+    for &v in &victims {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1500))).await;
+        match c.status(&id).await {
+            Some(st) if st.state >= pb::JobState::Succeeded as i32 => break,
+            _ => {}
+        }
+        let name = match v {
+            0 => {
+                c.coordinator.as_mut().unwrap().sigkill();
+                "coordinator".to_string()
+            }
+            1 | 2 => {
+                c.learners[v - 1].as_mut().unwrap().sigkill();
+                format!("learner-{}", v - 1)
+            }
+            _ => {
+                c.workers[v - 3].sigkill();
+                format!("worker-{}", v - 3)
+            }
+        };
+        killed.push(format!("{name} at {:.1}s", started.elapsed().as_secs_f64()));
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..1000))).await;
+        match v {
+            0 => c.start_coordinator(),
+            1 | 2 => c.start_learner(v - 1),
+            _ => c.workers[v - 3] = c.worker(v - 3, &[]),
+        }
+    }
+    eprintln!("killed: {killed:?}");
+    assert!(killed.len() >= 10, "the job ended after only {} kills: {killed:?}", killed.len());
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    for k in 0..2 {
+        let file = |d: &Path| std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap();
+        assert!(file(dir.path()) == file(calm_dir.path()), "agent {k}'s final weights differ from the undisturbed run's (kills: {killed:?})");
+    }
+}
+
+/// At submit the coordinator shows what each learner and each worker will hold, and warns of a
+/// learner whose estimate exceeds the memory it says it may use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_shows_the_memory_estimate_and_warns_of_a_learner_too_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 0, 8);
+    c.learners[1].as_mut().unwrap().sigkill();
+    c.start_learner_with(1, &[("COMAS_LEARNER_MEMORY_BYTES", "1000000")]);
+    for k in 0..2 {
+        let started = Instant::now();
+        while LearnerClient::connect(format!("http://127.0.0.1:{}", c.learner_ports[k])).await.is_err() {
+            assert!(started.elapsed() < Duration::from_secs(60), "learner {k} never came up\n{}", c.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = c.learner_info(k).await;
+    }
+    let text = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
+    let st = c
+        .client()
+        .await
+        .submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: dir.path().display().to_string(), reuse_name: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let notes = st.notes.join("\n");
+    assert!(
+        st.notes[0].starts_with("agent 0's learner needs about ") && st.notes[0].contains("optimizer state) plus activations; its device (Cpu) has "),
+        "{notes}"
+    );
+    assert!(st.notes[1].starts_with("agent 1's learner needs about ") && st.notes[1].ends_with("its device (Cpu) has 976.6 KiB"), "{notes}");
+    assert!(
+        st.notes[2].starts_with("warning: agent 1's learner needs about ")
+            && st.notes[2].contains("has 976.6 KiB; train a LoRA adapter (agents[1].train.lora)"),
+        "{notes}"
+    );
+    assert!(st.notes[3].starts_with("each rollout worker holds about ") && st.notes[3].contains("(2 base models, float32)"), "{notes}");
+    assert_eq!(st.notes.len(), 4, "{notes}");
 }

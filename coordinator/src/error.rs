@@ -10,6 +10,10 @@ pub enum CoordinatorError {
     Files(String),
     #[error("learner of agent {agent} ({address}): {message}")]
     Learner { agent: u32, address: String, message: String },
+    /// The learner is at another training step than the call was planned for (it restarted
+    /// from a checkpoint meanwhile); the step's training is planned again.
+    #[error("learner of agent {agent} ({address}) moved: {message}")]
+    LearnerMoved { agent: u32, address: String, message: String },
     #[error("rollout: {0}")]
     Rollout(String),
     #[error("job {0} was cancelled")]

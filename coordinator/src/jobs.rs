@@ -92,11 +92,18 @@ impl Jobs {
                 )));
             }
         }
+        let notes = crate::memory_check::memory_notes(&job).await;
         let id = format!("job-{}", uuid::Uuid::new_v4().simple());
         self.store.insert_job(&id, &job.spec.name, &text, &base_dir, job.total_steps)?;
         tracing::info!(job = %id, name = %job.spec.name, steps = job.total_steps, "job queued");
+        for n in &notes {
+            match n.strip_prefix("warning: ") {
+                Some(w) => tracing::warn!(job = %id, "{w}"),
+                None => tracing::info!(job = %id, "{n}"),
+            }
+        }
         self.wake.notify_one();
-        self.status(&id)
+        Ok(pb::JobStatus { notes, ..self.status(&id)? })
     }
 
     pub fn status(&self, id: &str) -> Result<pb::JobStatus> {
@@ -146,6 +153,7 @@ impl Jobs {
             updated_unix: row.updated,
             metrics_path: metrics_path.unwrap_or_default(),
             agents,
+            notes: Vec::new(),
         }
     }
 

@@ -20,8 +20,9 @@ pub struct LearnerLink {
 }
 
 /// Errors worth retrying: the learner is down, restarting or its connection dropped.
+/// (ABORTED is not one: the same call would fail again; see `CoordinatorError::LearnerMoved`.)
 fn transient(s: &Status) -> bool {
-    matches!(s.code(), Code::Unavailable | Code::Cancelled | Code::Unknown | Code::Aborted)
+    matches!(s.code(), Code::Unavailable | Code::Cancelled | Code::Unknown)
 }
 
 impl LearnerLink {
@@ -72,6 +73,13 @@ impl LearnerLink {
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(5));
                 }
+                Err(s) if s.code() == Code::Aborted => {
+                    return Err(CoordinatorError::LearnerMoved {
+                        agent: self.agent,
+                        address: self.address.clone(),
+                        message: format!("{what}: {}", s.message()),
+                    })
+                }
                 Err(s) => {
                     let hint = if transient(&s) { format!(" (unreachable for {:?}; is the learner running?)", self.patience) } else { String::new() };
                     return Err(self.err(format!("{what}: {}{hint}", s.message())));
@@ -85,14 +93,16 @@ impl LearnerLink {
     }
 
     /// Trains one step; `step_id` makes a retry after a dropped connection harmless. With
-    /// `version`, the learner refuses the step unless every experience was sampled with it.
-    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience], version: Option<u64>) -> Result<pb::TrainReport> {
+    /// `version`, the learner refuses the step unless every experience was sampled with it;
+    /// with `at_step`, unless it is at that training step (`LearnerMoved` otherwise).
+    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience], version: Option<u64>, at_step: Option<u64>) -> Result<pb::TrainReport> {
         let header = pb::TrainRequest {
             item: Some(pb::train_request::Item::Header(pb::TrainHeader {
                 step_id: step_id.to_string(),
                 num_experiences: experiences.len() as u32,
                 expected_version: version,
                 report_only: false,
+                at_step,
             })),
         };
         self.call("Train", |mut c| {
@@ -123,12 +133,14 @@ impl LearnerLink {
         .await
     }
 
-    pub async fn save(&mut self) -> Result<pb::CheckpointInfo> {
-        self.call("SaveCheckpoint", |mut c| async move { c.save_checkpoint(pb::SaveCheckpointRequest {}).await }).await
+    /// Saves a checkpoint if the learner is at `expected_step` (`LearnerMoved` otherwise).
+    pub async fn save(&mut self, expected_step: Option<u64>) -> Result<pb::CheckpointInfo> {
+        self.call("SaveCheckpoint", |mut c| async move { c.save_checkpoint(pb::SaveCheckpointRequest { expected_step }).await }).await
     }
 
-    pub async fn publish(&mut self) -> Result<pb::WeightsPublished> {
-        self.call("PublishWeights", |mut c| async move { c.publish_weights(pb::PublishWeightsRequest {}).await }).await
+    /// Publishes the weights if they are `expected_version` (`LearnerMoved` otherwise).
+    pub async fn publish(&mut self, expected_version: Option<u64>) -> Result<pb::WeightsPublished> {
+        self.call("PublishWeights", |mut c| async move { c.publish_weights(pb::PublishWeightsRequest { expected_version }).await }).await
     }
 
     pub async fn export(&mut self, dir: &str) -> Result<pb::CheckpointInfo> {

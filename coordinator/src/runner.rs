@@ -4,10 +4,10 @@
 //! repeats at most the unfinished step, and only its missing episodes.
 use crate::error::{CoordinatorError, Result};
 use crate::experience::{make_step, Finished};
-use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::files::{load_job, Loaded};
 use crate::jobs::Jobs;
 use crate::learners::LearnerLink;
+use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use comas_proto::v1 as pb;
@@ -158,8 +158,12 @@ async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u
     if theirs != ours {
         let diff: Vec<String> = ours
             .as_object()
-            .map(|o| o.iter().filter(|(key, v)| theirs.get(key.as_str()) != Some(v)).map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
-            .collect())
+            .map(|o| {
+                o.iter()
+                    .filter(|(key, v)| theirs.get(key.as_str()) != Some(v))
+                    .map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
+                    .collect()
+            })
             .unwrap_or_default();
         return Err(bad(format!("its training settings differ from agents[{k}].train ({}); start it with this job file", diff.join(", "))));
     }
@@ -170,6 +174,46 @@ async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u
         )));
     }
     Ok(info.global_step)
+}
+
+/// How often one learner may move to another step (restart) during one step's training before
+/// the job fails.
+const MAX_LEARNER_MOVES: u32 = 5;
+
+/// Trains one learner on its turns of `step`, saves a checkpoint if due, and publishes version
+/// `step + 1`. Every call names the learner step it expects, so a learner that restarts in
+/// between (from an older or a newer checkpoint) is checked again and the rest planned again:
+/// a step is never trained twice, and the version published is always the step's.
+async fn train_learner(
+    link: &mut LearnerLink,
+    job: &Job,
+    step_id: &str,
+    exps: &[pb::Experience],
+    step: u64,
+    checkpoint: bool,
+    mut at: u64,
+) -> Result<(Option<pb::TrainReport>, u64)> {
+    let mut moves = 0;
+    loop {
+        let attempt = async {
+            // A step this learner already trained is not trained again; its report comes from
+            // the learner's memory (kept in its checkpoints) if it still has it.
+            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step)).await?) };
+            if checkpoint {
+                link.save(Some(step + 1)).await?;
+            }
+            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?.version))
+        }
+        .await;
+        match attempt {
+            Err(CoordinatorError::LearnerMoved { message, .. }) if moves < MAX_LEARNER_MOVES => {
+                moves += 1;
+                tracing::warn!(agent = link.agent, step, "{message}; checking the learner again");
+                at = check_learner(link, job, step).await?;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Plays the CoMAS game on the held-out questions with the current weights; nothing is trained.
@@ -214,7 +258,9 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         }
     }
     let finished = in_spec_order(&specs, done, questions)?;
-    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None).map_err(|e| CoordinatorError::Rollout(e.to_string()))?.metrics;
+    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None)
+        .map_err(|e| CoordinatorError::Rollout(e.to_string()))?
+        .metrics;
     if let Some(o) = m.as_object_mut() {
         o.insert("kind".into(), json!("eval"));
         o.insert("job_id".into(), json!(id));
@@ -235,6 +281,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
     let (text, base) = (row.spec.clone(), row.base_dir.clone());
     let Loaded { job, questions, eval_questions } =
         tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+    let shared_job = Arc::new(job.clone());
     jobs.store.set_state(&id, JobState::Running, "")?;
     jobs.emit(&id, "status", String::new(), "running".into());
     let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
@@ -301,7 +348,9 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         jobs.emit(&id, "stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done)", done.len()));
         if !remaining.is_empty() {
             if at.iter().any(|&g| g != step) {
-                return Err(CoordinatorError::Other(format!("step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree")));
+                return Err(CoordinatorError::Other(format!(
+                    "step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree"
+                )));
             }
             if target_versions.as_ref() != Some(&versions) {
                 retarget(jobs, &job, &id, &load, &versions);
@@ -366,19 +415,9 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let step_id = format!("{id}/{step}");
         let mut tasks = tokio::task::JoinSet::new();
         for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent).enumerate() {
-            let (step_id, already) = (step_id.clone(), at[k] == step + 1);
+            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&shared_job));
             tasks.spawn(async move {
-                let out: Result<(Option<pb::TrainReport>, u64)> = async {
-                    // A step this learner already trained is not trained again; its report
-                    // comes from the learner's memory if it still has it.
-                    let report = if already { link.report(&step_id).await? } else { Some(link.train(&step_id, &exps, Some(step)).await?) };
-                    if checkpoint && !already {
-                        link.save().await?;
-                    }
-                    let published = link.publish().await?;
-                    Ok((report, published.version))
-                }
-                .await;
+                let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k).await;
                 (k, link, out)
             });
         }

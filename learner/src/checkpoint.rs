@@ -27,6 +27,9 @@ pub struct CheckpointState {
     /// The resolved training config, stored so a resume can be checked against it.
     pub config: TrainConfig,
     pub lora: bool,
+    /// The trainer's recent step reports (absent in older checkpoints).
+    #[serde(default)]
+    pub reports: Vec<(String, crate::trainer::StepReport)>,
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
@@ -69,9 +72,8 @@ impl Trainer {
                         .named_parameters()
                         .into_iter()
                         .map(|(name, w)| {
-                            let target = (0..self.model().config().num_hidden_layers as usize).find_map(|l| {
-                                Proj::ALL.into_iter().find(|p| name == format!("model.layers.{l}.{}.weight", p.module_path())).map(|p| (l, p))
-                            });
+                            let target = (0..self.model().config().num_hidden_layers as usize)
+                                .find_map(|l| Proj::ALL.into_iter().find(|p| name == format!("model.layers.{l}.{}.weight", p.module_path())).map(|p| (l, p)));
                             match target.and_then(|(l, p)| a.get(l, p)) {
                                 Some((la, lb)) => (name, &w + lb.matmul(la) * a.scale()),
                                 None => (name, w),
@@ -102,15 +104,26 @@ impl Trainer {
             adam_steps: self.optimizer().steps,
             config: self.config().clone(),
             lora: self.adapter().is_some(),
+            reports: self.recent_reports.iter().cloned().collect(),
         };
         let text = serde_json::to_string_pretty(&state).expect("json");
         write_atomic(&tmp.join("state.json"), |w| w.write_all(text.as_bytes()))?;
         write_atomic(&tmp.join(MARKER), |w| w.write_all(b"ok\n"))?;
         let dest = root.join(&name);
+        // A checkpoint of this step already there is moved aside, not deleted, before the new
+        // one takes its name: a crash in between leaves the old one to resume from.
+        let aside = root.join(format!(".{name}.old-{}", std::process::id()));
         if dest.exists() {
-            io(&dest, std::fs::remove_dir_all(&dest))?;
+            io(&dest, std::fs::rename(&dest, &aside))?;
         }
         io(&dest, std::fs::rename(&tmp, &dest))?;
+        // What earlier crashed saves of this step left: moved-aside and half-written copies.
+        for entry in io(root, std::fs::read_dir(root))?.flatten() {
+            let n = entry.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&format!(".{name}.old-")) || n.starts_with(&format!(".{name}.tmp-")) {
+                io(&entry.path(), std::fs::remove_dir_all(entry.path()))?;
+            }
+        }
         if let Ok(f) = std::fs::File::open(root) {
             let _ = f.sync_all();
         }
@@ -153,6 +166,7 @@ impl Trainer {
         t.optimizer_mut().load_state(&tensors, state.adam_steps).map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
         t.global_step = state.global_step;
         t.optimizer_steps = state.optimizer_steps;
+        t.recent_reports = state.reports.into_iter().collect();
         Ok(t)
     }
 }
@@ -163,13 +177,23 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     if !root.is_dir() {
         return Ok(out);
     }
+    let mut aside = Vec::new();
     for entry in io(root, std::fs::read_dir(root))? {
         let p = io(root, entry)?.path();
-        let step = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")).and_then(|s| s.parse::<u64>().ok());
-        if let Some(s) = step {
-            if p.join(MARKER).is_file() {
-                out.push((s, p));
-            }
+        let Some(name) = p.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+        if !p.join(MARKER).is_file() {
+            continue;
+        }
+        if let Some(s) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
+            out.push((s, p));
+        } else if let Some(s) = name.strip_prefix(".step-").and_then(|r| r.split_once(".old-")).and_then(|(s, _)| s.parse::<u64>().ok()) {
+            aside.push((s, p));
+        }
+    }
+    // A checkpoint moved aside by a save that crashed before its replacement took the name.
+    for (s, p) in aside {
+        if !out.iter().any(|(o, _)| *o == s) {
+            out.push((s, p));
         }
     }
     out.sort();

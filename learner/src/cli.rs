@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// LoRA adapter to continue training.
     #[arg(long, env = "COMAS_LEARNER_ADAPTER")]
     adapter: Option<PathBuf>,
+    /// Memory this learner may use, in bytes, when that is less than its device has (a shared
+    /// GPU, a container limit); jobs whose estimate exceeds it are warned of at submit.
+    #[arg(long, env = "COMAS_LEARNER_MEMORY_BYTES")]
+    memory_bytes: Option<u64>,
 }
 
 /// The agent's model, adapter and resolved settings from a job file, exactly as the
@@ -113,6 +117,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 checkpoint_dir,
                 keep_checkpoints: a.keep_checkpoints,
                 resume: a.resume,
+                memory_bytes: a.memory_bytes,
             },
         };
         server::serve(settings, comas_service::shutdown_signal()).await?;
@@ -126,8 +131,8 @@ pub fn run(args: Args) -> Result<()> {
         Command::Step { model, batch, config, out, adapter, merge_lora, reference_model } => {
             let cfg = TrainConfig::from_file(&config)?;
             let batch = experience::read_jsonl(&batch)?;
-            let mut trainer = Trainer::with_reference(&model, cfg, adapter.as_deref(), reference_model.as_deref())
-                .with_context(|| format!("loading {}", model.display()))?;
+            let mut trainer =
+                Trainer::with_reference(&model, cfg, adapter.as_deref(), reference_model.as_deref()).with_context(|| format!("loading {}", model.display()))?;
             let report = trainer.train_step(&batch)?;
             trainer.export(&out, merge_lora)?;
             let text = serde_json::to_string_pretty(&report)?;
@@ -137,4 +142,3 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
 }
-

@@ -5,7 +5,7 @@ use crate::config::TrainConfig;
 use crate::error::{LearnerError, Result};
 use crate::experience::Experience;
 use crate::publish::PublishedWeights;
-use crate::trainer::{StepReport, Trainer};
+use crate::trainer::{StepReport, Trainer, KEPT_REPORTS};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, RwLock};
@@ -27,17 +27,44 @@ pub struct EngineInfo {
     pub global_step: u64,
     pub optimizer_steps: u64,
     pub config_json: String,
+    pub memory_total_bytes: u64,
 }
 
 pub enum Command {
-    Train { step_id: String, batch: Vec<Experience>, reply: oneshot::Sender<Result<StepReport>> },
+    /// With `at_step`, trains only if the trainer is at that step (see `TrainHeader.at_step`).
+    Train {
+        step_id: String,
+        at_step: Option<u64>,
+        batch: Vec<Experience>,
+        reply: oneshot::Sender<Result<StepReport>>,
+    },
     /// The stored report of a step already trained.
-    Report { step_id: String, reply: oneshot::Sender<Result<StepReport>> },
-    Publish { reply: oneshot::Sender<Result<Arc<PublishedWeights>>> },
-    Save { reply: oneshot::Sender<Result<CheckpointSummary>> },
-    Load { path: Option<PathBuf>, reply: oneshot::Sender<Result<CheckpointSummary>> },
-    Info { reply: oneshot::Sender<EngineInfo> },
-    Export { dir: PathBuf, merge_lora: bool, reply: oneshot::Sender<Result<CheckpointSummary>> },
+    Report {
+        step_id: String,
+        reply: oneshot::Sender<Result<StepReport>>,
+    },
+    /// With `expected`, publishes only if the weights are that version.
+    Publish {
+        expected: Option<u64>,
+        reply: oneshot::Sender<Result<Arc<PublishedWeights>>>,
+    },
+    /// With `expected`, saves only if the trainer is at that step.
+    Save {
+        expected: Option<u64>,
+        reply: oneshot::Sender<Result<CheckpointSummary>>,
+    },
+    Load {
+        path: Option<PathBuf>,
+        reply: oneshot::Sender<Result<CheckpointSummary>>,
+    },
+    Info {
+        reply: oneshot::Sender<EngineInfo>,
+    },
+    Export {
+        dir: PathBuf,
+        merge_lora: bool,
+        reply: oneshot::Sender<Result<CheckpointSummary>>,
+    },
 }
 
 pub struct EngineSettings {
@@ -50,6 +77,9 @@ pub struct EngineSettings {
     pub keep_checkpoints: usize,
     /// Resume from the newest complete checkpoint under `checkpoint_dir` at start.
     pub resume: bool,
+    /// Memory this learner may use, reported to the coordinator's submit check (default: the
+    /// device's total).
+    pub memory_bytes: Option<u64>,
 }
 
 /// Published versions shared with the gRPC side (newest last, a few kept for slow pullers).
@@ -113,38 +143,62 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
     // The starting weights are version `global_step` (0, or the resumed step).
     publish(&trainer, &versions);
     let _ = ready.send(Ok(()));
-    // Reports of recent step ids, so a retried Train is answered without training twice.
-    let mut done: VecDeque<(String, StepReport)> = VecDeque::new();
+    let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
+    // A checkpoint already written for the current step (loaded or saved), not written again.
+    let mut saved: Option<(u64, PathBuf)> = None;
+    if s.resume {
+        if let Some(dir) = &s.checkpoint_dir {
+            saved = latest_checkpoint(dir).ok().flatten().map(|p| (trainer.global_step, p));
+        }
+    }
+    let at = |trainer: &Trainer, request: &'static str, expected: Option<u64>| match expected {
+        Some(e) if e != trainer.global_step => Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e }),
+        _ => Ok(()),
+    };
     while let Ok(cmd) = rx.recv() {
         match cmd {
-            Command::Train { step_id, batch, reply } => {
-                if let Some((_, r)) = done.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
+            Command::Train { step_id, at_step, batch, reply } => {
+                // A retried step is answered from the reports (kept across checkpoints),
+                // without training twice.
+                if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
                     let _ = reply.send(Ok(r.clone()));
                     continue;
                 }
-                let r = trainer.train_step(&batch);
+                if let Err(e) = at(&trainer, "this training step", at_step) {
+                    let _ = reply.send(Err(e));
+                    continue;
+                }
+                // A libtorch failure outside the update itself changed no weights.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trainer.train_step(&batch)))
+                    .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
                 if let Ok(rep) = &r {
-                    done.push_back((step_id, rep.clone()));
-                    if done.len() > 16 {
-                        done.pop_front();
+                    trainer.recent_reports.push_back((step_id, rep.clone()));
+                    while trainer.recent_reports.len() > KEPT_REPORTS {
+                        trainer.recent_reports.pop_front();
                     }
                 }
                 let _ = reply.send(r);
             }
             Command::Report { step_id, reply } => {
-                let r = done.iter().find(|(id, _)| *id == step_id).map(|(_, r)| r.clone());
+                let r = trainer.recent_reports.iter().find(|(id, _)| *id == step_id).map(|(_, r)| r.clone());
                 let _ = reply.send(r.ok_or(LearnerError::UnknownStep(step_id)));
             }
-            Command::Publish { reply } => {
-                let _ = reply.send(Ok(publish(&trainer, &versions)));
+            Command::Publish { expected, reply } => {
+                let _ = reply.send(at(&trainer, "publishing these weights", expected).map(|()| publish(&trainer, &versions)));
             }
-            Command::Save { reply } => {
-                let r = match &s.checkpoint_dir {
-                    None => Err(LearnerError::Checkpoint("no checkpoint directory configured (--checkpoint-dir)".into())),
-                    Some(dir) => trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| CheckpointSummary {
-                        path,
-                        global_step: trainer.global_step,
-                        optimizer_steps: trainer.optimizer_steps,
+            Command::Save { expected, reply } => {
+                let summary = |path: PathBuf, t: &Trainer| CheckpointSummary { path, global_step: t.global_step, optimizer_steps: t.optimizer_steps };
+                let r = match (&s.checkpoint_dir, at(&trainer, "this checkpoint", expected)) {
+                    (_, Err(e)) => Err(e),
+                    (None, _) => Err(LearnerError::Checkpoint("no checkpoint directory configured (--checkpoint-dir)".into())),
+                    // Saving the same step twice (a retried save, or a step resumed from its
+                    // own checkpoint) writes nothing.
+                    (Some(_), Ok(())) if saved.as_ref().is_some_and(|(g, p)| *g == trainer.global_step && p.is_dir()) => {
+                        Ok(summary(saved.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), &trainer))
+                    }
+                    (Some(dir), Ok(())) => trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| {
+                        saved = Some((trainer.global_step, path.clone()));
+                        summary(path, &trainer)
                     }),
                 };
                 let _ = reply.send(r);
@@ -152,15 +206,14 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
             Command::Load { path, reply } => {
                 let target = match (path, &s.checkpoint_dir) {
                     (Some(p), _) => Ok(p),
-                    (None, Some(dir)) => latest_checkpoint(dir).and_then(|o| {
-                        o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))
-                    }),
+                    (None, Some(dir)) => latest_checkpoint(dir)
+                        .and_then(|o| o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))),
                     (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
                 };
                 let r = target.and_then(|p| {
                     let t = Trainer::resume(&p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
                     trainer = t;
-                    done.clear();
+                    saved = Some((trainer.global_step, p.clone()));
                     publish(&trainer, &versions);
                     Ok(CheckpointSummary { path: p, global_step: trainer.global_step, optimizer_steps: trainer.optimizer_steps })
                 });
@@ -187,6 +240,7 @@ fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Re
                     global_step: trainer.global_step,
                     optimizer_steps: trainer.optimizer_steps,
                     config_json: serde_json::to_string(trainer.config()).unwrap_or_default(),
+                    memory_total_bytes: memory_total,
                 });
             }
         }

@@ -30,6 +30,7 @@ fn status(e: LearnerError) -> Status {
         LearnerError::NonFinite { .. } => Status::failed_precondition(e.to_string()),
         LearnerError::Checkpoint(_) => Status::failed_precondition(e.to_string()),
         LearnerError::UnknownStep(_) => Status::not_found(e.to_string()),
+        LearnerError::StepMismatch { .. } => Status::aborted(e.to_string()),
         LearnerError::PartlyUpdated(_) => Status::unavailable(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
@@ -73,7 +74,9 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
         policy_version: Some(m.policy_version),
         constrained: m.constrained.into_iter().map(|c| Constrained { position: c.position as usize, allowed: c.allowed }).collect(),
         temperature: match m.temperature {
-            Some(t) if !(t > 0.0 && t.is_finite()) => return Err(Status::invalid_argument(format!("experience {i}: temperature must be positive and finite, got {t}"))),
+            Some(t) if !(t > 0.0 && t.is_finite()) => {
+                return Err(Status::invalid_argument(format!("experience {i}: temperature must be positive and finite, got {t}")))
+            }
             t => t,
         },
     })
@@ -145,14 +148,10 @@ impl Learner for LearnerService {
             }
         }
         if batch.len() as u32 != header.num_experiences {
-            return Err(Status::invalid_argument(format!(
-                "stream ended after {} of {} experiences; nothing was trained",
-                batch.len(),
-                header.num_experiences
-            )));
+            return Err(Status::invalid_argument(format!("stream ended after {} of {} experiences; nothing was trained", batch.len(), header.num_experiences)));
         }
         let timer = self.metrics.step_seconds.start_timer();
-        let result = self.call(|reply| Command::Train { step_id: header.step_id, batch, reply }).await?;
+        let result = self.call(|reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?;
         match result {
             Ok(r) => {
                 timer.observe_duration();
@@ -171,8 +170,9 @@ impl Learner for LearnerService {
         }
     }
 
-    async fn publish_weights(&self, _: Request<pb::PublishWeightsRequest>) -> Result<Response<pb::WeightsPublished>, Status> {
-        let p = self.call(|reply| Command::Publish { reply }).await?.map_err(status)?;
+    async fn publish_weights(&self, request: Request<pb::PublishWeightsRequest>) -> Result<Response<pb::WeightsPublished>, Status> {
+        let expected = request.into_inner().expected_version;
+        let p = self.call(|reply| Command::Publish { expected, reply }).await?.map_err(status)?;
         self.metrics.version.set(p.version as i64);
         Ok(Response::new(pb::WeightsPublished {
             version: p.version,
@@ -201,8 +201,9 @@ impl Learner for LearnerService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn save_checkpoint(&self, _: Request<pb::SaveCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
-        let s = self.call(|reply| Command::Save { reply }).await?.map_err(status)?;
+    async fn save_checkpoint(&self, request: Request<pb::SaveCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let expected = request.into_inner().expected_step;
+        let s = self.call(|reply| Command::Save { expected, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
@@ -238,6 +239,7 @@ impl Learner for LearnerService {
             optimizer_steps: i.optimizer_steps,
             latest_version: latest,
             config_json: i.config_json,
+            memory_total_bytes: i.memory_total_bytes,
         }))
     }
 }

@@ -10,12 +10,14 @@ use crate::rl::{compute_advantages, learning_rate, shuffle_order, SampleInput};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
 use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct StepReport {
     pub global_step: u64,
     pub optimizer_steps: u64,
@@ -69,7 +71,13 @@ pub struct Trainer {
     pub global_step: u64,
     /// Set when a full-model update failed midway (see `LearnerError::PartlyUpdated`).
     poisoned: Option<String>,
+    /// Reports of the last steps trained, by step id (newest last), saved with checkpoints so
+    /// that a learner restarted from one still answers a retried step with its report.
+    pub recent_reports: VecDeque<(String, StepReport)>,
 }
+
+/// How many step reports a trainer keeps.
+pub const KEPT_REPORTS: usize = 16;
 
 /// Sequence positions of a micro-batch's completion tokens, for gathering their log-probs.
 struct Packed {
@@ -218,6 +226,7 @@ impl Trainer {
             optimizer_steps: cfg.completed_steps,
             global_step: 0,
             poisoned: None,
+            recent_reports: VecDeque::new(),
             cfg,
             model,
             adapter,
@@ -370,7 +379,10 @@ impl Trainer {
         // Only adapter state is small enough to copy every update.
         let snapshot = (steps_here > 1 && self.adapter.is_some()).then(|| self.optim.snapshot());
         let steps_before = self.optimizer_steps;
-        let result = self.optimize(batch, &old, reference.as_deref(), &adv.advantages, &adv.loss_mask, device);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.optimize(batch, &old, reference.as_deref(), &adv.advantages, &adv.loss_mask, device)
+        }))
+        .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
         let mut report = match result {
             Ok(r) => r,
             Err(e) => {
@@ -420,7 +432,15 @@ impl Trainer {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn optimize(&mut self, batch: &[Experience], old: &[Vec<f64>], reference: Option<&[Vec<f64>]>, adv: &[Vec<f64>], loss_mask: &[bool], device: Device) -> Result<StepReport> {
+    fn optimize(
+        &mut self,
+        batch: &[Experience],
+        old: &[Vec<f64>],
+        reference: Option<&[Vec<f64>]>,
+        adv: &[Vec<f64>],
+        loss_mask: &[bool],
+        device: Device,
+    ) -> Result<StepReport> {
         let cfg = self.cfg.clone();
         let n = batch.len();
         let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
@@ -450,7 +470,8 @@ impl Trainer {
                     let old_t = cat(&|i| old[i].clone());
                     let adv_t = cat(&|i| adv[i].clone());
                     let mask_t = cat(&|i| weights[i].clone());
-                    let seq_idx = Tensor::from_slice(&mb.iter().enumerate().flat_map(|(k, &i)| vec![k as i64; adv[i].len()]).collect::<Vec<_>>()).to_device(device);
+                    let seq_idx =
+                        Tensor::from_slice(&mb.iter().enumerate().flat_map(|(k, &i)| vec![k as i64; adv[i].len()]).collect::<Vec<_>>()).to_device(device);
                     let mb_tokens = mask_t.sum(Kind::Float).double_value(&[]);
                     // Reduce a per-token quantity to this micro-batch's share of the step loss.
                     let aggregate = |per_tok: &Tensor| -> Tensor {

@@ -2,7 +2,6 @@
 //! streaming weights with checksums, checkpoints, readiness and bad input. The last test runs
 //! the `comas-learner` binary as a process and stops it with SIGTERM.
 use comas_learner::engine::EngineSettings;
-use comas_proto::weights::assemble;
 use comas_learner::server::{serve, ServerSettings};
 use comas_learner::TrainConfig;
 use comas_model::safetensors::SafeTensorsFile;
@@ -10,6 +9,7 @@ use comas_model::tiny::{write_model, TinySpec};
 use comas_model::Architecture;
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
+use comas_proto::weights::assemble;
 use std::path::Path;
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -35,13 +35,21 @@ fn experiences(n: usize, seed: u64) -> Vec<pb::Experience> {
         .collect()
 }
 
-fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
-    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, ..Default::default() })) }];
+fn train_messages(header: pb::TrainHeader, exps: Vec<pb::Experience>) -> Vec<pb::TrainRequest> {
+    let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) }];
     msgs.extend(exps.into_iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }));
-    tokio_stream::iter(msgs)
+    msgs
+}
+
+fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
+    tokio_stream::iter(train_messages(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, ..Default::default() }, exps))
 }
 
 async fn start(model: &Path, ckpt: &Path) -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_with(model, ckpt, false).await
+}
+
+async fn start_with(model: &Path, ckpt: &Path, resume: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let cfg = TrainConfig { lr: 1e-3, total_steps: 10, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
@@ -56,7 +64,8 @@ async fn start(model: &Path, ckpt: &Path) -> (String, tokio::sync::oneshot::Send
             config: cfg,
             checkpoint_dir: Some(ckpt.to_path_buf()),
             keep_checkpoints: 2,
-            resume: false,
+            resume,
+            memory_bytes: None,
         },
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -152,7 +161,7 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
 
     // Publish version 1 and pull it in small chunks; it must equal the saved checkpoint.
-    let p = c.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
+    let p = c.publish_weights(pb::PublishWeightsRequest::default()).await.unwrap().into_inner();
     assert_eq!((p.version, p.lora), (1, false));
     let mut stream = c.stream_weights(pb::StreamWeightsRequest { version: 1, max_chunk_bytes: 1000 }).await.unwrap().into_inner();
     let mut chunks = Vec::new();
@@ -164,7 +173,7 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     let tensors = assemble(chunks.clone()).unwrap();
     assert_eq!(tensors.len(), p.num_tensors as usize);
     assert_eq!(tensors.iter().map(|t| t.bytes.len() as u64).sum::<u64>(), p.total_bytes);
-    let saved = c.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    let saved = c.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
     assert_eq!(saved.global_step, 1);
     let file = SafeTensorsFile::open(&Path::new(&saved.path).join("model/model.safetensors")).unwrap();
     for r in &tensors {
@@ -187,6 +196,57 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     let loaded = c.load_checkpoint(pb::LoadCheckpointRequest { path: String::new() }).await.unwrap().into_inner();
     assert_eq!(loaded.global_step, 1);
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+    let _ = stop.send(());
+}
+
+/// Every call of a step names the learner step it was planned for; a learner at another step
+/// (it restarted) refuses with ABORTED and does nothing, and a restarted learner still answers
+/// a retried step from the reports kept in its checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_planned_for_another_step_are_refused_and_reports_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, ckpt) = (dir.path().join("model"), dir.path().join("ckpt"));
+    write_model(&model, &TinySpec { seed: 2, ..TinySpec::tiny(Architecture::Llama) }).unwrap();
+    let (addr, stop) = start(&model, &ckpt).await;
+    assert!(wait_status(&addr, ServingStatus::Serving).await);
+    let mut c = LearnerClient::connect(addr.clone()).await.unwrap();
+    let planned = |id: &str, at: u64, seed: u64| {
+        let header = pb::TrainHeader { step_id: id.into(), num_experiences: 8, at_step: Some(at), ..Default::default() };
+        tokio_stream::iter(train_messages(header, experiences(8, seed)))
+    };
+    let err = c.train(planned("job/1", 1, 1)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
+    assert!(err.message().contains("planned for training step 1, but this learner is at step 0"), "{}", err.message());
+    let r0 = c.train(planned("job/0", 0, 1)).await.unwrap().into_inner();
+    assert_eq!(r0.global_step, 1);
+    // The same step id again is answered from the report, even though the learner moved on.
+    assert_eq!(c.train(planned("job/0", 0, 1)).await.unwrap().into_inner(), r0);
+    for (save, publish) in [(Some(0), None), (None, Some(0))] {
+        let err = match save {
+            Some(e) => c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(e) }).await.unwrap_err(),
+            None => c.publish_weights(pb::PublishWeightsRequest { expected_version: publish }).await.unwrap_err(),
+        };
+        assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
+    }
+    assert!(std::fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0) == 0, "a refused save wrote nothing");
+    let saved = c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) }).await.unwrap().into_inner();
+    let weights = Path::new(&saved.path).join("model/model.safetensors");
+    let written = std::fs::metadata(&weights).unwrap().modified().unwrap();
+    // Saving the same step again keeps the checkpoint that is there.
+    let again = c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) }).await.unwrap().into_inner();
+    assert_eq!((again.path.as_str(), std::fs::metadata(&weights).unwrap().modified().unwrap()), (saved.path.as_str(), written));
+    assert_eq!(c.publish_weights(pb::PublishWeightsRequest { expected_version: Some(1) }).await.unwrap().into_inner().version, 1);
+    let _ = stop.send(());
+
+    // A new learner resumed from that checkpoint knows step `job/0`: a retry is not trained again.
+    let (addr, stop) = start_with(&model, &ckpt, true).await;
+    assert!(wait_status(&addr, ServingStatus::Serving).await);
+    let mut c = LearnerClient::connect(addr).await.unwrap();
+    assert_eq!(c.train(planned("job/0", 0, 1)).await.unwrap().into_inner(), r0);
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+    assert_eq!(c.train(planned("job/1", 1, 2)).await.unwrap().into_inner().global_step, 2);
+    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.global_step, info.optimizer_steps), (2, 2));
     let _ = stop.send(());
 }
 

@@ -17,10 +17,13 @@ fn params(t: &Trainer) -> Vec<(String, Tensor)> {
 }
 
 fn max_param_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
-    a.iter().zip(b).map(|((n1, x), (n2, y))| {
-        assert_eq!(n1, n2);
-        (x - y).abs().max().double_value(&[])
-    }).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|((n1, x), (n2, y))| {
+            assert_eq!(n1, n2);
+            (x - y).abs().max().double_value(&[])
+        })
+        .fold(0.0, f64::max)
 }
 
 fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
@@ -215,6 +218,18 @@ fn checkpoint_is_a_loadable_model_folder_and_rotates() {
     std::fs::create_dir_all(root.join("step-9/model")).unwrap();
     assert_eq!(checkpoint::latest_checkpoint(&root).unwrap().unwrap(), all[1].1);
     assert!(Trainer::resume(&root.join("step-9"), dir.path(), None).err().unwrap().to_string().contains("incomplete"));
+    // A save of step 3 that crashed after moving the old step 3 aside, before the new one took
+    // its name: the one moved aside is still found, and resumes.
+    std::fs::remove_dir_all(root.join("step-9")).unwrap();
+    std::fs::rename(&all[1].1, root.join(".step-3.old-77")).unwrap();
+    let found = checkpoint::latest_checkpoint(&root).unwrap().unwrap();
+    assert_eq!(found, root.join(".step-3.old-77"));
+    assert_eq!(Trainer::resume(&found, dir.path(), None).unwrap().global_step, 3);
+    // Saving step 3 again replaces it and leaves nothing aside.
+    t.save_checkpoint(&root, 2).unwrap();
+    let names: Vec<String> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&"step-3".to_string()) && names.contains(&"step-2".to_string()), "{names:?}");
 }
 
 /// Each experience is scored at the temperature it was sampled at: a batch sampled at 0.5

@@ -20,7 +20,10 @@ enum Tail {
     /// Writing freely; the guide starts when the row would stop.
     Free(String),
     /// In the guided tail; `next` is what the guide allows at the next position.
-    Guided { guide: Guide, next: Vec<i64> },
+    Guided {
+        guide: Guide,
+        next: Vec<i64>,
+    },
 }
 
 struct Row<'a> {
@@ -187,8 +190,8 @@ impl<'a> Batcher<'a> {
         let device = self.model.device();
         let prompts: Vec<Vec<i64>> = queue.iter().map(|p| p.prompt.clone()).collect();
         let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
-        self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64);
-        let first = self.cache.push_rows(queue.len());
+        self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64)?;
+        let first = self.cache.push_rows(queue.len())?;
         let (ids, _) = mask::right_pad(&prompts, 0, device);
         let adapters: Vec<Option<&'a LoraAdapter>> = queue.iter().map(|p| p.adapter).collect();
         let lora = self.lora(&adapters);

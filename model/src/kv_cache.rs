@@ -102,9 +102,12 @@ impl KvCache {
     /// Makes room for `rows` sequences and `cols` columns. Growth doubles what is short
     /// (amortised); with a limit, the slack is dropped first, so an allocation exceeds the limit
     /// only when the need itself does.
-    pub fn reserve(&mut self, rows: i64, cols: i64) {
+    ///
+    /// An allocation that fails (memory is short) is an error naming the size; the cache is left
+    /// as it was.
+    pub fn reserve(&mut self, rows: i64, cols: i64) -> Result<()> {
         if rows <= self.row_cap && cols <= self.col_cap {
-            return;
+            return Ok(());
         }
         let used_rows = self.lens.len() as i64;
         let used_cols = self.lens.iter().copied().max().unwrap_or(0);
@@ -124,23 +127,35 @@ impl KvCache {
             }
         }
         let shape = [new_rows, self.kv_heads, new_cols, self.head_dim];
-        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            let grown = Tensor::zeros(shape, (self.kind, self.device));
+        let failed = |e: tch::TchError| {
+            let bytes = new_rows * new_cols * self.kv_heads * self.head_dim * self.kind.elt_size_in_bytes() as i64 * 2 * self.keys.len() as i64;
+            ModelError::Input(format!(
+                "the KV cache for {new_rows} sequences of {new_cols} tokens ({:.2} GiB) could not be allocated on {:?}: {e}; lower the worker's --max-batch-tokens or --max-running",
+                bytes as f64 / (1u64 << 30) as f64,
+                self.device
+            ))
+        };
+        let mut grown = Vec::with_capacity(self.keys.len() * 2);
+        for t in self.keys.iter().chain(self.values.iter()) {
+            let g = Tensor::f_zeros(shape, (self.kind, self.device)).map_err(failed)?;
             if used_rows > 0 && used_cols > 0 {
-                grown.narrow(0, 0, used_rows).narrow(2, 0, used_cols).copy_(&t.narrow(0, 0, used_rows).narrow(2, 0, used_cols));
+                g.narrow(0, 0, used_rows).narrow(2, 0, used_cols).f_copy_(&t.narrow(0, 0, used_rows).narrow(2, 0, used_cols)).map_err(failed)?;
             }
-            *t = grown;
+            grown.push(g);
         }
+        let values = grown.split_off(self.keys.len());
+        (self.keys, self.values) = (grown, values);
         self.row_cap = new_rows;
         self.col_cap = new_cols;
+        Ok(())
     }
 
     /// Adds `n` empty rows at the end; returns the first one.
-    pub fn push_rows(&mut self, n: usize) -> i64 {
+    pub fn push_rows(&mut self, n: usize) -> Result<i64> {
         let first = self.lens.len() as i64;
-        self.reserve(first + n as i64, self.col_cap);
+        self.reserve(first + n as i64, self.col_cap)?;
         self.lens.extend(std::iter::repeat_n(0, n));
-        first
+        Ok(first)
     }
 
     /// Drops row `row`, moving the last row into its place (as `Vec::swap_remove`): one row is
@@ -171,7 +186,7 @@ impl KvCache {
         }
         let starts: Vec<i64> = self.lens[first_row as usize..(first_row + n) as usize].to_vec();
         let end = starts.iter().map(|s| s + width).max().unwrap_or(0);
-        self.reserve(self.lens.len() as i64, end);
+        self.reserve(self.lens.len() as i64, end)?;
         let device = self.device;
         let offsets = Tensor::arange(width, (Kind::Int64, device)).view([1, width]);
         let start_t = Tensor::from_slice(&starts).to_device(device).view([n, 1]);
@@ -234,7 +249,7 @@ mod tests {
     #[test]
     fn prefill_mask_is_causal_within_each_row() {
         let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
-        c.push_rows(2);
+        c.push_rows(2).unwrap();
         let step = c.begin(0, &[3, 1], 3).unwrap();
         assert_eq!(step.mask.size(), vec![2, 1, 3, 3]);
         #[rustfmt::skip]
@@ -251,7 +266,7 @@ mod tests {
     #[test]
     fn decode_step_offsets_each_row_by_its_length() {
         let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
-        c.push_rows(2);
+        c.push_rows(2).unwrap();
         let s = c.begin(0, &[3, 1], 3).unwrap();
         c.commit(&s);
         let step = c.begin(0, &[1, 1], 1).unwrap();
@@ -266,7 +281,7 @@ mod tests {
         let cfg = cfg();
         let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
-        c.push_rows(2);
+        c.push_rows(2).unwrap();
         let s = c.begin(0, &[2, 1], 2).unwrap();
         let k = Tensor::ones([2, kv, 2, d], (Kind::Float, Device::Cpu));
         let _ = c.store(0, &s, &k, &k);
@@ -285,7 +300,7 @@ mod tests {
         let cfg = cfg();
         let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
-        c.push_rows(3);
+        c.push_rows(3).unwrap();
         let s = c.begin(0, &[1, 2, 3], 3).unwrap();
         let k = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([3, 1, 1, 1]).expand([3, kv, 3, d], false).contiguous();
         let _ = c.store(0, &s, &k, &k);
@@ -304,15 +319,28 @@ mod tests {
         let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut c = KvCache::new(&cfg, 1, 16, Kind::Float, Device::Cpu);
         c.set_limit(Some(3 * 32));
-        c.push_rows(1);
+        c.push_rows(1).unwrap();
         let s = c.begin(0, &[4], 4).unwrap();
         let k = Tensor::full([1, kv, 4, d], 9.0, (Kind::Float, Device::Cpu));
         let _ = c.store(0, &s, &k, &k);
         c.commit(&s);
-        c.reserve(3, 20);
+        c.reserve(3, 20).unwrap();
         assert!(c.capacity_slots() <= 3 * 32, "{} slots", c.capacity_slots());
         assert_eq!(c.keys[0].get(0).get(0).get(3).get(0).double_value(&[]), 9.0);
         assert!(c.begin(0, &[0], 1).is_err(), "a row needs at least one new token");
         assert!(c.begin(1, &[1], 1).is_err(), "row 1 does not exist");
+    }
+
+    #[test]
+    fn a_cache_that_memory_cannot_hold_is_an_error_and_the_cache_stays() {
+        let cfg = cfg();
+        let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(1).unwrap();
+        let before = (c.capacity_slots(), c.rows());
+        // Terabytes: refused by the allocator, not by a check of ours.
+        let err = c.reserve(1 << 20, 1 << 20).unwrap_err().to_string();
+        assert!(err.contains("could not be allocated") && err.contains("--max-batch-tokens"), "{err}");
+        assert_eq!((c.capacity_slots(), c.rows()), before);
+        assert!(c.begin(0, &[2], 2).is_ok(), "the cache still works");
     }
 }

@@ -10,6 +10,7 @@ pub mod guide;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;
+pub mod memory;
 pub mod rope;
 pub mod safetensors;
 pub mod sampling;

@@ -6,6 +6,7 @@ use crate::error::{read_json, ModelError, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
+use std::str::FromStr;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -24,7 +25,7 @@ pub struct Tokenizer {
     /// The same tokenizer with special-token matching off: text that spells a special token
     /// stays text.
     plain: tokenizers::Tokenizer,
-    template: Option<minijinja::Environment<'static>>,
+    template: Option<ChatTemplate>,
     bos_token: Option<String>,
     eos_token: Option<String>,
     pad_token: Option<String>,
@@ -34,6 +35,13 @@ pub struct Tokenizer {
     special_texts: Vec<String>,
     /// Guided decoding state, built on first use (a token trie over the whole vocabulary).
     guidance: std::sync::OnceLock<std::result::Result<crate::guide::Guidance, String>>,
+}
+
+/// The model's chat template and the file it came from. One that does not compile is kept as
+/// its error, so raw prompts still work and only chat prompts fail, naming the file.
+struct ChatTemplate {
+    origin: String,
+    env: std::result::Result<minijinja::Environment<'static>, String>,
 }
 
 /// Special tokens in tokenizer_config.json are either strings or AddedToken objects.
@@ -51,19 +59,33 @@ fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error>
 
 /// A Jinja environment configured like the one `transformers` renders chat templates in:
 /// `trim_blocks` and `lstrip_blocks` on, Python string methods available.
-fn template_env(source: String) -> Result<minijinja::Environment<'static>> {
+fn template_env(source: String) -> std::result::Result<minijinja::Environment<'static>, String> {
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
-    env.add_template_owned("chat", source).map_err(|e| ModelError::ChatTemplate(format!("does not compile: {e}")))?;
+    env.add_template_owned("chat", source).map_err(|e| e.to_string())?;
     Ok(env)
 }
 
 #[derive(Deserialize)]
 struct EosOnly {
     eos_token_id: Option<TokenIds>,
+}
+
+/// Reads `tokenizer.json`, telling a file that is not JSON from JSON that is not a tokenizer.
+fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+        return Err(ModelError::Tokenizer(format!("{} is not valid JSON ({e}); the file is damaged or was cut short", path.display())));
+    }
+    tokenizers::Tokenizer::from_str(&text).map_err(|e| {
+        ModelError::Tokenizer(format!(
+            "{} is JSON but not a tokenizer in the Hugging Face `tokenizers` format ({e}); it needs `model`, `normalizer`, `pre_tokenizer` and `added_tokens` as `tokenizer.save()` writes them",
+            path.display()
+        ))
+    })
 }
 
 impl Tokenizer {
@@ -73,26 +95,27 @@ impl Tokenizer {
         if !path.is_file() {
             return Err(ModelError::Folder { folder: dir.into(), what: "tokenizer.json is missing".into() });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = load_tokenizer_json(&path)?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.is_file() { read_json(&cfg_path)? } else { Value::Null };
         // transformers 5 writes the template to its own file; older versions keep it in the config.
         let jinja_path = dir.join("chat_template.jinja");
         let source = if jinja_path.is_file() {
-            Some(std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?)
+            Some((jinja_path.display().to_string(), std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?))
         } else {
+            let origin = format!("the chat_template of {}", cfg_path.display());
             match cfg.get("chat_template") {
-                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::String(s)) => Some((origin, s.clone())),
                 // A list of named templates: use the default one.
                 Some(Value::Array(list)) => list
                     .iter()
                     .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                     .and_then(|t| t.get("template").and_then(Value::as_str))
-                    .map(String::from),
+                    .map(|t| (origin, t.to_string())),
                 _ => None,
             }
         };
-        let template = source.map(template_env).transpose()?;
+        let template = source.map(|(origin, text)| ChatTemplate { origin, env: template_env(text) });
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
         let vocab_size = inner.get_vocab_size(true);
@@ -168,6 +191,20 @@ impl Tokenizer {
         self.template.is_some()
     }
 
+    /// Why chat prompts cannot be rendered: no template, or one that does not compile.
+    pub fn check_chat_template(&self) -> Result<()> {
+        self.chat_env().map(|_| ())
+    }
+
+    /// The compiled chat template and the file it came from.
+    fn chat_env(&self) -> Result<(&str, &minijinja::Environment<'static>)> {
+        match &self.template {
+            None => Err(ModelError::ChatTemplate("this model has no chat template (tokenizer_config.json has no chat_template)".into())),
+            Some(ChatTemplate { origin, env: Err(e) }) => Err(ModelError::ChatTemplate(format!("{origin} does not compile: {e}; fix it, or give raw prompts"))),
+            Some(ChatTemplate { origin, env: Ok(env) }) => Ok((origin, env)),
+        }
+    }
+
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
         let enc = self.inner.encode(text, add_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
@@ -182,10 +219,8 @@ impl Tokenizer {
 
     /// Renders `messages` with the model's chat template.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let env = self.template.as_ref().ok_or_else(|| {
-            ModelError::ChatTemplate("this model has no chat template (tokenizer_config.json has no chat_template)".into())
-        })?;
-        let tmpl = env.get_template("chat").expect("template registered");
+        let (origin, env) = self.chat_env()?;
+        let tmpl = env.get_template("chat").map_err(|e| ModelError::ChatTemplate(format!("{origin}: {e}")))?;
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -194,7 +229,7 @@ impl Tokenizer {
             pad_token => self.pad_token.clone().unwrap_or_default(),
             tools => minijinja::Value::from(()),
         };
-        tmpl.render(ctx).map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
+        tmpl.render(ctx).map_err(|e| ModelError::ChatTemplate(format!("{origin} failed to render: {e}")))
     }
 
     /// Encodes text with special-token strings treated as ordinary text.

@@ -121,3 +121,17 @@ fn lora_adapter_for_another_shape_is_rejected() {
     let err = LoraAdapter::load(&model_dir("qwen2-f32-lora"), &qwen3, Kind::Float, Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("q_proj.lora_B.weight") || err.contains("q_proj.lora_A.weight"), "{err}");
 }
+
+/// The submit-time memory estimate counts parameters from config.json alone; on every fixture
+/// it agrees with the loaded model's tensors, element for element.
+#[test]
+fn the_memory_estimate_counts_exactly_the_parameters_that_load() {
+    for name in ["llama3-gqa", "qwen2-f32", "qwen2-tied-bf16", "qwen3", "qwen2-sharded"] {
+        let dir = model_dir(name);
+        let dims = comas_workflow::memory::ModelDims::from_config_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let m = CausalLm::load(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
+        let loaded: i64 = m.named_parameters().iter().map(|(_, t)| t.numel() as i64).sum();
+        assert_eq!(dims.parameters() as i64, loaded, "{name}");
+        assert_eq!(m.config().num_parameters(), loaded, "{name}");
+    }
+}

@@ -39,14 +39,33 @@ pub struct Snapshot {
 }
 
 pub enum Command {
-    Load { specs: Vec<PolicySpec>, dtype: String, reply: oneshot::Sender<Result<(usize, usize), String>> },
-    Episode { stream: u64, job: EpisodeJob, results: tmpsc::UnboundedSender<EpisodeOutcome> },
+    Load {
+        specs: Vec<PolicySpec>,
+        dtype: String,
+        reply: oneshot::Sender<Result<(usize, usize), String>>,
+    },
+    Episode {
+        stream: u64,
+        job: EpisodeJob,
+        results: tmpsc::UnboundedSender<EpisodeOutcome>,
+    },
     /// The stream broke: its unfinished episodes are dropped (the coordinator re-queues them).
-    CancelStream { stream: u64 },
-    Update { agent: u32, version: u64, tensors: Vec<comas_proto::weights::ReceivedTensor>, reply: oneshot::Sender<Result<(), String>> },
-    Info { reply: oneshot::Sender<Snapshot> },
+    CancelStream {
+        stream: u64,
+    },
+    Update {
+        agent: u32,
+        version: u64,
+        tensors: Vec<comas_proto::weights::ReceivedTensor>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    Info {
+        reply: oneshot::Sender<Snapshot>,
+    },
     /// Stop taking episodes; `reply` fires once the running ones have finished.
-    Drain { reply: oneshot::Sender<()> },
+    Drain {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Counters the metrics endpoint reads (plain atomics: no locks on the hot path).
@@ -142,15 +161,6 @@ fn fault_from_env() -> Option<Fault> {
         "stale-version" => Some(Fault::StaleVersion(n)),
         "slow-load" => Some(Fault::SlowLoad(n)),
         _ => None,
-    }
-}
-
-/// The text of a panic's payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => s.to_string(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic without a message".to_string(),
     }
 }
 
@@ -460,7 +470,9 @@ impl<'m> Runtime<'m> {
             ));
         }
         if prompt + new > budget {
-            return Some(format!("its prompt of {prompt} tokens{cut} and max_new_tokens {new} exceed this worker's token budget of {budget} (--max-batch-tokens)"));
+            return Some(format!(
+                "its prompt of {prompt} tokens{cut} and max_new_tokens {new} exceed this worker's token budget of {budget} (--max-batch-tokens)"
+            ));
         }
         None
     }
@@ -612,7 +624,7 @@ impl<'m> Runtime<'m> {
                         }
                         batcher.step()
                     }))
-                        .unwrap_or_else(|p| Err(comas_model::ModelError::Input(format!("the decode step panicked: {}", panic_message(p.as_ref())))))
+                    .unwrap_or_else(|p| Err(comas_model::ModelError::Input(format!("the decode step panicked: {}", comas_service::panic_message(p.as_ref())))))
                 };
                 match step {
                     Ok(done) => {

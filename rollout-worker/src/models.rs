@@ -55,9 +55,11 @@ impl Models {
                     let model = CausalLm::load(&s.model_dir, kind, device)?;
                     let tokenizer = Tokenizer::from_dir(&s.model_dir)?;
                     tokenizer.check_fits(model.config())?;
-                    if !tokenizer.has_chat_template() {
-                        return Err(ModelError::ChatTemplate(format!("{} has no chat template; agents speak through it", s.model_dir.display())));
-                    }
+                    // Agents speak through the chat template: one that is missing or broken is
+                    // refused at load, not at the first turn.
+                    tokenizer
+                        .check_chat_template()
+                        .map_err(|e| ModelError::ChatTemplate(format!("{}: {e}; agents speak through it", s.model_dir.display())))?;
                     bases.push(Base { model, tokenizer });
                     if !own {
                         shared.insert(s.model_dir.clone(), bases.len() - 1);

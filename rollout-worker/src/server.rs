@@ -56,7 +56,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
         let why = match engine_thread.join() {
-            Err(panic) => engine::panic_message(panic.as_ref()),
+            Err(panic) => comas_service::panic_message(panic.as_ref()),
             Ok(()) => "it stopped".to_string(),
         };
         let _ = died_tx.send(why);

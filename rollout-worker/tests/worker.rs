@@ -25,7 +25,13 @@ fn config(max_new: u32) -> CoMasConfig {
 }
 
 fn question(i: usize) -> TaskRecord {
-    TaskRecord { prompt: format!("What is {i} + {}?", i * 3 % 7), answer: format!("{}", i + i * 3 % 7), task: TaskKind::Math, id: format!("q{i}"), source: None }
+    TaskRecord {
+        prompt: format!("What is {i} + {}?", i * 3 % 7),
+        answer: format!("{}", i + i * 3 % 7),
+        task: TaskKind::Math,
+        id: format!("q{i}"),
+        source: None,
+    }
 }
 
 fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
@@ -80,7 +86,15 @@ async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Pa
 }
 
 async fn load_agents(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool, n: u32) {
-    let agents = (0..n).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, lora_json: String::new() }).collect();
+    let agents = (0..n)
+        .map(|a| pb::AgentPolicy {
+            agent_id: a,
+            model_dir: model.display().to_string(),
+            adapter_dir: String::new(),
+            full_weights: full,
+            lora_json: String::new(),
+        })
+        .collect();
     c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
 }
 
@@ -118,6 +132,7 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
             checkpoint_dir: Some(ckpt.to_path_buf()),
             keep_checkpoints: 3,
             resume: false,
+            memory_bytes: None,
         },
     };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
@@ -136,19 +151,21 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
 
 /// One training step on four fixed experiences, then publish: the learner's version 1.
 async fn train_and_publish(learner: &mut Learner) -> pb::WeightsPublished {
-    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4, ..Default::default() })) })
-        .chain((0..4).map(|i| pb::TrainRequest {
-            item: Some(pb::train_request::Item::Experience(pb::Experience {
-                prompt_ids: vec![421, 82, 313],
-                completion_ids: vec![50 + i, 60, 70],
-                reward: Some(i as f64),
-                finish_reason: pb::FinishReason::Stop as i32,
-                ..Default::default()
-            })),
-        }))
-        .collect();
+    let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest {
+        item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4, ..Default::default() })),
+    })
+    .chain((0..4).map(|i| pb::TrainRequest {
+        item: Some(pb::train_request::Item::Experience(pb::Experience {
+            prompt_ids: vec![421, 82, 313],
+            completion_ids: vec![50 + i, 60, 70],
+            reward: Some(i as f64),
+            finish_reason: pb::FinishReason::Stop as i32,
+            ..Default::default()
+        })),
+    }))
+    .collect();
     learner.train(tokio_stream::iter(exps)).await.unwrap();
-    let p = learner.publish_weights(pb::PublishWeightsRequest {}).await.unwrap().into_inner();
+    let p = learner.publish_weights(pb::PublishWeightsRequest::default()).await.unwrap().into_inner();
     assert_eq!(p.version, 1);
     p
 }
@@ -219,7 +236,7 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
     let mut c = client(&addr).await;
     load(&mut c, &model_dir, true).await;
     train_and_publish(&mut learner).await;
-    let saved = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    let saved = learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
 
     // Start a long run, update agent 0 while it decodes, then send more episodes.
     let cfg = config(12);
@@ -290,7 +307,10 @@ async fn bad_input_and_draining() {
     let r = out.message().await.unwrap().unwrap();
     assert!(r.error.contains("not loaded"), "{}", r.error);
     let err = c
-        .load_policies(pb::LoadPoliciesRequest { agents: vec![pb::AgentPolicy { agent_id: 0, model_dir: "/nonexistent".into(), ..Default::default() }], dtype: String::new() })
+        .load_policies(pb::LoadPoliciesRequest {
+            agents: vec![pb::AgentPolicy { agent_id: 0, model_dir: "/nonexistent".into(), ..Default::default() }],
+            dtype: String::new(),
+        })
         .await
         .unwrap_err();
     assert!(err.message().contains("/nonexistent"), "{}", err.message());
@@ -518,7 +538,7 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");
     let p = train_and_publish(&mut learner).await;
     assert!(p.lora);
-    let trained = learner.save_checkpoint(pb::SaveCheckpointRequest {}).await.unwrap().into_inner();
+    let trained = learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
     let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
     assert_eq!(upd.bytes, p.total_bytes, "only the adapter travels");
     let got = run(&mut c, specs(&config(6), 2, "l")).await;
@@ -529,7 +549,9 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
             assert_eq!(turn.policy_version, if turn.agent == 0 { 1 } else { 0 });
             let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
             let lora = comas_model::LoraBatch::uniform(&adapter);
-            let lp = tch::no_grad(|| base_model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, (turn.agent == 0).then_some(&lora)).unwrap());
+            let lp = tch::no_grad(|| {
+                base_model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, (turn.agent == 0).then_some(&lora)).unwrap()
+            });
             let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, turn.prompt_ids.len() as i64 - 1, turn.completion_ids.len() as i64)).unwrap();
             for (a, b) in turn.logprobs.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-4, "agent {} turn {}: {a} vs {b}", turn.agent, turn.turn_index);

@@ -105,10 +105,13 @@ pub async fn serve_metrics(
 ) -> std::io::Result<()> {
     use axum::{routing::get, Router};
     let app = Router::new()
-        .route("/metrics", get(move || {
-            let r = Arc::clone(&render);
-            async move { r() }
-        }))
+        .route(
+            "/metrics",
+            get(move || {
+                let r = Arc::clone(&render);
+                async move { r() }
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }));
     let listener = listen.bind().await?;
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
@@ -135,6 +138,15 @@ pub async fn shutdown_signal() {
 }
 
 /// Logs to stderr, filtered by `COMAS_LOG` (default `warn`), as JSON lines or human-readable.
+/// The text of a caught panic's payload (a thread boundary turns it into an error).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_string(),
+    }
+}
+
 pub fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COMAS_LOG").unwrap_or_else(|_| "warn".into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

@@ -5,9 +5,10 @@
 //! Layout: the pieces shared by every method sit at the top (`task`, `turn`, `seed`, `error`);
 //! each method gets its own folder (`comas/` today) with its config, prompts, protocol and rewards.
 pub mod comas;
-pub mod job;
 pub mod error;
 pub mod grade;
+pub mod job;
+pub mod memory;
 pub mod seed;
 pub mod task;
 pub mod train_config;
