@@ -749,8 +749,8 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
         }
     }
     eprintln!("killed: {killed:?}");
-    assert!(killed.len() >= 10, "the job ended after only {} kills: {killed:?}", killed.len());
     c.finished(&id).await;
+    assert!(killed.len() >= 10, "the job ended after only {} kills: {killed:?}", killed.len());
     c.check_complete_run().await;
     for k in 0..2 {
         let file = |d: &Path| std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap();

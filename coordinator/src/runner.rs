@@ -120,7 +120,8 @@ fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
 fn retarget(jobs: &Jobs, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, versions[k], a.learner.clone().unwrap_or_default())).collect();
-    jobs.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources });
+    let source_patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
+    jobs.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources, source_patience });
     generation
 }
 

@@ -26,6 +26,9 @@ pub struct PolicyTarget {
     pub load: pb::LoadPoliciesRequest,
     /// (agent, version, address of the learner that serves it)
     pub versions: Vec<(u32, u64, String)>,
+    /// How long a pull waits for a learner that cannot be reached (restarting from its
+    /// checkpoint, say) before the worker reports the failure: the job's learner timeout.
+    pub source_patience: Duration,
 }
 
 /// An episode's outcome, sent to the job that submitted it.
@@ -665,7 +668,7 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
                 }
             }
             WorkerMsg::Prepare(target) => {
-                let result = prepare(&mut client, &target, &mut loaded_job).await;
+                let result = prepare_patiently(&mut client, &target, &mut loaded_job).await;
                 if sched.send(Cmd::Prepared { id: id.clone(), conn, generation: target.generation, result }).is_err() {
                     break;
                 }
@@ -675,9 +678,39 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
     reader.abort();
 }
 
+/// `prepare`, retried with backoff while a weight source cannot be reached, for up to the
+/// target's `source_patience`: a learner that restarts during the broadcast comes back with the
+/// version it published, and the broadcast goes on instead of failing the job.
+async fn prepare_patiently(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, String> {
+    let started = Instant::now();
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match prepare(client, t, loaded_job).await {
+            Err(Failure { message, source_unreachable: true }) if started.elapsed() < t.source_patience => {
+                tracing::warn!(error = %message, "weight source unreachable; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            other => return other.map_err(|f| f.message),
+        }
+    }
+}
+
+/// Why a prepare failed, and whether it was only that a learner could not be reached.
+struct Failure {
+    message: String,
+    source_unreachable: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self { message, source_unreachable: false }
+    }
+}
+
 /// Loads the job's policies if needed and pulls every version the worker lacks; returns the
 /// pulls as (agent, bytes, seconds).
-async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, String> {
+async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, Failure> {
     if loaded_job.as_deref() != Some(t.job_id.as_str()) {
         let mut req = tonic::Request::new(t.load.clone());
         req.set_timeout(LOAD_TIMEOUT);
@@ -693,7 +726,12 @@ async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, lo
         }
         let mut req = tonic::Request::new(pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone() });
         req.set_timeout(UPDATE_TIMEOUT);
-        let r = client.update_weights(req).await.map_err(|e| format!("UpdateWeights agent {agent} to version {version}: {}", e.message()))?.into_inner();
+        // The worker answers UNAVAILABLE when it cannot reach the learner it pulls from.
+        let r = client
+            .update_weights(req)
+            .await
+            .map_err(|e| Failure { message: format!("UpdateWeights agent {agent} to version {version}: {}", e.message()), source_unreachable: e.code() == tonic::Code::Unavailable })?
+            .into_inner();
         pulls.push((*agent, r.bytes, r.seconds));
     }
     Ok(pulls)
