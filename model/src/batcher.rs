@@ -2,6 +2,10 @@
 //! straight into free rows of the KV cache) and leave the moment they finish (the last row takes
 //! their place). Neither copies the other sequences' cache. `generate` is this batcher with
 //! every request admitted at once.
+//!
+//! With a prefill chunk set, a prompt longer than the chunk is prefilled one chunk per step in
+//! a cache of its own, so that a long prompt never stalls the decoding rows for more than a
+//! chunk's forward; when its prompt is in, its keys and values move into a row of the batch.
 use crate::error::{ModelError, Result};
 use crate::generate::{Completion, FinishReason};
 use crate::guide::{Allowed, Constrained, Guide, TAIL_RESERVE};
@@ -12,6 +16,7 @@ use crate::sampling::{self, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::transformer::CausalLm;
 use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
 use tch::Tensor;
 
 /// Where a row stands with its guided tail (`SamplingParams::guided_suffix`).
@@ -57,6 +62,14 @@ struct Pending<'a> {
     adapter: Option<&'a LoraAdapter>,
 }
 
+/// A long prompt part-way through its chunked prefill, in its own one-row cache.
+struct Prefill<'a> {
+    pending: Pending<'a>,
+    cache: KvCache,
+    /// Prompt tokens already in `cache`.
+    done: usize,
+}
+
 pub struct Batcher<'a> {
     model: &'a CausalLm,
     tokenizer: Option<&'a Tokenizer>,
@@ -68,6 +81,11 @@ pub struct Batcher<'a> {
     queue: Vec<Pending<'a>>,
     /// Finished before any decoding (max_new_tokens = 0).
     done_early: Vec<(u64, Completion)>,
+    /// Prompts longer than this are prefilled a chunk per step (None: whole, when they join).
+    prefill_chunk: Option<usize>,
+    /// Long prompts waiting for their chunked prefill, and the one under way.
+    long: VecDeque<Pending<'a>>,
+    prefilling: Option<Prefill<'a>>,
 }
 
 fn empty_completion() -> Completion {
@@ -92,7 +110,29 @@ fn find_stop_string(tok: &Tokenizer, ids: &[i64], stops: &[String]) -> Result<Op
 impl<'a> Batcher<'a> {
     pub fn new(model: &'a CausalLm, tokenizer: Option<&'a Tokenizer>) -> Self {
         let cache = KvCache::new(model.config(), 0, 0, model.kind(), model.device());
-        Self { model, tokenizer, rows: Vec::new(), cache, logits: None, queue: Vec::new(), done_early: Vec::new() }
+        Self {
+            model,
+            tokenizer,
+            rows: Vec::new(),
+            cache,
+            logits: None,
+            queue: Vec::new(),
+            done_early: Vec::new(),
+            prefill_chunk: None,
+            long: VecDeque::new(),
+            prefilling: None,
+        }
+    }
+
+    /// Prefills prompts longer than `tokens` one chunk of that many tokens per step (None or 0:
+    /// every prompt whole, when it joins). What is generated does not change.
+    pub fn set_prefill_chunk(&mut self, tokens: Option<usize>) {
+        self.prefill_chunk = tokens.filter(|&t| t > 0);
+    }
+
+    /// Sequences whose prompt is still waiting for, or in, its chunked prefill.
+    fn long_pending(&self) -> impl Iterator<Item = &Pending<'a>> {
+        self.long.iter().chain(self.prefilling.as_ref().map(|p| &p.pending))
     }
 
     /// Caps the KV cache's allocation at `slots` token slots (rows × columns); see
@@ -104,17 +144,17 @@ impl<'a> Batcher<'a> {
     /// Cache slots (rows × columns) the batch needs if one more sequence of `prompt_len +
     /// max_new_tokens = need` tokens joins: every row is as wide as the widest.
     pub fn slots_if_added(&self, need: usize) -> usize {
-        (self.rows.len() + self.queue.len() + 1) * self.widest_need().max(need)
+        (self.rows.len() + self.queue.len() + self.long_pending().count() + 1) * self.widest_need().max(need)
     }
 
     /// Prompt plus most new tokens of the widest sequence decoding or waiting.
     fn widest_need(&self) -> usize {
-        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(Pending::need)).max().unwrap_or(0)
+        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(Pending::need)).chain(self.long_pending().map(Pending::need)).max().unwrap_or(0)
     }
 
     /// Sequences decoding now plus those waiting to join.
     pub fn len(&self) -> usize {
-        self.rows.len() + self.queue.len() + self.done_early.len()
+        self.rows.len() + self.queue.len() + self.done_early.len() + self.long_pending().count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -182,6 +222,11 @@ impl<'a> Batcher<'a> {
     /// Prefills queued prompts as one right-padded batch, written straight into new rows at the
     /// end of the cache.
     fn admit(&mut self) -> Result<()> {
+        if let Some(c) = self.prefill_chunk {
+            let (long, short): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue).into_iter().partition(|p| p.prompt.len() > c);
+            self.long.extend(long);
+            self.queue = short;
+        }
         if self.queue.is_empty() {
             return Ok(());
         }
@@ -209,11 +254,47 @@ impl<'a> Batcher<'a> {
             None => logits,
         });
         for p in queue {
-            let rng = p.params.rng();
-            let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
-            let need = p.need();
-            self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
+            self.push_row(p);
         }
+        Ok(())
+    }
+
+    /// A sequence whose prompt is in the cache (its row is the last) starts decoding.
+    fn push_row(&mut self, p: Pending<'a>) {
+        let rng = p.params.rng();
+        let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
+        let need = p.need();
+        self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
+    }
+
+    /// Runs the next chunk of the long prompt under way (starting the next one if none is); a
+    /// prompt that is complete moves into the batch's cache and decodes from the next step.
+    fn advance_prefill(&mut self) -> Result<()> {
+        let Some(chunk) = self.prefill_chunk else { return Ok(()) };
+        if self.prefilling.is_none() {
+            let Some(pending) = self.long.pop_front() else { return Ok(()) };
+            let mut cache = KvCache::new(self.model.config(), 0, 0, self.model.kind(), self.model.device());
+            cache.push_rows(1)?;
+            self.prefilling = Some(Prefill { pending, cache, done: 0 });
+        }
+        let Some(p) = self.prefilling.as_mut() else { return Ok(()) };
+        let end = (p.done + chunk).min(p.pending.prompt.len());
+        let ids = Tensor::from_slice(&p.pending.prompt[p.done..end]).view([1, (end - p.done) as i64]).to_device(self.model.device());
+        let adapter = [p.pending.adapter];
+        let lora = adapter[0].is_some().then(|| LoraBatch::per_row(&adapter, self.model.device()));
+        let logits = self.model.forward_cached(&ids, &[(end - p.done) as i64], 0, &mut p.cache, lora.as_ref())?;
+        p.done = end;
+        if end < p.pending.prompt.len() {
+            return Ok(());
+        }
+        let Some(Prefill { pending, cache, .. }) = self.prefilling.take() else { return Ok(()) };
+        self.cache.reserve((self.rows.len() + 1) as i64, self.widest_need().max(pending.need()) as i64)?;
+        self.cache.adopt_row(&cache, 0)?;
+        self.logits = Some(match self.logits.take() {
+            Some(l) => Tensor::cat(&[l, logits], 0),
+            None => logits,
+        });
+        self.push_row(pending);
         Ok(())
     }
 
@@ -223,6 +304,7 @@ impl<'a> Batcher<'a> {
         let _guard = tch::no_grad_guard();
         let mut finished = std::mem::take(&mut self.done_early);
         self.admit()?;
+        self.advance_prefill()?;
         let Some(logits) = self.logits.take() else { return Ok(finished) };
         let picked = {
             // Each row's own RNG advances in place; stop tokens stay suppressed until

@@ -158,6 +158,24 @@ impl KvCache {
         Ok(first)
     }
 
+    /// Appends a copy of row `row` of `other` (a cache of the same model): its keys, values and
+    /// length. Returns the new row.
+    pub fn adopt_row(&mut self, other: &KvCache, row: usize) -> Result<i64> {
+        let len = other.lens.get(row).copied().ok_or_else(|| ModelError::Input(format!("the other cache has no row {row}")))?;
+        if other.keys.len() != self.keys.len() || other.kv_heads != self.kv_heads || other.head_dim != self.head_dim {
+            return Err(ModelError::Input("the other cache belongs to another model".into()));
+        }
+        let first = self.lens.len() as i64;
+        self.reserve(first + 1, len)?;
+        if len > 0 {
+            for (mine, theirs) in self.keys.iter().zip(&other.keys).chain(self.values.iter().zip(&other.values)) {
+                mine.narrow(0, first, 1).narrow(2, 0, len).f_copy_(&theirs.narrow(0, row as i64, 1).narrow(2, 0, len))?;
+            }
+        }
+        self.lens.push(len);
+        Ok(first)
+    }
+
     /// Drops row `row`, moving the last row into its place (as `Vec::swap_remove`): one row is
     /// copied, the rest stay where they are.
     pub fn swap_remove(&mut self, row: usize) {

@@ -146,3 +146,55 @@ fn bad_sequences_are_refused_without_disturbing_the_batch() {
     assert!(done.iter().find(|(i, _)| *i == 5).unwrap().1.token_ids.is_empty());
     assert_eq!(done.iter().find(|(i, _)| *i == 1).unwrap().1.token_ids.len(), 4);
 }
+
+/// Chunked prefill: a prompt longer than the chunk is prefilled 3 tokens per step while the
+/// others decode, and every sequence, long or short, produces what it produces alone (same
+/// tokens, same seeded samples, log-probs within 1e-5). A row that was decoding gets a token
+/// every step while the long prompt goes in.
+#[test]
+fn long_prompts_prefill_in_chunks_beside_decoding_rows_and_change_nothing() {
+    let r = Reference::load("llama3-gqa");
+    let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
+    let long: Vec<i64> = (0..3).flat_map(|i| r.prompt_ids(i)).collect();
+    let short = r.prompt_ids(0)[..2].to_vec();
+    let reqs: Vec<GenerationRequest> = [(short.clone(), 0.0, 40), (long.clone(), 0.9, 6), (long[..7].to_vec(), 0.0, 5), (short, 0.8, 40)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (prompt_ids, temperature, max_new_tokens))| GenerationRequest {
+            prompt_ids,
+            params: SamplingParams { temperature, seed: 40 + i as u64, max_new_tokens, ..Default::default() },
+            adapter: None,
+        })
+        .collect();
+    assert!(long.len() > 3 * 4, "the long prompt takes several chunks");
+    let mut b = Batcher::new(&model, None);
+    b.set_prefill_chunk(Some(3));
+    let q = &reqs[0];
+    b.add(0, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
+    let mut got: Vec<Option<Completion>> = vec![None; reqs.len()];
+    b.step().unwrap();
+    assert_eq!(b.running(), 1);
+    for (i, q) in reqs.iter().enumerate().skip(1) {
+        b.add(i as u64, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
+    }
+    // The short prompt joins at once; the two long ones wait their turn, one chunk a step.
+    let mut steps = 0;
+    while !b.is_empty() {
+        for (id, c) in b.step().unwrap() {
+            got[id as usize] = Some(c);
+        }
+        steps += 1;
+        if steps < long.len() / 3 {
+            assert_eq!(b.running(), 2, "step {steps}: only the short rows decode while the long prompt is prefilled");
+        }
+        assert!(steps < 200);
+    }
+    for (i, q) in reqs.iter().enumerate() {
+        same(got[i].as_ref().expect("finished"), &alone(&model, q), &format!("request {i}"));
+    }
+    // Off, or a chunk longer than every prompt, is the same as before.
+    let mut whole = Batcher::new(&model, None);
+    whole.set_prefill_chunk(Some(10_000));
+    whole.add(1, reqs[1].prompt_ids.clone(), reqs[1].params.clone(), None).unwrap();
+    same(&drain(&mut whole).unwrap().remove(0).1, got[1].as_ref().unwrap(), "a chunk longer than the prompt");
+}

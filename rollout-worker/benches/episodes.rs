@@ -89,7 +89,7 @@ fn main() {
         let settings = ServerSettings {
             listener,
             metrics_listen: None,
-            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22 },
+            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512 },
             drain_timeout: Duration::from_secs(5),
             weight_timeout: Duration::from_secs(60),
         };

@@ -20,6 +20,10 @@ pub struct Args {
     /// bounds KV-cache memory.
     #[arg(long, env = "COMAS_WORKER_MAX_BATCH_TOKENS", default_value_t = 1 << 20)]
     max_batch_tokens: usize,
+    /// Prompts longer than this many tokens are prefilled in chunks of it, one per step, so a
+    /// long prompt does not stall the sequences decoding beside it (0: whole prompts).
+    #[arg(long, env = "COMAS_WORKER_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
+    prefill_chunk_tokens: usize,
     /// Seconds a SIGTERM waits for running episodes.
     #[arg(long, env = "COMAS_WORKER_DRAIN_SECS", default_value_t = 120)]
     drain_secs: u64,
@@ -65,7 +69,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let settings = server::ServerSettings {
             listener,
             metrics_listen: a.metrics_listen,
-            engine: EngineSettings { device, max_running: a.max_running.max(1), max_batch_tokens: a.max_batch_tokens.max(1) },
+            engine: EngineSettings {
+                device,
+                max_running: a.max_running.max(1),
+                max_batch_tokens: a.max_batch_tokens.max(1),
+                prefill_chunk: a.prefill_chunk_tokens,
+            },
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),
         };

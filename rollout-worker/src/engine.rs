@@ -93,6 +93,9 @@ pub struct EngineSettings {
     /// Admission keeps within it and the cache never allocates more, so it bounds KV memory. A
     /// turn larger than the whole budget fails its episode.
     pub max_batch_tokens: usize,
+    /// Prompts longer than this are prefilled this many tokens per step, between decode steps
+    /// of the others (0: whole).
+    pub prefill_chunk: usize,
 }
 
 /// Template tokens a tokenizer may add beyond one per byte of the message; a message this much
@@ -263,6 +266,7 @@ fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> B
     let base = &models.bases[b];
     let mut batcher = Batcher::new(&base.model, Some(&base.tokenizer));
     batcher.set_cache_limit(Some(settings.max_batch_tokens));
+    batcher.set_prefill_chunk(Some(settings.prefill_chunk));
     batcher
 }
 

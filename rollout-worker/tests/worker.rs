@@ -56,7 +56,7 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
     let settings = ServerSettings {
         listener,
         metrics_listen: None,
-        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 1 << 20 },
+        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 1 << 20, prefill_chunk: 64 },
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
     };
@@ -355,7 +355,7 @@ async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync
     let settings = ServerSettings {
         listener,
         metrics_listen: Some(comas_service::Listen::Fd(metrics.into_raw_fd())),
-        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens },
+        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens, prefill_chunk: 64 },
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
     };
