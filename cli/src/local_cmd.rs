@@ -126,16 +126,28 @@ impl Drop for Children {
 
 /// Ctrl-C, SIGTERM (timeout, systemd, docker stop) or SIGHUP (a closed terminal): each stops
 /// the run the same clean way.
-async fn stop_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        _ = hup.recv() => {}
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is created rather than when first
+/// awaited: a signal that arrives while the run starts (children spawning, the job being
+/// submitted) waits here and then stops the run as cleanly as a later one.
+struct StopSignal {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let on = |k: SignalKind| signal(k).context("installing the stop-signal handlers");
+        Ok(Self { int: on(SignalKind::interrupt())?, term: on(SignalKind::terminate())?, hup: on(SignalKind::hangup())? })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+        }
     }
 }
 
@@ -224,6 +236,7 @@ pub fn run(a: Args) -> Result<()> {
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
+        let mut stop_signal = StopSignal::install()?;
         // The coordinator, in this process, on sockets bound before anything else starts.
         let coord_listener = loopback()?;
         let coord_metrics = loopback()?;
@@ -358,7 +371,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         let outcome = tokio::select! {
             r = watch(&mut client, &job_id, false) => Some(r),
-            _ = stop_signal() => None,
+            _ = stop_signal.recv() => None,
             dead = async {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -51,6 +51,12 @@ fn start_local(dir: &Path) -> (Child, Vec<u32>, Vec<String>, mpsc::Receiver<Stri
     (child, pids, lines, rx)
 }
 
+/// The lines still to come from a process that has exited: the reader thread may lag behind
+/// the exit, so wait for the pipe to close (or for 10 s of silence), not just for what is there.
+fn rest_of(rx: &mpsc::Receiver<String>) -> Vec<String> {
+    std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(10)).ok()).collect()
+}
+
 /// Alive and not a zombie.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -90,11 +96,13 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
 fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
+    // Right after the job is submitted: the handler is in place from the start, so even this
+    // early a SIGTERM stops the run cleanly.
     let (mut child, pids, _, rx) = start_local(dir.path());
     signal(&child, libc::SIGTERM);
     let status = wait_exit(&mut child, Duration::from_secs(90));
     assert!(!status.success());
-    let said: Vec<String> = rx.try_iter().collect();
+    let said = rest_of(&rx);
     assert!(said.iter().any(|l| l.contains("run the same command again to resume")), "{said:?}");
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
     // The job's learners get the same ports back; one that is taken is named, not a riddle.
@@ -108,7 +116,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     // Nothing was lost: the same command picks the job up again and finishes it.
     let (mut again, pids, _, rx) = start_local(dir.path());
     let status = wait_exit(&mut again, Duration::from_secs(300));
-    let said: Vec<String> = rx.try_iter().collect();
+    let said = rest_of(&rx);
     assert!(status.success(), "{said:?}");
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new());
     // The logs of both runs are kept, one header per start.
@@ -227,7 +235,7 @@ fn a_cancelled_job_is_resumed_by_the_same_command() {
     // The same command queues it again from its last completed step and finishes it.
     let (mut again, _, mut said, rx) = start_local(dir.path());
     let status = wait_exit(&mut again, Duration::from_secs(300));
-    said.extend(rx.try_iter());
+    said.extend(rest_of(&rx));
     assert!(status.success(), "{said:?}");
     assert!(said.iter().any(|l| l.contains(&job) && l.contains("was cancelled")), "{said:?}");
 }
