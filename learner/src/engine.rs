@@ -97,7 +97,7 @@ pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sende
     std::thread::Builder::new()
         .name("learner-train".into())
         .spawn(move || {
-            let trainer = match load(&settings) {
+            let (trainer, resumed_from) = match load(&settings) {
                 Ok(t) => t,
                 Err(e) => {
                     let _ = failure.set(e.to_string());
@@ -105,22 +105,24 @@ pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sende
                     return;
                 }
             };
-            run(trainer, settings, versions, rx, ready)
+            run(trainer, resumed_from, settings, versions, rx, ready)
         })
         .expect("spawn training thread");
     tx
 }
 
-fn load(s: &EngineSettings) -> Result<Trainer> {
+/// The trainer, and the checkpoint it resumed from if it did.
+fn load(s: &EngineSettings) -> Result<(Trainer, Option<PathBuf>)> {
     if s.resume {
         if let Some(dir) = &s.checkpoint_dir {
             if let Some(ckpt) = latest_checkpoint(dir)? {
                 tracing::info!(checkpoint = %ckpt.display(), "resuming");
-                return Trainer::resume(&ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()));
+                let t = Trainer::resume(&ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
+                return Ok((t, Some(ckpt)));
             }
         }
     }
-    Trainer::with_reference(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())
+    Ok((Trainer::with_reference(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())?, None))
 }
 
 fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
@@ -139,18 +141,20 @@ fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
     p
 }
 
-fn run(mut trainer: Trainer, s: EngineSettings, versions: Versions, rx: mpsc::Receiver<Command>, ready: oneshot::Sender<Result<()>>) {
+fn run(
+    mut trainer: Trainer,
+    resumed_from: Option<PathBuf>,
+    s: EngineSettings,
+    versions: Versions,
+    rx: mpsc::Receiver<Command>,
+    ready: oneshot::Sender<Result<()>>,
+) {
     // The starting weights are version `global_step` (0, or the resumed step).
     publish(&trainer, &versions);
     let _ = ready.send(Ok(()));
     let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
     // A checkpoint already written for the current step (loaded or saved), not written again.
-    let mut saved: Option<(u64, PathBuf)> = None;
-    if s.resume {
-        if let Some(dir) = &s.checkpoint_dir {
-            saved = latest_checkpoint(dir).ok().flatten().map(|p| (trainer.global_step, p));
-        }
-    }
+    let mut saved: Option<(u64, PathBuf)> = resumed_from.map(|p| (trainer.global_step, p));
     let at = |trainer: &Trainer, request: &'static str, expected: Option<u64>| match expected {
         Some(e) if e != trainer.global_step => Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e }),
         _ => Ok(()),
