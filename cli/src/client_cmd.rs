@@ -171,18 +171,23 @@ pub fn resume(a: CancelArgs) -> Result<()> {
 pub fn cancel(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+        let ended = |s: &pb::JobStatus| matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+        // Follow the job's events from before the cancel: the event of the state it reaches
+        // arrives even when the coordinator stops right after (as `comas local` does).
+        let mut events = c.clone().watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        let mut last = c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
         // A running job stops at its next check; report the state it reaches, not the one it had.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let s = loop {
-            let s = c.get_job(pb::GetJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
-            let ended = matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
-            if ended || std::time::Instant::now() > deadline {
-                break s;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while !ended(&last) {
+                match events.message().await {
+                    Ok(Some(pb::JobEvent { status: Some(st), .. })) => last = st,
+                    Ok(Some(_)) => {}
+                    _ => break,
+                }
             }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        };
-        println!("{} {}", s.job_id, state_name(s.state));
+        })
+        .await;
+        println!("{} {}", last.job_id, state_name(last.state));
         Ok(())
     })
 }
