@@ -174,8 +174,10 @@ pub fn cancel(a: CancelArgs) -> Result<()> {
         let ended = |s: &pb::JobStatus| matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
         // Follow the job's events from before the cancel: the event of the state it reaches
         // arrives even when the coordinator stops right after (as `comas local` does).
-        let mut events = c.clone().watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
-        let mut last = c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        let mut events =
+            c.clone().watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        let mut last =
+            c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
         // A running job stops at its next check; report the state it reaches, not the one it had.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(30), async {
             while !ended(&last) {
