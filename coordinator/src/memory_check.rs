@@ -43,15 +43,17 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
     while let Some(Ok((k, info))) = asks.join_next().await {
         infos[k] = info;
     }
-    for (k, a) in job.spec.agents.iter().enumerate() {
-        let dims = match dims_of(&a.model) {
+    // Each model's config.json, read once for the learners' and the workers' estimates.
+    let dims: Vec<Result<ModelDims, String>> = job.spec.agents.iter().map(|a| dims_of(&a.model)).collect();
+    for (k, d) in dims.iter().enumerate() {
+        let dims = match d {
             Ok(d) => d,
             Err(e) => {
                 notes.push(format!("agent {k}'s learner: no memory estimate ({e})"));
                 continue;
             }
         };
-        let m = learner_memory(&dims, &job.train[k]);
+        let m = learner_memory(dims, &job.train[k]);
         let has = infos[k].as_ref().filter(|i| i.memory_total_bytes > 0);
         let of = match has {
             Some(i) => format!("; its device ({}) has {}", i.device, human_bytes(i.memory_total_bytes)),
@@ -67,18 +69,18 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
             ));
         }
     }
-    notes.extend(worker_note(job));
+    notes.extend(worker_note(job, &dims));
     notes
 }
 
 /// A worker holds each agent's weights (agents that train a LoRA adapter on the same base
 /// share that base) and a KV cache per base model, sized by its --max-batch-tokens.
-fn worker_note(job: &Job) -> Option<String> {
+fn worker_note(job: &Job, dims: &[Result<ModelDims, String>]) -> Option<String> {
     let b = dtype_bytes(&job.spec.rollout.dtype);
     let (mut weights, mut kv_per_token, mut models) = (0u64, 0u64, 0usize);
     let mut shared = BTreeSet::new();
     for (k, a) in job.spec.agents.iter().enumerate() {
-        let dims = dims_of(&a.model).ok()?;
+        let dims = dims[k].as_ref().ok()?;
         let lora = job.train[k].lora.as_ref();
         let own = lora.is_none() && a.adapter.is_none();
         if own || shared.insert(a.model.clone()) {

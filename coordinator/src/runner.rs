@@ -282,7 +282,8 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
     let (text, base) = (row.spec.clone(), row.base_dir.clone());
     let Loaded { job, questions, eval_questions } =
         tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
-    let shared_job = Arc::new(job.clone());
+    // Shared with the per-learner training tasks.
+    let job = Arc::new(job);
     jobs.store.set_state(&id, JobState::Running, "")?;
     jobs.emit(&id, "status", String::new(), "running".into());
     let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
@@ -416,7 +417,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let step_id = format!("{id}/{step}");
         let mut tasks = tokio::task::JoinSet::new();
         for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent).enumerate() {
-            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&shared_job));
+            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&job));
             tasks.spawn(async move {
                 let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k).await;
                 (k, link, out)
