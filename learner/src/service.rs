@@ -190,6 +190,11 @@ impl Learner for LearnerService {
         let found = self.versions.read().expect("versions lock").iter().find(|v| v.version == req.version).cloned();
         let Some(weights) = found else {
             let have: Vec<u64> = self.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
+            if have.is_empty() {
+                // Nothing is published until the model has loaded: a learner that has just
+                // (re)started is not ready yet, which a puller retries, unlike a missing version.
+                return Err(self.stopped(&format!("the learner is still loading its model; weights version {} is not published yet", req.version)));
+            }
             return Err(Status::not_found(format!("weights version {} is not published here (have {have:?})", req.version)));
         };
         let max = if req.max_chunk_bytes == 0 { DEFAULT_CHUNK_BYTES } else { req.max_chunk_bytes as usize };
@@ -241,5 +246,42 @@ impl Learner for LearnerService {
             config_json: i.config_json,
             memory_total_bytes: i.memory_total_bytes,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(failure: Option<&str>) -> (LearnerService, mpsc::Receiver<Command>) {
+        let (engine, rx) = mpsc::channel();
+        let load_failure = LoadFailure::default();
+        if let Some(why) = failure {
+            load_failure.set(why.to_string()).unwrap();
+        }
+        (LearnerService { agent_id: 0, engine, versions: Versions::default(), metrics: Metrics::new(0), load_failure }, rx)
+    }
+
+    async fn pull(s: &LearnerService) -> Status {
+        match s.stream_weights(Request::new(pb::StreamWeightsRequest { version: 4, max_chunk_bytes: 0 })).await {
+            Ok(_) => panic!("a learner with nothing published streamed weights"),
+            Err(e) => e,
+        }
+    }
+
+    #[tokio::test]
+    async fn weights_asked_of_a_learner_still_loading_are_worth_retrying() {
+        let (s, _engine) = service(None);
+        let e = pull(&s).await;
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert_eq!(e.message(), "the learner is still loading its model; weights version 4 is not published yet");
+    }
+
+    #[tokio::test]
+    async fn weights_asked_of_a_learner_that_failed_to_load_say_why() {
+        let (s, _engine) = service(Some("config.json: missing field `hidden_size`"));
+        let e = pull(&s).await;
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert_eq!(e.message(), "the learner could not load its model: config.json: missing field `hidden_size`; fix it and restart the learner");
     }
 }

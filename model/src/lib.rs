@@ -14,6 +14,7 @@ pub mod memory;
 pub mod rope;
 pub mod safetensors;
 pub mod sampling;
+pub mod seeded;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;

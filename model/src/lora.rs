@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::error::{read_json, ModelError, Result};
 use crate::safetensors::{self, SafeTensorsFile};
+use crate::seeded::with_torch_seed;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -222,18 +223,20 @@ impl LoraAdapter {
         if config.r <= 0 {
             return Err(ModelError::Lora(format!("`r` must be positive, got {}", config.r)));
         }
-        tch::manual_seed(seed);
-        let mut weights = HashMap::new();
-        for layer in 0..cfg.num_hidden_layers as usize {
-            for &proj in &targets {
-                let (fan_in, fan_out) = proj.dims(cfg);
-                // kaiming_uniform with a = sqrt(5): bound = 1 / sqrt(fan_in)
-                let bound = 1.0 / (fan_in as f64).sqrt();
-                let a = Tensor::empty([config.r, fan_in], (Kind::Float, Device::Cpu)).uniform_(-bound, bound);
-                let b = Tensor::zeros([fan_out, config.r], (Kind::Float, Device::Cpu));
-                weights.insert((layer, proj), (a.to_kind(kind).to_device(device), b.to_kind(kind).to_device(device)));
+        let weights = with_torch_seed(seed, || {
+            let mut weights = HashMap::new();
+            for layer in 0..cfg.num_hidden_layers as usize {
+                for &proj in &targets {
+                    let (fan_in, fan_out) = proj.dims(cfg);
+                    // kaiming_uniform with a = sqrt(5): bound = 1 / sqrt(fan_in)
+                    let bound = 1.0 / (fan_in as f64).sqrt();
+                    let a = Tensor::empty([config.r, fan_in], (Kind::Float, Device::Cpu)).uniform_(-bound, bound);
+                    let b = Tensor::zeros([fan_out, config.r], (Kind::Float, Device::Cpu));
+                    weights.insert((layer, proj), (a.to_kind(kind).to_device(device), b.to_kind(kind).to_device(device)));
+                }
             }
-        }
+            weights
+        });
         Ok(Self { scale: config.scale(), config, weights })
     }
 

@@ -5,6 +5,7 @@ use crate::dtype::kind_name;
 use crate::error::{ModelError, Result};
 use crate::lora::Proj;
 use crate::safetensors::{self, write_atomic};
+use crate::seeded::with_torch_seed;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -147,19 +148,20 @@ pub fn write_model(dir: &Path, spec: &TinySpec) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let config_json = spec.config_json();
     let cfg = Config::from_json_str(&config_json.to_string())?;
-    tch::manual_seed(spec.seed);
-    let tensors: Vec<(String, Tensor)> = parameter_shapes(&cfg)
-        .into_iter()
-        .map(|(name, shape)| {
-            let t = if name.ends_with("norm.weight") {
-                // Norm weights near one, but not exactly, so a missing norm shows up in parity tests.
-                Tensor::randn(&shape, (Kind::Float, Device::Cpu)) * 0.1 + 1.0
-            } else {
-                Tensor::randn(&shape, (Kind::Float, Device::Cpu)) * spec.init_std
-            };
-            (name, t.to_kind(spec.dtype))
-        })
-        .collect();
+    let tensors: Vec<(String, Tensor)> = with_torch_seed(spec.seed, || {
+        parameter_shapes(&cfg)
+            .into_iter()
+            .map(|(name, shape)| {
+                let t = if name.ends_with("norm.weight") {
+                    // Norm weights near one, but not exactly, so a missing norm shows up in parity tests.
+                    Tensor::randn(&shape, (Kind::Float, Device::Cpu)) * 0.1 + 1.0
+                } else {
+                    Tensor::randn(&shape, (Kind::Float, Device::Cpu)) * spec.init_std
+                };
+                (name, t.to_kind(spec.dtype))
+            })
+            .collect()
+    });
     safetensors::write(&dir.join("model.safetensors"), &tensors, &BTreeMap::new())?;
     write_text(&dir.join("config.json"), &serde_json::to_string_pretty(&config_json).expect("json"))?;
     let gen = serde_json::json!({"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID});

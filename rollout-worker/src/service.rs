@@ -68,6 +68,18 @@ fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
 
 type ResultStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeResult, Status>> + Send>>;
 
+/// A weight source's error as this worker reports it. A transfer cut off by the connection
+/// (the learner restarting) is UNAVAILABLE, which the coordinator retries; the source's own
+/// answers (a version it does not have, a model it could not load) keep their code.
+fn source_status(source: &str, e: Status) -> Status {
+    match e.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable => {
+            Status::unavailable(format!("weight source {source} broke off: {}", e.message()))
+        }
+        _ => e,
+    }
+}
+
 #[tonic::async_trait]
 impl RolloutWorker for WorkerService {
     async fn load_policies(&self, request: Request<pb::LoadPoliciesRequest>) -> Result<Response<pb::LoadPoliciesResponse>, Status> {
@@ -178,10 +190,11 @@ impl RolloutWorker for WorkerService {
                 .await
                 .map_err(|e| Status::unavailable(format!("cannot reach weight source {source}: {e}")))?
                 .max_decoding_message_size(8 << 20);
-            let mut stream = client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await?.into_inner();
+            let broken = |e: Status| source_status(&source, e);
+            let mut stream = client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner();
             let mut asm = Assembler::default();
             let mut bytes = 0u64;
-            while let Some(chunk) = stream.message().await? {
+            while let Some(chunk) = stream.message().await.map_err(broken)? {
                 if chunk.version != req.version {
                     return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
                 }
@@ -211,5 +224,18 @@ impl RolloutWorker for WorkerService {
             waiting_turns: s.waiting_turns as u32,
             draining: s.draining,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_cut_off_is_retried_and_the_sources_answers_are_kept() {
+        let cut = source_status("http://l:1", Status::unknown("h2 protocol error: error reading a body from connection"));
+        assert_eq!((cut.code(), cut.message()), (tonic::Code::Unavailable, "weight source http://l:1 broke off: h2 protocol error: error reading a body from connection"));
+        let missing = source_status("http://l:1", Status::not_found("weights version 3 is not published here (have [4])"));
+        assert_eq!((missing.code(), missing.message()), (tonic::Code::NotFound, "weights version 3 is not published here (have [4])"));
     }
 }
