@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(&protos, &["proto"])?;
+    // Weight chunk payloads as `Bytes`: a learner slices its published tensors without copying
+    // and a relaying worker forwards what it received without copying either.
+    tonic_prost_build::configure().build_client(true).build_server(true).bytes(".comas.v1.WeightChunk.data").compile_protos(&protos, &["proto"])?;
     Ok(())
 }

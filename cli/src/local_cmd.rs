@@ -252,6 +252,7 @@ pub fn run(a: Args) -> Result<()> {
             heartbeat_timeout: Duration::from_secs(10),
             episode_timeout: Duration::from_secs(1800),
             worker_wait: Duration::from_secs(300),
+            relay_fanout: comas_coordinator::scheduler::DEFAULT_RELAY_FANOUT,
         };
         let mut stop = stop_rx.clone();
         let mut coordinator = tokio::spawn(comas_coordinator::server::serve(settings, async move {

@@ -368,13 +368,15 @@ async fn two_agents_two_workers_three_steps() {
     assert_eq!(c.prometheus("comas_coordinator_steps_completed_total"), STEPS as f64);
     assert_eq!(c.prometheus("comas_coordinator_pending_episodes"), 0.0);
     assert_eq!(c.prometheus("comas_coordinator_workers"), 2.0);
-    // After every step but the last, both workers pulled each agent's full f32 weights once.
+    // After every step but the last, both workers pulled each agent's full f32 weights once,
+    // the second from the first (a relay chain): the learner sent them once.
     for m in c.metrics_log() {
         let last = m["step"].as_u64().unwrap() + 1 == STEPS;
         for k in 0..2 {
             let params = c.learner_info(k).await.trainable_parameters;
-            let want = if last { 0 } else { 2 * 4 * params };
-            assert_eq!(m["agents"][k]["weight_sync"]["bytes"].as_u64(), Some(want), "step {} agent {k}", m["step"]);
+            let sync = &m["agents"][k]["weight_sync"];
+            let want = if last { (0, 0) } else { (2 * 4 * params, 4 * params) };
+            assert_eq!((sync["bytes"].as_u64().unwrap(), sync["learner_bytes"].as_u64().unwrap()), want, "step {} agent {k}", m["step"]);
         }
     }
 }

@@ -26,6 +26,10 @@ pub struct Args {
     /// Queued episodes with no ready worker for this long fail the job.
     #[arg(long, env = "COMAS_COORDINATOR_WORKER_WAIT_SECS", default_value_t = 600)]
     pub worker_wait_secs: u64,
+    /// Weight broadcast: each worker passes a new version on to this many others, forwarding
+    /// chunks as they arrive (1: a chain; 0: every worker pulls from the learners).
+    #[arg(long, env = "COMAS_COORDINATOR_RELAY_FANOUT", default_value_t = crate::scheduler::DEFAULT_RELAY_FANOUT)]
+    pub relay_fanout: usize,
 }
 
 pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
@@ -39,6 +43,7 @@ pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> 
             heartbeat_timeout: Duration::from_secs(a.heartbeat_timeout_secs.max(1)),
             episode_timeout: Duration::from_secs(a.episode_timeout_secs.max(1)),
             worker_wait: Duration::from_secs(a.worker_wait_secs.max(1)),
+            relay_fanout: a.relay_fanout,
         },
         shutdown,
     )

@@ -493,9 +493,9 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 for (k, a) in agents.iter_mut().enumerate() {
                     let train = reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
                     if let Some(o) = a.as_object_mut() {
-                        let (bytes, secs) = sync.per_agent.get(&(k as u32)).copied().unwrap_or((0, 0.0));
-                        // Bytes pulled by all workers, and the slowest worker's seconds.
-                        o.insert("weight_sync".into(), json!({"bytes": bytes, "seconds": secs}));
+                        let s = sync.per_agent.get(&(k as u32)).copied().unwrap_or_default();
+                        // Bytes pulled by all workers, those the learner sent, the slowest worker's seconds.
+                        o.insert("weight_sync".into(), json!({"bytes": s.bytes, "learner_bytes": s.learner_bytes, "seconds": s.seconds}));
                         o.insert("version".into(), json!(new_versions[k]));
                         o.insert("train".into(), train);
                     }

@@ -42,18 +42,42 @@ pub enum Delivery {
     Stalled { reason: String },
 }
 
-/// Weight pulls of one broadcast, per agent: bytes over all workers, slowest worker's seconds.
+/// One worker's pull of one agent's new version.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pull {
+    pub agent: u32,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Served by another worker (a relay hop), not by the learner.
+    pub relayed: bool,
+}
+
+/// Weight pulls of one broadcast for one agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AgentSync {
+    /// Bytes received, summed over the workers.
+    pub bytes: u64,
+    /// Of those, the bytes the learner sent (the rest came over relay hops).
+    pub learner_bytes: u64,
+    /// The slowest worker's seconds.
+    pub seconds: f64,
+}
+
+/// Weight pulls of one broadcast, per agent.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SyncStats {
-    pub per_agent: std::collections::BTreeMap<u32, (u64, f64)>,
+    pub per_agent: std::collections::BTreeMap<u32, AgentSync>,
 }
 
 impl SyncStats {
-    fn add(&mut self, pulls: &[(u32, u64, f64)]) {
-        for &(agent, bytes, secs) in pulls {
-            let e = self.per_agent.entry(agent).or_insert((0, 0.0));
-            e.0 += bytes;
-            e.1 = e.1.max(secs);
+    fn add(&mut self, pulls: &[Pull]) {
+        for p in pulls {
+            let e = self.per_agent.entry(p.agent).or_default();
+            e.bytes += p.bytes;
+            if !p.relayed {
+                e.learner_bytes += p.bytes;
+            }
+            e.seconds = e.seconds.max(p.seconds);
         }
     }
 }
@@ -83,7 +107,7 @@ enum Cmd {
     WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
     Submit { job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery> },
     CancelJob { job_id: String },
-    Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<(u32, u64, f64)>, String> },
+    Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<Pull>, String> },
     Result { id: String, conn: u64, result: pb::EpisodeResult },
     Lost { id: String, conn: u64, reason: String },
     Tick,
@@ -91,7 +115,9 @@ enum Cmd {
 }
 
 enum WorkerMsg {
-    Prepare(Arc<PolicyTarget>),
+    /// Take the target's versions; with a peer, pull them from that worker's address (a relay
+    /// hop) and from the learners only if that fails.
+    Prepare(Arc<PolicyTarget>, Option<String>),
     Lease(pb::EpisodeSpec),
 }
 
@@ -162,12 +188,18 @@ impl BatchLimits {
     }
 }
 
+/// Weight broadcast by relay chain unless told otherwise: the learner sends each byte once.
+pub const DEFAULT_RELAY_FANOUT: usize = 1;
+
 #[derive(Debug, Clone)]
 pub struct SchedulerSettings {
     pub heartbeat_timeout: Duration,
     pub episode_timeout: Duration,
     /// How long queued episodes may wait with no ready worker before the batch is stalled.
     pub worker_wait: Duration,
+    /// Weight broadcast: 0 = every worker pulls from the learners; k >= 1 = the workers form a
+    /// tree in which each passes the weights on to k others (1: a chain).
+    pub relay_fanout: usize,
 }
 
 /// Handle to the scheduler task.
@@ -291,11 +323,14 @@ impl State {
             Cmd::SetTarget { target } => {
                 let keep = target.generation.saturating_sub(1);
                 self.sync.retain(|g, _| *g >= keep);
-                for w in self.workers.values_mut() {
-                    if w.ready_gen != Some(target.generation) {
-                        w.preparing = Some(target.generation);
-                        let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(&target)));
-                    }
+                let mut ids: Vec<String> = self.workers.iter().filter(|(_, w)| w.ready_gen != Some(target.generation)).map(|(id, _)| id.clone()).collect();
+                ids.sort();
+                let addresses: Vec<String> = ids.iter().map(|id| self.workers[id].address.clone()).collect();
+                let peers = relay_peers(&addresses, self.settings.relay_fanout);
+                for (id, peer) in ids.iter().zip(peers) {
+                    let w = self.workers.get_mut(id).expect("listed worker");
+                    w.preparing = Some(target.generation);
+                    let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(&target), peer));
                 }
                 self.target = Some(target);
             }
@@ -406,7 +441,8 @@ impl State {
         };
         if let Some(t) = &self.target {
             w.preparing = Some(t.generation);
-            let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(t)));
+            // A late joiner pulls from the learners: the others may be busy with episodes.
+            let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(t), None));
         }
         self.workers.insert(id, w);
     }
@@ -609,6 +645,12 @@ impl State {
     }
 }
 
+/// The relay peer of each worker (in `addresses`' order): the first pulls from the learners
+/// (`None`), worker i > 0 from worker (i - 1) / fanout. Fanout 0: every worker from the learners.
+fn relay_peers(addresses: &[String], fanout: usize) -> Vec<Option<String>> {
+    (0..addresses.len()).map(|i| (fanout > 0 && i > 0).then(|| addresses[(i - 1) / fanout].clone())).collect()
+}
+
 async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
     let uri = comas_service::grpc_uri(address);
     let ch = Endpoint::from_shared(uri.clone())
@@ -667,8 +709,8 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
                     break;
                 }
             }
-            WorkerMsg::Prepare(target) => {
-                let result = prepare_patiently(&mut client, &target, &mut loaded_job).await;
+            WorkerMsg::Prepare(target, peer) => {
+                let result = prepare_patiently(&mut client, &target, peer.as_deref(), &mut loaded_job).await;
                 if sched.send(Cmd::Prepared { id: id.clone(), conn, generation: target.generation, result }).is_err() {
                     break;
                 }
@@ -681,11 +723,11 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
 /// `prepare`, retried with backoff while a weight source cannot be reached, for up to the
 /// target's `source_patience`: a learner that restarts during the broadcast comes back with the
 /// version it published, and the broadcast goes on instead of failing the job.
-async fn prepare_patiently(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, String> {
+async fn prepare_patiently(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, peer: Option<&str>, loaded_job: &mut Option<String>) -> Result<Vec<Pull>, String> {
     let started = Instant::now();
     let mut wait = Duration::from_millis(200);
     loop {
-        match prepare(client, t, loaded_job).await {
+        match prepare(client, t, peer, loaded_job).await {
             Err(Failure { message, source_unreachable: true }) if started.elapsed() < t.source_patience => {
                 tracing::warn!(error = %message, "weight source unreachable; retrying");
                 tokio::time::sleep(wait).await;
@@ -708,9 +750,9 @@ impl From<String> for Failure {
     }
 }
 
-/// Loads the job's policies if needed and pulls every version the worker lacks; returns the
-/// pulls as (agent, bytes, seconds).
-async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, loaded_job: &mut Option<String>) -> Result<Vec<(u32, u64, f64)>, Failure> {
+/// Loads the job's policies if needed and pulls every version the worker lacks, from `peer`
+/// (falling back to the learner) when one is given.
+async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, peer: Option<&str>, loaded_job: &mut Option<String>) -> Result<Vec<Pull>, Failure> {
     if loaded_job.as_deref() != Some(t.job_id.as_str()) {
         let mut req = tonic::Request::new(t.load.clone());
         req.set_timeout(LOAD_TIMEOUT);
@@ -724,7 +766,11 @@ async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, lo
         if have.get(agent) == Some(version) {
             continue;
         }
-        let mut req = tonic::Request::new(pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone() });
+        let request = match peer {
+            Some(p) => pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: p.to_string(), relay: true, fallback_source: source.clone() },
+            None => pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone(), ..Default::default() },
+        };
+        let mut req = tonic::Request::new(request);
         req.set_timeout(UPDATE_TIMEOUT);
         // The worker answers UNAVAILABLE when it cannot reach the learner it pulls from.
         let r = client
@@ -732,7 +778,22 @@ async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, lo
             .await
             .map_err(|e| Failure { message: format!("UpdateWeights agent {agent} to version {version}: {}", e.message()), source_unreachable: e.code() == tonic::Code::Unavailable })?
             .into_inner();
-        pulls.push((*agent, r.bytes, r.seconds));
+        pulls.push(Pull { agent: *agent, bytes: r.bytes, seconds: r.seconds, relayed: r.relayed });
     }
     Ok(pulls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relay_peers;
+
+    #[test]
+    fn relay_peers_form_a_chain_a_tree_or_nothing() {
+        let w: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
+        let names = |f: usize| relay_peers(&w, f).into_iter().map(|p| p.unwrap_or_else(|| "learner".into())).collect::<Vec<_>>();
+        assert_eq!(names(1), ["learner", "w0", "w1", "w2", "w3", "w4"]);
+        assert_eq!(names(2), ["learner", "w0", "w0", "w1", "w1", "w2"]);
+        assert_eq!(names(0), ["learner"; 6]);
+        assert!(relay_peers(&[], 1).is_empty());
+    }
 }

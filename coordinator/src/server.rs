@@ -18,6 +18,7 @@ pub struct ServerSettings {
     pub heartbeat_timeout: Duration,
     pub episode_timeout: Duration,
     pub worker_wait: Duration,
+    pub relay_fanout: usize,
 }
 
 /// Serves until `shutdown` fires. A running job stays `running` in the store and continues
@@ -26,7 +27,12 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let store = Arc::new(Store::open(&s.db)?);
     let metrics = Metrics::new();
     let scheduler = Scheduler::spawn(
-        SchedulerSettings { heartbeat_timeout: s.heartbeat_timeout, episode_timeout: s.episode_timeout, worker_wait: s.worker_wait },
+        SchedulerSettings {
+            heartbeat_timeout: s.heartbeat_timeout,
+            episode_timeout: s.episode_timeout,
+            worker_wait: s.worker_wait,
+            relay_fanout: s.relay_fanout,
+        },
         Arc::clone(&metrics),
     );
     let jobs = Jobs::new(store, scheduler, Arc::clone(&metrics));

@@ -14,7 +14,7 @@ pub struct PublishedTensor {
     pub name: String,
     pub dtype: String,
     pub shape: Vec<i64>,
-    pub bytes: Vec<u8>,
+    pub bytes: comas_proto::bytes::Bytes,
     pub crc32: u32,
 }
 
@@ -42,7 +42,7 @@ impl PublishedWeights {
                 let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
                 t.copy_data_u8(&mut bytes, n);
                 let crc32 = crc32fast::hash(&bytes);
-                PublishedTensor { name, dtype: kind_name(t.kind()).to_string(), shape: t.size(), bytes, crc32 }
+                PublishedTensor { name, dtype: kind_name(t.kind()).to_string(), shape: t.size(), bytes: bytes.into(), crc32 }
             })
             .collect();
         Self { version, lora, dtype: kind_name(kind).to_string(), tensors }
@@ -76,7 +76,7 @@ impl PublishedWeights {
                 dtype: t.dtype.clone(),
                 shape: t.shape.clone(),
                 offset: off as u64,
-                data: t.bytes[off..end].to_vec(),
+                data: t.bytes.slice(off..end),
                 last,
                 crc32: if last { t.crc32 } else { 0 },
                 tensor_bytes: t.bytes.len() as u64,

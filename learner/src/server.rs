@@ -59,6 +59,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let addr = s.listener.local_addr().map_err(|e| LearnerError::io("listener", e))?;
     tracing::info!(%addr, agent = s.agent_id, "learner listening");
     tonic::transport::Server::builder()
+        .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
+        .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
         .add_service(LearnerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))

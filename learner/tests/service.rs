@@ -185,7 +185,9 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     }
     // A corrupted chunk is caught by the checksum.
     let mut bad = chunks.clone();
-    bad[0].data[0] ^= 1;
+    let mut flipped = bad[0].data.to_vec();
+    flipped[0] ^= 1;
+    bad[0].data = flipped.into();
     let last_of_first = bad.iter().position(|c| c.last).unwrap();
     assert!(assemble(bad[..=last_of_first].to_vec()).err().unwrap().contains("checksum"));
     let err = c.stream_weights(pb::StreamWeightsRequest { version: 7, max_chunk_bytes: 0 }).await.unwrap_err();

@@ -3,4 +3,6 @@
 pub mod v1 {
     tonic::include_proto!("comas.v1");
 }
+/// The `Bytes` type of weight chunk payloads.
+pub use prost::bytes;
 pub mod weights;

@@ -20,7 +20,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn push(&mut self, c: WeightChunk) -> Result<(), String> {
+    pub fn push(&mut self, c: &WeightChunk) -> Result<(), String> {
         if self.open.is_none() {
             if c.offset != 0 {
                 return Err(format!("tensor `{}` starts at offset {}", c.tensor_name, c.offset));
@@ -61,7 +61,7 @@ impl Assembler {
 pub fn assemble(chunks: impl IntoIterator<Item = WeightChunk>) -> Result<Vec<ReceivedTensor>, String> {
     let mut a = Assembler::default();
     for c in chunks {
-        a.push(c)?;
+        a.push(&c)?;
     }
     a.finish()
 }

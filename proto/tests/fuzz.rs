@@ -24,7 +24,7 @@ fn stream(rng: &mut ChaCha8Rng) -> (Vec<(String, Vec<u8>)>, Vec<WeightChunk>) {
                 dtype: "float32".into(),
                 shape: vec![bytes.len() as i64],
                 offset: offset as u64,
-                data: bytes[offset..end].to_vec(),
+                data: bytes[offset..end].to_vec().into(),
                 last,
                 crc32: if last { crc32fast::hash(&bytes) } else { 0 },
                 tensor_bytes: bytes.len() as u64,
@@ -55,7 +55,11 @@ fn damaged_chunk_streams_are_refused_and_whole_ones_reassemble_exactly() {
                 }
                 2 => chunks[i].offset = rng.gen(),
                 3 => chunks[i].tensor_bytes = [0, 1, u64::MAX, u64::MAX / 2][rng.gen_range(0..4)],
-                4 => chunks[i].data.push(rng.gen()),
+                4 => {
+                    let mut data = chunks[i].data.to_vec();
+                    data.push(rng.gen());
+                    chunks[i].data = data.into();
+                }
                 5 => chunks[i].last = !chunks[i].last,
                 _ => chunks.truncate(i),
             }

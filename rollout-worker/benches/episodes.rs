@@ -92,6 +92,7 @@ fn main() {
             engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512 },
             drain_timeout: Duration::from_secs(5),
             weight_timeout: Duration::from_secs(60),
+            relay: true,
         };
         tokio::spawn(serve(settings, std::future::pending::<()>()));
         tokio::time::sleep(Duration::from_millis(200)).await;

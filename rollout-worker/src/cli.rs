@@ -30,6 +30,11 @@ pub struct Args {
     /// Seconds a weight pull may take.
     #[arg(long, env = "COMAS_WORKER_WEIGHT_TIMEOUT_SECS", default_value_t = 600)]
     weight_timeout_secs: u64,
+    /// Keep the chunks of the newest weight version pulled for each agent and serve them to
+    /// the next workers of the coordinator's relay chain (costs one copy of those weights in
+    /// memory; with `false` the coordinator's relay pulls fall back to the learner).
+    #[arg(long, env = "COMAS_WORKER_RELAY", default_value_t = true, action = clap::ArgAction::Set)]
+    relay: bool,
     /// Coordinator to register with (e.g. http://coordinator:50051); none = wait to be dialled.
     #[arg(long, env = "COMAS_WORKER_COORDINATOR")]
     coordinator: Option<String>,
@@ -77,6 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             },
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),
+            relay: a.relay,
         };
         let r = server::serve(settings, shutdown).await;
         let _ = stop_tx.send(true);

@@ -5,5 +5,6 @@ pub mod engine;
 pub mod metrics;
 pub mod models;
 pub mod register;
+pub mod relay;
 pub mod server;
 pub mod service;

@@ -18,6 +18,7 @@ pub struct Metrics {
     running_episodes: IntGauge,
     kv_cache_bytes: IntGauge,
     pub weight_bytes_received: IntCounter,
+    pub weight_bytes_relayed: IntCounter,
 }
 
 impl Metrics {
@@ -31,6 +32,7 @@ impl Metrics {
             prompts_truncated: counter("prompt_truncated_total", "turns whose prompt lost quoted discussion blocks to fit"),
             prompts_refused: counter("prompt_refused_total", "episodes failed by a prompt that did not fit with every block cut"),
             weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
+            weight_bytes_relayed: counter("weight_bytes_relayed_total", "weight bytes relayed to other workers"),
             running_sequences: gauge("running_sequences", "sequences in the decode batches"),
             peak_running_sequences: gauge("peak_running_sequences", "most sequences in the decode batches at once since start"),
             waiting_turns: gauge("queue_depth", "turns waiting to join a batch"),

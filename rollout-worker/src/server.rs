@@ -1,6 +1,7 @@
 //! Runs a worker: engine thread, gRPC with health, metrics, and a draining shutdown.
 use crate::engine::{self, Command, EngineSettings, Stats};
 use crate::metrics::Metrics;
+use crate::relay::Relay;
 use crate::service::WorkerService;
 use comas_proto::v1::rollout_worker_server::RolloutWorkerServer;
 use std::sync::atomic::AtomicU64;
@@ -15,9 +16,15 @@ pub struct ServerSettings {
     /// How long a SIGTERM waits for running episodes before exiting anyway.
     pub drain_timeout: Duration,
     pub weight_timeout: Duration,
+    /// Serve pulled weights to other workers (RelayWeights).
+    pub relay: bool,
 }
 
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How long a RelayWeights call waits for this worker to start receiving the version: every
+/// worker of a relay chain is told at once, so the next one may ask before this one has begun.
+const RELAY_WAIT: Duration = Duration::from_secs(30);
 
 /// Serves until `shutdown` fires, then stops taking episodes, lets the running ones finish
 /// (up to `drain_timeout`) and returns.
@@ -44,6 +51,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         next_stream: AtomicU64::new(0),
         loaded: loaded_tx,
         weight_timeout: s.weight_timeout,
+        relay: Relay::new(s.relay, RELAY_WAIT),
         stopping: stop_rx.clone(),
     };
     let drain_timeout = s.drain_timeout;
@@ -98,6 +106,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let addr = s.listener.local_addr()?;
     tracing::info!(%addr, "rollout worker listening");
     tonic::transport::Server::builder()
+        .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
+        .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
         .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))

@@ -5,7 +5,9 @@ use crate::models::PolicySpec;
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
 use comas_proto::v1::rollout_worker_server::RolloutWorker;
-use comas_proto::weights::Assembler;
+use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_proto::weights::{Assembler, ReceivedTensor};
+use crate::relay::{Relay, Transfer};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +24,8 @@ pub struct WorkerService {
     /// Fires (with `true`) once LoadPolicies succeeded, so health can report SERVING.
     pub loaded: tokio::sync::watch::Sender<bool>,
     pub weight_timeout: Duration,
+    /// Chunks of the newest pulled versions, served to the next workers of a relay chain.
+    pub relay: Relay,
     /// Turns true once a drain has finished: open episode streams end so the server can stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Set, with the reason, once the engine thread has died: open streams end at once.
@@ -67,6 +71,54 @@ fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
 }
 
 type ResultStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeResult, Status>> + Send>>;
+
+/// Chunks queued per relay stream ahead of a slow reader.
+const RELAY_QUEUE_CHUNKS: usize = 8;
+
+impl WorkerService {
+    /// Pulls one version from `source` (a learner, or with `relay` a peer worker), recording
+    /// the chunks for the workers that relay from here. The tensors come back only when every
+    /// one arrived whole and passed its checksum.
+    async fn pull(&self, req: &pb::UpdateWeightsRequest, source: &str, relay: bool) -> Result<(Vec<ReceivedTensor>, u64), Status> {
+        let source = comas_service::grpc_uri(source);
+        let transfer = self.relay.begin(req.agent_id, req.version);
+        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer))
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout))));
+        match &result {
+            Ok(_) => transfer.complete(),
+            Err(e) => transfer.fail(e.message()),
+        }
+        result
+    }
+}
+
+async fn receive(req: &pb::UpdateWeightsRequest, source: &str, relay: bool, transfer: &Transfer) -> Result<(Vec<ReceivedTensor>, u64), Status> {
+    let broken = |e: Status| source_status(source, e);
+    let unreachable = |e: tonic::transport::Error| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
+    let channel = comas_service::weights_channel(source).await.map_err(unreachable)?;
+    let mut stream = if relay {
+        let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(MAX_CHUNK_MESSAGE);
+        client.relay_weights(pb::RelayWeightsRequest { agent_id: req.agent_id, version: req.version }).await.map_err(broken)?.into_inner()
+    } else {
+        let mut client = LearnerClient::new(channel).max_decoding_message_size(MAX_CHUNK_MESSAGE);
+        client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner()
+    };
+    let mut asm = Assembler::default();
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.message().await.map_err(broken)? {
+        if chunk.version != req.version {
+            return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
+        }
+        bytes += chunk.data.len() as u64;
+        asm.push(&chunk).map_err(Status::data_loss)?;
+        transfer.push(chunk);
+    }
+    Ok((asm.finish().map_err(Status::data_loss)?, bytes))
+}
+
+/// Largest weight chunk message accepted from a source.
+const MAX_CHUNK_MESSAGE: usize = 8 << 20;
 
 /// A weight source's error as this worker reports it. A transfer cut off by the connection
 /// (the learner restarting) is UNAVAILABLE, which the coordinator retries; the source's own
@@ -184,33 +236,52 @@ impl RolloutWorker for WorkerService {
     async fn update_weights(&self, request: Request<pb::UpdateWeightsRequest>) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
         let req = request.into_inner();
         let started = Instant::now();
-        let source = comas_service::grpc_uri(&req.source);
-        let pull = async {
-            let mut client = LearnerClient::connect(source.clone())
-                .await
-                .map_err(|e| Status::unavailable(format!("cannot reach weight source {source}: {e}")))?
-                .max_decoding_message_size(8 << 20);
-            let broken = |e: Status| source_status(&source, e);
-            let mut stream = client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner();
-            let mut asm = Assembler::default();
-            let mut bytes = 0u64;
-            while let Some(chunk) = stream.message().await.map_err(broken)? {
-                if chunk.version != req.version {
-                    return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
-                }
-                bytes += chunk.data.len() as u64;
-                asm.push(chunk).map_err(Status::data_loss)?;
+        let (tensors, bytes, served_by, relayed) = match self.pull(&req, &req.source, req.relay).await {
+            Ok((t, b)) => (t, b, req.source.clone(), req.relay),
+            Err(e) if !req.fallback_source.is_empty() => {
+                tracing::warn!(agent = req.agent_id, version = req.version, source = %req.source, error = %e.message(), "weight pull failed; pulling from the learner instead");
+                let (t, b) = self.pull(&req, &req.fallback_source, false).await?;
+                (t, b, req.fallback_source.clone(), false)
             }
-            Ok::<_, Status>((asm.finish().map_err(Status::data_loss)?, bytes))
+            Err(e) => return Err(e),
         };
-        let (tensors, bytes) = tokio::time::timeout(self.weight_timeout, pull)
-            .await
-            .map_err(|_| Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout)))??;
         self.metrics.weight_bytes_received.inc_by(bytes);
         let (tx, rx) = oneshot::channel();
         self.engine.send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx }).map_err(|_| engine_gone())?;
         rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
-        Ok(Response::new(pb::UpdateWeightsResponse { version: req.version, bytes, seconds: started.elapsed().as_secs_f64() }))
+        self.relay.held(req.agent_id, req.version);
+        Ok(Response::new(pb::UpdateWeightsResponse { version: req.version, bytes, seconds: started.elapsed().as_secs_f64(), served_by, relayed }))
+    }
+
+    type RelayWeightsStream = Pin<Box<dyn Stream<Item = Result<pb::WeightChunk, Status>> + Send>>;
+
+    async fn relay_weights(&self, request: Request<pb::RelayWeightsRequest>) -> Result<Response<Self::RelayWeightsStream>, Status> {
+        let req = request.into_inner();
+        let transfer = self.relay.find(req.agent_id, req.version).await?;
+        let metrics = Arc::clone(&self.metrics);
+        let (tx, rx) = tmpsc::channel(RELAY_QUEUE_CHUNKS);
+        tokio::spawn(async move {
+            let mut sent = 0;
+            loop {
+                match transfer.next_chunks(sent).await {
+                    Ok(Some(chunks)) => {
+                        for c in chunks {
+                            sent += 1;
+                            metrics.weight_bytes_relayed.inc_by(c.data.len() as u64);
+                            if tx.send(Ok(c)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn info(&self, _: Request<pb::WorkerInfoRequest>) -> Result<Response<pb::WorkerInfo>, Status> {

@@ -1,6 +1,7 @@
 //! The rollout worker over real loopback gRPC: CoMAS episodes with continuous batching, logprob
 //! agreement with scoring, identical greedy results at 1 and 64 concurrent episodes, a weight
-//! update from a real learner in the middle of a run, draining, and bad input.
+//! update from a real learner in the middle of a run, a relay chain of workers, draining, and
+//! bad input.
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::{Architecture, CausalLm};
 use comas_proto::v1 as pb;
@@ -59,6 +60,7 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
         engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 1 << 20, prefill_chunk: 64 },
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
+        relay: true,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(async move {
@@ -249,7 +251,8 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
     let mut got: BTreeMap<String, Trajectory> = BTreeMap::new();
     let r = out.message().await.unwrap().unwrap();
     got.insert(r.episode_id.clone(), serde_json::from_str(&r.trajectory_json).unwrap());
-    let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
+    let upd =
+        c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone(), ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(upd.version, 1);
     assert!(upd.bytes > 0);
     let later = specs(&cfg, 4, "b");
@@ -287,11 +290,79 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }
     // A version the learner does not have is refused without touching the policy.
-    let err = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 9, source: learner_addr.clone() }).await.unwrap_err();
+    let err = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 9, source: learner_addr.clone(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     let _ = stop.send(());
     handle.await.unwrap();
     let _ = lstop_tx.send(());
+}
+
+/// A relay chain asked all at once: the first worker pulls from the learner, each next one from
+/// the worker before it while that one is still receiving. Every worker ends with the learner's
+/// exact weights, the learner serves the version once, and a hop to a dead peer falls back to
+/// the learner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    tiny(&model_dir);
+    let cfg = comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() };
+    let (learner_addr, mut learner, lstop) = start_learner(&model_dir, cfg, &dir.path().join("ckpt")).await;
+    let published = train_and_publish(&mut learner).await;
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (addr, stop, handle) = start_worker().await;
+        let mut c = client(&addr).await;
+        load(&mut c, &model_dir, true).await;
+        workers.push((addr, c, stop, handle));
+    }
+    let ask = |c: &RolloutWorkerClient<tonic::transport::Channel>, source: &str, relay: bool| {
+        let mut c = c.clone();
+        let req = pb::UpdateWeightsRequest {
+            agent_id: 0,
+            version: 1,
+            source: source.to_string(),
+            relay,
+            fallback_source: if relay { learner_addr.clone() } else { String::new() },
+        };
+        async move { c.update_weights(req).await.unwrap().into_inner() }
+    };
+    let (a, b, c) = tokio::join!(ask(&workers[2].1, &workers[1].0, true), ask(&workers[1].1, &workers[0].0, true), ask(&workers[0].1, &learner_addr, false));
+    let served: Vec<(&str, bool, u64)> = [&c, &b, &a].iter().map(|r| (r.served_by.as_str(), r.relayed, r.bytes)).collect();
+    assert_eq!(
+        served,
+        vec![
+            (learner_addr.as_str(), false, published.total_bytes),
+            (workers[0].0.as_str(), true, published.total_bytes),
+            (workers[1].0.as_str(), true, published.total_bytes)
+        ]
+    );
+    // The fourth worker is sent to a peer that is gone.
+    let dead = { std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string() };
+    let d = ask(&workers[3].1, &dead, true).await;
+    assert_eq!((d.served_by.as_str(), d.relayed, d.bytes), (learner_addr.as_str(), false, published.total_bytes));
+    // All four generate exactly alike with the new version.
+    let episode = specs(&config(8), 1, "relay");
+    let mut first: Option<Trajectory> = None;
+    for (i, w) in workers.iter_mut().enumerate() {
+        let info = w.1.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(), vec![(0, 1), (1, 0)], "worker {i}");
+        let t = run(&mut w.1, episode.clone()).await.remove("relay-0").unwrap();
+        assert!(t.turns.iter().any(|x| x.agent == 0 && x.policy_version == 1));
+        match &first {
+            None => first = Some(t),
+            Some(f) => {
+                for (x, y) in f.turns.iter().zip(&t.turns) {
+                    assert_eq!((&x.completion_ids, &x.logprobs), (&y.completion_ids, &y.logprobs), "worker {i} turn {}", x.turn_index);
+                }
+            }
+        }
+    }
+    for (_, _, stop, handle) in workers {
+        let _ = stop.send(());
+        handle.await.unwrap();
+    }
+    let _ = lstop.send(());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,6 +429,7 @@ async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync
         engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens, prefill_chunk: 64 },
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
+        relay: true,
     };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(serve(settings, async {
@@ -539,7 +611,8 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
     let p = train_and_publish(&mut learner).await;
     assert!(p.lora);
     let trained = learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
-    let upd = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone() }).await.unwrap().into_inner();
+    let upd =
+        c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone(), ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(upd.bytes, p.total_bytes, "only the adapter travels");
     let got = run(&mut c, specs(&config(6), 2, "l")).await;
     let base_model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();

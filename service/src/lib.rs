@@ -3,6 +3,24 @@
 //! graceful shutdown, and the logging set-up.
 pub mod prom;
 
+/// HTTP/2 flow-control windows of the gRPC servers and of the clients that pull weights. With
+/// the 64 KiB default, a weight stream waits for a window update every 64 KiB, which on
+/// loopback caps a transfer far below memory speed.
+pub const HTTP2_STREAM_WINDOW: u32 = 8 << 20;
+pub const HTTP2_CONNECTION_WINDOW: u32 = 32 << 20;
+/// Largest HTTP/2 frame accepted: weight chunks travel in a few frames, not in 16 KiB pieces.
+pub const HTTP2_MAX_FRAME: u32 = 1 << 20;
+
+/// A channel for weight transfers from `address`: wide flow-control windows.
+pub async fn weights_channel(address: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_shared(grpc_uri(address))?
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .max_frame_size(HTTP2_MAX_FRAME)
+        .connect()
+        .await
+}
+
 /// A gRPC address as a URI: `host:port` gets `http://`, anything with a scheme stays as it is.
 pub fn grpc_uri(address: &str) -> String {
     if address.starts_with("http") {
