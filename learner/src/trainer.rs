@@ -9,6 +9,7 @@ use crate::optim::AdamW;
 use crate::rl::{compute_advantages, learning_rate, shuffle_order, SampleInput};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
+use comas_model::transformer::Checkpointed;
 use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -263,13 +264,27 @@ impl Trainer {
     /// Completion log-probs (f32, flat in sample order) and, optionally, the per-token entropy,
     /// under `model` (+ adapter). Only completion positions go through the vocabulary
     /// projection: prompts can be long and their logits are never needed.
-    fn completion_logprobs(&self, model: &CausalLm, with_adapter: bool, batch: &[&Experience], want_entropy: bool) -> Result<(Tensor, Option<Tensor>, usize)> {
+    /// With `checkpoint`, the forward is checkpointed and what its backward needs comes back:
+    /// call its `backward()` after the loss's.
+    fn completion_logprobs<'a>(
+        &'a self,
+        model: &'a CausalLm,
+        with_adapter: bool,
+        batch: &[&Experience],
+        want_entropy: bool,
+        checkpoint: bool,
+    ) -> Result<(Tensor, Option<Tensor>, usize, Option<Checkpointed<'a>>)> {
         let p = pack(batch, model.config().vocab_size, model.device());
         let lora = match (&self.adapter, with_adapter) {
             (Some(a), true) => Some(LoraBatch::uniform(a)),
             _ => None,
         };
-        let hidden = model.forward_hidden(&p.ids, Some(&p.valid), lora.as_ref())?;
+        let (hidden, ckpt) = if checkpoint {
+            let (h, c) = model.forward_hidden_checkpointed(&p.ids, Some(&p.valid), lora)?;
+            (h, Some(c))
+        } else {
+            (model.forward_hidden(&p.ids, Some(&p.valid), lora.as_ref())?, None)
+        };
         let h = hidden.reshape([-1, hidden.size()[2]]).index_select(0, &p.gather);
         // Each token at the temperature its turn was sampled at (roles may differ).
         let logits = match token_temperatures(batch, self.cfg.temperature, model.device()) {
@@ -286,7 +301,7 @@ impl Trainer {
             lp = lp.index_copy(0, rows, &picked);
         }
         let entropy = want_entropy.then(|| tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg()));
-        Ok((lp, entropy, p.tokens))
+        Ok((lp, entropy, p.tokens, ckpt))
     }
 
     /// ℓ under `model` for every sample, without gradient, in micro-batches.
@@ -297,7 +312,7 @@ impl Trainer {
         let mut out = vec![Vec::new(); batch.len()];
         for mb in micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens) {
             let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-            let (lp, _, _) = self.completion_logprobs(model, with_adapter, &refs, false)?;
+            let (lp, _, _, _) = self.completion_logprobs(model, with_adapter, &refs, false, false)?;
             let flat = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
             let mut off = 0;
             for &i in &mb {
@@ -464,7 +479,7 @@ impl Trainer {
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-                    let (logp, entropy, tokens) = self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy)?;
+                    let (logp, entropy, tokens, ckpt) = self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy, cfg.gradient_checkpointing)?;
                     report.tokens += tokens;
                     let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
                     let old_t = cat(&|i| old[i].clone());
@@ -500,11 +515,15 @@ impl Trainer {
                     }
                     let lv = loss.double_value(&[]);
                     if !lv.is_finite() {
+                        drop(ckpt);
                         self.skip_step(&mut report, &mut first_skip, format!("loss ({lv})"))?;
                         continue 'steps;
                     }
                     pg_total += pg.double_value(&[]);
                     loss.backward();
+                    if let Some(c) = ckpt {
+                        c.backward();
+                    }
                     tch::no_grad(|| {
                         clip_sum += (&tl.clipped * &mask_t).sum(Kind::Float).double_value(&[]);
                         akl_sum += ((&old_t - &logp) * &mask_t).sum(Kind::Float).double_value(&[]);

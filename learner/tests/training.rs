@@ -253,3 +253,48 @@ fn experiences_are_scored_at_their_own_sampling_temperature() {
     assert!(max_param_diff(&p_one, &p_tagged) > 1e-5, "the tag changed nothing");
     let _ = loss_one;
 }
+
+/// Activation checkpointing recomputes each layer in the backward pass; the update must be the
+/// one the plain backward gives, for full fine-tuning (tied embeddings, so the embedding's
+/// gradient comes from both ends) and for a LoRA adapter.
+#[test]
+fn gradient_checkpointing_gives_the_same_update() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &TinySpec { seed: 5, tie_word_embeddings: true, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    let lora =
+        comas_learner::config::LoraSettings { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()], use_rslora: false };
+    for adapter in [None, Some(lora)] {
+        let trained = |checkpointing: bool| {
+            let cfg = TrainConfig { lr: 1e-2, gradient_checkpointing: checkpointing, lora: adapter.clone(), ..resume_cfg() };
+            let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
+            let r = t.train_step(&random_batch(11, 12)).unwrap();
+            let weights: Vec<(String, Tensor)> = match t.adapter() {
+                Some(a) => a.named_tensors().into_iter().map(|(n, x)| (n, x.detach().copy())).collect(),
+                None => params(&t),
+            };
+            (r, weights)
+        };
+        let ((plain, w_plain), (ckpt, w_ckpt)) = (trained(false), trained(true));
+        let what = if adapter.is_some() { "LoRA" } else { "full" };
+        assert_eq!(plain.optimizer_steps, 2, "{what}");
+        assert!((plain.loss - ckpt.loss).abs() < 1e-9, "{what}: loss {} vs {}", plain.loss, ckpt.loss);
+        assert!((plain.grad_norm - ckpt.grad_norm).abs() < 1e-6 * plain.grad_norm, "{what}: grad norm {} vs {}", plain.grad_norm, ckpt.grad_norm);
+        let moved = max_param_diff(&w_plain, &params_like(&w_plain, dir.path(), adapter.is_some()));
+        assert!(moved > 1e-4, "{what}: the step changed the weights ({moved})");
+        // Recomputing sums in another order moves gradients by float rounding, which Adam's
+        // normalisation magnifies on the smallest ones: a relative bound, far below what a
+        // missing or doubled gradient would give (the size of the step itself).
+        let diff = max_param_diff(&w_plain, &w_ckpt);
+        eprintln!("{what}: the step moved weights by up to {moved:e}; checkpointing changed them by {diff:e}");
+        assert!(diff < 1e-3 * moved, "{what}: weights differ by {diff} (the step moved them by {moved})");
+    }
+}
+
+/// The starting weights, to check that a step moved them: the base model's parameters, or a
+/// fresh adapter (B = 0) for LoRA.
+fn params_like(like: &[(String, Tensor)], dir: &Path, lora: bool) -> Vec<(String, Tensor)> {
+    if lora {
+        return like.iter().map(|(n, x)| (n.clone(), if n.contains("lora_B") { x.zeros_like() } else { x.copy() })).collect();
+    }
+    params(&Trainer::new(dir, resume_cfg(), None).unwrap())
+}

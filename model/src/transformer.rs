@@ -175,6 +175,45 @@ impl DecoderLayer {
     }
 }
 
+/// What a checkpointed forward keeps for its backward pass (see
+/// [`CausalLm::forward_hidden_checkpointed`]).
+pub struct Checkpointed<'a> {
+    model: &'a CausalLm,
+    ids: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+    lora: Option<LoraBatch<'a>>,
+    /// Each layer's input, computed without autograd.
+    inputs: Vec<Tensor>,
+    /// The last layer's output, the leaf the loss's gradient arrives at.
+    last: Tensor,
+}
+
+impl Checkpointed<'_> {
+    /// Call after the loss's `backward()`: recomputes each layer, last first, with autograd,
+    /// and back-propagates the gradient arriving at its output, accumulating the parameters'
+    /// gradients exactly as one backward over the whole model would.
+    pub fn backward(self) {
+        let mut grad = self.last.grad();
+        if !grad.defined() {
+            return;
+        }
+        let ctx = LayerCtx { cos: &self.cos, sin: &self.sin, mask: &self.mask, lora: self.lora.as_ref(), step: None };
+        for (i, layer) in self.model.layers.iter().enumerate().rev() {
+            let x = self.inputs[i].detach().set_requires_grad(true);
+            let out = layer.forward(i, &x, &ctx, None);
+            // A surrogate whose gradient with respect to `out` is `grad`.
+            (out * &grad).sum(Kind::Float).backward();
+            grad = x.grad();
+        }
+        if self.model.embed_tokens.requires_grad() {
+            let emb = Tensor::embedding(&self.model.embed_tokens, &self.ids, -1, false, false);
+            (emb * &grad).sum(Kind::Float).backward();
+        }
+    }
+}
+
 /// A causal language model with its weights on one device in one dtype.
 pub struct CausalLm {
     config: Config,
@@ -325,6 +364,41 @@ impl CausalLm {
 
     /// As `forward` but stops before the vocabulary projection: final hidden states [B, S, H].
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
+        let (input_ids, positions, attn) = self.full_sequence(input_ids, attention_mask)?;
+        Ok(self.run_layers(&input_ids, &positions, &attn, None, None, lora))
+    }
+
+    /// `forward_hidden` for training with activation checkpointing: the layers run without
+    /// autograd, keeping only each layer's input, and the returned hidden states hang off a
+    /// leaf after the last layer. After `backward()` of a loss built on them,
+    /// [`Checkpointed::backward`] recomputes one layer at a time and carries the gradient down,
+    /// so activation memory is one layer's instead of all layers', for one extra forward.
+    pub fn forward_hidden_checkpointed<'a>(
+        &'a self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        lora: Option<LoraBatch<'a>>,
+    ) -> Result<(Tensor, Checkpointed<'a>)> {
+        let (ids, positions, mask) = self.full_sequence(input_ids, attention_mask)?;
+        let (cos, sin) = self.rope.cos_sin(&positions, self.kind);
+        let lora = lora.filter(|l| !l.is_empty());
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let last = tch::no_grad(|| {
+            let ctx = LayerCtx { cos: &cos, sin: &sin, mask: &mask, lora: lora.as_ref(), step: None };
+            let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
+            for (i, layer) in self.layers.iter().enumerate() {
+                inputs.push(x.shallow_clone());
+                x = layer.forward(i, &x, &ctx, None);
+            }
+            x
+        })
+        .set_requires_grad(true);
+        let hidden = self.norm.forward(&last);
+        Ok((hidden, Checkpointed { model: self, ids, cos, sin, mask, lora, inputs, last }))
+    }
+
+    /// Ids on the model's device, positions and the causal mask of a full-sequence forward.
+    fn full_sequence(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<(Tensor, Tensor, Tensor)> {
         self.check_ids(input_ids)?;
         let input_ids = input_ids.to_device(self.device);
         let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
@@ -339,7 +413,7 @@ impl CausalLm {
         };
         let positions = mask::positions(&valid, &Tensor::zeros([b], (Kind::Int64, self.device)));
         let attn = mask::attention_mask(&valid, 0, s);
-        Ok(self.run_layers(&input_ids, &positions, &attn, None, None, lora))
+        Ok((input_ids, positions, attn))
     }
 
     /// Forward over new tokens appended to rows `first_row..first_row + n` of `cache`. The

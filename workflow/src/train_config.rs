@@ -153,6 +153,10 @@ pub struct TrainConfig {
     /// Compute the full-vocabulary entropy of every trained token for the report (costs a pass
     /// over [tokens, vocab]; off by default).
     pub log_entropy: bool,
+    /// Activation checkpointing: keep only each layer's input during the training forward and
+    /// recompute the layer in the backward pass. Activation memory drops from all layers' to one
+    /// layer's, for about one more forward per micro-batch; for long sequences. Off by default.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for TrainConfig {
@@ -193,6 +197,7 @@ impl Default for TrainConfig {
             lora: None,
             old_logprobs: OldLogprobs::Recompute,
             log_entropy: false,
+            gradient_checkpointing: false,
         }
     }
 }
