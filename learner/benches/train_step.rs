@@ -10,7 +10,8 @@
 //! COMAS_BENCH_COMPLETION_LEN (128), COMAS_BENCH_REPEATS (2), COMAS_BENCH_MODEL (a model folder,
 //! e.g. the SmolLM2 import), COMAS_BENCH_LORA (rank r; 0 = full fine-tuning), COMAS_BENCH_SAMPLER=1
 //! (the samples carry sampler log-probs and comas uses them as ℓ^old instead of a recompute
-//! forward, as it does on CPU when rollout and training dtypes match; the reference recomputes).
+//! forward, as it does on CPU when rollout and training dtypes match; the reference recomputes),
+//! COMAS_BENCH_CHECKPOINT=1 (comas also with activation checkpointing, side by side).
 use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
 use comas_model::tiny::{write_model, TinySpec};
 use rand::{Rng, SeedableRng};
@@ -86,18 +87,24 @@ fn main() {
         if lora_r > 0 { format!("LoRA r={lora_r} on q/v") } else { "full fine-tuning".to_string() },
         if sampler { "from the sampler (comas), recomputed (reference)" } else { "recomputed" }
     );
-    let mut best = f64::INFINITY;
-    for r in 0..=repeats {
-        // Each run starts from the initial weights, as the reference does.
-        let mut t = Trainer::new(&model, cfg.clone(), None).unwrap();
-        let t0 = Instant::now();
-        t.train_step(&batch).unwrap();
-        let s = t0.elapsed().as_secs_f64();
-        if r > 0 {
-            best = best.min(s);
+    // Best of `repeats` timed steps (after one warm-up), each from the initial weights as the
+    // reference does.
+    let best_of = |cfg: &TrainConfig| {
+        let mut best = f64::INFINITY;
+        for r in 0..=repeats {
+            let mut t = Trainer::new(&model, cfg.clone(), None).unwrap();
+            let t0 = Instant::now();
+            t.train_step(&batch).unwrap();
+            if r > 0 {
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
         }
-    }
+        best
+    };
+    let best = best_of(&cfg);
     let ours = tokens as f64 / best;
+    // COMAS_BENCH_CHECKPOINT=1 also times comas with activation checkpointing, side by side.
+    let checkpointed = std::env::var("COMAS_BENCH_CHECKPOINT").is_ok_and(|v| v == "1").then(|| best_of(&TrainConfig { gradient_checkpointing: true, ..cfg.clone() }));
     let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
     let reference = python.is_file().then(|| {
         let out = std::process::Command::new(&python)
@@ -116,6 +123,10 @@ fn main() {
     }).flatten();
     println!("{:>16} {:>12} {:>10}", "", "tokens/s", "s/step");
     println!("{:>16} {:>12.1} {:>10.2}", "comas", ours, best);
+    if let Some(c) = checkpointed {
+        println!("{:>16} {:>12.1} {:>10.2}", "comas checkpt", tokens as f64 / c, c);
+        println!("checkpointing costs {:.2}x the plain step's time", c / best);
+    }
     match reference {
         Some(hf) => {
             println!("{:>16} {:>12.1} {:>10.2}", "pytorch ref", hf, tokens as f64 / hf);
