@@ -193,7 +193,8 @@ pub struct Checkpointed<'a> {
 impl Checkpointed<'_> {
     /// Call after the loss's `backward()`: recomputes each layer, last first, with autograd,
     /// and back-propagates the gradient arriving at its output, accumulating the parameters'
-    /// gradients exactly as one backward over the whole model would.
+    /// gradients as one backward over the whole model would (up to float rounding: sums may
+    /// run in another order).
     pub fn backward(self) {
         let mut grad = self.last.grad();
         if !grad.defined() {
