@@ -73,7 +73,14 @@ fn real_job() {
         let row = [g("rollout"), g("experience"), g("train"), g("broadcast"), g("coordinator"), g("total")];
         println!(
             "{:>4} {:>8.3}s {:>8.4}s {:>8.3}s {:>9.3}s {:>11.4}s {:>8.3}s {:>7.2}%",
-            m["step"], row[0], row[1], row[2], row[3], row[4], row[5], 100.0 * row[4] / row[5]
+            m["step"],
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            row[5],
+            100.0 * row[4] / row[5]
         );
         if m["step"].as_u64().unwrap() > 0 {
             for (a, b) in sums.iter_mut().zip(row) {
@@ -92,9 +99,8 @@ fn real_job() {
 /// (24 turns per instance, 6144 turns per step), 512-token completions.
 fn paper_scale_experience() {
     let cfg = CoMasConfig { num_agents: 4, num_rounds: 2, instances_per_question: 4, ..Default::default() };
-    let questions: Vec<TaskRecord> = (0..64)
-        .map(|i| TaskRecord { prompt: format!("q{i}"), answer: "1".into(), task: TaskKind::Math, id: format!("q{i}"), source: None })
-        .collect();
+    let questions: Vec<TaskRecord> =
+        (0..64).map(|i| TaskRecord { prompt: format!("q{i}"), answer: "1".into(), task: TaskKind::Math, id: format!("q{i}"), source: None }).collect();
     let episodes = start_batch(&cfg, &questions, PlanSeed { global: 1, step: 0, shard: 0 }).unwrap();
     let mut finished = Vec::new();
     for (i, mut ep) in episodes.into_iter().enumerate() {
@@ -135,12 +141,16 @@ fn paper_scale_experience() {
                 Finished { episode_id: format!("e{i}"), trajectory, answer: "1".into() }
             })
             .collect();
-        let b = make_step(&parsed, 4, None, None).unwrap();
+        let b = make_step(&parsed, 4, None, None, comas_workflow::comas::RewardSource::Comas).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 256 * 24);
         best = best.min(t.elapsed().as_secs_f64());
     }
     let mb: usize = json.iter().map(String::len).sum();
-    println!("paper-scale experience making: 256 episodes, 6144 turns, {:.0} MB of trajectory JSON: parse + validate + rewards + experiences in {:.3}s (best of 3)", mb as f64 / 1e6, best);
+    println!(
+        "paper-scale experience making: 256 episodes, 6144 turns, {:.0} MB of trajectory JSON: parse + validate + rewards + experiences in {:.3}s (best of 3)",
+        mb as f64 / 1e6,
+        best
+    );
 }
 
 fn main() {

@@ -103,6 +103,7 @@ const SMOLLM2_AGENT: &str = r#"
 model = "{model}"
 [agents.train]
 lr = 2e-4
+dtype = "{dtype}"
 train_batch_size = 12
 micro_batch_size = 6
 [agents.train.lora]
@@ -127,6 +128,11 @@ steps = 2
 
 [output]
 dir = "out"
+
+# bf16 where the CPU multiplies bf16 in hardware (AMX / AVX-512 BF16), else f32; workers and
+# learners use the same, so the sampler's log-probs serve as the old log-probs.
+[rollout]
+dtype = "{dtype}"
 
 [comas]
 num_rounds = 1
@@ -164,9 +170,19 @@ max_questions = 4
 
 "#;
 
-/// The SmolLM2 example's job file, both agents on the model folder `model`.
-fn smollm2_job(model: &Path) -> String {
-    format!("{SMOLLM2_JOB}{}", SMOLLM2_AGENT.repeat(2)).replace("{model}", &model.display().to_string())
+/// The SmolLM2 example's job file, both agents on the model folder `model`, in `dtype`.
+fn smollm2_job(model: &Path, dtype: &str) -> String {
+    format!("{SMOLLM2_JOB}{}", SMOLLM2_AGENT.repeat(2)).replace("{model}", &model.display().to_string()).replace("{dtype}", dtype)
+}
+
+/// The example's dtype on this machine: bf16 only where the CPU does bf16 matrix products in
+/// hardware (measured on SmolLM2 with AMX: rollout 1.6x, training 2.5x faster than f32).
+fn example_dtype() -> &'static str {
+    if comas_model::dtype::cpu_has_fast_bf16() {
+        "bfloat16"
+    } else {
+        "float32"
+    }
 }
 
 /// Arithmetic records: bare sums for the tiny models, word problems for SmolLM2.
@@ -219,7 +235,7 @@ pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
             }
             write_data(&dir.join("train.jsonl"), 0..32, true)?;
             write_data(&dir.join("test.jsonl"), 100..108, true)?;
-            std::fs::write(&job, smollm2_job(&model))?;
+            std::fs::write(&job, smollm2_job(&model, example_dtype()))?;
         }
     }
     Ok(job)
@@ -264,7 +280,9 @@ mod tests {
 
     #[test]
     fn the_smollm2_job_is_two_lora_agents_with_guided_scorers() {
-        let spec = comas_workflow::job::JobSpec::from_toml(&smollm2_job(Path::new("/m/smollm2"))).unwrap();
+        let spec = comas_workflow::job::JobSpec::from_toml(&smollm2_job(Path::new("/m/smollm2"), "bfloat16")).unwrap();
+        assert_eq!(spec.rollout.dtype, "bfloat16");
+        assert!(spec.agents.iter().all(|a| a.train.get("dtype").and_then(|v| v.as_str()) == Some("bfloat16")));
         assert_eq!(spec.agents.len(), 2);
         assert!(spec.agents.iter().all(|a| a.model == Path::new("/m/smollm2") && a.train.contains_key("lora")));
         assert_eq!(

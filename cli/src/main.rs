@@ -1,5 +1,6 @@
 //! The `comas` command line.
 mod client_cmd;
+mod compare;
 mod examples;
 mod generate_cmd;
 mod import_cmd;
@@ -41,6 +42,8 @@ enum Command {
     Resume(client_cmd::CancelArgs),
     /// Draw reward, score and accuracy curves from a job's metrics log.
     Plot(plot::Args),
+    /// Compare runs (an experiment's arms) in one Markdown table, from their metrics logs.
+    Compare(compare::Args),
     /// Serve the coordinator (job API, scheduling, rewards, routing).
     Coordinator(comas_coordinator::cli::Args),
     /// Serve a rollout worker.
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Cancel(a) => client_cmd::cancel(a),
         Command::Resume(a) => client_cmd::resume(a),
         Command::Plot(a) => plot::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Coordinator(a) => comas_coordinator::cli::run(a),
         Command::Worker(a) => comas_rollout_worker::cli::run(a),
         Command::Learner(a) => comas_learner::cli::run(a),

@@ -3,7 +3,7 @@
 //! it. The step's metrics record (rewards by agent and role, scores, accuracy, lengths) is
 //! computed from the same data. Pure code, no I/O.
 use comas_proto::v1 as pb;
-use comas_workflow::comas::{comas_rewards, RoleSampling, Trajectory};
+use comas_workflow::comas::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, Variant};
 use comas_workflow::grade::is_correct;
 use comas_workflow::{FinishReason, Role, WorkflowError};
 use serde_json::{json, Map, Value};
@@ -55,6 +55,14 @@ struct Tally {
     len: HashMap<Role, Acc>,
     truncated: u64,
     turns: u64,
+    /// 1 per truncated turn, 0 otherwise, by role.
+    truncated_by_role: HashMap<Role, Acc>,
+    /// 1 per valid verdict that passes its solution (a score of 3, or "correct" under
+    /// no_scoring), 0 per other valid verdict.
+    approval: Acc,
+    /// Solver rewards split by whether the solution was right (graded for logging only).
+    solver_reward_correct: Acc,
+    solver_reward_wrong: Acc,
     correct_first: Acc,
     correct_last: Acc,
     versions: std::collections::BTreeSet<u64>,
@@ -71,9 +79,13 @@ impl Tally {
             "reward": by_role(&self.reward, &|a| a.json()),
             "score_hist": {"1": self.scores[1], "2": self.scores[2], "3": self.scores[3], "invalid": self.scores[0]},
             "parse_failure_rate": (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
+            "score_parse_rate": (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
+            "approval_rate": self.approval.mean(),
+            "solver_reward_by_correctness": {"correct": self.solver_reward_correct.json(), "wrong": self.solver_reward_wrong.json()},
             "accuracy": {"first_round": self.correct_first.mean(), "last_round": self.correct_last.mean()},
             "completion_len": by_role(&self.len, &|a| json!(a.mean())),
             "truncation_rate": (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
+            "truncation_rate_by_role": by_role(&self.truncated_by_role, &|a| json!(a.mean())),
             // Weight versions that produced the turns: one value in the synchronous schedule.
             "policy_versions": self.versions.iter().collect::<Vec<_>>(),
         })
@@ -127,8 +139,15 @@ pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result
 
 /// Rewards, experiences and metrics of one step's episodes.
 /// With `versions`, a turn sampled with any other version than its agent's is refused. With
-/// `sampling`, each experience carries its role's sampling temperature for the learner.
-pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]>, sampling: Option<&RoleSampling>) -> Result<StepBatch, WorkflowError> {
+/// `sampling`, each experience carries its role's sampling temperature for the learner. `source`
+/// says where solver rewards come from (the judges, or the answer for the verifier control).
+pub fn make_step(
+    episodes: &[Finished],
+    num_agents: u32,
+    versions: Option<&[u64]>,
+    sampling: Option<&RoleSampling>,
+    source: RewardSource,
+) -> Result<StepBatch, WorkflowError> {
     let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
     let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
     let mut total = Tally::default();
@@ -142,8 +161,8 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]
         if let Some(v) = versions {
             check_versions(t, &ep.episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
         }
-        let rewards = comas_rewards(t)?;
-        for (turn, r) in t.turns.iter().zip(&rewards) {
+        let turn_rewards = rewards(t, source, &ep.answer)?;
+        for (turn, r) in t.turns.iter().zip(&turn_rewards) {
             let reward = f64::from(r.reward);
             *turn_counts.entry(turn.role).or_default() += 1;
             tokens += turn.completion_ids.len() as u64;
@@ -174,11 +193,22 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]
                 tally.turns += 1;
                 tally.versions.insert(turn.policy_version);
                 tally.truncated += u64::from(turn.finish_reason == FinishReason::Length);
+                tally.truncated_by_role.entry(turn.role).or_default().push(f64::from(u8::from(turn.finish_reason == FinishReason::Length)));
                 if turn.role == Role::Scorer {
                     tally.scores[turn.score.map_or(0, usize::from)] += 1;
                 }
+                let verdict = match (t.variant, turn.role) {
+                    (Variant::NoScoring, Role::Evaluator) => turn.judgment.map(|j| j == Judgment::Correct),
+                    (Variant::NoScoring, _) => None,
+                    (_, Role::Scorer) => turn.score.map(|s| s == 3),
+                    _ => None,
+                };
+                if let Some(pass) = verdict {
+                    tally.approval.push(f64::from(u8::from(pass)));
+                }
                 if turn.role == Role::Solver {
                     if let Some(ok) = is_correct(t.task, &turn.text, &ep.answer) {
+                        if ok { &mut tally.solver_reward_correct } else { &mut tally.solver_reward_wrong }.push(reward);
                         let v = f64::from(u8::from(ok));
                         if turn.round == 0 {
                             tally.correct_first.push(v);
@@ -218,7 +248,7 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, versions: Option<&[u64]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use comas_workflow::comas::{start_batch, CoMasConfig, PlanSeed};
+    use comas_workflow::comas::{comas_rewards, start_batch, CoMasConfig, PlanSeed};
     use comas_workflow::{TaskKind, TaskRecord, TurnOutput};
 
     /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
@@ -276,13 +306,13 @@ mod tests {
         };
         let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
         // Sampled with version 7: a step that expects version 6 for agent 1 refuses it, by turn.
-        let err = make_step(&finished, 2, Some(&[7, 6]), None).err().expect("a stale turn is refused").to_string();
+        let err = make_step(&finished, 2, Some(&[7, 6]), None, RewardSource::Comas).err().expect("a stale turn is refused").to_string();
         assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
         let json = serde_json::to_string(&t).unwrap();
         assert!(check_trajectory(&json, "e1", Some(&[7, 7])).is_ok());
         assert!(check_trajectory(&json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
         assert!(check_trajectory(&json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
-        let b = make_step(&finished, 2, Some(&[7, 7]), Some(&cfg.sampling)).unwrap();
+        let b = make_step(&finished, 2, Some(&[7, 7]), Some(&cfg.sampling), RewardSource::Comas).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
         for (agent, exps) in b.per_agent.iter().enumerate() {
             let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();
@@ -311,5 +341,51 @@ mod tests {
         assert_eq!(m["agents"][0]["policy_versions"], json!([7]));
         assert_eq!(m["generated_tokens"], json!(18));
         assert_eq!(m["prompts_truncated"], json!(0));
+        // One valid score, a 3: the judges passed every solution they could judge.
+        assert_eq!(m["approval_rate"], json!(1.0));
+        assert_eq!(m["score_parse_rate"], json!(0.5));
+        assert_eq!(m["solver_reward_by_correctness"]["correct"], json!({"mean": 1.0, "std": 0.0, "count": 1}));
+        assert_eq!(m["solver_reward_by_correctness"]["wrong"], json!({"mean": 0.0, "std": 0.0, "count": 1}));
+        assert_eq!(m["truncation_rate_by_role"], json!({"solver": 0.0, "evaluator": 0.0, "scorer": 0.0}));
+    }
+
+    #[test]
+    fn the_verifier_control_pays_solvers_from_the_answer_only() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        // The judges pass the wrong solution (slot 0: 3 scored) and fail the right one (slot 1: 1).
+        let t = played(&cfg, |r| match (r.role, r.slot) {
+            (Role::Solver, 0) => "\\boxed{5}".into(),
+            (Role::Solver, _) => "\\boxed{2}".into(),
+            (Role::Scorer, 0) => "<score>3</score>".into(),
+            (Role::Scorer, _) => "<score>1</score>".into(),
+            _ => "fine".into(),
+        });
+        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
+        let by = |source: RewardSource| -> Vec<(Role, u32, f64)> {
+            let b = make_step(&finished, 2, None, None, source).unwrap();
+            b.per_agent
+                .iter()
+                .flatten()
+                .map(|e| {
+                    let turn = t.turns.iter().find(|x| u64::from(x.turn_index) == e.turn_id).unwrap();
+                    (turn.role, turn.slot, e.reward.unwrap())
+                })
+                .collect()
+        };
+        let comas = by(RewardSource::Comas);
+        let verifier = by(RewardSource::Verifier);
+        let get = |v: &[(Role, u32, f64)], role: Role, slot: u32| v.iter().find(|x| x.0 == role && x.1 == slot).unwrap().2;
+        assert_eq!((get(&comas, Role::Solver, 0), get(&comas, Role::Solver, 1)), (1.0, 0.0));
+        assert_eq!((get(&verifier, Role::Solver, 0), get(&verifier, Role::Solver, 1)), (0.0, 1.0));
+        for role in [Role::Evaluator, Role::Scorer] {
+            for slot in 0..2 {
+                assert_eq!(get(&comas, role, slot), get(&verifier, role, slot), "{role} {slot} keeps its CoMAS reward");
+            }
+        }
+        let m = make_step(&finished, 2, None, None, RewardSource::Comas).unwrap().metrics;
+        assert_eq!(m["approval_rate"], json!(0.5));
+        // The judges' reward runs against correctness here: 0 for the right answer, 1 for the wrong.
+        assert_eq!(m["solver_reward_by_correctness"]["correct"]["mean"], json!(0.0));
+        assert_eq!(m["solver_reward_by_correctness"]["wrong"]["mean"], json!(1.0));
     }
 }

@@ -11,7 +11,7 @@ use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use comas_proto::v1 as pb;
-use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed, Trajectory};
+use comas_workflow::comas::{episode_seed, plan_batch, CoMasConfig, PlanSeed, Trajectory};
 use comas_workflow::job::Job;
 use comas_workflow::task::TaskRecord;
 use serde_json::{json, Value};
@@ -218,21 +218,58 @@ async fn train_learner(
 }
 
 /// Plays the CoMAS game on the held-out questions with the current weights; nothing is trained.
-/// The record (accuracy, rewards and scores by agent) goes into the store and the metrics log.
+/// The record (accuracy, rewards and scores by agent; with `greedy`, the same for a greedy game
+/// under `greedy`) goes into the store and the metrics log.
 async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
     let started = Instant::now();
-    let comas = job.eval_comas().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
+    let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
+    let mut m = play_eval(jobs, job, id, after, questions, &job.eval_comas_at(spec.temperature), "eval", cancel).await?;
+    if spec.greedy {
+        let greedy = play_eval(jobs, job, id, after, questions, &job.eval_comas_at(0.0), "eval-greedy", cancel).await?;
+        if let Some(o) = m.as_object_mut() {
+            o.insert("greedy".into(), greedy);
+        }
+    }
+    if let Some(o) = m.as_object_mut() {
+        o.insert("kind".into(), json!("eval"));
+        o.insert("job_id".into(), json!(id));
+        o.insert("step".into(), json!(after));
+        o.insert("after_steps".into(), json!(after));
+        o.insert("temperature".into(), json!(spec.temperature));
+        o.insert("unix_time".into(), json!(now()));
+        o.insert("seconds".into(), json!({"total": started.elapsed().as_secs_f64()}));
+    }
+    let line = serde_json::to_string(&m).unwrap_or_default();
+    jobs.store.record_eval(id, after, &line)?;
+    tracing::info!(job = %id, after, accuracy = ?m.pointer("/accuracy/last_round"), "evaluation recorded");
+    jobs.emit(id, "eval", line, format!("evaluation after {after} steps"));
+    Ok(())
+}
+
+/// One evaluation game over every held-out question with `comas`; returns its metrics.
+/// `tag` keeps the episode ids of different games apart.
+#[allow(clippy::too_many_arguments)]
+async fn play_eval(
+    jobs: &Arc<Jobs>,
+    job: &Job,
+    id: &str,
+    after: u64,
+    questions: &[TaskRecord],
+    comas: &CoMasConfig,
+    tag: &str,
+    cancel: &mut watch::Receiver<bool>,
+) -> Result<Value> {
     let chosen: Vec<usize> = (0..questions.len()).collect();
     let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
-    let specs = episode_specs(&comas, &chosen, questions, seed, |i| {
-        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/eval/{after}/{i}").as_bytes()).to_string()
+    let specs = episode_specs(comas, &chosen, questions, seed, |i| {
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
     })?;
     let total = specs.len();
     jobs.set_live(id, |s| {
         s.enter("eval");
         s.episodes_total = total as u32;
     });
-    jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps: {total} episodes"));
+    jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let batch = BatchSpec { specs: specs.clone(), limits: BatchLimits::of(&job.spec.schedule), versions: Some(vec![after; job.spec.agents.len()]) };
     jobs.scheduler.submit(id.to_string(), batch, tx);
@@ -259,22 +296,9 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         }
     }
     let finished = in_spec_order(&specs, done, questions)?;
-    let mut m = make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None)
+    Ok(make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None, job.comas.reward)
         .map_err(|e| CoordinatorError::Rollout(e.to_string()))?
-        .metrics;
-    if let Some(o) = m.as_object_mut() {
-        o.insert("kind".into(), json!("eval"));
-        o.insert("job_id".into(), json!(id));
-        o.insert("step".into(), json!(after));
-        o.insert("after_steps".into(), json!(after));
-        o.insert("unix_time".into(), json!(now()));
-        o.insert("seconds".into(), json!({"total": started.elapsed().as_secs_f64()}));
-    }
-    let line = serde_json::to_string(&m).unwrap_or_default();
-    jobs.store.record_eval(id, after, &line)?;
-    tracing::info!(job = %id, after, accuracy = ?m.pointer("/accuracy/last_round"), "evaluation recorded");
-    jobs.emit(id, "eval", line, format!("evaluation after {after} steps"));
-    Ok(())
+        .metrics)
 }
 
 pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<bool>) -> Result<()> {
@@ -402,7 +426,8 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let exp_started = Instant::now();
         jobs.set_live(&id, |s| s.enter("experience"));
         let finished = in_spec_order(&specs, done, &questions)?;
-        let batch = make_step(&finished, l as u32, Some(&versions), Some(&job.comas.sampling)).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
+        let batch = make_step(&finished, l as u32, Some(&versions), Some(&job.comas.sampling), job.comas.reward)
+            .map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
         // 3. Training: every learner in parallel on its own agent's turns.

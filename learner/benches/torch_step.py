@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--ref-model", default=None, help="reference checkpoint (default: copy of the initial weights)")
     ap.add_argument("--lora-r", type=int, default=0, help="train a LoRA adapter of this rank on q/v (0: full fine-tuning)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (bf16: plain bf16 AdamW)")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="transformers attention implementation")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ref_step.load_config(args.config)
     samples = ref_step.load_batch(args.batch)
     torch.manual_seed(int(cfg["seed"]))
-    model = ref_step.load_model(args.model, args.device)
+    model = ref_step.load_model(args.model, args.device, getattr(torch, args.dtype), args.attn)
     if args.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     times = [one_run() for _ in range(args.repeats)]
     best = min(times)
     print(f"torch_step: warm-up {warm:.3f}s, runs {', '.join(f'{t:.3f}' for t in times)}s, "
-          f"{len(samples)} samples, threads {args.threads}, device {args.device}", file=sys.stderr)
+          f"{len(samples)} samples, threads {args.threads}, device {args.device}, {args.dtype}, attention {args.attn}", file=sys.stderr)
     print(json.dumps({"tokens": tokens, "seconds": best, "tokens_per_s": tokens / best}))
     return 0
 

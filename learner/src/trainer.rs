@@ -149,6 +149,16 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// `order` sorted by sample length, longest first (ties keep their order). Token-mean and
+/// sequence-mean losses do not depend on how an optimizer step's samples are grouped into
+/// micro-batches, so grouping samples of similar length cuts the padding a micro-batch computes
+/// on; a micro-batch mean does depend on it, and keeps the shuffled order.
+pub fn by_length(order: &[usize], lens: &[usize]) -> Vec<usize> {
+    let mut sorted = order.to_vec();
+    sorted.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    sorted
+}
+
 /// Splits `order` into micro-batches of at most `max_samples` samples and `max_tokens` padded
 /// tokens (a sample longer than the budget gets a micro-batch of its own).
 pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_tokens: usize) -> Vec<Vec<usize>> {
@@ -308,7 +318,8 @@ impl Trainer {
     fn logprobs_no_grad(&self, model: &CausalLm, with_adapter: bool, batch: &[Experience]) -> Result<Vec<Vec<f64>>> {
         let _g = tch::no_grad_guard();
         let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
-        let order: Vec<usize> = (0..batch.len()).collect();
+        // Each sample's log-probs are its own, whatever it is batched with.
+        let order = by_length(&(0..batch.len()).collect::<Vec<_>>(), &lens);
         let mut out = vec![Vec::new(); batch.len()];
         for mb in micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens) {
             let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
@@ -475,7 +486,11 @@ impl Trainer {
                 // Denominators for the whole optimizer step, fixed before any micro-batch (§7).
                 let step_tokens: f64 = chunk.iter().map(|&i| weights[i].iter().sum::<f64>()).sum();
                 let step_seqs = chunk.iter().filter(|&&i| in_loss(i)).count();
-                let mbs = micro_batches(chunk, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
+                let grouped = match cfg.loss_agg {
+                    LossAgg::TokenMean | LossAgg::SeqMean if cfg.group_by_length => by_length(chunk, &lens),
+                    _ => chunk.to_vec(),
+                };
+                let mbs = micro_batches(&grouped, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
@@ -584,5 +599,16 @@ mod tests {
         assert_eq!(micro_batches(&order, &lens, 2, 1000), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
         // budget 40 padded tokens: [10,10] = 20, adding 30 -> 90 > 40
         assert_eq!(micro_batches(&order, &lens, 8, 40), vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6]]);
+    }
+
+    #[test]
+    fn length_grouping_puts_similar_lengths_together() {
+        let lens = [10, 300, 12, 290, 11, 305];
+        let order = [3, 0, 5, 1, 2, 4];
+        assert_eq!(by_length(&order, &lens), vec![5, 1, 3, 2, 4, 0]);
+        // Two micro-batches of 3: 3 × 305 + 3 × 12 padded tokens instead of 2 × 3 × 305.
+        assert_eq!(micro_batches(&by_length(&order, &lens), &lens, 3, 100_000), vec![vec![5, 1, 3], vec![2, 4, 0]]);
+        // Ties keep their order.
+        assert_eq!(by_length(&[2, 0, 1], &[7, 7, 7]), vec![2, 0, 1]);
     }
 }

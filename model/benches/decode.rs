@@ -8,7 +8,7 @@
 //! The reference runs with the Python at COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made
 //! by tests/fixtures/setup-ref.sh). Without it only the comas figures are printed.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
-//! COMAS_BENCH_REPEATS (3).
+//! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides).
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::{generate, CausalLm, GenerationRequest, SamplingParams};
 use rand::{Rng, SeedableRng};
@@ -44,16 +44,17 @@ fn main() {
     // COMAS_BENCH_SAMPLE=1 samples at temperature 1 (the rollout path) instead of greedy.
     let sample = std::env::var("COMAS_BENCH_SAMPLE").is_ok_and(|v| v == "1");
     let params_for = |n: usize, seed: u64| if sample { SamplingParams { max_new_tokens: n, seed, ..Default::default() } } else { SamplingParams::greedy(n) };
-    let model = CausalLm::load(&model_dir, Kind::Float, Device::Cpu).expect("load bench model");
+    let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
+    let kind = comas_model::dtype::parse_kind(&dtype).expect("COMAS_BENCH_DTYPE");
+    let model = CausalLm::load(&model_dir, kind, Device::Cpu).expect("load bench model");
     let params = model.config().num_parameters();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let prompts: Vec<Vec<i64>> =
-        (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
+    let prompts: Vec<Vec<i64>> = (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
     let prompts_file = std::env::temp_dir().join(format!("comas-bench-prompts-{}.json", std::process::id()));
     std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
 
     println!(
-        "decode benchmark: {} ({:.1}M parameters), f32 CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, {}, best of {repeats}",
+        "decode benchmark: {} ({:.1}M parameters), {dtype} CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, {}, best of {repeats}",
         model_dir.display(),
         params as f64 / 1e6,
         if sample { "sampled at temperature 1" } else { "greedy" }
@@ -68,10 +69,8 @@ fn main() {
             .enumerate()
             .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), params: params_for(new_tokens, i as u64), adapter: None })
             .collect();
-        let warm: Vec<GenerationRequest> = prompts[..b]
-            .iter()
-            .map(|p| GenerationRequest { prompt_ids: p.clone(), params: params_for(4, 0), adapter: None })
-            .collect();
+        let warm: Vec<GenerationRequest> =
+            prompts[..b].iter().map(|p| GenerationRequest { prompt_ids: p.clone(), params: params_for(4, 0), adapter: None }).collect();
         generate(&model, &warm, None).unwrap();
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
@@ -84,7 +83,7 @@ fn main() {
     }
 
     let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
-    let reference = run_reference(&python, &root, &model_dir, &prompts_file, &batches, new_tokens, threads, repeats);
+    let reference = run_reference(&python, &root, &model_dir, &prompts_file, &batches, new_tokens, threads, repeats, &dtype);
     println!("{:>6} {:>14} {:>18} {:>8}", "batch", "comas tok/s", "transformers tok/s", "ratio");
     for &b in &batches {
         match reference.as_ref().and_then(|r| r.get(&b)) {
@@ -142,7 +141,17 @@ fn weight_bytes_per_token(model: &CausalLm) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_reference(python: &Path, root: &Path, model: &Path, prompts: &Path, batches: &[usize], new_tokens: usize, threads: i32, repeats: usize) -> Option<HashMap<usize, f64>> {
+fn run_reference(
+    python: &Path,
+    root: &Path,
+    model: &Path,
+    prompts: &Path,
+    batches: &[usize],
+    new_tokens: usize,
+    threads: i32,
+    repeats: usize,
+    dtype: &str,
+) -> Option<HashMap<usize, f64>> {
     if !python.is_file() {
         return None;
     }
@@ -151,7 +160,7 @@ fn run_reference(python: &Path, root: &Path, model: &Path, prompts: &Path, batch
     let out = std::process::Command::new(python)
         .arg(script)
         .args(["--model", model.to_str()?, "--prompts", prompts.to_str()?, "--batches", &batches])
-        .args(["--new-tokens", &new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &repeats.to_string()])
+        .args(["--new-tokens", &new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &repeats.to_string(), "--dtype", dtype])
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .ok()?;

@@ -19,6 +19,18 @@ pub fn attention_mask(key_valid: &Tensor, past: i64, new: i64) -> Tensor {
     allowed.logical_or(&own.unsqueeze(0)).unsqueeze(1)
 }
 
+/// Whether every row of `valid` [B, S] is real tokens then padding (no padding before a real
+/// token), so plain causal attention masks it exactly for every real query.
+pub fn is_right_padded(valid: &Tensor) -> bool {
+    let s = valid.size()[1];
+    if s < 2 {
+        return true;
+    }
+    let valid = valid.to_kind(Kind::Bool);
+    let gap_then_token = valid.narrow(1, 1, s - 1).logical_and(&valid.narrow(1, 0, s - 1).logical_not());
+    gap_then_token.any().int64_value(&[]) == 0
+}
+
 /// Position ids [B, S] for new tokens: each row continues from `start` [B] (the number of real
 /// tokens it already has) and counts only valid tokens. Padding gets the last real position
 /// (clamped at 0), which is harmless because padding is masked as a key.
@@ -52,6 +64,16 @@ mod tests {
     /// Validity of [5, 6, 7] and [8] left-padded to width 3.
     fn left_padded_valid() -> Tensor {
         Tensor::from_slice(&[true, true, true, false, false, true]).view([2, 3])
+    }
+
+    #[test]
+    fn right_padding_is_told_from_padding_before_a_token() {
+        let rows = |v: &[bool], w: i64| Tensor::from_slice(v).view([-1, w]);
+        assert!(is_right_padded(&rows(&[true, true, true, true, false, false], 3)));
+        assert!(is_right_padded(&rows(&[true, true], 2)));
+        assert!(is_right_padded(&rows(&[true, false], 1)));
+        assert!(!is_right_padded(&left_padded_valid()));
+        assert!(!is_right_padded(&rows(&[true, false, true], 3)));
     }
 
     #[test]

@@ -51,7 +51,9 @@ impl RmsNorm {
 struct LayerCtx<'a> {
     cos: &'a Tensor,
     sin: &'a Tensor,
-    mask: &'a Tensor,
+    /// The attention mask; `None` is plain causal attention (no padding before a real token),
+    /// which lets SDPA skip reading a mask.
+    mask: Option<&'a Tensor>,
     lora: Option<&'a LoraBatch<'a>>,
     /// Where this call's keys/values go in the cache, when there is one.
     step: Option<&'a CacheStep>,
@@ -121,7 +123,7 @@ impl Attention {
         };
         let scale = (self.head_dim as f64).powf(-0.5);
         let gqa = self.num_heads != self.num_kv_heads;
-        let out = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(ctx.mask), 0.0, false, scale, gqa);
+        let out = Tensor::scaled_dot_product_attention(&q, &k, &v, ctx.mask, 0.0, ctx.mask.is_none(), scale, gqa);
         let out = out.transpose(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
         let y = self.o_proj.forward(&out);
         match ctx.lora {
@@ -182,7 +184,7 @@ pub struct Checkpointed<'a> {
     ids: Tensor,
     cos: Tensor,
     sin: Tensor,
-    mask: Tensor,
+    mask: Option<Tensor>,
     lora: Option<LoraBatch<'a>>,
     /// Each layer's input, computed without autograd.
     inputs: Vec<Tensor>,
@@ -200,7 +202,7 @@ impl Checkpointed<'_> {
         if !grad.defined() {
             return;
         }
-        let ctx = LayerCtx { cos: &self.cos, sin: &self.sin, mask: &self.mask, lora: self.lora.as_ref(), step: None };
+        let ctx = LayerCtx { cos: &self.cos, sin: &self.sin, mask: self.mask.as_ref(), lora: self.lora.as_ref(), step: None };
         for (i, layer) in self.model.layers.iter().enumerate().rev() {
             let x = self.inputs[i].detach().set_requires_grad(true);
             let out = layer.forward(i, &x, &ctx, None);
@@ -251,20 +253,11 @@ impl CausalLm {
                 self_attn: Attention::load(ckpt, &format!("{p}.self_attn"), &config)?,
                 mlp: Mlp::load(ckpt, &format!("{p}.mlp"), &config)?,
                 input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), h, config.rms_norm_eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    ckpt,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    h,
-                    config.rms_norm_eps,
-                )?,
+                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), h, config.rms_norm_eps)?,
             });
         }
         let norm = RmsNorm::load(ckpt, "model.norm.weight", h, config.rms_norm_eps)?;
-        let lm_head = if config.tie_word_embeddings {
-            embed_tokens.shallow_clone()
-        } else {
-            ckpt.take("lm_head.weight", &[v, h])?
-        };
+        let lm_head = if config.tie_word_embeddings { embed_tokens.shallow_clone() } else { ckpt.take("lm_head.weight", &[v, h])? };
         let rope = Rope::new(&config.rope, config.head_dim, device);
         Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, kind, device })
     }
@@ -331,16 +324,21 @@ impl CausalLm {
         if input_ids.numel() > 0 {
             let (lo, hi) = (input_ids.min().int64_value(&[]), input_ids.max().int64_value(&[]));
             if lo < 0 || hi >= self.config.vocab_size {
-                return Err(ModelError::Input(format!(
-                    "token id out of range [{lo}, {hi}]; the model's vocabulary has {} entries",
-                    self.config.vocab_size
-                )));
+                return Err(ModelError::Input(format!("token id out of range [{lo}, {hi}]; the model's vocabulary has {} entries", self.config.vocab_size)));
             }
         }
         Ok(())
     }
 
-    fn run_layers(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, mut cache: Option<&mut KvCache>, step: Option<&CacheStep>, lora: Option<&LoraBatch>) -> Tensor {
+    fn run_layers(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+        step: Option<&CacheStep>,
+        lora: Option<&LoraBatch>,
+    ) -> Tensor {
         let _span = tracing::trace_span!("forward", batch = input_ids.size()[0], seq = input_ids.size()[1]).entered();
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = self.rope.cos_sin(positions, self.kind);
@@ -366,7 +364,7 @@ impl CausalLm {
     /// As `forward` but stops before the vocabulary projection: final hidden states [B, S, H].
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
         let (input_ids, positions, attn) = self.full_sequence(input_ids, attention_mask)?;
-        Ok(self.run_layers(&input_ids, &positions, &attn, None, None, lora))
+        Ok(self.run_layers(&input_ids, &positions, attn.as_ref(), None, None, lora))
     }
 
     /// `forward_hidden` for training with activation checkpointing: the layers run without
@@ -385,7 +383,7 @@ impl CausalLm {
         let lora = lora.filter(|l| !l.is_empty());
         let mut inputs = Vec::with_capacity(self.layers.len());
         let last = tch::no_grad(|| {
-            let ctx = LayerCtx { cos: &cos, sin: &sin, mask: &mask, lora: lora.as_ref(), step: None };
+            let ctx = LayerCtx { cos: &cos, sin: &sin, mask: mask.as_ref(), lora: lora.as_ref(), step: None };
             let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (i, layer) in self.layers.iter().enumerate() {
                 inputs.push(x.shallow_clone());
@@ -398,8 +396,11 @@ impl CausalLm {
         Ok((hidden, Checkpointed { model: self, ids, cos, sin, mask, lora, inputs, last }))
     }
 
-    /// Ids on the model's device, positions and the causal mask of a full-sequence forward.
-    fn full_sequence(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<(Tensor, Tensor, Tensor)> {
+    /// Ids on the model's device, positions and the attention mask of a full-sequence forward:
+    /// `None` (plain causal) when no row has padding before a real token, as in the
+    /// right-padded batches of training and scoring. A padding query then also sees earlier
+    /// padding, which changes only outputs nobody reads.
+    fn full_sequence(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         self.check_ids(input_ids)?;
         let input_ids = input_ids.to_device(self.device);
         let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
@@ -413,7 +414,7 @@ impl CausalLm {
             None => Tensor::ones([b, s], (Kind::Bool, self.device)),
         };
         let positions = mask::positions(&valid, &Tensor::zeros([b], (Kind::Int64, self.device)));
-        let attn = mask::attention_mask(&valid, 0, s);
+        let attn = (!mask::is_right_padded(&valid)).then(|| mask::attention_mask(&valid, 0, s));
         Ok((input_ids, positions, attn))
     }
 
@@ -428,7 +429,7 @@ impl CausalLm {
         }
         let input_ids = input_ids.to_device(self.device);
         let step = cache.begin(first_row, new_lens, s)?;
-        let hidden = self.run_layers(&input_ids, &step.positions, &step.mask, Some(cache), Some(&step), lora);
+        let hidden = self.run_layers(&input_ids, &step.positions, Some(&step.mask), Some(cache), Some(&step), lora);
         cache.commit(&step);
         let last = if s == 1 {
             hidden.squeeze_dim(1)

@@ -7,7 +7,7 @@
 //! Qwen2), COMAS_BENCH_LORA (r: both agents are LoRA adapters of that rank on q/v over one
 //! shared base, as in the SmolLM2 example; default 0 = two plain agents), COMAS_BENCH_THREADS (2),
 //! COMAS_BENCH_TOKENS (64 per turn, fixed length), COMAS_BENCH_SERIAL (4 episodes run one by
-//! one), COMAS_BENCH_CONCURRENT (64).
+//! one), COMAS_BENCH_CONCURRENT (64), COMAS_BENCH_DTYPE (float32 or bfloat16).
 //! Prompt tokens are reported too: with the tiny test tokenizer CoMAS prompts are a few hundred
 //! tokens, and their prefill (already batched within a sequence) does not speed up.
 use comas_model::tiny::{write_model, TinySpec};
@@ -31,7 +31,13 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let q = TaskRecord { prompt: format!("Compute {i} * 7 - 3."), answer: format!("{}", i * 7 - 3), task: TaskKind::Math, id: format!("{tag}{i}"), source: None };
+            let q = TaskRecord {
+                prompt: format!("Compute {i} * 7 - 3."),
+                answer: format!("{}", i * 7 - 3),
+                task: TaskKind::Math,
+                id: format!("{tag}{i}"),
+                source: None,
+            };
             pb::EpisodeSpec {
                 episode_id: format!("{tag}{i}"),
                 config_json: serde_json::to_string(cfg).unwrap(),
@@ -64,6 +70,7 @@ fn main() {
     let concurrent: usize = env_or("COMAS_BENCH_CONCURRENT", 64);
     tch::set_num_threads(threads);
     let lora_r: i64 = env_or("COMAS_BENCH_LORA", 0);
+    let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     let model = match std::env::var_os("COMAS_BENCH_MODEL") {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -103,8 +110,10 @@ fn main() {
         } else {
             String::new()
         };
-        let agents = (0..2).map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), lora_json: lora_json.clone(), ..Default::default() }).collect();
-        c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
+        let agents = (0..2)
+            .map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), lora_json: lora_json.clone(), ..Default::default() })
+            .collect();
+        c.load_policies(pb::LoadPoliciesRequest { agents, dtype: dtype.clone() }).await.unwrap();
         run(&mut c, specs(&cfg, 1, "warm")).await;
 
         let t0 = Instant::now();
@@ -120,7 +129,7 @@ fn main() {
         let conc_s = t0.elapsed().as_secs_f64();
         let agents = if lora_r > 0 { format!("2 LoRA r={lora_r} agents on one base") } else { "2 agents".to_string() };
         println!(
-            "CoMAS episode benchmark: {} ({:.1}M parameters), {agents}, f32 CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn",
+            "CoMAS episode benchmark: {} ({:.1}M parameters), {agents}, {dtype} CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn",
             model.display(),
             params as f64 / 1e6
         );

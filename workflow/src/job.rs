@@ -123,6 +123,10 @@ pub struct EvalSpec {
     /// Sampling temperature of every role during evaluation (spec 6.1: 0.7).
     #[serde(default = "eval_temperature")]
     pub temperature: f64,
+    /// Also play the game greedily (temperature 0, every role); its metrics go under `greedy`
+    /// in the same evaluation record.
+    #[serde(default)]
+    pub greedy: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -275,7 +279,10 @@ impl JobSpec {
         for (k, a) in self.agents.iter().enumerate() {
             if let Some(id) = a.id {
                 if id as usize != k {
-                    return Err(invalid(format!("agents[{k}].id"), format!("is {id}; agent ids are their positions in the list (0, 1, ...), so this one must be {k}")));
+                    return Err(invalid(
+                        format!("agents[{k}].id"),
+                        format!("is {id}; agent ids are their positions in the list (0, 1, ...), so this one must be {k}"),
+                    ));
                 }
             }
         }
@@ -365,7 +372,8 @@ impl Job {
             table.insert("seed".into(), toml::Value::Integer(derive_seed(&[self.spec.seed, k as u64]) as i64 & i64::MAX));
         }
         let text = toml::to_string(&table).map_err(|e| invalid(&field, e.to_string()))?;
-        let mut cfg = TrainConfig::from_toml(&text).map_err(|e| invalid(&field, e.to_string().replace("TOML parse error at line 1, column 1\n  |\n1 | \n  | ^\n", "")))?;
+        let mut cfg = TrainConfig::from_toml(&text)
+            .map_err(|e| invalid(&field, e.to_string().replace("TOML parse error at line 1, column 1\n  |\n1 | \n  | ^\n", "")))?;
         let samples = self.samples_per_agent();
         if cfg.train_batch_size as u64 > samples {
             return Err(invalid(
@@ -395,12 +403,19 @@ impl Job {
     /// role and the eval instance count.
     pub fn eval_comas(&self) -> Option<CoMasConfig> {
         let e = self.spec.eval.as_ref()?;
+        Some(self.eval_comas_at(e.temperature))
+    }
+
+    /// The evaluation game with every role sampled at `temperature` (0 = greedy).
+    pub fn eval_comas_at(&self, temperature: f64) -> CoMasConfig {
         let mut c = self.comas.clone();
-        c.instances_per_question = e.instances_per_question;
-        for s in [&mut c.sampling.solver, &mut c.sampling.evaluator, &mut c.sampling.scorer] {
-            s.temperature = e.temperature;
+        if let Some(e) = &self.spec.eval {
+            c.instances_per_question = e.instances_per_question;
         }
-        Some(c)
+        for s in [&mut c.sampling.solver, &mut c.sampling.evaluator, &mut c.sampling.scorer] {
+            s.temperature = temperature;
+        }
+        c
     }
 
     /// Whether an evaluation is due once `completed` steps are done.
@@ -537,6 +552,19 @@ train_batch_size = 24
         spec.resolve_paths(Path::new("/j"));
         assert_eq!(spec.eval.unwrap().data, PathBuf::from("/j/test.jsonl"));
         assert!(JobSpec::from_toml(JOB).unwrap().check(10).unwrap().eval_comas().is_none());
+        let greedy = JobSpec::from_toml(&text.replace("every_steps = 2", "every_steps = 2\ngreedy = true")).unwrap().check(10).unwrap();
+        assert!(greedy.spec.eval.as_ref().unwrap().greedy);
+        assert_eq!(greedy.eval_comas_at(0.0).sampling.solver.temperature, 0.0);
+    }
+
+    #[test]
+    fn the_reward_source_is_a_comas_option() {
+        let job = JobSpec::from_toml(JOB).unwrap().check(10).unwrap();
+        assert_eq!(job.comas.reward, crate::comas::RewardSource::Comas);
+        let job = JobSpec::from_toml(&JOB.replace("num_rounds = 2", "num_rounds = 2\nreward = \"verifier\"")).unwrap().check(10).unwrap();
+        assert_eq!(job.comas.reward, crate::comas::RewardSource::Verifier);
+        let e = JobSpec::from_toml(&JOB.replace("num_rounds = 2", "num_rounds = 2\nreward = \"oracle\"")).and_then(|s| s.check(10)).unwrap_err().to_string();
+        assert!(e.contains("oracle") && e.contains("verifier"), "{e}");
     }
 
     #[test]

@@ -157,6 +157,10 @@ pub struct TrainConfig {
     /// recompute the layer in the backward pass. Activation memory drops from all layers' to one
     /// layer's, for about one more forward per micro-batch; for long sequences. Off by default.
     pub gradient_checkpointing: bool,
+    /// Inside an optimizer step, cut micro-batches from samples sorted by length, so each pads
+    /// to similar lengths. The update is the same (token- and sequence-mean losses do not
+    /// depend on the grouping); `microbatch_mean` always keeps the shuffled order. On by default.
+    pub group_by_length: bool,
 }
 
 impl Default for TrainConfig {
@@ -198,6 +202,7 @@ impl Default for TrainConfig {
             old_logprobs: OldLogprobs::Recompute,
             log_entropy: false,
             gradient_checkpointing: false,
+            group_by_length: true,
         }
     }
 }

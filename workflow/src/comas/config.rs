@@ -37,6 +37,19 @@ pub enum JudgeReward {
     Neutral,
 }
 
+/// Where the solver's reward comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardSource {
+    /// The judges' scores (or verdicts): no ground truth, the method itself.
+    #[default]
+    Comas,
+    /// 1 when the solution's final answer matches the data set's, 0 otherwise: a positive
+    /// control with a verifier reward (like the paper's MAPoRL baseline). Evaluators and scorers
+    /// keep their CoMAS rewards.
+    Verifier,
+}
+
 /// The full method or one of the two reward ablations (spec 9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -126,6 +139,8 @@ pub struct CoMasConfig {
     /// model's context less the role's max_new_tokens (the worker's token budget also binds).
     pub prompt_max_len: Option<u32>,
     pub sampling: RoleSampling,
+    /// Where the solver's reward comes from: the judges (CoMAS) or the data set's answer.
+    pub reward: RewardSource,
 }
 
 impl Default for CoMasConfig {
@@ -145,6 +160,7 @@ impl Default for CoMasConfig {
             quote_raw_completion: false,
             prompt_max_len: None,
             sampling: RoleSampling::default(),
+            reward: RewardSource::Comas,
         }
     }
 }
@@ -258,28 +274,16 @@ mod tests {
             (CoMasConfig { num_rounds: 0, ..ok.clone() }, ConfigError::NoRounds),
             (CoMasConfig { evals_per_solution: 0, ..ok.clone() }, ConfigError::NoEvaluations),
             (CoMasConfig { instances_per_question: 0, ..ok.clone() }, ConfigError::NoInstances),
-            (
-                CoMasConfig { variant: Variant::NoScoring, evals_per_solution: 1, ..ok.clone() },
-                ConfigError::NoScoringNeedsTwoEvaluations(1),
-            ),
-            (
-                CoMasConfig { exclude_self: true, num_agents: 1, ..ok.clone() },
-                ConfigError::ExcludeSelfNeedsTwoAgents(1),
-            ),
-            (
-                CoMasConfig { num_agents: 100_000, evals_per_solution: 100_000, ..ok.clone() },
-                ConfigError::TooManyTurns(2 * (100_000 + 2 * 100_000 * 100_000)),
-            ),
+            (CoMasConfig { variant: Variant::NoScoring, evals_per_solution: 1, ..ok.clone() }, ConfigError::NoScoringNeedsTwoEvaluations(1)),
+            (CoMasConfig { exclude_self: true, num_agents: 1, ..ok.clone() }, ConfigError::ExcludeSelfNeedsTwoAgents(1)),
+            (CoMasConfig { num_agents: 100_000, evals_per_solution: 100_000, ..ok.clone() }, ConfigError::TooManyTurns(2 * (100_000 + 2 * 100_000 * 100_000))),
         ];
         for (cfg, want) in cases {
             assert_eq!(cfg.validate(), Err(want));
         }
         let mut c = ok.clone();
         c.sampling.scorer.min_new_tokens = 5000;
-        assert_eq!(
-            c.validate().unwrap_err().to_string(),
-            "sampling.scorer: min_new_tokens (5000) exceeds max_new_tokens (4096)"
-        );
+        assert_eq!(c.validate().unwrap_err().to_string(), "sampling.scorer: min_new_tokens (5000) exceeds max_new_tokens (4096)");
         let mut c = ok;
         c.sampling.evaluator.top_p = 0.0;
         assert_eq!(c.validate().unwrap_err().to_string(), "sampling.evaluator: top_p must be in (0, 1], got 0");

@@ -22,8 +22,8 @@ pub mod trajectory;
 
 pub use assignment::{plan_batch, BatchPlan, InstancePlan, PlanSeed, RoundAssignment};
 pub use batch::{episode_seed, start_batch};
-pub use config::{Assignment, CoMasConfig, ConfigError, DiscussionSource, JudgeReward, RoleSampling, Variant};
+pub use config::{Assignment, CoMasConfig, ConfigError, DiscussionSource, JudgeReward, RewardSource, RoleSampling, Variant};
 pub use episode::Episode;
-pub use reward::{comas_rewards, TurnReward};
+pub use reward::{comas_rewards, rewards, TurnReward};
 pub use score::{extract_judgment, extract_score, Judgment};
 pub use trajectory::{Trajectory, TrajectoryTurn};

@@ -10,10 +10,15 @@
 //! - No scoring: the solver gets the fraction of valid verdicts that say correct (0 if none); an
 //!   evaluator gets −1 for a broken verdict, otherwise the fraction of the other valid verdicts on
 //!   the same solution that agree with it (0 if there are none).
-use super::config::{JudgeReward, Variant};
+//!
+//! [`rewards`] also offers the positive control of the experiments, `reward = "verifier"`: the
+//! solver is paid from the data set's answer instead (1 correct, 0 wrong, as graded for logging),
+//! while evaluators and scorers keep the rewards above. That arm uses ground truth by design.
+use super::config::{JudgeReward, RewardSource, Variant};
 use super::score::Judgment;
 use super::trajectory::{Trajectory, TrajectoryTurn};
 use crate::error::WorkflowError;
+use crate::grade::is_correct;
 use crate::turn::Role;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -60,26 +65,17 @@ pub fn comas_rewards(trajectory: &Trajectory) -> Result<Vec<TurnReward>, Workflo
             scorer_of_evaluation.insert(e, t);
         }
     }
-    let on = |solution: Option<u32>| -> &[&TrajectoryTurn] {
-        solution.and_then(|s| verdicts.get(&s)).map(Vec::as_slice).unwrap_or(&[])
-    };
+    let on = |solution: Option<u32>| -> &[&TrajectoryTurn] { solution.and_then(|s| verdicts.get(&s)).map(Vec::as_slice).unwrap_or(&[]) };
 
     let rewards = trajectory.turns.iter().map(|t| {
         let reward = match (trajectory.variant, t.role) {
-            (Variant::NoScoring, Role::Solver) => mean(
-                on(Some(t.turn_index))
-                    .iter()
-                    .filter_map(|v| v.judgment)
-                    .map(|j| f64::from(u8::from(j == Judgment::Correct))),
-            ),
+            (Variant::NoScoring, Role::Solver) => {
+                mean(on(Some(t.turn_index)).iter().filter_map(|v| v.judgment).map(|j| f64::from(u8::from(j == Judgment::Correct))))
+            }
             (Variant::NoScoring, Role::Evaluator) => match t.judgment {
                 None => FORMAT_PENALTY,
                 Some(mine) => mean(
-                    on(t.about_solution)
-                        .iter()
-                        .filter(|v| v.turn_index != t.turn_index)
-                        .filter_map(|v| v.judgment)
-                        .map(|j| f64::from(u8::from(j == mine))),
+                    on(t.about_solution).iter().filter(|v| v.turn_index != t.turn_index).filter_map(|v| v.judgment).map(|j| f64::from(u8::from(j == mine))),
                 ),
             },
             (_, Role::Solver) => mean(on(Some(t.turn_index)).iter().filter_map(|v| v.score).map(solution_value)),
@@ -89,13 +85,25 @@ pub fn comas_rewards(trajectory: &Trajectory) -> Result<Vec<TurnReward>, Workflo
             },
             (variant, Role::Scorer) => match (t.score, variant) {
                 (None, _) => FORMAT_PENALTY,
-                (Some(score), Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }) => {
-                    1.0 - solution_value(score)
-                }
+                (Some(score), Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }) => 1.0 - solution_value(score),
                 (Some(_), _) => 0.0,
             },
         };
         TurnReward { turn_index: t.turn_index, agent: t.agent, role: t.role, reward: reward as f32 }
     });
     Ok(rewards.collect())
+}
+
+/// Per-turn rewards under the job's reward source. `answer` is the question's reference answer;
+/// only the verifier source reads it.
+pub fn rewards(trajectory: &Trajectory, source: RewardSource, answer: &str) -> Result<Vec<TurnReward>, WorkflowError> {
+    let mut out = comas_rewards(trajectory)?;
+    if source == RewardSource::Verifier {
+        for (r, t) in out.iter_mut().zip(&trajectory.turns) {
+            if t.role == Role::Solver {
+                r.reward = f32::from(u8::from(is_correct(trajectory.task, &t.text, answer) == Some(true)));
+            }
+        }
+    }
+    Ok(out)
 }

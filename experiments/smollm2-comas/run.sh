@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Does CoMAS make SmolLM2-135M-Instruct better? Runs the arms of the experiment one after the
+# other with `comas local` on generated arithmetic word problems, then writes the report
+# docs/experiments/smollm2-comas.md: a table (`comas compare`), curves (`comas plot`), the wall
+# time of each arm, and the findings written by hand in experiments/smollm2-comas/findings.md.
+#
+#   bash experiments/smollm2-comas/run.sh                 # every arm, 20 steps, seed 1
+#   STEPS=5 ARMS="comas verifier" bash experiments/smollm2-comas/run.sh
+#   REPORT_ONLY=1 bash experiments/smollm2-comas/run.sh   # rewrite the report from finished runs
+#
+# Arms (ARMS, in this order by default):
+#   comas          the method: solver and evaluator paid from the scorer's 1–3 score
+#   no_scoring     ablation: two evaluators give correct/incorrect verdicts, paid by agreement
+#   no_evaluation  ablation: the scorer judges the solution alone
+#   verifier       positive control: the solver is paid 1 when its boxed answer is right
+# The untrained arm is the evaluation before step 0, which every arm runs with the same seed and
+# base weights, so it is the same game in each (the report checks that).
+#
+# Knobs: STEPS (20), SEEDS ("1"; e.g. "1 2"), ARMS, OUT (runs/smollm2-comas), QUESTIONS (4 per
+# step), EVAL_EVERY (10 steps), REPORT_ONLY=1. Runs resume: a finished arm is not run again.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+here="$root/experiments/smollm2-comas"
+steps=${STEPS:-20}
+seeds=${SEEDS:-1}
+arms=${ARMS:-"comas no_scoring no_evaluation verifier"}
+out=${OUT:-$root/runs/smollm2-comas}
+questions=${QUESTIONS:-4}
+eval_every=${EVAL_EVERY:-10}
+report="$root/docs/experiments/smollm2-comas.md"
+figures="$root/docs/experiments/smollm2-comas"
+comas="$root/target/release/comas"
+
+cd "$root"
+if [ -z "${REPORT_ONLY:-}" ]; then
+  bash scripts/setup.sh >&2
+  cargo build --release -q -p comas
+fi
+model=$(bash scripts/fetch-smollm2.sh)
+mkdir -p "$out" "$figures"
+
+# Data: two-operand word problems with small numbers, so the untrained model gets some right.
+# Training questions and the 16 held-out ones come from disjoint number pairs.
+if [ ! -f "$out/train.jsonl" ]; then
+  python3 - "$out" <<'PY'
+import json, random, sys
+out = sys.argv[1]
+names = ["Mia", "Omar", "Lena", "Raj", "Ana", "Tom", "Zoe", "Ivan"]
+things = ["marbles", "stickers", "books", "coins", "apples", "pencils"]
+rng = random.Random(13)
+pairs = [(a, b) for a in range(2, 20) for b in range(2, 20)]
+rng.shuffle(pairs)
+def record(i, a, b):
+    who, what = rng.choice(names), rng.choice(things)
+    if (a + b + i) % 2 == 0 or a <= b:
+        text, answer = f"{who} has {a} {what} and gets {b} more. How many {what} does {who} have now?", a + b
+    else:
+        text, answer = f"{who} has {a} {what} and gives away {b}. How many {what} does {who} have left?", a - b
+    return {"prompt": text, "answer": str(answer), "task": "math", "id": f"arith-{i:04d}"}
+test = [record(i, a, b) for i, (a, b) in enumerate(pairs[:16])]
+train = [record(100 + i, a, b) for i, (a, b) in enumerate(pairs[16:])]
+for name, rows in (("train", train), ("test", test)):
+    with open(f"{out}/{name}.jsonl.part", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+PY
+  mv "$out/test.jsonl.part" "$out/test.jsonl"
+  mv "$out/train.jsonl.part" "$out/train.jsonl"
+fi
+
+# One agent: a LoRA adapter on the shared base.
+agent() {
+  cat <<EOF
+
+[[agents]]
+model = "$model"
+[agents.train]
+lr = 3e-4
+dtype = "bfloat16"
+train_batch_size = $1
+micro_batch_size = 12
+gradient_checkpointing = true
+[agents.train.lora]
+r = 16
+alpha = 32.0
+target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]
+EOF
+}
+
+job_file() { # arm seed
+  local arm=$1 seed=$2 variant="" reward="" evals=1
+  case $arm in
+    comas) ;;
+    no_scoring) variant='variant = { kind = "no_scoring" }'; evals=2 ;;
+    no_evaluation) variant='variant = { kind = "no_evaluation" }' ;;
+    verifier) reward='reward = "verifier"' ;;
+    *) echo "unknown arm $arm (use comas, no_scoring, no_evaluation, verifier)" >&2; exit 2 ;;
+  esac
+  # Turns per agent per step: every agent solves once per instance and judges once per judged pair.
+  local instances=$((questions * 2)) per_agent
+  case $arm in
+    no_scoring) per_agent=$((instances * 3)) ;;    # 1 solution + 2 verdicts
+    no_evaluation) per_agent=$((instances * 2)) ;; # 1 solution + 1 score
+    *) per_agent=$((instances * 3)) ;;             # 1 solution + 1 evaluation + 1 score
+  esac
+  cat <<EOF
+# Written by experiments/smollm2-comas/run.sh: arm $arm, seed $seed.
+name = "smollm2-$arm-s$seed"
+seed = $seed
+
+[data]
+train = "$out/train.jsonl"
+
+[schedule]
+questions_per_step = $questions
+steps = $steps
+
+[rollout]
+dtype = "bfloat16"
+
+[output]
+dir = "$out/$arm-s$seed/out"
+
+[comas]
+num_rounds = 1
+evals_per_solution = $evals
+num_references = 2
+instances_per_question = 2
+$variant
+$reward
+
+[comas.sampling.solver]
+temperature = 0.8
+top_p = 0.95
+top_k = 0
+max_new_tokens = 96
+min_new_tokens = 1
+
+[comas.sampling.evaluator]
+temperature = 0.8
+top_p = 0.95
+top_k = 0
+max_new_tokens = 64
+min_new_tokens = 1
+
+[comas.sampling.scorer]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 24
+min_new_tokens = 1
+guided_suffix = "<score>[123]</score>"
+
+[eval]
+data = "$out/test.jsonl"
+every_steps = $eval_every
+temperature = 0.7
+greedy = true
+EOF
+  agent "$per_agent"
+  agent "$per_agent"
+}
+
+for seed in $seeds; do
+  for arm in $arms; do
+    dir="$out/$arm-s$seed"
+    mkdir -p "$dir"
+    if [ -f "$dir/done" ] || [ -n "${REPORT_ONLY:-}" ]; then
+      continue
+    fi
+    job_file "$arm" "$seed" > "$dir/job.toml"
+    echo "== arm $arm, seed $seed: $steps steps ($(date -u +%H:%M:%S))" >&2
+    start=$(date +%s)
+    "$comas" local "$dir/job.toml" --workers 1 --worker-threads 2 --threads-per-process 1 --dir "$dir/run" > "$dir/local.log" 2>&1
+    echo $(($(date +%s) - start)) > "$dir/wall_seconds"
+    touch "$dir/done"
+  done
+done
+
+# The report.
+runs=()
+wall_rows=""
+for seed in $seeds; do
+  for arm in $arms; do
+    dir="$out/$arm-s$seed"
+    [ -f "$dir/done" ] || continue
+    runs+=(--run "$arm (seed $seed)=$dir/out/metrics.jsonl")
+    "$comas" plot "$dir/out/metrics.jsonl" -o "$figures/$arm-s$seed.png" --roles --title "SmolLM2 $arm, seed $seed" >&2
+    wall_rows+="| $arm | $seed | $(( $(cat "$dir/wall_seconds") / 60 )) min |"$'\n'
+  done
+done
+[ ${#runs[@]} -gt 0 ] || { echo "no finished arm under $out" >&2; exit 1; }
+{
+  echo "# Does CoMAS make SmolLM2-135M-Instruct better?"
+  echo
+  echo "Made by \`bash experiments/smollm2-comas/run.sh\` (STEPS=$steps, SEEDS=\"$seeds\", QUESTIONS=$questions,"
+  echo "EVAL_EVERY=$eval_every) on $(nproc) CPU cores. Job files: \`$out/<arm>-s<seed>/job.toml\`; the"
+  echo "settings and why they were chosen are in \`experiments/smollm2-comas/README.md\`."
+  echo
+  echo "## Results"
+  echo
+  echo "Held-out accuracy: the fraction of the 16 held-out questions' last-round solutions whose boxed"
+  echo "answer is right, in the evaluation before training and after the last step (sampled at"
+  echo "temperature 0.7, and greedy). Training-step columns are means over the first and the last 5"
+  echo "steps. The solver's reward is split by whether its answer was right (checked against the data"
+  echo "set for logging; only the verifier arm is paid from it)."
+  echo
+  "$comas" compare "${runs[@]}"
+  echo
+  echo "| arm | seed | wall time |"
+  echo "|---|---:|---:|"
+  printf "%s" "$wall_rows"
+  echo
+  echo "## Curves"
+  echo
+  for seed in $seeds; do
+    for arm in $arms; do
+      [ -f "$out/$arm-s$seed/done" ] && echo "![$arm, seed $seed](smollm2-comas/$arm-s$seed.png)"
+    done
+  done
+  echo
+  if [ -f "$here/findings.md" ]; then
+    cat "$here/findings.md"
+  fi
+} > "$report.part"
+mv "$report.part" "$report"
+echo "report: $report" >&2
