@@ -36,7 +36,6 @@ pub struct Record {
     pub approval_rate: Option<f64>,
     pub accuracy: Accuracy,
     pub solver_reward_by_correctness: ByCorrectness,
-    pub seconds: Seconds,
     /// The greedy game of an evaluation (`[eval] greedy = true`).
     pub greedy: Option<Box<Record>>,
 }
@@ -60,12 +59,6 @@ pub struct Accuracy {
 pub struct ByCorrectness {
     pub correct: Summary,
     pub wrong: Summary,
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default)]
-pub struct Seconds {
-    pub total: Option<f64>,
 }
 
 /// A run's step and evaluation records, in log order.
@@ -143,11 +136,10 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| arm | steps | wall time | held-out acc. (sampled) | held-out acc. (greedy) | train acc. | score parse rate | approval rate | reward solver / evaluator / scorer | solver reward: correct vs wrong |"
+        "| arm | steps | held-out acc. (sampled) | held-out acc. (greedy) | train acc. | score parse rate | approval rate | reward solver / evaluator / scorer | solver reward: correct vs wrong |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---:|---|---|---|---|---|---|---|");
     for (label, run) in runs {
-        let wall: f64 = run.steps.iter().chain(&run.evals).filter_map(|r| r.seconds.total).sum();
         let greedy: Vec<Record> = run.evals.iter().filter_map(|e| e.greedy.as_deref().cloned()).collect();
         let role = |name: &'static str| move |r: &Record| r.reward.get(name).and_then(|s| s.mean);
         let k = window.clamp(1, run.steps.len().max(1));
@@ -157,9 +149,8 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
         let wrong = pooled(run.steps.iter().map(|r| &r.solver_reward_by_correctness.wrong));
         let _ = writeln!(
             out,
-            "| {label} | {} | {:.0} min | {} | {} | {} | {} | {} | {roles} | {} (n={}) vs {} (n={}) |",
+            "| {label} | {} | {} | {} | {} | {} | {} | {roles} | {} (n={}) vs {} (n={}) |",
             run.steps.len(),
-            wall / 60.0,
             trend(&run.evals, |r| r.accuracy.last_round, pct),
             trend(&greedy, |r| r.accuracy.last_round, pct),
             window_trend(&run.steps, window, |r| r.accuracy.last_round, pct),
@@ -207,11 +198,10 @@ mod tests {
         let row = t.lines().nth(2).unwrap();
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         assert_eq!(
-            cells[1..11],
+            cells[1..10],
             [
                 "comas",
                 "2",
-                "6 min",
                 "25.0% → 75.0%",
                 "50.0% → 100.0%",
                 "0.0% → 50.0%",

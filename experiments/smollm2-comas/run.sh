@@ -14,7 +14,7 @@
 #   no_evaluation  ablation: the scorer judges the solution alone
 #   verifier       positive control: the solver is paid 1 when its boxed answer is right
 # The untrained arm is the evaluation before step 0, which every arm runs with the same seed and
-# base weights, so it is the same game in each (the report checks that).
+# base weights (greedy, the same answers in each; sampled, the ablations' games differ).
 #
 # Knobs: STEPS (20), SEEDS ("1"; e.g. "1 2"), ARMS, OUT (runs/smollm2-comas), QUESTIONS (4 per
 # step), EVAL_EVERY (10 steps), REPORT_ONLY=1. Runs resume: a finished arm is not run again.
@@ -185,7 +185,7 @@ for seed in $seeds; do
     [ -f "$dir/done" ] || continue
     runs+=(--run "$arm (seed $seed)=$dir/out/metrics.jsonl")
     "$comas" plot "$dir/out/metrics.jsonl" -o "$figures/$arm-s$seed.png" --roles --title "SmolLM2 $arm, seed $seed" >&2
-    wall_rows+="| $arm | $seed | $(( $(cat "$dir/wall_seconds") / 60 )) min |"$'\n'
+    wall_rows+="| $arm | $seed | $(cat "$dir/wall_seconds") s |"$'\n'
   done
 done
 [ ${#runs[@]} -gt 0 ] || { echo "no finished arm under $out" >&2; exit 1; }
@@ -198,11 +198,16 @@ done
   echo
   echo "## Results"
   echo
-  echo "Held-out accuracy: the fraction of the 16 held-out questions' last-round solutions whose boxed"
-  echo "answer is right, in the evaluation before training and after the last step (sampled at"
-  echo "temperature 0.7, and greedy). Training-step columns are means over the first and the last 5"
-  echo "steps. The solver's reward is split by whether its answer was right (checked against the data"
-  echo "set for logging; only the verifier arm is paid from it)."
+  echo "Held-out accuracy: the fraction of the 32 last-round solutions (16 held-out questions, 2"
+  echo "agents) whose answer is right, in the evaluation before training and after the last step,"
+  echo "sampled at temperature 0.7 and greedy. An answer is its last \\boxed{}, or without one what"
+  echo "\`math_verify\` would read (the number after \"answer is\", else the last number). The"
+  echo "\"before\" figure is the untrained arm: every arm plays it with the same seed and the base"
+  echo "weights (the same answers greedy; sampled, the ablations' other game changes the sampling"
+  echo "streams). Training-step columns are means over the first and the last 5 steps. The"
+  echo "solver's reward is split by whether its answer was right (checked against the data set for"
+  echo "logging; only the verifier arm is paid from it); the approval rate is the share of valid"
+  echo "verdicts that pass the solution (a score of 3, or \"correct\" under no_scoring)."
   echo
   "$comas" compare "${runs[@]}"
   echo

@@ -65,8 +65,8 @@ pub enum OldLogprobs {
     /// A forward pass of the learner before the first update (rl.md §2).
     Recompute,
     /// The sampler's own log-probs, when every experience carries them: exact when the sampler
-    /// ran the same weights in the same dtype and device (comas's CPU workers do), and one
-    /// forward pass cheaper. Experiences without them are recomputed.
+    /// ran the same weights in f32 on the same device (comas's CPU workers do), close in bf16,
+    /// and one forward pass cheaper. Experiences without them are recomputed.
     Sampler,
 }
 
