@@ -29,8 +29,6 @@ fn parse_run(s: &str) -> std::result::Result<(String, PathBuf), String> {
 #[serde(default)]
 pub struct Record {
     pub kind: String,
-    pub step: Option<f64>,
-    pub after_steps: Option<u64>,
     pub reward: BTreeMap<String, Summary>,
     pub parse_failure_rate: Option<f64>,
     pub approval_rate: Option<f64>,
@@ -50,7 +48,6 @@ pub struct Summary {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(default)]
 pub struct Accuracy {
-    pub first_round: Option<f64>,
     pub last_round: Option<f64>,
 }
 
