@@ -10,6 +10,9 @@ fn emit_libtorch_link_args() {
         Ok(lib) => println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}"),
         Err(_) => println!("cargo:warning=DEP_TCH_LIBTORCH_LIB is unset; binaries will need LD_LIBRARY_PATH"),
     }
+    // `comas_model::process_setup!` defines MKL's vendor check in the binary; exported, it takes
+    // the place of the one inside libtorch (where no binary defines it, this changes nothing).
+    println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol=mkl_serv_intel_cpu_true");
     // `--as-needed` drops libtorch_cuda because nothing references it by symbol, and then CUDA is
     // never registered. GPU builds keep it with the `cuda` feature or COMAS_CUDA=1.
     let cuda_env = std::env::var("COMAS_CUDA").map(|v| v == "1" || v == "true").unwrap_or(false);

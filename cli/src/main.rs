@@ -10,6 +10,8 @@ mod plot;
 mod score_cmd;
 mod tiny_cmd;
 
+comas_model::process_setup!();
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 

@@ -15,6 +15,9 @@
 //! COMAS_BENCH_DTYPE (float32; bfloat16 trains bf16 weights with f32 master copies, on both sides),
 //! COMAS_BENCH_MICRO (samples per micro-batch, 4), COMAS_BENCH_PROMPT_MIN (prompts drawn uniformly between this and COMAS_BENCH_PROMPT_LEN tokens,
 //! as CoMAS turns vary; comas then also runs with `group_by_length = false`, side by side).
+// Measured as the services run: jemalloc, MKL dispatching on the instruction set.
+comas_model::process_setup!();
+
 use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
 use comas_model::tiny::{write_model, TinySpec};
 use rand::{Rng, SeedableRng};

@@ -1,4 +1,6 @@
 //! `comas-learner`: the learner process of one agent.
+comas_model::process_setup!();
+
 use clap::Parser;
 use std::process::ExitCode;
 

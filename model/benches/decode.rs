@@ -9,6 +9,9 @@
 //! by tests/fixtures/setup-ref.sh). Without it only the comas figures are printed.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
 //! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides).
+// Measured as the services run: jemalloc, MKL dispatching on the instruction set.
+comas_model::process_setup!();
+
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::{generate, CausalLm, GenerationRequest, SamplingParams};
 use rand::{Rng, SeedableRng};

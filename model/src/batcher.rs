@@ -219,8 +219,8 @@ impl<'a> Batcher<'a> {
         adapters.iter().any(Option::is_some).then(|| LoraBatch::per_row(adapters, self.model.device()))
     }
 
-    /// Prefills queued prompts as one right-padded batch, written straight into new rows at the
-    /// end of the cache.
+    /// Prefills queued prompts straight into new rows at the end of the cache, in right-padded
+    /// batches of similar length (see [`prefill_groups`]).
     fn admit(&mut self) -> Result<()> {
         if let Some(c) = self.prefill_chunk {
             let (long, short): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue).into_iter().partition(|p| p.prompt.len() > c);
@@ -231,30 +231,36 @@ impl<'a> Batcher<'a> {
             return Ok(());
         }
         let widest = self.widest_need();
-        let queue = std::mem::take(&mut self.queue);
-        let device = self.model.device();
-        let prompts: Vec<Vec<i64>> = queue.iter().map(|p| p.prompt.clone()).collect();
-        let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+        let mut queue = std::mem::take(&mut self.queue);
         self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64)?;
-        let first = self.cache.push_rows(queue.len())?;
-        let (ids, _) = mask::right_pad(&prompts, 0, device);
-        let adapters: Vec<Option<&'a LoraAdapter>> = queue.iter().map(|p| p.adapter).collect();
-        let lora = self.lora(&adapters);
-        let logits = match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref()) {
-            Ok(l) => l,
-            Err(e) => {
-                for _ in 0..queue.len() {
-                    self.cache.swap_remove(self.cache.rows() - 1);
+        queue.sort_by_key(|p| p.prompt.len());
+        let lens: Vec<usize> = queue.iter().map(|p| p.prompt.len()).collect();
+        let device = self.model.device();
+        let mut queue = queue.into_iter();
+        for size in prefill_groups(&lens) {
+            let group: Vec<Pending<'a>> = queue.by_ref().take(size).collect();
+            let prompts: Vec<Vec<i64>> = group.iter().map(|p| p.prompt.clone()).collect();
+            let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+            let first = self.cache.push_rows(group.len())?;
+            let (ids, _) = mask::right_pad(&prompts, 0, device);
+            let adapters: Vec<Option<&'a LoraAdapter>> = group.iter().map(|p| p.adapter).collect();
+            let lora = self.lora(&adapters);
+            let logits = match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref()) {
+                Ok(l) => l,
+                Err(e) => {
+                    for _ in 0..group.len() {
+                        self.cache.swap_remove(self.cache.rows() - 1);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
+            };
+            self.logits = Some(match self.logits.take() {
+                Some(l) => Tensor::cat(&[l, logits], 0),
+                None => logits,
+            });
+            for p in group {
+                self.push_row(p);
             }
-        };
-        self.logits = Some(match self.logits.take() {
-            Some(l) => Tensor::cat(&[l, logits], 0),
-            None => logits,
-        });
-        for p in queue {
-            self.push_row(p);
         }
         Ok(())
     }
@@ -345,6 +351,10 @@ impl<'a> Batcher<'a> {
         }
         if self.rows.is_empty() {
             return Ok(finished);
+        }
+        if !done.is_empty() {
+            // The widest sequence may have left: decoding reads every column, so drop the slack.
+            self.cache.fit_columns(self.widest_need() as i64)?;
         }
         // A guided row may have replaced the sampled token: feed what each row kept.
         let next: Vec<i64> = self.rows.iter().map(|r| *r.out.token_ids.last().expect("a running row has a token")).collect();
@@ -444,6 +454,30 @@ fn row_guided(row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
     }
 }
 
+/// Padded tokens a prefill batch may compute per real token of its prompts.
+const PREFILL_PADDING: f64 = 1.125;
+
+/// Splits prompts of ascending lengths `lens` into consecutive prefill batches: a batch grows
+/// while its right-padded size stays within [`PREFILL_PADDING`] of its real tokens. Batching
+/// short prompts saves calls; a long prompt padded to a longer one would compute the padding.
+fn prefill_groups(lens: &[usize]) -> Vec<usize> {
+    let mut groups = Vec::new();
+    let (mut size, mut real) = (0usize, 0usize);
+    for &l in lens {
+        let padded = (size + 1) * l;
+        if size > 0 && padded as f64 > PREFILL_PADDING * (real + l) as f64 {
+            groups.push(size);
+            (size, real) = (0, 0);
+        }
+        size += 1;
+        real += l;
+    }
+    if size > 0 {
+        groups.push(size);
+    }
+    groups
+}
+
 /// Runs `batcher` until every admitted sequence has finished.
 pub fn drain(batcher: &mut Batcher) -> Result<Vec<(u64, Completion)>> {
     let mut out = Vec::new();
@@ -451,4 +485,29 @@ pub fn drain(batcher: &mut Batcher) -> Result<Vec<(u64, Completion)>> {
         out.extend(batcher.step()?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_batches_keep_padding_within_the_budget() {
+        // Equal lengths batch together; a longer prompt starts a new batch once padding the
+        // batch to it would cost more than an eighth of its real tokens.
+        assert_eq!(prefill_groups(&[10, 10, 10, 10]), vec![4]);
+        assert_eq!(prefill_groups(&[10, 10, 11, 20, 21, 80]), vec![3, 2, 1]);
+        assert_eq!(prefill_groups(&[5]), vec![1]);
+        assert!(prefill_groups(&[]).is_empty());
+        let lens = [3, 4, 4, 9, 30, 31, 33, 200];
+        let groups = prefill_groups(&lens);
+        assert_eq!(groups.iter().sum::<usize>(), lens.len());
+        let mut at = 0;
+        for g in groups {
+            let batch = &lens[at..at + g];
+            let (padded, real) = (batch.len() * batch[batch.len() - 1], batch.iter().sum::<usize>());
+            assert!(padded as f64 <= PREFILL_PADDING * real as f64, "{batch:?}");
+            at += g;
+        }
+    }
 }

@@ -4,8 +4,11 @@
 //! Row r is one sequence and holds its tokens left-aligned in columns `0..len(r)`, so a token's
 //! column is its position and rows of different lengths need no padding slots. Rows stay
 //! compact (`0..rows`): a sequence that joins takes the next free row and one that leaves is
-//! replaced by the last row (`swap_remove`), so neither copies any other row. The capacity
-//! grows by doubling, within an optional limit, so reallocation is rare and never per step.
+//! replaced by the last row (`swap_remove`), so neither copies any other row. Rows grow by
+//! doubling; columns grow to what a joining sequence may come to hold (its prompt plus its most
+//! new tokens, reserved when it joins, so never per step), within an optional limit, and shrink
+//! again (`fit_columns`) when the sequences still held need far fewer: a decode step on the CPU
+//! attends over every allocated column, so slack columns cost time on every step.
 use crate::config::Config;
 use crate::error::{ModelError, Result};
 use tch::{Device, Kind, Tensor};
@@ -39,10 +42,27 @@ pub struct CacheStep {
     pub positions: Tensor,
     /// [n, 1, S, width] (true = attend): causal over the row's own columns.
     pub mask: Tensor,
+    /// Set for a step of few queries per row on the CPU (decoding): the step reads every
+    /// allocated column, so its keys and values are one contiguous block, and `mask`'s
+    /// complement (true = blocked) is kept for attention by plain matrix products.
+    pub dense: Option<Tensor>,
+    /// Every row starts empty and its padding comes after its tokens: `mask` is plain causal
+    /// attention for every real query, which SDPA runs without reading a mask.
+    pub causal: bool,
 }
+
+/// Query tokens per row up to which a cached step on the CPU attends by plain matrix products
+/// over the whole cache (see [`CacheStep::dense`]). libtorch's CPU flash kernel costs
+/// milliseconds per call at one query per row, several times the products themselves; for a
+/// prefill it is the faster one.
+pub const DENSE_MAX_QUERIES: i64 = 8;
 
 /// Column capacity is allocated in multiples of this.
 const COL_ALIGN: i64 = 16;
+
+/// Columns beyond the widest need that `fit_columns` tolerates before it reallocates: a copy of
+/// the cache is worth it only once the slack is large.
+const COL_SLACK: i64 = 128;
 
 fn align(n: i64, to: i64) -> i64 {
     (n + to - 1) / to * to
@@ -99,9 +119,9 @@ impl KvCache {
         self.capacity_slots() * per_slot * 2 * self.keys.len() as i64
     }
 
-    /// Makes room for `rows` sequences and `cols` columns. Growth doubles what is short
-    /// (amortised); with a limit, the slack is dropped first, so an allocation exceeds the limit
-    /// only when the need itself does.
+    /// Makes room for `rows` sequences and `cols` columns. Rows grow by doubling (amortised),
+    /// columns to `cols` (aligned); with a limit, the slack is dropped first, so an allocation
+    /// exceeds the limit only when the need itself does.
     ///
     /// An allocation that fails (memory is short) is an error naming the size; the cache is left
     /// as it was.
@@ -113,7 +133,7 @@ impl KvCache {
         let used_cols = self.lens.iter().copied().max().unwrap_or(0);
         let (need_rows, need_cols) = (rows.max(used_rows), cols.max(used_cols));
         let mut new_rows = if rows > self.row_cap { rows.max(self.row_cap * 2) } else { self.row_cap };
-        let mut new_cols = if cols > self.col_cap { align(cols.max(self.col_cap * 2), COL_ALIGN) } else { self.col_cap };
+        let mut new_cols = if cols > self.col_cap { align(cols, COL_ALIGN) } else { self.col_cap };
         if let Some(limit) = self.limit {
             if new_rows * new_cols > limit {
                 new_cols = align(need_cols, COL_ALIGN);
@@ -126,6 +146,26 @@ impl KvCache {
                 new_rows = need_rows.max(limit / new_cols.max(1)).min(new_rows);
             }
         }
+        self.reallocate(new_rows, new_cols, used_rows, used_cols)
+    }
+
+    /// Gives the cache `cols` columns (aligned) when it holds more than `COL_SLACK` beyond
+    /// that, copying the rows held; `cols` must cover every row's length. Returns whether it
+    /// reallocated.
+    pub fn fit_columns(&mut self, cols: i64) -> Result<bool> {
+        let used_cols = self.lens.iter().copied().max().unwrap_or(0);
+        let want = align(cols.max(used_cols), COL_ALIGN);
+        if self.col_cap <= want + COL_SLACK {
+            return Ok(false);
+        }
+        let used_rows = self.lens.len() as i64;
+        self.reallocate(self.row_cap, want, used_rows, used_cols)?;
+        Ok(true)
+    }
+
+    /// New tensors of `new_rows` × `new_cols` holding the first `used_rows` rows' first
+    /// `used_cols` columns. On failure the cache is left as it was.
+    fn reallocate(&mut self, new_rows: i64, new_cols: i64, used_rows: i64, used_cols: i64) -> Result<()> {
         let shape = [new_rows, self.kv_heads, new_cols, self.head_dim];
         let failed = |e: tch::TchError| {
             let bytes = new_rows * new_cols * self.kv_heads * self.head_dim * self.kind.elt_size_in_bytes() as i64 * 2 * self.keys.len() as i64;
@@ -203,9 +243,12 @@ impl KvCache {
             return Err(ModelError::Input(format!("a row of the step has {bad} new tokens; each needs 1..={width}")));
         }
         let starts: Vec<i64> = self.lens[first_row as usize..(first_row + n) as usize].to_vec();
-        let end = starts.iter().map(|s| s + width).max().unwrap_or(0);
-        self.reserve(self.lens.len() as i64, end)?;
+        let needed = starts.iter().map(|s| s + width).max().unwrap_or(0);
+        self.reserve(self.lens.len() as i64, needed)?;
         let device = self.device;
+        let dense = device == Device::Cpu && width <= DENSE_MAX_QUERIES;
+        // A dense step reads all allocated columns: a view over rows only is contiguous.
+        let end = if dense { self.col_cap } else { needed };
         let offsets = Tensor::arange(width, (Kind::Int64, device)).view([1, width]);
         let start_t = Tensor::from_slice(&starts).to_device(device).view([n, 1]);
         let query_cols = &start_t + &offsets; // [n, S]
@@ -219,6 +262,8 @@ impl KvCache {
             width: end,
             new_lens: new_lens.to_vec(),
             positions: query_cols,
+            dense: dense.then(|| mask.logical_not()),
+            causal: !dense && starts.iter().all(|&c| c == 0),
             mask,
         })
     }
@@ -269,13 +314,16 @@ mod tests {
         let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
         c.push_rows(2).unwrap();
         let step = c.begin(0, &[3, 1], 3).unwrap();
-        assert_eq!(step.mask.size(), vec![2, 1, 3, 3]);
+        // A step of few queries on the CPU reads every allocated column (16: one aligned block).
+        assert_eq!(step.mask.size(), vec![2, 1, 3, 16]);
         #[rustfmt::skip]
         let want = vec![
             true, false, false,  true, true, false,  true, true, true,
             true, false, false,  true, true, false,  true, true, true, // row 1's padding queries are ignored
         ];
-        assert_eq!(bools(&step.mask), want);
+        assert_eq!(bools(&step.mask.narrow(3, 0, 3)), want);
+        assert!(bools(&step.mask.narrow(3, 3, 13)).iter().all(|&m| !m), "columns past the step are never seen");
+        assert_eq!(bools(step.dense.as_ref().unwrap()), bools(&step.mask.logical_not()));
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![0, 1, 2, 0, 1, 2]);
         c.commit(&step);
         assert_eq!(c.lens(), &[3, 1]);
@@ -289,9 +337,25 @@ mod tests {
         c.commit(&s);
         let step = c.begin(0, &[1, 1], 1).unwrap();
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![3, 1]);
-        assert_eq!(step.mask.size(), vec![2, 1, 1, 4]);
-        assert_eq!(bools(&step.mask), vec![true, true, true, true, true, true, false, false]);
+        assert_eq!(step.mask.size(), vec![2, 1, 1, 16]);
+        assert_eq!(bools(&step.mask.narrow(3, 0, 4)), vec![true, true, true, true, true, true, false, false]);
+        assert!(bools(&step.mask.narrow(3, 4, 12)).iter().all(|&m| !m));
         assert!(step.scatter.is_some(), "rows at different columns scatter");
+    }
+
+    #[test]
+    fn a_step_of_many_queries_reads_only_the_columns_it_needs() {
+        let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2).unwrap();
+        let n = DENSE_MAX_QUERIES + 1;
+        let step = c.begin(0, &[n, 2], n).unwrap();
+        assert!(step.dense.is_none(), "a prefill of {n} tokens runs the flash kernel");
+        assert_eq!(step.mask.size(), vec![2, 1, n, n]);
+        assert!(c.col_cap >= n);
+        assert!(step.causal, "fresh right-padded rows need no mask");
+        c.commit(&step);
+        let more = c.begin(0, &[n, n], n).unwrap();
+        assert!(!more.causal, "rows that hold tokens already are read through the mask");
     }
 
     #[test]
@@ -307,7 +371,8 @@ mod tests {
         let step = c.begin(0, &[1, 1], 1).unwrap();
         let k = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1, 1, 1]).expand([2, kv, 1, d], false).contiguous();
         let (keys, _) = c.store(0, &step, &k, &k);
-        assert_eq!(keys.size(), vec![2, kv, 3, d]);
+        assert_eq!(keys.size(), vec![2, kv, 16, d]);
+        assert!(keys.is_contiguous(), "a decode step's keys are one block");
         let col = |r: i64, j: i64| keys.get(r).get(0).get(j).get(0).double_value(&[]);
         assert_eq!((col(0, 0), col(0, 1), col(0, 2)), (1.0, 1.0, 5.0));
         assert_eq!((col(1, 0), col(1, 1)), (1.0, 7.0));
@@ -347,6 +412,33 @@ mod tests {
         assert_eq!(c.keys[0].get(0).get(0).get(3).get(0).double_value(&[]), 9.0);
         assert!(c.begin(0, &[0], 1).is_err(), "a row needs at least one new token");
         assert!(c.begin(1, &[1], 1).is_err(), "row 1 does not exist");
+    }
+
+    #[test]
+    fn columns_grow_to_the_need_and_shrink_once_the_slack_is_large() {
+        let cfg = cfg();
+        let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2).unwrap();
+        c.reserve(2, 300).unwrap();
+        assert_eq!(c.col_cap, 304, "no doubling: the need, aligned");
+        c.reserve(2, 310).unwrap();
+        assert_eq!(c.col_cap, 320);
+        let s = c.begin(0, &[3, 2], 3).unwrap();
+        let k = Tensor::from_slice(&[4.0f32, 6.0]).view([2, 1, 1, 1]).expand([2, kv, 3, d], false).contiguous();
+        let _ = c.store(0, &s, &k, &k);
+        c.commit(&s);
+        assert!(!c.fit_columns(200).unwrap(), "a slack of 120 columns is kept");
+        assert_eq!(c.col_cap, 320);
+        assert!(c.fit_columns(40).unwrap());
+        assert_eq!(c.col_cap, 48);
+        assert_eq!(c.lens(), &[3, 2]);
+        let col = |c: &KvCache, r: i64, j: i64| c.keys[0].get(r).get(0).get(j).get(0).double_value(&[]);
+        assert_eq!((col(&c, 0, 2), col(&c, 1, 1)), (4.0, 6.0), "the tokens held survive the move");
+        c.reserve(2, 400).unwrap();
+        assert!(c.fit_columns(1).unwrap());
+        assert_eq!(c.col_cap, 16, "never below the longest row (3 tokens), aligned");
+        assert_eq!(col(&c, 0, 2), 4.0);
     }
 
     #[test]

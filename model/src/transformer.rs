@@ -122,8 +122,13 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let gqa = self.num_heads != self.num_kv_heads;
-        let out = Tensor::scaled_dot_product_attention(&q, &k, &v, ctx.mask, 0.0, ctx.mask.is_none(), scale, gqa);
+        let out = match ctx.step.and_then(|st| st.dense.as_ref()) {
+            Some(blocked) => attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads),
+            None => {
+                let gqa = self.num_heads != self.num_kv_heads;
+                Tensor::scaled_dot_product_attention(&q, &k, &v, ctx.mask, 0.0, ctx.mask.is_none(), scale, gqa)
+            }
+        };
         let out = out.transpose(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
         let y = self.o_proj.forward(&out);
         match ctx.lora {
@@ -131,6 +136,21 @@ impl Attention {
             None => y,
         }
     }
+}
+
+/// Attention of a few queries per row, q [B, H, S, D], over keys and values [B, KV, W, D], by
+/// two matrix products with the softmax in f32. Query heads are grouped by the key/value head
+/// they share, so no key or value is repeated. `blocked` [B, 1, S, W] is true where a query
+/// may not look. The result is [B, H, S, D], as SDPA's.
+fn attend_few(q: &Tensor, k: &Tensor, v: &Tensor, blocked: &Tensor, scale: f64, kv_heads: i64) -> Tensor {
+    let (b, h, s, d) = q.size4().expect("q is [B, H, S, D]");
+    let (g, w) = (h / kv_heads, k.size()[2]);
+    let q = q.reshape([b, kv_heads, g * s, d]);
+    // Row j of a group is query head j / S at position j % S.
+    let blocked = if s == 1 { blocked.shallow_clone() } else { blocked.unsqueeze(2).expand([b, 1, g, s, w], false).reshape([b, 1, g * s, w]) };
+    let scores = q.matmul(&k.transpose(-1, -2)).to_kind(Kind::Float) * scale;
+    let probs = scores.masked_fill(&blocked, f64::NEG_INFINITY).softmax(-1, Kind::Float).to_kind(q.kind());
+    probs.matmul(v).reshape([b, h, s, d])
 }
 
 struct Mlp {
@@ -429,7 +449,8 @@ impl CausalLm {
         }
         let input_ids = input_ids.to_device(self.device);
         let step = cache.begin(first_row, new_lens, s)?;
-        let hidden = self.run_layers(&input_ids, &step.positions, Some(&step.mask), Some(cache), Some(&step), lora);
+        let mask = (!step.causal).then_some(&step.mask);
+        let hidden = self.run_layers(&input_ids, &step.positions, mask, Some(cache), Some(&step), lora);
         cache.commit(&step);
         let last = if s == 1 {
             hidden.squeeze_dim(1)
@@ -458,5 +479,34 @@ impl CausalLm {
             Some(m) => lp * m.to_device(self.device).narrow(1, 1, s - 1).to_kind(Kind::Float),
             None => lp,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn few_query_attention_equals_sdpa_with_grouped_heads_and_a_mask() {
+        tch::manual_seed(3);
+        let (b, kv, g, d, w) = (3, 2, 3, 8, 11);
+        for s in [1, 3] {
+            let q = Tensor::randn([b, kv * g, s, d], (Kind::Float, Device::Cpu));
+            let k = Tensor::randn([b, kv, w, d], (Kind::Float, Device::Cpu));
+            let v = Tensor::randn([b, kv, w, d], (Kind::Float, Device::Cpu));
+            // Row r holds 5 + 2r tokens before this step's queries; the rest is padding.
+            let lens = Tensor::from_slice(&[5i64, 7, 2]).view([b, 1, 1, 1]);
+            let cols = Tensor::arange(w, (Kind::Int64, Device::Cpu)).view([1, 1, 1, w]);
+            let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).view([1, 1, s, 1]);
+            let mask = cols.le_tensor(&(lens + pos));
+            let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, 0.3, true);
+            let got = attend_few(&q, &k, &v, &mask.logical_not(), 0.3, kv);
+            assert_eq!(got.size(), want.size());
+            assert!(max_diff(&got, &want) < 1e-5, "s = {s}: {}", max_diff(&got, &want));
+        }
     }
 }

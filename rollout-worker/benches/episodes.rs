@@ -10,6 +10,9 @@
 //! one), COMAS_BENCH_CONCURRENT (64), COMAS_BENCH_DTYPE (float32 or bfloat16).
 //! Prompt tokens are reported too: with the tiny test tokenizer CoMAS prompts are a few hundred
 //! tokens, and their prefill (already batched within a sequence) does not speed up.
+// Measured as the services run: jemalloc, MKL dispatching on the instruction set.
+comas_model::process_setup!();
+
 use comas_model::tiny::{write_model, TinySpec};
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;

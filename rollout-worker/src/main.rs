@@ -1,4 +1,6 @@
 //! `comas-rollout-worker`: serves the RolloutWorker gRPC API.
+comas_model::process_setup!();
+
 use clap::Parser;
 use std::process::ExitCode;
 
