@@ -1,5 +1,5 @@
-use anyhow::{bail, Context, Result};
 use crate::model_args::ModelArgs;
+use anyhow::{bail, Context, Result};
 use comas_model::{generate, CausalLm, ChatMessage, GenerationRequest, LoraAdapter, SamplingParams, Tokenizer};
 use std::path::PathBuf;
 
@@ -90,7 +90,9 @@ pub fn run(a: Args) -> Result<()> {
     let started = std::time::Instant::now();
     // libtorch panics where an allocation fails: an error that says what to lower instead.
     let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generate(&model, std::slice::from_ref(&req), Some(&tokenizer))))
-        .map_err(|p| anyhow::anyhow!("libtorch failed generating: {}; lower --max-new-tokens or shorten the prompt", comas_service::panic_message(p.as_ref())))??
+        .map_err(|p| {
+            anyhow::anyhow!("libtorch failed generating: {}; lower --max-new-tokens or shorten the prompt", comas_service::panic_message(p.as_ref()))
+        })??
         .remove(0);
     let secs = started.elapsed().as_secs_f64();
     let text = tokenizer.decode(&c.token_ids, true)?;

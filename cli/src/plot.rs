@@ -54,16 +54,8 @@ pub fn run(args: Args) -> Result<()> {
     let format = Format::from_path(&args.output)?;
     check_size(args.width, args.height)?;
     let metrics = read_log(&args.metrics)?;
-    let title = args
-        .title
-        .clone()
-        .unwrap_or_else(|| default_title(&metrics, &args.metrics));
-    let opts = Options {
-        width: args.width,
-        height: args.height,
-        title,
-        roles: args.roles,
-    };
+    let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, &args.metrics));
+    let opts = Options { width: args.width, height: args.height, title, roles: args.roles };
     let figure = Figure::build(&metrics, &opts);
     let bytes = match format {
         Format::Svg => figure.to_svg(TextMode::Text).into_bytes(),
@@ -91,21 +83,12 @@ pub enum Format {
 impl Format {
     /// The format named by the output's extension (case does not matter).
     pub fn from_path(path: &Path) -> Result<Format> {
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(|e| e.to_ascii_lowercase());
+        let ext = path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
         match ext.as_deref() {
             Some("svg") => Ok(Format::Svg),
             Some("png") => Ok(Format::Png),
-            Some(other) => bail!(
-                "cannot write {}: unknown extension .{other}; give the output a name ending in .svg or .png",
-                path.display()
-            ),
-            None => bail!(
-                "cannot tell which format to write for {}: give the output a name ending in .svg or .png",
-                path.display()
-            ),
+            Some(other) => bail!("cannot write {}: unknown extension .{other}; give the output a name ending in .svg or .png", path.display()),
+            None => bail!("cannot tell which format to write for {}: give the output a name ending in .svg or .png", path.display()),
         }
     }
 }
@@ -128,20 +111,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        bail!(
-            "cannot write {}: the folder {} does not exist",
-            path.display(),
-            dir.display()
-        );
+        bail!("cannot write {}: the folder {} does not exist", path.display(), dir.display());
     }
-    let name = path
-        .file_name()
-        .with_context(|| format!("cannot write {}: the path names no file", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let name = path.file_name().with_context(|| format!("cannot write {}: the path names no file", path.display()))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -158,10 +131,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 fn default_title(m: &Metrics, log: &Path) -> String {
     match &m.job_id {
         Some(id) => format!("job {id}"),
-        None => log
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        None => log.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
     }
 }
 
@@ -207,23 +177,17 @@ struct AgentPoint {
 pub fn read_log(path: &Path) -> Result<Metrics> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "metrics log {} does not exist: pass the metrics.jsonl file that a job wrote",
-            path.display()
-        ),
-        Err(e) => {
-            return Err(e).with_context(|| format!("cannot read metrics log {}", path.display()))
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("metrics log {} does not exist: pass the metrics.jsonl file that a job wrote", path.display())
         }
+        Err(e) => return Err(e).with_context(|| format!("cannot read metrics log {}", path.display())),
     };
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
             let upto = e.utf8_error().valid_up_to();
             let line = e.as_bytes()[..upto].iter().filter(|&&b| b == b'\n').count() + 1;
-            bail!(
-                "{}, line {line}: not UTF-8 text; is this a metrics log?",
-                path.display()
-            );
+            bail!("{}, line {line}: not UTF-8 text; is this a metrics log?", path.display());
         }
     };
     parse_log(&text, &path.display().to_string())
@@ -253,10 +217,7 @@ pub fn parse_log(text: &str, source: &str) -> Result<Metrics> {
             }
         };
         let Some(obj) = value.as_object() else {
-            bail!(
-                "{source}, line {n}: expected a JSON object, found {}",
-                kind_of(&value)
-            );
+            bail!("{source}, line {n}: expected a JSON object, found {}", kind_of(&value));
         };
         if obj.get("kind").and_then(Value::as_str) != Some("step") {
             continue;
@@ -297,11 +258,7 @@ pub fn parse_log(text: &str, source: &str) -> Result<Metrics> {
         }
     }
     let n = deduped.len();
-    let mut m = Metrics {
-        job_id,
-        steps: deduped.iter().map(|r| r.0).collect(),
-        ..Default::default()
-    };
+    let mut m = Metrics { job_id, steps: deduped.iter().map(|r| r.0).collect(), ..Default::default() };
     for (s, (_, agents)) in deduped.into_iter().enumerate() {
         for (id, p) in agents {
             let a = m.agents.entry(id).or_insert_with(|| AgentSeries {
@@ -352,8 +309,7 @@ fn agent_point(a: &Value) -> AgentPoint {
             }
         }
     }
-    p.reward = number(a.get("reward_mean"))
-        .or_else(|| (weighted.1 > 0.0).then(|| weighted.0 / weighted.1));
+    p.reward = number(a.get("reward_mean")).or_else(|| (weighted.1 > 0.0).then(|| weighted.0 / weighted.1));
     let (score, invalid_share) = score_summary(a.get("score_hist"));
     p.score = score;
     p.parse_failure = number(a.get("parse_failure_rate")).or(invalid_share);
@@ -453,10 +409,7 @@ fn widen(lo: f64, hi: f64) -> (f64, f64) {
 fn nice_step(raw: f64) -> f64 {
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
-    let m = [1.0, 2.0, 5.0]
-        .into_iter()
-        .find(|&m| norm <= m * (1.0 + 1e-9))
-        .unwrap_or(10.0);
+    let m = [1.0, 2.0, 5.0].into_iter().find(|&m| norm <= m * (1.0 + 1e-9)).unwrap_or(10.0);
     m * mag
 }
 
@@ -468,10 +421,7 @@ fn decimals_for(step: f64) -> usize {
 /// A tick label: as many decimals as the spacing needs, never "-0".
 pub fn tick_label(v: f64, step: f64) -> String {
     let s = format!("{:.*}", decimals_for(step), v);
-    if s.trim_start_matches('-')
-        .chars()
-        .all(|c| c == '0' || c == '.')
-    {
+    if s.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') {
         s.trim_start_matches('-').to_owned()
     } else {
         s
@@ -534,44 +484,11 @@ pub enum Anchor {
 
 #[derive(Debug, Clone)]
 enum El {
-    Rect {
-        r: Rect,
-        fill: &'static str,
-        stroke: Option<&'static str>,
-    },
-    Line {
-        x1: f64,
-        y1: f64,
-        x2: f64,
-        y2: f64,
-        stroke: String,
-        width: f64,
-        dash: Option<&'static str>,
-    },
-    Polyline {
-        pts: Vec<(f64, f64)>,
-        stroke: String,
-        width: f64,
-        dash: Option<&'static str>,
-        tag: String,
-    },
-    Circle {
-        cx: f64,
-        cy: f64,
-        r: f64,
-        fill: String,
-        tag: String,
-    },
-    Text {
-        x: f64,
-        y: f64,
-        size: f64,
-        anchor: Anchor,
-        fill: &'static str,
-        bold: bool,
-        vertical: bool,
-        text: String,
-    },
+    Rect { r: Rect, fill: &'static str, stroke: Option<&'static str> },
+    Line { x1: f64, y1: f64, x2: f64, y2: f64, stroke: String, width: f64, dash: Option<&'static str> },
+    Polyline { pts: Vec<(f64, f64)>, stroke: String, width: f64, dash: Option<&'static str>, tag: String },
+    Circle { cx: f64, cy: f64, r: f64, fill: String, tag: String },
+    Text { x: f64, y: f64, size: f64, anchor: Anchor, fill: &'static str, bold: bool, vertical: bool, text: String },
 }
 
 /// How text is written into the SVG.
@@ -595,25 +512,13 @@ pub struct Figure {
 }
 
 /// Agent colours, picked to stay apart from each other on white; agents past the end reuse them.
-const PALETTE: [&str; 10] = [
-    "#1f5fbf", "#e0691a", "#2a9d4b", "#c8323c", "#7b4fb8", "#8c5a3c", "#d6539f", "#5f6b73",
-    "#a3a318", "#1aa6b7",
-];
+const PALETTE: [&str; 10] = ["#1f5fbf", "#e0691a", "#2a9d4b", "#c8323c", "#7b4fb8", "#8c5a3c", "#d6539f", "#5f6b73", "#a3a318", "#1aa6b7"];
 
 /// Dash patterns of the per-role reward lines; roles not listed use the last one.
-const ROLE_DASH: [(&str, &str); 4] = [
-    ("solver", "7 4"),
-    ("evaluator", "2 3"),
-    ("scorer", "9 3 2 3"),
-    ("", "4 4"),
-];
+const ROLE_DASH: [(&str, &str); 4] = [("solver", "7 4"), ("evaluator", "2 3"), ("scorer", "9 3 2 3"), ("", "4 4")];
 
 fn role_dash(role: &str) -> &'static str {
-    ROLE_DASH
-        .iter()
-        .find(|(r, _)| *r == role)
-        .unwrap_or(&ROLE_DASH[3])
-        .1
+    ROLE_DASH.iter().find(|(r, _)| *r == role).unwrap_or(&ROLE_DASH[3]).1
 }
 
 const TICK_SIZE: f64 = 11.0;
@@ -634,24 +539,8 @@ struct PanelSpec {
 }
 
 const PANELS: [PanelSpec; 4] = [
-    PanelSpec {
-        key: "reward",
-        title: "Mean reward per agent",
-        y_label: "reward",
-        fixed: None,
-        ticks: 5,
-        weight: 3.0,
-        values: |a| &a.reward,
-    },
-    PanelSpec {
-        key: "score",
-        title: "Mean valid score (1-3)",
-        y_label: "score",
-        fixed: Some((1.0, 3.0)),
-        ticks: 4,
-        weight: 2.0,
-        values: |a| &a.score,
-    },
+    PanelSpec { key: "reward", title: "Mean reward per agent", y_label: "reward", fixed: None, ticks: 5, weight: 3.0, values: |a| &a.reward },
+    PanelSpec { key: "score", title: "Mean valid score (1-3)", y_label: "score", fixed: Some((1.0, 3.0)), ticks: 4, weight: 2.0, values: |a| &a.score },
     PanelSpec {
         key: "parse_failure",
         title: "Score parse-failure rate",
@@ -675,37 +564,13 @@ const PANELS: [PanelSpec; 4] = [
 impl Figure {
     pub fn build(m: &Metrics, o: &Options) -> Figure {
         let (w, h) = (o.width as f64, o.height as f64);
-        let mut els = vec![El::Rect {
-            r: Rect {
-                x: 0.0,
-                y: 0.0,
-                w,
-                h,
-            },
-            fill: "#ffffff",
-            stroke: None,
-        }];
+        let mut els = vec![El::Rect { r: Rect { x: 0.0, y: 0.0, w, h }, fill: "#ffffff", stroke: None }];
 
         // Legend entries decide the right margin.
-        let mut legend: Vec<(String, String, Option<&'static str>, bool)> = m
-            .agents
-            .keys()
-            .enumerate()
-            .map(|(i, id)| {
-                (
-                    format!("agent {id}"),
-                    PALETTE[i % PALETTE.len()].to_owned(),
-                    None,
-                    true,
-                )
-            })
-            .collect();
+        let mut legend: Vec<(String, String, Option<&'static str>, bool)> =
+            m.agents.keys().enumerate().map(|(i, id)| (format!("agent {id}"), PALETTE[i % PALETTE.len()].to_owned(), None, true)).collect();
         let roles: Vec<String> = if o.roles {
-            let mut r: Vec<String> = m
-                .agents
-                .values()
-                .flat_map(|a| a.role_reward.keys().cloned())
-                .collect();
+            let mut r: Vec<String> = m.agents.values().flat_map(|a| a.role_reward.keys().cloned()).collect();
             r.sort();
             r.dedup();
             r
@@ -713,17 +578,9 @@ impl Figure {
             Vec::new()
         };
         for role in &roles {
-            legend.push((
-                format!("{role} reward"),
-                "#555555".to_owned(),
-                Some(role_dash(role)),
-                false,
-            ));
+            legend.push((format!("{role} reward"), "#555555".to_owned(), Some(role_dash(role)), false));
         }
-        let legend_w = legend
-            .iter()
-            .map(|e| text_width(&e.0, LABEL_SIZE) + 40.0)
-            .fold(96.0_f64, f64::max);
+        let legend_w = legend.iter().map(|e| text_width(&e.0, LABEL_SIZE) + 40.0).fold(96.0_f64, f64::max);
 
         let left = 78.0;
         let right = (w - legend_w - 28.0).max(left + 40.0);
@@ -738,21 +595,9 @@ impl Figure {
             (Some(&a), Some(&b)) => (a, b),
             _ => (0.0, 1.0),
         };
-        let x_ticks = if s_lo == s_hi {
-            vec![s_lo]
-        } else {
-            ticks_with_step(s_lo, s_hi, 6, 1.0)
-        };
-        let (x_d0, x_d1) = if s_lo == s_hi {
-            (s_lo - 1.0, s_lo + 1.0)
-        } else {
-            (x_ticks[0], x_ticks[x_ticks.len() - 1])
-        };
-        let x_step = if x_ticks.len() > 1 {
-            x_ticks[1] - x_ticks[0]
-        } else {
-            1.0
-        };
+        let x_ticks = if s_lo == s_hi { vec![s_lo] } else { ticks_with_step(s_lo, s_hi, 6, 1.0) };
+        let (x_d0, x_d1) = if s_lo == s_hi { (s_lo - 1.0, s_lo + 1.0) } else { (x_ticks[0], x_ticks[x_ticks.len() - 1]) };
+        let x_step = if x_ticks.len() > 1 { x_ticks[1] - x_ticks[0] } else { 1.0 };
 
         let max_points = m.steps.len();
         let marker_r = if max_points <= 60 {
@@ -767,33 +612,15 @@ impl Figure {
         let mut cursor = top;
         for (pi, spec) in PANELS.iter().enumerate() {
             let ph = avail * spec.weight / total_weight;
-            let rect = Rect {
-                x: left,
-                y: cursor + title_gap,
-                w: right - left,
-                h: ph,
-            };
+            let rect = Rect { x: left, y: cursor + title_gap, w: right - left, h: ph };
             cursor = rect.bottom();
-            let x = Scale {
-                d0: x_d0,
-                d1: x_d1,
-                r0: rect.x,
-                r1: rect.right(),
-            };
+            let x = Scale { d0: x_d0, d1: x_d1, r0: rect.x, r1: rect.right() };
 
             // Data range of this panel (role lines count for the reward panel when drawn).
-            let mut vals: Vec<f64> = m
-                .agents
-                .values()
-                .flat_map(|a| (spec.values)(a).iter().flatten().copied())
-                .collect();
+            let mut vals: Vec<f64> = m.agents.values().flat_map(|a| (spec.values)(a).iter().flatten().copied()).collect();
             let has_data = !vals.is_empty();
             if spec.key == "reward" && o.roles {
-                vals.extend(
-                    m.agents
-                        .values()
-                        .flat_map(|a| a.role_reward.values().flatten().flatten()),
-                );
+                vals.extend(m.agents.values().flat_map(|a| a.role_reward.values().flatten().flatten()));
             }
             let (mut lo, mut hi) = spec.fixed.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
             for &v in &vals {
@@ -806,93 +633,28 @@ impl Figure {
             // Fewer ticks where the panel is too short for its labels to stay apart.
             let target = spec.ticks.min(((ph / 24.0).floor() as usize).max(1));
             let y_ticks = nice_ticks_n(lo, hi, target);
-            let y = Scale {
-                d0: y_ticks[0],
-                d1: y_ticks[y_ticks.len() - 1],
-                r0: rect.bottom(),
-                r1: rect.y,
-            };
-            let y_step = if y_ticks.len() > 1 {
-                y_ticks[1] - y_ticks[0]
-            } else {
-                1.0
-            };
+            let y = Scale { d0: y_ticks[0], d1: y_ticks[y_ticks.len() - 1], r0: rect.bottom(), r1: rect.y };
+            let y_step = if y_ticks.len() > 1 { y_ticks[1] - y_ticks[0] } else { 1.0 };
 
             // Frame, grid, ticks, labels.
-            els.push(El::Rect {
-                r: rect,
-                fill: "#ffffff",
-                stroke: Some("#8a8a8a"),
-            });
+            els.push(El::Rect { r: rect, fill: "#ffffff", stroke: Some("#8a8a8a") });
             for &t in &y_ticks {
                 let py = y.map(t);
-                els.push(El::Line {
-                    x1: rect.x,
-                    y1: py,
-                    x2: rect.right(),
-                    y2: py,
-                    stroke: "#e6e6e6".into(),
-                    width: 1.0,
-                    dash: None,
-                });
-                els.push(El::Line {
-                    x1: rect.x - 4.0,
-                    y1: py,
-                    x2: rect.x,
-                    y2: py,
-                    stroke: "#555555".into(),
-                    width: 1.0,
-                    dash: None,
-                });
-                els.push(text(
-                    rect.x - 7.0,
-                    py + 4.0,
-                    TICK_SIZE,
-                    Anchor::End,
-                    &tick_label(t, y_step),
-                ));
+                els.push(El::Line { x1: rect.x, y1: py, x2: rect.right(), y2: py, stroke: "#e6e6e6".into(), width: 1.0, dash: None });
+                els.push(El::Line { x1: rect.x - 4.0, y1: py, x2: rect.x, y2: py, stroke: "#555555".into(), width: 1.0, dash: None });
+                els.push(text(rect.x - 7.0, py + 4.0, TICK_SIZE, Anchor::End, &tick_label(t, y_step)));
             }
             for &t in &x_ticks {
                 let px = x.map(t);
-                els.push(El::Line {
-                    x1: px,
-                    y1: rect.y,
-                    x2: px,
-                    y2: rect.bottom(),
-                    stroke: "#eeeeee".into(),
-                    width: 1.0,
-                    dash: None,
-                });
-                els.push(El::Line {
-                    x1: px,
-                    y1: rect.bottom(),
-                    x2: px,
-                    y2: rect.bottom() + 4.0,
-                    stroke: "#555555".into(),
-                    width: 1.0,
-                    dash: None,
-                });
+                els.push(El::Line { x1: px, y1: rect.y, x2: px, y2: rect.bottom(), stroke: "#eeeeee".into(), width: 1.0, dash: None });
+                els.push(El::Line { x1: px, y1: rect.bottom(), x2: px, y2: rect.bottom() + 4.0, stroke: "#555555".into(), width: 1.0, dash: None });
                 if pi == PANELS.len() - 1 {
-                    els.push(text(
-                        px,
-                        rect.bottom() + 17.0,
-                        TICK_SIZE,
-                        Anchor::Middle,
-                        &tick_label(t, x_step),
-                    ));
+                    els.push(text(px, rect.bottom() + 17.0, TICK_SIZE, Anchor::Middle, &tick_label(t, x_step)));
                 }
             }
             if spec.key == "reward" && y.d0 < 0.0 && y.d1 > 0.0 {
                 let py = y.map(0.0);
-                els.push(El::Line {
-                    x1: rect.x,
-                    y1: py,
-                    x2: rect.right(),
-                    y2: py,
-                    stroke: "#9a9a9a".into(),
-                    width: 1.0,
-                    dash: None,
-                });
+                els.push(El::Line { x1: rect.x, y1: py, x2: rect.right(), y2: py, stroke: "#9a9a9a".into(), width: 1.0, dash: None });
             }
             els.push(El::Text {
                 x: rect.x,
@@ -918,13 +680,7 @@ impl Figure {
                 });
             }
             if !has_data {
-                els.push(text(
-                    rect.x + rect.w / 2.0,
-                    rect.y + rect.h / 2.0 + 4.0,
-                    LABEL_SIZE,
-                    Anchor::Middle,
-                    "no data",
-                ));
+                els.push(text(rect.x + rect.w / 2.0, rect.y + rect.h / 2.0 + 4.0, LABEL_SIZE, Anchor::Middle, "no data"));
             }
 
             // Curves: role lines underneath, then each agent's line and markers.
@@ -954,44 +710,19 @@ impl Figure {
                 let tag = format!("data-panel=\"{}\" data-agent=\"{id}\"", spec.key);
                 for run in runs(&m.steps, (spec.values)(a), &x, &y) {
                     if run.len() > 1 {
-                        els.push(El::Polyline {
-                            pts: run.clone(),
-                            stroke: colour.to_owned(),
-                            width: 2.0,
-                            dash: None,
-                            tag: format!("class=\"series\" {tag}"),
-                        });
+                        els.push(El::Polyline { pts: run.clone(), stroke: colour.to_owned(), width: 2.0, dash: None, tag: format!("class=\"series\" {tag}") });
                     }
                     for (cx, cy) in run {
-                        els.push(El::Circle {
-                            cx,
-                            cy,
-                            r: marker_r,
-                            fill: colour.to_owned(),
-                            tag: format!("class=\"point\" {tag}"),
-                        });
+                        els.push(El::Circle { cx, cy, r: marker_r, fill: colour.to_owned(), tag: format!("class=\"point\" {tag}") });
                     }
                 }
             }
-            panels.push(Panel {
-                key: spec.key,
-                rect,
-                x,
-                y,
-                y_ticks,
-                has_data,
-            });
+            panels.push(Panel { key: spec.key, rect, x, y, y_ticks, has_data });
         }
 
         // Axis label under the shared x axis, the title, the legend.
         let last = panels[panels.len() - 1].rect;
-        els.push(text(
-            last.x + last.w / 2.0,
-            last.bottom() + 36.0,
-            LABEL_SIZE,
-            Anchor::Middle,
-            "step",
-        ));
+        els.push(text(last.x + last.w / 2.0, last.bottom() + 36.0, LABEL_SIZE, Anchor::Middle, "step"));
         els.push(El::Text {
             x: w / 2.0,
             y: 30.0,
@@ -1005,35 +736,15 @@ impl Figure {
         let lx = right + 18.0;
         let mut ly = panels[0].rect.y + 14.0;
         for (label, colour, dash, marker) in legend {
-            els.push(El::Line {
-                x1: lx,
-                y1: ly - 4.0,
-                x2: lx + 24.0,
-                y2: ly - 4.0,
-                stroke: colour.clone(),
-                width: 2.0,
-                dash,
-            });
+            els.push(El::Line { x1: lx, y1: ly - 4.0, x2: lx + 24.0, y2: ly - 4.0, stroke: colour.clone(), width: 2.0, dash });
             if marker {
-                els.push(El::Circle {
-                    cx: lx + 12.0,
-                    cy: ly - 4.0,
-                    r: 3.0,
-                    fill: colour,
-                    tag: "class=\"legend-mark\"".into(),
-                });
+                els.push(El::Circle { cx: lx + 12.0, cy: ly - 4.0, r: 3.0, fill: colour, tag: "class=\"legend-mark\"".into() });
             }
             els.push(text(lx + 32.0, ly, LABEL_SIZE, Anchor::Start, &label));
             ly += 20.0;
         }
 
-        Figure {
-            width: w,
-            height: h,
-            panels,
-            x_ticks,
-            els,
-        }
+        Figure { width: w, height: h, panels, x_ticks, els }
     }
 
     /// The panel with this key ("reward", "score", "parse_failure", "accuracy").
@@ -1053,27 +764,10 @@ impl Figure {
         for el in &self.els {
             match el {
                 El::Rect { r, fill, stroke } => {
-                    let stroke = stroke
-                        .map(|c| format!(" stroke=\"{c}\" stroke-width=\"1\""))
-                        .unwrap_or_default();
-                    let _ = writeln!(
-                        s,
-                        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{fill}\"{stroke}/>",
-                        num(r.x),
-                        num(r.y),
-                        num(r.w),
-                        num(r.h)
-                    );
+                    let stroke = stroke.map(|c| format!(" stroke=\"{c}\" stroke-width=\"1\"")).unwrap_or_default();
+                    let _ = writeln!(s, "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{fill}\"{stroke}/>", num(r.x), num(r.y), num(r.w), num(r.h));
                 }
-                El::Line {
-                    x1,
-                    y1,
-                    x2,
-                    y2,
-                    stroke,
-                    width,
-                    dash,
-                } => {
+                El::Line { x1, y1, x2, y2, stroke, width, dash } => {
                     let _ = writeln!(
                         s,
                         "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{stroke}\" stroke-width=\"{}\"{}/>",
@@ -1085,17 +779,8 @@ impl Figure {
                         dash_attr(*dash)
                     );
                 }
-                El::Polyline {
-                    pts,
-                    stroke,
-                    width,
-                    dash,
-                    tag,
-                } => {
-                    let points: Vec<String> = pts
-                        .iter()
-                        .map(|(x, y)| format!("{},{}", num(*x), num(*y)))
-                        .collect();
+                El::Polyline { pts, stroke, width, dash, tag } => {
+                    let points: Vec<String> = pts.iter().map(|(x, y)| format!("{},{}", num(*x), num(*y))).collect();
                     let _ = writeln!(
                         s,
                         "<polyline {tag} points=\"{}\" fill=\"none\" stroke=\"{stroke}\" stroke-width=\"{}\" \
@@ -1105,13 +790,7 @@ impl Figure {
                         dash_attr(*dash)
                     );
                 }
-                El::Circle {
-                    cx,
-                    cy,
-                    r,
-                    fill,
-                    tag,
-                } => {
+                El::Circle { cx, cy, r, fill, tag } => {
                     let _ = writeln!(
                         s,
                         "<circle {tag} cx=\"{}\" cy=\"{}\" r=\"{}\" fill=\"{fill}\" stroke=\"#ffffff\" stroke-width=\"0.8\"/>",
@@ -1120,21 +799,8 @@ impl Figure {
                         num(*r)
                     );
                 }
-                El::Text {
-                    x,
-                    y,
-                    size,
-                    anchor,
-                    fill,
-                    bold,
-                    vertical,
-                    text,
-                } => {
-                    let rotate = if *vertical {
-                        format!(" transform=\"rotate(-90 {} {})\"", num(*x), num(*y))
-                    } else {
-                        String::new()
-                    };
+                El::Text { x, y, size, anchor, fill, bold, vertical, text } => {
+                    let rotate = if *vertical { format!(" transform=\"rotate(-90 {} {})\"", num(*x), num(*y)) } else { String::new() };
                     match mode {
                         TextMode::Text => {
                             let anchor = match anchor {
@@ -1155,10 +821,7 @@ impl Figure {
                         TextMode::Glyphs => {
                             let d = glyph_path(text, *x, *y, *size, *anchor, *bold);
                             if !d.is_empty() {
-                                let _ = writeln!(
-                                    s,
-                                    "<path class=\"glyphs\" d=\"{d}\" fill=\"{fill}\" shape-rendering=\"crispEdges\"{rotate}/>"
-                                );
+                                let _ = writeln!(s, "<path class=\"glyphs\" d=\"{d}\" fill=\"{fill}\" shape-rendering=\"crispEdges\"{rotate}/>");
                             }
                         }
                     }
@@ -1171,16 +834,7 @@ impl Figure {
 }
 
 fn text(x: f64, y: f64, size: f64, anchor: Anchor, s: &str) -> El {
-    El::Text {
-        x,
-        y,
-        size,
-        anchor,
-        fill: "#333333",
-        bold: false,
-        vertical: false,
-        text: s.to_owned(),
-    }
+    El::Text { x, y, size, anchor, fill: "#333333", bold: false, vertical: false, text: s.to_owned() }
 }
 
 /// Splits a series into runs of consecutive present values, mapped to pixels.
@@ -1204,8 +858,7 @@ fn runs(steps: &[f64], values: &[Option<f64>], x: &Scale, y: &Scale) -> Vec<Vec<
 }
 
 fn dash_attr(dash: Option<&str>) -> String {
-    dash.map(|d| format!(" stroke-dasharray=\"{d}\""))
-        .unwrap_or_default()
+    dash.map(|d| format!(" stroke-dasharray=\"{d}\"")).unwrap_or_default()
 }
 
 /// A coordinate for SVG: at most two decimals, no trailing zeros. Every number that reaches the
@@ -1301,15 +954,7 @@ fn glyph_path(s: &str, x: f64, y: f64, size: f64, anchor: Anchor, bold: bool) ->
                     col += 1;
                 }
                 let run = (col - start) as f64 + if bold { 1.0 } else { 0.0 };
-                let _ = write!(
-                    d,
-                    "M{} {}h{}v{}h-{}z",
-                    num(gx + start as f64 * px),
-                    num(top + r as f64 * px),
-                    num(run * px),
-                    num(px),
-                    num(run * px)
-                );
+                let _ = write!(d, "M{} {}h{}v{}h-{}z", num(gx + start as f64 * px), num(top + r as f64 * px), num(run * px), num(px), num(run * px));
             }
         }
     }
@@ -1322,16 +967,11 @@ fn glyph_path(s: &str, x: f64, y: f64, size: f64, anchor: Anchor, bold: bool) ->
 /// Rasterises an SVG (written with [`TextMode::Glyphs`]) to PNG bytes of the given size.
 pub fn svg_to_png(svg: &str, width: u32, height: u32) -> Result<Vec<u8>> {
     use resvg::{tiny_skia, usvg};
-    let tree = usvg::Tree::from_str(svg, &usvg::Options::default())
-        .context("internal error: the plot's SVG did not parse")?;
-    let mut pixmap = tiny_skia::Pixmap::new(width, height)
-        .with_context(|| format!("cannot allocate a {width}x{height} image"))?;
+    let tree = usvg::Tree::from_str(svg, &usvg::Options::default()).context("internal error: the plot's SVG did not parse")?;
+    let mut pixmap = tiny_skia::Pixmap::new(width, height).with_context(|| format!("cannot allocate a {width}x{height} image"))?;
     pixmap.fill(tiny_skia::Color::WHITE);
     let size = tree.size();
-    let transform = tiny_skia::Transform::from_scale(
-        width as f32 / size.width(),
-        height as f32 / size.height(),
-    );
+    let transform = tiny_skia::Transform::from_scale(width as f32 / size.width(), height as f32 / size.height());
     resvg::render(&tree, transform, &mut pixmap.as_mut());
     pixmap.encode_png().context("cannot encode the PNG")
 }

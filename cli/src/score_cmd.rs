@@ -1,6 +1,6 @@
 //! `comas score`: log-probabilities of given completions, batched, one JSON line per input line.
-use anyhow::{bail, Context, Result};
 use crate::model_args::ModelArgs;
+use anyhow::{bail, Context, Result};
 use comas_model::{mask, CausalLm, ChatMessage, LoraAdapter, LoraBatch, Tokenizer};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
@@ -90,7 +90,11 @@ pub fn run(a: Args) -> Result<()> {
         let item = parse_line(i + 1, &line, &tok, config.vocab_size)?;
         let len = item.prompt.len() + item.completion.len();
         if len as i64 > config.max_position_embeddings {
-            bail!("line {}: prompt and completion are {len} tokens, over the model's context of {} (max_position_embeddings)", i + 1, config.max_position_embeddings);
+            bail!(
+                "line {}: prompt and completion are {len} tokens, over the model's context of {} (max_position_embeddings)",
+                i + 1,
+                config.max_position_embeddings
+            );
         }
         items.push(item);
     }

@@ -4,35 +4,19 @@
 #[path = "../src/plot.rs"]
 mod plot;
 
-use plot::{
-    nice_ticks, nice_ticks_n, parse_log, read_log, tick_label, Figure, Options, Scale, TextMode,
-};
+use plot::{nice_ticks, nice_ticks_n, parse_log, read_log, tick_label, Figure, Options, Scale, TextMode};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/plot")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/plot").join(name)
 }
 
 fn opts(width: u32, height: u32, roles: bool) -> Options {
-    Options {
-        width,
-        height,
-        title: "test figure".into(),
-        roles,
-    }
+    Options { width, height, title: "test figure".into(), roles }
 }
 
 fn args(metrics: PathBuf, output: PathBuf) -> plot::Args {
-    plot::Args {
-        metrics,
-        output,
-        title: None,
-        width: 960,
-        height: 960,
-        roles: false,
-    }
+    plot::Args { metrics, output, title: None, width: 960, height: 960, roles: false }
 }
 
 /// The value of attribute `name` in one SVG element line.
@@ -46,10 +30,7 @@ fn attr<'a>(element: &'a str, name: &str) -> Option<&'a str> {
 /// Element lines of `tag` whose attributes include all of `with` (name, value).
 fn elements<'a>(svg: &'a str, tag: &str, with: &[(&str, &str)]) -> Vec<&'a str> {
     let open = format!("<{tag} ");
-    svg.lines()
-        .filter(|l| l.starts_with(&open))
-        .filter(|l| with.iter().all(|(k, v)| attr(l, k) == Some(*v)))
-        .collect()
+    svg.lines().filter(|l| l.starts_with(&open)).filter(|l| with.iter().all(|(k, v)| attr(l, k) == Some(*v))).collect()
 }
 
 fn points(polyline: &str) -> Vec<(f64, f64)> {
@@ -64,10 +45,7 @@ fn points(polyline: &str) -> Vec<(f64, f64)> {
 }
 
 fn assert_close(got: (f64, f64), want: (f64, f64)) {
-    assert!(
-        (got.0 - want.0).abs() <= 0.006 && (got.1 - want.1).abs() <= 0.006,
-        "point {got:?}, expected {want:?}"
-    );
+    assert!((got.0 - want.0).abs() <= 0.006 && (got.1 - want.1).abs() <= 0.006, "point {got:?}, expected {want:?}");
 }
 
 // ---- ticks and scales ----------------------------------------------------------------------
@@ -75,10 +53,7 @@ fn assert_close(got: (f64, f64), want: (f64, f64)) {
 #[test]
 fn nice_ticks_on_round_ranges() {
     assert_eq!(nice_ticks(0.0, 1.0), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
-    assert_eq!(
-        nice_ticks(0.0, 100.0),
-        vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
-    );
+    assert_eq!(nice_ticks(0.0, 100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
     assert_eq!(nice_ticks(0.0, 7.0), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     assert_eq!(nice_ticks(1.0, 3.0), vec![1.0, 1.5, 2.0, 2.5, 3.0]);
     assert_eq!(nice_ticks_n(0.0, 1.0, 2), vec![0.0, 0.5, 1.0]);
@@ -87,28 +62,16 @@ fn nice_ticks_on_round_ranges() {
 #[test]
 fn nice_ticks_cover_ragged_and_negative_ranges() {
     assert_eq!(nice_ticks(-0.2, 0.5), vec![-0.2, 0.0, 0.2, 0.4, 0.6]);
-    assert_eq!(
-        nice_ticks(-0.23, 0.61),
-        vec![-0.4, -0.2, 0.0, 0.2, 0.4, 0.6, 0.8]
-    );
+    assert_eq!(nice_ticks(-0.23, 0.61), vec![-0.4, -0.2, 0.0, 0.2, 0.4, 0.6, 0.8]);
     assert_eq!(nice_ticks(0.013, 0.048), vec![0.01, 0.02, 0.03, 0.04, 0.05]);
-    assert_eq!(
-        nice_ticks(120.0, 980.0),
-        vec![0.0, 200.0, 400.0, 600.0, 800.0, 1000.0]
-    );
+    assert_eq!(nice_ticks(120.0, 980.0), vec![0.0, 200.0, 400.0, 600.0, 800.0, 1000.0]);
     // Reversed bounds are accepted.
     assert_eq!(nice_ticks(1.0, 0.0), vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
 }
 
 #[test]
 fn nice_ticks_survive_degenerate_input() {
-    for (lo, hi) in [
-        (5.0, 5.0),
-        (0.0, 0.0),
-        (-3.0, -3.0),
-        (f64::NAN, 1.0),
-        (0.0, f64::INFINITY),
-    ] {
+    for (lo, hi) in [(5.0, 5.0), (0.0, 0.0), (-3.0, -3.0), (f64::NAN, 1.0), (0.0, f64::INFINITY)] {
         let t = nice_ticks(lo, hi);
         assert!(t.len() >= 2, "{lo}..{hi}: {t:?}");
         assert!(t.iter().all(|v| v.is_finite()), "{lo}..{hi}: {t:?}");
@@ -131,35 +94,16 @@ fn tick_labels_are_clean() {
 
 #[test]
 fn scale_maps_data_to_pixels() {
-    let x = Scale {
-        d0: 0.0,
-        d1: 10.0,
-        r0: 100.0,
-        r1: 300.0,
-    };
+    let x = Scale { d0: 0.0, d1: 10.0, r0: 100.0, r1: 300.0 };
     assert_eq!(x.map(0.0), 100.0);
     assert_eq!(x.map(2.5), 150.0);
     assert_eq!(x.map(10.0), 300.0);
     // A y scale runs upwards: the domain's top is the smaller pixel row.
-    let y = Scale {
-        d0: -0.2,
-        d1: 0.6,
-        r0: 400.0,
-        r1: 80.0,
-    };
+    let y = Scale { d0: -0.2, d1: 0.6, r0: 400.0, r1: 80.0 };
     assert!((y.map(0.2) - 240.0).abs() < 1e-9);
     assert_eq!(y.map(0.6), 80.0);
     // An empty domain maps to the middle instead of dividing by zero.
-    assert_eq!(
-        Scale {
-            d0: 1.0,
-            d1: 1.0,
-            r0: 0.0,
-            r1: 10.0
-        }
-        .map(1.0),
-        5.0
-    );
+    assert_eq!(Scale { d0: 1.0, d1: 1.0, r0: 0.0, r1: 10.0 }.map(1.0), 5.0);
 }
 
 // ---- reading the log -----------------------------------------------------------------------
@@ -179,10 +123,7 @@ fn reads_step_records_and_ignores_other_kinds() {
     assert_eq!(a0.parse_failure, vec![Some(0.25); 3]);
     assert_eq!(a1.parse_failure[0], Some(0.0));
     assert_eq!(a1.accuracy, vec![Some(0.5), None, Some(1.0)]);
-    assert_eq!(
-        a0.role_reward["solver"],
-        vec![Some(0.4), Some(0.5), Some(0.7)]
-    );
+    assert_eq!(a0.role_reward["solver"], vec![Some(0.4), Some(0.5), Some(0.7)]);
     assert_eq!(a0.role_reward.len(), 3);
 }
 
@@ -230,10 +171,7 @@ fn malformed_line_error_names_its_line() {
     let err = parse_log("{\"kind\":\"step\",\"step\":0}\n[1,2]\n", "log").unwrap_err();
     assert!(format!("{err:#}").contains("line 2"), "{err:#}");
     let err = parse_log("{\"kind\":\"step\",\"agents\":[]}\n", "log").unwrap_err();
-    assert!(
-        format!("{err:#}").contains("line 1") && format!("{err:#}").contains("\"step\""),
-        "{err:#}"
-    );
+    assert!(format!("{err:#}").contains("line 1") && format!("{err:#}").contains("\"step\""), "{err:#}");
 }
 
 #[test]
@@ -250,10 +188,7 @@ fn log_without_step_records_is_an_error() {
     let err = read_log(&fixture("no_steps.jsonl")).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("no step records"), "{msg}");
-    assert!(parse_log("", "empty")
-        .unwrap_err()
-        .to_string()
-        .contains("no step records"));
+    assert!(parse_log("", "empty").unwrap_err().to_string().contains("no step records"));
 }
 
 #[test]
@@ -262,10 +197,7 @@ fn missing_log_is_an_error() {
     let out = dir.path().join("out.svg");
     let err = plot::run(args(dir.path().join("nope.jsonl"), out.clone())).unwrap_err();
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains("nope.jsonl") && msg.contains("does not exist"),
-        "{msg}"
-    );
+    assert!(msg.contains("nope.jsonl") && msg.contains("does not exist"), "{msg}");
     assert!(!out.exists());
 }
 
@@ -282,21 +214,12 @@ fn layout_and_scales_follow_the_data() {
     // 78 px left margin; right edge = 960 - legend (96) - 28.
     assert_eq!((r.rect.x, r.rect.right(), r.rect.y), (78.0, 836.0, 80.0));
     assert_eq!(r.y_ticks, vec![-0.2, 0.0, 0.2, 0.4, 0.6]);
-    assert_eq!(
-        (r.y.d0, r.y.d1, r.y.r0, r.y.r1),
-        (-0.2, 0.6, r.rect.bottom(), r.rect.y)
-    );
+    assert_eq!((r.y.d0, r.y.d1, r.y.r0, r.y.r1), (-0.2, 0.6, r.rect.bottom(), r.rect.y));
     assert_eq!((r.x.d0, r.x.d1), (0.0, 2.0));
     let s = fig.panel("score").unwrap();
     assert_eq!((s.y.d0, s.y.d1), (1.0, 3.0));
-    assert_eq!(
-        fig.panel("parse_failure").unwrap().y_ticks,
-        vec![0.0, 0.5, 1.0]
-    );
-    assert_eq!(
-        fig.panel("accuracy").unwrap().y_ticks,
-        vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    );
+    assert_eq!(fig.panel("parse_failure").unwrap().y_ticks, vec![0.0, 0.5, 1.0]);
+    assert_eq!(fig.panel("accuracy").unwrap().y_ticks, vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0]);
     // Panels stack downwards without overlapping, all inside the figure.
     for w in fig.panels.windows(2) {
         assert!(w[0].rect.bottom() < w[1].rect.y);
@@ -316,11 +239,7 @@ fn svg_has_one_reward_polyline_per_agent_at_the_expected_pixels() {
     assert_eq!(lines.len(), 2, "{lines:#?}");
     let expected = [(0, [0.1, 0.3, 0.5]), (1, [-0.2, 0.0, 0.4])];
     for (agent, values) in expected {
-        let line = elements(
-            &svg,
-            "polyline",
-            &[("data-panel", "reward"), ("data-agent", &agent.to_string())],
-        );
+        let line = elements(&svg, "polyline", &[("data-panel", "reward"), ("data-agent", &agent.to_string())]);
         assert_eq!(line.len(), 1);
         let pts = points(line[0]);
         assert_eq!(pts.len(), 3);
@@ -330,24 +249,10 @@ fn svg_has_one_reward_polyline_per_agent_at_the_expected_pixels() {
             let want_y = bottom - (v + 0.2) / 0.8 * h;
             assert_close(*p, (want_x, want_y));
         }
-        assert_eq!(
-            elements(
-                &svg,
-                "circle",
-                &[("data-panel", "reward"), ("data-agent", &agent.to_string())]
-            )
-            .len(),
-            3
-        );
+        assert_eq!(elements(&svg, "circle", &[("data-panel", "reward"), ("data-agent", &agent.to_string())]).len(), 3);
     }
     // The three x positions are the panel's left edge, middle and right edge.
-    let a0 = points(
-        elements(
-            &svg,
-            "polyline",
-            &[("data-panel", "reward"), ("data-agent", "0")],
-        )[0],
-    );
+    let a0 = points(elements(&svg, "polyline", &[("data-panel", "reward"), ("data-agent", "0")])[0]);
     assert_close((a0[1].0, 0.0), (457.0, 0.0));
     assert_close((a0[2].0, 0.0), (836.0, 0.0));
     // Agents get different colours.
@@ -358,9 +263,7 @@ fn svg_has_one_reward_polyline_per_agent_at_the_expected_pixels() {
 fn svg_has_legend_title_ticks_and_labels() {
     let m = read_log(&fixture("three_steps.jsonl")).unwrap();
     let svg = Figure::build(&m, &opts(960, 960, false)).to_svg(TextMode::Text);
-    assert!(
-        svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"960\"")
-    );
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"960\""));
     assert!(svg.trim_end().ends_with("</svg>"));
     for label in [
         ">agent 0</text>",
@@ -380,10 +283,7 @@ fn svg_has_legend_title_ticks_and_labels() {
     }
     // x tick labels 0, 1, 2 once each, under the bottom panel.
     for t in ["0", "1", "2"] {
-        let n = svg
-            .lines()
-            .filter(|l| l.starts_with("<text") && l.ends_with(&format!(">{t}</text>")))
-            .count();
+        let n = svg.lines().filter(|l| l.starts_with("<text") && l.ends_with(&format!(">{t}</text>"))).count();
         assert_eq!(n, 1, "x tick {t}");
     }
     assert!(!svg.contains("no data"));
@@ -395,30 +295,9 @@ fn gaps_split_lines_and_single_points_still_get_markers() {
     let m = read_log(&fixture("three_steps.jsonl")).unwrap();
     let svg = Figure::build(&m, &opts(960, 960, false)).to_svg(TextMode::Text);
     // Agent 1's accuracy is null at step 1: no line joins steps 0 and 2, but both are marked.
-    assert!(elements(
-        &svg,
-        "polyline",
-        &[("data-panel", "accuracy"), ("data-agent", "1")]
-    )
-    .is_empty());
-    assert_eq!(
-        elements(
-            &svg,
-            "circle",
-            &[("data-panel", "accuracy"), ("data-agent", "1")]
-        )
-        .len(),
-        2
-    );
-    assert_eq!(
-        elements(
-            &svg,
-            "polyline",
-            &[("data-panel", "accuracy"), ("data-agent", "0")]
-        )
-        .len(),
-        1
-    );
+    assert!(elements(&svg, "polyline", &[("data-panel", "accuracy"), ("data-agent", "1")]).is_empty());
+    assert_eq!(elements(&svg, "circle", &[("data-panel", "accuracy"), ("data-agent", "1")]).len(), 2);
+    assert_eq!(elements(&svg, "polyline", &[("data-panel", "accuracy"), ("data-agent", "0")]).len(), 1);
 }
 
 #[test]
@@ -428,15 +307,7 @@ fn roles_flag_adds_dashed_role_lines() {
     let roles = elements(&svg, "polyline", &[("class", "role-series")]);
     assert_eq!(roles.len(), 6);
     assert!(roles.iter().all(|l| attr(l, "stroke-dasharray").is_some()));
-    assert_eq!(
-        elements(
-            &svg,
-            "polyline",
-            &[("class", "role-series"), ("data-role", "solver")]
-        )
-        .len(),
-        2
-    );
+    assert_eq!(elements(&svg, "polyline", &[("class", "role-series"), ("data-role", "solver")]).len(), 2);
     assert!(svg.contains(">solver reward</text>"));
     // Without the flag there are none.
     let plain = Figure::build(&m, &opts(960, 960, false)).to_svg(TextMode::Text);
@@ -454,10 +325,7 @@ fn null_values_leave_no_nan_in_the_svg() {
         assert!(fig.panel("reward").unwrap().has_data);
         // Reward has one isolated value: a marker, no line.
         assert!(elements(&svg, "polyline", &[("data-panel", "reward")]).is_empty());
-        assert_eq!(
-            elements(&svg, "circle", &[("data-panel", "reward")]).len(),
-            1
-        );
+        assert_eq!(elements(&svg, "circle", &[("data-panel", "reward")]).len(), 1);
     }
     let svg = Figure::build(&m, &opts(800, 700, false)).to_svg(TextMode::Text);
     assert!(svg.contains(">no data</text>"));
@@ -471,14 +339,8 @@ fn a_single_step_is_visible() {
     let r = fig.panel("reward").unwrap();
     let marks = elements(&svg, "circle", &[("data-panel", "reward")]);
     assert_eq!(marks.len(), 1);
-    let (cx, cy): (f64, f64) = (
-        attr(marks[0], "cx").unwrap().parse().unwrap(),
-        attr(marks[0], "cy").unwrap().parse().unwrap(),
-    );
-    assert!(
-        (cx - (r.rect.x + r.rect.w / 2.0)).abs() < 0.01,
-        "single step sits mid-axis: {cx}"
-    );
+    let (cx, cy): (f64, f64) = (attr(marks[0], "cx").unwrap().parse().unwrap(), attr(marks[0], "cy").unwrap().parse().unwrap());
+    assert!((cx - (r.rect.x + r.rect.w / 2.0)).abs() < 0.01, "single step sits mid-axis: {cx}");
     assert!(r.rect.contains(cx, cy));
     assert!(attr(marks[0], "r").unwrap().parse::<f64>().unwrap() >= 2.0);
     assert_eq!(fig.x_ticks, vec![4.0]);
@@ -506,20 +368,11 @@ fn run_writes_svg_atomically_and_replaces_old_output() {
     plot::run(a).unwrap();
     let svg = std::fs::read_to_string(&out).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains(">my run</text>"));
-    let names: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        names,
-        vec![std::ffi::OsString::from("curves.svg")],
-        "no temporary file left behind"
-    );
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("curves.svg")], "no temporary file left behind");
     // The default title names the job.
     plot::run(args(fixture("three_steps.jsonl"), out.clone())).unwrap();
-    assert!(std::fs::read_to_string(&out)
-        .unwrap()
-        .contains(">job j-fixture</text>"));
+    assert!(std::fs::read_to_string(&out).unwrap().contains(">job j-fixture</text>"));
 }
 
 #[test]
@@ -532,16 +385,10 @@ fn unknown_or_missing_extension_is_an_error() {
         assert!(msg.contains(".svg") && msg.contains(".png"), "{msg}");
         assert!(!out.exists());
     }
-    let msg = format!(
-        "{:#}",
-        plot::run(args(fixture("three_steps.jsonl"), dir.path().join("a.jpg"))).unwrap_err()
-    );
+    let msg = format!("{:#}", plot::run(args(fixture("three_steps.jsonl"), dir.path().join("a.jpg"))).unwrap_err());
     assert!(msg.contains(".jpg"), "{msg}");
     // Case does not matter.
-    assert_eq!(
-        plot::Format::from_path(Path::new("A.PNG")).unwrap(),
-        plot::Format::Png
-    );
+    assert_eq!(plot::Format::from_path(Path::new("A.PNG")).unwrap(), plot::Format::Png);
 }
 
 #[test]
@@ -550,10 +397,7 @@ fn bad_size_or_missing_folder_is_an_error() {
     let mut a = args(fixture("three_steps.jsonl"), dir.path().join("x.svg"));
     a.width = 10;
     assert!(format!("{:#}", plot::run(a).unwrap_err()).contains("--width"));
-    let a = args(
-        fixture("three_steps.jsonl"),
-        dir.path().join("no/such/dir/x.svg"),
-    );
+    let a = args(fixture("three_steps.jsonl"), dir.path().join("no/such/dir/x.svg"));
     assert!(format!("{:#}", plot::run(a).unwrap_err()).contains("does not exist"));
 }
 
@@ -595,44 +439,19 @@ fn run_writes_png_of_the_requested_size_with_curves_and_text() {
     let r = fig.panel("reward").unwrap().rect;
     let inside = (r.x + 2.0, r.y + 2.0, r.right() - 2.0, r.bottom() - 2.0);
     // Agent 0 is drawn in #1f5fbf, agent 1 in #e0691a.
-    let near = |want: (i32, i32, i32)| {
-        move |c: (i32, i32, i32)| {
-            (c.0 - want.0).abs() + (c.1 - want.1).abs() + (c.2 - want.2).abs() < 60
-        }
-    };
-    let blue = count(
-        inside.0,
-        inside.1,
-        inside.2,
-        inside.3,
-        &near((0x1f, 0x5f, 0xbf)),
-    );
-    let orange = count(
-        inside.0,
-        inside.1,
-        inside.2,
-        inside.3,
-        &near((0xe0, 0x69, 0x1a)),
-    );
-    assert!(
-        blue > 200 && orange > 200,
-        "curve pixels: blue {blue}, orange {orange}"
-    );
+    let near = |want: (i32, i32, i32)| move |c: (i32, i32, i32)| (c.0 - want.0).abs() + (c.1 - want.1).abs() + (c.2 - want.2).abs() < 60;
+    let blue = count(inside.0, inside.1, inside.2, inside.3, &near((0x1f, 0x5f, 0xbf)));
+    let orange = count(inside.0, inside.1, inside.2, inside.3, &near((0xe0, 0x69, 0x1a)));
+    assert!(blue > 200 && orange > 200, "curve pixels: blue {blue}, orange {orange}");
     // The top corners of the figure stay background white.
     assert_eq!(px(0, 0), (255, 255, 255));
     assert_eq!(px(799, 0), (255, 255, 255));
     // Text is drawn without any font: the title band and the legend have dark pixels.
     let dark = |c: (i32, i32, i32)| c.0 < 100 && c.1 < 100 && c.2 < 100;
     assert!(count(0.0, 0.0, 800.0, 45.0, &dark) > 100, "title pixels");
-    assert!(
-        count(r.right() + 40.0, r.y, 800.0, r.y + 50.0, &dark) > 50,
-        "legend pixels"
-    );
+    assert!(count(r.right() + 40.0, r.y, 800.0, r.y + 50.0, &dark) > 50, "legend pixels");
     // Tick labels left of the reward panel.
-    assert!(
-        count(0.0, r.y, r.x - 4.0, r.bottom(), &dark) > 50,
-        "tick label pixels"
-    );
+    assert!(count(0.0, r.y, r.x - 4.0, r.bottom(), &dark) > 50, "tick label pixels");
 }
 
 #[test]
@@ -640,12 +459,7 @@ fn glyph_mode_svg_renders_text_as_paths() {
     let m = read_log(&fixture("single_step.jsonl")).unwrap();
     let svg = Figure::build(&m, &opts(960, 960, false)).to_svg(TextMode::Glyphs);
     assert!(!svg.contains("<text"));
-    assert!(
-        svg.lines()
-            .filter(|l| l.starts_with("<path class=\"glyphs\""))
-            .count()
-            > 10
-    );
+    assert!(svg.lines().filter(|l| l.starts_with("<path class=\"glyphs\"")).count() > 10);
     let png = plot::svg_to_png(&svg, 960, 960).unwrap();
     assert_eq!(png_size(&png), (960, 960));
 }

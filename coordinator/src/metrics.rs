@@ -24,7 +24,8 @@ impl Metrics {
         let registry = Registry::new_custom(Some("comas_coordinator".into()), None).expect("registry");
         let counter = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
         let gauge = |n: &str, h: &str| registered(&registry, IntGauge::new(n, h).expect("metric"));
-        let scheduler_seconds = registered(&registry, Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric"));
+        let scheduler_seconds =
+            registered(&registry, Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric"));
         Arc::new(Self {
             pending_episodes: gauge("pending_episodes", "episodes queued and not leased to any worker"),
             leased_episodes: gauge("leased_episodes", "episodes running on workers"),

@@ -36,10 +36,20 @@ pub struct PolicyTarget {
 pub enum Delivery {
     /// A trajectory that parsed, passed `Trajectory::validate` and carries the versions the
     /// batch expects; `trajectory_json` is what the worker sent, for the store.
-    Done { episode_id: String, trajectory: Box<comas_workflow::comas::Trajectory>, trajectory_json: String, worker: String },
-    Failed { episode_id: String, error: String },
+    Done {
+        episode_id: String,
+        trajectory: Box<comas_workflow::comas::Trajectory>,
+        trajectory_json: String,
+        worker: String,
+    },
+    Failed {
+        episode_id: String,
+        error: String,
+    },
     /// The batch cannot make progress (no ready worker for too long).
-    Stalled { reason: String },
+    Stalled {
+        reason: String,
+    },
 }
 
 /// One worker's pull of one agent's new version.
@@ -450,7 +460,8 @@ impl State {
     /// Forgets a worker; what it held goes back to the front of the queue, in lease order.
     fn drop_worker(&mut self, id: &str, reason: &str) {
         if let Some(w) = self.workers.remove(id) {
-            let mut back: Vec<Lease> = w.leased.into_values().filter(|l| self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
+            let mut back: Vec<Lease> =
+                w.leased.into_values().filter(|l| self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
             back.sort_by_key(|l| l.since);
             if w.draining && back.is_empty() {
                 tracing::info!(worker = %id, reason, "drained worker left");
@@ -487,7 +498,12 @@ impl State {
                 Ok(t) => {
                     batch.outstanding.remove(&r.episode_id);
                     self.metrics.episodes_completed.inc();
-                    let _ = batch.results.send(Delivery::Done { episode_id: r.episode_id, trajectory: Box::new(t), trajectory_json: r.trajectory_json, worker: id });
+                    let _ = batch.results.send(Delivery::Done {
+                        episode_id: r.episode_id,
+                        trajectory: Box::new(t),
+                        trajectory_json: r.trajectory_json,
+                        worker: id,
+                    });
                     return;
                 }
                 Err(e) => {
@@ -507,7 +523,9 @@ impl State {
         tracing::warn!(worker = %id, episode = %r.episode_id, attempts, error = %r.error, "episode failed");
         if attempts >= batch.max_attempts {
             batch.outstanding.remove(&r.episode_id);
-            let _ = batch.results.send(Delivery::Failed { episode_id: r.episode_id, error: format!("failed {attempts} times; last error on worker {id}: {}", r.error) });
+            let _ = batch
+                .results
+                .send(Delivery::Failed { episode_id: r.episode_id, error: format!("failed {attempts} times; last error on worker {id}: {}", r.error) });
         } else {
             self.metrics.requeued_episodes.inc();
             self.queue.push_back(Lease { attempts, since: Instant::now(), copied: false, ..lease });
@@ -516,7 +534,8 @@ impl State {
 
     fn tick(&mut self) {
         let now = Instant::now();
-        let dead: Vec<String> = self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > self.settings.heartbeat_timeout).map(|(id, _)| id.clone()).collect();
+        let dead: Vec<String> =
+            self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > self.settings.heartbeat_timeout).map(|(id, _)| id.clone()).collect();
         for id in dead {
             self.drop_worker(&id, "no heartbeat");
         }
@@ -723,7 +742,12 @@ async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::Unboun
 /// `prepare`, retried with backoff while a weight source cannot be reached, for up to the
 /// target's `source_patience`: a learner that restarts during the broadcast comes back with the
 /// version it published, and the broadcast goes on instead of failing the job.
-async fn prepare_patiently(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, peer: Option<&str>, loaded_job: &mut Option<String>) -> Result<Vec<Pull>, String> {
+async fn prepare_patiently(
+    client: &mut RolloutWorkerClient<Channel>,
+    t: &PolicyTarget,
+    peer: Option<&str>,
+    loaded_job: &mut Option<String>,
+) -> Result<Vec<Pull>, String> {
     let started = Instant::now();
     let mut wait = Duration::from_millis(200);
     loop {
@@ -752,7 +776,12 @@ impl From<String> for Failure {
 
 /// Loads the job's policies if needed and pulls every version the worker lacks, from `peer`
 /// (falling back to the learner) when one is given.
-async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, peer: Option<&str>, loaded_job: &mut Option<String>) -> Result<Vec<Pull>, Failure> {
+async fn prepare(
+    client: &mut RolloutWorkerClient<Channel>,
+    t: &PolicyTarget,
+    peer: Option<&str>,
+    loaded_job: &mut Option<String>,
+) -> Result<Vec<Pull>, Failure> {
     if loaded_job.as_deref() != Some(t.job_id.as_str()) {
         let mut req = tonic::Request::new(t.load.clone());
         req.set_timeout(LOAD_TIMEOUT);
@@ -776,7 +805,10 @@ async fn prepare(client: &mut RolloutWorkerClient<Channel>, t: &PolicyTarget, pe
         let r = client
             .update_weights(req)
             .await
-            .map_err(|e| Failure { message: format!("UpdateWeights agent {agent} to version {version}: {}", e.message()), source_unreachable: e.code() == tonic::Code::Unavailable })?
+            .map_err(|e| Failure {
+                message: format!("UpdateWeights agent {agent} to version {version}: {}", e.message()),
+                source_unreachable: e.code() == tonic::Code::Unavailable,
+            })?
             .into_inner();
         pulls.push(Pull { agent: *agent, bytes: r.bytes, seconds: r.seconds, relayed: r.relayed });
     }

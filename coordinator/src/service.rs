@@ -67,7 +67,12 @@ impl Coordinator for CoordinatorService {
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         if let Ok(s) = jobs.status(&id) {
                             let end = terminal(&s);
-                            if tx.send(Ok(pb::JobEvent { status: Some(s), kind: if end { "finished" } else { "status" }.into(), ..Default::default() })).await.is_err() || end {
+                            if tx
+                                .send(Ok(pb::JobEvent { status: Some(s), kind: if end { "finished" } else { "status" }.into(), ..Default::default() }))
+                                .await
+                                .is_err()
+                                || end
+                            {
                                 return;
                             }
                         }

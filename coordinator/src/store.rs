@@ -244,10 +244,7 @@ impl Store {
                     params![job, i64::from(*agent), *version as i64],
                 )?;
             }
-            tx.execute(
-                "UPDATE jobs SET steps_done = ?2, updated = ?3 WHERE id = ?1",
-                params![job, (step + 1) as i64, now()],
-            )?;
+            tx.execute("UPDATE jobs SET steps_done = ?2, updated = ?3 WHERE id = ?1", params![job, (step + 1) as i64, now()])?;
             tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step <= ?2", params![job, step as i64])?;
             tx.commit()
         })
@@ -264,7 +261,10 @@ impl Store {
     }
 
     pub fn has_eval(&self, job: &str, after_steps: u64) -> Result<bool> {
-        self.with(|c| c.query_row("SELECT COUNT(*) FROM evals WHERE job_id = ?1 AND after_steps = ?2", params![job, after_steps as i64], |r| r.get::<_, i64>(0)).map(|n| n > 0))
+        self.with(|c| {
+            c.query_row("SELECT COUNT(*) FROM evals WHERE job_id = ?1 AND after_steps = ?2", params![job, after_steps as i64], |r| r.get::<_, i64>(0))
+                .map(|n| n > 0)
+        })
     }
 
     /// The metrics log: every committed step and every evaluation, in the order they happened

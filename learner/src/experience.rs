@@ -125,8 +125,7 @@ pub fn read_jsonl(path: &std::path::Path) -> Result<Vec<Experience>> {
         if line.trim().is_empty() {
             continue;
         }
-        let e: Experience = serde_json::from_str(line)
-            .map_err(|e| LearnerError::Batch(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        let e: Experience = serde_json::from_str(line).map_err(|e| LearnerError::Batch(format!("{} line {}: {e}", path.display(), i + 1)))?;
         out.push(e);
     }
     if out.is_empty() {

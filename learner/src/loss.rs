@@ -64,14 +64,7 @@ mod tests {
     fn run(cfg: &TrainConfig, truncated: [bool; 3], micro: Option<&[&[usize]]>) -> (f64, f64, Vec<Vec<f64>>) {
         let (o, rf) = (old(), reference());
         let samples: Vec<SampleInput> = (0..3)
-            .map(|i| SampleInput {
-                reward: R[i],
-                token_rewards: None,
-                group: "g",
-                truncated: truncated[i],
-                old_logprobs: &o[i],
-                ref_logprobs: Some(&rf[i]),
-            })
+            .map(|i| SampleInput { reward: R[i], token_rewards: None, group: "g", truncated: truncated[i], old_logprobs: &o[i], ref_logprobs: Some(&rf[i]) })
             .collect();
         let adv = compute_advantages(&samples, cfg);
         let th = theta();
@@ -82,7 +75,14 @@ mod tests {
             None => ((&tok.pg * &mask).sum(Kind::Double) / mask.sum(Kind::Double)).double_value(&[]),
             Some(groups) => {
                 // microbatch_mean parity: each micro-batch's masked token mean, averaged
-                let offsets: Vec<usize> = th.iter().scan(0, |a, s| { let o = *a; *a += s.len(); Some(o) }).collect();
+                let offsets: Vec<usize> = th
+                    .iter()
+                    .scan(0, |a, s| {
+                        let o = *a;
+                        *a += s.len();
+                        Some(o)
+                    })
+                    .collect();
                 let mut total = 0.0;
                 for g in groups {
                     let (mut num, mut den) = (0.0, 0.0);

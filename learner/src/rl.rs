@@ -124,11 +124,7 @@ pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advanta
         }
         returns.push(g);
     }
-    let mut stats = AdvantageStats {
-        singleton_groups,
-        kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 },
-        ..Default::default()
-    };
+    let mut stats = AdvantageStats { singleton_groups, kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 }, ..Default::default() };
     let advantages = if cfg.estimator.whitens() {
         let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
         let (mut sum, mut n) = (0.0, 0.0);

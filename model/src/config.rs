@@ -21,9 +21,7 @@ impl Architecture {
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
             "llama" => Ok(Self::Llama),
-            other => Err(ModelError::Config(format!(
-                "model_type `{other}` is not supported; supported: qwen2, qwen3, llama"
-            ))),
+            other => Err(ModelError::Config(format!("model_type `{other}` is not supported; supported: qwen2, qwen3, llama"))),
         }
     }
 }
@@ -127,8 +125,7 @@ impl Config {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: RawConfig =
-            serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
         Self::from_raw(raw)
     }
 
@@ -143,8 +140,7 @@ impl Config {
         };
         let hidden_size = positive("hidden_size", raw.hidden_size)?;
         let num_attention_heads = positive("num_attention_heads", raw.num_attention_heads)?;
-        let num_key_value_heads =
-            positive("num_key_value_heads", raw.num_key_value_heads.unwrap_or(num_attention_heads))?;
+        let num_key_value_heads = positive("num_key_value_heads", raw.num_key_value_heads.unwrap_or(num_attention_heads))?;
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(ModelError::Config(format!(
                 "num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads ({num_key_value_heads})"
@@ -168,9 +164,7 @@ impl Config {
             }
         }
         if raw.use_sliding_window == Some(true) {
-            return Err(ModelError::Config(
-                "use_sliding_window=true is not supported; set it to false (full attention)".into(),
-            ));
+            return Err(ModelError::Config("use_sliding_window=true is not supported; set it to false (full attention)".into()));
         }
         if let Some(f) = raw.partial_rotary_factor {
             if f != 1.0 {
@@ -245,9 +239,7 @@ impl Config {
 }
 
 fn get_f64(obj: &Value, key: &str, what: &str) -> Result<f64> {
-    obj.get(key)
-        .and_then(Value::as_f64)
-        .ok_or_else(|| ModelError::Config(format!("{what} needs a numeric `{key}`")))
+    obj.get(key).and_then(Value::as_f64).ok_or_else(|| ModelError::Config(format!("{what} needs a numeric `{key}`")))
 }
 
 /// Resolves rotary settings from either key style. `rope_parameters` (transformers 5) carries the
@@ -258,11 +250,7 @@ fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parame
     if let Some(full) = params.and_then(|p| p.get("full_attention")) {
         params = Some(full);
     }
-    let theta = params
-        .and_then(|p| p.get("rope_theta"))
-        .and_then(Value::as_f64)
-        .or(rope_theta)
-        .unwrap_or(10_000.0);
+    let theta = params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).or(rope_theta).unwrap_or(10_000.0);
     if theta <= 0.0 {
         return Err(ModelError::Config(format!("rope_theta must be positive, got {theta}")));
     }
@@ -273,11 +261,7 @@ fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parame
     let scaling = match scaling_obj {
         None => RopeScaling::Default,
         Some(obj) => {
-            let kind = obj
-                .get("rope_type")
-                .or_else(|| obj.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
+            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
             match kind {
                 "default" => RopeScaling::Default,
                 "linear" => RopeScaling::Linear { factor: get_f64(obj, "factor", "linear rope scaling")? },
@@ -298,11 +282,7 @@ fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parame
                     }
                     s
                 }
-                other => {
-                    return Err(ModelError::Config(format!(
-                        "rope type `{other}` is not supported; supported: default, linear, llama3"
-                    )))
-                }
+                other => return Err(ModelError::Config(format!("rope type `{other}` is not supported; supported: default, linear, llama3"))),
             }
         }
     };

@@ -97,9 +97,7 @@ impl LoraConfig {
         let mut out = Vec::new();
         for name in &self.target_modules {
             let p = Proj::from_name(name).ok_or_else(|| {
-                ModelError::Lora(format!(
-                    "target module `{name}` is not supported; use any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"
-                ))
+                ModelError::Lora(format!("target module `{name}` is not supported; use any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"))
             })?;
             if !out.contains(&p) {
                 out.push(p);
@@ -204,9 +202,8 @@ impl LoraAdapter {
         }
         let total = file.names().count();
         if used != total {
-            let extra: Vec<&str> = file.names().filter(|n| !weights.keys().any(|(l, p)| {
-                *n == tensor_name(*l, *p, "A") || *n == tensor_name(*l, *p, "B")
-            })).take(3).collect();
+            let extra: Vec<&str> =
+                file.names().filter(|n| !weights.keys().any(|(l, p)| *n == tensor_name(*l, *p, "A") || *n == tensor_name(*l, *p, "B"))).take(3).collect();
             return Err(ModelError::Lora(format!(
                 "{}: {} tensors do not belong to the configured targets (e.g. {extra:?})",
                 file_path.display(),
@@ -261,9 +258,7 @@ impl LoraAdapter {
         let mut out: Vec<(String, Tensor)> = self
             .weights
             .iter()
-            .flat_map(|((l, p), (a, b))| {
-                [(tensor_name(*l, *p, "A"), a.shallow_clone()), (tensor_name(*l, *p, "B"), b.shallow_clone())]
-            })
+            .flat_map(|((l, p), (a, b))| [(tensor_name(*l, *p, "A"), a.shallow_clone()), (tensor_name(*l, *p, "B"), b.shallow_clone())])
             .collect();
         out.sort_by(|x, y| x.0.cmp(&y.0));
         out

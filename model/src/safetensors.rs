@@ -73,8 +73,7 @@ impl SafeTensorsFile {
             return Err(bad(format!("header length {header_len} does not fit the file ({} bytes)", mmap.len())));
         }
         let data_start = 8 + header_len as usize;
-        let header: Map<String, Value> = serde_json::from_slice(&mmap[8..data_start])
-            .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+        let header: Map<String, Value> = serde_json::from_slice(&mmap[8..data_start]).map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
         let data_len = mmap.len() - data_start;
         let mut tensors = BTreeMap::new();
         let mut metadata = BTreeMap::new();
@@ -96,11 +95,8 @@ impl SafeTensorsFile {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_i64).collect())
                 .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?;
-            let offsets: Vec<u64> = entry
-                .get("data_offsets")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default();
+            let offsets: Vec<u64> =
+                entry.get("data_offsets").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
             let (start, end) = match offsets[..] {
                 [s, e] if s <= e && e <= data_len as u64 => (s as usize, e as usize),
                 _ => return Err(bad(format!("tensor `{name}` has data offsets {offsets:?} outside the {data_len}-byte data section"))),
@@ -136,10 +132,7 @@ impl SafeTensorsFile {
 
     /// Copies one tensor out of the mapping onto the CPU in its stored dtype.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        let info = self.tensors.get(name).ok_or_else(|| ModelError::SafeTensors {
-            path: self.path.clone(),
-            message: format!("no tensor named `{name}`"),
-        })?;
+        let info = self.tensors.get(name).ok_or_else(|| ModelError::SafeTensors { path: self.path.clone(), message: format!("no tensor named `{name}`") })?;
         let bytes = &self.mmap[self.data_start + info.start..self.data_start + info.end];
         Ok(Tensor::f_from_data_size(bytes, &info.shape, info.kind)?)
     }
@@ -161,8 +154,7 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)], metadata: &BTreeMap<Stri
     for (name, t) in tensors {
         let t = t.to_device(tch::Device::Cpu).contiguous();
         let kind = t.kind();
-        let dtype = dtype_from_kind(kind)
-            .ok_or_else(|| ModelError::Weights(format!("cannot save tensor `{name}` of kind {kind:?}")))?;
+        let dtype = dtype_from_kind(kind).ok_or_else(|| ModelError::Weights(format!("cannot save tensor `{name}` of kind {kind:?}")))?;
         let nbytes = t.numel() * kind.elt_size_in_bytes();
         let mut entry = Map::new();
         entry.insert("dtype".into(), Value::String(dtype.into()));

@@ -70,11 +70,7 @@ impl SamplingParams {
             return bad("guided_suffix must not be empty".into());
         }
         if self.guided_suffix.is_some() && self.max_new_tokens <= crate::guide::TAIL_RESERVE {
-            return bad(format!(
-                "a guided reply needs max_new_tokens above {} (the tail's reserve), got {}",
-                crate::guide::TAIL_RESERVE,
-                self.max_new_tokens
-            ));
+            return bad(format!("a guided reply needs max_new_tokens above {} (the tail's reserve), got {}", crate::guide::TAIL_RESERVE, self.max_new_tokens));
         }
         Ok(())
     }
@@ -100,13 +96,7 @@ pub struct Sampled {
 /// only ids row b may produce (a guided tail). `logprob` is what a learner recomputes: over the
 /// whole vocabulary, or renormalised over the allowed set of a guided token; suppression only
 /// shapes what is drawn (and `sampling_logprob`).
-pub fn sample<R: rand::RngCore>(
-    logits: &Tensor,
-    params: &[&SamplingParams],
-    rngs: &mut [R],
-    suppress: &[&[i64]],
-    allow: &[Option<&[i64]>],
-) -> Vec<Sampled> {
+pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [R], suppress: &[&[i64]], allow: &[Option<&[i64]>]) -> Vec<Sampled> {
     let (b, v) = (logits.size()[0], logits.size()[1]);
     assert_eq!(params.len() as i64, b, "one SamplingParams per row");
     assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");

@@ -46,10 +46,7 @@ impl Checkpoint {
                 }
                 let path = dir.join(shard);
                 if !path.is_file() {
-                    return Err(ModelError::Folder {
-                        folder: dir.into(),
-                        what: format!("shard `{shard}` listed in model.safetensors.index.json is missing"),
-                    });
+                    return Err(ModelError::Folder { folder: dir.into(), what: format!("shard `{shard}` listed in model.safetensors.index.json is missing") });
                 }
                 by_file.insert(shard.clone(), files.len());
                 files.push(SafeTensorsFile::open(&path)?);
@@ -70,10 +67,7 @@ impl Checkpoint {
                 what: "only pytorch_model.bin found; re-save the model with save_pretrained(safe_serialization=True)".into(),
             });
         } else {
-            return Err(ModelError::Folder {
-                folder: dir.into(),
-                what: "no model.safetensors or model.safetensors.index.json".into(),
-            });
+            return Err(ModelError::Folder { folder: dir.into(), what: "no model.safetensors or model.safetensors.index.json".into() });
         }
         Ok(Self { files, index, taken: BTreeSet::new(), kind, device })
     }
@@ -84,10 +78,7 @@ impl Checkpoint {
 
     /// Takes tensor `name`, checking it has `shape`, cast to the checkpoint's target kind.
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
-        let fi = *self
-            .index
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), expected: shape.to_vec() })?;
+        let fi = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.into(), expected: shape.to_vec() })?;
         let info = self.files[fi].info(name).expect("indexed tensor exists");
         if info.shape != shape {
             return Err(ModelError::ShapeMismatch { name: name.into(), expected: shape.to_vec(), found: info.shape.clone() });

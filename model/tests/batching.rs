@@ -74,7 +74,11 @@ fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
         .map(|i| {
             let mut prompt = r.prompt_ids(i % 3);
             prompt.truncate(prompt.len() - i % 4);
-            GenerationRequest { prompt_ids: prompt, params: SamplingParams { seed: i as u64, max_new_tokens: 4 + 5 * (i % 3), ..Default::default() }, adapter: None }
+            GenerationRequest {
+                prompt_ids: prompt,
+                params: SamplingParams { seed: i as u64, max_new_tokens: 4 + 5 * (i % 3), ..Default::default() },
+                adapter: None,
+            }
         })
         .collect();
     let widest = reqs.iter().map(|q| q.prompt_ids.len() + q.params.max_new_tokens).max().unwrap();
@@ -110,11 +114,7 @@ fn adapters_per_row_in_a_continuous_batch() {
     let adapter = LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu).unwrap();
     let r = Reference::load("qwen2-f32");
     let reqs: Vec<GenerationRequest> = (0..4)
-        .map(|i| GenerationRequest {
-            prompt_ids: r.prompt_ids(i % 3),
-            params: SamplingParams::greedy(12),
-            adapter: (i % 2 == 1).then_some(&adapter),
-        })
+        .map(|i| GenerationRequest { prompt_ids: r.prompt_ids(i % 3), params: SamplingParams::greedy(12), adapter: (i % 2 == 1).then_some(&adapter) })
         .collect();
     let mut b = Batcher::new(&model, None);
     b.add(0, reqs[0].prompt_ids.clone(), reqs[0].params.clone(), reqs[0].adapter).unwrap();

@@ -23,9 +23,7 @@ fn logits_of(model: &CausalLm, ids: &[i64]) -> Tensor {
 }
 
 fn greedy_requests(r: &Reference) -> Vec<GenerationRequest<'static>> {
-    (0..r.num_prompts())
-        .map(|i| GenerationRequest { prompt_ids: r.prompt_ids(i), params: SamplingParams::greedy(32), adapter: None })
-        .collect()
+    (0..r.num_prompts()).map(|i| GenerationRequest { prompt_ids: r.prompt_ids(i), params: SamplingParams::greedy(32), adapter: None }).collect()
 }
 
 /// Everything checked per checkpoint; returns the worst logit difference seen.
@@ -134,13 +132,7 @@ fn batched_generation_equals_one_by_one() {
     // Mixed lengths, settings and stopping points in one batch.
     for i in 0..r.num_prompts() {
         for (j, temp) in [0.0, 0.8].into_iter().enumerate() {
-            let params = SamplingParams {
-                temperature: temp,
-                top_p: 0.9,
-                seed: (i * 10 + j) as u64,
-                max_new_tokens: 8 + 6 * i,
-                ..Default::default()
-            };
+            let params = SamplingParams { temperature: temp, top_p: 0.9, seed: (i * 10 + j) as u64, max_new_tokens: 8 + 6 * i, ..Default::default() };
             reqs.push(GenerationRequest { prompt_ids: r.prompt_ids(i), params, adapter: None });
         }
     }

@@ -89,4 +89,3 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         r
     })
 }
-

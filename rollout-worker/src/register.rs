@@ -61,7 +61,11 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
             Ok(known) => {
                 registered = known;
                 backoff = Duration::from_millis(200);
-                if known { interval } else { Duration::ZERO }
+                if known {
+                    interval
+                } else {
+                    Duration::ZERO
+                }
             }
             Err(e) => {
                 if registered {

@@ -2,12 +2,12 @@
 use crate::engine::{Command, EpisodeJob, EpisodeOutcome};
 use crate::metrics::Metrics;
 use crate::models::PolicySpec;
+use crate::relay::{Relay, Transfer};
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
-use comas_proto::v1::rollout_worker_server::RolloutWorker;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_proto::v1::rollout_worker_server::RolloutWorker;
 use comas_proto::weights::{Assembler, ReceivedTensor};
-use crate::relay::{Relay, Transfer};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,9 @@ fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
 
 fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
     match o.result {
-        Ok((json, turns, tokens)) => pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, turns, generated_tokens: tokens, ..Default::default() },
+        Ok((json, turns, tokens)) => {
+            pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, turns, generated_tokens: tokens, ..Default::default() }
+        }
         Err(e) => {
             let kind = if o.draining { pb::EpisodeErrorKind::Draining } else { pb::EpisodeErrorKind::Failed };
             pb::EpisodeResult { episode_id: o.episode_id, error: e, error_kind: kind as i32, ..Default::default() }
@@ -82,9 +84,9 @@ impl WorkerService {
     async fn pull(&self, req: &pb::UpdateWeightsRequest, source: &str, relay: bool) -> Result<(Vec<ReceivedTensor>, u64), Status> {
         let source = comas_service::grpc_uri(source);
         let transfer = self.relay.begin(req.agent_id, req.version);
-        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer))
-            .await
-            .unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout))));
+        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer)).await.unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout)))
+        });
         match &result {
             Ok(_) => transfer.complete(),
             Err(e) => transfer.fail(e.message()),
@@ -146,7 +148,10 @@ impl RolloutWorker for WorkerService {
                 let lora = if a.lora_json.is_empty() {
                     None
                 } else {
-                    Some(serde_json::from_str(&a.lora_json).map_err(|e| Status::invalid_argument(format!("agent {}: `lora_json` is not valid: {e}", a.agent_id)))?)
+                    Some(
+                        serde_json::from_str(&a.lora_json)
+                            .map_err(|e| Status::invalid_argument(format!("agent {}: `lora_json` is not valid: {e}", a.agent_id)))?,
+                    )
                 };
                 Ok(PolicySpec {
                     agent: a.agent_id,
@@ -305,7 +310,10 @@ mod tests {
     #[test]
     fn a_transfer_cut_off_is_retried_and_the_sources_answers_are_kept() {
         let cut = source_status("http://l:1", Status::unknown("h2 protocol error: error reading a body from connection"));
-        assert_eq!((cut.code(), cut.message()), (tonic::Code::Unavailable, "weight source http://l:1 broke off: h2 protocol error: error reading a body from connection"));
+        assert_eq!(
+            (cut.code(), cut.message()),
+            (tonic::Code::Unavailable, "weight source http://l:1 broke off: h2 protocol error: error reading a body from connection")
+        );
         let missing = source_status("http://l:1", Status::not_found("weights version 3 is not published here (have [4])"));
         assert_eq!((missing.code(), missing.message()), (tonic::Code::NotFound, "weights version 3 is not published here (have [4])"));
     }

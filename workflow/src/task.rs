@@ -71,13 +71,7 @@ struct RawRecord {
 impl TryFrom<RawRecord> for TaskRecord {
     type Error = UnknownTask;
     fn try_from(raw: RawRecord) -> Result<Self, UnknownTask> {
-        Ok(TaskRecord {
-            prompt: raw.prompt,
-            answer: raw.answer,
-            task: raw.task.parse()?,
-            id: raw.id,
-            source: raw.source,
-        })
+        Ok(TaskRecord { prompt: raw.prompt, answer: raw.answer, task: raw.task.parse()?, id: raw.id, source: raw.source })
     }
 }
 
@@ -164,8 +158,7 @@ pub fn parse_jsonl(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
 
 /// Parses a JSON array of records (the layout of `blended/{train,test}.json`).
 pub fn parse_json_array(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
-    let values: Vec<serde_json::Value> =
-        serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
+    let values: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
     let mut records = Vec::with_capacity(values.len());
     for (i, v) in values.into_iter().enumerate() {
         let at = Location::Element(i + 1);
@@ -210,8 +203,7 @@ pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetEr
 mod tests {
     use super::*;
 
-    const GOOD: &str =
-        r#"{"prompt": "1+1?", "answer": "2", "task": "math", "source": "math", "id": "math-math-00001"}"#;
+    const GOOD: &str = r#"{"prompt": "1+1?", "answer": "2", "task": "math", "source": "math", "id": "math-math-00001"}"#;
 
     #[test]
     fn parses_jsonl_and_skips_blank_lines() {
@@ -238,10 +230,7 @@ mod tests {
         let text = format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
         let err = parse_jsonl(&text).unwrap_err();
         assert!(matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry"));
-        assert_eq!(
-            err.to_string(),
-            "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\""
-        );
+        assert_eq!(err.to_string(), "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\"");
     }
 
     #[test]
@@ -265,10 +254,7 @@ mod tests {
         let recs = parse_dataset(&text).unwrap();
         assert_eq!(recs.iter().map(|r| r.task).collect::<Vec<_>>(), vec![TaskKind::Math, TaskKind::Coding]);
         let bad = format!("[{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"art","id":"c"}"#);
-        assert_eq!(
-            parse_dataset(&bad).unwrap_err().to_string(),
-            "element 2: unknown task \"art\": expected one of \"math\", \"coding\", \"science\""
-        );
+        assert_eq!(parse_dataset(&bad).unwrap_err().to_string(), "element 2: unknown task \"art\": expected one of \"math\", \"coding\", \"science\"");
     }
 
     #[test]

@@ -98,17 +98,11 @@ impl SamplingSpec {
                 return Err("guided_suffix must not be empty".to_string());
             }
             if self.max_new_tokens <= GUIDED_TAIL_RESERVE {
-                return Err(format!(
-                    "guided_suffix needs max_new_tokens above {GUIDED_TAIL_RESERVE} (the tail's reserve), got {}",
-                    self.max_new_tokens
-                ));
+                return Err(format!("guided_suffix needs max_new_tokens above {GUIDED_TAIL_RESERVE} (the tail's reserve), got {}", self.max_new_tokens));
             }
         }
         if self.min_new_tokens > self.max_new_tokens {
-            return Err(format!(
-                "min_new_tokens ({}) exceeds max_new_tokens ({})",
-                self.min_new_tokens, self.max_new_tokens
-            ));
+            return Err(format!("min_new_tokens ({}) exceeds max_new_tokens ({})", self.min_new_tokens, self.max_new_tokens));
         }
         Ok(())
     }

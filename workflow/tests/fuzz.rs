@@ -46,8 +46,32 @@ train_batch_size = 6
 
 /// Texts that parsers trip over: extreme numbers, odd tokens, unicode, structure.
 const PIECES: &[&str] = &[
-    "0", "-1", "4294967296", "18446744073709551615", "1e309", "nan", "-0.0", "\"\"", "[]", "{}", "[[agents]]", "[comas]", "=",
-    "\"\u{1F600}\"", "\\u0000", "true", "null", ",", ":", "\"x\" = 1", "\n", "#", "'", "<score>", "</score>", "\u{FEFF}",
+    "0",
+    "-1",
+    "4294967296",
+    "18446744073709551615",
+    "1e309",
+    "nan",
+    "-0.0",
+    "\"\"",
+    "[]",
+    "{}",
+    "[[agents]]",
+    "[comas]",
+    "=",
+    "\"\u{1F600}\"",
+    "\\u0000",
+    "true",
+    "null",
+    ",",
+    ":",
+    "\"x\" = 1",
+    "\n",
+    "#",
+    "'",
+    "<score>",
+    "</score>",
+    "\u{FEFF}",
 ];
 
 fn mutate(rng: &mut ChaCha8Rng, text: &str) -> String {

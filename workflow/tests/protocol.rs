@@ -1,10 +1,7 @@
 //! The CoMAS protocol driven end to end by a scripted worker.
 mod common;
 
-use comas_workflow::comas::{
-    plan_batch, start_batch, Assignment, CoMasConfig, DiscussionSource, Episode, JudgeReward, PlanSeed, Trajectory,
-    Variant,
-};
+use comas_workflow::comas::{plan_batch, start_batch, Assignment, CoMasConfig, DiscussionSource, Episode, JudgeReward, PlanSeed, Trajectory, Variant};
 use comas_workflow::{PromptMeter, Role, SamplingSpec, TaskKind, TurnRequest, WorkflowError};
 use common::{output, question, run, single, tag};
 use std::collections::HashSet;
@@ -25,14 +22,7 @@ fn main_run_turn_counts_and_barrier_order() {
     let order: Vec<(Role, u32, usize)> = groups.iter().map(|g| (g[0].role, g[0].round, g.len())).collect();
     assert_eq!(
         order,
-        vec![
-            (Role::Solver, 0, 4),
-            (Role::Evaluator, 0, 4),
-            (Role::Scorer, 0, 4),
-            (Role::Solver, 1, 4),
-            (Role::Evaluator, 1, 4),
-            (Role::Scorer, 1, 4),
-        ]
+        vec![(Role::Solver, 0, 4), (Role::Evaluator, 0, 4), (Role::Scorer, 0, 4), (Role::Solver, 1, 4), (Role::Evaluator, 1, 4), (Role::Scorer, 1, 4),]
     );
     assert!(groups.iter().all(|g| roles(g).len() == 1));
     let indices: Vec<u32> = groups.iter().flatten().map(|r| r.turn_index).collect();
@@ -131,18 +121,12 @@ fn padded(r: &TurnRequest) -> String {
     format!("  {}\n", tag(r))
 }
 
-const HEAD: &str =
-    "Problem:\nQuestion q?\n\nDiscussion so far (use it only as a reference; it may contain mistakes):\n";
-const MATH_TAIL: &str =
-    "\n\nSolve the problem step by step. Write your final answer inside \\boxed{}, for example \\boxed{n}.";
+const HEAD: &str = "Problem:\nQuestion q?\n\nDiscussion so far (use it only as a reference; it may contain mistakes):\n";
+const MATH_TAIL: &str = "\n\nSolve the problem step by step. Write your final answer inside \\boxed{}, for example \\boxed{n}.";
 
 #[test]
 fn round_zero_and_chronological_discussion_render_exactly() {
-    let config = CoMasConfig {
-        num_agents: 2,
-        discussion_source: DiscussionSource::LastKPairsChronological,
-        ..Default::default()
-    };
+    let config = CoMasConfig { num_agents: 2, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
     let mut ep = single(&config, TaskKind::Math, 4);
     let groups = run(&mut ep, padded);
     assert_eq!(groups[0][0].messages[0].content, format!("{HEAD}(Empty discussion){MATH_TAIL}"));
@@ -150,13 +134,10 @@ fn round_zero_and_chronological_discussion_render_exactly() {
                     === Discussion 2 ===\nSolution: S r0 d1\nEvaluation: E r0 d1 k0";
     assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}{expected}{MATH_TAIL}"));
     // Evaluators and scorers quote stripped text and see no discussion by default.
-    assert_eq!(
-        groups[1][1].messages[0].content.split("\n\n").take(2).collect::<Vec<_>>(),
-        ["Problem:\nQuestion q?", "Solution to check:\nS r0 d1"]
-    );
-    assert!(groups[2][1].messages[0].content.starts_with(
-        "Problem:\nQuestion q?\n\nSolution:\nS r0 d1\n\nEvaluation of the solution:\nE r0 d1 k0\n\nDecide whether"
-    ));
+    assert_eq!(groups[1][1].messages[0].content.split("\n\n").take(2).collect::<Vec<_>>(), ["Problem:\nQuestion q?", "Solution to check:\nS r0 d1"]);
+    assert!(groups[2][1].messages[0]
+        .content
+        .starts_with("Problem:\nQuestion q?\n\nSolution:\nS r0 d1\n\nEvaluation of the solution:\nE r0 d1 k0\n\nDecide whether"));
     let t = ep.into_trajectory().unwrap();
     assert_eq!(t.discussions, vec!["(Empty discussion)".to_string(), expected.to_string()]);
 }
@@ -209,33 +190,22 @@ fn prev_round_sample_of_two_pairs_renders_one_of_two_orders() {
 
 #[test]
 fn quoting_options() {
-    let raw = CoMasConfig {
-        num_agents: 1,
-        quote_raw_completion: true,
-        discussion_source: DiscussionSource::LastKPairsChronological,
-        ..Default::default()
-    };
+    let raw = CoMasConfig { num_agents: 1, quote_raw_completion: true, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
     let mut ep = single(&raw, TaskKind::Math, 0);
     let groups = run(&mut ep, tag);
     assert!(groups[1][0].messages[0].content.contains("Solution to check:\nS r0 d0<|im_end|>\n\n"));
-    assert!(groups[3][0].messages[0]
-        .content
-        .contains("Solution: S r0 d0<|im_end|>\nEvaluation: E r0 d0 k0<|im_end|>\n\nSolve"));
+    assert!(groups[3][0].messages[0].content.contains("Solution: S r0 d0<|im_end|>\nEvaluation: E r0 d0 k0<|im_end|>\n\nSolve"));
 
-    let sees = CoMasConfig {
-        num_agents: 1,
-        evaluator_sees_discussion: true,
-        discussion_source: DiscussionSource::LastKPairsChronological,
-        ..Default::default()
-    };
+    let sees =
+        CoMasConfig { num_agents: 1, evaluator_sees_discussion: true, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
     let mut ep = single(&sees, TaskKind::Coding, 0);
     let groups = run(&mut ep, tag);
     assert!(groups[1][0].messages[0].content.starts_with(
         "Problem:\nQuestion q?\n\nDiscussion so far (use it only as a reference; it may contain mistakes):\n(Empty discussion)\n\nSolution to check:\nS r0 d0\n\n"
     ));
-    assert!(groups[4][0].messages[0].content.contains(
-        "mistakes):\n=== Discussion 1 ===\nSolution: S r0 d0\nEvaluation: E r0 d0 k0\n\nSolution to check:\nS r1 d0\n\n"
-    ));
+    assert!(groups[4][0].messages[0]
+        .content
+        .contains("mistakes):\n=== Discussion 1 ===\nSolution: S r0 d0\nEvaluation: E r0 d0 k0\n\nSolution to check:\nS r1 d0\n\n"));
     // Default: no discussion for evaluators.
     let mut ep = single(&CoMasConfig::default(), TaskKind::Math, 0);
     let groups = run(&mut ep, tag);
@@ -264,17 +234,14 @@ fn same_seed_same_plan_and_prompts_other_seed_differs() {
 
 #[test]
 fn no_evaluation_variant_turns() {
-    let config =
-        CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }, ..Default::default() };
+    let config = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }, ..Default::default() };
     let mut ep = single(&config, TaskKind::Math, 5);
     let groups = run(&mut ep, padded);
     let order: Vec<(Role, usize)> = groups.iter().map(|g| (g[0].role, g.len())).collect();
     assert_eq!(order, vec![(Role::Solver, 4), (Role::Scorer, 4), (Role::Solver, 4), (Role::Scorer, 4)]);
     let judge = &groups[1][2];
     assert_eq!((judge.about_solution, judge.about_evaluation), (Some(2), None));
-    assert!(judge.messages[0]
-        .content
-        .starts_with("Problem:\nQuestion q?\n\nSolution:\nS r0 d2\n\nDecide whether the solution is correct"));
+    assert!(judge.messages[0].content.starts_with("Problem:\nQuestion q?\n\nSolution:\nS r0 d2\n\nDecide whether the solution is correct"));
     // Solvers of round 1 see solutions without evaluations.
     assert!(groups[2][0].messages[0].content.contains("=== Discussion 2 ===\nSolution: S r0 d"));
     assert!(!groups[2][0].messages[0].content.contains("Evaluation:"));
@@ -307,9 +274,7 @@ fn several_evaluations_per_solution_in_the_full_variant() {
     for c in &groups[2] {
         let e = groups[1].iter().find(|e| Some(e.turn_index) == c.about_evaluation).unwrap();
         assert_eq!((e.slot, e.judge_index), (c.slot, c.judge_index));
-        assert!(c.messages[0]
-            .content
-            .contains(&format!("Evaluation of the solution:\nE r0 d{} k{}\n", c.slot, c.judge_index)));
+        assert!(c.messages[0].content.contains(&format!("Evaluation of the solution:\nE r0 d{} k{}\n", c.slot, c.judge_index)));
     }
 }
 
@@ -384,8 +349,7 @@ fn episode_rejects_bad_config_and_plan() {
     let three = CoMasConfig { num_agents: 3, ..Default::default() };
     let err = Episode::new(&three, &q, 0, plan.clone(), 0).unwrap_err();
     assert_eq!(err.to_string(), "assignment plan does not fit the config: round 0: 4 slots of evaluators, expected 3");
-    let no_eval =
-        CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral }, ..Default::default() };
+    let no_eval = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral }, ..Default::default() };
     assert!(matches!(Episode::new(&no_eval, &q, 0, plan, 0), Err(WorkflowError::PlanMismatch(_))));
 }
 
@@ -399,10 +363,7 @@ fn tampered_trajectories_are_rejected() {
 
     let mut x = t.clone();
     x.turns[4].score = Some(3);
-    assert_eq!(
-        x.validate().unwrap_err().to_string(),
-        "malformed trajectory: turn 4: stored score Some(3) but the text gives Some(2)"
-    );
+    assert_eq!(x.validate().unwrap_err().to_string(), "malformed trajectory: turn 4: stored score Some(3) but the text gives Some(2)");
     let mut x = t.clone();
     x.turns.pop();
     assert_eq!(x.validate().unwrap_err().to_string(), "malformed trajectory: round 0 has 1 scorer turns, expected 2");
@@ -443,12 +404,8 @@ fn run_metered(config: &CoMasConfig, meter: &CharLimit) -> (Vec<Vec<TurnRequest>
 
 #[test]
 fn a_prompt_too_long_loses_whole_discussion_blocks_oldest_first() {
-    let config = CoMasConfig {
-        num_agents: 2,
-        discussion_source: DiscussionSource::LastKPairsChronological,
-        evaluator_sees_discussion: true,
-        ..Default::default()
-    };
+    let config =
+        CoMasConfig { num_agents: 2, discussion_source: DiscussionSource::LastKPairsChronological, evaluator_sees_discussion: true, ..Default::default() };
     let unlimited = CharLimit { solver: usize::MAX, evaluator: usize::MAX };
     let (groups, t) = run_metered(&config, &unlimited);
     let full = groups[3][0].messages[0].content.len();

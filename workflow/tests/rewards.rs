@@ -14,13 +14,8 @@ fn play(config: &CoMasConfig, text: impl FnMut(&TurnRequest) -> String) -> Traje
 
 /// Rewards of one role in (round, slot, judge) order.
 fn of(rewards: &[TurnReward], t: &Trajectory, role: Role) -> Vec<f32> {
-    let mut picked: Vec<(u32, u32, u32, f32)> = t
-        .turns
-        .iter()
-        .zip(rewards)
-        .filter(|(turn, _)| turn.role == role)
-        .map(|(turn, r)| (turn.round, turn.slot, turn.judge_index, r.reward))
-        .collect();
+    let mut picked: Vec<(u32, u32, u32, f32)> =
+        t.turns.iter().zip(rewards).filter(|(turn, _)| turn.role == role).map(|(turn, r)| (turn.round, turn.slot, turn.judge_index, r.reward)).collect();
     picked.sort_by_key(|p| (p.0, p.1, p.2));
     picked.into_iter().map(|p| p.3).collect()
 }
@@ -51,13 +46,7 @@ fn full_variant_single_evaluation() {
 #[test]
 fn full_variant_zero_sum_per_slot() {
     let config = CoMasConfig::default();
-    let t = play(&config, |r| {
-        if r.role == Role::Scorer {
-            format!("<score>{}</score>", 1 + (r.turn_index % 3))
-        } else {
-            tag(r)
-        }
-    });
+    let t = play(&config, |r| if r.role == Role::Scorer { format!("<score>{}</score>", 1 + (r.turn_index % 3)) } else { tag(r) });
     let rewards = comas_rewards(&t).unwrap();
     for s in t.turns_of(Role::Scorer) {
         let sol = rewards[s.about_solution.unwrap() as usize].reward;
@@ -96,11 +85,7 @@ fn no_evaluation_variant_judge_rewards() {
         (Role::Scorer, _) => "<score></score>".to_string(),
         _ => tag(r),
     };
-    let zero_sum = CoMasConfig {
-        num_rounds: 1,
-        variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum },
-        ..Default::default()
-    };
+    let zero_sum = CoMasConfig { num_rounds: 1, variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }, ..Default::default() };
     let t = play(&zero_sum, script);
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(rewards.len(), 8);
@@ -120,13 +105,7 @@ fn no_scoring_variant_agreement_rewards() {
     //   slot 0: correct, correct, incorrect → solver 2/3; evaluators 1/2, 1/2, 0
     //   slot 1: correct, broken, incorrect  → solver 1/2; evaluators 0, −1, 0
     //   slot 2: correct, broken, broken     → solver 1;   evaluators 0 (nobody to agree with), −1, −1
-    let config = CoMasConfig {
-        num_agents: 3,
-        num_rounds: 1,
-        evals_per_solution: 3,
-        variant: Variant::NoScoring,
-        ..Default::default()
-    };
+    let config = CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 3, variant: Variant::NoScoring, ..Default::default() };
     let verdicts = [["correct", "correct", "incorrect"], ["correct", "maybe", "incorrect"], ["Correct", "", ""]];
     let t = play(&config, |r| match r.role {
         Role::Evaluator => {
@@ -143,13 +122,7 @@ fn no_scoring_variant_agreement_rewards() {
 
 #[test]
 fn no_scoring_with_no_valid_verdict_gives_the_solver_zero() {
-    let config = CoMasConfig {
-        num_agents: 1,
-        num_rounds: 1,
-        evals_per_solution: 2,
-        variant: Variant::NoScoring,
-        ..Default::default()
-    };
+    let config = CoMasConfig { num_agents: 1, num_rounds: 1, evals_per_solution: 2, variant: Variant::NoScoring, ..Default::default() };
     let t = play(&config, tag);
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(rewards.iter().map(|r| r.reward).collect::<Vec<_>>(), vec![0.0, -1.0, -1.0]);

@@ -51,10 +51,7 @@ impl InstancePlan {
         let l = config.num_agents as usize;
         let n = config.evals_per_solution as usize;
         for (r, round) in self.rounds.iter().enumerate() {
-            let roles = [
-                ("evaluators", &round.evaluators, config.variant.has_evaluators()),
-                ("scorers", &round.scorers, config.variant.has_scorers()),
-            ];
+            let roles = [("evaluators", &round.evaluators, config.variant.has_evaluators()), ("scorers", &round.scorers, config.variant.has_scorers())];
             for (name, judges, present) in roles {
                 let slots = if present { l } else { 0 };
                 if judges.len() != slots {
@@ -68,9 +65,7 @@ impl InstancePlan {
                         return bad(format!("round {r} slot {d}: agent {a} among the {name} does not exist"));
                     }
                     if config.exclude_self && per_slot.contains(&(d as u32)) {
-                        return bad(format!(
-                            "round {r} slot {d}: agent {d} judges itself although exclude_self is set"
-                        ));
+                        return bad(format!("round {r} slot {d}: agent {d} judges itself although exclude_self is set"));
                     }
                 }
             }
@@ -88,14 +83,9 @@ pub fn plan_batch(config: &CoMasConfig, num_instances: usize, seed: PlanSeed) ->
     config.validate()?;
     let l = config.num_agents as usize;
     let n = config.evals_per_solution as usize;
-    let positions =
-        num_instances.checked_mul(l).and_then(|x| x.checked_mul(n)).filter(|&p| p <= MAX_POSITIONS).ok_or_else(
-            || {
-                WorkflowError::BatchTooLarge(format!(
-                "{num_instances} instances x {l} agents x {n} judges exceeds {MAX_POSITIONS} judge positions per round"
-            ))
-            },
-        )?;
+    let positions = num_instances.checked_mul(l).and_then(|x| x.checked_mul(n)).filter(|&p| p <= MAX_POSITIONS).ok_or_else(|| {
+        WorkflowError::BatchTooLarge(format!("{num_instances} instances x {l} agents x {n} judges exceeds {MAX_POSITIONS} judge positions per round"))
+    })?;
     let mut instances = vec![InstancePlan { rounds: Vec::with_capacity(config.num_rounds as usize) }; num_instances];
     for r in 0..config.num_rounds {
         let draw_role = |present: bool, role_tag: u64| -> Result<Vec<u32>, WorkflowError> {
@@ -158,11 +148,7 @@ fn draw(config: &CoMasConfig, positions: usize, rng: &mut ChaCha8Rng) -> Result<
 /// positions and l ≥ 2: if agent a filled no foreign-owned position, the a-owned positions would
 /// have to hold all (l−1)·k foreign ids plus a itself, more than the k they have. A swap never
 /// creates a new self-judging position, so one pass suffices and the counts stay balanced.
-fn repair_self_judging(
-    list: &mut [u32],
-    owner: impl Fn(usize) -> u32,
-    rng: &mut ChaCha8Rng,
-) -> Result<(), WorkflowError> {
+fn repair_self_judging(list: &mut [u32], owner: impl Fn(usize) -> u32, rng: &mut ChaCha8Rng) -> Result<(), WorkflowError> {
     let len = list.len();
     for i in 0..len {
         let a = list[i];
@@ -176,9 +162,7 @@ fn repair_self_judging(
             let candidates: Vec<usize> = (0..len).filter(|&j| fits(j, list)).collect();
             pick = candidates.choose(rng).copied();
         }
-        let j = pick.ok_or_else(|| {
-            WorkflowError::PlanMismatch(format!("no way to keep agent {a} from judging its own solution"))
-        })?;
+        let j = pick.ok_or_else(|| WorkflowError::PlanMismatch(format!("no way to keep agent {a} from judging its own solution")))?;
         list.swap(i, j);
     }
     Ok(())
@@ -285,8 +269,7 @@ mod tests {
         let plan = plan_batch(&cfg, 2, PlanSeed::default()).unwrap();
         assert_eq!(plan.instances[0].rounds[0].evaluators.len(), 4);
         assert!(plan.instances[0].rounds[0].scorers.is_empty());
-        let cfg =
-            CoMasConfig { variant: Variant::NoEvaluation { judge_reward: Default::default() }, ..Default::default() };
+        let cfg = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: Default::default() }, ..Default::default() };
         let plan = plan_batch(&cfg, 2, PlanSeed::default()).unwrap();
         assert!(plan.instances[0].rounds[0].evaluators.is_empty());
         assert_eq!(plan.instances[0].rounds[1].scorers.len(), 4);
@@ -297,10 +280,7 @@ mod tests {
         let bad = CoMasConfig { num_agents: 0, ..Default::default() };
         assert!(matches!(plan_batch(&bad, 1, PlanSeed::default()), Err(WorkflowError::Config(_))));
         assert_eq!(plan_batch(&CoMasConfig::default(), 0, PlanSeed::default()).unwrap().instances.len(), 0);
-        assert!(matches!(
-            plan_batch(&CoMasConfig::default(), usize::MAX, PlanSeed::default()),
-            Err(WorkflowError::BatchTooLarge(_))
-        ));
+        assert!(matches!(plan_batch(&CoMasConfig::default(), usize::MAX, PlanSeed::default()), Err(WorkflowError::BatchTooLarge(_))));
         let cfg = CoMasConfig::default();
         let mut plan = plan_batch(&cfg, 1, PlanSeed::default()).unwrap().instances.remove(0);
         plan.rounds[1].scorers[2] = vec![4];

@@ -14,17 +14,11 @@ pub fn episode_seed(seed: PlanSeed, instance: u32) -> u64 {
 
 /// One episode per instance, in instance order: the copies of question q are instances
 /// `q * instances_per_question ..` `(q + 1) * instances_per_question`.
-pub fn start_batch(
-    config: &CoMasConfig,
-    questions: &[TaskRecord],
-    seed: PlanSeed,
-) -> Result<Vec<Episode>, WorkflowError> {
+pub fn start_batch(config: &CoMasConfig, questions: &[TaskRecord], seed: PlanSeed) -> Result<Vec<Episode>, WorkflowError> {
     config.validate()?;
     let copies = config.instances_per_question as usize;
-    let count = questions
-        .len()
-        .checked_mul(copies)
-        .ok_or_else(|| WorkflowError::BatchTooLarge(format!("{} questions x {copies} instances", questions.len())))?;
+    let count =
+        questions.len().checked_mul(copies).ok_or_else(|| WorkflowError::BatchTooLarge(format!("{} questions x {copies} instances", questions.len())))?;
     // plan_batch bounds the instance count far below u32::MAX.
     let plan = plan_batch(config, count, seed)?;
     plan.instances

@@ -15,13 +15,7 @@ pub struct PairRef {
 /// Picks the pairs shown in round `round`. `history` holds all pairs of earlier rounds in
 /// chronological order (round, then slot, then judge index). `rng` is only drawn from when
 /// sampling, and only for this (instance, round).
-pub fn select_pairs(
-    source: DiscussionSource,
-    kappa: usize,
-    round: u32,
-    history: &[PairRef],
-    rng: &mut ChaCha8Rng,
-) -> Vec<PairRef> {
+pub fn select_pairs(source: DiscussionSource, kappa: usize, round: u32, history: &[PairRef], rng: &mut ChaCha8Rng) -> Vec<PairRef> {
     if round == 0 {
         return Vec::new();
     }
@@ -84,8 +78,7 @@ mod tests {
     fn kappa_larger_than_round_takes_every_pair_once() {
         let h = history(2, 3);
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let mut picked: Vec<u32> =
-            select_pairs(DiscussionSource::PrevRoundSample, 10, 1, &h, &mut rng).iter().map(|p| p.solution).collect();
+        let mut picked: Vec<u32> = select_pairs(DiscussionSource::PrevRoundSample, 10, 1, &h, &mut rng).iter().map(|p| p.solution).collect();
         picked.sort();
         assert_eq!(picked, vec![0, 1, 2]);
         assert!(select_pairs(DiscussionSource::PrevRoundSample, 0, 1, &h, &mut rng).is_empty());
@@ -98,9 +91,6 @@ mod tests {
         let ids = |v: Vec<PairRef>| v.iter().map(|p| p.solution).collect::<Vec<_>>();
         assert_eq!(ids(select_pairs(DiscussionSource::LastKPairsChronological, 3, 2, &h, &mut rng)), vec![1, 2, 3]);
         assert_eq!(ids(select_pairs(DiscussionSource::LastKPairsChronological, 2, 1, &h, &mut rng)), vec![0, 1]);
-        assert_eq!(
-            ids(select_pairs(DiscussionSource::LastKPairsChronological, 9, 3, &h, &mut rng)),
-            vec![0, 1, 2, 3, 4, 5]
-        );
+        assert_eq!(ids(select_pairs(DiscussionSource::LastKPairsChronological, 9, 3, &h, &mut rng)), vec![0, 1, 2, 3, 4, 5]);
     }
 }

@@ -7,9 +7,7 @@
 use super::assignment::InstancePlan;
 use super::config::{CoMasConfig, Variant};
 use super::discussion::{select_pairs, PairRef};
-use super::prompts::{
-    evaluator_prompt, judge_prompt, render_discussion, scorer_prompt, solver_prompt, verdict_prompt, DiscussionEntry,
-};
+use super::prompts::{evaluator_prompt, judge_prompt, render_discussion, scorer_prompt, solver_prompt, verdict_prompt, DiscussionEntry};
 use super::score::{extract_judgment, extract_score};
 use super::trajectory::{Trajectory, TrajectoryTurn};
 use crate::error::WorkflowError;
@@ -42,13 +40,7 @@ pub struct Episode {
 impl Episode {
     /// Starts the episode of one instance; the first group (round-0 solvers) is pending at once.
     /// `seed` drives the discussion sampling and the per-turn sampler seeds.
-    pub fn new(
-        config: &CoMasConfig,
-        question: &TaskRecord,
-        instance: u32,
-        plan: InstancePlan,
-        seed: u64,
-    ) -> Result<Self, WorkflowError> {
+    pub fn new(config: &CoMasConfig, question: &TaskRecord, instance: u32, plan: InstancePlan, seed: u64) -> Result<Self, WorkflowError> {
         Self::new_metered(config, question, instance, plan, seed, &Unmetered)
     }
 
@@ -146,11 +138,7 @@ impl Episode {
                 return Err(WorkflowError::DuplicateTurn(out.turn_index));
             }
             if out.logprobs.len() != out.completion_ids.len() {
-                return Err(WorkflowError::LogprobCount {
-                    turn_index: out.turn_index,
-                    logprobs: out.logprobs.len(),
-                    tokens: out.completion_ids.len(),
-                });
+                return Err(WorkflowError::LogprobCount { turn_index: out.turn_index, logprobs: out.logprobs.len(), tokens: out.completion_ids.len() });
             }
             if let Err(m) = crate::turn::check_constrained(&out.constrained, &out.completion_ids) {
                 return Err(WorkflowError::MalformedTurn { turn_index: out.turn_index, message: m });
@@ -164,8 +152,7 @@ impl Episode {
         let no_scoring = self.config.variant == Variant::NoScoring;
         for (request, out) in self.pending.drain(..).zip(by_position.into_iter().flatten()) {
             let score = (request.role == Role::Scorer).then(|| extract_score(&out.text)).flatten();
-            let judgment =
-                (no_scoring && request.role == Role::Evaluator).then(|| extract_judgment(&out.text)).flatten();
+            let judgment = (no_scoring && request.role == Role::Evaluator).then(|| extract_judgment(&out.text)).flatten();
             self.turns.push(TrajectoryTurn {
                 turn_index: request.turn_index,
                 agent: request.agent,
@@ -289,9 +276,7 @@ impl Episode {
         for (r, slots) in self.solutions.iter().enumerate() {
             for (d, &solution) in slots.iter().enumerate() {
                 match self.evaluations.get(r).and_then(|e| e.get(d)) {
-                    Some(evals) if !evals.is_empty() => {
-                        pairs.extend(evals.iter().map(|&e| PairRef { round: r as u32, solution, evaluation: Some(e) }))
-                    }
+                    Some(evals) if !evals.is_empty() => pairs.extend(evals.iter().map(|&e| PairRef { round: r as u32, solution, evaluation: Some(e) })),
                     _ => pairs.push(PairRef { round: r as u32, solution, evaluation: None }),
                 }
             }
@@ -309,9 +294,7 @@ impl Episode {
         let cut = (chosen.len() - shown.len()) as u32;
         self.discussions.push(discussion);
         self.shown.push(shown);
-        let indices: Vec<u32> = (0..self.config.num_agents)
-            .map(|d| self.push_request(d, Role::Solver, d, 0, None, None, prompt.clone(), cut))
-            .collect();
+        let indices: Vec<u32> = (0..self.config.num_agents).map(|d| self.push_request(d, Role::Solver, d, 0, None, None, prompt.clone(), cut)).collect();
         self.solutions.push(indices);
     }
 
@@ -339,9 +322,7 @@ impl Episode {
             let slot_evals: Vec<u32> = judges
                 .iter()
                 .enumerate()
-                .map(|(k, &agent)| {
-                    self.push_request(agent, Role::Evaluator, d as u32, k as u32, Some(solution), None, prompt.clone(), cut)
-                })
+                .map(|(k, &agent)| self.push_request(agent, Role::Evaluator, d as u32, k as u32, Some(solution), None, prompt.clone(), cut))
                 .collect();
             round_evals.push(slot_evals);
         }
@@ -372,12 +353,7 @@ impl Episode {
 /// `pairs` if the prompt `fits`, else with whole pairs left out, oldest first (lowest solution
 /// turn index), the rest in their order (spec 3.7). With every pair cut the block reads as an
 /// empty discussion; whether that prompt fits is for the caller to find out.
-fn fit_discussion(
-    episode: &Episode,
-    pairs: &[PairRef],
-    render: impl Fn(&str) -> String,
-    fits: impl Fn(&str) -> bool,
-) -> (Vec<PairRef>, String, String) {
+fn fit_discussion(episode: &Episode, pairs: &[PairRef], render: impl Fn(&str) -> String, fits: impl Fn(&str) -> bool) -> (Vec<PairRef>, String, String) {
     let mut by_age: Vec<usize> = (0..pairs.len()).collect();
     by_age.sort_by_key(|&i| (pairs[i].round, pairs[i].solution, pairs[i].evaluation));
     let mut kept = pairs.to_vec();
@@ -386,10 +362,8 @@ fn fit_discussion(
             let oldest = pairs[by_age[cut - 1]];
             kept.retain(|p| *p != oldest);
         }
-        let entries: Vec<DiscussionEntry<'_>> = kept
-            .iter()
-            .map(|p| DiscussionEntry { solution: episode.quote(p.solution), evaluation: p.evaluation.map(|e| episode.quote(e)) })
-            .collect();
+        let entries: Vec<DiscussionEntry<'_>> =
+            kept.iter().map(|p| DiscussionEntry { solution: episode.quote(p.solution), evaluation: p.evaluation.map(|e| episode.quote(e)) }).collect();
         let discussion = render_discussion(&entries);
         let prompt = render(&discussion);
         if cut == pairs.len() || fits(&prompt) {

@@ -139,17 +139,10 @@ fn evaluate_instruction(task: TaskKind) -> &'static str {
 
 fn evaluator_like(problem: &str, solution: &str, discussion: Option<&str>, instruction: &str) -> String {
     match discussion {
-        None => {
-            fill(EVALUATOR, &[("problem", problem.trim()), ("solution", solution.trim()), ("instruction", instruction)])
-        }
+        None => fill(EVALUATOR, &[("problem", problem.trim()), ("solution", solution.trim()), ("instruction", instruction)]),
         Some(d) => fill(
             EVALUATOR_WITH_DISCUSSION,
-            &[
-                ("problem", problem.trim()),
-                ("discussion", d.trim()),
-                ("solution", solution.trim()),
-                ("instruction", instruction),
-            ],
+            &[("problem", problem.trim()), ("discussion", d.trim()), ("solution", solution.trim()), ("instruction", instruction)],
         ),
     }
 }
@@ -179,8 +172,7 @@ Decide whether the evaluation is sound, then score the solution with an integer 
 Give a brief, concise justification first, then the score in the form <score>N</score>.
 Example: {example}";
 
-const SCORE_EXAMPLE_GENERAL: &str =
-    "The evaluation rightly points out a calculation error in the second step, so the final answer is wrong. <score>1</score>";
+const SCORE_EXAMPLE_GENERAL: &str = "The evaluation rightly points out a calculation error in the second step, so the final answer is wrong. <score>1</score>";
 
 const SCORE_EXAMPLE_CODING: &str =
     "The evaluation rightly points out that the code indexes past the end of the list on the empty-input test case. <score>1</score>";
@@ -191,15 +183,7 @@ pub fn scorer_prompt(task: TaskKind, problem: &str, solution: &str, evaluation: 
         TaskKind::Coding => SCORE_EXAMPLE_CODING,
         TaskKind::Math | TaskKind::Science => SCORE_EXAMPLE_GENERAL,
     };
-    fill(
-        SCORER,
-        &[
-            ("problem", problem.trim()),
-            ("solution", solution.trim()),
-            ("evaluation", evaluation.trim()),
-            ("example", example),
-        ],
-    )
+    fill(SCORER, &[("problem", problem.trim()), ("solution", solution.trim()), ("evaluation", evaluation.trim()), ("example", example)])
 }
 
 // ---- ablation: no evaluation (a judge scores the bare solution) -----------------------------
@@ -218,11 +202,9 @@ Decide whether the solution is correct and score it with an integer from 1 to 3:
 Give a brief, concise justification first, then the score in the form <score>N</score>.
 Example: {example}";
 
-const JUDGE_EXAMPLE_GENERAL: &str =
-    "The solution makes a calculation error in the second step, so the final answer is wrong. <score>1</score>";
+const JUDGE_EXAMPLE_GENERAL: &str = "The solution makes a calculation error in the second step, so the final answer is wrong. <score>1</score>";
 
-const JUDGE_EXAMPLE_CODING: &str =
-    "The code indexes past the end of the list on the empty-input test case. <score>1</score>";
+const JUDGE_EXAMPLE_CODING: &str = "The code indexes past the end of the list on the empty-input test case. <score>1</score>";
 
 /// The judge prompt of the `no_evaluation` ablation.
 pub fn judge_prompt(task: TaskKind, problem: &str, solution: &str) -> String {
@@ -302,9 +284,9 @@ mod tests {
     #[test]
     fn solver_coding_and_science_rules() {
         let p = solver_prompt(TaskKind::Coding, "Write f.", EMPTY_DISCUSSION);
-        assert!(p.ends_with(
-            "like this:\n```python\ndef solve():\n    pass\n```\nApart from the analysis, your answer must contain only this one code snippet."
-        ));
+        assert!(
+            p.ends_with("like this:\n```python\ndef solve():\n    pass\n```\nApart from the analysis, your answer must contain only this one code snippet.")
+        );
         assert_eq!(p.matches("```python").count(), 1);
         let p = solver_prompt(TaskKind::Science, "How far?", EMPTY_DISCUSSION);
         assert!(p.contains("decimal number written inside \\boxed{}"));
@@ -322,9 +304,7 @@ mod tests {
              a mistake, saying what is wrong and why. Be concise and do not retell the solution's reasoning."
         );
         let p = evaluator_prompt(TaskKind::Coding, "P", "S", Some("D"));
-        assert!(p.starts_with(
-            "Problem:\nP\n\nDiscussion so far (use it only as a reference; it may contain mistakes):\nD\n\nSolution to check:\nS\n\n"
-        ));
+        assert!(p.starts_with("Problem:\nP\n\nDiscussion so far (use it only as a reference; it may contain mistakes):\nD\n\nSolution to check:\nS\n\n"));
         assert!(p.contains("list the test cases on which it would fail"));
         assert!(p.ends_with("do not retell the code."));
     }
@@ -336,10 +316,7 @@ mod tests {
         assert!(p.contains("score the solution with an integer from 1 to 3:\n3: "));
         assert!(p.contains("in the form <score>N</score>."));
         let last = p.lines().last().unwrap();
-        assert_eq!(
-            last,
-            "Example: The evaluation rightly points out a calculation error in the second step, so the final answer is wrong. <score>1</score>"
-        );
+        assert_eq!(last, "Example: The evaluation rightly points out a calculation error in the second step, so the final answer is wrong. <score>1</score>");
         let p = scorer_prompt(TaskKind::Coding, "P", "S", "E");
         assert!(p.ends_with("past the end of the list on the empty-input test case. <score>1</score>"));
     }
@@ -361,8 +338,6 @@ mod tests {
     #[test]
     fn slot_lookalikes_in_inputs_are_quoted_verbatim() {
         let p = scorer_prompt(TaskKind::Math, "Is {solution} a slot?", "{evaluation}", "{problem}");
-        assert!(p.starts_with(
-            "Problem:\nIs {solution} a slot?\n\nSolution:\n{evaluation}\n\nEvaluation of the solution:\n{problem}\n\n"
-        ));
+        assert!(p.starts_with("Problem:\nIs {solution} a slot?\n\nSolution:\n{evaluation}\n\nEvaluation of the solution:\n{problem}\n\n"));
     }
 }

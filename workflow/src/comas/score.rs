@@ -6,11 +6,9 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::sync::LazyLock;
 
-static SCORE_TAG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?is)<score>(.*?)</score>").expect("constant score pattern compiles"));
+static SCORE_TAG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?is)<score>(.*?)</score>").expect("constant score pattern compiles"));
 
-static JUDGMENT_TAG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?is)<judgment>(.*?)</judgment>").expect("constant judgment pattern compiles"));
+static JUDGMENT_TAG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?is)<judgment>(.*?)</judgment>").expect("constant judgment pattern compiles"));
 
 /// The score inside the first `<score>…</score>` tag (tag name case-insensitive), if that text,
 /// trimmed, is a base-10 integer in 1..=3. Later tags are never consulted.
@@ -77,10 +75,7 @@ mod tests {
         assert_eq!(extract_judgment("fine. <judgment>correct</judgment>"), Some(Judgment::Correct));
         assert_eq!(extract_judgment("<JUDGMENT> Incorrect </judgment>"), Some(Judgment::Incorrect));
         assert_eq!(extract_judgment("<judgment>maybe</judgment><judgment>correct</judgment>"), None);
-        assert_eq!(
-            extract_judgment("<judgment>incorrect</judgment> <judgment>correct</judgment>"),
-            Some(Judgment::Incorrect)
-        );
+        assert_eq!(extract_judgment("<judgment>incorrect</judgment> <judgment>correct</judgment>"), Some(Judgment::Incorrect));
         assert_eq!(extract_judgment("correct"), None);
         assert_eq!(extract_judgment("<judgement>correct</judgement>"), None);
     }

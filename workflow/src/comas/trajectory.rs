@@ -89,10 +89,7 @@ impl Trajectory {
                 return here(format!("turn_index is {}", t.turn_index));
             }
             if t.agent >= l || t.round >= rounds || t.slot >= l || t.judge_index >= n {
-                return here(format!(
-                    "agent {}, round {}, slot {}, judge {} out of range",
-                    t.agent, t.round, t.slot, t.judge_index
-                ));
+                return here(format!("agent {}, round {}, slot {}, judge {} out of range", t.agent, t.round, t.slot, t.judge_index));
             }
             if t.logprobs.len() != t.completion_ids.len() {
                 return here(format!("{} logprobs for {} completion tokens", t.logprobs.len(), t.completion_ids.len()));
@@ -101,10 +98,7 @@ impl Trajectory {
                 return here(m);
             }
             if !seen.insert((t.round, t.role, t.slot, t.judge_index)) {
-                return here(format!(
-                    "a second {} turn for round {} slot {} judge {}",
-                    t.role, t.round, t.slot, t.judge_index
-                ));
+                return here(format!("a second {} turn for round {} slot {} judge {}", t.role, t.round, t.slot, t.judge_index));
             }
             if let Err(m) = self.check_links(i, t) {
                 return here(m);
@@ -133,9 +127,7 @@ impl Trajectory {
     fn solution_of(&self, i: usize, t: &TrajectoryTurn) -> Result<&TrajectoryTurn, String> {
         let s = t.about_solution.ok_or_else(|| format!("{} turn without about_solution", t.role))?;
         match self.turns.get(s as usize) {
-            Some(sol) if (s as usize) < i && sol.role == Role::Solver && sol.round == t.round && sol.slot == t.slot => {
-                Ok(sol)
-            }
+            Some(sol) if (s as usize) < i && sol.role == Role::Solver && sol.round == t.round && sol.slot == t.slot => Ok(sol),
             _ => Err(format!("about_solution {s} is not the solution of round {} slot {}", t.round, t.slot)),
         }
     }
@@ -146,11 +138,7 @@ impl Trajectory {
                 if t.agent != t.slot || t.judge_index != 0 {
                     return Err(format!("solver of slot {} is agent {} (judge {})", t.slot, t.agent, t.judge_index));
                 }
-                if t.about_solution.is_some()
-                    || t.about_evaluation.is_some()
-                    || t.score.is_some()
-                    || t.judgment.is_some()
-                {
+                if t.about_solution.is_some() || t.about_evaluation.is_some() || t.score.is_some() || t.judgment.is_some() {
                     return Err("solver turn with links or a verdict".to_string());
                 }
             }
@@ -175,21 +163,11 @@ impl Trajectory {
                 match (self.variant.has_evaluators(), t.about_evaluation) {
                     (true, Some(e)) => match self.turns.get(e as usize) {
                         Some(ev)
-                            if (e as usize) < i
-                                && ev.role == Role::Evaluator
-                                && ev.about_solution == t.about_solution
-                                && ev.judge_index == t.judge_index => {}
-                        _ => {
-                            return Err(format!(
-                                "about_evaluation {e} is not evaluation {} of its solution",
-                                t.judge_index
-                            ))
-                        }
+                            if (e as usize) < i && ev.role == Role::Evaluator && ev.about_solution == t.about_solution && ev.judge_index == t.judge_index => {}
+                        _ => return Err(format!("about_evaluation {e} is not evaluation {} of its solution", t.judge_index)),
                     },
                     (true, None) => return Err("scorer turn without about_evaluation".to_string()),
-                    (false, Some(_)) => {
-                        return Err("judge turn with about_evaluation in the no-evaluation variant".to_string())
-                    }
+                    (false, Some(_)) => return Err("judge turn with about_evaluation in the no-evaluation variant".to_string()),
                     (false, None) => {}
                 }
                 if t.judgment.is_some() {

@@ -44,9 +44,6 @@ pub fn run(episode: &mut Episode, mut text: impl FnMut(&TurnRequest) -> String) 
 
 /// One episode outside any batch, with the plan taken from a one-instance batch.
 pub fn single(config: &CoMasConfig, task: TaskKind, seed: u64) -> Episode {
-    let plan: InstancePlan = comas_workflow::comas::plan_batch(config, 1, PlanSeed { global: seed, step: 0, shard: 0 })
-        .unwrap()
-        .instances
-        .remove(0);
+    let plan: InstancePlan = comas_workflow::comas::plan_batch(config, 1, PlanSeed { global: seed, step: 0, shard: 0 }).unwrap().instances.remove(0);
     Episode::new(config, &question("q", task), 0, plan, seed).unwrap()
 }
