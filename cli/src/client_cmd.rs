@@ -208,7 +208,10 @@ pub fn stage_progress(s: &pb::JobStatus) -> String {
             let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
             format!("{}/{} episodes, {} tokens, {rate:.1} tok/s", s.episodes_done, s.episodes_total, s.stage_tokens)
         }
-        "train" if s.train_samples_total > 0 => format!("{}/{} experiences trained ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_seconds),
+        "train" if s.train_samples_total > 0 => {
+            let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
+            format!("{}/{} experiences, {} tokens, {rate:.1} tok/s ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_tokens, s.stage_seconds)
+        }
         _ => String::new(),
     }
 }
@@ -329,8 +332,15 @@ mod tests {
         let rollout =
             pb::JobStatus { stage: "rollout".into(), episodes_done: 3, episodes_total: 8, stage_tokens: 500, stage_seconds: 10.0, ..Default::default() };
         assert_eq!(stage_progress(&rollout), "3/8 episodes, 500 tokens, 50.0 tok/s");
-        let train = pb::JobStatus { stage: "train".into(), train_samples_done: 12, train_samples_total: 24, stage_seconds: 31.4, ..Default::default() };
-        assert_eq!(stage_progress(&train), "12/24 experiences trained (31 s)");
+        let train = pb::JobStatus {
+            stage: "train".into(),
+            train_samples_done: 12,
+            train_samples_total: 24,
+            stage_tokens: 3140,
+            stage_seconds: 31.4,
+            ..Default::default()
+        };
+        assert_eq!(stage_progress(&train), "12/24 experiences, 3140 tokens, 100.0 tok/s (31 s)");
         assert_eq!(stage_progress(&pb::JobStatus { stage: "broadcast".into(), ..Default::default() }), "");
     }
 }

@@ -42,7 +42,7 @@ enum Command {
     Cancel(client_cmd::CancelArgs),
     /// Queue a failed or cancelled job again, from its last completed step.
     Resume(client_cmd::CancelArgs),
-    /// Draw reward, score and accuracy curves from a job's metrics log.
+    /// Draw curves of every metric group (rewards, training, lengths, judging, accuracy, stage times) from a job's metrics log.
     Plot(plot::Args),
     /// Compare runs (an experiment's arms) in one Markdown table, from their metrics logs.
     Compare(compare::Args),

@@ -573,6 +573,10 @@ fn comas_local_runs_the_builtin_example() {
     let evals: Vec<(u64, u64)> =
         all.iter().filter(|m| m["kind"] == "eval").map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap())).collect();
     assert_eq!(evals, vec![(0, 4), (2, 4), (4, 4), (5, 4)]);
+    // The TensorBoard event file beside the log holds exactly the log's records.
+    let lines: Vec<String> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(str::to_string).collect();
+    let events = comas_coordinator::tensorboard::path(&dir.path().join("example/out"), first["job_id"].as_str().unwrap());
+    assert_eq!(std::fs::read(&events).unwrap(), comas_coordinator::tensorboard::encode(&lines).unwrap());
     // 4 questions x 2 instances; l = 2, R = 2: 2 x 2 = 4 turns per role per episode.
     for m in log {
         assert_eq!((m["episodes"].as_u64(), m["turns"]["scorer"].as_u64(), m["turns"]["solver"].as_u64()), (Some(8), Some(32), Some(32)), "step {}", m["step"]);

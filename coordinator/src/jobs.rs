@@ -18,7 +18,8 @@ pub struct Live {
     pub stage: String,
     pub episodes_done: u32,
     pub episodes_total: u32,
-    /// Completion tokens of the episodes done in this stage.
+    /// Completion tokens of the episodes done in this stage (rollout, eval), or tokens through
+    /// the training passes so far (train).
     pub stage_tokens: u64,
     pub stage_started: Option<std::time::Instant>,
     pub train_samples_done: u32,

@@ -52,6 +52,19 @@ impl LearnerLink {
         Ok(c)
     }
 
+    /// How far the learner's step in training has got: one try, `None` when it does not answer
+    /// in time (progress is for display; the training call itself has its own deadlines).
+    pub async fn train_progress(&mut self) -> Option<pb::TrainProgressReport> {
+        let mut c = self.client().await.ok()?;
+        match tokio::time::timeout(Duration::from_secs(2), c.train_progress(pb::TrainProgressRequest {})).await {
+            Ok(Ok(r)) => Some(r.into_inner()),
+            _ => {
+                self.client = None;
+                None
+            }
+        }
+    }
+
     /// Runs `f` until it succeeds, fails for good, or the learner stays unreachable too long.
     pub async fn call<T, F, Fut>(&mut self, what: &str, mut f: F) -> Result<T>
     where

@@ -13,5 +13,6 @@ pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tensorboard;
 
 pub use error::{CoordinatorError, Result};

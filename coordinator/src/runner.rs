@@ -10,6 +10,7 @@ use crate::learners::LearnerLink;
 use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
+use crate::tensorboard;
 use comas_proto::v1 as pb;
 use comas_workflow::comas::{episode_seed, plan_batch, CoMasConfig, PlanSeed, Trajectory};
 use comas_workflow::job::Job;
@@ -106,11 +107,17 @@ fn write_metrics_log(path: &Path, lines: &[String]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Rewrites the metrics log from the store; a failed write is logged, the store stays the truth.
+/// Rewrites the metrics log from the store, and brings the TensorBoard event file beside it up
+/// to date; a failed write is logged, the store stays the truth.
 fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
     let lines = jobs.store.metrics_log(id)?;
     if let Err(e) = write_metrics_log(path, &lines) {
         tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics log");
+    }
+    let events = tensorboard::path(path.parent().unwrap_or(Path::new(".")), id);
+    let written = tensorboard::encode(&lines).map_err(std::io::Error::other).and_then(|bytes| tensorboard::sync(&events, &bytes));
+    if let Err(e) = written {
+        tracing::warn!(path = %events.display(), error = %e, "cannot write the TensorBoard event file");
     }
     Ok(())
 }
@@ -301,6 +308,69 @@ async fn play_eval(
         .metrics)
 }
 
+/// One learner's share of the training stage, as far as the coordinator knows it.
+#[derive(Clone, Copy, Default)]
+struct TrainTally {
+    samples: u32,
+    tokens: u64,
+    finished: bool,
+}
+
+impl TrainTally {
+    fn sums(t: &[TrainTally]) -> (u32, u64) {
+        (t.iter().map(|x| x.samples).sum(), t.iter().map(|x| x.tokens).sum())
+    }
+
+    /// Learner `k` has finished with `samples` experiences and `tokens` tokens; the new sums.
+    fn finish(tally: &std::sync::Mutex<Vec<TrainTally>>, k: usize, samples: u32, tokens: u64) -> (u32, u64) {
+        let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+        t[k] = TrainTally { samples, tokens, finished: true };
+        Self::sums(&t)
+    }
+}
+
+/// Polls every learner's progress about once a second while the training stage runs, into the
+/// job's live status, so a watcher sees experiences and tokens/s inside a long step. Runs until
+/// aborted; a learner that does not answer is asked again next time.
+async fn follow_training(
+    jobs: Arc<Jobs>,
+    id: String,
+    learners: Vec<(u32, String)>,
+    global_step: u64,
+    samples: Vec<u32>,
+    tally: Arc<std::sync::Mutex<Vec<TrainTally>>>,
+) {
+    let mut links: Vec<LearnerLink> = learners.iter().map(|(k, a)| LearnerLink::new(*k, a, Duration::from_secs(2))).collect();
+    loop {
+        tokio::time::sleep(TRAIN_PROGRESS_EVERY).await;
+        let mut changed = false;
+        for (k, link) in links.iter_mut().enumerate() {
+            let Some(p) = link.train_progress().await else { continue };
+            if !p.training || p.global_step != global_step || p.samples_total == 0 {
+                continue;
+            }
+            // The learner counts samples x epochs; show them as a share of this agent's samples.
+            let done = (u64::from(p.samples_done) * u64::from(samples[k]) / u64::from(p.samples_total)) as u32;
+            let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+            if !t[k].finished && (t[k].samples, t[k].tokens) != (done, p.tokens_done) {
+                t[k] = TrainTally { samples: done, tokens: p.tokens_done, finished: false };
+                changed = true;
+            }
+        }
+        if changed {
+            let (done, tokens) = TrainTally::sums(&tally.lock().unwrap_or_else(|e| e.into_inner()));
+            jobs.set_live(&id, |s| {
+                s.train_samples_done = done;
+                s.stage_tokens = tokens;
+            });
+            jobs.emit(&id, "trained", String::new(), String::new());
+        }
+    }
+}
+
+/// How often the coordinator asks learners how far their step has got.
+const TRAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
 pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<bool>) -> Result<()> {
     let id = row.id.clone();
     let (text, base) = (row.spec.clone(), row.base_dir.clone());
@@ -440,6 +510,15 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         jobs.emit(&id, "stage", String::new(), format!("step {step}: training {l} agents"));
         let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
         let step_id = format!("{id}/{step}");
+        let tally = Arc::new(std::sync::Mutex::new(vec![TrainTally::default(); l]));
+        let follower = tokio::spawn(follow_training(
+            Arc::clone(jobs),
+            id.clone(),
+            links.iter().map(|k| (k.agent, k.address.clone())).collect(),
+            step + 1,
+            samples.clone(),
+            Arc::clone(&tally),
+        ));
         let mut tasks = tokio::task::JoinSet::new();
         for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent).enumerate() {
             let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&job));
@@ -458,9 +537,14 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 slots[k] = Some(link);
                 match out {
                     Ok((report, version)) => {
+                        let tokens = report.as_ref().map_or(0, |r| r.tokens);
                         reports[k] = report;
                         new_versions[k] = version;
-                        jobs.set_live(&id, |s| s.train_samples_done += samples[k]);
+                        let (done, tokens) = TrainTally::finish(&tally, k, samples[k], tokens);
+                        jobs.set_live(&id, |s| {
+                            s.train_samples_done = done;
+                            s.stage_tokens = tokens;
+                        });
                         jobs.emit(&id, "trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
                     }
                     Err(e) => {
@@ -474,6 +558,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             r = joined => r?,
             _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
         }
+        follower.abort();
         links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
         if let Some(e) = first_err {
             return Err(e);

@@ -17,7 +17,9 @@
 # base weights (greedy, the same answers in each; sampled, the ablations' games differ).
 #
 # Knobs: STEPS (20), SEEDS ("1"; e.g. "1 2"), ARMS, OUT (runs/smollm2-comas), QUESTIONS (4 per
-# step), EVAL_EVERY (10 steps), REPORT_ONLY=1. Runs resume: a finished arm is not run again.
+# step), EVAL_EVERY (10 steps), REPORT_ONLY=1, COMAS_BIN (a comas binary to use instead of
+# building one: a copy keeps a long run apart from rebuilds). Runs resume: a finished arm is not
+# run again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-comas"
@@ -29,34 +31,33 @@ questions=${QUESTIONS:-4}
 eval_every=${EVAL_EVERY:-10}
 report="$root/docs/experiments/smollm2-comas.md"
 figures="$root/docs/experiments/smollm2-comas"
-comas="$root/target/release/comas"
+comas=${COMAS_BIN:-$root/target/release/comas}
 
 cd "$root"
-if [ -z "${REPORT_ONLY:-}" ]; then
+if [ -z "${REPORT_ONLY:-}" ] && [ -z "${COMAS_BIN:-}" ]; then
   bash scripts/setup.sh >&2
   cargo build --release -q -p comas
 fi
 model=$(bash scripts/fetch-smollm2.sh)
 mkdir -p "$out" "$figures"
 
-# Data: two-operand word problems with small numbers, so the untrained model gets some right.
-# Training questions and the 16 held-out ones come from disjoint number pairs.
+# Data: sums of two numbers from 1 to 9 in a few phrasings, so that the untrained model gets a
+# fair share right (about half greedy, a fifth to a quarter sampled at 0.5 in a probe). The 16
+# held-out questions use number pairs never seen in training.
 if [ ! -f "$out/train.jsonl" ]; then
   python3 - "$out" <<'PY'
 import json, random, sys
 out = sys.argv[1]
 names = ["Mia", "Omar", "Lena", "Raj", "Ana", "Tom", "Zoe", "Ivan"]
 things = ["marbles", "stickers", "books", "coins", "apples", "pencils"]
+verbs = ["gets {b} more", "finds {b} more", "buys {b} more", "is given {b} more"]
 rng = random.Random(13)
-pairs = [(a, b) for a in range(2, 20) for b in range(2, 20)]
+pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
 rng.shuffle(pairs)
 def record(i, a, b):
-    who, what = rng.choice(names), rng.choice(things)
-    if (a + b + i) % 2 == 0 or a <= b:
-        text, answer = f"{who} has {a} {what} and gets {b} more. How many {what} does {who} have now?", a + b
-    else:
-        text, answer = f"{who} has {a} {what} and gives away {b}. How many {what} does {who} have left?", a - b
-    return {"prompt": text, "answer": str(answer), "task": "math", "id": f"arith-{i:04d}"}
+    who, what, verb = rng.choice(names), rng.choice(things), rng.choice(verbs).format(b=b)
+    text = f"{who} has {a} {what} and {verb}. How many {what} does {who} have now?"
+    return {"prompt": text, "answer": str(a + b), "task": "math", "id": f"sum-{i:04d}"}
 test = [record(i, a, b) for i, (a, b) in enumerate(pairs[:16])]
 train = [record(100 + i, a, b) for i, (a, b) in enumerate(pairs[16:])]
 for name, rows in (("train", train), ("test", test)):
@@ -78,7 +79,7 @@ lr = 3e-4
 dtype = "bfloat16"
 train_batch_size = $1
 micro_batch_size = 12
-gradient_checkpointing = true
+gradient_checkpointing = false
 [agents.train.lora]
 r = 16
 alpha = 32.0
@@ -87,10 +88,11 @@ EOF
 }
 
 job_file() { # arm seed
-  local arm=$1 seed=$2 variant="" reward="" evals=1
+  local arm=$1 seed=$2 variant="" reward="" evals=1 judge_tag=""
   case $arm in
     comas) ;;
-    no_scoring) variant='variant = { kind = "no_scoring" }'; evals=2 ;;
+    no_scoring) variant='variant = { kind = "no_scoring" }'; evals=2
+      judge_tag="guided_suffix = '<judgment>(correct|incorrect)</judgment>'" ;;
     no_evaluation) variant='variant = { kind = "no_evaluation" }' ;;
     verifier) reward='reward = "verifier"' ;;
     *) echo "unknown arm $arm (use comas, no_scoring, no_evaluation, verifier)" >&2; exit 2 ;;
@@ -129,18 +131,19 @@ $variant
 $reward
 
 [comas.sampling.solver]
-temperature = 0.8
+temperature = 0.5
 top_p = 0.95
 top_k = 0
 max_new_tokens = 96
 min_new_tokens = 1
 
 [comas.sampling.evaluator]
-temperature = 0.8
+temperature = 0.5
 top_p = 0.95
 top_k = 0
 max_new_tokens = 64
 min_new_tokens = 1
+$judge_tag
 
 [comas.sampling.scorer]
 temperature = 1.0

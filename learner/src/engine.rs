@@ -4,6 +4,7 @@ use crate::checkpoint::latest_checkpoint;
 use crate::config::TrainConfig;
 use crate::error::{LearnerError, Result};
 use crate::experience::Experience;
+use crate::progress::Progress;
 use crate::publish::PublishedWeights;
 use crate::trainer::{StepReport, Trainer, KEPT_REPORTS};
 use std::collections::VecDeque;
@@ -92,12 +93,18 @@ pub type LoadFailure = Arc<std::sync::OnceLock<String>>;
 
 /// Starts the training thread; `ready` fires once the model is loaded (or loading failed, and
 /// then `failure` holds the reason).
-pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sender<Result<()>>, failure: LoadFailure) -> mpsc::Sender<Command> {
+pub fn spawn(
+    settings: EngineSettings,
+    versions: Versions,
+    progress: Arc<Progress>,
+    ready: oneshot::Sender<Result<()>>,
+    failure: LoadFailure,
+) -> mpsc::Sender<Command> {
     let (tx, rx) = mpsc::channel::<Command>();
     std::thread::Builder::new()
         .name("learner-train".into())
         .spawn(move || {
-            let (trainer, resumed_from) = match load(&settings) {
+            let (mut trainer, resumed_from) = match load(&settings) {
                 Ok(t) => t,
                 Err(e) => {
                     let _ = failure.set(e.to_string());
@@ -105,6 +112,7 @@ pub fn spawn(settings: EngineSettings, versions: Versions, ready: oneshot::Sende
                     return;
                 }
             };
+            trainer.progress = progress;
             run(trainer, resumed_from, settings, versions, rx, ready)
         })
         .expect("spawn training thread");

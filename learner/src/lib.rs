@@ -12,6 +12,7 @@ pub mod experience;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod progress;
 pub mod publish;
 pub mod rl;
 pub mod server;

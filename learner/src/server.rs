@@ -2,6 +2,7 @@
 use crate::engine::{self, EngineSettings, Versions};
 use crate::error::{LearnerError, Result};
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 use crate::service::LearnerService;
 use comas_proto::v1::learner_server::LearnerServer;
 use std::sync::Arc;
@@ -25,8 +26,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     health_reporter.set_not_serving::<LearnerServer<LearnerService>>().await;
     let (ready_tx, ready_rx) = oneshot::channel();
     let load_failure = engine::LoadFailure::default();
-    let engine = engine::spawn(s.engine, Arc::clone(&versions), ready_tx, Arc::clone(&load_failure));
-    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure };
+    let progress = Progress::shared();
+    let engine = engine::spawn(s.engine, Arc::clone(&versions), Arc::clone(&progress), ready_tx, Arc::clone(&load_failure));
+    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure, progress };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

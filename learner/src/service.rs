@@ -3,6 +3,7 @@ use crate::engine::{Command, LoadFailure, Versions};
 use crate::error::LearnerError;
 use crate::experience::{Constrained, Experience, Finish};
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 use crate::publish::DEFAULT_CHUNK_BYTES;
 use crate::trainer::StepReport;
 use comas_proto::v1 as pb;
@@ -22,6 +23,7 @@ pub struct LearnerService {
     pub versions: Versions,
     pub metrics: Arc<Metrics>,
     pub load_failure: LoadFailure,
+    pub progress: Arc<Progress>,
 }
 
 fn status(e: LearnerError) -> Status {
@@ -229,6 +231,10 @@ impl Learner for LearnerService {
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
+    async fn train_progress(&self, _: Request<pb::TrainProgressRequest>) -> Result<Response<pb::TrainProgressReport>, Status> {
+        Ok(Response::new(self.progress.report()))
+    }
+
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
         let i = self.call(|reply| Command::Info { reply }).await?;
         let latest = self.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
@@ -259,7 +265,7 @@ mod tests {
         if let Some(why) = failure {
             load_failure.set(why.to_string()).unwrap();
         }
-        (LearnerService { agent_id: 0, engine, versions: Versions::default(), metrics: Metrics::new(0), load_failure }, rx)
+        (LearnerService { agent_id: 0, engine, versions: Versions::default(), metrics: Metrics::new(0), load_failure, progress: Progress::shared() }, rx)
     }
 
     async fn pull(s: &LearnerService) -> Status {

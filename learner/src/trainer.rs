@@ -6,6 +6,7 @@ use crate::error::{LearnerError, Result};
 use crate::experience::{Experience, Finish};
 use crate::loss::{kl_tensor, policy_loss};
 use crate::optim::AdamW;
+use crate::progress::Progress;
 use crate::rl::{compute_advantages, learning_rate, shuffle_order, SampleInput};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
@@ -14,6 +15,7 @@ use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -75,6 +77,8 @@ pub struct Trainer {
     /// Reports of the last steps trained, by step id (newest last), saved with checkpoints so
     /// that a learner restarted from one still answers a retried step with its report.
     pub recent_reports: VecDeque<(String, StepReport)>,
+    /// Read by the service while a step runs (see `progress`).
+    pub progress: Arc<Progress>,
 }
 
 /// How many step reports a trainer keeps.
@@ -238,6 +242,7 @@ impl Trainer {
             global_step: 0,
             poisoned: None,
             recent_reports: VecDeque::new(),
+            progress: Progress::shared(),
             cfg,
             model,
             adapter,
@@ -349,6 +354,8 @@ impl Trainer {
         if batch.is_empty() {
             return Err(LearnerError::Batch("empty batch".into()));
         }
+        let progress = Arc::clone(&self.progress);
+        let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
         let vocab = self.model.config().vocab_size;
         for (i, e) in batch.iter().enumerate() {
             e.validate(&format!("sample {i}"), vocab)?;
@@ -496,6 +503,7 @@ impl Trainer {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
                     let (logp, entropy, tokens, ckpt) = self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy, cfg.gradient_checkpointing)?;
                     report.tokens += tokens;
+                    self.progress.advance(mb.len() as u32, tokens as u64);
                     let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
                     let old_t = cat(&|i| old[i].clone());
                     let adv_t = cat(&|i| adv[i].clone());

@@ -111,6 +111,10 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     let r1 = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
     assert_eq!((r1.global_step, r1.optimizer_steps, r1.samples), (1, 1, 8));
     assert!(r1.grad_norm > 0.0 && r1.lr > 0.0);
+    // The step's progress, read by the service from the training thread's counters: every
+    // sample once (one epoch), the tokens the report counts, and no step running.
+    let p = c.train_progress(pb::TrainProgressRequest {}).await.unwrap().into_inner();
+    assert_eq!((p.global_step, p.training, p.samples_done, p.samples_total, p.tokens_done), (1, false, 8, 8, r1.tokens));
     // A retried step id is answered from the stored report, not trained again.
     let again = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
     assert_eq!(again, r1);
