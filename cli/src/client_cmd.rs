@@ -88,6 +88,7 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
         "total_steps": s.total_steps, "stage": s.stage, "episodes_done": s.episodes_done,
         "episodes_total": s.episodes_total, "stage_tokens": s.stage_tokens, "stage_seconds": s.stage_seconds,
         "train_samples_done": s.train_samples_done, "train_samples_total": s.train_samples_total,
+        "queued_episodes": s.queued_episodes, "leased_episodes": s.leased_episodes,
         "error": s.error, "metrics_path": s.metrics_path,
         "agents": s.agents.iter().map(|a| serde_json::json!({"agent": a.agent_id, "version": a.version, "learner": a.learner})).collect::<Vec<_>>(),
     })
@@ -206,7 +207,10 @@ pub fn stage_progress(s: &pb::JobStatus) -> String {
     match s.stage.as_str() {
         "rollout" | "eval" if s.episodes_total > 0 => {
             let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
-            format!("{}/{} episodes, {} tokens, {rate:.1} tok/s", s.episodes_done, s.episodes_total, s.stage_tokens)
+            format!(
+                "{}/{} episodes ({} queued, {} on workers), {} tokens, {rate:.1} tok/s",
+                s.episodes_done, s.episodes_total, s.queued_episodes, s.leased_episodes, s.stage_tokens
+            )
         }
         "train" if s.train_samples_total > 0 => {
             let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
@@ -329,9 +333,17 @@ mod tests {
 
     #[test]
     fn stage_progress_shows_tokens_per_second_and_trained_experiences() {
-        let rollout =
-            pb::JobStatus { stage: "rollout".into(), episodes_done: 3, episodes_total: 8, stage_tokens: 500, stage_seconds: 10.0, ..Default::default() };
-        assert_eq!(stage_progress(&rollout), "3/8 episodes, 500 tokens, 50.0 tok/s");
+        let rollout = pb::JobStatus {
+            stage: "rollout".into(),
+            episodes_done: 3,
+            episodes_total: 8,
+            queued_episodes: 4,
+            leased_episodes: 1,
+            stage_tokens: 500,
+            stage_seconds: 10.0,
+            ..Default::default()
+        };
+        assert_eq!(stage_progress(&rollout), "3/8 episodes (4 queued, 1 on workers), 500 tokens, 50.0 tok/s");
         let train = pb::JobStatus {
             stage: "train".into(),
             train_samples_done: 12,

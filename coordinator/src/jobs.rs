@@ -136,6 +136,7 @@ impl Jobs {
                     .collect()
             })
             .unwrap_or_default();
+        let rolling = row.state == JobState::Running && matches!(live.stage.as_str(), "rollout" | "eval");
         pb::JobStatus {
             job_id: row.id.clone(),
             name: row.name.clone(),
@@ -149,6 +150,8 @@ impl Jobs {
             stage_seconds: live.stage_started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
             train_samples_done: live.train_samples_done,
             train_samples_total: live.train_samples_total,
+            queued_episodes: if rolling { self.metrics.pending_episodes.get().max(0) as u32 } else { 0 },
+            leased_episodes: if rolling { self.metrics.leased_episodes.get().max(0) as u32 } else { 0 },
             error: row.error.clone(),
             created_unix: row.created,
             updated_unix: row.updated,
