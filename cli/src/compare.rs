@@ -29,7 +29,8 @@ fn parse_run(s: &str) -> std::result::Result<(String, PathBuf), String> {
 #[serde(default)]
 pub struct Record {
     pub kind: String,
-    pub reward: BTreeMap<String, Summary>,
+    /// A role that no turn played (the scorer under `no_scoring`) is logged as null.
+    pub reward: BTreeMap<String, Option<Summary>>,
     pub parse_failure_rate: Option<f64>,
     pub approval_rate: Option<f64>,
     pub accuracy: Accuracy,
@@ -138,7 +139,7 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
     let _ = writeln!(out, "|---|---:|---|---|---|---|---|---|---|");
     for (label, run) in runs {
         let greedy: Vec<Record> = run.evals.iter().filter_map(|e| e.greedy.as_deref().cloned()).collect();
-        let role = |name: &'static str| move |r: &Record| r.reward.get(name).and_then(|s| s.mean);
+        let role = |name: &'static str| move |r: &Record| r.reward.get(name).and_then(|s| s.as_ref()?.mean);
         let k = window.clamp(1, run.steps.len().max(1));
         let last = &run.steps[run.steps.len().saturating_sub(k)..];
         let roles = ["solver", "evaluator", "scorer"].map(|n| num(mean(last.iter().filter_map(role(n))))).join(" / ");
@@ -208,6 +209,15 @@ mod tests {
                 "+0.750 (n=2) vs +0.375 (n=4)"
             ]
         );
+    }
+
+    #[test]
+    fn a_role_nobody_played_is_a_gap_not_an_error() {
+        // no_scoring has no scorer turns: its reward is logged as null.
+        let log = r#"{"kind":"step","step":0,"reward":{"solver":{"mean":0.25,"count":4},"evaluator":{"mean":1.0,"count":8},"scorer":null}}"#;
+        let t = table(&[("no_scoring".into(), parse(log, "log").unwrap())], 1);
+        let cells: Vec<&str> = t.lines().nth(2).unwrap().split('|').map(str::trim).collect();
+        assert_eq!(cells[8], format!("+0.250 / +1.000 / {}", num(None)));
     }
 
     #[test]
