@@ -122,7 +122,7 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = match ctx.step.and_then(|st| st.dense.as_ref()) {
+        let out = match ctx.step.and_then(|st| st.dense.as_ref()).filter(|_| matmul_decode_attention()) {
             Some(blocked) => attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads),
             None => {
                 let gqa = self.num_heads != self.num_kv_heads;
@@ -142,6 +142,23 @@ impl Attention {
 /// two matrix products with the softmax in f32. Query heads are grouped by the key/value head
 /// they share, so no key or value is repeated. `blocked` [B, 1, S, W] is true where a query
 /// may not look. The result is [B, H, S, D], as SDPA's.
+/// Whether decode steps use [`attend_few`] (`COMAS_DECODE_ATTENTION=matmul`) instead of SDPA
+/// (`exact`, the default). The matmul path is faster on CPU, but its product over the cache
+/// columns rounds differently as the cache widens, so a sequence's tokens can depend on which
+/// other sequences share its batch; SDPA's blocked kernel gives the same result whatever the
+/// width, which the kill-and-resume tests rely on (final weights equal to an undisturbed run's).
+pub fn matmul_decode_attention() -> bool {
+    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAST.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
+        Ok("matmul") => true,
+        Ok("exact") | Err(_) => false,
+        Ok(other) => {
+            tracing::warn!(value = other, "COMAS_DECODE_ATTENTION is `exact` or `matmul`; using `exact`");
+            false
+        }
+    })
+}
+
 fn attend_few(q: &Tensor, k: &Tensor, v: &Tensor, blocked: &Tensor, scale: f64, kv_heads: i64) -> Tensor {
     let (b, h, s, d) = q.size4().expect("q is [B, H, S, D]");
     let (g, w) = (h / kv_heads, k.size()[2]);
