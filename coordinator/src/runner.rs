@@ -511,7 +511,10 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
         let step_id = format!("{id}/{step}");
         let tally = Arc::new(std::sync::Mutex::new(vec![TrainTally::default(); l]));
-        let follower = tokio::spawn(follow_training(
+        // A JoinSet aborts the poller when dropped, so it also stops when the stage fails or the
+        // job is cancelled, not only when training finishes.
+        let mut follower = tokio::task::JoinSet::new();
+        follower.spawn(follow_training(
             Arc::clone(jobs),
             id.clone(),
             links.iter().map(|k| (k.agent, k.address.clone())).collect(),
@@ -558,7 +561,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             r = joined => r?,
             _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
         }
-        follower.abort();
+        drop(follower);
         links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
         if let Some(e) = first_err {
             return Err(e);
