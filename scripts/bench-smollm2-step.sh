@@ -6,8 +6,8 @@
 # Prints rollout, training and broadcast seconds of each step from the metrics log.
 #
 #   bash scripts/bench-smollm2-step.sh            # DTYPE=bfloat16 (or float32), STEPS=1
-#   COMAS_DECODE_ATTENTION=matmul bash scripts/bench-smollm2-step.sh   # the faster decode attention
-#                                                 # (not batch-invariant; the README's figures use it)
+#   COMAS_DECODE_ATTENTION=exact bash scripts/bench-smollm2-step.sh    # SDPA for decode attention
+#                                                 # instead of the blocked matrix products
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtype=${DTYPE:-bfloat16}

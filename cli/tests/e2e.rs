@@ -695,7 +695,7 @@ async fn a_slow_late_joiner_does_not_stall_the_broadcast() {
     c.check_complete_run().await;
 }
 
-/// Chaos: a 6-step job with a dozen seeded SIGKILLs at random moments, spread over the
+/// Chaos: an 8-step job with a dozen seeded SIGKILLs at random moments, spread over the
 /// coordinator, both learners and both workers, each killed service started again. The job
 /// completes; every step is logged once with the exact episode and turn counts; every turn was
 /// sampled with its step's version; and the final weights equal those of an undisturbed run of
@@ -703,7 +703,7 @@ async fn a_slow_late_joiner_does_not_stall_the_broadcast() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_kills_of_every_service_change_nothing_in_the_result() {
     use rand::{Rng, SeedableRng};
-    const CHAOS_STEPS: u64 = 6;
+    const CHAOS_STEPS: u64 = 8;
     const KILLS: usize = 12;
     let flags = ["--max-episodes", "1"];
     let calm_dir = tempfile::tempdir().unwrap();
@@ -727,7 +727,7 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
     let started = Instant::now();
     let mut killed = Vec::new();
     for &v in &victims {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1500))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(150..1000))).await;
         match c.status(&id).await {
             Some(st) if st.state >= pb::JobState::Succeeded as i32 => break,
             _ => {}
@@ -747,7 +747,7 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
             }
         };
         killed.push(format!("{name} at {:.1}s", started.elapsed().as_secs_f64()));
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..1000))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..700))).await;
         match v {
             0 => c.start_coordinator(),
             1 | 2 => c.start_learner(v - 1),

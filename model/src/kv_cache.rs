@@ -57,8 +57,13 @@ pub struct CacheStep {
 /// prefill it is the faster one.
 pub const DENSE_MAX_QUERIES: i64 = 8;
 
-/// Column capacity is allocated in multiples of this.
-const COL_ALIGN: i64 = 16;
+/// Cache columns per block of the decode attention (`attend_few` in transformer.rs): scores,
+/// softmax sums and value products are reduced within blocks of this fixed width and then over
+/// the blocks in a fixed order, so a row's result does not depend on how wide the cache is.
+pub const ATTEND_BLOCK: i64 = 64;
+
+/// Column capacity is allocated in whole attention blocks, so a decode step needs no padding.
+const COL_ALIGN: i64 = ATTEND_BLOCK;
 
 /// Columns beyond the widest need that `fit_columns` tolerates before it reallocates: a copy of
 /// the cache is worth it only once the slack is large.
@@ -314,15 +319,15 @@ mod tests {
         let mut c = KvCache::new(&cfg(), 0, 0, Kind::Float, Device::Cpu);
         c.push_rows(2).unwrap();
         let step = c.begin(0, &[3, 1], 3).unwrap();
-        // A step of few queries on the CPU reads every allocated column (16: one aligned block).
-        assert_eq!(step.mask.size(), vec![2, 1, 3, 16]);
+        // A step of few queries on the CPU reads every allocated column (64: one aligned block).
+        assert_eq!(step.mask.size(), vec![2, 1, 3, 64]);
         #[rustfmt::skip]
         let want = vec![
             true, false, false,  true, true, false,  true, true, true,
             true, false, false,  true, true, false,  true, true, true, // row 1's padding queries are ignored
         ];
         assert_eq!(bools(&step.mask.narrow(3, 0, 3)), want);
-        assert!(bools(&step.mask.narrow(3, 3, 13)).iter().all(|&m| !m), "columns past the step are never seen");
+        assert!(bools(&step.mask.narrow(3, 3, 61)).iter().all(|&m| !m), "columns past the step are never seen");
         assert_eq!(bools(step.dense.as_ref().unwrap()), bools(&step.mask.logical_not()));
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![0, 1, 2, 0, 1, 2]);
         c.commit(&step);
@@ -337,9 +342,9 @@ mod tests {
         c.commit(&s);
         let step = c.begin(0, &[1, 1], 1).unwrap();
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![3, 1]);
-        assert_eq!(step.mask.size(), vec![2, 1, 1, 16]);
+        assert_eq!(step.mask.size(), vec![2, 1, 1, 64]);
         assert_eq!(bools(&step.mask.narrow(3, 0, 4)), vec![true, true, true, true, true, true, false, false]);
-        assert!(bools(&step.mask.narrow(3, 4, 12)).iter().all(|&m| !m));
+        assert!(bools(&step.mask.narrow(3, 4, 60)).iter().all(|&m| !m));
         assert!(step.scatter.is_some(), "rows at different columns scatter");
     }
 
@@ -371,7 +376,7 @@ mod tests {
         let step = c.begin(0, &[1, 1], 1).unwrap();
         let k = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1, 1, 1]).expand([2, kv, 1, d], false).contiguous();
         let (keys, _) = c.store(0, &step, &k, &k);
-        assert_eq!(keys.size(), vec![2, kv, 16, d]);
+        assert_eq!(keys.size(), vec![2, kv, 64, d]);
         assert!(keys.is_contiguous(), "a decode step's keys are one block");
         let col = |r: i64, j: i64| keys.get(r).get(0).get(j).get(0).double_value(&[]);
         assert_eq!((col(0, 0), col(0, 1), col(0, 2)), (1.0, 1.0, 5.0));
@@ -421,23 +426,23 @@ mod tests {
         let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
         c.push_rows(2).unwrap();
         c.reserve(2, 300).unwrap();
-        assert_eq!(c.col_cap, 304, "no doubling: the need, aligned");
-        c.reserve(2, 310).unwrap();
-        assert_eq!(c.col_cap, 320);
+        assert_eq!(c.col_cap, 320, "no doubling: the need, aligned");
+        c.reserve(2, 330).unwrap();
+        assert_eq!(c.col_cap, 384);
         let s = c.begin(0, &[3, 2], 3).unwrap();
         let k = Tensor::from_slice(&[4.0f32, 6.0]).view([2, 1, 1, 1]).expand([2, kv, 3, d], false).contiguous();
         let _ = c.store(0, &s, &k, &k);
         c.commit(&s);
-        assert!(!c.fit_columns(200).unwrap(), "a slack of 120 columns is kept");
-        assert_eq!(c.col_cap, 320);
+        assert!(!c.fit_columns(200).unwrap(), "a slack of 128 columns is kept");
+        assert_eq!(c.col_cap, 384);
         assert!(c.fit_columns(40).unwrap());
-        assert_eq!(c.col_cap, 48);
+        assert_eq!(c.col_cap, 64);
         assert_eq!(c.lens(), &[3, 2]);
         let col = |c: &KvCache, r: i64, j: i64| c.keys[0].get(r).get(0).get(j).get(0).double_value(&[]);
         assert_eq!((col(&c, 0, 2), col(&c, 1, 1)), (4.0, 6.0), "the tokens held survive the move");
         c.reserve(2, 400).unwrap();
         assert!(c.fit_columns(1).unwrap());
-        assert_eq!(c.col_cap, 16, "never below the longest row (3 tokens), aligned");
+        assert_eq!(c.col_cap, 64, "never below the longest row (3 tokens), aligned");
         assert_eq!(col(&c, 0, 2), 4.0);
     }
 

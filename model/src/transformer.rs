@@ -2,7 +2,7 @@
 //! the checkpoint's tensor names; the KV cache lives outside the model.
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{CacheStep, KvCache};
+use crate::kv_cache::{CacheStep, KvCache, ATTEND_BLOCK};
 use crate::lora::{LoraBatch, Proj};
 use crate::mask;
 use crate::rope::{self, Rope};
@@ -122,7 +122,7 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = match ctx.step.and_then(|st| st.dense.as_ref()).filter(|_| matmul_decode_attention()) {
+        let out = match ctx.step.and_then(|st| st.dense.as_ref()).filter(|_| blocked_decode_attention()) {
             Some(blocked) => attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads),
             None => {
                 let gqa = self.num_heads != self.num_kv_heads;
@@ -138,36 +138,81 @@ impl Attention {
     }
 }
 
-/// Attention of a few queries per row, q [B, H, S, D], over keys and values [B, KV, W, D], by
-/// two matrix products with the softmax in f32. Query heads are grouped by the key/value head
-/// they share, so no key or value is repeated. `blocked` [B, 1, S, W] is true where a query
-/// may not look. The result is [B, H, S, D], as SDPA's.
-/// Whether decode steps use [`attend_few`] (`COMAS_DECODE_ATTENTION=matmul`) instead of SDPA
-/// (`exact`, the default). The matmul path is faster on CPU, but its product over the cache
-/// columns rounds differently as the cache widens, so a sequence's tokens can depend on which
-/// other sequences share its batch; SDPA's blocked kernel gives the same result whatever the
-/// width, which the kill-and-resume tests rely on (final weights equal to an undisturbed run's).
-pub fn matmul_decode_attention() -> bool {
-    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAST.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
-        Ok("matmul") => true,
-        Ok("exact") | Err(_) => false,
+/// Whether decode steps use [`attend_few`] (the default, `COMAS_DECODE_ATTENTION=blocked`) or
+/// SDPA (`exact`). SDPA's CPU kernel costs milliseconds per call at one query per row, several
+/// times the products of `attend_few`; both give a row the same result whatever else shares
+/// its batch.
+pub fn blocked_decode_attention() -> bool {
+    static BLOCKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BLOCKED.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
+        Ok("blocked") | Err(_) => true,
+        Ok("exact") => false,
         Ok(other) => {
-            tracing::warn!(value = other, "COMAS_DECODE_ATTENTION is `exact` or `matmul`; using `exact`");
-            false
+            tracing::warn!(value = other, "COMAS_DECODE_ATTENTION is `blocked` or `exact`; using `blocked`");
+            true
         }
     })
 }
 
+/// Attention of a few queries per row, q [B, H, S, D], over keys and values [B, KV, W, D], by
+/// batched matrix products with the softmax in f32. `blocked` [B, 1, S, W] is true where a query
+/// may not look. The result is [B, H, S, D], as SDPA's.
+///
+/// The result of a row must not depend on the cache width W or on the other rows, or a
+/// sequence's tokens would depend on what it was batched with. So every reduction has a fixed
+/// shape: the W columns are cut into blocks of [`ATTEND_BLOCK`]; scores, exponentials, sums and
+/// value products are computed per block (products of fixed size, sums over a fixed length),
+/// and the blocks are then added in order, one after another. Blocks past a row's tokens add
+/// exact zeros. Query heads are grouped by the key/value head they share, so no key or value is
+/// repeated.
 fn attend_few(q: &Tensor, k: &Tensor, v: &Tensor, blocked: &Tensor, scale: f64, kv_heads: i64) -> Tensor {
     let (b, h, s, d) = q.size4().expect("q is [B, H, S, D]");
     let (g, w) = (h / kv_heads, k.size()[2]);
-    let q = q.reshape([b, kv_heads, g * s, d]);
+    let gs = g * s;
     // Row j of a group is query head j / S at position j % S.
-    let blocked = if s == 1 { blocked.shallow_clone() } else { blocked.unsqueeze(2).expand([b, 1, g, s, w], false).reshape([b, 1, g * s, w]) };
-    let scores = q.matmul(&k.transpose(-1, -2)).to_kind(Kind::Float) * scale;
-    let probs = scores.masked_fill(&blocked, f64::NEG_INFINITY).softmax(-1, Kind::Float).to_kind(q.kind());
-    probs.matmul(v).reshape([b, h, s, d])
+    let blocked = if s == 1 { blocked.shallow_clone() } else { blocked.unsqueeze(2).expand([b, 1, g, s, w], false).reshape([b, 1, gs, w]) };
+    // A cache under a memory limit may hold a width that is not whole blocks: pad it.
+    let pad = (ATTEND_BLOCK - w % ATTEND_BLOCK) % ATTEND_BLOCK;
+    let (k, v, blocked) = if pad == 0 {
+        (k.shallow_clone(), v.shallow_clone(), blocked)
+    } else {
+        (k.constant_pad_nd([0, 0, 0, pad]), v.constant_pad_nd([0, 0, 0, pad]), blocked.logical_not().constant_pad_nd([0, pad]).logical_not())
+    };
+    let n = (w + pad) / ATTEND_BLOCK;
+    let k = k.reshape([b, kv_heads, n, ATTEND_BLOCK, d]);
+    let v = v.reshape([b, kv_heads, n, ATTEND_BLOCK, d]);
+    let blocked = blocked.reshape([b, 1, blocked.size()[2], n, ATTEND_BLOCK]).permute([0, 1, 3, 2, 4]);
+    let q = q.reshape([b, kv_heads, 1, gs, d]);
+    // [B, KV, n, GS, BLOCK]
+    let scores = (q.matmul(&k.transpose(-1, -2)).to_kind(Kind::Float) * scale).masked_fill(&blocked, f64::NEG_INFINITY);
+    let top = scores.amax([2, 4].as_slice(), true);
+    let weights = exp_by_position(&(scores - top));
+    let sums = weights.sum_dim_intlist([-1].as_slice(), false, Kind::Float); // [B, KV, n, GS]
+    let parts = weights.to_kind(v.kind()).matmul(&v); // [B, KV, n, GS, D]
+    let (mut num, mut den) = (parts.select(2, 0).to_kind(Kind::Float), sums.select(2, 0));
+    for i in 1..n {
+        num += parts.select(2, i);
+        den += sums.select(2, i);
+    }
+    (num / den.unsqueeze(-1)).to_kind(q.kind()).reshape([b, h, s, d])
+}
+
+/// `t.exp()` whose every element is computed the same way wherever it sits in the tensor.
+/// libtorch's elementwise kernels take a vector path for most elements and a scalar one for the
+/// tail of each thread's range, and the two may round an exponential differently; so the work
+/// is cut into single-threaded slices of whole vectors (`t` holds whole attention blocks).
+fn exp_by_position(t: &Tensor) -> Tensor {
+    // Below libtorch's grain size (32768) an elementwise op runs on one thread.
+    const SLICE: i64 = 16384;
+    let out = t.contiguous();
+    let flat = out.view([-1]);
+    let len = flat.size()[0];
+    let mut start = 0;
+    while start < len {
+        let _ = flat.narrow(0, start, SLICE.min(len - start)).exp_();
+        start += SLICE;
+    }
+    out
 }
 
 struct Mlp {
@@ -524,6 +569,45 @@ mod tests {
             let got = attend_few(&q, &k, &v, &mask.logical_not(), 0.3, kv);
             assert_eq!(got.size(), want.size());
             assert!(max_diff(&got, &want) < 1e-5, "s = {s}: {}", max_diff(&got, &want));
+        }
+    }
+
+    /// Keys, values and a blocking mask for rows holding `lens` tokens in a cache `w` wide,
+    /// each row's step of `s` queries right after its tokens.
+    fn decode_inputs(lens: &[i64], s: i64, w: i64, kind: Kind) -> (Tensor, Tensor, Tensor, Tensor) {
+        let (b, kv, g, d) = (lens.len() as i64, 2, 3, 64);
+        let opts = (Kind::Float, Device::Cpu);
+        let q = Tensor::randn([b, kv * g, s, d], opts).to_kind(kind);
+        let k = Tensor::randn([b, kv, w, d], opts).to_kind(kind);
+        let v = Tensor::randn([b, kv, w, d], opts).to_kind(kind);
+        let lens = Tensor::from_slice(lens).view([b, 1, 1, 1]);
+        let cols = Tensor::arange(w, (Kind::Int64, Device::Cpu)).view([1, 1, 1, w]);
+        let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).view([1, 1, s, 1]);
+        (q, k, v, cols.gt_tensor(&(lens + pos)))
+    }
+
+    #[test]
+    fn few_query_attention_of_a_row_does_not_depend_on_its_batch_or_the_cache_width() {
+        tch::manual_seed(5);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            for s in [1, 3] {
+                // Row 0 holds 700 tokens; the others are shorter and longer, in a cache of 1344 columns.
+                let (q, k, v, blocked) = decode_inputs(&[700, 3, 1300, 64, 1], s, 1344, kind);
+                let batched = attend_few(&q, &k, &v, &blocked, 0.25, 2).get(0);
+                for (w, others) in [(704, 0), (768, 1), (710, 2)] {
+                    // Row 0 with `others` of the batch's other rows after it, in a narrower cache
+                    // (710 columns is not whole blocks: padded).
+                    let rows = Tensor::from_slice(&[0i64, 3, 1][..=others]);
+                    let narrow = |t: &Tensor| t.index_select(0, &rows).narrow(t.dim() as i64 - 2, 0, w).contiguous();
+                    let small = |t: &Tensor| t.index_select(0, &rows).narrow(3, 0, w).contiguous();
+                    let alone = attend_few(&q.index_select(0, &rows), &narrow(&k), &narrow(&v), &small(&blocked), 0.25, 2).get(0);
+                    assert!(alone.equal(&batched), "{kind:?}, s = {s}, width {w}, {others} other rows: {}", max_diff(&alone.to_kind(Kind::Float), &batched.to_kind(Kind::Float)));
+                }
+                let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&blocked.logical_not()), 0.0, false, 0.25, true);
+                let tol = if kind == Kind::Float { 1e-5 } else { 3e-2 };
+                let got = attend_few(&q, &k, &v, &blocked, 0.25, 2);
+                assert!(max_diff(&got.to_kind(Kind::Float), &want.to_kind(Kind::Float)) < tol, "{kind:?} s = {s}");
+            }
         }
     }
 }
