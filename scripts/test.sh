@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup-tensorboard.sh   # TensorBoard's reader: tests read the event files back
 bash scripts/fetch-smollm2.sh >/dev/null   # the real model (cached): its import parity tests need the GGUF
+bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox runs all 164 reference solutions
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
 cargo test --workspace "$@"

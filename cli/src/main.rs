@@ -1,8 +1,10 @@
 //! The `comas` command line.
 mod client_cmd;
 mod compare;
+mod eval;
 mod examples;
 mod generate_cmd;
+mod grade_cmd;
 mod import_cmd;
 mod local_cmd;
 mod model_args;
@@ -54,6 +56,10 @@ enum Command {
     Learner(comas_learner::cli::Args),
     /// Generate a completion from a model folder.
     Generate(generate_cmd::Args),
+    /// Evaluate a model or a team on a benchmark under the inference setups of the paper.
+    Eval(eval::Args),
+    /// Grade a file of responses (HumanEval in the sandbox, math, choice, numeric) without a model.
+    Grade(grade_cmd::Args),
     /// Per-token log-probabilities of given completions (JSONL in, JSONL out).
     Score(score_cmd::Args),
     /// Convert a GGUF file (llama.cpp's format) into a Hugging Face model folder.
@@ -85,6 +91,8 @@ fn main() -> ExitCode {
         Command::Worker(a) => comas_rollout_worker::cli::run(a),
         Command::Learner(a) => comas_learner::cli::run(a),
         Command::Generate(a) => generate_cmd::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Grade(a) => grade_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::TinyModel(a) => tiny_cmd::run(a),
         Command::ImportGguf(a) => import_cmd::run(a),

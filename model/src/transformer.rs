@@ -601,7 +601,11 @@ mod tests {
                     let narrow = |t: &Tensor| t.index_select(0, &rows).narrow(t.dim() as i64 - 2, 0, w).contiguous();
                     let small = |t: &Tensor| t.index_select(0, &rows).narrow(3, 0, w).contiguous();
                     let alone = attend_few(&q.index_select(0, &rows), &narrow(&k), &narrow(&v), &small(&blocked), 0.25, 2).get(0);
-                    assert!(alone.equal(&batched), "{kind:?}, s = {s}, width {w}, {others} other rows: {}", max_diff(&alone.to_kind(Kind::Float), &batched.to_kind(Kind::Float)));
+                    assert!(
+                        alone.equal(&batched),
+                        "{kind:?}, s = {s}, width {w}, {others} other rows: {}",
+                        max_diff(&alone.to_kind(Kind::Float), &batched.to_kind(Kind::Float))
+                    );
                 }
                 let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&blocked.logical_not()), 0.0, false, 0.25, true);
                 let tol = if kind == Kind::Float { 1e-5 } else { 3e-2 };

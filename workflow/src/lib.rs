@@ -4,8 +4,10 @@
 //!
 //! Layout: the pieces shared by every method sit at the top (`task`, `turn`, `seed`, `error`);
 //! each method gets its own folder (`comas/` today) with its config, prompts, protocol and rewards.
+pub mod code;
 pub mod comas;
 pub mod error;
+pub mod eval;
 pub mod grade;
 pub mod job;
 pub mod memory;

@@ -1,0 +1,166 @@
+//! The decode loop of `comas eval`: every question's dialogue asks for calls, and the pending
+//! calls of all questions decode together in one continuous batch per model.
+use anyhow::{anyhow, Context, Result};
+use comas_model::{Batcher, CausalLm, ChatMessage, LoraAdapter, SamplingParams, Tokenizer};
+use comas_workflow::eval::{Call, Dialogue};
+use std::collections::VecDeque;
+
+/// One team member's model: its weights, tokenizer and optional adapter.
+pub struct Member {
+    pub name: String,
+    pub model: CausalLm,
+    pub tokenizer: Tokenizer,
+    pub adapter: Option<LoraAdapter>,
+}
+
+/// Sampling of every call (spec §8.1: temperature 0.7).
+#[derive(Debug, Clone)]
+pub struct CallSampling {
+    pub temperature: f64,
+    pub max_new_tokens: usize,
+    pub seed: u64,
+}
+
+/// A finished call, kept for the calls log.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CallRecord {
+    pub call: u32,
+    pub label: String,
+    pub member: usize,
+    pub model: String,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub finish: String,
+    pub messages: Vec<comas_workflow::ChatMessage>,
+    pub response: String,
+    /// Why the call was not decoded (its prompt does not fit the model), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A question under way: its dialogue and the calls it has finished.
+pub struct Open {
+    pub index: usize,
+    pub dialogue: Dialogue,
+    pub calls: Vec<CallRecord>,
+}
+
+/// What the loop reports as it goes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Progress {
+    pub calls_done: u64,
+    pub tokens: u64,
+}
+
+/// A 64-bit mix of the run seed, the question and the call: each call samples the same tokens
+/// whatever it is batched with, so a resumed run repeats a finished one.
+fn call_seed(seed: u64, question: usize, call: u32) -> u64 {
+    let mut z = seed ^ ((question as u64) << 20) ^ call as u64 ^ 0xD1B5_4A32_D192_ED03;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Runs the `opened` dialogues (already started, with their first calls in `first`) to their
+/// ends. `max_running` bounds the sequences decoding at once per model; with 1, calls run one
+/// at a time. `finished` is called with each question as it ends (in order of ending).
+pub fn run(
+    members: &[Member],
+    sampling: &CallSampling,
+    max_running: usize,
+    opened: Vec<(Open, Vec<Call>)>,
+    mut finished: impl FnMut(Open, Progress) -> Result<()>,
+) -> Result<Progress> {
+    let n = members.len();
+    let mut open: Vec<Option<Open>> = Vec::new();
+    let mut queues: Vec<VecDeque<(usize, Call)>> = vec![VecDeque::new(); n];
+    for (slot, (o, calls)) in opened.into_iter().enumerate() {
+        for c in calls {
+            queues[c.member % n].push_back((slot, c));
+        }
+        open.push(Some(o));
+    }
+    let mut batchers: Vec<Batcher> = members.iter().map(|m| Batcher::new(&m.model, Some(&m.tokenizer))).collect();
+    // Sequence id -> (open slot, call, prompt tokens).
+    let mut flying: std::collections::HashMap<u64, (usize, Call, usize)> = Default::default();
+    let mut next_id = 0u64;
+    let mut progress = Progress::default();
+    let mut remaining = open.len();
+    while remaining > 0 {
+        let mut replies: Vec<(usize, Call, CallRecord)> = Vec::new();
+        for (m, member) in members.iter().enumerate() {
+            while batchers[m].len() < max_running.max(1) {
+                let Some((slot, call)) = queues[m].pop_front() else { break };
+                let q = open[slot].as_ref().map_or(0, |o| o.index);
+                let msgs: Vec<ChatMessage> = call.messages.iter().map(|x| ChatMessage::new(x.role.clone(), x.content.clone())).collect();
+                let ids = member.tokenizer.encode_chat(&msgs, true).with_context(|| format!("rendering call {} of question {q}", call.id))?;
+                let context = member.model.config().max_position_embeddings.max(0) as usize;
+                let room = context.saturating_sub(ids.len()).min(sampling.max_new_tokens);
+                if room < 1 {
+                    // Spec §8.1: a call that cannot be served answers empty, which grades wrong.
+                    let error = Some(format!("prompt of {} tokens leaves no room in the context of {context}", ids.len()));
+                    replies.push((slot, call.clone(), record(&call, member, ids.len(), 0, "error", String::new(), error)));
+                    continue;
+                }
+                let params = SamplingParams {
+                    temperature: sampling.temperature,
+                    seed: call_seed(sampling.seed, q, call.id),
+                    max_new_tokens: room,
+                    stop_token_ids: member.tokenizer.eos_token_ids().to_vec(),
+                    ..SamplingParams::default()
+                };
+                let id = next_id;
+                next_id += 1;
+                flying.insert(id, (slot, call, ids.len()));
+                let prompt_len = ids.len();
+                batchers[m].add(id, ids, params, member.adapter.as_ref()).map_err(|e| anyhow!("queueing a call of {prompt_len} tokens: {e}"))?;
+            }
+            if batchers[m].is_empty() {
+                continue;
+            }
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batchers[m].step())).map_err(|p| {
+                anyhow!("libtorch failed in a decode step: {}; lower --max-running or --max-new-tokens", comas_service::panic_message(p.as_ref()))
+            })??;
+            for (id, c) in done {
+                let (slot, call, prompt_tokens) = flying.remove(&id).expect("a finished sequence was queued by this loop");
+                let text = member.tokenizer.decode(&c.token_ids, true)?;
+                let finish = format!("{:?}", c.finish_reason).to_lowercase();
+                progress.tokens += c.token_ids.len() as u64;
+                replies.push((slot, call.clone(), record(&call, member, prompt_tokens, c.token_ids.len(), &finish, text, None)));
+            }
+        }
+        if replies.is_empty() && batchers.iter().all(Batcher::is_empty) && queues.iter().all(VecDeque::is_empty) {
+            return Err(anyhow!("{remaining} questions neither ended nor asked for a call (a setup bug)"));
+        }
+        for (slot, call, rec) in replies {
+            progress.calls_done += 1;
+            let o = open[slot].as_mut().expect("replies go to open questions");
+            let more = o.dialogue.deliver(call.id, rec.response.clone())?;
+            o.calls.push(rec);
+            for c in more {
+                queues[c.member % n].push_back((slot, c));
+            }
+            if o.dialogue.output().is_some() {
+                let o = open[slot].take().expect("just checked");
+                remaining -= 1;
+                finished(o, progress)?;
+            }
+        }
+    }
+    Ok(progress)
+}
+
+fn record(call: &Call, member: &Member, prompt_tokens: usize, new_tokens: usize, finish: &str, response: String, error: Option<String>) -> CallRecord {
+    CallRecord {
+        call: call.id,
+        label: call.label.clone(),
+        member: call.member,
+        model: member.name.clone(),
+        prompt_tokens,
+        new_tokens,
+        finish: finish.to_string(),
+        messages: call.messages.clone(),
+        response,
+        error,
+    }
+}

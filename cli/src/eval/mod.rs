@@ -1,0 +1,248 @@
+//! `comas eval`: a model (or a team of models) under the four inference setups of spec §8.2 on a
+//! benchmark, graded by spec §8.3. Every call of every question goes through one continuous
+//! batch per model. Writes every call, every verdict, a summary JSON and a Markdown table into
+//! `--out`; a rerun skips the questions already graded there.
+mod driver;
+pub mod grading;
+mod report;
+
+use anyhow::{bail, Context, Result};
+use comas_model::dtype::{parse_device, parse_kind};
+use comas_model::{CausalLm, Config, LoraAdapter, Tokenizer};
+use comas_workflow::code::CodeGrading;
+use comas_workflow::eval::{self, BenchItem, Dialogue, Setup};
+use driver::{CallSampling, Member, Open};
+use report::{QuestionResult, ResultsFile};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder; repeat for a heterogeneous team (team member m is played by model m mod count).
+    #[arg(long = "model", required_unless_present = "job_dir")]
+    models: Vec<PathBuf>,
+    /// A `comas local --dir` folder: evaluate one agent's checkpoint from it (as the first team
+    /// member, before any --model).
+    #[arg(long)]
+    job_dir: Option<PathBuf>,
+    /// The agent of --job-dir.
+    #[arg(long, default_value_t = 0, requires = "job_dir")]
+    agent: u32,
+    /// The checkpoint of --job-dir: a step number, or `final` (the newest one).
+    #[arg(long, default_value = "final", requires = "job_dir")]
+    checkpoint: String,
+    /// PEFT LoRA adapter folder; the k-th `--adapter` goes with the k-th `--model` (`-` for none).
+    #[arg(long = "adapter")]
+    adapters: Vec<String>,
+    /// Weights dtype (default: each checkpoint's).
+    #[arg(long, env = "COMAS_DTYPE")]
+    dtype: Option<String>,
+    #[arg(long, env = "COMAS_DEVICE", default_value = "cpu")]
+    device: String,
+    /// vanilla, consistency, debate, autogen, or a comma-separated list of them, or `all`.
+    #[arg(long, default_value = "vanilla")]
+    setup: String,
+    /// A JSONL file of benchmark records (spec §7.2), `humaneval` (the cached HumanEval, see
+    /// scripts/fetch-humaneval.sh) or `arithmetic` (built in).
+    #[arg(long)]
+    bench: String,
+    /// Evaluate only the first N questions.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Output folder (calls.jsonl, results.jsonl, summary.json, summary.md).
+    #[arg(long, default_value = "eval-out")]
+    out: PathBuf,
+    /// Sampling temperature of every call (spec §8.1).
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f64,
+    /// Most new tokens per call (spec §8.1: 2048).
+    #[arg(long, default_value_t = 2048)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Most sequences decoding at once per model (1: the calls one at a time).
+    #[arg(long, env = "COMAS_EVAL_MAX_RUNNING", default_value_t = 64)]
+    max_running: usize,
+    /// Questions open at once: their pending calls form the batch.
+    #[arg(long, default_value_t = 64)]
+    max_open: usize,
+    /// Which code blocks count (spec §8.3); the other mode is reported too.
+    #[arg(long, default_value = "any_block")]
+    code_grading: CodeGrading,
+    /// Questions of the built-in arithmetic benchmark.
+    #[arg(long, default_value_t = 100)]
+    arithmetic_questions: usize,
+}
+
+/// The model folder and adapter of an agent's checkpoint in a `comas local --dir` folder:
+/// `checkpoints/agent-K/step-N/` holds `model/` (full fine-tuning) or `adapter/` (LoRA, whose
+/// config names its base model).
+fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(PathBuf, Option<String>)> {
+    let root = dir.join("checkpoints").join(format!("agent-{agent}"));
+    let all = comas_learner::checkpoint::list_checkpoints(&root)?;
+    let step = match which {
+        "final" | "latest" => all.last().map(|(s, _)| *s).with_context(|| format!("{} holds no complete checkpoint of agent {agent}", root.display()))?,
+        s => s.parse::<u64>().with_context(|| format!("--checkpoint {s}: give a step number or `final`"))?,
+    };
+    let (_, at) = all.iter().find(|(s, _)| *s == step).with_context(|| {
+        let have: Vec<String> = all.iter().map(|(s, _)| s.to_string()).collect();
+        format!(
+            "agent {agent} has no checkpoint of step {step} in {} (steps there: {})",
+            root.display(),
+            if have.is_empty() { "none".into() } else { have.join(", ") }
+        )
+    })?;
+    if at.join("model").is_dir() {
+        return Ok((at.join("model"), None));
+    }
+    let adapter = at.join("adapter");
+    /// The one field of PEFT's adapter_config.json needed here.
+    #[derive(serde::Deserialize)]
+    struct Base {
+        base_model_name_or_path: Option<String>,
+    }
+    let path = adapter.join("adapter_config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let base: Base = serde_json::from_str(&text).with_context(|| format!("{} is not an adapter config", path.display()))?;
+    let base = base.base_model_name_or_path.with_context(|| format!("{}: the adapter does not name its base model", path.display()))?;
+    Ok((PathBuf::from(base), Some(adapter.display().to_string())))
+}
+
+fn load_members(a: &Args) -> Result<Vec<Member>> {
+    if a.adapters.len() > a.models.len() {
+        bail!("{} --adapter flags for {} --model flags: give at most one adapter per model (`-` for none)", a.adapters.len(), a.models.len());
+    }
+    let device = parse_device(&a.device)?;
+    let mut team: Vec<(PathBuf, Option<String>)> = Vec::new();
+    if let Some(dir) = &a.job_dir {
+        team.push(job_checkpoint(dir, a.agent, &a.checkpoint)?);
+    }
+    for (i, dir) in a.models.iter().enumerate() {
+        team.push((dir.clone(), a.adapters.get(i).filter(|p| p.as_str() != "-").cloned()));
+    }
+    let mut members = Vec::new();
+    for (dir, adapter) in &team {
+        let config = Config::from_file(&dir.join("config.json")).with_context(|| format!("loading model folder {}", dir.display()))?;
+        let kind = match &a.dtype {
+            Some(d) => parse_kind(d)?,
+            None => config.dtype,
+        };
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        tokenizer.check_chat_template().with_context(|| format!("{} cannot render chat calls", dir.display()))?;
+        let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+        tokenizer.check_fits(model.config())?;
+        let name = match adapter {
+            Some(p) => format!("{}+{}", dir.display(), p),
+            None => dir.display().to_string(),
+        };
+        let adapter = match adapter {
+            None => None,
+            Some(p) => Some(LoraAdapter::load(Path::new(p), model.config(), kind, device).with_context(|| format!("loading adapter {p}"))?),
+        };
+        members.push(Member { name, model, tokenizer, adapter });
+    }
+    Ok(members)
+}
+
+fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
+    let (name, mut items) = match a.bench.as_str() {
+        "arithmetic" => ("arithmetic".to_string(), eval::arithmetic(a.arithmetic_questions, 0)),
+        "humaneval" => {
+            let path = comas_sandbox::default_humaneval_path();
+            let problems = comas_sandbox::load_humaneval(&path).with_context(|| "run `bash scripts/fetch-humaneval.sh` first".to_string())?;
+            let items = problems
+                .iter()
+                .map(|p| BenchItem {
+                    id: p.task_id.clone(),
+                    query: eval::humaneval_query(&p.prompt),
+                    answer: p.entry_point.clone(),
+                    grader: eval::GraderKind::Code { checker: p.checker() },
+                    tag: "humaneval".into(),
+                })
+                .collect();
+            ("humaneval".to_string(), items)
+        }
+        file => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading benchmark {file}"))?;
+            let items = eval::parse_bench(&text).with_context(|| format!("benchmark {file}"))?;
+            let name = std::path::Path::new(file).file_stem().map_or(file.to_string(), |s| s.to_string_lossy().into_owned());
+            (name, items)
+        }
+    };
+    if let Some(n) = a.limit {
+        items.truncate(n);
+    }
+    Ok((name, items))
+}
+
+fn parse_setups(s: &str) -> Result<Vec<Setup>> {
+    if s == "all" {
+        return Ok(Setup::ALL.to_vec());
+    }
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let setup: Setup = part.parse()?;
+        if !out.contains(&setup) {
+            out.push(setup);
+        }
+    }
+    if out.is_empty() {
+        bail!("--setup names no setup");
+    }
+    Ok(out)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let setups = parse_setups(&a.setup)?;
+    let (bench_name, items) = load_bench(&a)?;
+    let needs_code = items.iter().any(|i| matches!(i.grader, eval::GraderKind::Code { .. }));
+    // The sandbox is checked before any model loads: a machine without python3 fails at once.
+    let grader = grading::Grader::new(needs_code, a.code_grading)?;
+    let members = load_members(&a)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut results = ResultsFile::open(&a.out)?;
+    let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
+    let started = Instant::now();
+    let mut total_tokens = 0u64;
+    let mut total_calls = 0u64;
+    for &setup in &setups {
+        let todo: Vec<(usize, &BenchItem)> = items.iter().enumerate().filter(|(_, it)| !results.has(setup, &it.id)).collect();
+        let skipped = items.len() - todo.len();
+        let bar = report::progress_bar(setup, items.len(), skipped);
+        let setup_started = Instant::now();
+        for chunk in todo.chunks(a.max_open.max(1)) {
+            let opened: Vec<(Open, Vec<eval::Call>)> = chunk
+                .iter()
+                .map(|&(index, it)| {
+                    let mut dialogue = Dialogue::new(setup, it.query.clone());
+                    let first = dialogue.start();
+                    (Open { index, dialogue, calls: Vec::new() }, first)
+                })
+                .collect();
+            let before = (total_calls, total_tokens);
+            let progress = driver::run(&members, &sampling, a.max_running, opened, |o, p| {
+                let item = &items[o.index];
+                let output = o.dialogue.output().unwrap_or_default().to_string();
+                let verdict = grader.grade(item, &output)?;
+                results.append(&QuestionResult::new(setup, item, output, verdict, o.calls))?;
+                bar.inc(1);
+                let secs = setup_started.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("{} calls, {:.1} tok/s", before.0 + p.calls_done, (before.1 + p.tokens) as f64 / secs));
+                Ok(())
+            })?;
+            total_calls += progress.calls_done;
+            total_tokens += progress.tokens;
+        }
+        bar.finish();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let summary = report::summarize(&bench_name, &members.iter().map(|m| m.name.clone()).collect::<Vec<_>>(), &results.load_all()?, a.code_grading);
+    report::write_summary(&a.out, &summary)?;
+    println!("{}", serde_json::to_string(&summary)?);
+    eprintln!(
+        "{total_calls} calls, {total_tokens} tokens in {secs:.1} s ({:.1} tok/s this run); results in {}",
+        total_tokens as f64 / secs.max(1e-9),
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! Evaluation (spec §8): benchmark items and the four inference setups as pure state machines.
+//! A [`Dialogue`] is one question under one setup: it asks for chat calls, takes their replies,
+//! and ends with the one output that is graded. The driver (`comas eval`) decodes the pending
+//! calls of every question together, so all setups' calls share the engine's continuous batch.
+mod bench;
+mod prompts;
+mod setup;
+
+pub use bench::{arithmetic, humaneval_query, parse_bench, BenchError, BenchItem, GraderKind};
+pub use setup::{Call, Dialogue, DialogueError, Setup, UnknownSetup, TERMINATOR};

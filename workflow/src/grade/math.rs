@@ -1,0 +1,168 @@
+//! Math answers (GSM8K, MATH-500, AMC, AIME; spec §8.3): a port of the reference grader,
+//! `math_verify` 0.8.0, called as `verify(parse(gt), parse(response))` with the raw ground truth.
+//!
+//! Parity includes the reference's blind spots: a raw ground truth is searched like any text, so
+//! LaTeX without `$...$` around it often reads as nothing (`\sqrt{2}`, `\frac{\sqrt{3}}{2}`) or as
+//! its first bare number (`2\sqrt{3}` reads as 2), and such items are graded as the reference
+//! grades them. Agreement is measured on tests/fixtures/grade/math_verify.jsonl.
+use super::equiv;
+use super::extract::{extract, Extracted};
+use super::Failure;
+
+/// What `math_verify.parse` gives for a text.
+pub fn parse(text: &str) -> Extracted {
+    extract(text)
+}
+
+/// `verify(parse(gt), parse(response))`.
+pub fn is_equivalent(response: &str, gt: &str) -> bool {
+    equiv::verify(&parse(gt), &parse(response))
+}
+
+/// Grades a response against a ground truth; the failure says what was read.
+pub fn grade(response: &str, gt: &str) -> Result<(), Failure> {
+    let want = parse(gt);
+    let got = parse(response);
+    if equiv::verify(&want, &got) {
+        return Ok(());
+    }
+    if got.value.is_none() && got.text.is_none() {
+        return Err(Failure::NoAnswer);
+    }
+    if want.value.is_none() && want.text.is_none() {
+        return Err(Failure::UnreadableReference(gt.to_string()));
+    }
+    Err(Failure::NotEqual { got: got.text.unwrap_or_default(), want: want.text.unwrap_or_default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_answer_forms() {
+        let yes = [
+            ("The answer is \\boxed{\\dfrac{1}{2}}.", "\\frac{1}{2}"),
+            ("So the total is 1,000 dollars.", "1000"),
+            ("\\boxed{0.5}", "\\frac{1}{2}"),
+            ("\\boxed{x = 5}", "5"),
+            ("\\boxed{(x+1)^2}", "$x^2+2x+1$"),
+            ("\\boxed{2\\sqrt{3}}", "$\\sqrt{12}$"),
+            ("\\boxed{\\{2, 1\\}}", "$\\{1,2\\}$"),
+            ("\\boxed{(1, 2]}", "$(1,2]$"),
+            ("\\boxed{0.333333}", "$\\frac{1}{3}$"),
+            ("\\boxed{12 \\text{ cm}}", "12"),
+        ];
+        for (response, gt) in yes {
+            assert!(is_equivalent(response, gt), "{response} vs {gt}");
+        }
+        let no = [
+            ("\\boxed{0.333}", "$\\frac{1}{3}$"),
+            ("\\boxed{25\\%}", "25"),
+            ("\\boxed{[1, 2)}", "$(1,2]$"),
+            ("\\boxed{\\sqrt{2}}", "\\sqrt{2}"),
+            ("\\boxed{x = 5}", "$y = 5$"),
+            ("no number here", "4"),
+        ];
+        for (response, gt) in no {
+            assert!(!is_equivalent(response, gt), "{response} vs {gt}");
+        }
+        assert_eq!(grade("nothing", "4"), Err(Failure::NoAnswer));
+        assert_eq!(grade("\\boxed{3}", "\\sqrt{2}"), Err(Failure::UnreadableReference("\\sqrt{2}".into())));
+        assert_eq!(grade("\\boxed{3}", "4"), Err(Failure::NotEqual { got: "3".into(), want: "4".into() }));
+    }
+
+    /// Model output can be anything: no input may panic or take long.
+    #[test]
+    fn arbitrary_text_never_panics() {
+        use rand::{Rng, SeedableRng};
+        let pieces = [
+            "\\boxed{",
+            "}",
+            "{",
+            "$",
+            "$$",
+            "\\[",
+            "\\]",
+            "\\(",
+            "\\)",
+            "(",
+            ")",
+            "[",
+            "]",
+            "\\{",
+            "\\}",
+            ",",
+            ";",
+            "=",
+            "<",
+            "\\le",
+            "+",
+            "-",
+            "*",
+            "/",
+            "^",
+            "_",
+            "!",
+            "%",
+            "\\%",
+            "&",
+            "\\\\",
+            "1",
+            "23",
+            "0.5",
+            ".7",
+            "1,000",
+            "x",
+            "y",
+            "e",
+            "i",
+            "\\pi",
+            "\\infty",
+            "\\frac",
+            "\\sqrt",
+            "\\text{cm}",
+            "\\mbox{",
+            "\\left(",
+            "\\right)",
+            "\\cup",
+            "\\setminus",
+            "\\pm",
+            "\\in",
+            "\\begin{pmatrix}",
+            "\\end{pmatrix}",
+            "\\sin",
+            "\\log_",
+            " ",
+            "\n",
+            "answer",
+            "The final answer is",
+            "I hope",
+            "é",
+            "−",
+            "×",
+            "\\",
+            "\\approx",
+            "|",
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..3000 {
+            let n = rng.gen_range(1..40);
+            let text: String = (0..n).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
+            let gt: String = (0..rng.gen_range(1..8)).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
+            let _ = is_equivalent(&text, &gt);
+            let _ = super::super::numeric::grade(&text, &gt);
+        }
+        // Deep nesting reads as nothing instead of overflowing the stack.
+        let deep = format!("\\boxed{{{}1{}}}", "(".repeat(5000), ")".repeat(5000));
+        assert!(!is_equivalent(&deep, "1"));
+        let braces = format!("${}1{}$", "{".repeat(5000), "}".repeat(5000));
+        let _ = is_equivalent(&braces, "1");
+        let powers = format!("$2{}$", "^2".repeat(5000));
+        let _ = is_equivalent(&powers, "1");
+        let signs = format!("${}1$", "-".repeat(5000));
+        let _ = is_equivalent(&signs, "1");
+        let arithmetic = format!("The answer is {}1{}.", "(".repeat(5000), ")".repeat(5000));
+        let _ = is_equivalent(&arithmetic, "1");
+    }
+}
