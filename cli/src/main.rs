@@ -1,6 +1,7 @@
 //! The `comas` command line.
 mod client_cmd;
 mod compare;
+mod convert_cmd;
 mod eval;
 mod examples;
 mod generate_cmd;
@@ -58,6 +59,8 @@ enum Command {
     Generate(generate_cmd::Args),
     /// Evaluate a model or a team on a benchmark under the inference setups of the paper.
     Eval(eval::Args),
+    /// Convert a benchmark's published rows (GSM8K, MATH-500, MBPP, GPQA, MMLU, SciBench; JSON, JSONL or parquet) into benchmark records for `comas eval`.
+    ConvertBench(convert_cmd::Args),
     /// Grade a file of responses (HumanEval in the sandbox, math, choice, numeric) without a model.
     Grade(grade_cmd::Args),
     /// Per-token log-probabilities of given completions (JSONL in, JSONL out).
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate_cmd::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Grade(a) => grade_cmd::run(a),
+        Command::ConvertBench(a) => convert_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::TinyModel(a) => tiny_cmd::run(a),
         Command::ImportGguf(a) => import_cmd::run(a),

@@ -3,6 +3,7 @@
 //! and ends with the one output that is graded. The driver (`comas eval`) decodes the pending
 //! calls of every question together, so all setups' calls share the engine's continuous batch.
 mod bench;
+pub mod convert;
 mod prompts;
 mod setup;
 
