@@ -51,10 +51,9 @@ pub struct CacheStep {
     pub causal: bool,
 }
 
-/// Query tokens per row up to which a cached step on the CPU attends by plain matrix products
-/// over the whole cache (see [`CacheStep::dense`]). libtorch's CPU flash kernel costs
-/// milliseconds per call at one query per row, several times the products themselves; for a
-/// prefill it is the faster one.
+/// Query tokens per row up to which a cached step on the CPU reads the whole cache as one block
+/// (see [`CacheStep::dense`]): a view over rows only, no copy of the columns in use, attended by
+/// SDPA or, with `COMAS_DECODE_ATTENTION=blocked`, by blocked matrix products.
 pub const DENSE_MAX_QUERIES: i64 = 8;
 
 /// Cache columns per block of the decode attention (`attend_few` in transformer.rs): scores,
