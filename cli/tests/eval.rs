@@ -224,3 +224,49 @@ fn a_job_checkpoint_is_evaluated_on_its_base_model() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no checkpoint of step 5") && err.contains("steps there: 3"), "{err}");
 }
+
+/// `comas plot` over eval folders draws accuracy against checkpoint step, a line per benchmark
+/// and setup; a folder without a step is refused with what to pass.
+#[test]
+fn plot_draws_accuracy_by_checkpoint_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model("qwen2-f32");
+    let run = |out: &Path, step: Option<&str>| {
+        let mut args = vec![
+            "eval",
+            "--model",
+            &m,
+            "--setup",
+            "vanilla,debate",
+            "--bench",
+            "arithmetic",
+            "--arithmetic-questions",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if let Some(s) = step {
+            args.extend(["--step", s]);
+        }
+        let o = comas(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (a, b, c) = (dir.path().join("s4"), dir.path().join("s0"), dir.path().join("none"));
+    run(&a, Some("4"));
+    run(&b, Some("0"));
+    run(&c, None);
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(a.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["checkpoint_step"], 4);
+    let svg = dir.path().join("acc.svg");
+    let o = comas(&["plot", a.to_str().unwrap(), b.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for name in ["arithmetic vanilla", "arithmetic debate", "Accuracy by checkpoint step"] {
+        assert!(text.contains(name), "{name} not drawn");
+    }
+    let o = comas(&["plot", a.to_str().unwrap(), c.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("has no checkpoint step") && err.contains("--step"), "{err}");
+}

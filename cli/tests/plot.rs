@@ -16,7 +16,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn args(metrics: PathBuf, output: PathBuf) -> plot::Args {
-    plot::Args { metrics, output, title: None, panels: Vec::new(), roles: false, width: 1440, height: None, columns: None }
+    plot::Args { inputs: vec![metrics], output, title: None, panels: Vec::new(), roles: false, width: 1440, height: None, columns: None }
 }
 
 fn build(m: &Metrics, roles: bool, groups: &[Group]) -> Figure {

@@ -4,6 +4,20 @@ use crate::task::DatasetError;
 use crate::turn::Role;
 use thiserror::Error;
 
+/// What kind of JSON value `v` is, in words, for messages such as "expected an object, found an
+/// array".
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum WorkflowError {
     #[error(transparent)]

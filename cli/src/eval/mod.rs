@@ -31,6 +31,10 @@ pub struct Args {
     /// The checkpoint of --job-dir: a step number, or `final` (the newest one).
     #[arg(long, default_value = "final", requires = "job_dir")]
     checkpoint: String,
+    /// The training step to file this evaluation under (default: the --job-dir checkpoint's),
+    /// e.g. 0 for a base model; `comas plot` draws accuracy against it.
+    #[arg(long)]
+    step: Option<u64>,
     /// PEFT LoRA adapter folder; the k-th `--adapter` goes with the k-th `--model` (`-` for none).
     #[arg(long = "adapter")]
     adapters: Vec<String>,
@@ -77,7 +81,7 @@ pub struct Args {
 /// The model folder and adapter of an agent's checkpoint in a `comas local --dir` folder:
 /// `checkpoints/agent-K/step-N/` holds `model/` (full fine-tuning) or `adapter/` (LoRA, whose
 /// config names its base model).
-fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(PathBuf, Option<String>)> {
+fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, Option<String>)> {
     let root = dir.join("checkpoints").join(format!("agent-{agent}"));
     let all = comas_learner::checkpoint::list_checkpoints(&root)?;
     let step = match which {
@@ -93,7 +97,7 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(PathBuf, Optio
         )
     })?;
     if at.join("model").is_dir() {
-        return Ok((at.join("model"), None));
+        return Ok((step, at.join("model"), None));
     }
     let adapter = at.join("adapter");
     /// The one field of PEFT's adapter_config.json needed here.
@@ -105,17 +109,21 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(PathBuf, Optio
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let base: Base = serde_json::from_str(&text).with_context(|| format!("{} is not an adapter config", path.display()))?;
     let base = base.base_model_name_or_path.with_context(|| format!("{}: the adapter does not name its base model", path.display()))?;
-    Ok((PathBuf::from(base), Some(adapter.display().to_string())))
+    Ok((step, PathBuf::from(base), Some(adapter.display().to_string())))
 }
 
-fn load_members(a: &Args) -> Result<Vec<Member>> {
+/// The team's members, and the checkpoint step of --job-dir if one was given.
+fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
     if a.adapters.len() > a.models.len() {
         bail!("{} --adapter flags for {} --model flags: give at most one adapter per model (`-` for none)", a.adapters.len(), a.models.len());
     }
     let device = parse_device(&a.device)?;
     let mut team: Vec<(PathBuf, Option<String>)> = Vec::new();
+    let mut step = None;
     if let Some(dir) = &a.job_dir {
-        team.push(job_checkpoint(dir, a.agent, &a.checkpoint)?);
+        let (s, model, adapter) = job_checkpoint(dir, a.agent, &a.checkpoint)?;
+        step = Some(s);
+        team.push((model, adapter));
     }
     for (i, dir) in a.models.iter().enumerate() {
         team.push((dir.clone(), a.adapters.get(i).filter(|p| p.as_str() != "-").cloned()));
@@ -141,7 +149,7 @@ fn load_members(a: &Args) -> Result<Vec<Member>> {
         };
         members.push(Member { name, model, tokenizer, adapter });
     }
-    Ok(members)
+    Ok((members, step))
 }
 
 fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
@@ -198,7 +206,8 @@ pub fn run(a: Args) -> Result<()> {
     let needs_code = items.iter().any(|i| matches!(i.grader, eval::GraderKind::Code { .. }));
     // The sandbox is checked before any model loads: a machine without python3 fails at once.
     let grader = grading::Grader::new(needs_code, a.code_grading)?;
-    let members = load_members(&a)?;
+    let (members, checkpoint_step) = load_members(&a)?;
+    let checkpoint_step = a.step.or(checkpoint_step);
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut results = ResultsFile::open(&a.out)?;
     let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
@@ -236,7 +245,8 @@ pub fn run(a: Args) -> Result<()> {
         bar.finish();
     }
     let secs = started.elapsed().as_secs_f64();
-    let summary = report::summarize(&bench_name, &members.iter().map(|m| m.name.clone()).collect::<Vec<_>>(), &results.load_all()?, a.code_grading);
+    let summary =
+        report::summarize(&bench_name, &members.iter().map(|m| m.name.clone()).collect::<Vec<_>>(), checkpoint_step, &results.load_all()?, a.code_grading);
     report::write_summary(&a.out, &summary)?;
     println!("{}", serde_json::to_string(&summary)?);
     eprintln!(

@@ -5,7 +5,7 @@ use super::driver::CallRecord;
 use super::grading::Verdict;
 use anyhow::{Context, Result};
 use comas_workflow::code::CodeGrading;
-use comas_workflow::eval::{BenchItem, Setup};
+use comas_workflow::eval::{BenchItem, EvalCell, EvalSummary, Setup};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -97,43 +97,18 @@ impl ResultsFile {
     }
 }
 
-/// Accuracy of one (benchmark tag, setup) cell.
-#[derive(Debug, Clone, Serialize)]
-pub struct Cell {
-    pub tag: String,
-    pub setup: Setup,
-    pub graded: usize,
-    pub passed: usize,
-    pub accuracy: f64,
-    /// Code only: passed under the other block mode.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub passed_other_mode: Option<usize>,
-    pub mean_new_tokens: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    pub bench: String,
-    pub models: Vec<String>,
-    pub code_grading: CodeGrading,
-    pub graded: usize,
-    pub passed: usize,
-    pub accuracy: f64,
-    pub cells: Vec<Cell>,
-}
-
-pub fn summarize(bench: &str, models: &[String], results: &[QuestionResult], mode: CodeGrading) -> Summary {
+pub fn summarize(bench: &str, models: &[String], checkpoint_step: Option<u64>, results: &[QuestionResult], mode: CodeGrading) -> EvalSummary {
     let mut cells: BTreeMap<(String, Setup), Vec<&QuestionResult>> = BTreeMap::new();
     for r in results {
         cells.entry((r.tag.clone(), r.setup)).or_default().push(r);
     }
-    let cells: Vec<Cell> = cells
+    let cells: Vec<EvalCell> = cells
         .into_iter()
         .map(|((tag, setup), rs)| {
             let passed = rs.iter().filter(|r| r.verdict.passed).count();
             let other =
                 rs.iter().any(|r| r.verdict.passed_other_mode.is_some()).then(|| rs.iter().filter(|r| r.verdict.passed_other_mode == Some(true)).count());
-            Cell {
+            EvalCell {
                 tag,
                 setup,
                 graded: rs.len(),
@@ -145,10 +120,11 @@ pub fn summarize(bench: &str, models: &[String], results: &[QuestionResult], mod
         })
         .collect();
     let passed = results.iter().filter(|r| r.verdict.passed).count();
-    Summary {
+    EvalSummary {
         bench: bench.to_string(),
         models: models.to_vec(),
         code_grading: mode,
+        checkpoint_step,
         graded: results.len(),
         passed,
         accuracy: passed as f64 / results.len().max(1) as f64,
@@ -157,7 +133,7 @@ pub fn summarize(bench: &str, models: &[String], results: &[QuestionResult], mod
 }
 
 /// The summary as a Markdown table: one row per benchmark tag, one column per setup.
-pub fn markdown(s: &Summary) -> String {
+pub fn markdown(s: &EvalSummary) -> String {
     let mut setups: Vec<Setup> = s.cells.iter().map(|c| c.setup).collect();
     setups.sort();
     setups.dedup();
@@ -189,7 +165,7 @@ pub fn markdown(s: &Summary) -> String {
     out
 }
 
-pub fn write_summary(dir: &Path, s: &Summary) -> Result<()> {
+pub fn write_summary(dir: &Path, s: &EvalSummary) -> Result<()> {
     crate::plot::write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(s)?.as_bytes())?;
     crate::plot::write_atomic(&dir.join("summary.md"), markdown(s).as_bytes())
 }

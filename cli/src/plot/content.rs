@@ -371,3 +371,28 @@ fn team_mean(rec: &Value) -> Option<f64> {
         (w > 0.0).then(|| sum / w)
     })
 }
+
+/// One panel of accuracy against checkpoint step from `comas eval` summaries: a line per
+/// (benchmark tag, setup), its points in step order.
+pub fn checkpoint_figure(title: String, summaries: &[(std::path::PathBuf, comas_workflow::eval::EvalSummary)]) -> Result<Figure> {
+    let mut lines: BTreeMap<String, Vec<(f64, Option<f64>)>> = BTreeMap::new();
+    for (_, s) in summaries {
+        let step = s.checkpoint_step.unwrap_or_default() as f64;
+        for c in &s.cells {
+            lines.entry(format!("{} {}", c.tag, c.setup)).or_default().push((step, Some(c.accuracy)));
+        }
+    }
+    if lines.is_empty() {
+        bail!("the evaluations hold no graded questions");
+    }
+    let series = lines
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, mut points))| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series { name, points, colour: i, dash: None, markers: true }
+        })
+        .collect();
+    let panel = Panel::new(Group::Accuracy, "eval.checkpoints", "Accuracy by checkpoint step", "summary.json of comas eval runs", true, series);
+    Ok(Figure { title, panels: vec![panel], left_out: Vec::new() })
+}

@@ -1,4 +1,5 @@
-//! `comas plot`: draw a job's metrics log as a grid of charts, in PNG or SVG.
+//! `comas plot`: draw a job's metrics log as a grid of charts, in PNG or SVG; or, given the
+//! output folders of several `comas eval` runs, accuracy against checkpoint step.
 //!
 //! [`read`] reads the log's step and eval records, [`content`] turns them into plain panels of
 //! series of (step, value) points, and [`render`] draws those with `plotters`. Keeping what is
@@ -21,8 +22,11 @@ pub const MAX_SIDE: u32 = 8192;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// The job's metrics log: JSON lines as the coordinator writes them (`metrics.jsonl`).
-    pub metrics: PathBuf,
+    /// The job's metrics log: JSON lines as the coordinator writes them (`metrics.jsonl`). Or
+    /// several `comas eval --out` folders (each with its summary.json and checkpoint step):
+    /// then one panel of accuracy against checkpoint step, a line per benchmark and setup.
+    #[arg(required = true, num_args = 1..)]
+    pub inputs: Vec<PathBuf>,
     /// Where to write the figure. The extension picks the format: `.svg` or `.png`.
     /// Written atomically (a temporary file in the same folder, then renamed).
     #[arg(short, long)]
@@ -56,9 +60,19 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(h) = args.height {
         check_side("--height", h)?;
     }
-    let metrics = read_log(&args.metrics)?;
-    let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, &args.metrics));
-    let figure = Figure::build(&metrics, &Options { title, roles: args.roles, groups }).with_context(|| format!("cannot plot {}", args.metrics.display()))?;
+    let (figure, what) = if args.inputs.iter().all(|p| p.is_dir()) {
+        let summaries = args.inputs.iter().map(|d| read::read_eval_summary(d).map(|s| (d.clone(), s))).collect::<Result<Vec<_>>>()?;
+        let title = args.title.clone().unwrap_or_else(|| "accuracy by checkpoint".to_string());
+        (content::checkpoint_figure(title, &summaries)?, format!("{} evaluations", summaries.len()))
+    } else {
+        let [log] = args.inputs.as_slice() else {
+            bail!("give one metrics log, or only `comas eval` output folders (to draw accuracy against checkpoint step)");
+        };
+        let metrics = read_log(log)?;
+        let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, log));
+        let figure = Figure::build(&metrics, &Options { title, roles: args.roles, groups }).with_context(|| format!("cannot plot {}", log.display()))?;
+        (figure, format!("{} steps", metrics.steps.len()))
+    };
     if !figure.left_out.is_empty() {
         let list: Vec<_> = figure.left_out.iter().map(|(key, needs)| format!("{key} (needs {needs})")).collect();
         eprintln!("comas plot: left out panels without data: {}", list.join(", "));
@@ -69,7 +83,7 @@ pub fn run(args: Args) -> Result<()> {
         Format::Png => render::png(&figure, &grid)?,
     };
     write_atomic(&args.output, &bytes)?;
-    tracing::info!(output = %args.output.display(), steps = metrics.steps.len(), panels = figure.panels.len(), "wrote plot");
+    tracing::info!(output = %args.output.display(), from = %what, panels = figure.panels.len(), "wrote plot");
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! Reading a job's metrics log (`metrics.jsonl`): its step and eval records, placed on the step axis.
 use anyhow::{bail, Context, Result};
+use comas_workflow::error::json_kind as kind_of;
 use serde_json::Value;
 use std::path::Path;
 
@@ -107,17 +108,6 @@ fn last_per_x(mut records: Vec<Record>) -> Vec<Record> {
     out
 }
 
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// A finite number, or `None` for anything else (missing, null, a string, ...).
 pub fn number(v: Option<&Value>) -> Option<f64> {
     v.and_then(Value::as_f64).filter(|x| x.is_finite())
@@ -131,4 +121,17 @@ pub fn field<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
 /// The finite number at a dotted path.
 pub fn num_at(v: &Value, path: &str) -> Option<f64> {
     number(field(v, path))
+}
+
+/// The `summary.json` of a `comas eval --out` folder; it must carry its checkpoint step.
+pub fn read_eval_summary(dir: &Path) -> Result<comas_workflow::eval::EvalSummary> {
+    let path = dir.join("summary.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("{} is not a `comas eval` output folder: cannot read its summary.json", dir.display()))?;
+    let s: comas_workflow::eval::EvalSummary =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a summary written by comas eval", path.display()))?;
+    if s.checkpoint_step.is_none() {
+        bail!("{} has no checkpoint step: evaluate with --job-dir DIR --checkpoint N, or give comas eval --step N", path.display());
+    }
+    Ok(s)
 }

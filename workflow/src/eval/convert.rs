@@ -5,6 +5,7 @@
 //! Every query ends with its format instruction (spec §7.2): a `\boxed{}` request (a decimal for
 //! SciBench, a letter A–D for GPQA and MMLU) or, for MBPP, a request for one ```` ```python ````
 //! block after the listed asserts.
+use crate::error::json_kind as kind_of;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -175,17 +176,6 @@ pub fn convert_row(format: Format, row: Value, index: usize, seed: u64) -> Resul
 
 fn typed<T: for<'de> Deserialize<'de>>(format: Format, map: Map<String, Value>) -> Result<T, ConvertError> {
     serde_json::from_value(Value::Object(map)).map_err(|e| ConvertError::Layout { format, message: e.to_string() })
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Makes ids unique by suffixing repeats with `-2`, `-3`, … (`comas eval` resumes by id).

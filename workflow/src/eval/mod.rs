@@ -6,6 +6,8 @@ mod bench;
 pub mod convert;
 mod prompts;
 mod setup;
+mod summary;
 
 pub use bench::{arithmetic, humaneval_query, parse_bench, BenchError, BenchItem, GraderKind};
 pub use setup::{Call, Dialogue, DialogueError, Setup, UnknownSetup, TERMINATOR};
+pub use summary::{EvalCell, EvalSummary};
