@@ -98,6 +98,11 @@ fn every_setup_makes_its_calls_and_a_rerun_resumes() {
     let o = eval(&one, &["--max-running", "1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(outputs(&results(&one)), outputs(&rs));
+    // Two questions open at a time, the third opening as one ends (slots reused): the same.
+    let window = dir.path().join("window");
+    let o = eval(&window, &["--max-open", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(outputs(&results(&window)), outputs(&rs));
 
     // A run cut short (here: a limit) is completed by a later run, which adds only the rest.
     let part = dir.path().join("part");

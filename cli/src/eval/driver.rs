@@ -61,31 +61,47 @@ fn call_seed(seed: u64, question: usize, call: u32) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Runs the `opened` dialogues (already started, with their first calls in `first`) to their
-/// ends. `max_running` bounds the sequences decoding at once per model; with 1, calls run one
-/// at a time. `finished` is called with each question as it ends (in order of ending).
+/// Runs the dialogues `questions` yields (already started, each with its first calls) to their
+/// ends, keeping up to `max_open` of them open: a new one opens as soon as one ends, so the
+/// batch never drains between groups of questions. `max_running` bounds the sequences decoding
+/// at once per model; with 1, calls run one at a time. `finished` is called with each question
+/// as it ends (in order of ending).
 pub fn run(
     members: &[Member],
     sampling: &CallSampling,
     max_running: usize,
-    opened: Vec<(Open, Vec<Call>)>,
+    max_open: usize,
+    mut questions: impl Iterator<Item = (Open, Vec<Call>)>,
     mut finished: impl FnMut(Open, Progress) -> Result<()>,
 ) -> Result<Progress> {
     let n = members.len();
     let mut open: Vec<Option<Open>> = Vec::new();
     let mut queues: Vec<VecDeque<(usize, Call)>> = vec![VecDeque::new(); n];
-    for (slot, (o, calls)) in opened.into_iter().enumerate() {
-        for c in calls {
-            queues[c.member % n].push_back((slot, c));
+    let mut remaining = 0usize;
+    // Opens questions into free slots until `max_open` are open or none are left.
+    let mut admit = |open: &mut Vec<Option<Open>>, queues: &mut Vec<VecDeque<(usize, Call)>>, remaining: &mut usize| {
+        while *remaining < max_open.max(1) {
+            let Some((o, calls)) = questions.next() else { break };
+            let slot = match open.iter().position(Option::is_none) {
+                Some(free) => free,
+                None => {
+                    open.push(None);
+                    open.len() - 1
+                }
+            };
+            for c in calls {
+                queues[c.member % n].push_back((slot, c));
+            }
+            open[slot] = Some(o);
+            *remaining += 1;
         }
-        open.push(Some(o));
-    }
+    };
+    admit(&mut open, &mut queues, &mut remaining);
     let mut batchers: Vec<Batcher> = members.iter().map(|m| Batcher::new(&m.model, Some(&m.tokenizer))).collect();
     // Sequence id -> (open slot, call, prompt tokens).
     let mut flying: std::collections::HashMap<u64, (usize, Call, usize)> = Default::default();
     let mut next_id = 0u64;
     let mut progress = Progress::default();
-    let mut remaining = open.len();
     while remaining > 0 {
         let mut replies: Vec<(usize, Call, CallRecord)> = Vec::new();
         for (m, member) in members.iter().enumerate() {
@@ -141,11 +157,16 @@ pub fn run(
                 queues[c.member % n].push_back((slot, c));
             }
             if o.dialogue.output().is_some() {
+                // Its slot is reused next: no call of it may still be out.
+                if o.dialogue.transcript().any(|(_, reply)| reply.is_none()) {
+                    return Err(anyhow!("question {} ended with calls still unanswered (a setup bug)", o.index));
+                }
                 let o = open[slot].take().expect("just checked");
                 remaining -= 1;
                 finished(o, progress)?;
             }
         }
+        admit(&mut open, &mut queues, &mut remaining);
     }
     Ok(progress)
 }

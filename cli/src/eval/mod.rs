@@ -67,7 +67,7 @@ pub struct Args {
     /// Most sequences decoding at once per model (1: the calls one at a time).
     #[arg(long, env = "COMAS_EVAL_MAX_RUNNING", default_value_t = 64)]
     max_running: usize,
-    /// Questions open at once: their pending calls form the batch.
+    /// Questions open at once (a new one opens as one ends): their pending calls form the batch.
     #[arg(long, default_value_t = 64)]
     max_open: usize,
     /// Which code blocks count (spec §8.3); the other mode is reported too.
@@ -219,29 +219,23 @@ pub fn run(a: Args) -> Result<()> {
         let skipped = items.len() - todo.len();
         let bar = report::progress_bar(setup, items.len(), skipped);
         let setup_started = Instant::now();
-        for chunk in todo.chunks(a.max_open.max(1)) {
-            let opened: Vec<(Open, Vec<eval::Call>)> = chunk
-                .iter()
-                .map(|&(index, it)| {
-                    let mut dialogue = Dialogue::new(setup, it.query.clone());
-                    let first = dialogue.start();
-                    (Open { index, dialogue, calls: Vec::new() }, first)
-                })
-                .collect();
-            let before = (total_calls, total_tokens);
-            let progress = driver::run(&members, &sampling, a.max_running, opened, |o, p| {
-                let item = &items[o.index];
-                let output = o.dialogue.output().unwrap_or_default().to_string();
-                let verdict = grader.grade(item, &output)?;
-                results.append(&QuestionResult::new(setup, item, output, verdict, o.calls))?;
-                bar.inc(1);
-                let secs = setup_started.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!("{} calls, {:.1} tok/s", before.0 + p.calls_done, (before.1 + p.tokens) as f64 / secs));
-                Ok(())
-            })?;
-            total_calls += progress.calls_done;
-            total_tokens += progress.tokens;
-        }
+        let questions = todo.iter().map(|&(index, it)| {
+            let mut dialogue = Dialogue::new(setup, it.query.clone());
+            let first = dialogue.start();
+            (Open { index, dialogue, calls: Vec::new() }, first)
+        });
+        let progress = driver::run(&members, &sampling, a.max_running, a.max_open, questions, |o, p| {
+            let item = &items[o.index];
+            let output = o.dialogue.output().unwrap_or_default().to_string();
+            let verdict = grader.grade(item, &output)?;
+            results.append(&QuestionResult::new(setup, item, output, verdict, o.calls))?;
+            bar.inc(1);
+            let secs = setup_started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!("{} calls, {:.1} tok/s", p.calls_done, p.tokens as f64 / secs));
+            Ok(())
+        })?;
+        total_calls += progress.calls_done;
+        total_tokens += progress.tokens;
         bar.finish();
     }
     let secs = started.elapsed().as_secs_f64();
