@@ -104,6 +104,11 @@ fn every_setup_makes_its_calls_and_a_rerun_resumes() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(outputs(&results(&window)), outputs(&rs));
 
+    // Other settings into the same folder are refused: its results would mix.
+    let o = eval(&out, &["--temperature", "0.5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("holds results of another run") && err.contains("give another --out"), "{err}");
+
     // A run cut short (here: a limit) is completed by a later run, which adds only the rest.
     let part = dir.path().join("part");
     assert!(eval(&part, &["--limit", "1"]).status.success());

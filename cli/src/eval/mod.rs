@@ -183,6 +183,40 @@ fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
     Ok((name, items))
 }
 
+/// What the results in an output folder depend on (`run.json`): a rerun into the folder must
+/// match it, or its questions would be graded under mixed settings. Setups and `--limit` may
+/// change between runs (adding a setup or more questions is what resuming is for).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RunSettings {
+    bench: String,
+    models: Vec<String>,
+    temperature: f64,
+    max_new_tokens: usize,
+    seed: u64,
+    checkpoint_step: Option<u64>,
+}
+
+impl RunSettings {
+    fn check_or_write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("run.json");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let before: RunSettings = serde_json::from_str(&text).with_context(|| format!("{} is not a comas eval run file", path.display()))?;
+                if &before != self {
+                    bail!(
+                        "{} holds results of another run ({}); give another --out, or the same model, benchmark, temperature, max new tokens, seed and step",
+                        dir.display(),
+                        serde_json::to_string(&before)?
+                    );
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::plot::write_atomic(&path, serde_json::to_string_pretty(self)?.as_bytes()),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+}
+
 fn parse_setups(s: &str) -> Result<Vec<Setup>> {
     if s == "all" {
         return Ok(Setup::ALL.to_vec());
@@ -209,6 +243,15 @@ pub fn run(a: Args) -> Result<()> {
     let (members, checkpoint_step) = load_members(&a)?;
     let checkpoint_step = a.step.or(checkpoint_step);
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let settings = RunSettings {
+        bench: bench_name.clone(),
+        models: members.iter().map(|m| m.name.clone()).collect(),
+        temperature: a.temperature,
+        max_new_tokens: a.max_new_tokens,
+        seed: a.seed,
+        checkpoint_step,
+    };
+    settings.check_or_write(&a.out)?;
     let mut results = ResultsFile::open(&a.out)?;
     let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
     let started = Instant::now();
