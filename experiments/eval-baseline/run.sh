@@ -4,7 +4,8 @@
 # Writes the results under runs/eval-baseline/ and the tables into docs/experiments/eval-baseline.md.
 #
 #   bash experiments/eval-baseline/run.sh     # HE=20 ARITH=30 NEW=256 DTYPE=bfloat16
-# Extra team members or a trained checkpoint: MODEL_ARGS="--job-dir DIR --agent 0" LABEL=trained.
+# Extra team members or a trained checkpoint: MODEL_ARGS="--job-dir DIR --agent 0" LABEL=trained
+# (the report then goes to docs/experiments/eval-trained.md); BENCHES="arithmetic" for one only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -20,21 +21,22 @@ model=$(bash scripts/fetch-smollm2.sh)
 model_args=${MODEL_ARGS:---model $model}
 out=$root/runs/eval-baseline/$label
 mkdir -p "$out"
-for bench in humaneval arithmetic; do
+benches=${BENCHES:-humaneval arithmetic}
+for bench in $benches; do
   limit=$([ "$bench" = humaneval ] && echo "$he" || echo "$arith")
   # shellcheck disable=SC2086
   COMAS_THREADS=${THREADS:-2} target/release/comas eval $model_args --dtype "$dtype" --setup all --bench "$bench" \
     --limit "$limit" --arithmetic-questions "$arith" --max-new-tokens "$new" --out "$out/$bench" >/dev/null 2>"$out/$bench.log"
   tail -1 "$out/$bench.log"
 done
-report=$root/docs/experiments/eval-baseline.md
+report=$root/docs/experiments/eval-$([ "$label" = base ] && echo baseline || echo "$label").md
 {
   echo "# SmolLM2-135M-Instruct under the four inference setups ($label)"
   echo
   echo "\`bash experiments/eval-baseline/run.sh\` ($(date -u +%Y-%m-%d)): $dtype, temperature 0.7, at most $new new"
-  echo "tokens per call, the first $he HumanEval problems (code graded in the sandbox) and $arith built-in"
-  echo "arithmetic word problems. Accuracy per setup, passed/graded in brackets."
-  for bench in humaneval arithmetic; do
+  echo "tokens per call, benchmarks: $benches (HumanEval: the first $he problems, code graded in the sandbox; arithmetic: $arith built-in"
+  echo "arithmetic word problems). Accuracy per setup, passed/graded in brackets."
+  for bench in $benches; do
     echo
     echo "## $bench"
     echo
