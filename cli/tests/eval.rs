@@ -209,7 +209,8 @@ fn grade_runs_humaneval_answers_in_the_sandbox() {
 #[test]
 fn a_job_checkpoint_is_evaluated_on_its_base_model() {
     let dir = tempfile::tempdir().unwrap();
-    let step = dir.path().join("job/checkpoints/agent-1/step-3");
+    // A learner keeps one folder per job under its checkpoint folder.
+    let step = dir.path().join("job/checkpoints/agent-1/my_job/step-3");
     let adapter = step.join("adapter");
     std::fs::create_dir_all(&adapter).unwrap();
     let lora = fixtures().join("models/qwen2-f32-lora");

@@ -78,14 +78,34 @@ pub struct Args {
     arithmetic_questions: usize,
 }
 
-/// The model folder and adapter of an agent's checkpoint in a `comas local --dir` folder:
-/// `checkpoints/agent-K/step-N/` holds `model/` (full fine-tuning) or `adapter/` (LoRA, whose
-/// config names its base model).
+/// The step, model folder and adapter of an agent's checkpoint in a `comas local --dir` folder:
+/// `checkpoints/agent-K/<job>/step-N/` (a learner keeps one folder per job) holds `model/`
+/// (full fine-tuning) or `adapter/` (LoRA, whose config names its base model).
 fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, Option<String>)> {
-    let root = dir.join("checkpoints").join(format!("agent-{agent}"));
-    let all = comas_learner::checkpoint::list_checkpoints(&root)?;
+    let agent_dir = dir.join("checkpoints").join(format!("agent-{agent}"));
+    let mut roots = vec![agent_dir.clone()];
+    if let Ok(entries) = std::fs::read_dir(&agent_dir) {
+        let mut jobs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+        jobs.sort();
+        roots.extend(jobs);
+    }
+    let mut found = Vec::new();
+    for r in &roots {
+        let steps = comas_learner::checkpoint::list_checkpoints(r)?;
+        if !steps.is_empty() {
+            found.push((r.clone(), steps));
+        }
+    }
+    let (root, all) = match found.len() {
+        0 => bail!("{} holds no complete checkpoint of agent {agent}", agent_dir.display()),
+        1 => found.remove(0),
+        _ => {
+            let names: Vec<String> = found.iter().map(|(r, _)| r.display().to_string()).collect();
+            bail!("agent {agent} has checkpoints of several jobs ({}); move the others away", names.join(", "))
+        }
+    };
     let step = match which {
-        "final" | "latest" => all.last().map(|(s, _)| *s).with_context(|| format!("{} holds no complete checkpoint of agent {agent}", root.display()))?,
+        "final" | "latest" => all.last().map(|(s, _)| *s).expect("found holds only non-empty step lists"),
         s => s.parse::<u64>().with_context(|| format!("--checkpoint {s}: give a step number or `final`"))?,
     };
     let (_, at) = all.iter().find(|(s, _)| *s == step).with_context(|| {
