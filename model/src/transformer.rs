@@ -140,7 +140,7 @@ impl Attention {
 
 /// Whether decode steps use [`attend_few`] (`COMAS_DECODE_ATTENTION=blocked`) or SDPA (`exact`,
 /// the default). Both give a row the same result whatever else shares its batch; on a 2-core
-/// Xeon with AMX, SDPA decoded SmolLM2 8–17 % faster (README, Benchmarks).
+/// Xeon with AMX, SDPA decoded SmolLM2 8–25 % faster (README, Benchmarks).
 pub fn blocked_decode_attention() -> bool {
     static BLOCKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *BLOCKED.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
