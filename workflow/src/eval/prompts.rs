@@ -26,19 +26,32 @@ pub fn debate_rebuttal(query: &str, others: &[&str]) -> String {
 
 /// `[Task]` and the numbered solutions of a Consistency aggregation.
 pub fn consistency_aggregate(query: &str, solutions: &[&str]) -> String {
-    let mut text = format!("[Task]:\n{query}\n\n");
-    for (i, s) in solutions.iter().enumerate() {
-        text.push_str(&format!("[Solution {}]:\n{}\n\n", i + 1, s));
-    }
-    text.push_str(AGGREGATE);
-    text
+    aggregate(query, solutions, |label| format!("[{label}]:"))
 }
 
 /// `Task:` and the numbered final answers of a Debate aggregation.
 pub fn debate_aggregate(query: &str, finals: &[&str]) -> String {
-    let mut text = format!("Task:\n{query}\n\n");
-    for (i, s) in finals.iter().enumerate() {
-        text.push_str(&format!("Solution {}:\n{}\n\n", i + 1, s));
+    aggregate(query, finals, |label| format!("{label}:"))
+}
+
+/// The task, each solution under its numbered heading, then the aggregation instruction; the two
+/// setups differ only in how a heading is written (spec §8.2).
+fn aggregate(query: &str, solutions: &[&str], heading: impl Fn(&str) -> String) -> String {
+    let mut text = format!(
+        "{}
+{query}
+
+",
+        heading("Task")
+    );
+    for (i, s) in solutions.iter().enumerate() {
+        text.push_str(&format!(
+            "{}
+{s}
+
+",
+            heading(&format!("Solution {}", i + 1))
+        ));
     }
     text.push_str(AGGREGATE);
     text
