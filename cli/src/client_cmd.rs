@@ -89,6 +89,8 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
         "episodes_total": s.episodes_total, "stage_tokens": s.stage_tokens, "stage_seconds": s.stage_seconds,
         "train_samples_done": s.train_samples_done, "train_samples_total": s.train_samples_total,
         "queued_episodes": s.queued_episodes, "leased_episodes": s.leased_episodes,
+        "broadcast_bytes_done": s.broadcast_bytes_done, "broadcast_bytes_total": s.broadcast_bytes_total,
+        "broadcast_workers": s.broadcast_workers,
         "error": s.error, "metrics_path": s.metrics_path,
         "agents": s.agents.iter().map(|a| serde_json::json!({"agent": a.agent_id, "version": a.version, "learner": a.learner})).collect::<Vec<_>>(),
     })
@@ -216,6 +218,17 @@ pub fn stage_progress(s: &pb::JobStatus) -> String {
             let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
             format!("{}/{} experiences, {} tokens, {rate:.1} tok/s ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_tokens, s.stage_seconds)
         }
+        "broadcast" if s.broadcast_bytes_total > 0 => {
+            let mb = |b: u64| b as f64 / 1e6;
+            let rate = if s.stage_seconds > 0.0 { mb(s.broadcast_bytes_done) / s.stage_seconds } else { 0.0 };
+            format!(
+                "{:.1}/{:.1} MB of weights received by {} worker(s), {rate:.1} MB/s ({:.0} s)",
+                mb(s.broadcast_bytes_done),
+                mb(s.broadcast_bytes_total),
+                s.broadcast_workers,
+                s.stage_seconds
+            )
+        }
         _ => String::new(),
     }
 }
@@ -276,16 +289,20 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             steps.set_length(s.total_steps);
             steps.set_position(s.steps_done);
             episodes.set_prefix(if s.stage.is_empty() { "idle".to_string() } else { s.stage.clone() });
-            let (done, total) = if s.stage == "train" { (s.train_samples_done, s.train_samples_total) } else { (s.episodes_done, s.episodes_total) };
-            episodes.set_length(u64::from(total));
-            episodes.set_position(u64::from(done));
+            let (done, total) = match s.stage.as_str() {
+                "train" => (u64::from(s.train_samples_done), u64::from(s.train_samples_total)),
+                "broadcast" => (s.broadcast_bytes_done, s.broadcast_bytes_total),
+                _ => (u64::from(s.episodes_done), u64::from(s.episodes_total)),
+            };
+            episodes.set_length(total);
+            episodes.set_position(done);
             let progress = stage_progress(&s);
             episodes.set_message(progress.clone());
             // Without a terminal: a progress line as episodes and learners finish, at most every 5 s
             // (and always for the last one of a stage).
             let last_of_stage = total > 0 && done == total;
             if !tty
-                && matches!(ev.kind.as_str(), "episodes" | "trained")
+                && matches!(ev.kind.as_str(), "episodes" | "trained" | "broadcast")
                 && !progress.is_empty()
                 && (last_of_stage || last_progress.elapsed() >= PROGRESS_EVERY)
             {
@@ -354,5 +371,14 @@ mod tests {
         };
         assert_eq!(stage_progress(&train), "12/24 experiences, 3140 tokens, 100.0 tok/s (31 s)");
         assert_eq!(stage_progress(&pb::JobStatus { stage: "broadcast".into(), ..Default::default() }), "");
+        let broadcast = pb::JobStatus {
+            stage: "broadcast".into(),
+            broadcast_bytes_done: 150_000_000,
+            broadcast_bytes_total: 540_000_000,
+            broadcast_workers: 2,
+            stage_seconds: 3.0,
+            ..Default::default()
+        };
+        assert_eq!(stage_progress(&broadcast), "150.0/540.0 MB of weights received by 2 worker(s), 50.0 MB/s (3 s)");
     }
 }

@@ -680,6 +680,25 @@ async fn a_worker_restarted_in_place_is_reloaded() {
     c.check_complete_run().await;
 }
 
+/// A broadcast shows its progress while it runs: with a worker that holds each received
+/// version 3 s before swapping it in, a watcher sees the bytes it received, and at the end
+/// they equal what the step's record says the broadcast moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_reports_the_bytes_received_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 0, 24);
+    c.add_worker_with(&[("COMAS_WORKER_FAULT", "slow-swap:3")]);
+    let id = c.submit().await;
+    let full = |s: &pb::JobStatus| s.stage == "broadcast" && s.broadcast_workers == 1 && s.broadcast_bytes_total > 0;
+    let st = c.on_event(&id, 180, "step 0's broadcast with every byte in", move |s| full(s) && s.broadcast_bytes_done == s.broadcast_bytes_total).await;
+    assert_eq!(st.steps_done, 0);
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    let step0 = &c.metrics_log()[0];
+    let moved: u64 = (0..2).map(|k| step0["agents"][k]["weight_sync"]["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(st.broadcast_bytes_total, moved, "the live total is what the broadcast moved");
+}
+
 /// A worker that joins mid-job and takes long to load does not hold up the broadcast: the
 /// ready worker goes on, and the job ends long before the late one is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,10 @@ pub struct Live {
     pub stage_started: Option<std::time::Instant>,
     pub train_samples_done: u32,
     pub train_samples_total: u32,
+    /// Bytes the workers have received so far of the weight broadcast, of the total they pull.
+    pub broadcast_bytes_done: u64,
+    pub broadcast_bytes_total: u64,
+    pub broadcast_workers: u32,
 }
 
 impl Live {
@@ -150,6 +154,9 @@ impl Jobs {
             stage_seconds: live.stage_started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
             train_samples_done: live.train_samples_done,
             train_samples_total: live.train_samples_total,
+            broadcast_bytes_done: live.broadcast_bytes_done,
+            broadcast_bytes_total: live.broadcast_bytes_total,
+            broadcast_workers: live.broadcast_workers,
             queued_episodes: if rolling { self.metrics.pending_episodes.get().max(0) as u32 } else { 0 },
             leased_episodes: if rolling { self.metrics.leased_episodes.get().max(0) as u32 } else { 0 },
             error: row.error.clone(),

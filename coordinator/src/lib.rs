@@ -1,5 +1,6 @@
 //! The coordinator: job API and store, episode scheduling over the workers' streams, the
 //! reward formulation, routing to the learners and the weight-version barrier.
+pub mod broadcast;
 pub mod cli;
 pub mod error;
 pub mod experience;

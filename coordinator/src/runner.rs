@@ -2,6 +2,7 @@
 //! making here, training on every agent's learner in parallel, then the weight broadcast. A
 //! step is committed to the store only when all of it is done, so a restarted coordinator
 //! repeats at most the unfinished step, and only its missing episodes.
+use crate::broadcast;
 use crate::error::{CoordinatorError, Result};
 use crate::experience::{make_step, Finished};
 use crate::files::{load_job, Loaded};
@@ -200,7 +201,7 @@ async fn train_learner(
     step: u64,
     checkpoint: bool,
     mut at: u64,
-) -> Result<(Option<pb::TrainReport>, u64)> {
+) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
     let mut moves = 0;
     loop {
         let attempt = async {
@@ -210,7 +211,7 @@ async fn train_learner(
             if checkpoint {
                 link.save(Some(step + 1)).await?;
             }
-            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?.version))
+            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?))
         }
         .await;
         match attempt {
@@ -532,6 +533,7 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         }
         let mut reports: Vec<Option<pb::TrainReport>> = vec![None; l];
         let mut new_versions = vec![0u64; l];
+        let mut published_bytes = vec![0u64; l];
         let mut slots: Vec<Option<LearnerLink>> = (0..l).map(|_| None).collect();
         let mut first_err = None;
         let joined = async {
@@ -539,10 +541,11 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 let (k, link, out) = r.map_err(|e| CoordinatorError::Other(format!("training task: {e}")))?;
                 slots[k] = Some(link);
                 match out {
-                    Ok((report, version)) => {
+                    Ok((report, published)) => {
                         let tokens = report.as_ref().map_or(0, |r| r.tokens);
                         reports[k] = report;
-                        new_versions[k] = version;
+                        new_versions[k] = published.version;
+                        published_bytes[k] = published.total_bytes;
                         let (done, tokens) = TrainTally::finish(&tally, k, samples[k], tokens);
                         jobs.set_live(&id, |s| {
                             s.train_samples_done = done;
@@ -584,10 +587,14 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         if step + 1 < job.total_steps {
             let generation = retarget(jobs, &job, &id, &load, &new_versions);
             target_versions = Some(new_versions.clone());
+            let targets = (0..l).map(|k| broadcast::Target { agent: k as u32, version: new_versions[k], bytes: published_bytes[k] }).collect();
+            let mut follower = tokio::task::JoinSet::new();
+            follower.spawn(broadcast::follow(Arc::clone(jobs), id.clone(), targets));
             tokio::select! {
                 r = jobs.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
                 _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
             }
+            drop(follower);
         }
         let broadcast_secs = broadcast_started.elapsed().as_secs_f64();
 

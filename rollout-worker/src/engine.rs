@@ -145,16 +145,18 @@ impl PromptMeter for Room<'_> {
 /// `step-panic:N` panics inside decode step N (caught: that batch fails), `engine-panic:N`
 /// panics in the engine loop after step N (the thread dies and the worker with it),
 /// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version,
-/// `slow-load:S` takes S seconds longer to load policies (a big model on a slow disk).
+/// `slow-load:S` takes S seconds longer to load policies (a big model on a slow disk),
+/// `slow-swap:S` waits S seconds between receiving a weight version and swapping it in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub(crate) enum Fault {
     StepPanic(u64),
     EnginePanic(u64),
     StaleVersion(u64),
     SlowLoad(u64),
+    SlowSwap(u64),
 }
 
-fn fault_from_env() -> Option<Fault> {
+pub(crate) fn fault_from_env() -> Option<Fault> {
     let v = std::env::var("COMAS_WORKER_FAULT").ok()?;
     let (kind, n) = v.split_once(':')?;
     let n = n.parse().ok()?;
@@ -163,6 +165,7 @@ fn fault_from_env() -> Option<Fault> {
         "engine-panic" => Some(Fault::EnginePanic(n)),
         "stale-version" => Some(Fault::StaleVersion(n)),
         "slow-load" => Some(Fault::SlowLoad(n)),
+        "slow-swap" => Some(Fault::SlowSwap(n)),
         _ => None,
     }
 }

@@ -4,6 +4,7 @@ pub mod cli;
 pub mod engine;
 pub mod metrics;
 pub mod models;
+pub mod pulls;
 pub mod register;
 pub mod relay;
 pub mod server;

@@ -52,6 +52,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         loaded: loaded_tx,
         weight_timeout: s.weight_timeout,
         relay: Relay::new(s.relay, RELAY_WAIT),
+        pulls: Default::default(),
         stopping: stop_rx.clone(),
     };
     let drain_timeout = s.drain_timeout;

@@ -26,6 +26,8 @@ pub struct WorkerService {
     pub weight_timeout: Duration,
     /// Chunks of the newest pulled versions, served to the next workers of a relay chain.
     pub relay: Relay,
+    /// Bytes of each agent's newest pull so far, for `Info`.
+    pub pulls: crate::pulls::PullMeter,
     /// Turns true once a drain has finished: open episode streams end so the server can stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Set, with the reason, once the engine thread has died: open streams end at once.
@@ -84,7 +86,8 @@ impl WorkerService {
     async fn pull(&self, req: &pb::UpdateWeightsRequest, source: &str, relay: bool) -> Result<(Vec<ReceivedTensor>, u64), Status> {
         let source = comas_service::grpc_uri(source);
         let transfer = self.relay.begin(req.agent_id, req.version);
-        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer)).await.unwrap_or_else(|_| {
+        self.pulls.begin(req.agent_id, req.version);
+        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer, &self.pulls)).await.unwrap_or_else(|_| {
             Err(Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout)))
         });
         match &result {
@@ -95,7 +98,13 @@ impl WorkerService {
     }
 }
 
-async fn receive(req: &pb::UpdateWeightsRequest, source: &str, relay: bool, transfer: &Transfer) -> Result<(Vec<ReceivedTensor>, u64), Status> {
+async fn receive(
+    req: &pb::UpdateWeightsRequest,
+    source: &str,
+    relay: bool,
+    transfer: &Transfer,
+    pulls: &crate::pulls::PullMeter,
+) -> Result<(Vec<ReceivedTensor>, u64), Status> {
     let broken = |e: Status| source_status(source, e);
     let unreachable = |e: tonic::transport::Error| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
     let channel = comas_service::weights_channel(source).await.map_err(unreachable)?;
@@ -113,6 +122,7 @@ async fn receive(req: &pb::UpdateWeightsRequest, source: &str, relay: bool, tran
             return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
         }
         bytes += chunk.data.len() as u64;
+        pulls.add(req.agent_id, req.version, chunk.data.len() as u64);
         asm.push(&chunk).map_err(Status::data_loss)?;
         transfer.push(chunk);
     }
@@ -251,10 +261,14 @@ impl RolloutWorker for WorkerService {
             Err(e) => return Err(e),
         };
         self.metrics.weight_bytes_received.inc_by(bytes);
+        if let Some(crate::engine::Fault::SlowSwap(secs)) = crate::engine::fault_from_env() {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+        }
         let (tx, rx) = oneshot::channel();
         self.engine.send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx }).map_err(|_| engine_gone())?;
         rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
         self.relay.held(req.agent_id, req.version);
+        self.pulls.finish(req.agent_id, req.version);
         Ok(Response::new(pb::UpdateWeightsResponse { version: req.version, bytes, seconds: started.elapsed().as_secs_f64(), served_by, relayed }))
     }
 
@@ -299,6 +313,7 @@ impl RolloutWorker for WorkerService {
             running_sequences: s.running_sequences as u32,
             waiting_turns: s.waiting_turns as u32,
             draining: s.draining,
+            pulls: self.pulls.report(),
         }))
     }
 }

@@ -347,6 +347,9 @@ async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls
     for (i, w) in workers.iter_mut().enumerate() {
         let info = w.1.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(), vec![(0, 1), (1, 0)], "worker {i}");
+        // The live pull count: one whole copy, also on the worker whose relay peer was dead
+        // (its count restarted with the pull from the learner).
+        assert_eq!(info.pulls, vec![pb::WeightPull { agent_id: 0, version: 1, bytes_received: published.total_bytes, done: true }], "worker {i}");
         let t = run(&mut w.1, episode.clone()).await.remove("relay-0").unwrap();
         assert!(t.turns.iter().any(|x| x.agent == 0 && x.policy_version == 1));
         match &first {
