@@ -1,5 +1,5 @@
 //! `comas convert-bench`: turns a benchmark as users download it (its Hugging Face JSON, JSONL or
-//! parquet files) into the JSONL of spec §7.2 records that `comas eval --bench FILE` reads. The
+//! parquet files, or a CSV such as GPQA's own release) into the JSONL of spec §7.2 records that `comas eval --bench FILE` reads. The
 //! row → record rules are pure code in `comas_workflow::eval::convert`; this file reads the files.
 use anyhow::{bail, Context, Result};
 use comas_workflow::eval::convert::{self, BenchRecord, ConvertError, Format};
@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The benchmark's layout: gsm8k, math500, mbpp, gpqa, mmlu or scibench.
+    /// The benchmark's layout: gsm8k, math500, mbpp, gpqa, mmlu, medqa or scibench.
     #[arg(long)]
     format: Format,
-    /// A file of its rows: .parquet, .jsonl, or .json (an array, or JSON lines as `datasets`
-    /// writes them). Repeat for several files; their rows are concatenated in order.
+    /// A file of its rows: .parquet, .jsonl, .json (an array, or JSON lines as `datasets`
+    /// writes them) or .csv (a header row, then one row per record; cells are text). Repeat for several files; their rows are concatenated in order.
     #[arg(long = "input", required = true)]
     inputs: Vec<PathBuf>,
     /// Where to write the records (JSONL).
@@ -68,6 +68,7 @@ fn read_rows(path: &Path, format: Format) -> Result<Vec<Row>> {
     match ext.as_deref() {
         Some("parquet") => parquet_rows(path, format),
         Some("jsonl") => json_lines(path, &read_text(path)?),
+        Some("csv") => csv_rows(path),
         Some("json") => {
             let text = read_text(path)?;
             // `datasets`' `to_json` writes JSON lines even under a .json name.
@@ -77,7 +78,7 @@ fn read_rows(path: &Path, format: Format) -> Result<Vec<Row>> {
                 json_lines(path, &text)
             }
         }
-        _ => bail!("{}: unknown file type; use a .parquet, .jsonl or .json file", path.display()),
+        _ => bail!("{}: unknown file type; use a .parquet, .jsonl, .json or .csv file", path.display()),
     }
 }
 
@@ -88,6 +89,22 @@ fn read_text(path: &Path) -> Result<String> {
 fn json_array(path: &Path, text: &str) -> Result<Vec<Row>> {
     let rows: Vec<Value> = serde_json::from_str(text).with_context(|| format!("{}: not a JSON array of rows", path.display()))?;
     Ok(rows.into_iter().enumerate().map(|(i, value)| Row { at: format!("row {}", i + 1), value }).collect())
+}
+
+/// A CSV with a header row: each record becomes an object of its columns' text (an empty cell
+/// is an empty string). Quoted cells may span lines, as GPQA's do.
+fn csv_rows(path: &Path) -> Result<Vec<Row>> {
+    let mut reader = csv::ReaderBuilder::new().flexible(false).from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    let header = reader.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
+    let mut rows = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        // Line numbers from the reader's position: a quoted cell may span several lines.
+        let record = record.with_context(|| format!("{}: record {} is not valid CSV", path.display(), i + 1))?;
+        let line = record.position().map_or(0, |p| p.line());
+        let object = header.iter().zip(record.iter()).map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
+        rows.push(Row { at: format!("line {line}"), value: Value::Object(object) });
+    }
+    Ok(rows)
 }
 
 fn json_lines(path: &Path, text: &str) -> Result<Vec<Row>> {

@@ -210,6 +210,40 @@ fn gpqa_letters_follow_the_seed() {
     assert_eq!(a[0].id, "rec0");
 }
 
+/// GPQA as its authors release it: a CSV with many more columns than the converter reads, and
+/// quoted cells that hold commas, quotes and line breaks.
+#[test]
+fn gpqa_csv_and_medqa_jsonl_become_choice_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpqa = dir.path().join("gpqa_main.csv");
+    std::fs::write(
+        &gpqa,
+        "Pre-Revision Question,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3,Record ID,High-level domain\n\
+         old,\"Which gas, at STP,\nis \"\"noble\"\"?\",Argon,Nitrogen,Oxygen,Chlorine,recA1,Chemistry\n\
+         old,Smallest prime?,2,1,4,9,recB2,Math\n",
+    )
+    .unwrap();
+    let items = converted("gpqa", &[&gpqa], &dir.path().join("gpqa.jsonl"));
+    assert_eq!(items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["recA1", "recB2"]);
+    assert!(items[0].query.starts_with("Which gas, at STP,\nis \"noble\"?\n\n"), "{}", items[0].query);
+    assert!(items[0].query.contains(&format!("\n{}) Argon\n", items[0].answer)), "{}", items[0].query);
+    assert!(items[1].query.contains(&format!("\n{}) 2\n", items[1].answer)), "{}", items[1].query);
+    assert!(items.iter().all(|i| i.grader == GraderKind::Choice));
+
+    let medqa = dir.path().join("phrases_no_exclude_test.jsonl");
+    let row = |q: &str, idx: &str| {
+        serde_json::json!({"question": q, "answer": "x", "options": {"A": "a1", "B": "b1", "C": "c1", "D": "d1"}, "meta_info": "step1", "answer_idx": idx})
+            .to_string()
+    };
+    std::fs::write(&medqa, format!("{}\n{}\n", row("First?", "B"), row("Second?", "D"))).unwrap();
+    let items = converted("medqa", &[&medqa], &dir.path().join("medqa.jsonl"));
+    assert_eq!(
+        items.iter().map(|i| (i.id.as_str(), i.answer.as_str(), i.grader.clone())).collect::<Vec<_>>(),
+        [("medqa-0", "B", GraderKind::Choice), ("medqa-1", "D", GraderKind::Choice)]
+    );
+    assert!(items[0].query.starts_with("First?\n\nA) a1\nB) b1\nC) c1\nD) d1\n\n"), "{}", items[0].query);
+}
+
 #[test]
 fn errors_name_the_file_the_column_and_the_row() {
     let dir = tempfile::tempdir().unwrap();
@@ -239,9 +273,17 @@ fn errors_name_the_file_the_column_and_the_row() {
     assert!(e.contains(&format!("{} row 2: no column `problem` for math500; the columns there are: answer, question", arr.display())), "{e}");
 
     let csv = d.join("gpqa_diamond.csv");
-    std::fs::write(&csv, "Question,Correct Answer\n").unwrap();
+    std::fs::write(&csv, "Question,Correct Answer\nq,a\n").unwrap();
     let e = stderr(&convert("gpqa", &[&csv], &out, &[]));
-    assert!(e.contains("gpqa_diamond.csv: unknown file type; use a .parquet, .jsonl or .json file"), "{e}");
+    assert!(e.contains(&format!("{} line 2: no column `Incorrect Answer 1` for gpqa; the columns there are: Correct Answer, Question", csv.display())), "{e}");
+    let ragged = d.join("ragged.csv");
+    std::fs::write(&ragged, "question,options,answer_idx\na,b\n").unwrap();
+    let e = stderr(&convert("medqa", &[&ragged], &out, &[]));
+    assert!(e.contains(&format!("{}: record 1 is not valid CSV", ragged.display())), "{e}");
+    let txt = d.join("gpqa.txt");
+    std::fs::write(&txt, "Question\n").unwrap();
+    let e = stderr(&convert("gpqa", &[&txt], &out, &[]));
+    assert!(e.contains("gpqa.txt: unknown file type; use a .parquet, .jsonl, .json or .csv file"), "{e}");
 
     let e = stderr(&convert("humaneval", &[&gsm], &out, &[]));
     assert!(e.contains("unknown benchmark format `humaneval`"), "{e}");

@@ -6,6 +6,7 @@
 #   bash experiments/eval-baseline/run.sh     # HE=20 ARITH=30 NEW=256 DTYPE=bfloat16
 # Extra team members or a trained checkpoint: MODEL_ARGS="--job-dir DIR --agent 0" LABEL=trained
 # (the report then goes to docs/experiments/eval-trained.md); BENCHES="arithmetic" for one only.
+# COMAS_BIN: a copy of the binary to run, so that rebuilding during a long run does not touch it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -16,7 +17,8 @@ dtype=${DTYPE:-bfloat16}
 label=${LABEL:-base}
 bash scripts/setup.sh >&2
 bash scripts/fetch-humaneval.sh >/dev/null
-[ -n "${NO_BUILD:-}" ] || cargo build --release -q -p comas
+[ -n "${NO_BUILD:-}${COMAS_BIN:-}" ] || cargo build --release -q -p comas
+bin=${COMAS_BIN:-target/release/comas}
 model=$(bash scripts/fetch-smollm2.sh)
 model_args=${MODEL_ARGS:---model $model}
 out=$root/runs/eval-baseline/$label
@@ -25,7 +27,7 @@ benches=${BENCHES:-humaneval arithmetic}
 for bench in $benches; do
   limit=$([ "$bench" = humaneval ] && echo "$he" || echo "$arith")
   # shellcheck disable=SC2086
-  COMAS_THREADS=${THREADS:-2} target/release/comas eval $model_args --dtype "$dtype" --setup all --bench "$bench" \
+  COMAS_THREADS=${THREADS:-2} "$bin" eval $model_args --dtype "$dtype" --setup all --bench "$bench" \
     --limit "$limit" --arithmetic-questions "$arith" --max-new-tokens "$new" --out "$out/$bench" >/dev/null 2>"$out/$bench.log"
   tail -1 "$out/$bench.log"
 done

@@ -3,7 +3,7 @@
 //! object, in; one record out. Reading the files is the caller's business (`comas convert-bench`).
 //!
 //! Every query ends with its format instruction (spec §7.2): a `\boxed{}` request (a decimal for
-//! SciBench, a letter A–D for GPQA and MMLU) or, for MBPP, a request for one ```` ```python ````
+//! SciBench, a letter A–D for GPQA, MMLU and MedQA) or, for MBPP, a request for one ```` ```python ````
 //! block after the listed asserts.
 use crate::error::json_kind as kind_of;
 use serde::{Deserialize, Serialize};
@@ -19,11 +19,12 @@ pub enum Format {
     Mbpp,
     Gpqa,
     Mmlu,
+    Medqa,
     Scibench,
 }
 
 impl Format {
-    pub const ALL: [Format; 6] = [Format::Gsm8k, Format::Math500, Format::Mbpp, Format::Gpqa, Format::Mmlu, Format::Scibench];
+    pub const ALL: [Format; 7] = [Format::Gsm8k, Format::Math500, Format::Mbpp, Format::Gpqa, Format::Mmlu, Format::Medqa, Format::Scibench];
 
     /// The name on the command line, also the records' `tag` and `source` (`parse_bench` picks
     /// the grader from it).
@@ -34,6 +35,7 @@ impl Format {
             Format::Mbpp => "mbpp",
             Format::Gpqa => "gpqa",
             Format::Mmlu => "mmlu",
+            Format::Medqa => "medqa",
             Format::Scibench => "scibench",
         }
     }
@@ -48,6 +50,7 @@ impl Format {
             Format::Mbpp => &[&["text", "prompt"], &["test_list"]],
             Format::Gpqa => &[&["Question"], &["Correct Answer"], &["Incorrect Answer 1"], &["Incorrect Answer 2"], &["Incorrect Answer 3"]],
             Format::Mmlu => &[&["question"], &["choices"], &["answer"]],
+            Format::Medqa => &[&["question"], &["options"], &["answer_idx"]],
             Format::Scibench => &[&["problem_text"], &["answer_number"], &["unit"]],
         }
     }
@@ -60,6 +63,7 @@ impl Format {
             Format::Mbpp => &["task_id", "test_setup_code", "test_imports"],
             Format::Gpqa => &["Record ID"],
             Format::Mmlu => &["subject"],
+            Format::Medqa => &["id", "meta_info"],
             Format::Scibench => &["source", "problemid"],
         }
     }
@@ -77,7 +81,7 @@ impl fmt::Display for Format {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown benchmark format `{0}`: use gsm8k, math500, mbpp, gpqa, mmlu or scibench")]
+#[error("unknown benchmark format `{0}`: use gsm8k, math500, mbpp, gpqa, mmlu, medqa or scibench")]
 pub struct UnknownFormat(String);
 
 impl FromStr for Format {
@@ -170,6 +174,7 @@ pub fn convert_row(format: Format, row: Value, index: usize, seed: u64) -> Resul
         Format::Mbpp => mbpp(typed(format, map)?, index),
         Format::Gpqa => gpqa(typed(format, map)?, index, seed),
         Format::Mmlu => mmlu(typed(format, map)?, index),
+        Format::Medqa => medqa(typed(format, map)?, index),
         Format::Scibench => scibench(typed(format, map)?, index),
     }
 }
@@ -414,6 +419,36 @@ fn mmlu(row: MmluRow, index: usize) -> Result<BenchRecord, ConvertError> {
     Ok(BenchRecord::new(Format::Mmlu, format!("mmlu-{index}"), query, Gt::Text(letter.to_string())))
 }
 
+// MedQA (jind11/MedQA's US 4-option JSONL, GBaker/MedQA-USMLE-4-options): {question,
+// options: {"A": .., "B": .., "C": .., "D": ..}, answer_idx: "A", answer, meta_info}.
+#[derive(Deserialize)]
+struct MedqaRow {
+    question: String,
+    options: std::collections::BTreeMap<String, String>,
+    answer_idx: String,
+    #[serde(default)]
+    id: Option<Value>,
+}
+
+fn medqa(row: MedqaRow, index: usize) -> Result<BenchRecord, ConvertError> {
+    let keys: Vec<&str> = row.options.keys().map(|k| k.trim()).collect();
+    if keys != ["A", "B", "C", "D"] {
+        return Err(ConvertError::ChoiceCount(row.options.len()));
+    }
+    let answer = row.answer_idx.trim().to_ascii_uppercase();
+    if !row.options.contains_key(&answer) {
+        return Err(ConvertError::BadChoiceAnswer(format!("`{}`", row.answer_idx)));
+    }
+    let options: Vec<&str> = row.options.values().map(String::as_str).collect();
+    let query = choice_query("", &row.question, &options);
+    let id = match row.id {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        Some(Value::Number(n)) => format!("medqa/{n}"),
+        _ => format!("medqa-{index}"),
+    };
+    Ok(BenchRecord::new(Format::Medqa, id, query, Gt::Text(answer)))
+}
+
 // --- SciBench (xw27/scibench, mandyyyyii/scibench dataset/*.json): {problem_text, answer_latex,
 // answer_number, unit, source, problemid, comment, ...}; answer_number is text such as "+65.49".
 
@@ -618,6 +653,32 @@ mod tests {
     }
 
     #[test]
+    fn medqa_lists_its_options_in_letter_order_and_takes_answer_idx() {
+        let row = json!({
+            "question": "A 23-year-old woman has burning on urination. Which drug is safest in pregnancy?",
+            "answer": "Nitrofurantoin",
+            "options": {"C": "Doxycycline", "A": "Ampicillin", "D": "Nitrofurantoin", "B": "Ceftriaxone"},
+            "meta_info": "step2&3",
+            "answer_idx": "d"
+        });
+        let r = one(Format::Medqa, row.clone());
+        assert_eq!(r.gt, Gt::Text("D".into()));
+        assert_eq!(r.id, "medqa-7");
+        assert_eq!(
+            r.query,
+            "A 23-year-old woman has burning on urination. Which drug is safest in pregnancy?\n\nA) Ampicillin\nB) Ceftriaxone\nC) Doxycycline\nD) Nitrofurantoin\n\nReason step by step, then put only the letter of the correct option (A, B, C or D) in \\boxed{}."
+        );
+        let item = read_back(&r);
+        assert_eq!((item.grader, item.answer.as_str()), (GraderKind::Choice, "D"));
+        let mut five = row.clone();
+        five["options"]["E"] = json!("Trimethoprim");
+        assert_eq!(convert_row(Format::Medqa, five, 0, 0).unwrap_err(), ConvertError::ChoiceCount(5));
+        let mut bad = row;
+        bad["answer_idx"] = json!("F");
+        assert_eq!(convert_row(Format::Medqa, bad, 0, 0).unwrap_err(), ConvertError::BadChoiceAnswer("`F`".into()));
+    }
+
+    #[test]
     fn mmlu_takes_its_answer_index_as_a_letter() {
         let row = json!({
             "question": "Find the degree for the given field extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q.",
@@ -688,7 +749,7 @@ mod tests {
         assert_eq!("scibench".parse::<Format>().unwrap().to_string(), "scibench");
         assert_eq!(
             "humaneval".parse::<Format>().unwrap_err().to_string(),
-            "unknown benchmark format `humaneval`: use gsm8k, math500, mbpp, gpqa, mmlu or scibench"
+            "unknown benchmark format `humaneval`: use gsm8k, math500, mbpp, gpqa, mmlu, medqa or scibench"
         );
         let rec = |id: &str| BenchRecord::new(Format::Gsm8k, id.into(), "q".into(), Gt::Text("1".into()));
         let mut rs = vec![rec("a"), rec("a-2"), rec("a"), rec("b"), rec("a")];
