@@ -18,6 +18,10 @@ fn model(name: &str) -> String {
     fixtures().join("models").join(name).to_str().unwrap().to_string()
 }
 
+fn canonical(path: impl AsRef<Path>) -> String {
+    std::fs::canonicalize(path).unwrap().display().to_string()
+}
+
 fn results(dir: &Path) -> Vec<Value> {
     std::fs::read_to_string(dir.join("results.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -92,6 +96,24 @@ fn every_setup_makes_its_calls_and_a_rerun_resumes() {
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("0 calls, 0 tokens"), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(results(&out).len(), 12);
+    // So does one that names the model folder another way (`run.json` keeps absolute paths).
+    let other_spelling = fixtures().join("models/../models/qwen2-f32");
+    let o = comas(&[
+        "eval",
+        "--model",
+        other_spelling.to_str().unwrap(),
+        "--setup",
+        "all",
+        "--bench",
+        "arithmetic",
+        "--arithmetic-questions",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("0 calls, 0 tokens"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // One call at a time gives the same outputs as all calls in one batch.
     let one = dir.path().join("one");
@@ -142,6 +164,8 @@ fn a_team_of_two_models_alternates_members() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rs = results(&out);
     let models: Vec<&str> = rs[0]["calls"].as_array().unwrap().iter().map(|c| c["model"].as_str().unwrap()).collect();
+    // Results name models by absolute path.
+    let (a, b) = (canonical(&a), canonical(&b));
     // Agents 1, 2, 3 in round 0 and round 1 are members 0, 1, 2 -> models a, b, a; the aggregation is member 0.
     assert_eq!(models, vec![a.as_str(), b.as_str(), a.as_str(), a.as_str(), b.as_str(), a.as_str(), a.as_str()]);
 }
@@ -230,7 +254,7 @@ fn a_job_checkpoint_is_evaluated_on_its_base_model() {
     let o = run(&["--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rs = results(&out);
-    assert_eq!(rs[0]["calls"][0]["model"], format!("{}+{}", model("qwen2-f32"), adapter.display()));
+    assert_eq!(rs[0]["calls"][0]["model"], format!("{}+{}", canonical(&model("qwen2-f32")), canonical(&adapter)));
     let o = run(&["--checkpoint", "5", "--out", dir.path().join("o2").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no checkpoint of step 5") && err.contains("steps there: 3"), "{err}");

@@ -133,6 +133,11 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, 
 }
 
 /// The team's members, and the checkpoint step of --job-dir if one was given.
+/// `path` made absolute with links resolved; as given when that fails (it is checked on load).
+fn canonical(path: &Path) -> String {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+}
+
 fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
     if a.adapters.len() > a.models.len() {
         bail!("{} --adapter flags for {} --model flags: give at most one adapter per model (`-` for none)", a.adapters.len(), a.models.len());
@@ -159,9 +164,10 @@ fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
         tokenizer.check_chat_template().with_context(|| format!("{} cannot render chat calls", dir.display()))?;
         let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
         tokenizer.check_fits(model.config())?;
+        // Absolute paths, so a rerun that spells a folder another way still matches `run.json`.
         let name = match adapter {
-            Some(p) => format!("{}+{}", dir.display(), p),
-            None => dir.display().to_string(),
+            Some(p) => format!("{}+{}", canonical(dir), canonical(Path::new(p))),
+            None => canonical(dir),
         };
         let adapter = match adapter {
             None => None,
