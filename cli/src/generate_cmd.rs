@@ -55,6 +55,7 @@ pub fn run(a: Args) -> Result<()> {
     let dir = &a.model.model;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+    model.pack_for_decode();
     tokenizer.check_fits(model.config())?;
     let adapter = match &a.adapter {
         Some(dir) => Some(LoraAdapter::load(dir, model.config(), kind, device).with_context(|| format!("loading adapter {}", dir.display()))?),

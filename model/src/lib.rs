@@ -11,6 +11,7 @@ pub mod kv_cache;
 pub mod lora;
 pub mod mask;
 pub mod memory;
+pub mod onednn;
 pub mod process;
 pub mod rope;
 pub mod safetensors;

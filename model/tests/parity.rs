@@ -28,8 +28,11 @@ fn greedy_requests(r: &Reference) -> Vec<GenerationRequest<'static>> {
 
 /// Everything checked per checkpoint; returns the worst logit difference seen.
 fn check_model(name: &str, kind: Kind, tol: f64) -> f64 {
+    check_model_with(name, load(name, kind), tol)
+}
+
+fn check_model_with(name: &str, model: CausalLm, tol: f64) -> f64 {
     let r = Reference::load(name);
-    let model = load(name, kind);
     let mut worst: f64 = 0.0;
     for i in 0..r.num_prompts() {
         let d = max_abs_diff(&logits_of(&model, &r.prompt_ids(i)), &r.tensor(&format!("logits_{i}")));
@@ -75,6 +78,16 @@ fn qwen2_untied_f32_matches_transformers() {
 fn qwen2_tied_bf16_matches_transformers() {
     let worst = check_model("qwen2-tied-bf16", Kind::BFloat16, BF16_TOL);
     eprintln!("qwen2-tied-bf16 (bf16) worst |logit diff| = {worst:e}");
+}
+
+/// The same checks with oneDNN's packed linears on (every product here has at most 64 rows,
+/// so all of them take the packed path).
+#[test]
+fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
+    let model = load("qwen2-tied-bf16", Kind::BFloat16);
+    assert!(model.pack_for_decode(), "bf16 on CPU packs");
+    let worst = check_model_with("qwen2-tied-bf16", model, BF16_TOL);
+    eprintln!("qwen2-tied-bf16 (bf16, packed linears) worst |logit diff| = {worst:e}");
 }
 
 #[test]

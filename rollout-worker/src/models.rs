@@ -53,6 +53,8 @@ impl Models {
                 (false, Some(&i)) => i,
                 _ => {
                     let model = CausalLm::load(&s.model_dir, kind, device)?;
+                    // The worker only generates: decode steps may use packed linears.
+                    model.pack_for_decode();
                     let tokenizer = Tokenizer::from_dir(&s.model_dir)?;
                     tokenizer.check_fits(model.config())?;
                     // Agents speak through the chat template: one that is missing or broken is

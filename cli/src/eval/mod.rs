@@ -163,6 +163,7 @@ fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
         let tokenizer = Tokenizer::from_dir(dir)?;
         tokenizer.check_chat_template().with_context(|| format!("{} cannot render chat calls", dir.display()))?;
         let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+        model.pack_for_decode();
         tokenizer.check_fits(model.config())?;
         // Absolute paths, so a rerun that spells a folder another way still matches `run.json`.
         let name = match adapter {
