@@ -90,6 +90,30 @@ fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
     eprintln!("qwen2-tied-bf16 (bf16, packed linears) worst |logit diff| = {worst:e}");
 }
 
+/// A weight updated in place (as a worker applies a full-weight update) is packed again before
+/// its next use: the packed model then gives what an unpacked one with the same update gives.
+#[test]
+fn packed_linears_follow_an_in_place_weight_update() {
+    let packed = load("qwen2-tied-bf16", Kind::BFloat16);
+    assert!(packed.pack_for_decode());
+    let plain = load("qwen2-tied-bf16", Kind::BFloat16);
+    let ids = Reference::load("qwen2-tied-bf16").prompt_ids(0);
+    let before = logits_of(&packed, &ids);
+    for model in [&packed, &plain] {
+        tch::no_grad(|| {
+            for (_, mut t) in model.named_parameters() {
+                // Halving is exact in bf16, so both models hold the same new weights.
+                let halved = &t * 0.5;
+                t.copy_(&halved);
+            }
+        });
+    }
+    let (after, want) = (logits_of(&packed, &ids), logits_of(&plain, &ids));
+    let d = max_abs_diff(&after, &want);
+    assert!(d <= BF16_TOL, "packed vs aten after the update: {d:e}");
+    assert!(max_abs_diff(&after, &before) > 0.1, "the update changed the outputs");
+}
+
 #[test]
 fn llama3_gqa_rope_scaling_matches_transformers() {
     let worst = check_model("llama3-gqa", Kind::Float, F32_TOL);
