@@ -73,11 +73,21 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
     notes
 }
 
+/// On CPU, bf16 decode keeps a packed copy of the decode linears (`model/src/onednn.rs`): the
+/// clause that says so, empty for other dtypes.
+fn packed_note(dtype: &str, packed_bytes: u64) -> String {
+    if matches!(dtype.trim().trim_start_matches("torch."), "bfloat16" | "bf16") {
+        format!("; a CPU worker also keeps {} of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)", human_bytes(packed_bytes))
+    } else {
+        String::new()
+    }
+}
+
 /// A worker holds each agent's weights (agents that train a LoRA adapter on the same base
 /// share that base) and a KV cache per base model, sized by its --max-batch-tokens.
 fn worker_note(job: &Job, dims: &[Result<ModelDims, String>]) -> Option<String> {
     let b = dtype_bytes(&job.spec.rollout.dtype);
-    let (mut weights, mut kv_per_token, mut models) = (0u64, 0u64, 0usize);
+    let (mut weights, mut kv_per_token, mut models, mut packed) = (0u64, 0u64, 0usize, 0u64);
     let mut shared = BTreeSet::new();
     for (k, a) in job.spec.agents.iter().enumerate() {
         let dims = dims[k].as_ref().ok()?;
@@ -85,6 +95,7 @@ fn worker_note(job: &Job, dims: &[Result<ModelDims, String>]) -> Option<String> 
         let own = lora.is_none() && a.adapter.is_none();
         if own || shared.insert(a.model.clone()) {
             weights += dims.parameters() * b;
+            packed += dims.decode_linear_parameters() * b;
             kv_per_token += dims.kv_bytes_per_token(b);
             models += 1;
         }
@@ -92,11 +103,25 @@ fn worker_note(job: &Job, dims: &[Result<ModelDims, String>]) -> Option<String> 
             weights += dims.lora_parameters(l.r.max(0) as u64, &l.target_modules) * b;
         }
     }
+    let packed_note = packed_note(&job.spec.rollout.dtype, packed);
     Some(format!(
-        "each rollout worker holds about {} of weights ({models} base model{}, {}) plus {} of KV cache per 1,000 tokens of its --max-batch-tokens",
+        "each rollout worker holds about {} of weights ({models} base model{}, {}) plus {} of KV cache per 1,000 tokens of its --max-batch-tokens{packed_note}",
         human_bytes(weights),
         if models == 1 { "" } else { "s" },
         job.spec.rollout.dtype,
         human_bytes(kv_per_token * 1000)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_workers_are_told_about_the_packed_copy() {
+        assert_eq!(packed_note("bfloat16", 3 << 29), "; a CPU worker also keeps 1.50 GiB of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
+        assert_eq!(packed_note("bf16", 512), "; a CPU worker also keeps 512 B of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
+        assert_eq!(packed_note("float32", 3 << 29), "");
+        assert_eq!(packed_note("float16", 3 << 29), "");
+    }
 }

@@ -67,6 +67,14 @@ impl ModelDims {
         v * h + self.num_hidden_layers * layer + h + head
     }
 
+    /// Parameters of every matrix that decode steps multiply by: the layers' projections and the
+    /// output head. A bf16 CPU worker keeps a second, packed copy of these for oneDNN.
+    pub fn decode_linear_parameters(&self) -> u64 {
+        let projections: u64 =
+            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].iter().filter_map(|p| self.projection(p)).map(|(a, b)| a * b).sum();
+        self.num_hidden_layers * projections + self.vocab_size * self.hidden_size
+    }
+
     /// Parameters of a rank-`r` LoRA adapter on `targets`.
     pub fn lora_parameters(&self, r: u64, targets: &[String]) -> u64 {
         let per_layer: u64 = targets.iter().filter_map(|t| self.projection(t)).map(|(a, b)| r * (a + b)).sum();
@@ -184,6 +192,15 @@ mod tests {
         let m = learner_memory(&d, &t);
         let a = d.lora_parameters(8, &t.lora.as_ref().unwrap().target_modules);
         assert_eq!(m, LearnerMemory { weights: (d.parameters() + a) * 4, reference: 0, gradients: a * 4, optimizer: a * 8, snapshot: a * 12 });
+    }
+
+    #[test]
+    fn decode_linears_are_the_projections_and_the_head() {
+        let d = qwen2_7b();
+        // 28 × (3584·3584·2 + 3584·512·2 + 3584·18944·3) + 152064·3584.
+        let want = 28 * (3584 * 3584 * 2 + 3584 * 512 * 2 + 3584 * 18944 * 3) + 152_064 * 3584;
+        assert_eq!(d.decode_linear_parameters(), want);
+        assert!(want < d.parameters());
     }
 
     #[test]
