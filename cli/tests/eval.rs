@@ -27,11 +27,15 @@ fn results(dir: &Path) -> Vec<Value> {
 }
 
 fn eval(out: &Path, extra: &[&str]) -> Output {
-    let m = model("qwen2-f32");
+    eval_model(&model("qwen2-f32"), out, extra)
+}
+
+/// Every setup on 3 arithmetic questions, at most 6 new tokens per call.
+fn eval_model(model: &str, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "eval",
         "--model",
-        &m,
+        model,
         "--setup",
         "all",
         "--bench",
@@ -97,22 +101,7 @@ fn every_setup_makes_its_calls_and_a_rerun_resumes() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("0 calls, 0 tokens"), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(results(&out).len(), 12);
     // So does one that names the model folder another way (`run.json` keeps absolute paths).
-    let other_spelling = fixtures().join("models/../models/qwen2-f32");
-    let o = comas(&[
-        "eval",
-        "--model",
-        other_spelling.to_str().unwrap(),
-        "--setup",
-        "all",
-        "--bench",
-        "arithmetic",
-        "--arithmetic-questions",
-        "3",
-        "--max-new-tokens",
-        "6",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = eval_model(fixtures().join("models/../models/qwen2-f32").to_str().unwrap(), &out, &[]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("0 calls, 0 tokens"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // One call at a time gives the same outputs as all calls in one batch.

@@ -62,11 +62,16 @@ pub fn pack(weight: &Tensor) -> Result<Tensor> {
     wrap(ptr, error, "weight reorder")
 }
 
+/// Rows of `x` [.., in]: every dimension but the last.
+fn rows(x: &Tensor) -> i64 {
+    let size = x.size();
+    size[..size.len() - 1].iter().product()
+}
+
 /// `x` [.., in] times the packed weight (+ `bias`): [.., out].
 pub fn linear(x: &Tensor, packed: &Tensor, bias: Option<&Tensor>, out_features: i64) -> Result<Tensor> {
     let mut shape = x.size();
-    let rows: i64 = shape[..shape.len() - 1].iter().product();
-    let x2 = x.reshape([rows, -1]);
+    let x2 = x.reshape([rows(x), -1]);
     let mut error = std::ptr::null_mut();
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: every handle is a live tensor for the whole call; the shim keeps none of them.
@@ -111,8 +116,7 @@ impl PackedWeight {
         if !self.on.get() || x.requires_grad() || weight.requires_grad() {
             return None;
         }
-        let size = x.size();
-        if size[..size.len() - 1].iter().product::<i64>() > MAX_ROWS {
+        if rows(x) > MAX_ROWS {
             return None;
         }
         let version = weight.internal_version();

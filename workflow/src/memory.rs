@@ -58,8 +58,7 @@ impl ModelDims {
     /// Parameters of the whole model.
     pub fn parameters(&self) -> u64 {
         let (h, v) = (self.hidden_size, self.vocab_size);
-        let projections: u64 =
-            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].iter().filter_map(|p| self.projection(p)).map(|(a, b)| a * b).sum();
+        let projections = self.projection_parameters();
         let biases = if self.model_type == "qwen2" { (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim() } else { 0 };
         let qk_norm = if self.model_type == "qwen3" { 2 * self.head_dim() } else { 0 };
         let layer = projections + biases + qk_norm + 2 * h;
@@ -70,9 +69,12 @@ impl ModelDims {
     /// Parameters of every matrix that decode steps multiply by: the layers' projections and the
     /// output head. A bf16 CPU worker keeps a second, packed copy of these for oneDNN.
     pub fn decode_linear_parameters(&self) -> u64 {
-        let projections: u64 =
-            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].iter().filter_map(|p| self.projection(p)).map(|(a, b)| a * b).sum();
-        self.num_hidden_layers * projections + self.vocab_size * self.hidden_size
+        self.num_hidden_layers * self.projection_parameters() + self.vocab_size * self.hidden_size
+    }
+
+    /// Weights of one decoder layer's seven projections.
+    fn projection_parameters(&self) -> u64 {
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].iter().filter_map(|p| self.projection(p)).map(|(a, b)| a * b).sum()
     }
 
     /// Parameters of a rank-`r` LoRA adapter on `targets`.
