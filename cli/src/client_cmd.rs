@@ -206,21 +206,23 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Progress within the current stage: episodes, tokens and tokens/s while generating;
 /// experiences trained while the learners train.
 pub fn stage_progress(s: &pb::JobStatus) -> String {
+    // An amount per second of the stage so far (0 before any time has passed).
+    let per_second = |amount: f64| if s.stage_seconds > 0.0 { amount / s.stage_seconds } else { 0.0 };
     match s.stage.as_str() {
         "rollout" | "eval" if s.episodes_total > 0 => {
-            let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
+            let rate = per_second(s.stage_tokens as f64);
             format!(
                 "{}/{} episodes ({} queued, {} on workers), {} tokens, {rate:.1} tok/s",
                 s.episodes_done, s.episodes_total, s.queued_episodes, s.leased_episodes, s.stage_tokens
             )
         }
         "train" if s.train_samples_total > 0 => {
-            let rate = if s.stage_seconds > 0.0 { s.stage_tokens as f64 / s.stage_seconds } else { 0.0 };
+            let rate = per_second(s.stage_tokens as f64);
             format!("{}/{} experiences, {} tokens, {rate:.1} tok/s ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_tokens, s.stage_seconds)
         }
         "broadcast" if s.broadcast_bytes_total > 0 => {
             let mb = |b: u64| b as f64 / 1e6;
-            let rate = if s.stage_seconds > 0.0 { mb(s.broadcast_bytes_done) / s.stage_seconds } else { 0.0 };
+            let rate = per_second(mb(s.broadcast_bytes_done));
             format!(
                 "{:.1}/{:.1} MB of weights received by {} worker(s), {rate:.1} MB/s ({:.0} s)",
                 mb(s.broadcast_bytes_done),
