@@ -120,6 +120,12 @@ impl Cluster {
     fn build(dir: &Path, workers: usize, tokens: u32, coordinator_flags: &[&str], eval: bool, steps: u64, worker_flags: &[&str]) -> Self {
         let learner_ports = vec![free_port(), free_port()];
         write_job_of(dir, &learner_ports, tokens, eval, steps);
+        Self::launch(dir, learner_ports, workers, coordinator_flags, steps, worker_flags)
+    }
+
+    /// Starts the coordinator, one learner per port and the workers for the job in `dir`.
+    fn launch(dir: &Path, learner_ports: Vec<u16>, workers: usize, coordinator_flags: &[&str], steps: u64, worker_flags: &[&str]) -> Self {
+        let n = learner_ports.len();
         let mut c = Cluster {
             dir: dir.to_path_buf(),
             coord_port: free_port(),
@@ -127,13 +133,13 @@ impl Cluster {
             learner_ports,
             coordinator: None,
             coordinator_flags: s(coordinator_flags),
-            learners: vec![None, None],
+            learners: (0..n).map(|_| None).collect(),
             workers: Vec::new(),
             steps,
             worker_flags: s(worker_flags),
         };
         c.start_coordinator();
-        for k in 0..2 {
+        for k in 0..n {
             c.start_learner(k);
         }
         for _ in 0..workers {
@@ -820,4 +826,110 @@ async fn submit_shows_the_memory_estimate_and_warns_of_a_learner_too_small() {
     );
     assert!(st.notes[3].starts_with("each rollout worker holds about ") && st.notes[3].contains("(2 base models, float32)"), "{notes}");
     assert_eq!(st.notes.len(), 4, "{notes}");
+}
+
+/// The MAPPA e2e job: agent 0 plays Problem Solver and Verifier, agent 1 the Code Executor, and a
+/// third tiny model coaches. The Executor's replies end with a fixed code block that forks and
+/// spins (a guided tail), so every action calls the tool and every run must be cut off.
+const MAPPA_STEPS: u64 = 2;
+const FORK_AND_SPIN: &str = r"```python\nimport os\nos\.fork\(\)\nwhile 1:0\n```";
+
+fn write_mappa_job(dir: &Path, learner_ports: &[u16]) {
+    for (name, seed) in [("model-0", 3), ("model-1", 4), ("coach", 9)] {
+        write_model(&dir.join(name), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    }
+    let mut data = String::new();
+    for i in 0..12 {
+        data.push_str(&format!("{{\"prompt\":\"What is {i} + 2?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", i + 2));
+    }
+    std::fs::write(dir.join("train.jsonl"), data).unwrap();
+    let agent = |k: usize| {
+        format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n", learner_ports[k])
+    };
+    let job = format!(
+        "name = \"mappa-e2e\"\nseed = 5\nmethod = \"mappa\"\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {MAPPA_STEPS}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\nsave_episodes = true\n\
+         [mappa]\nagents = [0, 1, 0]\ninstances_per_question = {INSTANCES}\ntool_timeout_secs = 1.0\n\
+         [mappa.sampling]\nmax_new_tokens = 10\nmin_new_tokens = 10\n\
+         [mappa.role_sampling.code_executor]\nmax_new_tokens = 60\nmin_new_tokens = 0\nguided_suffix = '{FORK_AND_SPIN}'\n\
+         [mappa.coach_sampling]\ntemperature = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = 'PROCESS_SCORE:[0-9]|none'\n\
+         [[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n{}{}",
+        agent(0),
+        agent(1)
+    );
+    std::fs::write(dir.join("job.toml"), job).unwrap();
+}
+
+/// Sandbox programs (`python3 main.py`) still running anywhere on this machine.
+fn running_sandbox_programs() -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"main.py"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mappa_chain_is_coached_and_each_scored_action_trains_its_agent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_mappa_job(tmp.path(), &ports);
+    let c = Cluster::launch(tmp.path(), ports, 1, &[], MAPPA_STEPS, &["--max-episodes", "4"]);
+    let id = c.submit().await;
+    c.finished(&id).await;
+    let log = c.metrics_log();
+    assert_eq!(log.len() as u64, MAPPA_STEPS, "each step logged exactly once");
+    let (mut scored, mut unscored) = (0, 0);
+    for m in &log {
+        let step = m["step"].as_u64().unwrap();
+        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("mappa"), Some(EPISODES)));
+        // Every episode: one Solver action, two Executor actions (each calls the tool), one Verifier action.
+        for (role, n) in [("problem_solver", 1.0), ("code_executor", 2.0), ("verifier", 1.0)] {
+            assert_eq!(m["actions"][role]["mean"], n, "step {step} {role}");
+        }
+        assert_eq!(m["tool_calls"], EPISODES * 2);
+        assert_eq!(m["sandbox_failures"], serde_json::json!({"timeout": EPISODES * 2}), "every forking, spinning run is cut off at its timeout");
+        assert_eq!(m["tool_success_rate"]["mean"], 0.0);
+        assert_eq!(m["samples"].as_u64().unwrap() + m["samples_dropped"].as_u64().unwrap(), EPISODES * 4);
+        for k in 0..2 {
+            let a = &m["agents"][k];
+            // A learner trains on exactly its agent's scored actions.
+            assert_eq!(a["train"]["samples"], a["samples"], "step {step} agent {k}");
+            assert_eq!(a["samples"].as_u64().unwrap() + a["samples_dropped"].as_u64().unwrap(), EPISODES * 2, "step {step} agent {k}");
+            assert_eq!(a["version"], step + 1);
+        }
+        // The saved records: contexts grow by exactly the action and its observation, and a coach
+        // reply without a score (even after the retry) leaves the action without a reward.
+        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
+        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records.len() as u64, EPISODES);
+        for r in &records {
+            let actions = r["record"]["actions"].as_array().unwrap();
+            assert_eq!(actions.len(), 4);
+            let (first, second) = (&actions[1], &actions[2]);
+            let (m0, m1) = (first["messages"].as_array().unwrap(), second["messages"].as_array().unwrap());
+            assert_eq!(m1.len(), m0.len() + 2);
+            assert_eq!(m1[..m0.len()], m0[..]);
+            assert_eq!(m1[m0.len()], serde_json::json!({"role": "assistant", "content": first["text"]}));
+            assert_eq!(m1[m0.len() + 1], serde_json::json!({"role": "user", "content": first["observation"]}));
+            assert!(first["observation"].as_str().unwrap().starts_with("<tool_response>\n[Execution failed: wall-clock timeout]"), "{}", first["observation"]);
+            assert!(first["text"].as_str().unwrap().ends_with("```python\nimport os\nos.fork()\nwhile 1:0\n```"));
+            for a in actions {
+                let coach = &a["coach"];
+                let replies: Vec<&str> = coach["replies"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+                let read = replies.iter().find_map(|t| t.split_once("PROCESS_SCORE:").map(|(_, d)| d[..1].parse::<f64>().unwrap()));
+                assert_eq!(coach["process_score"].as_f64(), read, "{coach}");
+                match read {
+                    Some(_) => scored += 1,
+                    None => {
+                        // The failure value: retried once, no score, no fallback, no sample.
+                        assert_eq!((replies.len(), coach["retry_attempted"].as_bool(), coach["fallback_used"].as_bool()), (2, Some(true), Some(false)));
+                        unscored += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(scored > 0 && unscored > 0, "the coach both scored and failed to score ({scored} / {unscored})");
+    assert_eq!(running_sandbox_programs(), 0, "no forked program outlived its run");
 }

@@ -456,3 +456,21 @@ fn bad_size_or_missing_folder_is_an_error() {
     let a = args(fixture("three_steps.jsonl"), dir.path().join("no/such/dir/x.svg"));
     assert!(format!("{:#}", plot::run(a).unwrap_err()).contains("does not exist"));
 }
+
+#[test]
+fn a_mappa_log_shows_the_coach_score_by_role() {
+    let line = |step: u32, solver: f64, executor: f64| {
+        format!(
+            r#"{{"kind":"step","step":{step},"method":"mappa","samples":3,"samples_dropped":1,"reward_mean":0.5,"reward":{{"problem_solver":{{"mean":{},"count":1}}}},"coach_score":{{"problem_solver":{{"mean":{solver},"count":1}},"code_executor":{{"mean":{executor},"count":2}}}},"tool_success_rate":{{"mean":0.5,"count":2}},"outcome_accuracy":{{"mean":1.0,"count":1}}}}"#,
+            solver / 10.0
+        )
+    };
+    let m = parse_log(&format!("{}\n{}\n", line(0, 6.0, 3.0), line(1, 7.0, 4.5)), "mappa.jsonl").unwrap();
+    let fig = build(&m, false, &[]);
+    assert_eq!(names(panel(&fig, "coaching.score")), ["code_executor", "problem_solver"]);
+    assert_points(series(&fig, "coaching.score", "problem_solver"), &[(0.0, Some(6.0)), (1.0, Some(7.0))]);
+    assert_points(series(&fig, "coaching.rates", "actions scored"), &[(0.0, Some(0.75)), (1.0, Some(0.75))]);
+    assert_points(series(&fig, "rewards", "problem_solver"), &[(0.0, Some(0.6)), (1.0, Some(0.7))]);
+    // A CoMAS log does not list the coaching panels as missing.
+    assert!(full(false).left_out.iter().all(|(key, _)| !key.starts_with("coaching")));
+}

@@ -5,6 +5,7 @@
 use comas_proto::v1 as pb;
 use comas_workflow::comas::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, Variant};
 use comas_workflow::grade::is_correct;
+use comas_workflow::program::{PolicyTurn, Record, RecordKind};
 use comas_workflow::{FinishReason, Role, WorkflowError};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ pub struct Finished {
     pub answer: String,
 }
 
+#[derive(Debug)]
 pub struct StepBatch {
     /// Experiences per agent, in (episode id, turn) order.
     pub per_agent: Vec<Vec<pb::Experience>>,
@@ -71,7 +73,7 @@ struct Tally {
 impl Tally {
     fn json(&self) -> Value {
         let by_role = |m: &HashMap<Role, Acc>, f: &dyn Fn(&Acc) -> Value| -> Value {
-            Value::Object(Role::ALL.iter().map(|r| (r.as_str().to_string(), m.get(r).map(f).unwrap_or(Value::Null))).collect::<Map<_, _>>())
+            Value::Object(Role::COMAS.iter().map(|r| (r.as_str().to_string(), m.get(r).map(f).unwrap_or(Value::Null))).collect::<Map<_, _>>())
         };
         let judged: u64 = self.scores.iter().sum();
         json!({
@@ -92,7 +94,7 @@ impl Tally {
     }
 }
 
-fn finish(f: FinishReason) -> i32 {
+pub(crate) fn finish(f: FinishReason) -> i32 {
     match f {
         FinishReason::Stop => pb::FinishReason::Stop as i32,
         FinishReason::Length => pb::FinishReason::Length as i32,
@@ -101,27 +103,46 @@ fn finish(f: FinishReason) -> i32 {
 
 /// The group of a turn: its question, role and round, and a hash of its exact prompt tokens.
 fn group_key(question: &str, turn: &comas_workflow::comas::TrajectoryTurn) -> String {
+    prompt_group(question, turn.role, turn.round, &turn.prompt_ids)
+}
+
+/// Turns share a group only if they answered one and the same prompt: same question, role,
+/// round and exact prompt tokens.
+pub(crate) fn prompt_group(question: &str, role: Role, round: u32, prompt_ids: &[u32]) -> String {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: the same prompt gives the same key in every process.
     let mut h = std::hash::DefaultHasher::new();
-    turn.prompt_ids.hash(&mut h);
-    format!("{question}/{}/r{}/{:016x}", turn.role.as_str(), turn.round, h.finish())
+    prompt_ids.hash(&mut h);
+    format!("{question}/{}/r{round}/{:016x}", role.as_str(), h.finish())
 }
 
-/// A worker's trajectory, parsed and checked: the protocol's own checks, and in synchronous mode
-/// that every turn was sampled with the version its agent is at (`versions[agent]`).
-pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
-    let t: Trajectory = serde_json::from_str(json).map_err(|e| format!("episode {episode}: not valid JSON: {e}"))?;
-    t.validate().map_err(|e| format!("episode {episode}: {e}"))?;
+/// A worker's record, parsed and checked: the method's own checks, and in synchronous mode that
+/// every trained turn was sampled with the version its agent is at (`versions[agent]`).
+pub fn check_record(kind: &RecordKind, json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Record, String> {
+    let r = kind.parse(json).map_err(|e| format!("episode {episode}: {e}"))?;
     if let Some(v) = versions {
-        check_versions(&t, episode, v)?;
+        check_turn_versions(&r.policy_turns(), episode, v)?;
     }
-    Ok(t)
+    Ok(r)
+}
+
+/// A CoMAS trajectory, parsed and checked as `check_record` does.
+pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
+    match check_record(&RecordKind::Comas, json, episode, versions)? {
+        Record::Comas(t) => Ok(t),
+        Record::Mappa(_) => unreachable!("parsed as CoMAS"),
+    }
 }
 
 /// Every turn carries the policy version its agent's step expects.
 pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result<(), String> {
-    for turn in &t.turns {
+    let turns: Vec<PolicyTurn> =
+        t.turns.iter().map(|x| PolicyTurn { turn_index: x.turn_index, agent: x.agent, role: x.role, policy_version: x.policy_version }).collect();
+    check_turn_versions(&turns, episode, versions)
+}
+
+pub(crate) fn check_turn_versions(turns: &[PolicyTurn], episode: &str, versions: &[u64]) -> Result<(), String> {
+    for turn in turns {
         let want = versions.get(turn.agent as usize).copied();
         if want != Some(turn.policy_version) {
             return Err(format!(
@@ -224,7 +245,7 @@ pub fn make_step(
     let mut metrics = total.json();
     let m = metrics.as_object_mut().expect("object");
     m.insert("episodes".into(), json!(episodes.len()));
-    m.insert("turns".into(), Value::Object(Role::ALL.iter().map(|r| (r.as_str().to_string(), json!(turn_counts.get(r).copied().unwrap_or(0)))).collect()));
+    m.insert("turns".into(), Value::Object(Role::COMAS.iter().map(|r| (r.as_str().to_string(), json!(turn_counts.get(r).copied().unwrap_or(0)))).collect()));
     m.insert("generated_tokens".into(), json!(tokens));
     // Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
     m.insert("prompts_truncated".into(), json!(episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum::<usize>()));

@@ -8,6 +8,17 @@ use comas_workflow::task::{load_dataset, location_of, TaskRecord};
 use comas_workflow::Role;
 use std::path::{Path, PathBuf};
 
+/// Writes `bytes` so that a reader sees the old file or the whole new one: a synced temporary
+/// file in the same folder, renamed over `path`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map(|_| ()).map_err(|e| e.error)
+}
+
 fn bad(field: &str, message: String) -> CoordinatorError {
     CoordinatorError::Files(format!("`{field}`: {message}"))
 }
@@ -40,6 +51,17 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
             }
         }
     }
+    let mut frozen = Vec::with_capacity(spec.frozen.len());
+    for (k, f) in spec.frozen.iter().enumerate() {
+        frozen.push(check_model(&format!("frozen[{k}].model"), &f.model)?);
+        if let Some(ad) = &f.adapter {
+            for file in ["adapter_config.json", "adapter_model.safetensors"] {
+                if !ad.join(file).is_file() {
+                    return Err(bad(&format!("frozen[{k}].adapter"), format!("{} has no {file}", ad.display())));
+                }
+            }
+        }
+    }
     let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
     let mut eval_questions = Vec::new();
     if let Some(e) = &spec.eval {
@@ -52,7 +74,10 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
         }
     }
     let job = spec.check(questions.len())?;
-    let room = check_context(&job, &models)?;
+    let room = match &job.mappa {
+        None => check_context(&job, &models)?,
+        Some(m) => check_mappa_context(m, &models, &frozen)?,
+    };
     check_records(&room, &questions, "data.train", &job.spec.data.train)?;
     if let Some(e) = &job.spec.eval {
         check_records(&room, &eval_questions, "eval.data", &e.data)?;
@@ -89,7 +114,7 @@ fn check_context<'a>(job: &Job, models: &'a [ModelRoom]) -> Result<Room<'a>> {
     };
     let held = format!("agent {k}'s model holds {} tokens (max_position_embeddings in {})", m.context, m.dir.join("config.json").display());
     let solver_new = u64::from(job.comas.sampling.solver.max_new_tokens);
-    for role in Role::ALL {
+    for role in Role::COMAS {
         let new = u64::from(job.comas.sampling.for_role(role).max_new_tokens);
         if new >= m.context {
             return Err(bad(&format!("comas.sampling.{role}.max_new_tokens"), format!("is {new}, but {held}; leave room for the prompt")));
@@ -106,6 +131,41 @@ fn check_context<'a>(job: &Job, models: &'a [ModelRoom]) -> Result<Room<'a>> {
     Ok(match job.comas.prompt_max_len.map(u64::from) {
         Some(p) => Room { tokens: p, why: "comas.prompt_max_len".into(), models },
         None => Room { tokens: m.context - solver_new, why: format!("{held}, less sampling.solver.max_new_tokens {solver_new}"), models },
+    })
+}
+
+/// MAPPA's room: each agent's actions and the coach's replies must leave room for a prompt in
+/// their models' contexts; a problem must fit the agents' prompt room.
+fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [ModelRoom], frozen: &[ModelRoom]) -> Result<Room<'a>> {
+    let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
+        return Err(bad("agents", "the job lists no agents".into()));
+    };
+    let held =
+        |who: String, r: &ModelRoom| format!("{who}'s model holds {} tokens (max_position_embeddings in {})", r.context, r.dir.join("config.json").display());
+    let new = u64::from(m.max_new_tokens());
+    if new >= agent.context {
+        return Err(bad(
+            "mappa.sampling.max_new_tokens (the longest of any role)",
+            format!("is {new}, but {}; leave room for the prompt", held(format!("agent {k}"), agent)),
+        ));
+    }
+    let coach_new = u64::from(m.coach_sampling.max_new_tokens);
+    let coach = m.coach_agent as usize - models.len();
+    if let Some(c) = frozen.get(coach).filter(|c| coach_new >= c.context) {
+        return Err(bad(
+            "mappa.coach_sampling.max_new_tokens",
+            format!("is {coach_new}, but {}; leave room for the prompt", held(format!("frozen[{coach}]"), c)),
+        ));
+    }
+    Ok(match m.prompt_max_len.map(u64::from) {
+        Some(p) if p + new > agent.context => {
+            return Err(bad(
+                "mappa.prompt_max_len",
+                format!("{p} prompt tokens plus sampling.max_new_tokens {new} is {}, but {}; lower one of them", p + new, held(format!("agent {k}"), agent)),
+            ));
+        }
+        Some(p) => Room { tokens: p, why: "mappa.prompt_max_len".into(), models },
+        None => Room { tokens: agent.context - new, why: format!("{}, less sampling.max_new_tokens {new}", held(format!("agent {k}"), agent)), models },
     })
 }
 

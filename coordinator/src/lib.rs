@@ -7,6 +7,7 @@ pub mod experience;
 pub mod files;
 pub mod jobs;
 pub mod learners;
+pub mod mappa_experience;
 pub mod memory_check;
 pub mod metrics;
 pub mod runner;

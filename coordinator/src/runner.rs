@@ -4,17 +4,19 @@
 //! repeats at most the unfinished step, and only its missing episodes.
 use crate::broadcast;
 use crate::error::{CoordinatorError, Result};
-use crate::experience::{make_step, Finished};
+use crate::experience::{make_step, Finished, StepBatch};
 use crate::files::{load_job, Loaded};
 use crate::jobs::Jobs;
 use crate::learners::LearnerLink;
+use crate::mappa_experience::make_mappa_step;
 use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use crate::tensorboard;
 use comas_proto::v1 as pb;
-use comas_workflow::comas::{episode_seed, plan_batch, CoMasConfig, PlanSeed, Trajectory};
+use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed};
 use comas_workflow::job::Job;
+use comas_workflow::program::{Record, Settings};
 use comas_workflow::task::TaskRecord;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -32,23 +34,24 @@ fn episode_id(job_id: &str, step: u64, instance: u32) -> String {
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{job_id}/{step}/{instance}").as_bytes()).to_string()
 }
 
+/// The trained agents, then the frozen models (which share a base with the agents on the same
+/// folder and are never updated).
 fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
-    pb::LoadPoliciesRequest {
-        agents: job
-            .spec
-            .agents
-            .iter()
-            .enumerate()
-            .map(|(k, a)| pb::AgentPolicy {
-                agent_id: k as u32,
-                model_dir: a.model.display().to_string(),
-                adapter_dir: a.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                full_weights: job.train[k].lora.is_none(),
-                lora_json: job.train[k].lora.as_ref().filter(|_| a.adapter.is_none()).map(|l| serde_json::to_string(l).unwrap_or_default()).unwrap_or_default(),
-            })
-            .collect(),
-        dtype: job.spec.rollout.dtype.clone(),
-    }
+    let trained = job.spec.agents.iter().enumerate().map(|(k, a)| pb::AgentPolicy {
+        agent_id: k as u32,
+        model_dir: a.model.display().to_string(),
+        adapter_dir: a.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+        full_weights: job.train[k].lora.is_none(),
+        lora_json: job.train[k].lora.as_ref().filter(|_| a.adapter.is_none()).map(|l| serde_json::to_string(l).unwrap_or_default()).unwrap_or_default(),
+    });
+    let frozen = job.spec.frozen.iter().enumerate().map(|(i, f)| pb::AgentPolicy {
+        agent_id: job.frozen_agent(i),
+        model_dir: f.model.display().to_string(),
+        adapter_dir: f.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+        full_weights: false,
+        lora_json: String::new(),
+    });
+    pb::LoadPoliciesRequest { agents: trained.chain(frozen).collect(), dtype: job.spec.rollout.dtype.clone() }
 }
 
 /// Evaluation episodes draw from their own seed stream, apart from every training step's.
@@ -57,62 +60,85 @@ const EVAL_SHARD: u64 = 1 << 32;
 fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Result<Vec<pb::EpisodeSpec>> {
     let chosen = job.step_questions(step);
     let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
-    episode_specs(&job.comas, &chosen, questions, seed, |i| episode_id(job_id, step, i))
+    episode_specs(job.settings(), &chosen, questions, seed, |i| episode_id(job_id, step, i))
 }
 
+/// The episodes of the `chosen` questions, `instances_per_question` copies each; a CoMAS game
+/// also gets each instance's judge assignment.
 fn episode_specs(
-    comas: &comas_workflow::comas::CoMasConfig,
+    settings: Settings<'_>,
     chosen: &[usize],
     questions: &[TaskRecord],
     seed: PlanSeed,
     id_of: impl Fn(u32) -> String,
 ) -> Result<Vec<pb::EpisodeSpec>> {
-    let copies = comas.instances_per_question as usize;
-    let plan = plan_batch(comas, chosen.len() * copies, seed).map_err(|e| CoordinatorError::Rollout(format!("planning step {}: {e}", seed.step)))?;
-    let config_json = serde_json::to_string(comas).expect("config serialises");
-    Ok(plan
-        .instances
+    let copies = settings.instances_per_question() as usize;
+    let n = chosen.len() * copies;
+    let plans: Vec<String> = match settings {
+        Settings::Comas(comas) => plan_batch(comas, n, seed)
+            .map_err(|e| CoordinatorError::Rollout(format!("planning step {}: {e}", seed.step)))?
+            .instances
+            .iter()
+            .map(|p| serde_json::to_string(p).expect("plan serialises"))
+            .collect(),
+        Settings::Mappa(_) => vec![String::new(); n],
+    };
+    let config_json = settings.config_json();
+    let method = settings.method().as_str().to_string();
+    Ok(plans
         .into_iter()
         .enumerate()
-        .map(|(i, p)| {
+        .map(|(i, plan_json)| {
             let instance = i as u32;
             pb::EpisodeSpec {
                 episode_id: id_of(instance),
                 config_json: config_json.clone(),
                 question_json: serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises"),
-                plan_json: serde_json::to_string(&p).expect("plan serialises"),
+                plan_json,
                 instance,
                 seed: episode_seed(seed, instance),
+                method: method.clone(),
             }
         })
         .collect())
 }
 
-/// A stored trajectory (it passed the same check when it arrived; versions are checked again
-/// when the step's experiences are made).
-fn parse_trajectory(json: &str, episode: &str) -> Result<Trajectory> {
-    crate::experience::check_trajectory(json, episode, None).map_err(CoordinatorError::Rollout)
+/// A stored record (it passed the same check when it arrived; versions are checked again when
+/// the step's experiences are made).
+fn parse_record(job: &Job, json: &str, episode: &str) -> Result<Record> {
+    crate::experience::check_record(&job.settings().record_kind(), json, episode, None).map_err(CoordinatorError::Rollout)
 }
 
-/// Rewrites the job's metrics log from the store (temp file, then rename), so the log always
-/// holds each committed step exactly once, whatever restarts happened.
-fn write_metrics_log(path: &Path, lines: &[String]) -> std::io::Result<()> {
-    let tmp = path.with_extension("jsonl.tmp");
+/// Writes JSON lines atomically: the job's metrics log, rewritten from the store so it always
+/// holds each committed step exactly once whatever restarts happened, and saved episodes.
+fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
     let mut text = String::new();
     for l in lines {
         text.push_str(l);
         text.push('\n');
     }
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::files::write_atomic(path, text.as_bytes())
+}
+
+/// Keeps a step's records in `output.dir/episodes/step-NNNNN.jsonl` (with `output.save_episodes`),
+/// so what the agents said can be read after the store has let go of them.
+fn save_episodes(job: &Job, step: u64, records: &[(String, Record)]) -> Result<()> {
+    let dir = job.spec.output.dir.join("episodes");
+    let lines = records
+        .iter()
+        .map(|(id, r)| r.to_json().map(|json| format!("{{\"episode_id\":{},\"record\":{json}}}", serde_json::Value::String(id.clone()))))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| write_lines(&dir.join(format!("step-{step:05}.jsonl")), &lines))
+        .map_err(|e| CoordinatorError::Other(format!("cannot save the episodes of step {step} in {}: {e}", dir.display())))
 }
 
 /// Rewrites the metrics log from the store, and brings the TensorBoard event file beside it up
 /// to date; a failed write is logged, the store stays the truth.
 fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
     let lines = jobs.store.metrics_log(id)?;
-    if let Err(e) = write_metrics_log(path, &lines) {
+    if let Err(e) = write_lines(path, &lines) {
         tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics log");
     }
     let events = tensorboard::path(path.parent().unwrap_or(Path::new(".")), id);
@@ -133,18 +159,56 @@ fn retarget(jobs: &Jobs, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, ve
     generation
 }
 
-/// The episodes of `specs` in spec order (so every run builds the same batches), each with its
-/// question's reference answer for logging.
-fn in_spec_order(specs: &[pb::EpisodeSpec], mut done: HashMap<String, Trajectory>, questions: &[TaskRecord]) -> Result<Vec<Finished>> {
-    let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
+/// The episodes of `specs` in spec order (so every run builds the same batches).
+fn in_spec_order(specs: &[pb::EpisodeSpec], mut done: HashMap<String, Record>) -> Result<Vec<(String, Record)>> {
     specs
         .iter()
         .map(|s| {
-            let t = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
-            let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
-            Ok(Finished { episode_id: s.episode_id.clone(), trajectory: t, answer })
+            let r = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
+            Ok((s.episode_id.clone(), r))
         })
         .collect()
+}
+
+/// Rewards, experiences and metrics of a step's records, by the method's own formulation. A
+/// CoMAS turn carries its role's temperature when `with_temperatures`.
+fn make_batch(
+    settings: Settings<'_>,
+    records: Vec<(String, Record)>,
+    questions: &[TaskRecord],
+    num_agents: u32,
+    versions: &[u64],
+    with_temperatures: bool,
+) -> Result<StepBatch> {
+    let wrong = |id: &str| CoordinatorError::Rollout(format!("episode {id} came back as another method's record"));
+    let made = match settings {
+        Settings::Comas(comas) => {
+            let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
+            let finished = records
+                .into_iter()
+                .map(|(episode_id, r)| match r {
+                    Record::Comas(t) => {
+                        // The question's reference answer, for logging only.
+                        let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
+                        Ok(Finished { episode_id, trajectory: t, answer })
+                    }
+                    Record::Mappa(_) => Err(wrong(&episode_id)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
+        }
+        Settings::Mappa(mappa) => {
+            let finished = records
+                .into_iter()
+                .map(|(episode_id, r)| match r {
+                    Record::Mappa(t) => Ok((episode_id, t)),
+                    Record::Comas(_) => Err(wrong(&episode_id)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            make_mappa_step(&finished, mappa, num_agents, Some(versions))
+        }
+    };
+    made.map_err(|e| CoordinatorError::Rollout(e.to_string()))
 }
 
 /// Checks a learner before the job uses it: right agent, the job's settings, a step that fits.
@@ -231,9 +295,9 @@ async fn train_learner(
 async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
     let started = Instant::now();
     let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
-    let mut m = play_eval(jobs, job, id, after, questions, &job.eval_comas_at(spec.temperature), "eval", cancel).await?;
+    let mut m = play_eval(jobs, job, id, after, questions, job.eval_method_at(spec.temperature).settings(), "eval", cancel).await?;
     if spec.greedy {
-        let greedy = play_eval(jobs, job, id, after, questions, &job.eval_comas_at(0.0), "eval-greedy", cancel).await?;
+        let greedy = play_eval(jobs, job, id, after, questions, job.eval_method_at(0.0).settings(), "eval-greedy", cancel).await?;
         if let Some(o) = m.as_object_mut() {
             o.insert("greedy".into(), greedy);
         }
@@ -254,7 +318,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
     Ok(())
 }
 
-/// One evaluation game over every held-out question with `comas`; returns its metrics.
+/// One evaluation game over every held-out question with `settings`; returns its metrics.
 /// `tag` keeps the episode ids of different games apart.
 #[allow(clippy::too_many_arguments)]
 async fn play_eval(
@@ -263,13 +327,13 @@ async fn play_eval(
     id: &str,
     after: u64,
     questions: &[TaskRecord],
-    comas: &CoMasConfig,
+    settings: Settings<'_>,
     tag: &str,
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<Value> {
     let chosen: Vec<usize> = (0..questions.len()).collect();
     let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
-    let specs = episode_specs(comas, &chosen, questions, seed, |i| {
+    let specs = episode_specs(settings, &chosen, questions, seed, |i| {
         uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
     })?;
     let total = specs.len();
@@ -279,9 +343,14 @@ async fn play_eval(
     });
     jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let batch = BatchSpec { specs: specs.clone(), limits: BatchLimits::of(&job.spec.schedule), versions: Some(vec![after; job.spec.agents.len()]) };
+    let batch = BatchSpec {
+        specs: specs.clone(),
+        kind: settings.record_kind(),
+        limits: BatchLimits::of(&job.spec.schedule),
+        versions: Some(vec![after; job.spec.agents.len()]),
+    };
     jobs.scheduler.submit(id.to_string(), batch, tx);
-    let mut done: HashMap<String, Trajectory> = HashMap::new();
+    let mut done: HashMap<String, Record> = HashMap::new();
     while done.len() < total {
         let delivery = tokio::select! {
             d = rx.recv() => d,
@@ -289,10 +358,9 @@ async fn play_eval(
         };
         match delivery {
             None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
-            Some(Delivery::Done { episode_id, trajectory, .. }) => {
-                let t = *trajectory;
-                let tokens = completion_tokens(&t);
-                done.insert(episode_id, t);
+            Some(Delivery::Done { episode_id, record, .. }) => {
+                let tokens = record.completion_tokens();
+                done.insert(episode_id, *record);
                 jobs.set_live(id, |s| {
                     s.episodes_done = done.len() as u32;
                     s.stage_tokens += tokens;
@@ -303,10 +371,8 @@ async fn play_eval(
             Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
         }
     }
-    let finished = in_spec_order(&specs, done, questions)?;
-    Ok(make_step(&finished, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None, job.comas.reward)
-        .map_err(|e| CoordinatorError::Rollout(e.to_string()))?
-        .metrics)
+    let finished = in_spec_order(&specs, done)?;
+    Ok(make_batch(settings, finished, questions, job.spec.agents.len() as u32, &vec![after; job.spec.agents.len()], false)?.metrics)
 }
 
 /// One learner's share of the training stage, as far as the coordinator knows it.
@@ -430,10 +496,10 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         };
         let specs = step_specs(&job, &id, step, &questions)?;
         let total = specs.len();
-        let mut done: HashMap<String, Trajectory> = HashMap::new();
+        let mut done: HashMap<String, Record> = HashMap::new();
         for (eid, json) in episodes_stored {
-            let t = parse_trajectory(&json, &eid)?;
-            done.insert(eid, t);
+            let r = parse_record(&job, &json, &eid)?;
+            done.insert(eid, r);
         }
         let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
         let rollout_started = Instant::now();
@@ -455,7 +521,12 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut outstanding = remaining.len();
-            let batch = BatchSpec { specs: remaining, limits: BatchLimits::of(&job.spec.schedule), versions: Some(versions.clone()) };
+            let batch = BatchSpec {
+                specs: remaining,
+                kind: job.settings().record_kind(),
+                limits: BatchLimits::of(&job.spec.schedule),
+                versions: Some(versions.clone()),
+            };
             jobs.scheduler.submit(id.clone(), batch, tx);
             while outstanding > 0 {
                 let delivery = tokio::select! {
@@ -467,14 +538,13 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 };
                 match delivery {
                     None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
-                    Some(Delivery::Done { episode_id, trajectory, trajectory_json, worker }) => {
-                        let t = *trajectory;
+                    Some(Delivery::Done { episode_id, record, trajectory_json, worker }) => {
                         let started = Instant::now();
                         let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
                         store_secs += started.elapsed().as_secs_f64();
                         if fresh && !done.contains_key(&episode_id) {
-                            let tokens = completion_tokens(&t);
-                            done.insert(episode_id, t);
+                            let tokens = record.completion_tokens();
+                            done.insert(episode_id, *record);
                             outstanding -= 1;
                             jobs.set_live(&id, |s| {
                                 s.episodes_done = done.len() as u32;
@@ -496,9 +566,11 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         // 2. Experience making, in the specs' order so every run builds the same batches.
         let exp_started = Instant::now();
         jobs.set_live(&id, |s| s.enter("experience"));
-        let finished = in_spec_order(&specs, done, &questions)?;
-        let batch = make_step(&finished, l as u32, Some(&versions), Some(&job.comas.sampling), job.comas.reward)
-            .map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
+        let finished = in_spec_order(&specs, done)?;
+        if job.spec.output.save_episodes {
+            save_episodes(&job, step, &finished)?;
+        }
+        let batch = make_batch(job.settings(), finished, &questions, l as u32, &versions, true)?;
         let experience_secs = exp_started.elapsed().as_secs_f64();
 
         // 3. Training: every learner in parallel on its own agent's turns.
@@ -648,9 +720,4 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         }
     }
     Ok(())
-}
-
-/// Tokens the agents generated in one episode.
-fn completion_tokens(t: &Trajectory) -> u64 {
-    t.turns.iter().map(|turn| turn.completion_ids.len() as u64).sum()
 }

@@ -6,6 +6,7 @@
 use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_workflow::program::RecordKind;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,11 +35,11 @@ pub struct PolicyTarget {
 /// An episode's outcome, sent to the job that submitted it.
 #[derive(Debug)]
 pub enum Delivery {
-    /// A trajectory that parsed, passed `Trajectory::validate` and carries the versions the
-    /// batch expects; `trajectory_json` is what the worker sent, for the store.
+    /// A record that parsed, passed its method's checks and carries the versions the batch
+    /// expects; `trajectory_json` is what the worker sent, for the store.
     Done {
         episode_id: String,
-        trajectory: Box<comas_workflow::comas::Trajectory>,
+        record: Box<comas_workflow::program::Record>,
         trajectory_json: String,
         worker: String,
     },
@@ -170,6 +171,7 @@ struct Batch {
     max_attempts: u32,
     episode_timeout: Duration,
     worker_wait: Duration,
+    kind: RecordKind,
     versions: Option<Vec<u64>>,
 }
 
@@ -181,9 +183,11 @@ pub struct BatchLimits {
     pub worker_wait: Option<Duration>,
 }
 
-/// A batch's episodes and the policy version each agent's turns must carry (synchronous mode).
+/// A batch's episodes, how to read their records, and the policy version each agent's turns
+/// must carry (synchronous mode).
 pub struct BatchSpec {
     pub specs: Vec<pb::EpisodeSpec>,
+    pub kind: RecordKind,
     pub limits: BatchLimits,
     pub versions: Option<Vec<u64>>,
 }
@@ -345,7 +349,7 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, batch: BatchSpec { specs, limits, versions }, results } => {
+            Cmd::Submit { job_id, batch: BatchSpec { specs, kind, limits, versions }, results } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 let batch = Batch {
                     results,
@@ -353,6 +357,7 @@ impl State {
                     max_attempts: limits.max_attempts,
                     episode_timeout: limits.episode_timeout.unwrap_or(self.settings.episode_timeout),
                     worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
+                    kind,
                     versions,
                 };
                 self.batches.insert(job_id.clone(), batch);
@@ -494,13 +499,13 @@ impl State {
         // weights is this attempt failing: it is retried like any failed episode.
         let mut r = r;
         if r.error.is_empty() {
-            match crate::experience::check_trajectory(&r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
-                Ok(t) => {
+            match crate::experience::check_record(&batch.kind, &r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
+                Ok(record) => {
                     batch.outstanding.remove(&r.episode_id);
                     self.metrics.episodes_completed.inc();
                     let _ = batch.results.send(Delivery::Done {
                         episode_id: r.episode_id,
-                        trajectory: Box::new(t),
+                        record: Box::new(record),
                         trajectory_json: r.trajectory_json,
                         worker: id,
                     });

@@ -169,12 +169,7 @@ pub fn sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             }
             Ok(())
         }
-        _ => {
-            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-            tmp.write_all(bytes)?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(path).map(|_| ()).map_err(|e| e.error)
-        }
+        _ => crate::files::write_atomic(path, bytes),
     }
 }
 

@@ -181,8 +181,14 @@ fn run(
                     continue;
                 }
                 // A libtorch failure outside the update itself changed no weights.
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trainer.train_step(&batch)))
-                    .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if batch.is_empty() {
+                        Ok(trainer.empty_step())
+                    } else {
+                        trainer.train_step(&batch)
+                    }
+                }))
+                .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
                 if let Ok(rep) = &r {
                     trainer.recent_reports.push_back((step_id, rep.clone()));
                     while trainer.recent_reports.len() > KEPT_REPORTS {

@@ -127,8 +127,9 @@ impl Learner for LearnerService {
             let r = self.call(|reply| Command::Report { step_id: header.step_id, reply }).await?.map_err(status)?;
             return Ok(Response::new(report_to_pb(&r)));
         }
-        if header.num_experiences == 0 || header.num_experiences > MAX_EXPERIENCES {
-            return Err(Status::invalid_argument(format!("num_experiences must be in 1..={MAX_EXPERIENCES}, got {}", header.num_experiences)));
+        // Zero is a step without samples: it advances the learner's step and trains nothing.
+        if header.num_experiences > MAX_EXPERIENCES {
+            return Err(Status::invalid_argument(format!("num_experiences must be in 0..={MAX_EXPERIENCES}, got {}", header.num_experiences)));
         }
         let mut batch = Vec::with_capacity(header.num_experiences as usize);
         while let Some(msg) = stream.next().await {

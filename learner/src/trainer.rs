@@ -455,6 +455,15 @@ impl Trainer {
         Ok(report)
     }
 
+    /// A global step with nothing to learn from (a method may leave an agent without samples in
+    /// a step, e.g. when a coach scored none of its actions): the step counter advances so the
+    /// agent's versions stay in step with the others', and the weights do not change.
+    pub fn empty_step(&mut self) -> StepReport {
+        self.global_step += 1;
+        tracing::info!(step = self.global_step, "a step without samples: nothing trained");
+        StepReport { global_step: self.global_step, peak_rss_bytes: peak_rss_bytes(), ..StepReport::default() }
+    }
+
     /// Drops the gradients of an optimizer step that went non-finite and counts it as skipped.
     fn skip_step(&mut self, report: &mut StepReport, first: &mut Option<String>, what: String) -> Result<()> {
         tracing::warn!(what = %what, "non-finite optimizer step skipped");

@@ -8,7 +8,7 @@
 //! chunk's forward; when its prompt is in, its keys and values move into a row of the batch.
 use crate::error::{ModelError, Result};
 use crate::generate::{Completion, FinishReason};
-use crate::guide::{Allowed, Constrained, Guide, TAIL_RESERVE};
+use crate::guide::{tail_reserve, Allowed, Constrained, Guide};
 use crate::kv_cache::KvCache;
 use crate::lora::{LoraAdapter, LoraBatch};
 use crate::mask;
@@ -40,6 +40,8 @@ struct Row<'a> {
     rng: ChaCha8Rng,
     out: Completion,
     tail: Tail,
+    /// Tokens kept for a guided tail (see `guide::tail_reserve`).
+    tail_reserve: usize,
 }
 
 /// What happened to a row after its token of this step.
@@ -270,7 +272,8 @@ impl<'a> Batcher<'a> {
         let rng = p.params.rng();
         let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
         let need = p.need();
-        self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail });
+        let tail_reserve = p.params.guided_suffix.as_deref().map_or(0, tail_reserve);
+        self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail, tail_reserve });
     }
 
     /// Runs the next chunk of the long prompt under way (starting the next one if none is); a
@@ -415,7 +418,7 @@ fn row_free(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled, 
     push(&mut row.out, s);
     let stop_token = row.out.token_ids.len() >= row.params.min_new_tokens && row.params.stop_token_ids.contains(&s.token);
     let stopped = would_stop(tokenizer, row, s.token)?;
-    let budget_spent = row.out.token_ids.len() + TAIL_RESERVE >= row.params.max_new_tokens;
+    let budget_spent = row.out.token_ids.len() + row.tail_reserve >= row.params.max_new_tokens;
     if !stopped && !budget_spent {
         return Ok(RowState::Running);
     }

@@ -15,6 +15,17 @@ use std::sync::{Arc, Mutex};
 /// Tokens kept free of the tail budget: a guided reply stops writing freely this many tokens
 /// before `max_new_tokens`, so the guided tail fits.
 pub const TAIL_RESERVE: usize = 16;
+/// The tokens a guided reply keeps for its tail: [`TAIL_RESERVE`], or for a tail that is a fixed
+/// text (a regex with no choice in it) as many as the text has bytes, since a token covers at
+/// least one byte; so a fixed tail longer than the reserve is never cut by `max_new_tokens`.
+pub fn tail_reserve(regex: &str) -> usize {
+    let literal = regex_syntax::Parser::new().parse(regex).ok().and_then(|hir| match hir.kind() {
+        regex_syntax::hir::HirKind::Literal(l) => Some(l.0.len()),
+        _ => None,
+    });
+    literal.map_or(TAIL_RESERVE, |n| n.max(TAIL_RESERVE))
+}
+
 /// A guide that leaves more choices than this at one position is refused: guides are for
 /// narrow tails, and each choice set travels with the turn to the learner.
 pub const MAX_ALLOWED: usize = 1024;
@@ -150,6 +161,14 @@ mod tests {
     fn tokenizer() -> tokenizers::Tokenizer {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers/chatml/tokenizer.json");
         tokenizers::Tokenizer::from_file(path).unwrap()
+    }
+
+    #[test]
+    fn only_a_fixed_tail_longer_than_the_reserve_widens_it() {
+        assert_eq!(tail_reserve("<score>[123]</score>"), TAIL_RESERVE);
+        assert_eq!(tail_reserve("ok"), TAIL_RESERVE);
+        assert_eq!(tail_reserve(r"```python\nwhile 1:0\n```"), 23);
+        assert_eq!(tail_reserve("(unclosed"), TAIL_RESERVE);
     }
 
     #[test]

@@ -69,8 +69,8 @@ impl SamplingParams {
         if self.guided_suffix.as_deref() == Some("") {
             return bad("guided_suffix must not be empty".into());
         }
-        if self.guided_suffix.is_some() && self.max_new_tokens <= crate::guide::TAIL_RESERVE {
-            return bad(format!("a guided reply needs max_new_tokens above {} (the tail's reserve), got {}", crate::guide::TAIL_RESERVE, self.max_new_tokens));
+        if let Some(reserve) = self.guided_suffix.as_deref().map(crate::guide::tail_reserve).filter(|&r| self.max_new_tokens <= r) {
+            return bad(format!("a guided reply needs max_new_tokens above {reserve} (the tail's reserve), got {}", self.max_new_tokens));
         }
         Ok(())
     }

@@ -48,6 +48,7 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
                 plan_json: serde_json::to_string(p).unwrap(),
                 instance: i as u32,
                 seed: i as u64,
+                method: "comas".into(),
             }
         })
         .collect()

@@ -2,9 +2,11 @@
 //! decodes all pending turns that share a base model in one continuous batch. The async side
 //! talks to it over a channel; no tensor leaves this thread.
 use crate::models::{Models, PolicySpec};
+use crate::tools::{ToolDone, ToolPool};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
-use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan};
-use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TaskRecord, TurnOutput, TurnRequest};
+use comas_workflow::comas::CoMasConfig;
+use comas_workflow::program::{Program, ProgramStart, Reply, Request};
+use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TurnOutput, TurnRequest, Unmetered};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -23,11 +25,7 @@ pub struct EpisodeOutcome {
 
 pub struct EpisodeJob {
     pub episode_id: String,
-    pub config: CoMasConfig,
-    pub question: TaskRecord,
-    pub plan: InstancePlan,
-    pub instance: u32,
-    pub seed: u64,
+    pub start: ProgramStart,
 }
 
 pub struct Snapshot {
@@ -83,6 +81,9 @@ pub struct Stats {
     pub prompts_truncated: AtomicU64,
     /// Episodes failed because a prompt did not fit even with every block cut.
     pub prompts_refused: AtomicU64,
+    /// Programs run in the sandbox for episode programs, and those that did not exit cleanly.
+    pub tool_runs: AtomicU64,
+    pub tool_failures: AtomicU64,
 }
 
 pub struct EngineSettings {
@@ -111,13 +112,22 @@ struct Room<'a> {
     limit: [usize; 3],
 }
 
+/// How an episode's prompts are fitted here: CoMAS prompts to the room of its agents; other
+/// methods' prompts are not cut (a prompt too long for the room fails at admission).
+fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, comas: Option<&CoMasConfig>) -> Box<dyn PromptMeter + 'a> {
+    match comas {
+        Some(c) => Box::new(room_for(models, settings, c)),
+        None => Box::new(Unmetered),
+    }
+}
+
 /// The room of an episode with `config` on this worker.
 fn room_for<'a>(models: &'a Models, settings: &EngineSettings, config: &CoMasConfig) -> Room<'a> {
     let mut bases: Vec<usize> = (0..config.num_agents).filter_map(|a| models.agents.get(&a)).map(|p| p.base).collect();
     bases.sort_unstable();
     bases.dedup();
     let context = bases.iter().map(|&b| models.context(b)).min().unwrap_or(0);
-    let limit = Role::ALL.map(|role| {
+    let limit = Role::COMAS.map(|role| {
         let new = config.sampling.for_role(role).max_new_tokens as usize;
         let job = config.prompt_max_len.map_or(usize::MAX, |n| n as usize);
         job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new))
@@ -126,7 +136,7 @@ fn room_for<'a>(models: &'a Models, settings: &EngineSettings, config: &CoMasCon
 }
 
 fn role_index(role: Role) -> usize {
-    Role::ALL.iter().position(|&r| r == role).unwrap_or(0)
+    Role::COMAS.iter().position(|&r| r == role).unwrap_or(0)
 }
 
 impl PromptMeter for Room<'_> {
@@ -215,8 +225,11 @@ pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Comma
 struct RunningEpisode {
     id: String,
     stream: u64,
-    episode: Episode,
-    outputs: Vec<TurnOutput>,
+    program: Program,
+    /// The CoMAS settings, for fitting its prompts; `None` for other methods.
+    comas: Option<CoMasConfig>,
+    prompt_max_len: Option<u32>,
+    replies: Vec<Reply>,
     in_flight: usize,
     tokens: u64,
     results: tmpsc::UnboundedSender<EpisodeOutcome>,
@@ -242,6 +255,10 @@ struct Runtime<'m> {
     models: &'m Models,
     settings: &'m EngineSettings,
     stats: Arc<Stats>,
+    tools: ToolPool,
+    tool_results: mpsc::Receiver<ToolDone>,
+    /// Tool runs handed to the pool whose results have not been taken yet.
+    tools_out: usize,
     batchers: Vec<Batcher<'m>>,
     episodes: HashMap<u64, RunningEpisode>,
     seqs: HashMap<u64, Seq>,
@@ -276,10 +293,14 @@ fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> B
 impl<'m> Runtime<'m> {
     fn new(models: &'m Models, settings: &'m EngineSettings, stats: Arc<Stats>) -> Self {
         let batchers = (0..models.bases.len()).map(|b| new_batcher(models, settings, b)).collect();
+        let (tools, tool_results) = ToolPool::new(Arc::clone(&stats));
         Self {
             models,
             settings,
             stats,
+            tools,
+            tool_results,
+            tools_out: 0,
             batchers,
             episodes: HashMap::new(),
             seqs: HashMap::new(),
@@ -354,19 +375,23 @@ impl<'m> Runtime<'m> {
             let _ = results.send(EpisodeOutcome { episode_id: job.episode_id, result: Err(e), draining: true });
             return;
         }
-        if let Some(a) = (0..job.config.num_agents).find(|a| !self.models.agents.contains_key(a)) {
+        if let Some(a) = job.start.agents().into_iter().find(|a| !self.models.agents.contains_key(a)) {
             return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
         }
-        let room = room_for(self.models, self.settings, &job.config);
-        match Episode::new_metered(&job.config, &job.question, job.instance, job.plan, job.seed, &room) {
+        let comas = job.start.comas().cloned();
+        let meter = meter_for(self.models, self.settings, comas.as_ref());
+        match Program::start(&job.start, meter.as_ref()) {
             Err(e) => fail(&results, job.episode_id, format!("invalid episode: {e}")),
-            Ok(episode) => {
+            Ok(program) => {
                 let key = self.next_episode;
                 self.next_episode += 1;
-                let turns = episode.next_turns();
-                self.count_truncated(&turns);
-                self.episodes.insert(key, RunningEpisode { id: job.episode_id, stream, episode, outputs: Vec::new(), in_flight: 0, tokens: 0, results });
-                self.enqueue(key, turns);
+                let requests = program.pending();
+                let prompt_max_len = job.start.prompt_max_len();
+                self.episodes.insert(
+                    key,
+                    RunningEpisode { id: job.episode_id, stream, program, comas, prompt_max_len, replies: Vec::new(), in_flight: 0, tokens: 0, results },
+                );
+                self.enqueue(key, requests);
             }
         }
     }
@@ -376,11 +401,23 @@ impl<'m> Runtime<'m> {
         self.stats.prompts_truncated.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn enqueue(&mut self, key: u64, turns: Vec<TurnRequest>) {
+    /// Hands out a program's group: generations wait for a batch, tool runs go to the pool.
+    fn enqueue(&mut self, key: u64, requests: Vec<Request>) {
         if let Some(e) = self.episodes.get_mut(&key) {
-            e.in_flight += turns.len();
+            e.in_flight += requests.len();
         }
-        self.waiting.extend(turns.into_iter().map(|turn| WaitingTurn { key, turn, prompt: None }));
+        for r in requests {
+            match r {
+                Request::Turn(turn) => {
+                    self.count_truncated(std::slice::from_ref(&turn));
+                    self.waiting.push_back(WaitingTurn { key, turn, prompt: None });
+                }
+                Request::Tool(t) => {
+                    self.tools_out += 1;
+                    self.tools.submit(key, t);
+                }
+            }
+        }
     }
 
     fn blocked(&self, agent: u32) -> bool {
@@ -465,9 +502,10 @@ impl<'m> Runtime<'m> {
         let cut = if turn.blocks_cut > 0 { format!(" even with {} quoted discussion blocks cut", turn.blocks_cut) } else { String::new() };
         let context = self.models.context(base);
         let budget = self.settings.max_batch_tokens;
-        if let Some(max) = self.episodes.get(&key).and_then(|e| e.episode.config().prompt_max_len) {
-            if prompt > max as usize {
-                return Some(format!("its prompt is {prompt} tokens{cut}, over comas.prompt_max_len {max}; the problem text is too long for this job"));
+        if let Some(e) = self.episodes.get(&key) {
+            let method = if e.comas.is_some() { "comas" } else { "mappa" };
+            if let Some(max) = e.prompt_max_len.filter(|&m| prompt > m as usize) {
+                return Some(format!("its prompt is {prompt} tokens{cut}, over {method}.prompt_max_len {max}; the problem text is too long for this job"));
             }
         }
         if prompt + new > context {
@@ -508,7 +546,7 @@ impl<'m> Runtime<'m> {
         let text = tok.decode(visible, true).unwrap_or_default();
         let raw_text = tok.decode(&c.token_ids, false).unwrap_or_default();
         ep.tokens += c.token_ids.len() as u64;
-        ep.outputs.push(TurnOutput {
+        ep.replies.push(Reply::Turn(TurnOutput {
             turn_index: seq.turn.turn_index,
             text,
             raw_text,
@@ -522,38 +560,51 @@ impl<'m> Runtime<'m> {
                 .iter()
                 .map(|k| ConstrainedToken { position: k.position as u32, allowed: k.allowed.iter().map(|&t| t as u32).collect() })
                 .collect(),
-        });
+        }));
+        let key = seq.episode;
+        self.replied(key);
+    }
+
+    /// A tool run came back: the episode's group may be complete.
+    fn tool_done(&mut self, done: ToolDone) {
+        // A cancelled or failed episode's run is dropped.
+        let Some(ep) = self.episodes.get_mut(&done.episode) else { return };
+        ep.replies.push(Reply::Tool(done.result));
+        self.replied(done.episode);
+    }
+
+    /// One reply of episode `key`'s group arrived; once all have, the program takes them and
+    /// hands out its next group, or the episode ends.
+    fn replied(&mut self, key: u64) {
+        let Some(ep) = self.episodes.get_mut(&key) else { return };
         ep.in_flight -= 1;
         if ep.in_flight > 0 {
             return;
         }
-        let key = seq.episode;
-        let outputs = std::mem::take(&mut ep.outputs);
-        let room = room_for(self.models, self.settings, ep.episode.config());
-        if let Err(e) = ep.episode.submit_metered(outputs, &room) {
+        let replies = std::mem::take(&mut ep.replies);
+        let meter = meter_for(self.models, self.settings, ep.comas.as_ref());
+        if let Err(e) = ep.program.submit(replies, meter.as_ref()) {
             return self.fail_episode(key, format!("protocol rejected the turns: {e}"));
         }
-        if !ep.episode.is_done() {
-            let turns = ep.episode.next_turns();
-            self.count_truncated(&turns);
-            return self.enqueue(key, turns);
+        if !ep.program.is_done() {
+            let requests = ep.program.pending();
+            return self.enqueue(key, requests);
         }
         let e = self.episodes.remove(&key).expect("episode present");
-        let n_turns = e.episode.turns().len() as u32;
         let done = self.stats.episodes_done.load(Ordering::Relaxed) + 1;
         let stale = self.fault == Some(Fault::StaleVersion(done));
+        let tokens = e.tokens;
         let result = e
-            .episode
-            .into_trajectory()
-            .map(|mut t| {
+            .program
+            .finish()
+            .map(|mut record| {
                 if stale {
-                    t.turns.iter_mut().for_each(|turn| turn.policy_version += 1000);
+                    record.shift_versions(1000);
                 }
-                t
+                record
             })
             .map_err(|err| err.to_string())
-            .and_then(|t| serde_json::to_string(&t).map_err(|err| err.to_string()))
-            .map(|json| (json, n_turns, e.tokens));
+            .and_then(|record| record.to_json().map(|json| (json, record.turns(), tokens)).map_err(|err| err.to_string()));
         self.stats.episodes_done.fetch_add(1, Ordering::Relaxed);
         let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result, draining: false });
     }
@@ -601,7 +652,9 @@ impl<'m> Runtime<'m> {
                         Err(mpsc::TryRecvError::Disconnected) => return None,
                     }
                 } else {
-                    match rx.recv_timeout(Duration::from_millis(200)) {
+                    // Tool results come on their own channel: look at it often while runs are out.
+                    let wait = if self.tools_out > 0 { Duration::from_millis(5) } else { Duration::from_millis(200) };
+                    match rx.recv_timeout(wait) {
                         Ok(c) => c,
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
                         Err(mpsc::RecvTimeoutError::Disconnected) => return None,
@@ -610,6 +663,10 @@ impl<'m> Runtime<'m> {
                 if let Some(c) = self.handle(cmd) {
                     return Some(c);
                 }
+            }
+            while let Ok(done) = self.tool_results.try_recv() {
+                self.tools_out -= 1;
+                self.tool_done(done);
             }
             self.apply_updates();
             self.admit();

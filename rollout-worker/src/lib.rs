@@ -9,3 +9,4 @@ pub mod register;
 pub mod relay;
 pub mod server;
 pub mod service;
+pub mod tools;

@@ -8,6 +8,7 @@ use comas_proto::v1::learner_client::LearnerClient;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use comas_proto::v1::rollout_worker_server::RolloutWorker;
 use comas_proto::weights::{Assembler, ReceivedTensor};
+use comas_workflow::program::ProgramStart;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,18 +49,12 @@ fn engine_gone() -> Status {
 }
 
 fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
-    let field = |name: &str, e: serde_json::Error| format!("episode {}: `{name}` is not valid: {e}", spec.episode_id);
     if spec.episode_id.is_empty() {
         return Err("an episode spec needs an episode_id".into());
     }
-    Ok(EpisodeJob {
-        config: serde_json::from_str(&spec.config_json).map_err(|e| field("config_json", e))?,
-        question: serde_json::from_str(&spec.question_json).map_err(|e| field("question_json", e))?,
-        plan: serde_json::from_str(&spec.plan_json).map_err(|e| field("plan_json", e))?,
-        instance: spec.instance,
-        seed: spec.seed,
-        episode_id: spec.episode_id,
-    })
+    let start = ProgramStart::parse(&spec.method, &spec.config_json, &spec.question_json, &spec.plan_json, spec.instance, spec.seed)
+        .map_err(|e| format!("episode {}: {e}", spec.episode_id))?;
+    Ok(EpisodeJob { start, episode_id: spec.episode_id })
 }
 
 fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {

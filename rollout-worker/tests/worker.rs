@@ -47,6 +47,8 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
             plan_json: serde_json::to_string(p).unwrap(),
             instance: i as u32,
             seed: 1000 + i as u64,
+            // Empty: a spec from before the field names CoMAS.
+            method: String::new(),
         })
         .collect()
 }

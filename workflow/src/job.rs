@@ -2,6 +2,8 @@
 //! needs no file system live here, so the coordinator (at submit time) and each learner (at
 //! start) resolve an agent's training settings with the same code and get the same numbers.
 use crate::comas::CoMasConfig;
+use crate::mappa::MappaConfig;
+use crate::program::{MethodConfig, Settings};
 use crate::seed::derive_seed;
 use crate::train_config::{canonical_dtype, OldLogprobs, TrainConfig};
 use crate::turn::Role;
@@ -11,6 +13,19 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+
+/// A model that serves a role but is never trained (a coach, a judge, a user proxy): the
+/// workers load it beside the agents, and no learner is attached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrozenSpec {
+    /// How the method's settings refer to it (`[mappa] coach = "coach"`).
+    pub name: String,
+    /// Model folder (Hugging Face layout), as seen by the workers.
+    pub model: PathBuf,
+    /// Optional PEFT adapter applied on top.
+    pub adapter: Option<PathBuf>,
+}
 
 /// A job that cannot run. `field` is the key path in the job file (`agents[1].train.lr`).
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -30,6 +45,25 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> JobError {
 pub enum Method {
     #[default]
     Comas,
+    Mappa,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Comas => "comas",
+            Method::Mappa => "mappa",
+        }
+    }
+
+    /// The method named in an episode spec; empty means CoMAS (specs from before the field).
+    pub fn from_wire(name: &str) -> Result<Method, String> {
+        match name {
+            "" | "comas" => Ok(Method::Comas),
+            "mappa" => Ok(Method::Mappa),
+            other => Err(format!("unknown method {other:?}: expected \"comas\" or \"mappa\"")),
+        }
+    }
 }
 
 /// Only the synchronous schedule exists: rollout, then training, then the weight broadcast.
@@ -101,6 +135,9 @@ pub struct OutputSpec {
     /// Write each agent's final model (or adapter) to `dir/agent-K` when the job ends.
     #[serde(default = "yes")]
     pub export: bool,
+    /// Keep every step's episode records in `dir/episodes/step-NNNNN.jsonl`.
+    #[serde(default)]
+    pub save_episodes: bool,
 }
 
 /// In-training evaluation (spec 6.3): the same CoMAS game on held-out questions, no training,
@@ -157,6 +194,12 @@ pub struct JobSpec {
     /// Method settings; `num_agents` is taken from the agent list.
     #[serde(default)]
     pub comas: toml::Table,
+    /// MAPPA settings (`method = "mappa"`); see `MappaConfig`.
+    #[serde(default)]
+    pub mappa: toml::Table,
+    /// Frozen models the method may call; their agent ids follow the trained agents'.
+    #[serde(default)]
+    pub frozen: Vec<FrozenSpec>,
     pub data: DataSpec,
     pub schedule: ScheduleSpec,
     #[serde(default)]
@@ -200,7 +243,10 @@ fn default_seed() -> u64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub spec: JobSpec,
+    /// The CoMAS game (the defaults for a job of another method; never played there).
     pub comas: CoMasConfig,
+    /// Set for `method = "mappa"`.
+    pub mappa: Option<MappaConfig>,
     pub train: Vec<TrainConfig>,
     pub total_steps: u64,
     pub steps_per_epoch: u64,
@@ -230,6 +276,12 @@ impl JobSpec {
                 fix(ad);
             }
         }
+        for f in &mut self.frozen {
+            fix(&mut f.model);
+            if let Some(ad) = &mut f.adapter {
+                fix(ad);
+            }
+        }
     }
 
     /// The paths that must be absolute before the job can run anywhere.
@@ -251,6 +303,12 @@ impl JobSpec {
                 check(format!("agents[{k}].adapter"), ad);
             }
         }
+        for (k, f) in self.frozen.iter().enumerate() {
+            check(format!("frozen[{k}].model"), &f.model);
+            if let Some(ad) = &f.adapter {
+                check(format!("frozen[{k}].adapter"), ad);
+            }
+        }
         out
     }
 
@@ -265,6 +323,50 @@ impl JobSpec {
         table.insert("num_agents".into(), toml::Value::Integer(i64::from(l)));
         let cfg: CoMasConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("comas", e.message().to_string()))?;
         cfg.validate().map_err(|e| invalid("comas", e.to_string()))?;
+        Ok(cfg)
+    }
+
+    /// The MAPPA settings: the role → agent map defaults from the agent list, and the coach is
+    /// named by its `[[frozen]]` entry.
+    fn mappa_config(&self) -> Result<MappaConfig, JobError> {
+        let l = self.agents.len() as u32;
+        let mut table = self.mappa.clone();
+        if table.contains_key("coach_agent") {
+            return Err(invalid("mappa.coach_agent", "is set by the job; name the coach's [[frozen]] model with `coach = \"NAME\"` instead"));
+        }
+        let coach = match table.remove("coach") {
+            None => "coach".to_string(),
+            Some(toml::Value::String(s)) => s,
+            Some(v) => return Err(invalid("mappa.coach", format!("must be the name of a [[frozen]] model, got {v}"))),
+        };
+        let Some(c) = self.frozen.iter().position(|f| f.name == coach) else {
+            return Err(invalid("mappa.coach", format!("no [[frozen]] model is named {coach:?}; add one with name = {coach:?} and the coach's model folder")));
+        };
+        table.insert("coach_agent".into(), toml::Value::Integer(i64::from(l) + c as i64));
+        if !table.contains_key("agents") {
+            let agents: Vec<toml::Value> = match l {
+                1 => vec![0; 3],
+                3 => vec![0, 1, 2],
+                _ => {
+                    return Err(invalid(
+                        "mappa.agents",
+                        format!("the chain has 3 roles and the job lists {l} agents; list 1 or 3 [[agents]], or map roles to agents with `agents = [..]`"),
+                    ))
+                }
+            }
+            .into_iter()
+            .map(toml::Value::Integer)
+            .collect();
+            table.insert("agents".into(), toml::Value::Array(agents));
+        }
+        let cfg: MappaConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("mappa", e.message().to_string()))?;
+        cfg.validate().map_err(|(k, m)| invalid(format!("mappa.{k}"), m))?;
+        if let Some(a) = cfg.agents.iter().find(|&&a| a >= l) {
+            return Err(invalid("mappa.agents", format!("names agent {a} but the job lists {l} [[agents]]")));
+        }
+        if let Some(k) = (0..l).find(|k| !cfg.agents.contains(k)) {
+            return Err(invalid("mappa.agents", format!("agent {k} plays no role, so it would never train; map a role to it or remove it")));
+        }
         Ok(cfg)
     }
 
@@ -286,7 +388,26 @@ impl JobSpec {
                 }
             }
         }
-        let comas = self.comas_config()?;
+        let (comas, mappa) = match self.method {
+            Method::Comas => {
+                if !self.mappa.is_empty() || !self.frozen.is_empty() {
+                    return Err(invalid("method", "is comas, which uses no [mappa] settings and no [[frozen]] models; remove them or set method = \"mappa\""));
+                }
+                (self.comas_config()?, None)
+            }
+            Method::Mappa => {
+                if !self.comas.is_empty() {
+                    return Err(invalid("comas", "is set but method is mappa; move the settings to [mappa]"));
+                }
+                let cfg = CoMasConfig { num_agents: self.agents.len() as u32, ..CoMasConfig::default() };
+                (cfg, Some(self.mappa_config()?))
+            }
+        };
+        for (k, f) in self.frozen.iter().enumerate() {
+            if f.name.trim().is_empty() || self.frozen[..k].iter().any(|g| g.name == f.name) {
+                return Err(invalid(format!("frozen[{k}].name"), format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name)));
+            }
+        }
         crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))?;
         let s = &self.schedule;
         let q = u64::from(s.questions_per_step);
@@ -332,23 +453,41 @@ impl JobSpec {
                 return Err(invalid("eval.temperature", format!("must be finite and >= 0, got {}", e.temperature)));
             }
         }
-        let mut job = Job { spec: self.clone(), comas, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        let mut job = Job { spec: self.clone(), comas, mappa, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         Ok(job)
     }
 }
 
 impl Job {
-    /// Episodes per step.
-    pub fn episodes_per_step(&self) -> u64 {
-        u64::from(self.spec.schedule.questions_per_step) * u64::from(self.comas.instances_per_question)
+    /// The method and its settings.
+    pub fn settings(&self) -> Settings<'_> {
+        match &self.mappa {
+            Some(m) => Settings::Mappa(m),
+            None => Settings::Comas(&self.comas),
+        }
     }
 
-    /// Turns each agent speaks per step: every agent solves once per round, and the judge turns
-    /// are spread evenly over the agents (exact for the balanced assignment).
+    /// Episodes per step.
+    pub fn episodes_per_step(&self) -> u64 {
+        u64::from(self.spec.schedule.questions_per_step) * u64::from(self.settings().instances_per_question())
+    }
+
+    /// Turns each agent speaks per step. CoMAS: every agent solves once per round, and the judge
+    /// turns are spread evenly over the agents (exact for the balanced assignment). MAPPA: at
+    /// least one action per role the agent plays (more with tool calls).
     pub fn samples_per_agent(&self) -> u64 {
-        let l = u64::from(self.comas.num_agents);
-        self.episodes_per_step() * self.comas.turns_per_instance() / l
+        match &self.mappa {
+            Some(m) => {
+                (0..self.spec.agents.len() as u32).map(|k| m.agents.iter().filter(|&&a| a == k).count() as u64).min().unwrap_or(0) * self.episodes_per_step()
+            }
+            None => self.episodes_per_step() * self.comas.turns_per_instance() / u64::from(self.comas.num_agents),
+        }
+    }
+
+    /// Agent ids of the frozen models, after the trained agents'.
+    pub fn frozen_agent(&self, index: usize) -> u32 {
+        (self.spec.agents.len() + index) as u32
     }
 
     /// Turns of each role in one step, all agents together.
@@ -365,7 +504,10 @@ impl Job {
         if !raw.contains_key("temperature") {
             // Every experience carries its role's sampling temperature and is scored at it;
             // this is only the default for experiences that carry none (greedy roles).
-            let t = Role::ALL.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0);
+            let t = match &self.mappa {
+                Some(m) => Some(m.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                None => Role::COMAS.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0),
+            };
             table.insert("temperature".into(), toml::Value::Float(t));
         }
         if !raw.contains_key("seed") {
@@ -378,7 +520,10 @@ impl Job {
         if cfg.train_batch_size as u64 > samples {
             return Err(invalid(
                 format!("{field}.train_batch_size"),
-                format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
+                match &self.mappa {
+                    Some(_) => format!("is {} but agent {k} may act only {samples} times per step ({} episodes, one action per role at least); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step()),
+                    None => format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
+                },
             ));
         }
         if cfg.micro_batch_size > cfg.train_batch_size {
@@ -405,6 +550,23 @@ impl Job {
     pub fn eval_comas(&self) -> Option<CoMasConfig> {
         let e = self.spec.eval.as_ref()?;
         Some(self.eval_comas_at(e.temperature))
+    }
+
+    /// The job's method as evaluation runs it: every policy sampled at `temperature`, the eval
+    /// instance count. A MAPPA coach keeps its own sampling.
+    pub fn eval_method_at(&self, temperature: f64) -> MethodConfig {
+        match &self.mappa {
+            None => MethodConfig::Comas(self.eval_comas_at(temperature)),
+            Some(m) => {
+                let mut m = m.clone();
+                if let Some(e) = &self.spec.eval {
+                    m.instances_per_question = e.instances_per_question;
+                }
+                m.sampling.temperature = temperature;
+                m.role_sampling.values_mut().for_each(|s| s.temperature = temperature);
+                MethodConfig::Mappa(m)
+            }
+        }
     }
 
     /// The evaluation game with every role sampled at `temperature` (0 = greedy).
@@ -481,6 +643,51 @@ learner = "http://127.0.0.1:1"
 [agents.train]
 train_batch_size = 24
 "#;
+
+    const MAPPA_JOB: &str = r#"
+name = "m"
+method = "mappa"
+[data]
+train = "data.jsonl"
+[schedule]
+questions_per_step = 2
+steps = 3
+[output]
+dir = "out"
+[mappa]
+agents = [0, 1, 0]
+[mappa.role_sampling.code_executor]
+max_new_tokens = 64
+[[frozen]]
+name = "coach"
+model = "coach"
+[[agents]]
+model = "m0"
+[agents.train]
+train_batch_size = 4
+[[agents]]
+model = "m1"
+[agents.train]
+train_batch_size = 4
+"#;
+
+    #[test]
+    fn a_mappa_job_maps_roles_to_agents_and_names_its_coach() {
+        let job = JobSpec::from_toml(MAPPA_JOB).unwrap().check(10).unwrap();
+        let m = job.mappa.as_ref().unwrap();
+        assert_eq!((m.agents.clone(), m.coach_agent, job.frozen_agent(0)), (vec![0, 1, 0], 2, 2));
+        assert_eq!(m.sampling_for(Role::CodeExecutor).max_new_tokens, 64);
+        // Two questions, two instances each; agent 1 acts at least once per episode.
+        assert_eq!((job.episodes_per_step(), job.samples_per_agent()), (4, 4));
+        let json = job.settings().config_json();
+        assert!(json.contains("\"code_executor\":{"), "{json}");
+        let err = |text: String| JobSpec::from_toml(&text).unwrap().check(10).unwrap_err().to_string();
+        assert!(err(MAPPA_JOB.replace("name = \"coach\"", "name = \"judge\"")).contains("no [[frozen]] model is named \"coach\""));
+        assert!(err(MAPPA_JOB.replace("agents = [0, 1, 0]", "agents = [0, 0, 0]")).contains("agent 1 plays no role"));
+        assert!(err(MAPPA_JOB.replace("agents = [0, 1, 0]", "agents = [0, 1]")).contains("`mappa.agents`"));
+        assert!(err(MAPPA_JOB.replace("method = \"mappa\"", "")).contains("uses no [mappa] settings"));
+        assert!(err(MAPPA_JOB.replace("train_batch_size = 4\n[[agents]]", "train_batch_size = 9\n[[agents]]")).contains("may act only 4 times per step"));
+    }
 
     #[test]
     fn resolves_counts_and_per_agent_settings() {

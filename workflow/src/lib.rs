@@ -3,16 +3,19 @@
 //! thread pool or the network, so every rule can be unit-tested on plain data.
 //!
 //! Layout: the pieces shared by every method sit at the top (`task`, `turn`, `seed`, `error`);
-//! each method gets its own folder (`comas/` today) with its config, prompts, protocol and rewards.
+//! each method gets its own folder (`comas/`, `mappa/`) behind the one seam in `program` with its config, prompts, protocol and rewards.
 pub mod code;
 pub mod comas;
 pub mod error;
 pub mod eval;
 pub mod grade;
 pub mod job;
+pub mod mappa;
 pub mod memory;
+pub mod program;
 pub mod seed;
 pub mod task;
+pub mod tool;
 pub mod train_config;
 pub mod turn;
 

@@ -16,22 +16,33 @@ impl ChatMessage {
     }
 }
 
+/// Who speaks a turn. Each method uses its own roles: CoMAS the first three, MAPPA's MathChat
+/// chain the next three, and a frozen judge model `Coach`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     Solver,
     Evaluator,
     Scorer,
+    ProblemSolver,
+    CodeExecutor,
+    Verifier,
+    Coach,
 }
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Solver, Role::Evaluator, Role::Scorer];
+    /// The roles of a CoMAS game, in the order a round plays them.
+    pub const COMAS: [Role; 3] = [Role::Solver, Role::Evaluator, Role::Scorer];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Solver => "solver",
             Role::Evaluator => "evaluator",
             Role::Scorer => "scorer",
+            Role::ProblemSolver => "problem_solver",
+            Role::CodeExecutor => "code_executor",
+            Role::Verifier => "verifier",
+            Role::Coach => "coach",
         }
     }
 }

@@ -112,6 +112,7 @@ fn episodes_follow_their_plan_and_exclude_self() {
             Role::Evaluator => assert_eq!(r.agent, plan.rounds[round].evaluators[slot][0]),
             Role::Scorer => assert_eq!(r.agent, plan.rounds[round].scorers[slot][0]),
             Role::Solver => continue,
+            other => panic!("a CoMAS game asked for a {other} turn"),
         }
         assert_ne!(r.agent, r.slot);
     }

@@ -14,10 +14,12 @@ pub enum Group {
     Judging,
     Accuracy,
     Times,
+    /// MAPPA: the coach's scores and the tools.
+    Coaching,
 }
 
 impl Group {
-    pub const ALL: [Group; 6] = [Group::Rewards, Group::Training, Group::Lengths, Group::Judging, Group::Accuracy, Group::Times];
+    pub const ALL: [Group; 7] = [Group::Rewards, Group::Training, Group::Lengths, Group::Judging, Group::Accuracy, Group::Times, Group::Coaching];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -27,6 +29,7 @@ impl Group {
             Group::Judging => "judging",
             Group::Accuracy => "accuracy",
             Group::Times => "times",
+            Group::Coaching => "coaching",
         }
     }
 
@@ -147,7 +150,9 @@ pub struct Figure {
 impl Figure {
     pub fn build(m: &Metrics, o: &Options) -> Result<Figure> {
         let explicit = !o.groups.is_empty();
-        let groups = if explicit { o.groups.clone() } else { Group::ALL.to_vec() };
+        // Coaching is MAPPA's: a log of another method does not list it as missing.
+        let coached = m.steps.iter().any(|r| r.value.get("coach_score").is_some());
+        let groups = if explicit { o.groups.clone() } else { Group::ALL.into_iter().filter(|&g| g != Group::Coaching || coached).collect() };
         let mut fig = Figure { title: o.title.clone(), panels: Vec::new(), left_out: Vec::new() };
         for g in groups {
             let (full, empty): (Vec<Panel>, Vec<Panel>) = panels(g, m, o.roles).into_iter().partition(|p| !p.series.is_empty());
@@ -288,6 +293,33 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
                 .map(|(c, k)| Series::new(k, steps, |v| num_at(v, &format!("seconds.{k}"))).colour(c))
                 .collect();
             vec![Panel::new(g, "times", "Stage times (s)", "seconds.rollout, seconds.train or seconds.broadcast in the step records", false, series)]
+        }
+        Group::Coaching => {
+            let names = role_names(steps.iter().filter_map(|r| r.value.get("coach_score")?.as_object()).flat_map(|o| o.keys().cloned()));
+            let scores = names
+                .iter()
+                .map(|role| Series::new(role.as_str(), steps, |v| num_at(v, &format!("coach_score.{role}.mean"))).colour(role_colour(role, &names)))
+                .collect();
+            let kept = |v: &Value| {
+                let (kept, dropped) = (number(v.get("samples"))?, number(v.get("samples_dropped"))?);
+                (kept + dropped > 0.0).then(|| kept / (kept + dropped))
+            };
+            let rates = vec![
+                Series::new("tool success", steps, |v| num_at(v, "tool_success_rate.mean")),
+                Series::new("answer correct (logged only)", steps, |v| num_at(v, "outcome_accuracy.mean")).colour(1),
+                Series::new("actions scored", steps, kept).colour(2),
+            ];
+            vec![
+                Panel::new(g, "coaching.score", "Coach score (0-10) by role", "coach_score.<role>.mean in the step records", false, scores),
+                Panel::new(
+                    g,
+                    "coaching.rates",
+                    "Tools, answers and scored actions",
+                    "tool_success_rate, outcome_accuracy or samples in the step records",
+                    true,
+                    rates,
+                ),
+            ]
         }
     }
 }

@@ -103,6 +103,8 @@ impl RoleSampling {
             Role::Solver => &self.solver,
             Role::Evaluator => &self.evaluator,
             Role::Scorer => &self.scorer,
+            // Other methods' roles never speak in a CoMAS game.
+            Role::ProblemSolver | Role::CodeExecutor | Role::Verifier | Role::Coach => &self.solver,
         }
     }
 
@@ -210,7 +212,7 @@ impl CoMasConfig {
         if self.prompt_max_len == Some(0) {
             return Err(ConfigError::NoPromptRoom);
         }
-        for role in Role::ALL {
+        for role in Role::COMAS {
             self.sampling.for_role(role).check().map_err(|reason| ConfigError::Sampling { role, reason })?;
         }
         let total = self.turns_per_instance();
@@ -233,7 +235,7 @@ impl CoMasConfig {
     }
 
     pub fn turns_per_round(&self) -> u64 {
-        Role::ALL.iter().map(|&r| self.turns_per_round_of(r)).sum()
+        Role::COMAS.iter().map(|&r| self.turns_per_round_of(r)).sum()
     }
 
     pub fn turns_per_instance(&self) -> u64 {

@@ -223,7 +223,7 @@ impl Episode {
             Some(Role::Solver) => self.open_solvers(meter),
             Some(Role::Evaluator) => self.open_evaluators(meter),
             Some(Role::Scorer) => self.open_scorers(),
-            None => {}
+            Some(_) | None => {}
         }
     }
 

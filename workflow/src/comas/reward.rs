@@ -88,6 +88,8 @@ pub fn comas_rewards(trajectory: &Trajectory) -> Result<Vec<TurnReward>, Workflo
                 (Some(score), Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }) => 1.0 - solution_value(score),
                 (Some(_), _) => 0.0,
             },
+            // `Trajectory::validate` refuses other methods' roles before rewards are made.
+            (_, _) => 0.0,
         };
         TurnReward { turn_index: t.turn_index, agent: t.agent, role: t.role, reward: reward as f32 }
     });

@@ -105,7 +105,7 @@ impl Trajectory {
             }
         }
         for round in 0..rounds {
-            for role in Role::ALL {
+            for role in Role::COMAS {
                 // In u64: the counts come off the wire, and l · n can pass u32.
                 let (l, n) = (u64::from(l), u64::from(n));
                 let want = match role {
@@ -178,6 +178,7 @@ impl Trajectory {
                     return Err(format!("stored score {:?} but the text gives {want:?}", t.score));
                 }
             }
+            other => return Err(format!("a {other} turn has no place in a CoMAS game")),
         }
         Ok(())
     }

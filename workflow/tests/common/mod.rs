@@ -27,6 +27,7 @@ pub fn tag(req: &TurnRequest) -> String {
         Role::Solver => format!("S r{} d{}", req.round, req.slot),
         Role::Evaluator => format!("E r{} d{} k{}", req.round, req.slot, req.judge_index),
         Role::Scorer => format!("C r{} d{} k{}", req.round, req.slot, req.judge_index),
+        other => panic!("a CoMAS game asked for a {other} turn"),
     }
 }
 

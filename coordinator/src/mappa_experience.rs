@@ -1,0 +1,146 @@
+//! Experience making for MAPPA: each coached action is one sample for the agent that acted,
+//! with the exact context it saw as its prompt and R = w_p · scale · score (spec 5); actions
+//! the coach could not score are left out and counted. Pure code, no I/O.
+use crate::experience::{finish, prompt_group, StepBatch};
+use comas_proto::v1 as pb;
+use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory};
+use comas_workflow::program::PolicyTurn;
+use comas_workflow::WorkflowError;
+use serde::Serialize;
+
+/// One agent's share of a step.
+#[derive(Debug, Clone, Default, Serialize)]
+struct AgentShare {
+    agent: u32,
+    samples: u64,
+    samples_dropped: u64,
+    reward_mean: Option<f64>,
+}
+
+/// The step record: the method's metrics and each agent's share.
+#[derive(Serialize)]
+struct StepRecord<'a> {
+    method: &'static str,
+    #[serde(flatten)]
+    metrics: &'a MappaMetrics,
+    agents: Vec<AgentShare>,
+}
+
+/// Experiences per agent (in episode, then action order) and the step's metrics.
+pub fn make_mappa_step(
+    episodes: &[(String, MappaTrajectory)],
+    config: &MappaConfig,
+    num_agents: u32,
+    versions: Option<&[u64]>,
+) -> Result<StepBatch, WorkflowError> {
+    let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
+    let mut shares: Vec<AgentShare> = (0..num_agents).map(|agent| AgentShare { agent, ..Default::default() }).collect();
+    let mut sums = vec![0.0; num_agents as usize];
+    for (episode_id, t) in episodes {
+        if let Some(v) = versions {
+            let turns: Vec<PolicyTurn> =
+                t.actions.iter().map(|a| PolicyTurn { turn_index: a.turn_index, agent: a.agent, role: a.role, policy_version: a.policy_version }).collect();
+            crate::experience::check_turn_versions(&turns, episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
+        }
+        for (a, r) in t.actions.iter().zip(action_rewards(config, t)) {
+            let k = a.agent as usize;
+            let Some(share) = shares.get_mut(k) else {
+                return Err(WorkflowError::MalformedTrajectory(format!(
+                    "episode {episode_id}: action {} is agent {}'s, but the job has {num_agents} agents",
+                    a.turn_index, a.agent
+                )));
+            };
+            let Some(reward) = r.reward else {
+                share.samples_dropped += 1;
+                continue;
+            };
+            share.samples += 1;
+            sums[k] += reward;
+            per_agent[k].push(pb::Experience {
+                prompt_ids: a.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
+                completion_ids: a.completion_ids.iter().map(|&x| i64::from(x)).collect(),
+                reward: Some(reward),
+                token_rewards: Vec::new(),
+                finish_reason: finish(a.finish_reason),
+                // Only actions from one and the same state share a group (spec 5).
+                group: prompt_group(&t.question_id, a.role, a.step, &a.prompt_ids),
+                sampling_logprobs: a.logprobs.clone(),
+                episode_id: episode_id.clone(),
+                turn_id: u64::from(a.turn_index),
+                policy_version: a.policy_version,
+                constrained: a
+                    .constrained
+                    .iter()
+                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
+                    .collect(),
+                temperature: Some(config.sampling_for(a.role).temperature).filter(|&t| t > 0.0),
+            });
+        }
+    }
+    for (share, sum) in shares.iter_mut().zip(&sums) {
+        share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
+    }
+    let trajectories: Vec<&MappaTrajectory> = episodes.iter().map(|(_, t)| t).collect();
+    let metrics = MappaMetrics::of(config, &trajectories);
+    let record = StepRecord { method: "mappa", metrics: &metrics, agents: shares };
+    let metrics = serde_json::to_value(&record).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
+    Ok(StepBatch { per_agent, metrics })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comas_workflow::mappa::{Action, CoachVerdict};
+    use comas_workflow::{FinishReason, Role, TaskKind};
+
+    fn action(turn_index: u32, agent: u32, role: Role, position: u32, step: u32, score: Option<f64>) -> Action {
+        Action {
+            turn_index,
+            agent,
+            role,
+            position,
+            step,
+            messages: Vec::new(),
+            prompt_ids: vec![1, 2, turn_index],
+            completion_ids: vec![5, 6],
+            logprobs: vec![-0.1, -0.2],
+            constrained: Vec::new(),
+            finish_reason: FinishReason::Stop,
+            policy_version: 3,
+            text: String::new(),
+            tool_runs: Vec::new(),
+            malformed_call: false,
+            observation: None,
+            coach: CoachVerdict { process_score: score, outcome: None, retry_attempted: score.is_none(), fallback_used: false, replies: Vec::new() },
+        }
+    }
+
+    #[test]
+    fn each_scored_action_is_one_sample_of_its_agent() {
+        let t = MappaTrajectory {
+            question_id: "q".into(),
+            task: TaskKind::Math,
+            instance: 0,
+            actions: vec![
+                action(0, 0, Role::ProblemSolver, 0, 0, Some(6.0)),
+                action(1, 1, Role::CodeExecutor, 1, 0, Some(4.0)),
+                action(2, 1, Role::CodeExecutor, 1, 1, None),
+                action(3, 2, Role::Verifier, 2, 0, Some(10.0)),
+            ],
+            outcome_correct: Some(true),
+        };
+        let config = MappaConfig::default();
+        let b = make_mappa_step(&[("e1".into(), t.clone())], &config, 3, Some(&[3, 3, 3])).unwrap();
+        let counts: Vec<usize> = b.per_agent.iter().map(Vec::len).collect();
+        assert_eq!(counts, vec![1, 1, 1]);
+        let rewards: Vec<f64> = b.per_agent.iter().map(|e| e[0].reward.unwrap()).collect();
+        assert_eq!(rewards, vec![0.6000000000000001, 0.4, 1.0]);
+        assert_eq!(b.per_agent[1][0].prompt_ids, vec![1, 2, 1]);
+        assert_eq!(b.metrics["samples_dropped"], 1);
+        assert_eq!(b.metrics["agents"][1]["samples_dropped"], 1);
+        assert_eq!(b.metrics["coach_score"]["verifier"]["mean"], 10.0);
+        assert_eq!(b.metrics["method"], "mappa");
+        let err = make_mappa_step(&[("e1".into(), t)], &config, 3, Some(&[3, 4, 3])).unwrap_err().to_string();
+        assert!(err.contains("turn 1 (code_executor of agent 1) was sampled with policy version 3, but this step uses version 4"), "{err}");
+    }
+}

@@ -1,0 +1,132 @@
+//! Tool runs for episode programs: a small pool of threads runs each program in the sandbox and
+//! sends the result back on a channel the engine polls, so the engine thread never waits on one.
+use crate::engine::Stats;
+use comas_sandbox::{Denied, Outcome, Reason, Sandbox};
+use comas_workflow::tool::{ToolRequest, ToolResult};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// Runs at once on one worker (spec 6: 16 tool workers).
+pub const TOOL_THREADS: usize = 16;
+
+struct Job {
+    episode: u64,
+    request: ToolRequest,
+}
+
+/// A finished run of one episode's tool call.
+pub struct ToolDone {
+    pub episode: u64,
+    pub result: ToolResult,
+}
+
+pub struct ToolPool {
+    jobs: Option<mpsc::Sender<Job>>,
+    done: mpsc::Sender<ToolDone>,
+    stats: Arc<Stats>,
+}
+
+/// One sandbox for the worker's life: probing the machine's protections takes a moment.
+fn sandbox() -> &'static Result<Sandbox, String> {
+    static SANDBOX: OnceLock<Result<Sandbox, String>> = OnceLock::new();
+    SANDBOX.get_or_init(|| Sandbox::with_defaults().map_err(|e| e.to_string()))
+}
+
+/// The stable metrics key of a failure.
+fn failure_key(r: Reason) -> String {
+    match r {
+        Reason::Timeout => "timeout".into(),
+        Reason::CpuLimit => "cpu_limit".into(),
+        Reason::MemoryLimit => "memory_limit".into(),
+        Reason::ProcessLimit => "process_limit".into(),
+        Reason::FileSizeLimit => "file_size_limit".into(),
+        Reason::Denied(Denied::Network) => "denied_network".into(),
+        Reason::Denied(Denied::Filesystem) => "denied_filesystem".into(),
+        Reason::Denied(Denied::Operation) => "denied_operation".into(),
+        Reason::Signal(_) => "signal".into(),
+        Reason::ExitCode(_) => "exit_code".into(),
+    }
+}
+
+fn result_of(call_index: u32, outcome: Result<Outcome, String>) -> ToolResult {
+    match outcome {
+        Ok(o) => ToolResult {
+            call_index,
+            failure: o.reason().map(failure_key),
+            detail: o.reason().map(|r| r.to_string()).unwrap_or_default(),
+            stdout: o.stdout,
+            stderr: o.stderr,
+        },
+        Err(e) => ToolResult {
+            call_index,
+            failure: Some("sandbox_error".into()),
+            detail: format!("the sandbox could not run the program: {e}"),
+            stdout: String::new(),
+            stderr: String::new(),
+        },
+    }
+}
+
+fn run(request: &ToolRequest) -> ToolResult {
+    let outcome = match sandbox() {
+        Ok(s) => s.run_with_timeout(&request.code, Duration::from_secs_f64(request.timeout_secs)).map_err(|e| e.to_string()),
+        Err(e) => Err(e.clone()),
+    };
+    result_of(request.call_index, outcome)
+}
+
+impl ToolPool {
+    /// The pool (its threads start with the first run) and where its results arrive.
+    pub fn new(stats: Arc<Stats>) -> (Self, mpsc::Receiver<ToolDone>) {
+        let (done, results) = mpsc::channel();
+        (Self { jobs: None, done, stats }, results)
+    }
+
+    /// Queues a run; its result arrives on the pool's channel, tagged with `episode`.
+    pub fn submit(&mut self, episode: u64, request: ToolRequest) {
+        let jobs = self.jobs.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..TOOL_THREADS {
+                let (rx, done, stats) = (Arc::clone(&rx), self.done.clone(), Arc::clone(&self.stats));
+                let spawned = std::thread::Builder::new().name(format!("worker-tool-{i}")).spawn(move || loop {
+                    let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    };
+                    let _span = tracing::debug_span!("tool_run", episode = job.episode, call = job.request.call_index).entered();
+                    let result = run(&job.request);
+                    stats.tool_runs.fetch_add(1, Ordering::Relaxed);
+                    if !result.ran() {
+                        stats.tool_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if done.send(ToolDone { episode: job.episode, result }).is_err() {
+                        return;
+                    }
+                });
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot start a tool thread");
+                }
+            }
+            tx
+        });
+        if let Err(mpsc::SendError(job)) = jobs.send(Job { episode, request }) {
+            let result = result_of(job.request.call_index, Err("no tool thread is running".into()));
+            let _ = self.done.send(ToolDone { episode, result });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_keep_their_reason() {
+        let r = result_of(3, Err("no python3".into()));
+        assert_eq!((r.call_index, r.failure.as_deref()), (3, Some("sandbox_error")));
+        assert_eq!(failure_key(Reason::Timeout), "timeout");
+        assert_eq!(failure_key(Reason::ExitCode(1)), "exit_code");
+    }
+}

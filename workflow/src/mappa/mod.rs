@@ -1,0 +1,24 @@
+//! MAPPA: a fixed chain of agents solves a task, some with a Python tool; a frozen coach model
+//! scores every action 0–10, and each (context, action, score) is one training sample for the
+//! agent that acted (spec `mappa.md`).
+//!
+//! - `config`: settings and validation;
+//! - `prompts`: the agents' and the coach's prompts;
+//! - `tools`: finding the tool calls in an action, and the observation turn;
+//! - `coach`: reading the coach's scores;
+//! - `episode`: the chain of one instance as a state machine;
+//! - `trajectory`: the record of a finished episode;
+//! - `reward`: coach verdicts → per-action rewards, and the step's metrics.
+pub mod coach;
+pub mod config;
+pub mod episode;
+pub mod prompts;
+pub mod reward;
+pub mod tools;
+pub mod trajectory;
+
+pub use coach::{parse_coach, CoachReading};
+pub use config::{CoachFallback, MappaConfig, Pipeline};
+pub use episode::Episode;
+pub use reward::{action_rewards, ActionReward, MappaMetrics};
+pub use trajectory::{Action, CoachVerdict, MappaTrajectory};
