@@ -210,6 +210,38 @@ mod tests {
     use super::*;
     use crate::config::LrSchedule;
 
+    /// MAPPA (spec mappa.md §5) on this code: two actions of one agent scored 7 and 4 by the
+    /// coach (R = 0.1 · score), k1 KL in the reward with β = 0.01, reward-to-go within each
+    /// action (γ = 1), then whitening over the agent's tokens. Worked by hand:
+    /// A: k1 = old − ref = [0.2, −0.1] → r = [−0.002, 0.001 + 0.7] → G = [0.699, 0.701];
+    /// B: k1 = [0, 0.3] → r = [0, −0.003 + 0.4] → G = [0.397, 0.397];
+    /// mean 0.5485, std 0.151502 → A = [0.99339, 1.00659], B = [−0.99999, −0.99999].
+    #[test]
+    fn a_mappa_step_worked_by_hand() {
+        use super::*;
+        let cfg = TrainConfig { estimator: crate::config::Estimator::Reinforce, kl_coef: 0.01, ..Default::default() };
+        const OLD_A: [f64; 2] = [-0.5, -1.0];
+        const REF_A: [f64; 2] = [-0.7, -0.9];
+        const OLD_B: [f64; 2] = [-0.2, -0.3];
+        const REF_B: [f64; 2] = [-0.2, -0.6];
+        let sample = |reward: f64, old: &'static [f64], reference: &'static [f64]| SampleInput {
+            reward,
+            token_rewards: None,
+            group: "unique",
+            truncated: false,
+            old_logprobs: old,
+            ref_logprobs: Some(reference),
+        };
+        let out = compute_advantages(&[sample(0.1 * 7.0, &OLD_A, &REF_A), sample(0.1 * 4.0, &OLD_B, &REF_B)], &cfg);
+        let round = |v: &[f64]| v.iter().map(|x| (x * 1e5).round() / 1e5).collect::<Vec<_>>();
+        assert_eq!(round(&out.returns[0]), [0.699, 0.701]);
+        assert_eq!(round(&out.returns[1]), [0.397, 0.397]);
+        assert_eq!((round(&[out.stats.return_mean])[0], round(&[out.stats.return_std])[0]), (0.5485, 0.1515));
+        assert_eq!(round(&out.advantages[0]), [0.99339, 1.00659]);
+        assert_eq!(round(&out.advantages[1]), [-0.99999, -0.99999]);
+        assert_eq!(round(&[out.stats.kl_in_reward_mean])[0], 0.1);
+    }
+
     #[test]
     fn kl_estimators_match_rl_md() {
         // (old, ref) pairs of the worked example, S3

@@ -239,6 +239,9 @@ fn default_seed() -> u64 {
     42
 }
 
+/// β of MAPPA's KL penalty in the reward when a MAPPA agent's training settings leave it out.
+pub const MAPPA_KL_COEF: f64 = 0.01;
+
 /// A checked job: the spec with its method config and every agent's training settings resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -510,6 +513,10 @@ impl Job {
             };
             table.insert("temperature".into(), toml::Value::Float(t));
         }
+        if self.mappa.is_some() && !raw.contains_key("kl_coef") {
+            // MAPPA keeps a k1 KL penalty in the reward (spec mappa.md §5).
+            table.insert("kl_coef".into(), toml::Value::Float(MAPPA_KL_COEF));
+        }
         if !raw.contains_key("seed") {
             table.insert("seed".into(), toml::Value::Integer(derive_seed(&[self.spec.seed, k as u64]) as i64 & i64::MAX));
         }
@@ -677,6 +684,7 @@ train_batch_size = 4
         let m = job.mappa.as_ref().unwrap();
         assert_eq!((m.agents.clone(), m.coach_agent, job.frozen_agent(0)), (vec![0, 1, 0], 2, 2));
         assert_eq!(m.sampling_for(Role::CodeExecutor).max_new_tokens, 64);
+        assert_eq!(job.train[1].kl_coef, MAPPA_KL_COEF);
         // Two questions, two instances each; agent 1 acts at least once per episode.
         assert_eq!((job.episodes_per_step(), job.samples_per_agent()), (4, 4));
         let json = job.settings().config_json();
