@@ -248,11 +248,28 @@ pub fn step_line(m: &Value) -> String {
     if let Some(acc) = m.pointer("/accuracy/last_round").and_then(Value::as_f64) {
         parts.push(format!("accuracy {:.0}%", acc * 100.0));
     }
+    parts.extend(coaching(m));
     if let Some(s) = m.get("seconds") {
         let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
         parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
     }
     parts.join(" | ")
+}
+
+/// A MAPPA record's coaching: the coach score by role, the share of actions scored, tool runs
+/// that ran cleanly and the last agent's answers (logged only). Empty for other methods.
+fn coaching(m: &Value) -> Vec<String> {
+    let Some(scores) = m.get("coach_score").and_then(Value::as_object) else { return Vec::new() };
+    let by_role: Vec<String> =
+        scores.iter().map(|(role, s)| format!("{role} {}", s.get("mean").and_then(Value::as_f64).map_or("-".into(), |v| format!("{v:.1}")))).collect();
+    let n = |k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let share = |k: &str| m.pointer(&format!("/{k}/mean")).and_then(Value::as_f64).map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+    vec![
+        format!("coach {}", by_role.join(" ")),
+        format!("scored {}/{}", n("samples"), n("samples") + n("samples_dropped")),
+        format!("tool runs ok {} of {}", share("tool_success_rate"), n("tool_calls")),
+        format!("answers right {}", share("outcome_accuracy")),
+    ]
 }
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
@@ -313,13 +330,18 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
             }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
-                    let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
-                    say(&format!(
-                        "eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}",
-                        m["after_steps"],
-                        m["episodes"],
-                        fmt(m.get("parse_failure_rate"))
-                    ));
+                    let coached = coaching(&m);
+                    if coached.is_empty() {
+                        let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
+                        say(&format!(
+                            "eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}",
+                            m["after_steps"],
+                            m["episodes"],
+                            fmt(m.get("parse_failure_rate"))
+                        ));
+                    } else {
+                        say(&format!("eval after {} steps | {} episodes | {}", m["after_steps"], m["episodes"], coached.join(" | ")));
+                    }
                 }
             } else if ev.kind == "step" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
@@ -349,6 +371,22 @@ pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mappa_step_line_shows_its_coaching() {
+        let m = serde_json::json!({
+            "step": 3, "method": "mappa", "samples": 11, "samples_dropped": 1, "tool_calls": 4,
+            "coach_score": {"problem_solver": {"mean": 2.5, "count": 4}, "verifier": {"mean": null, "count": 0}},
+            "tool_success_rate": {"mean": 0.75, "count": 4}, "outcome_accuracy": {"mean": 0.25, "count": 4},
+            "agents": [{"agent": 0, "reward_mean": 0.25}],
+            "seconds": {"rollout": 20.0, "train": 10.0, "broadcast": 0.5}
+        });
+        assert_eq!(
+            step_line(&m),
+            "step 3 | reward a0=+0.250 | coach problem_solver 2.5 verifier - | scored 11/12 | tool runs ok 75% of 4 | answers right 25% | rollout 20.0s train 10.0s sync 0.5s"
+        );
+        assert!(coaching(&serde_json::json!({"accuracy": {"last_round": 0.5}})).is_empty());
+    }
 
     #[test]
     fn stage_progress_shows_tokens_per_second_and_trained_experiences() {

@@ -254,9 +254,36 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
     if evals.len() < 2 {
         return None;
     }
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.0} %", x * 100.0));
+    let coached = first.get("coach_score").and_then(Value::as_object).map(|o| o.keys().cloned().collect::<Vec<_>>());
+    let rows: Vec<(String, String, String)> = if let Some(roles) = coached {
+        // MAPPA: the last agent's answers, the tools and the coach's score per role.
+        let score = |v: &Value, r: &str| num(v, &format!("/coach_score/{r}/mean")).map_or("-".to_string(), |x| format!("{x:.2}"));
+        [
+            ("answers right".to_string(), pct(num(first, "/outcome_accuracy/mean")), pct(num(last, "/outcome_accuracy/mean"))),
+            ("tool runs ok".to_string(), pct(num(first, "/tool_success_rate/mean")), pct(num(last, "/tool_success_rate/mean"))),
+        ]
+        .into_iter()
+        .chain(roles.iter().map(|r| (format!("coach score, {r}"), score(first, r), score(last, r))))
+        .collect()
+    } else {
+        comas_rows(first, last)
+    };
+    let after = |v: &Value| v["after_steps"].as_u64().unwrap_or(0);
+    let mut out = format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", after(first)), format!("after {} steps", after(last)));
+    for (name, a, b) in rows {
+        out.push_str(&format!("{name:<24} {a:>14} {b:>14}\n"));
+    }
+    Some(out)
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |x| format!("{:.0} %", x * 100.0))
+}
+
+/// A CoMAS evaluation's rows: accuracy, score parse rate and mean reward per role.
+fn comas_rows(first: &Value, last: &Value) -> Vec<(String, String, String)> {
     let signed = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:+.3}"));
-    let rows: Vec<(String, String, String)> = [
+    [
         ("held-out accuracy".to_string(), pct(num(first, "/accuracy/last_round")), pct(num(last, "/accuracy/last_round"))),
         ("score parse rate".to_string(), pct(num(first, "/parse_failure_rate").map(|f| 1.0 - f)), pct(num(last, "/parse_failure_rate").map(|f| 1.0 - f))),
     ]
@@ -265,13 +292,7 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
         let p = format!("/reward/{r}/mean");
         (format!("mean reward, {r}"), signed(num(first, &p)), signed(num(last, &p)))
     }))
-    .collect();
-    let after = |v: &Value| v["after_steps"].as_u64().unwrap_or(0);
-    let mut out = format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", after(first)), format!("after {} steps", after(last)));
-    for (name, a, b) in rows {
-        out.push_str(&format!("{name:<24} {a:>14} {b:>14}\n"));
-    }
-    Some(out)
+    .collect()
 }
 
 #[cfg(test)]
@@ -309,5 +330,21 @@ mod tests {
         assert!(t.lines().any(|l| l.starts_with("mean reward, evaluator") && l.contains("-0.100") && l.contains("-0.300")), "{t}");
         std::fs::write(&p, rec(0, 0.25, 0.5, 0.1)).unwrap();
         assert!(before_after(&p).is_none(), "one evaluation is not a comparison");
+    }
+
+    #[test]
+    fn a_mappa_table_shows_answers_tools_and_coach_scores() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        let rec = |steps: u64, right: f64, verifier: f64| {
+            serde_json::json!({"kind": "eval", "after_steps": steps, "outcome_accuracy": {"mean": right, "count": 16},
+                "tool_success_rate": {"mean": 0.5, "count": 8}, "coach_score": {"verifier": {"mean": verifier, "count": 16}}})
+            .to_string()
+        };
+        std::fs::write(&p, [rec(0, 0.125, 5.9375), rec(10, 0.25, 6.5)].join("\n")).unwrap();
+        let t = before_after(&p).unwrap();
+        assert!(t.lines().any(|l| l.starts_with("answers right") && l.contains("12 %") && l.contains("25 %")), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("coach score, verifier") && l.contains("5.94") && l.contains("6.50")), "{t}");
+        assert!(!t.contains("score parse rate"), "{t}");
     }
 }

@@ -1,11 +1,11 @@
 //! Live progress of a weight broadcast: while the workers pull the new versions, the
 //! coordinator asks each of them about once a second how many bytes have arrived, so a watcher
 //! sees the transfer move instead of a silent stage.
-use crate::jobs::Jobs;
+use crate::progress::{Reporter, Update};
+use crate::scheduler::Scheduler;
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -42,13 +42,13 @@ async fn connect(address: &str) -> Option<RolloutWorkerClient<Channel>> {
 
 /// Polls every non-draining worker until aborted, writing the sums into the job's live
 /// status (`broadcast_bytes_done` of `broadcast_bytes_total`, over `broadcast_workers`).
-pub async fn follow(jobs: Arc<Jobs>, id: String, targets: Vec<Target>) {
+pub async fn follow(scheduler: Scheduler, report: Reporter, targets: Vec<Target>) {
     let per_worker: u64 = targets.iter().map(|t| t.bytes).sum();
     let mut clients: HashMap<String, RolloutWorkerClient<Channel>> = HashMap::new();
     let mut last = (0, 0);
     loop {
         tokio::time::sleep(POLL_EVERY).await;
-        let workers: Vec<String> = jobs.scheduler.snapshot().await.workers.into_iter().filter(|w| !w.draining).map(|w| w.address).collect();
+        let workers: Vec<String> = scheduler.snapshot().await.workers.into_iter().filter(|w| !w.draining).map(|w| w.address).collect();
         let mut done = 0;
         for address in &workers {
             if !clients.contains_key(address) {
@@ -68,12 +68,8 @@ pub async fn follow(jobs: Arc<Jobs>, id: String, targets: Vec<Target>) {
         let now = (done, workers.len());
         if now != last {
             last = now;
-            jobs.set_live(&id, |s| {
-                s.broadcast_bytes_done = done;
-                s.broadcast_bytes_total = per_worker * workers.len() as u64;
-                s.broadcast_workers = workers.len() as u32;
-            });
-            jobs.emit(&id, "broadcast", String::new(), String::new());
+            report.live(Update::Broadcast { done, total: per_worker * workers.len() as u64, workers: workers.len() as u32 });
+            report.event("broadcast", String::new(), String::new());
         }
     }
 }

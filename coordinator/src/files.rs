@@ -40,28 +40,10 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     } else {
         spec.resolve_paths(Path::new(base_dir));
     }
-    let mut models = Vec::with_capacity(spec.agents.len());
-    for (k, a) in spec.agents.iter().enumerate() {
-        models.push(check_model(&format!("agents[{k}].model"), &a.model)?);
-        if let Some(ad) = &a.adapter {
-            for f in ["adapter_config.json", "adapter_model.safetensors"] {
-                if !ad.join(f).is_file() {
-                    return Err(bad(&format!("agents[{k}].adapter"), format!("{} has no {f}", ad.display())));
-                }
-            }
-        }
-    }
-    let mut frozen = Vec::with_capacity(spec.frozen.len());
-    for (k, f) in spec.frozen.iter().enumerate() {
-        frozen.push(check_model(&format!("frozen[{k}].model"), &f.model)?);
-        if let Some(ad) = &f.adapter {
-            for file in ["adapter_config.json", "adapter_model.safetensors"] {
-                if !ad.join(file).is_file() {
-                    return Err(bad(&format!("frozen[{k}].adapter"), format!("{} has no {file}", ad.display())));
-                }
-            }
-        }
-    }
+    let models =
+        spec.agents.iter().enumerate().map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
+    let frozen =
+        spec.frozen.iter().enumerate().map(|(k, f)| check_policy(&format!("frozen[{k}]"), &f.model, f.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
     let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
     let mut eval_questions = Vec::new();
     if let Some(e) = &spec.eval {
@@ -196,6 +178,20 @@ fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &
         }
     }
     Ok(())
+}
+
+/// A policy's model folder and, if it has one, its PEFT adapter folder; `field` names the entry
+/// (`agents[1]`).
+fn check_policy(field: &str, model: &Path, adapter: Option<&Path>) -> Result<ModelRoom> {
+    let room = check_model(&format!("{field}.model"), model)?;
+    if let Some(ad) = adapter {
+        for f in ["adapter_config.json", "adapter_model.safetensors"] {
+            if !ad.join(f).is_file() {
+                return Err(bad(&format!("{field}.adapter"), format!("{} has no {f}", ad.display())));
+            }
+        }
+    }
+    Ok(room)
 }
 
 /// A model folder needs config.json, weights and a tokenizer whose ids all have embeddings.

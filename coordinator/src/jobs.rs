@@ -4,38 +4,14 @@
 use crate::error::{CoordinatorError, Result};
 use crate::files::load_job;
 use crate::metrics::Metrics;
+use crate::progress::{Live, Report, Reporter, RunContext, Update};
 use crate::runner;
 use crate::scheduler::Scheduler;
 use crate::store::{JobRow, JobState, Store};
 use comas_proto::v1 as pb;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{broadcast, watch, Notify};
-
-/// Progress that is not worth a database write.
-#[derive(Debug, Clone, Default)]
-pub struct Live {
-    pub stage: String,
-    pub episodes_done: u32,
-    pub episodes_total: u32,
-    /// Completion tokens of the episodes done in this stage (rollout, eval), or tokens through
-    /// the training passes so far (train).
-    pub stage_tokens: u64,
-    pub stage_started: Option<std::time::Instant>,
-    pub train_samples_done: u32,
-    pub train_samples_total: u32,
-    /// Bytes the workers have received so far of the weight broadcast, of the total they pull.
-    pub broadcast_bytes_done: u64,
-    pub broadcast_bytes_total: u64,
-    pub broadcast_workers: u32,
-}
-
-impl Live {
-    /// Enters a stage: its counters start from zero.
-    pub fn enter(&mut self, stage: &str) {
-        *self = Live { stage: stage.to_string(), stage_started: Some(std::time::Instant::now()), ..Live::default() };
-    }
-}
+use tokio::sync::{broadcast, mpsc, watch, Notify};
 
 pub struct Jobs {
     pub store: Arc<Store>,
@@ -182,8 +158,21 @@ impl Jobs {
         }
     }
 
-    pub fn set_live(&self, id: &str, f: impl FnOnce(&mut Live)) {
-        f(self.live.lock().expect("live lock").entry(id.to_string()).or_default());
+    fn apply(&self, id: &str, u: &Update) {
+        self.live.lock().expect("live lock").entry(id.to_string()).or_default().apply(u);
+    }
+
+    /// Applies a running job's reports in the order they were sent.
+    async fn take_reports(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<(String, Report)>) {
+        while let Some((id, report)) = rx.recv().await {
+            match report {
+                Report::Live(u) => self.apply(&id, &u),
+                Report::Event { kind, metrics_json, message } => self.emit(&id, kind, metrics_json, message),
+                Report::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
     }
 
     pub fn cancel(&self, id: &str) -> Result<pb::JobStatus> {
@@ -220,6 +209,8 @@ impl Jobs {
     /// Runs jobs one after another until `shutdown` fires: first any job that was running when
     /// the coordinator last stopped, then queued jobs in submission order.
     pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let (reports, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Arc::clone(&self).take_reports(rx));
         loop {
             if *shutdown.borrow() {
                 return;
@@ -243,8 +234,14 @@ impl Jobs {
             self.cancels.lock().expect("cancel lock").insert(row.id.clone(), cancel_tx);
             self.metrics.running_jobs.set(1);
             let id = row.id.clone();
+            let ctx = RunContext {
+                store: Arc::clone(&self.store),
+                scheduler: self.scheduler.clone(),
+                metrics: Arc::clone(&self.metrics),
+                report: Reporter::new(id.clone(), reports.clone()),
+            };
             let outcome = tokio::select! {
-                r = runner::run_job(&self, row, cancel_rx) => Some(r),
+                r = runner::run_job(&ctx, row, cancel_rx) => Some(r),
                 // Wherever the job is waiting (a learner, a worker, a step), a cancel ends it.
                 _ = cancelled.wait_for(|c| *c) => Some(Err(CoordinatorError::Cancelled(id.clone()))),
                 // Shutting down: the job stays `running` in the store and resumes on restart.
@@ -253,6 +250,8 @@ impl Jobs {
             self.metrics.running_jobs.set(0);
             self.cancels.lock().expect("cancel lock").remove(&id);
             self.scheduler.cancel_job(id.clone());
+            // The job's last reports (its last step's record) reach watchers before its end.
+            ctx.report.flush().await;
             let Some(outcome) = outcome else { return };
             let (state, error) = match outcome {
                 Ok(()) => (JobState::Succeeded, String::new()),
@@ -267,7 +266,7 @@ impl Jobs {
             if let Err(e) = self.store.set_state(&id, state, &error) {
                 tracing::error!(job = %id, error = %e, "cannot record the job's end");
             }
-            self.set_live(&id, |l| l.stage = String::new());
+            self.apply(&id, &Update::Ended);
             self.emit(&id, "finished", String::new(), if error.is_empty() { state.as_str().to_string() } else { error });
         }
     }

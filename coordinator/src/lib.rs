@@ -2,14 +2,17 @@
 //! reward formulation, routing to the learners and the weight-version barrier.
 pub mod broadcast;
 pub mod cli;
+pub mod episodes;
 pub mod error;
 pub mod experience;
 pub mod files;
 pub mod jobs;
+pub mod learner_steps;
 pub mod learners;
 pub mod mappa_experience;
 pub mod memory_check;
 pub mod metrics;
+pub mod progress;
 pub mod runner;
 pub mod scheduler;
 pub mod server;

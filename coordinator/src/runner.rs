@@ -3,36 +3,31 @@
 //! step is committed to the store only when all of it is done, so a restarted coordinator
 //! repeats at most the unfinished step, and only its missing episodes.
 use crate::broadcast;
+use crate::episodes::{episode_specs, in_spec_order, make_batch, parse_record, save_episodes, step_specs, EVAL_SHARD};
 use crate::error::{CoordinatorError, Result};
-use crate::experience::{make_step, Finished, StepBatch};
+use crate::experience::StepBatch;
 use crate::files::{load_job, Loaded};
-use crate::jobs::Jobs;
+use crate::learner_steps::{check_learner, follow_training, train_learner, TrainTally};
 use crate::learners::LearnerLink;
-use crate::mappa_experience::make_mappa_step;
+use crate::progress::{RunContext, Update};
 use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use crate::tensorboard;
 use comas_proto::v1 as pb;
-use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed};
+use comas_workflow::comas::PlanSeed;
 use comas_workflow::job::Job;
 use comas_workflow::program::{Record, Settings};
 use comas_workflow::task::TaskRecord;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// Stable episode ids: the same (job, step, instance) gets the same id after a restart, so an
-/// episode stored before the restart is recognised and never run or counted again.
-fn episode_id(job_id: &str, step: u64, instance: u32) -> String {
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{job_id}/{step}/{instance}").as_bytes()).to_string()
-}
 
 /// The trained agents, then the frozen models (which share a base with the agents on the same
 /// folder and are never updated).
@@ -54,64 +49,9 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
     pb::LoadPoliciesRequest { agents: trained.chain(frozen).collect(), dtype: job.spec.rollout.dtype.clone() }
 }
 
-/// Evaluation episodes draw from their own seed stream, apart from every training step's.
-const EVAL_SHARD: u64 = 1 << 32;
-
-fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Result<Vec<pb::EpisodeSpec>> {
-    let chosen = job.step_questions(step);
-    let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
-    episode_specs(job.settings(), &chosen, questions, seed, |i| episode_id(job_id, step, i))
-}
-
-/// The episodes of the `chosen` questions, `instances_per_question` copies each; a CoMAS game
-/// also gets each instance's judge assignment.
-fn episode_specs(
-    settings: Settings<'_>,
-    chosen: &[usize],
-    questions: &[TaskRecord],
-    seed: PlanSeed,
-    id_of: impl Fn(u32) -> String,
-) -> Result<Vec<pb::EpisodeSpec>> {
-    let copies = settings.instances_per_question() as usize;
-    let n = chosen.len() * copies;
-    let plans: Vec<String> = match settings {
-        Settings::Comas(comas) => plan_batch(comas, n, seed)
-            .map_err(|e| CoordinatorError::Rollout(format!("planning step {}: {e}", seed.step)))?
-            .instances
-            .iter()
-            .map(|p| serde_json::to_string(p).expect("plan serialises"))
-            .collect(),
-        Settings::Mappa(_) => vec![String::new(); n],
-    };
-    let config_json = settings.config_json();
-    let method = settings.method().as_str().to_string();
-    Ok(plans
-        .into_iter()
-        .enumerate()
-        .map(|(i, plan_json)| {
-            let instance = i as u32;
-            pb::EpisodeSpec {
-                episode_id: id_of(instance),
-                config_json: config_json.clone(),
-                question_json: serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises"),
-                plan_json,
-                instance,
-                seed: episode_seed(seed, instance),
-                method: method.clone(),
-            }
-        })
-        .collect())
-}
-
-/// A stored record (it passed the same check when it arrived; versions are checked again when
-/// the step's experiences are made).
-fn parse_record(job: &Job, json: &str, episode: &str) -> Result<Record> {
-    crate::experience::check_record(&job.settings().record_kind(), json, episode, None).map_err(CoordinatorError::Rollout)
-}
-
 /// Writes JSON lines atomically: the job's metrics log, rewritten from the store so it always
 /// holds each committed step exactly once whatever restarts happened, and saved episodes.
-fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
+pub(crate) fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
     let mut text = String::new();
     for l in lines {
         text.push_str(l);
@@ -120,24 +60,10 @@ fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
     crate::files::write_atomic(path, text.as_bytes())
 }
 
-/// Keeps a step's records in `output.dir/episodes/step-NNNNN.jsonl` (with `output.save_episodes`),
-/// so what the agents said can be read after the store has let go of them.
-fn save_episodes(job: &Job, step: u64, records: &[(String, Record)]) -> Result<()> {
-    let dir = job.spec.output.dir.join("episodes");
-    let lines = records
-        .iter()
-        .map(|(id, r)| r.to_json().map(|json| format!("{{\"episode_id\":{},\"record\":{json}}}", serde_json::Value::String(id.clone()))))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| CoordinatorError::Other(e.to_string()))?;
-    std::fs::create_dir_all(&dir)
-        .and_then(|()| write_lines(&dir.join(format!("step-{step:05}.jsonl")), &lines))
-        .map_err(|e| CoordinatorError::Other(format!("cannot save the episodes of step {step} in {}: {e}", dir.display())))
-}
-
 /// Rewrites the metrics log from the store, and brings the TensorBoard event file beside it up
 /// to date; a failed write is logged, the store stays the truth.
-fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
-    let lines = jobs.store.metrics_log(id)?;
+fn refresh_metrics_log(ctx: &RunContext, id: &str, path: &Path) -> Result<()> {
+    let lines = ctx.store.metrics_log(id)?;
     if let Err(e) = write_lines(path, &lines) {
         tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics log");
     }
@@ -151,153 +77,23 @@ fn refresh_metrics_log(jobs: &Jobs, id: &str, path: &Path) -> Result<()> {
 
 /// Points every worker at these weight versions (agent k's from its learner); returns the new
 /// target generation to wait for.
-fn retarget(jobs: &Jobs, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
+fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, versions[k], a.learner.clone().unwrap_or_default())).collect();
     let source_patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
-    jobs.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources, source_patience });
+    ctx.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources, source_patience });
     generation
-}
-
-/// The episodes of `specs` in spec order (so every run builds the same batches).
-fn in_spec_order(specs: &[pb::EpisodeSpec], mut done: HashMap<String, Record>) -> Result<Vec<(String, Record)>> {
-    specs
-        .iter()
-        .map(|s| {
-            let r = done.remove(&s.episode_id).ok_or_else(|| CoordinatorError::Rollout(format!("episode {} is missing after the rollout", s.episode_id)))?;
-            Ok((s.episode_id.clone(), r))
-        })
-        .collect()
-}
-
-/// Rewards, experiences and metrics of a step's records, by the method's own formulation. A
-/// CoMAS turn carries its role's temperature when `with_temperatures`.
-fn make_batch(
-    settings: Settings<'_>,
-    records: Vec<(String, Record)>,
-    questions: &[TaskRecord],
-    num_agents: u32,
-    versions: &[u64],
-    with_temperatures: bool,
-) -> Result<StepBatch> {
-    let wrong = |id: &str| CoordinatorError::Rollout(format!("episode {id} came back as another method's record"));
-    let made = match settings {
-        Settings::Comas(comas) => {
-            let by_id: HashMap<&str, &TaskRecord> = questions.iter().map(|q| (q.id.as_str(), q)).collect();
-            let finished = records
-                .into_iter()
-                .map(|(episode_id, r)| match r {
-                    Record::Comas(t) => {
-                        // The question's reference answer, for logging only.
-                        let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
-                        Ok(Finished { episode_id, trajectory: t, answer })
-                    }
-                    Record::Mappa(_) => Err(wrong(&episode_id)),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
-        }
-        Settings::Mappa(mappa) => {
-            let finished = records
-                .into_iter()
-                .map(|(episode_id, r)| match r {
-                    Record::Mappa(t) => Ok((episode_id, t)),
-                    Record::Comas(_) => Err(wrong(&episode_id)),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            make_mappa_step(&finished, mappa, num_agents, Some(versions))
-        }
-    };
-    made.map_err(|e| CoordinatorError::Rollout(e.to_string()))
-}
-
-/// Checks a learner before the job uses it: right agent, the job's settings, a step that fits.
-async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u64> {
-    let info = link.info().await?;
-    let k = link.agent as usize;
-    let bad = |m: String| CoordinatorError::Learner { agent: link.agent, address: link.address.clone(), message: m };
-    if info.agent_id != link.agent {
-        return Err(bad(format!("it serves agent {}, not agent {}; check agents[{k}].learner", info.agent_id, link.agent)));
-    }
-    // `completed_steps` is a counter a resumed learner takes from its checkpoint, not a setting.
-    let settings = |mut v: Value| {
-        if let Some(o) = v.as_object_mut() {
-            o.remove("completed_steps");
-        }
-        v
-    };
-    let theirs = settings(serde_json::from_str(&info.config_json).unwrap_or(Value::Null));
-    let ours = settings(serde_json::to_value(&job.train[k]).unwrap_or(Value::Null));
-    if theirs != ours {
-        let diff: Vec<String> = ours
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter(|(key, v)| theirs.get(key.as_str()) != Some(v))
-                    .map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        return Err(bad(format!("its training settings differ from agents[{k}].train ({}); start it with this job file", diff.join(", "))));
-    }
-    if info.global_step != step && info.global_step != step + 1 {
-        return Err(bad(format!(
-            "it is at training step {} but the job has completed {step} steps; restart it from the checkpoint of step {step} (keep checkpoint_every = 1 to always have one)",
-            info.global_step
-        )));
-    }
-    Ok(info.global_step)
-}
-
-/// How often one learner may move to another step (restart) during one step's training before
-/// the job fails.
-const MAX_LEARNER_MOVES: u32 = 5;
-
-/// Trains one learner on its turns of `step`, saves a checkpoint if due, and publishes version
-/// `step + 1`. Every call names the learner step it expects, so a learner that restarts in
-/// between (from an older or a newer checkpoint) is checked again and the rest planned again:
-/// a step is never trained twice, and the version published is always the step's.
-async fn train_learner(
-    link: &mut LearnerLink,
-    job: &Job,
-    step_id: &str,
-    exps: &[pb::Experience],
-    step: u64,
-    checkpoint: bool,
-    mut at: u64,
-) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
-    let mut moves = 0;
-    loop {
-        let attempt = async {
-            // A step this learner already trained is not trained again; its report comes from
-            // the learner's memory (kept in its checkpoints) if it still has it.
-            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step)).await?) };
-            if checkpoint {
-                link.save(Some(step + 1)).await?;
-            }
-            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?))
-        }
-        .await;
-        match attempt {
-            Err(CoordinatorError::LearnerMoved { message, .. }) if moves < MAX_LEARNER_MOVES => {
-                moves += 1;
-                tracing::warn!(agent = link.agent, step, "{message}; checking the learner again");
-                at = check_learner(link, job, step).await?;
-            }
-            other => return other,
-        }
-    }
 }
 
 /// Plays the CoMAS game on the held-out questions with the current weights; nothing is trained.
 /// The record (accuracy, rewards and scores by agent; with `greedy`, the same for a greedy game
 /// under `greedy`) goes into the store and the metrics log.
-async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
+async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
     let started = Instant::now();
     let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
-    let mut m = play_eval(jobs, job, id, after, questions, job.eval_method_at(spec.temperature).settings(), "eval", cancel).await?;
+    let mut m = play_eval(ctx, job, id, after, questions, job.eval_method_at(spec.temperature).settings(), "eval", cancel).await?;
     if spec.greedy {
-        let greedy = play_eval(jobs, job, id, after, questions, job.eval_method_at(0.0).settings(), "eval-greedy", cancel).await?;
+        let greedy = play_eval(ctx, job, id, after, questions, job.eval_method_at(0.0).settings(), "eval-greedy", cancel).await?;
         if let Some(o) = m.as_object_mut() {
             o.insert("greedy".into(), greedy);
         }
@@ -312,9 +108,9 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
         o.insert("seconds".into(), json!({"total": started.elapsed().as_secs_f64()}));
     }
     let line = serde_json::to_string(&m).unwrap_or_default();
-    jobs.store.record_eval(id, after, &line)?;
+    ctx.store.record_eval(id, after, &line)?;
     tracing::info!(job = %id, after, accuracy = ?m.pointer("/accuracy/last_round"), "evaluation recorded");
-    jobs.emit(id, "eval", line, format!("evaluation after {after} steps"));
+    ctx.report.event("eval", line, format!("evaluation after {after} steps"));
     Ok(())
 }
 
@@ -322,7 +118,7 @@ async fn evaluate(jobs: &Arc<Jobs>, job: &Job, id: &str, after: u64, questions: 
 /// `tag` keeps the episode ids of different games apart.
 #[allow(clippy::too_many_arguments)]
 async fn play_eval(
-    jobs: &Arc<Jobs>,
+    ctx: &RunContext,
     job: &Job,
     id: &str,
     after: u64,
@@ -337,11 +133,9 @@ async fn play_eval(
         uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
     })?;
     let total = specs.len();
-    jobs.set_live(id, |s| {
-        s.enter("eval");
-        s.episodes_total = total as u32;
-    });
-    jobs.emit(id, "stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
+    ctx.report.live(Update::Enter("eval"));
+    ctx.report.live(Update::EpisodesPlanned { done: 0, total: total as u32 });
+    ctx.report.event("stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let batch = BatchSpec {
         specs: specs.clone(),
@@ -349,7 +143,7 @@ async fn play_eval(
         limits: BatchLimits::of(&job.spec.schedule),
         versions: Some(vec![after; job.spec.agents.len()]),
     };
-    jobs.scheduler.submit(id.to_string(), batch, tx);
+    ctx.scheduler.submit(id.to_string(), batch, tx);
     let mut done: HashMap<String, Record> = HashMap::new();
     while done.len() < total {
         let delivery = tokio::select! {
@@ -361,11 +155,8 @@ async fn play_eval(
             Some(Delivery::Done { episode_id, record, .. }) => {
                 let tokens = record.completion_tokens();
                 done.insert(episode_id, *record);
-                jobs.set_live(id, |s| {
-                    s.episodes_done = done.len() as u32;
-                    s.stage_tokens += tokens;
-                });
-                jobs.emit(id, "episodes", String::new(), String::new());
+                ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
+                ctx.report.event("episodes", String::new(), String::new());
             }
             Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("evaluation episode {episode_id}: {error}"))),
             Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
@@ -375,182 +166,198 @@ async fn play_eval(
     Ok(make_batch(settings, finished, questions, job.spec.agents.len() as u32, &vec![after; job.spec.agents.len()], false)?.metrics)
 }
 
-/// One learner's share of the training stage, as far as the coordinator knows it.
-#[derive(Clone, Copy, Default)]
-struct TrainTally {
-    samples: u32,
-    tokens: u64,
-    finished: bool,
-}
-
-impl TrainTally {
-    fn sums(t: &[TrainTally]) -> (u32, u64) {
-        (t.iter().map(|x| x.samples).sum(), t.iter().map(|x| x.tokens).sum())
-    }
-
-    /// Learner `k` has finished with `samples` experiences and `tokens` tokens; the new sums.
-    fn finish(tally: &std::sync::Mutex<Vec<TrainTally>>, k: usize, samples: u32, tokens: u64) -> (u32, u64) {
-        let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
-        t[k] = TrainTally { samples, tokens, finished: true };
-        Self::sums(&t)
-    }
-}
-
-/// Polls every learner's progress about once a second while the training stage runs, into the
-/// job's live status, so a watcher sees experiences and tokens/s inside a long step. Runs until
-/// aborted; a learner that does not answer is asked again next time.
-async fn follow_training(
-    jobs: Arc<Jobs>,
+/// One job's run: what the stages of every step share.
+struct JobRun {
+    ctx: RunContext,
     id: String,
-    learners: Vec<(u32, String)>,
-    global_step: u64,
-    samples: Vec<u32>,
-    tally: Arc<std::sync::Mutex<Vec<TrainTally>>>,
-) {
-    let mut links: Vec<LearnerLink> = learners.iter().map(|(k, a)| LearnerLink::new(*k, a, Duration::from_secs(2))).collect();
-    loop {
-        tokio::time::sleep(TRAIN_PROGRESS_EVERY).await;
-        let mut changed = false;
-        for (k, link) in links.iter_mut().enumerate() {
-            let Some(p) = link.train_progress().await else { continue };
-            if !p.training || p.global_step != global_step || p.samples_total == 0 {
-                continue;
-            }
-            // The learner counts samples x epochs; show them as a share of this agent's samples.
-            let done = (u64::from(p.samples_done) * u64::from(samples[k]) / u64::from(p.samples_total)) as u32;
-            let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
-            if !t[k].finished && (t[k].samples, t[k].tokens) != (done, p.tokens_done) {
-                t[k] = TrainTally { samples: done, tokens: p.tokens_done, finished: false };
-                changed = true;
-            }
-        }
-        if changed {
-            let (done, tokens) = TrainTally::sums(&tally.lock().unwrap_or_else(|e| e.into_inner()));
-            jobs.set_live(&id, |s| {
-                s.train_samples_done = done;
-                s.stage_tokens = tokens;
-            });
-            jobs.emit(&id, "trained", String::new(), String::new());
-        }
-    }
+    job: Arc<Job>,
+    questions: Vec<TaskRecord>,
+    eval_questions: Vec<TaskRecord>,
+    links: Vec<LearnerLink>,
+    load: pb::LoadPoliciesRequest,
+    metrics_path: PathBuf,
+    /// The versions the workers were last pointed at.
+    target_versions: Option<Vec<u64>>,
+    cancel: watch::Receiver<bool>,
 }
 
-/// How often the coordinator asks learners how far their step has got.
-const TRAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Seconds each stage of one step took, and the coordinator's own share.
+#[derive(Default)]
+struct StepTimes {
+    rollout: f64,
+    experience: f64,
+    train: f64,
+    broadcast: f64,
+    /// Time in the job store during the step.
+    store: f64,
+}
 
-pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<bool>) -> Result<()> {
-    let id = row.id.clone();
-    let (text, base) = (row.spec.clone(), row.base_dir.clone());
-    let Loaded { job, questions, eval_questions } =
-        tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
-    // Shared with the per-learner training tasks.
-    let job = Arc::new(job);
-    jobs.store.set_state(&id, JobState::Running, "")?;
-    jobs.emit(&id, "status", String::new(), "running".into());
-    let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
-    let mut links: Vec<LearnerLink> =
-        job.spec.agents.iter().enumerate().map(|(k, a)| LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)).collect();
-    let metrics_path = job.spec.output.dir.join("metrics.jsonl");
-    let load = load_request(&job);
-    let l = job.spec.agents.len();
-    let mut target_versions: Option<Vec<u64>> = None;
+/// What the training stage left: each learner's report (none when it had trained the step
+/// before a restart and no longer keeps the report), published version and its size.
+struct Trained {
+    reports: Vec<Option<pb::TrainReport>>,
+    versions: Vec<u64>,
+    bytes: Vec<u64>,
+}
+
+/// The synchronous loop of spec 6: per step, the stages `learners`, `eval` (when due),
+/// `rollout`, `experience`, `train`, `broadcast` and `commit`; after the last, `export`.
+pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<()> {
     let mut step = row.steps_done;
-    let cancelled = |c: &watch::Receiver<bool>| *c.borrow();
-
+    let mut run = JobRun::start(ctx, row, cancel).await?;
     loop {
-        let step_started = Instant::now();
-        let sched_before = jobs.metrics.scheduler_seconds.get();
-        let mut store_secs = 0.0;
-        // Learners: at `step` (or `step + 1` if they trained it before a coordinator restart).
-        jobs.set_live(&id, |s| s.enter("learners"));
-        let mut at = Vec::with_capacity(l);
-        for link in links.iter_mut() {
-            at.push(check_learner(link, &job, step).await?);
-        }
-        let versions = vec![step; l];
-
-        // 0. Held-out evaluation with the weights of `step` completed steps.
-        if job.eval_due(step) && !jobs.store.has_eval(&id, step)? {
-            if at.iter().all(|&g| g == step) {
-                if target_versions.as_ref() != Some(&versions) {
-                    let generation = retarget(jobs, &job, &id, &load, &versions);
-                    target_versions = Some(versions.clone());
-                    jobs.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
-                }
-                evaluate(jobs, &job, &id, step, &eval_questions, &mut cancel).await?;
-                refresh_metrics_log(jobs, &id, &metrics_path)?;
-            } else {
-                tracing::warn!(job = %id, step, "skipping the evaluation after {step} steps: a learner has already trained the next step");
-            }
-        }
-        if step >= job.total_steps {
+        let started = Instant::now();
+        let scheduler_before = ctx.metrics.scheduler_seconds.get();
+        let at = run.learners(step).await?;
+        run.evaluate_if_due(step, &at).await?;
+        if step >= run.job.total_steps {
             break;
         }
+        let mut times = StepTimes::default();
+        let records = run.rollout(step, &at, &mut times).await?;
+        let batch = run.experience(step, records, &mut times)?;
+        let trained = run.train(step, &batch, &at, &mut times).await?;
+        let sync = run.broadcast(step, &trained, &mut times).await?;
+        let coordinator = times.experience + times.store + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
+        run.commit(step, batch.metrics, &trained, &sync, &times, coordinator, started)?;
+        step += 1;
+    }
+    run.export().await
+}
 
-        // 1. Rollout with version `step` everywhere.
-        let episodes_stored = {
+impl JobRun {
+    /// Loads and checks the job file, marks the job running and connects to its learners.
+    async fn start(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<JobRun> {
+        let id = row.id.clone();
+        let (text, base) = (row.spec.clone(), row.base_dir.clone());
+        let Loaded { job, questions, eval_questions } =
+            tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+        ctx.store.set_state(&id, JobState::Running, "")?;
+        ctx.report.event("status", String::new(), "running".into());
+        let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
+        let links = job.spec.agents.iter().enumerate().map(|(k, a)| LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)).collect();
+        Ok(JobRun {
+            ctx: ctx.clone(),
+            metrics_path: job.spec.output.dir.join("metrics.jsonl"),
+            load: load_request(&job),
+            // Shared with the per-learner training tasks.
+            job: Arc::new(job),
+            id,
+            questions,
+            eval_questions,
+            links,
+            target_versions: None,
+            cancel,
+        })
+    }
+
+    fn agents(&self) -> usize {
+        self.job.spec.agents.len()
+    }
+
+    fn cancelled(&self) -> Result<()> {
+        if *self.cancel.borrow() {
+            return Err(CoordinatorError::Cancelled(self.id.clone()));
+        }
+        Ok(())
+    }
+
+    /// Stage `learners`: every learner is at `step`, or at `step + 1` if it trained the step
+    /// before a coordinator restart; returns where each one is.
+    async fn learners(&mut self, step: u64) -> Result<Vec<u64>> {
+        self.ctx.report.live(Update::Enter("learners"));
+        let mut at = Vec::with_capacity(self.links.len());
+        for link in self.links.iter_mut() {
+            at.push(check_learner(link, &self.job, step).await?);
+        }
+        Ok(at)
+    }
+
+    /// Points the workers at `versions` unless they already are; returns the new generation.
+    fn point_workers_at(&mut self, versions: &[u64]) -> Option<u64> {
+        if self.target_versions.as_deref() == Some(versions) {
+            return None;
+        }
+        self.target_versions = Some(versions.to_vec());
+        Some(retarget(&self.ctx, &self.job, &self.id, &self.load, versions))
+    }
+
+    /// Stage `eval`: the held-out evaluation with the weights of `step` completed steps, when due.
+    async fn evaluate_if_due(&mut self, step: u64, at: &[u64]) -> Result<()> {
+        if !self.job.eval_due(step) || self.ctx.store.has_eval(&self.id, step)? {
+            return Ok(());
+        }
+        if at.iter().any(|&g| g != step) {
+            tracing::warn!(job = %self.id, step, "skipping the evaluation after {step} steps: a learner has already trained the next step");
+            return Ok(());
+        }
+        if let Some(generation) = self.point_workers_at(&vec![step; self.agents()]) {
+            self.ctx.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
+        }
+        evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel).await?;
+        refresh_metrics_log(&self.ctx, &self.id, &self.metrics_path)
+    }
+
+    /// Stage `rollout`: every episode of the step with version `step` everywhere; episodes the
+    /// store already holds (from before a restart) are not run again. Returns the records in
+    /// spec order, so every run builds the same batches.
+    async fn rollout(&mut self, step: u64, at: &[u64], times: &mut StepTimes) -> Result<Vec<(String, Record)>> {
+        let (ctx, id) = (self.ctx.clone(), self.id.clone());
+        let stored = {
             let t = Instant::now();
-            let v = jobs.store.step_episodes(&id, step)?;
-            store_secs += t.elapsed().as_secs_f64();
+            let v = ctx.store.step_episodes(&id, step)?;
+            times.store += t.elapsed().as_secs_f64();
             v
         };
-        let specs = step_specs(&job, &id, step, &questions)?;
+        let specs = step_specs(&self.job, &id, step, &self.questions)?;
         let total = specs.len();
         let mut done: HashMap<String, Record> = HashMap::new();
-        for (eid, json) in episodes_stored {
-            let r = parse_record(&job, &json, &eid)?;
+        for (eid, json) in stored {
+            let r = parse_record(&self.job, &json, &eid)?;
             done.insert(eid, r);
         }
         let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
-        let rollout_started = Instant::now();
-        jobs.set_live(&id, |s| {
-            s.enter("rollout");
-            s.episodes_done = done.len() as u32;
-            s.episodes_total = total as u32;
-        });
-        jobs.emit(&id, "stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done)", done.len()));
+        let started = Instant::now();
+        ctx.report.live(Update::Enter("rollout"));
+        ctx.report.live(Update::EpisodesPlanned { done: done.len() as u32, total: total as u32 });
+        ctx.report.event("stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done)", done.len()));
         if !remaining.is_empty() {
             if at.iter().any(|&g| g != step) {
                 return Err(CoordinatorError::Other(format!(
                     "step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree"
                 )));
             }
-            if target_versions.as_ref() != Some(&versions) {
-                retarget(jobs, &job, &id, &load, &versions);
-                target_versions = Some(versions.clone());
-            }
+            let versions = vec![step; self.agents()];
+            self.point_workers_at(&versions);
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut outstanding = remaining.len();
             let batch = BatchSpec {
                 specs: remaining,
-                kind: job.settings().record_kind(),
-                limits: BatchLimits::of(&job.spec.schedule),
-                versions: Some(versions.clone()),
+                kind: self.job.settings().record_kind(),
+                limits: BatchLimits::of(&self.job.spec.schedule),
+                versions: Some(versions),
             };
-            jobs.scheduler.submit(id.clone(), batch, tx);
+            ctx.scheduler.submit(id.clone(), batch, tx);
             while outstanding > 0 {
                 let delivery = tokio::select! {
                     d = rx.recv() => d,
-                    _ = cancel.changed() => {
-                        jobs.scheduler.cancel_job(id.clone());
+                    _ = self.cancel.changed() => {
+                        ctx.scheduler.cancel_job(id.clone());
                         return Err(CoordinatorError::Cancelled(id.clone()));
                     }
                 };
                 match delivery {
                     None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
                     Some(Delivery::Done { episode_id, record, trajectory_json, worker }) => {
-                        let started = Instant::now();
-                        let fresh = jobs.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
-                        store_secs += started.elapsed().as_secs_f64();
+                        let t = Instant::now();
+                        let fresh = ctx.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
+                        times.store += t.elapsed().as_secs_f64();
                         if fresh && !done.contains_key(&episode_id) {
                             let tokens = record.completion_tokens();
                             done.insert(episode_id, *record);
                             outstanding -= 1;
-                            jobs.set_live(&id, |s| {
-                                s.episodes_done = done.len() as u32;
-                                s.stage_tokens += tokens;
-                            });
-                            jobs.emit(&id, "episodes", String::new(), String::new());
+                            ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
+                            ctx.report.event("episodes", String::new(), String::new());
                         }
                     }
                     Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}"))),
@@ -558,54 +365,54 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 }
             }
         }
-        let rollout_secs = rollout_started.elapsed().as_secs_f64();
-        if cancelled(&cancel) {
-            return Err(CoordinatorError::Cancelled(id.clone()));
-        }
+        times.rollout = started.elapsed().as_secs_f64();
+        self.cancelled()?;
+        in_spec_order(&specs, done)
+    }
 
-        // 2. Experience making, in the specs' order so every run builds the same batches.
-        let exp_started = Instant::now();
-        jobs.set_live(&id, |s| s.enter("experience"));
-        let finished = in_spec_order(&specs, done)?;
-        if job.spec.output.save_episodes {
-            save_episodes(&job, step, &finished)?;
+    /// Stage `experience`: the method's rewards, one experience per trained turn, the metrics.
+    fn experience(&self, step: u64, records: Vec<(String, Record)>, times: &mut StepTimes) -> Result<StepBatch> {
+        let started = Instant::now();
+        self.ctx.report.live(Update::Enter("experience"));
+        if self.job.spec.output.save_episodes {
+            save_episodes(&self.job, step, &records)?;
         }
-        let batch = make_batch(job.settings(), finished, &questions, l as u32, &versions, true)?;
-        let experience_secs = exp_started.elapsed().as_secs_f64();
+        let batch = make_batch(self.job.settings(), records, &self.questions, self.agents() as u32, &vec![step; self.agents()], true)?;
+        times.experience = started.elapsed().as_secs_f64();
+        Ok(batch)
+    }
 
-        // 3. Training: every learner in parallel on its own agent's turns.
-        let train_started = Instant::now();
+    /// Stage `train`: every learner in parallel on its own agent's experiences; each checkpoints
+    /// if due and publishes version `step + 1`.
+    async fn train(&mut self, step: u64, batch: &StepBatch, at: &[u64], times: &mut StepTimes) -> Result<Trained> {
+        let (ctx, id, l) = (self.ctx.clone(), self.id.clone(), self.agents());
+        let started = Instant::now();
         let samples: Vec<u32> = batch.per_agent.iter().map(|e| e.len() as u32).collect();
-        jobs.set_live(&id, |s| {
-            s.enter("train");
-            s.train_samples_total = samples.iter().sum();
-        });
-        jobs.emit(&id, "stage", String::new(), format!("step {step}: training {l} agents"));
-        let checkpoint = (step + 1) % job.spec.schedule.checkpoint_every == 0 || step + 1 == job.total_steps;
+        ctx.report.live(Update::Enter("train"));
+        ctx.report.live(Update::TrainPlanned(samples.iter().sum()));
+        ctx.report.event("stage", String::new(), format!("step {step}: training {l} agents"));
+        let checkpoint = (step + 1) % self.job.spec.schedule.checkpoint_every == 0 || step + 1 == self.job.total_steps;
         let step_id = format!("{id}/{step}");
         let tally = Arc::new(std::sync::Mutex::new(vec![TrainTally::default(); l]));
         // A JoinSet aborts the poller when dropped, so it also stops when the stage fails or the
         // job is cancelled, not only when training finishes.
         let mut follower = tokio::task::JoinSet::new();
         follower.spawn(follow_training(
-            Arc::clone(jobs),
-            id.clone(),
-            links.iter().map(|k| (k.agent, k.address.clone())).collect(),
+            ctx.report.clone(),
+            self.links.iter().map(|k| (k.agent, k.address.clone())).collect(),
             step + 1,
             samples.clone(),
             Arc::clone(&tally),
         ));
         let mut tasks = tokio::task::JoinSet::new();
-        for (k, (mut link, exps)) in links.drain(..).zip(batch.per_agent).enumerate() {
-            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&job));
+        for (k, (mut link, exps)) in self.links.drain(..).zip(batch.per_agent.iter().cloned()).enumerate() {
+            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&self.job));
             tasks.spawn(async move {
                 let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k).await;
                 (k, link, out)
             });
         }
-        let mut reports: Vec<Option<pb::TrainReport>> = vec![None; l];
-        let mut new_versions = vec![0u64; l];
-        let mut published_bytes = vec![0u64; l];
+        let mut trained = Trained { reports: vec![None; l], versions: vec![0; l], bytes: vec![0; l] };
         let mut slots: Vec<Option<LearnerLink>> = (0..l).map(|_| None).collect();
         let mut first_err = None;
         let joined = async {
@@ -615,15 +422,12 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
                 match out {
                     Ok((report, published)) => {
                         let tokens = report.as_ref().map_or(0, |r| r.tokens);
-                        reports[k] = report;
-                        new_versions[k] = published.version;
-                        published_bytes[k] = published.total_bytes;
+                        trained.reports[k] = report;
+                        trained.versions[k] = published.version;
+                        trained.bytes[k] = published.total_bytes;
                         let (done, tokens) = TrainTally::finish(&tally, k, samples[k], tokens);
-                        jobs.set_live(&id, |s| {
-                            s.train_samples_done = done;
-                            s.stage_tokens = tokens;
-                        });
-                        jobs.emit(&id, "trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
+                        ctx.report.live(Update::Trained { done, tokens });
+                        ctx.report.event("trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -634,61 +438,78 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
         };
         tokio::select! {
             r = joined => r?,
-            _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
+            _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
         }
         drop(follower);
-        links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
+        self.links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
         if let Some(e) = first_err {
             return Err(e);
         }
-        for (k, v) in new_versions.iter().enumerate() {
+        for (k, v) in trained.versions.iter().enumerate() {
             if *v != step + 1 {
                 return Err(CoordinatorError::Learner {
                     agent: k as u32,
-                    address: links[k].address.clone(),
+                    address: self.links[k].address.clone(),
                     message: format!("published version {v} after step {step}; expected {}", step + 1),
                 });
             }
         }
-        let train_secs = train_started.elapsed().as_secs_f64();
+        times.train = started.elapsed().as_secs_f64();
+        Ok(trained)
+    }
 
-        // 4. Broadcast: every worker pulls the new versions before the next rollout.
-        let broadcast_started = Instant::now();
+    /// Stage `broadcast`: every worker pulls the new versions before the next rollout (none
+    /// after the last step).
+    async fn broadcast(&mut self, step: u64, trained: &Trained, times: &mut StepTimes) -> Result<crate::scheduler::SyncStats> {
+        let started = Instant::now();
         let mut sync = crate::scheduler::SyncStats::default();
-        jobs.set_live(&id, |s| s.enter("broadcast"));
-        if step + 1 < job.total_steps {
-            let generation = retarget(jobs, &job, &id, &load, &new_versions);
-            target_versions = Some(new_versions.clone());
-            let targets = (0..l).map(|k| broadcast::Target { agent: k as u32, version: new_versions[k], bytes: published_bytes[k] }).collect();
+        self.ctx.report.live(Update::Enter("broadcast"));
+        if step + 1 < self.job.total_steps {
+            let generation = retarget(&self.ctx, &self.job, &self.id, &self.load, &trained.versions);
+            self.target_versions = Some(trained.versions.clone());
+            let targets = (0..self.agents()).map(|k| broadcast::Target { agent: k as u32, version: trained.versions[k], bytes: trained.bytes[k] }).collect();
             let mut follower = tokio::task::JoinSet::new();
-            follower.spawn(broadcast::follow(Arc::clone(jobs), id.clone(), targets));
+            follower.spawn(broadcast::follow(self.ctx.scheduler.clone(), self.ctx.report.clone(), targets));
             tokio::select! {
-                r = jobs.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
-                _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
+                r = self.ctx.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
+                _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(self.id.clone())),
             }
             drop(follower);
         }
-        let broadcast_secs = broadcast_started.elapsed().as_secs_f64();
+        times.broadcast = started.elapsed().as_secs_f64();
+        Ok(sync)
+    }
 
-        // 5. Commit the step and its metrics.
+    /// Stage `commit`: the step's record (the method's metrics, each agent's training report,
+    /// versions and weight sync, the stage times) goes to the store, then to the metrics log.
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        step: u64,
+        mut metrics: Value,
+        trained: &Trained,
+        sync: &crate::scheduler::SyncStats,
+        times: &StepTimes,
+        coordinator: f64,
+        started: Instant,
+    ) -> Result<()> {
         let commit_started = Instant::now();
-        let mut metrics = batch.metrics;
+        let id = &self.id;
         let tokens = metrics.get("generated_tokens").and_then(Value::as_u64).unwrap_or(0);
-        let coordinator_secs = experience_secs + store_secs + (jobs.metrics.scheduler_seconds.get() - sched_before);
         if let Some(m) = metrics.as_object_mut() {
             m.insert("kind".into(), json!("step"));
             m.insert("job_id".into(), json!(id));
             m.insert("step".into(), json!(step));
             m.insert("unix_time".into(), json!(now()));
-            m.insert("tokens_per_s".into(), json!(if rollout_secs > 0.0 { tokens as f64 / rollout_secs } else { 0.0 }));
+            m.insert("tokens_per_s".into(), json!(if times.rollout > 0.0 { tokens as f64 / times.rollout } else { 0.0 }));
             if let Some(agents) = m.get_mut("agents").and_then(Value::as_array_mut) {
                 for (k, a) in agents.iter_mut().enumerate() {
-                    let train = reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
+                    let train = trained.reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
                     if let Some(o) = a.as_object_mut() {
                         let s = sync.per_agent.get(&(k as u32)).copied().unwrap_or_default();
                         // Bytes pulled by all workers, those the learner sent, the slowest worker's seconds.
                         o.insert("weight_sync".into(), json!({"bytes": s.bytes, "learner_bytes": s.learner_bytes, "seconds": s.seconds}));
-                        o.insert("version".into(), json!(new_versions[k]));
+                        o.insert("version".into(), json!(trained.versions[k]));
                         o.insert("train".into(), train);
                     }
                 }
@@ -696,28 +517,32 @@ pub async fn run_job(jobs: &Arc<Jobs>, row: JobRow, mut cancel: watch::Receiver<
             m.insert(
                 "seconds".into(),
                 json!({
-                    "rollout": rollout_secs, "experience": experience_secs, "train": train_secs, "broadcast": broadcast_secs,
-                    "coordinator": coordinator_secs + commit_started.elapsed().as_secs_f64(),
-                    "total": step_started.elapsed().as_secs_f64(),
+                    "rollout": times.rollout, "experience": times.experience, "train": times.train, "broadcast": times.broadcast,
+                    "coordinator": coordinator + commit_started.elapsed().as_secs_f64(),
+                    "total": started.elapsed().as_secs_f64(),
                 }),
             );
         }
         let line = serde_json::to_string(&metrics).unwrap_or_default();
-        let versions_now: Vec<(u32, u64)> = new_versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
-        jobs.store.commit_step(&id, step, &line, &versions_now)?;
-        refresh_metrics_log(jobs, &id, &metrics_path)?;
-        jobs.metrics.steps_completed.inc();
-        tracing::info!(job = %id, step, rollout_secs, train_secs, broadcast_secs, coordinator_secs, "step committed");
-        jobs.emit(&id, "step", line, format!("step {step} done"));
-        step += 1;
+        let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
+        self.ctx.store.commit_step(id, step, &line, &versions_now)?;
+        refresh_metrics_log(&self.ctx, id, &self.metrics_path)?;
+        self.ctx.metrics.steps_completed.inc();
+        tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");
+        self.ctx.report.event("step", line, format!("step {step} done"));
+        Ok(())
     }
 
-    if job.spec.output.export {
-        jobs.set_live(&id, |s| s.enter("export"));
-        for (k, link) in links.iter_mut().enumerate() {
-            let dir = job.spec.output.dir.join(format!("agent-{k}"));
+    /// Stage `export`: each agent's final model or adapter into `output.dir/agent-K`.
+    async fn export(mut self) -> Result<()> {
+        if !self.job.spec.output.export {
+            return Ok(());
+        }
+        self.ctx.report.live(Update::Enter("export"));
+        for (k, link) in self.links.iter_mut().enumerate() {
+            let dir = self.job.spec.output.dir.join(format!("agent-{k}"));
             link.export(&dir.display().to_string()).await?;
         }
+        Ok(())
     }
-    Ok(())
 }

@@ -61,7 +61,7 @@ model = "$model"
 lr = 3e-4
 dtype = "bfloat16"
 train_batch_size = $((questions * 2))
-micro_batch_size = 8
+micro_batch_size = $((questions * 2))
 gradient_checkpointing = false
 [agents.train.lora]
 r = 16

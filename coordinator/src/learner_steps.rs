@@ -1,0 +1,147 @@
+//! The coordinator's side of a learner's training step: the check before a job uses it, one
+//! step trained exactly once across learner restarts, and the progress poll while it runs.
+use crate::error::{CoordinatorError, Result};
+use crate::learners::LearnerLink;
+use crate::progress::{Reporter, Update};
+use comas_proto::v1 as pb;
+use comas_workflow::job::Job;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Checks a learner before the job uses it: right agent, the job's settings, a step that fits.
+pub(crate) async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u64> {
+    let info = link.info().await?;
+    let k = link.agent as usize;
+    let bad = |m: String| CoordinatorError::Learner { agent: link.agent, address: link.address.clone(), message: m };
+    if info.agent_id != link.agent {
+        return Err(bad(format!("it serves agent {}, not agent {}; check agents[{k}].learner", info.agent_id, link.agent)));
+    }
+    // `completed_steps` is a counter a resumed learner takes from its checkpoint, not a setting.
+    let settings = |mut v: Value| {
+        if let Some(o) = v.as_object_mut() {
+            o.remove("completed_steps");
+        }
+        v
+    };
+    let theirs = settings(serde_json::from_str(&info.config_json).unwrap_or(Value::Null));
+    let ours = settings(serde_json::to_value(&job.train[k]).unwrap_or(Value::Null));
+    if theirs != ours {
+        let diff: Vec<String> = ours
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(key, v)| theirs.get(key.as_str()) != Some(v))
+                    .map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Err(bad(format!("its training settings differ from agents[{k}].train ({}); start it with this job file", diff.join(", "))));
+    }
+    if info.global_step != step && info.global_step != step + 1 {
+        return Err(bad(format!(
+            "it is at training step {} but the job has completed {step} steps; restart it from the checkpoint of step {step} (keep checkpoint_every = 1 to always have one)",
+            info.global_step
+        )));
+    }
+    Ok(info.global_step)
+}
+
+/// How often one learner may move to another step (restart) during one step's training before
+/// the job fails.
+pub(crate) const MAX_LEARNER_MOVES: u32 = 5;
+
+/// Trains one learner on its turns of `step`, saves a checkpoint if due, and publishes version
+/// `step + 1`. Every call names the learner step it expects, so a learner that restarts in
+/// between (from an older or a newer checkpoint) is checked again and the rest planned again:
+/// a step is never trained twice, and the version published is always the step's.
+pub(crate) async fn train_learner(
+    link: &mut LearnerLink,
+    job: &Job,
+    step_id: &str,
+    exps: &[pb::Experience],
+    step: u64,
+    checkpoint: bool,
+    mut at: u64,
+) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
+    let mut moves = 0;
+    loop {
+        let attempt = async {
+            // A step this learner already trained is not trained again; its report comes from
+            // the learner's memory (kept in its checkpoints) if it still has it.
+            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step)).await?) };
+            if checkpoint {
+                link.save(Some(step + 1)).await?;
+            }
+            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?))
+        }
+        .await;
+        match attempt {
+            Err(CoordinatorError::LearnerMoved { message, .. }) if moves < MAX_LEARNER_MOVES => {
+                moves += 1;
+                tracing::warn!(agent = link.agent, step, "{message}; checking the learner again");
+                at = check_learner(link, job, step).await?;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One learner's share of the training stage, as far as the coordinator knows it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TrainTally {
+    samples: u32,
+    tokens: u64,
+    finished: bool,
+}
+
+impl TrainTally {
+    fn sums(t: &[TrainTally]) -> (u32, u64) {
+        (t.iter().map(|x| x.samples).sum(), t.iter().map(|x| x.tokens).sum())
+    }
+
+    /// Learner `k` has finished with `samples` experiences and `tokens` tokens; the new sums.
+    pub(crate) fn finish(tally: &std::sync::Mutex<Vec<TrainTally>>, k: usize, samples: u32, tokens: u64) -> (u32, u64) {
+        let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+        t[k] = TrainTally { samples, tokens, finished: true };
+        Self::sums(&t)
+    }
+}
+
+/// Polls every learner's progress about once a second while the training stage runs, into the
+/// job's live status, so a watcher sees experiences and tokens/s inside a long step. Runs until
+/// aborted; a learner that does not answer is asked again next time.
+pub(crate) async fn follow_training(
+    report: Reporter,
+    learners: Vec<(u32, String)>,
+    global_step: u64,
+    samples: Vec<u32>,
+    tally: Arc<std::sync::Mutex<Vec<TrainTally>>>,
+) {
+    let mut links: Vec<LearnerLink> = learners.iter().map(|(k, a)| LearnerLink::new(*k, a, Duration::from_secs(2))).collect();
+    loop {
+        tokio::time::sleep(TRAIN_PROGRESS_EVERY).await;
+        let mut changed = false;
+        for (k, link) in links.iter_mut().enumerate() {
+            let Some(p) = link.train_progress().await else { continue };
+            if !p.training || p.global_step != global_step || p.samples_total == 0 {
+                continue;
+            }
+            // The learner counts samples x epochs; show them as a share of this agent's samples.
+            let done = (u64::from(p.samples_done) * u64::from(samples[k]) / u64::from(p.samples_total)) as u32;
+            let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+            if !t[k].finished && (t[k].samples, t[k].tokens) != (done, p.tokens_done) {
+                t[k] = TrainTally { samples: done, tokens: p.tokens_done, finished: false };
+                changed = true;
+            }
+        }
+        if changed {
+            let (done, tokens) = TrainTally::sums(&tally.lock().unwrap_or_else(|e| e.into_inner()));
+            report.live(Update::Trained { done, tokens });
+            report.event("trained", String::new(), String::new());
+        }
+    }
+}
+
+/// How often the coordinator asks learners how far their step has got.
+pub(crate) const TRAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
