@@ -488,6 +488,19 @@ impl Job {
         }
     }
 
+    /// Most turns agent `k` can speak in a step: the LR schedule's horizon, so that an agent
+    /// that acts more often than its least (a MAPPA Code Executor calling its tool) does not
+    /// reach the end of its schedule early.
+    pub fn most_samples_of(&self, k: usize) -> u64 {
+        match &self.mappa {
+            Some(m) => {
+                let actions: u64 = m.agents.iter().zip(&m.max_turns).filter(|(&a, _)| a as usize == k).map(|(_, &t)| u64::from(t)).sum();
+                actions * self.episodes_per_step()
+            }
+            None => self.samples_per_agent(),
+        }
+    }
+
     /// Agent ids of the frozen models, after the trained agents'.
     pub fn frozen_agent(&self, index: usize) -> u32 {
         (self.spec.agents.len() + index) as u32
@@ -540,7 +553,7 @@ impl Job {
             return Err(invalid(format!("agents[{k}].adapter"), "an adapter needs a [agents.train.lora] table with its settings"));
         }
         if !raw.contains_key("total_steps") {
-            let per_step = samples.div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
+            let per_step = self.most_samples_of(k).div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
             cfg.total_steps = (per_step * self.total_steps).max(1);
         }
         // The sampler ran the same weights: when it also used the learner's dtype on the CPU,
@@ -685,6 +698,10 @@ train_batch_size = 4
         assert_eq!((m.agents.clone(), m.coach_agent, job.frozen_agent(0)), (vec![0, 1, 0], 2, 2));
         assert_eq!(m.sampling_for(Role::CodeExecutor).max_new_tokens, 64);
         assert_eq!(job.train[1].kl_coef, MAPPA_KL_COEF);
+        // The LR horizon counts every action an agent may take: agent 0 plays two roles of one
+        // action each, agent 1 the Executor with up to two; 4 episodes, batches of 4, 3 steps.
+        assert_eq!((job.most_samples_of(0), job.most_samples_of(1)), (8, 8));
+        assert_eq!((job.train[0].total_steps, job.train[1].total_steps), (6, 6));
         // Two questions, two instances each; agent 1 acts at least once per episode.
         assert_eq!((job.episodes_per_step(), job.samples_per_agent()), (4, 4));
         let json = job.settings().config_json();
