@@ -12,6 +12,8 @@ pub struct Metrics {
     episodes_done: IntCounter,
     prompts_truncated: IntCounter,
     prompts_refused: IntCounter,
+    tool_runs: IntCounter,
+    tool_failures: IntCounter,
     running_sequences: IntGauge,
     peak_running_sequences: IntGauge,
     waiting_turns: IntGauge,
@@ -31,6 +33,8 @@ impl Metrics {
             episodes_done: counter("episodes_total", "episodes finished"),
             prompts_truncated: counter("prompt_truncated_total", "turns whose prompt lost quoted discussion blocks to fit"),
             prompts_refused: counter("prompt_refused_total", "episodes failed by a prompt that did not fit with every block cut"),
+            tool_runs: counter("tool_runs_total", "programs run in the sandbox for episode tool calls"),
+            tool_failures: counter("tool_failures_total", "tool runs that did not exit cleanly (timeout, error, limit)"),
             weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
             weight_bytes_relayed: counter("weight_bytes_relayed_total", "weight bytes relayed to other workers"),
             running_sequences: gauge("running_sequences", "sequences in the decode batches"),
@@ -50,6 +54,8 @@ impl Metrics {
         catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
         catch_up(&self.prompts_truncated, s.prompts_truncated.load(Ordering::Relaxed));
         catch_up(&self.prompts_refused, s.prompts_refused.load(Ordering::Relaxed));
+        catch_up(&self.tool_runs, s.tool_runs.load(Ordering::Relaxed));
+        catch_up(&self.tool_failures, s.tool_failures.load(Ordering::Relaxed));
         self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
         self.peak_running_sequences.set(s.peak_running_sequences.load(Ordering::Relaxed) as i64);
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);
