@@ -75,10 +75,16 @@ pub(crate) fn parse_record(job: &Job, json: &str, episode: &str) -> Result<Recor
 /// Keeps a step's records in `output.dir/episodes/step-NNNNN.jsonl` (with `output.save_episodes`),
 /// so what the agents said can be read after the store has let go of them.
 pub(crate) fn save_episodes(job: &Job, step: u64, records: &[(String, Record)]) -> Result<()> {
+    /// One line of the file.
+    #[derive(serde::Serialize)]
+    struct Saved<'a> {
+        episode_id: &'a str,
+        record: &'a Record,
+    }
     let dir = job.spec.output.dir.join("episodes");
     let lines = records
         .iter()
-        .map(|(id, r)| r.to_json().map(|json| format!("{{\"episode_id\":{},\"record\":{json}}}", serde_json::Value::String(id.clone()))))
+        .map(|(episode_id, record)| serde_json::to_string(&Saved { episode_id, record }))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| CoordinatorError::Other(e.to_string()))?;
     std::fs::create_dir_all(&dir)

@@ -132,7 +132,7 @@ fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [
         ));
     }
     let coach_new = u64::from(m.coach_sampling.max_new_tokens);
-    let coach = m.coach_agent as usize - models.len();
+    let coach = (m.coach_agent as usize).saturating_sub(models.len());
     if let Some(c) = frozen.get(coach).filter(|c| coach_new >= c.context) {
         return Err(bad(
             "mappa.coach_sampling.max_new_tokens",

@@ -279,7 +279,8 @@ impl RecordKind {
 }
 
 /// A finished episode, as the worker sends it: the method's own record, serialised as is.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum Record {
     Comas(Trajectory),
     Mappa(MappaTrajectory),
@@ -287,10 +288,7 @@ pub enum Record {
 
 impl Record {
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
-        match self {
-            Record::Comas(t) => serde_json::to_string(t),
-            Record::Mappa(t) => serde_json::to_string(t),
-        }
+        serde_json::to_string(self)
     }
 
     /// Turns of the trained agents.

@@ -233,12 +233,9 @@ impl Episode {
         }
     }
 
+    /// The reference answer, shown to the coach of the chain's last role only (spec 4).
     fn ground_truth_for(&self, role: Role) -> Option<String> {
-        (self.position_of_last() == Some(role)).then(|| self.question.answer.clone()).filter(|a| !a.trim().is_empty())
-    }
-
-    fn position_of_last(&self) -> Option<Role> {
-        self.config.pipeline.roles().last().copied()
+        (self.config.pipeline.roles().last() == Some(&role)).then(|| self.question.answer.clone()).filter(|a| !a.trim().is_empty())
     }
 
     fn open_coach(&mut self, which: Vec<usize>, retry: bool) {
