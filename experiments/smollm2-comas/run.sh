@@ -31,14 +31,9 @@ questions=${QUESTIONS:-4}
 eval_every=${EVAL_EVERY:-10}
 report="$root/docs/experiments/smollm2-comas.md"
 figures="$root/docs/experiments/smollm2-comas"
-comas=${COMAS_BIN:-$root/target/release/comas}
 
 cd "$root"
-if [ -z "${REPORT_ONLY:-}" ] && [ -z "${COMAS_BIN:-}" ]; then
-  bash scripts/setup.sh >&2
-  cargo build --release -q -p comas
-fi
-model=$(bash scripts/fetch-smollm2.sh)
+source experiments/prepare.sh
 mkdir -p "$out" "$figures"
 
 # Data: sums of two numbers from 1 to 9 in a few phrasings, so that the untrained model gets a

@@ -18,14 +18,9 @@ questions=${QUESTIONS:-4}
 out=${OUT:-$root/runs/smollm2-mappa}
 report="$root/docs/experiments/smollm2-mappa.md"
 figures="$root/docs/experiments/smollm2-mappa"
-comas=${COMAS_BIN:-$root/target/release/comas}
 
 cd "$root"
-if [ -z "${REPORT_ONLY:-}" ] && [ -z "${COMAS_BIN:-}" ]; then
-  bash scripts/setup.sh >&2
-  cargo build --release -q -p comas
-fi
-model=$(bash scripts/fetch-smollm2.sh)
+source experiments/prepare.sh
 mkdir -p "$out" "$figures"
 
 # Data: word problems that sum two numbers from 1 to 9 (the CoMAS experiment's kind), 16
