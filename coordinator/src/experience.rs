@@ -3,11 +3,12 @@
 //! it. The step's metrics record (rewards by agent and role, scores, accuracy, lengths) is
 //! computed from the same data. Pure code, no I/O.
 use comas_proto::v1 as pb;
+use comas_workflow::comas::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist, Spread};
 use comas_workflow::comas::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, Variant};
 use comas_workflow::grade::is_correct;
 use comas_workflow::program::{PolicyTurn, Record, RecordKind};
 use comas_workflow::{FinishReason, Role, WorkflowError};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 
 /// One accepted episode.
@@ -42,11 +43,17 @@ impl Acc {
     fn mean(&self) -> Option<f64> {
         (self.n > 0).then(|| self.sum / self.n as f64)
     }
-    fn json(&self) -> Value {
+    fn spread(&self) -> Spread {
         let mean = self.mean();
         let std = mean.map(|m| (self.sq / self.n as f64 - m * m).max(0.0).sqrt());
-        json!({"mean": mean, "std": std, "count": self.n})
+        Spread { mean, std, count: self.n }
     }
+}
+
+/// One value per CoMAS role from a map of accumulators; a role without turns has none.
+fn by_role<T>(m: &HashMap<Role, Acc>, f: impl Fn(&Acc) -> Option<T>) -> ByRole<T> {
+    let of = |r: Role| m.get(&r).and_then(&f);
+    ByRole { solver: of(Role::Solver), evaluator: of(Role::Evaluator), scorer: of(Role::Scorer) }
 }
 
 #[derive(Default)]
@@ -71,26 +78,22 @@ struct Tally {
 }
 
 impl Tally {
-    fn json(&self) -> Value {
-        let by_role = |m: &HashMap<Role, Acc>, f: &dyn Fn(&Acc) -> Value| -> Value {
-            Value::Object(Role::COMAS.iter().map(|r| (r.as_str().to_string(), m.get(r).map(f).unwrap_or(Value::Null))).collect::<Map<_, _>>())
-        };
+    fn figures(&self) -> ComasFigures {
         let judged: u64 = self.scores.iter().sum();
-        json!({
-            "reward_mean": self.all.mean(),
-            "reward": by_role(&self.reward, &|a| a.json()),
-            "score_hist": {"1": self.scores[1], "2": self.scores[2], "3": self.scores[3], "invalid": self.scores[0]},
-            "parse_failure_rate": (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
-            "score_parse_rate": (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
-            "approval_rate": self.approval.mean(),
-            "solver_reward_by_correctness": {"correct": self.solver_reward_correct.json(), "wrong": self.solver_reward_wrong.json()},
-            "accuracy": {"first_round": self.correct_first.mean(), "last_round": self.correct_last.mean()},
-            "completion_len": by_role(&self.len, &|a| json!(a.mean())),
-            "truncation_rate": (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
-            "truncation_rate_by_role": by_role(&self.truncated_by_role, &|a| json!(a.mean())),
-            // Weight versions that produced the turns: one value in the synchronous schedule.
-            "policy_versions": self.versions.iter().collect::<Vec<_>>(),
-        })
+        ComasFigures {
+            reward_mean: self.all.mean(),
+            reward: by_role(&self.reward, |a| Some(a.spread())),
+            score_hist: ScoreHist { one: self.scores[1], two: self.scores[2], three: self.scores[3], invalid: self.scores[0] },
+            parse_failure_rate: (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
+            score_parse_rate: (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
+            approval_rate: self.approval.mean(),
+            solver_reward_by_correctness: ByCorrectness { correct: self.solver_reward_correct.spread(), wrong: self.solver_reward_wrong.spread() },
+            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean() },
+            completion_len: by_role(&self.len, Acc::mean),
+            truncation_rate: (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
+            truncation_rate_by_role: by_role(&self.truncated_by_role, Acc::mean),
+            policy_versions: self.versions.iter().copied().collect(),
+        }
     }
 }
 
@@ -242,27 +245,16 @@ pub fn make_step(
             }
         }
     }
-    let mut metrics = total.json();
-    let m = metrics.as_object_mut().expect("object");
-    m.insert("episodes".into(), json!(episodes.len()));
-    m.insert("turns".into(), Value::Object(Role::COMAS.iter().map(|r| (r.as_str().to_string(), json!(turn_counts.get(r).copied().unwrap_or(0)))).collect()));
-    m.insert("generated_tokens".into(), json!(tokens));
-    // Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
-    m.insert("prompts_truncated".into(), json!(episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum::<usize>()));
-    m.insert(
-        "agents".into(),
-        Value::Array(
-            agents
-                .iter()
-                .enumerate()
-                .map(|(k, a)| {
-                    let mut v = a.json();
-                    v.as_object_mut().expect("object").insert("agent".into(), json!(k));
-                    v
-                })
-                .collect(),
-        ),
-    );
+    let count = |r: Role| Some(turn_counts.get(&r).copied().unwrap_or(0));
+    let metrics = ComasMetrics {
+        team: total.figures(),
+        episodes: episodes.len(),
+        turns: ByRole { solver: count(Role::Solver), evaluator: count(Role::Evaluator), scorer: count(Role::Scorer) },
+        generated_tokens: tokens,
+        prompts_truncated: episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum(),
+        agents: agents.iter().enumerate().map(|(k, a)| ComasAgentFigures { figures: a.figures(), agent: k as u32 }).collect(),
+    };
+    let metrics = serde_json::to_value(&metrics).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
     Ok(StepBatch { per_agent, metrics })
 }
 
@@ -271,6 +263,7 @@ mod tests {
     use super::*;
     use comas_workflow::comas::{comas_rewards, start_batch, CoMasConfig, PlanSeed};
     use comas_workflow::{TaskKind, TaskRecord, TurnOutput};
+    use serde_json::json;
 
     /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
     fn played(cfg: &CoMasConfig, text: impl Fn(&comas_workflow::TurnRequest) -> String) -> Trajectory {

@@ -9,12 +9,14 @@
 //! - `episode`: the protocol of one instance as a state machine;
 //! - `batch`: all episodes of a step;
 //! - `trajectory`: the record of a finished episode;
+//! - `metrics`: a step's figures as typed records;
 //! - `reward`: trajectory → per-turn rewards.
 pub mod assignment;
 pub mod batch;
 pub mod config;
 pub mod discussion;
 pub mod episode;
+pub mod metrics;
 pub mod prompts;
 pub mod reward;
 pub mod score;
