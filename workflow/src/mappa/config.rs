@@ -64,6 +64,9 @@ pub struct MappaConfig {
     pub coach_sampling: SamplingSpec,
     /// Wall-clock limit of one execution (spec 6: 30 s for MathChat).
     pub tool_timeout_secs: f64,
+    /// Characters of each program's output an agent reads back (head and tail), so that a
+    /// program that prints a lot cannot push the agent's context past its model's.
+    pub observation_chars: usize,
     /// Characters of a tool observation the coach sees (spec 4: 2000).
     pub coach_observation_chars: usize,
     pub coach_fallback: CoachFallback,
@@ -87,6 +90,7 @@ impl Default for MappaConfig {
             role_sampling: BTreeMap::new(),
             coach_sampling: SamplingSpec { temperature: 0.0, max_new_tokens: 512, min_new_tokens: 0, ..SamplingSpec::default() },
             tool_timeout_secs: 30.0,
+            observation_chars: 4000,
             coach_observation_chars: 2000,
             coach_fallback: CoachFallback::Drop,
             reward_scale: 0.1,
@@ -135,6 +139,9 @@ impl MappaConfig {
             if !v.is_finite() {
                 return bad(k, format!("must be finite, got {v}"));
             }
+        }
+        if self.observation_chars == 0 || self.coach_observation_chars == 0 {
+            return bad("observation_chars", "observation_chars and coach_observation_chars must be at least 1".into());
         }
         if self.prompt_max_len == Some(0) {
             return bad("prompt_max_len", "must be at least 1".into());

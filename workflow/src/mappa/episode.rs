@@ -5,7 +5,7 @@
 use super::coach::{legacy_score, parse_coach};
 use super::config::{CoachFallback, MappaConfig};
 use super::prompts::{agent_prompt, coach_prompt, coach_retry_prompt, wants_outcome, CoachView};
-use super::tools::{parse_calls, tool_response, wrap, Calls};
+use super::tools::{clip, parse_calls, tool_response, wrap, Calls};
 use super::trajectory::{Action, CoachVerdict, MappaTrajectory};
 use crate::error::WorkflowError;
 use crate::program::{take_replies, Reply, Request};
@@ -46,14 +46,6 @@ pub struct Episode {
 /// Renders a context for the coach: each message under its speaker.
 fn transcript(messages: &[ChatMessage]) -> String {
     messages.iter().map(|m| format!("[{}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n")
-}
-
-/// At most `n` characters, cut at a character boundary, with a marker when cut.
-fn cut(text: &str, n: usize) -> String {
-    match text.char_indices().nth(n) {
-        Some((i, _)) => format!("{}\n[... {} more characters]", &text[..i], text[i..].chars().count()),
-        None => text.to_string(),
-    }
 }
 
 impl Episode {
@@ -148,7 +140,7 @@ impl Episode {
                 let results: Vec<ToolResult> = replies.into_iter().filter_map(|r| if let Reply::Tool(t) = r { Some(t) } else { None }).collect();
                 let a = self.actions.last_mut().expect("tools follow an action");
                 a.tool_runs = results.iter().map(|r| r.failure.clone()).collect();
-                let obs = tool_response(&results);
+                let obs = tool_response(&results, self.config.observation_chars);
                 a.observation = Some(obs.clone());
                 self.after_observation(obs);
             }
@@ -245,7 +237,7 @@ impl Episode {
         for i in which {
             let a = &self.actions[i];
             let truth = self.ground_truth_for(a.role);
-            let observation = a.observation.as_deref().map(|o| cut(o, self.config.coach_observation_chars));
+            let observation = a.observation.as_deref().map(|o| clip(o, self.config.coach_observation_chars));
             let view = CoachView {
                 problem: &self.question.prompt,
                 role: a.role,

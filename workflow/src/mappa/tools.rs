@@ -75,10 +75,23 @@ fn parse_tagged(action: &str) -> Calls {
     Calls::Code(code)
 }
 
-/// The text of an observation turn: every result in order, wrapped as a tool response.
-pub fn tool_response(results: &[ToolResult]) -> String {
-    let joined: Vec<String> = results.iter().map(ToolResult::observation).collect();
+/// The text of an observation turn: every result in order, each clipped to `max_chars`,
+/// wrapped as a tool response.
+pub fn tool_response(results: &[ToolResult], max_chars: usize) -> String {
+    let joined: Vec<String> = results.iter().map(|r| clip(&r.observation(), max_chars)).collect();
     wrap(&joined.join(RESULT_SEPARATOR))
+}
+
+/// At most about `n` characters of `text`: its head and its tail (where a traceback ends) around
+/// a marker that says how much was left out.
+pub fn clip(text: &str, n: usize) -> String {
+    let total = text.chars().count();
+    if total <= n {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(n / 2).collect();
+    let tail: String = text.chars().skip(total - (n - n / 2)).collect();
+    format!("{head}\n[... {} characters left out ...]\n{tail}", total - n)
 }
 
 /// Wraps observation text (also a malformed call's error) as a tool response.
@@ -111,6 +124,8 @@ mod tests {
     #[test]
     fn a_response_joins_results() {
         let r = |out: &str| ToolResult { call_index: 0, failure: None, detail: String::new(), stdout: out.into(), stderr: String::new() };
-        assert_eq!(tool_response(&[r("2"), r("3")]), "<tool_response>\n2\n------\n3\n</tool_response>");
+        assert_eq!(tool_response(&[r("2"), r("3")], 100), "<tool_response>\n2\n------\n3\n</tool_response>");
+        assert_eq!(tool_response(&[r("abcdefghij")], 4), "<tool_response>\nab\n[... 6 characters left out ...]\nij\n</tool_response>");
+        assert_eq!(clip("héllo", 5), "héllo");
     }
 }
