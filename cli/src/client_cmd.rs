@@ -259,16 +259,14 @@ pub fn step_line(m: &Value) -> String {
 /// A MAPPA record's coaching: the coach score by role, the share of actions scored, tool runs
 /// that ran cleanly and the last agent's answers (logged only). Empty for other methods.
 fn coaching(m: &Value) -> Vec<String> {
-    let Some(scores) = m.get("coach_score").and_then(Value::as_object) else { return Vec::new() };
-    let by_role: Vec<String> =
-        scores.iter().map(|(role, s)| format!("{role} {}", s.get("mean").and_then(Value::as_f64).map_or("-".into(), |v| format!("{v:.1}")))).collect();
-    let n = |k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let share = |k: &str| m.pointer(&format!("/{k}/mean")).and_then(Value::as_f64).map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+    let Some(mm) = comas_workflow::mappa::MappaMetrics::read(m) else { return Vec::new() };
+    let by_role: Vec<String> = mm.coach_score.iter().map(|(role, s)| format!("{role} {}", s.mean.map_or("-".into(), |v| format!("{v:.1}")))).collect();
+    let share = |s: comas_workflow::mappa::reward::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
     vec![
         format!("coach {}", by_role.join(" ")),
-        format!("scored {}/{}", n("samples"), n("samples") + n("samples_dropped")),
-        format!("tool runs ok {} of {}", share("tool_success_rate"), n("tool_calls")),
-        format!("answers right {}", share("outcome_accuracy")),
+        format!("scored {}/{}", mm.samples, mm.samples + mm.samples_dropped),
+        format!("tool runs ok {} of {}", share(mm.tool_success_rate), mm.tool_calls),
+        format!("answers right {}", share(mm.outcome_accuracy)),
     ]
 }
 

@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::Architecture;
+use comas_workflow::mappa::MappaMetrics;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -254,16 +255,15 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
     if evals.len() < 2 {
         return None;
     }
-    let coached = first.get("coach_score").and_then(Value::as_object).map(|o| o.keys().cloned().collect::<Vec<_>>());
-    let rows: Vec<(String, String, String)> = if let Some(roles) = coached {
+    let rows: Vec<(String, String, String)> = if let (Some(a), Some(b)) = (MappaMetrics::read(first), MappaMetrics::read(last)) {
         // MAPPA: the last agent's answers, the tools and the coach's score per role.
-        let score = |v: &Value, r: &str| num(v, &format!("/coach_score/{r}/mean")).map_or("-".to_string(), |x| format!("{x:.2}"));
+        let score = |m: &MappaMetrics, r: &str| m.coach_score.get(r).and_then(|s| s.mean).map_or("-".to_string(), |x| format!("{x:.2}"));
         [
-            ("answers right".to_string(), pct(num(first, "/outcome_accuracy/mean")), pct(num(last, "/outcome_accuracy/mean"))),
-            ("tool runs ok".to_string(), pct(num(first, "/tool_success_rate/mean")), pct(num(last, "/tool_success_rate/mean"))),
+            ("answers right".to_string(), pct(a.outcome_accuracy.mean), pct(b.outcome_accuracy.mean)),
+            ("tool runs ok".to_string(), pct(a.tool_success_rate.mean), pct(b.tool_success_rate.mean)),
         ]
         .into_iter()
-        .chain(roles.iter().map(|r| (format!("coach score, {r}"), score(first, r), score(last, r))))
+        .chain(a.coach_score.keys().map(|r| (format!("coach score, {r}"), score(&a, r), score(&b, r))))
         .collect()
     } else {
         comas_rows(first, last)

@@ -30,6 +30,7 @@ pub fn action_rewards(config: &MappaConfig, t: &MappaTrajectory) -> Vec<ActionRe
 
 /// A mean and how many values it is over.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Mean {
     pub mean: Option<f64>,
     pub count: u64,
@@ -49,8 +50,10 @@ impl Sum {
 }
 
 /// What one step of MAPPA episodes did (spec: coach score by role, outcome for logging only,
-/// tool-call success, sandbox failures by reason).
+/// tool-call success, sandbox failures by reason). Read back leniently: a field a record lacks
+/// takes its default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MappaMetrics {
     pub episodes: u64,
     /// Actions with a reward, sent to the learners.
@@ -82,6 +85,12 @@ pub struct MappaMetrics {
 }
 
 impl MappaMetrics {
+    /// The MAPPA figures of a step or evaluation record; `None` for another method's record.
+    pub fn read(record: &serde_json::Value) -> Option<MappaMetrics> {
+        record.get("coach_score")?;
+        serde_json::from_value(record.clone()).ok()
+    }
+
     pub fn of(config: &MappaConfig, trajectories: &[&MappaTrajectory]) -> Self {
         let mut m = MappaMetrics { episodes: trajectories.len() as u64, ..Default::default() };
         let (mut reward, mut tools, mut outcome, mut coach_outcome, mut agree) =
