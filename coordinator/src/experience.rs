@@ -139,9 +139,7 @@ pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> 
 
 /// Every turn carries the policy version its agent's step expects.
 pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result<(), String> {
-    let turns: Vec<PolicyTurn> =
-        t.turns.iter().map(|x| PolicyTurn { turn_index: x.turn_index, agent: x.agent, role: x.role, policy_version: x.policy_version }).collect();
-    check_turn_versions(&turns, episode, versions)
+    check_turn_versions(&t.policy_turns(), episode, versions)
 }
 
 pub(crate) fn check_turn_versions(turns: &[PolicyTurn], episode: &str, versions: &[u64]) -> Result<(), String> {

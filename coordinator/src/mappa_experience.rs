@@ -4,7 +4,6 @@
 use crate::experience::{finish, prompt_group, StepBatch};
 use comas_proto::v1 as pb;
 use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory};
-use comas_workflow::program::PolicyTurn;
 use comas_workflow::WorkflowError;
 use serde::Serialize;
 
@@ -38,9 +37,7 @@ pub fn make_mappa_step(
     let mut sums = vec![0.0; num_agents as usize];
     for (episode_id, t) in episodes {
         if let Some(v) = versions {
-            let turns: Vec<PolicyTurn> =
-                t.actions.iter().map(|a| PolicyTurn { turn_index: a.turn_index, agent: a.agent, role: a.role, policy_version: a.policy_version }).collect();
-            crate::experience::check_turn_versions(&turns, episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
+            crate::experience::check_turn_versions(&t.policy_turns(), episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
         }
         for (a, r) in t.actions.iter().zip(action_rewards(config, t)) {
             let k = a.agent as usize;

@@ -89,10 +89,6 @@ impl Reporter {
         Self { job, tx }
     }
 
-    pub fn job(&self) -> &str {
-        &self.job
-    }
-
     pub fn live(&self, u: Update) {
         let _ = self.tx.send((self.job.clone(), Report::Live(u)));
     }

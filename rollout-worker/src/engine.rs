@@ -5,6 +5,7 @@ use crate::models::{Models, PolicySpec};
 use crate::tools::{ToolDone, ToolPool};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::comas::CoMasConfig;
+use comas_workflow::job::Method;
 use comas_workflow::program::{Program, ProgramStart, Reply, Request};
 use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TurnOutput, TurnRequest, Unmetered};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -226,6 +227,7 @@ struct RunningEpisode {
     id: String,
     stream: u64,
     program: Program,
+    method: Method,
     /// The CoMAS settings, for fitting its prompts; `None` for other methods.
     comas: Option<CoMasConfig>,
     prompt_max_len: Option<u32>,
@@ -386,19 +388,31 @@ impl<'m> Runtime<'m> {
                 let key = self.next_episode;
                 self.next_episode += 1;
                 let requests = program.pending();
-                let prompt_max_len = job.start.prompt_max_len();
+                let (method, prompt_max_len) = (job.start.method(), job.start.prompt_max_len());
                 self.episodes.insert(
                     key,
-                    RunningEpisode { id: job.episode_id, stream, program, comas, prompt_max_len, replies: Vec::new(), in_flight: 0, tokens: 0, results },
+                    RunningEpisode {
+                        id: job.episode_id,
+                        stream,
+                        program,
+                        method,
+                        comas,
+                        prompt_max_len,
+                        replies: Vec::new(),
+                        in_flight: 0,
+                        tokens: 0,
+                        results,
+                    },
                 );
                 self.enqueue(key, requests);
             }
         }
     }
 
-    fn count_truncated(&self, turns: &[TurnRequest]) {
-        let n = turns.iter().filter(|t| t.blocks_cut > 0).count() as u64;
-        self.stats.prompts_truncated.fetch_add(n, Ordering::Relaxed);
+    fn count_truncated(&self, turn: &TurnRequest) {
+        if turn.blocks_cut > 0 {
+            self.stats.prompts_truncated.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Hands out a program's group: generations wait for a batch, tool runs go to the pool.
@@ -409,7 +423,7 @@ impl<'m> Runtime<'m> {
         for r in requests {
             match r {
                 Request::Turn(turn) => {
-                    self.count_truncated(std::slice::from_ref(&turn));
+                    self.count_truncated(&turn);
                     self.waiting.push_back(WaitingTurn { key, turn, prompt: None });
                 }
                 Request::Tool(t) => {
@@ -503,8 +517,8 @@ impl<'m> Runtime<'m> {
         let context = self.models.context(base);
         let budget = self.settings.max_batch_tokens;
         if let Some(e) = self.episodes.get(&key) {
-            let method = if e.comas.is_some() { "comas" } else { "mappa" };
             if let Some(max) = e.prompt_max_len.filter(|&m| prompt > m as usize) {
+                let method = e.method.as_str();
                 return Some(format!("its prompt is {prompt} tokens{cut}, over {method}.prompt_max_len {max}; the problem text is too long for this job"));
             }
         }

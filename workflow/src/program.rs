@@ -121,6 +121,13 @@ impl ProgramStart {
         }
     }
 
+    pub fn method(&self) -> Method {
+        match self {
+            ProgramStart::Comas { .. } => Method::Comas,
+            ProgramStart::Mappa { .. } => Method::Mappa,
+        }
+    }
+
     /// The CoMAS settings, whose prompts a worker fits to its room (spec 3.7).
     pub fn comas(&self) -> Option<&CoMasConfig> {
         match self {
@@ -299,13 +306,6 @@ impl Record {
         }
     }
 
-    pub fn question_id(&self) -> &str {
-        match self {
-            Record::Comas(t) => &t.question_id,
-            Record::Mappa(t) => &t.question_id,
-        }
-    }
-
     /// Tokens the trained agents generated.
     pub fn completion_tokens(&self) -> u64 {
         match self {
@@ -317,12 +317,8 @@ impl Record {
     /// Every trained turn, for the version check.
     pub fn policy_turns(&self) -> Vec<PolicyTurn> {
         match self {
-            Record::Comas(t) => {
-                t.turns.iter().map(|x| PolicyTurn { turn_index: x.turn_index, agent: x.agent, role: x.role, policy_version: x.policy_version }).collect()
-            }
-            Record::Mappa(t) => {
-                t.actions.iter().map(|x| PolicyTurn { turn_index: x.turn_index, agent: x.agent, role: x.role, policy_version: x.policy_version }).collect()
-            }
+            Record::Comas(t) => t.policy_turns(),
+            Record::Mappa(t) => t.policy_turns(),
         }
     }
 

@@ -61,6 +61,14 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl Trajectory {
+    /// Every turn, as the version check sees it.
+    pub fn policy_turns(&self) -> Vec<crate::program::PolicyTurn> {
+        self.turns
+            .iter()
+            .map(|x| crate::program::PolicyTurn { turn_index: x.turn_index, agent: x.agent, role: x.role, policy_version: x.policy_version })
+            .collect()
+    }
+
     /// Turns whose prompt had discussion blocks cut (the `prompt_truncated_total` count).
     pub fn truncated_prompts(&self) -> usize {
         self.turns.iter().filter(|t| t.blocks_cut > 0).count()

@@ -82,10 +82,6 @@ impl Episode {
         self.phase == Phase::Done
     }
 
-    pub fn actions(&self) -> &[Action] {
-        &self.actions
-    }
-
     fn turn(&mut self, agent: u32, role: Role, round: u32, slot: u32, judge_index: u32, messages: Vec<ChatMessage>) -> Request {
         let turn_index = self.next_turn;
         self.next_turn += 1;

@@ -59,6 +59,14 @@ pub struct MappaTrajectory {
 }
 
 impl MappaTrajectory {
+    /// Every action, as the version check sees it.
+    pub fn policy_turns(&self) -> Vec<crate::program::PolicyTurn> {
+        self.actions
+            .iter()
+            .map(|a| crate::program::PolicyTurn { turn_index: a.turn_index, agent: a.agent, role: a.role, policy_version: a.policy_version })
+            .collect()
+    }
+
     /// Checks what a worker could get wrong: order, counts and the chain's shape.
     pub fn validate(&self, roles: &[Role], max_turns: &[u32]) -> Result<(), String> {
         let mut last: Option<(u32, u32, u32)> = None;
