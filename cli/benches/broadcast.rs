@@ -148,6 +148,7 @@ fn main() {
                 resume: false,
                 memory_bytes: None,
             },
+            allowed_roots: Default::default(),
         };
         tokio::spawn(comas_learner::server::serve(settings, std::future::pending::<()>()));
         let mut learner = loop {

@@ -253,6 +253,7 @@ pub fn run(a: Args) -> Result<()> {
             episode_timeout: Duration::from_secs(1800),
             worker_wait: Duration::from_secs(300),
             relay_fanout: comas_coordinator::scheduler::DEFAULT_RELAY_FANOUT,
+            allowed_roots: comas_service::AllowedRoots::default(),
         };
         let mut stop = stop_rx.clone();
         let mut coordinator = tokio::spawn(comas_coordinator::server::serve(settings, async move {

@@ -943,3 +943,117 @@ async fn a_mappa_chain_is_coached_and_each_scored_action_trains_its_agent() {
     assert!(first_step.0 > 0 && first_step.1 > 0, "the coach both scored and failed to score in step 0 ({first_step:?})");
     assert_eq!(running_sandbox_programs(), 0, "no forked program outlived its run");
 }
+
+/// `comas eval` as a user runs it, `--coordinator` added when `url` is given: every setup on 3
+/// arithmetic questions of the f32 fixture model, at most 6 new tokens per call.
+fn eval_cmd(out: &Path, url: Option<&str>, extra: &[&str]) -> std::process::Output {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let mut args = s(&["eval", "--model", model.to_str().unwrap(), "--setup", "all", "--bench", "arithmetic", "--arithmetic-questions", "3"]);
+    args.extend(s(&["--max-new-tokens", "6", "--out", out.to_str().unwrap()]));
+    if let Some(url) = url {
+        args.extend(s(&["--coordinator", url, "--dtype", "float32"]));
+    }
+    args.extend(s(extra));
+    Command::new(env!("CARGO_BIN_EXE_comas")).args(&args).env("COMAS_THREADS", "1").output().unwrap()
+}
+
+/// Every call of a results file: (setup, question id, call) -> (label, model, response).
+fn eval_calls(out: &Path) -> std::collections::BTreeMap<(String, String, u64), (String, String, String)> {
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    let mut calls = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        for c in r["calls"].as_array().unwrap() {
+            let key = (r["setup"].as_str().unwrap().to_string(), r["id"].as_str().unwrap().to_string(), c["call"].as_u64().unwrap());
+            let text = |k: &str| c[k].as_str().unwrap().to_string();
+            calls.insert(key, (text("label"), text("model"), text("response")));
+        }
+    }
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evaluation_on_the_cluster_workers_makes_the_calls_of_one_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::launch(dir.path(), Vec::new(), 2, &[], 1, &[]);
+    let url = format!("http://127.0.0.1:{}", cluster.coord_port);
+    let here = dir.path().join("here");
+    let o = tokio::task::block_in_place(|| eval_cmd(&here, None, &[]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // First one question per setup on the cluster, then the rest: a resumed run's subset keeps
+    // each question's seeds.
+    let there = dir.path().join("there");
+    let o = tokio::task::block_in_place(|| eval_cmd(&there, Some(&url), &["--limit", "1"]));
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
+    let o = tokio::task::block_in_place(|| eval_cmd(&there, Some(&url), &[]));
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["graded"], 12, "3 questions x 4 setups");
+    // 3 x (1 + 6 + 7 + 5) calls, each the same prompt, model and reply as on one machine.
+    let (local, remote) = (eval_calls(&here), eval_calls(&there));
+    assert_eq!(remote.len(), 57);
+    assert_eq!(remote, local);
+    // One job per setup and run, each an evaluation of one step, nothing trained.
+    let jobs = cluster.client().await.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs;
+    assert_eq!(jobs.len(), 8);
+    let (mut episodes, mut calls) = (0, 0);
+    for j in &jobs {
+        assert_eq!((j.state, j.steps_done, j.total_steps), (pb::JobState::Succeeded as i32, 1, 1), "{j:?}");
+        assert!(j.name.starts_with("eval-arithmetic-"), "{}", j.name);
+        let metrics: Value = serde_json::from_str(std::fs::read_to_string(&j.metrics_path).unwrap().lines().next().unwrap()).unwrap();
+        episodes += metrics["episodes"].as_u64().unwrap();
+        calls += metrics["calls"].as_u64().unwrap();
+    }
+    assert_eq!((episodes, calls), (12, 57), "each question ran once on the cluster");
+    // A rerun has nothing left to ask the cluster.
+    let o = tokio::task::block_in_place(|| eval_cmd(&there, Some(&url), &[]));
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("0 calls, 0 tokens"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(cluster.client().await.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.len(), 8);
+}
+
+/// A coordinator with `--allowed-roots` refuses at submit a job whose paths lead elsewhere:
+/// straight out, up through `..`, out through a symlink; nothing is stored, and a job inside
+/// the root is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_outside_the_allowed_roots_are_refused_at_submit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("root");
+    std::fs::create_dir_all(&d).unwrap();
+    let ports = [free_port(), free_port()];
+    write_job(&d, &ports, 8, false);
+    std::os::unix::fs::symlink("/etc", d.join("etc")).unwrap();
+    std::fs::write(dir.path().join("outside.jsonl"), std::fs::read_to_string(d.join("train.jsonl")).unwrap()).unwrap();
+    let coord_port = free_port();
+    let root = d.display().to_string();
+    let args = s(&[
+        "coordinator",
+        "--listen",
+        &format!("127.0.0.1:{coord_port}"),
+        "--db",
+        &dir.path().join("jobs.sqlite").display().to_string(),
+        "--allowed-roots",
+        &root,
+    ]);
+    let _coord = spawn(dir.path(), "coordinator", &args);
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", coord_port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let good = std::fs::read_to_string(d.join("job.toml")).unwrap();
+    let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
+    let cases = [
+        ("shadow", good.replace("\"train.jsonl\"", "\"/etc/shadow\""), "`data.train`: /etc/shadow resolves to /etc/shadow, outside the allowed roots"),
+        ("dot-dot", good.replace("\"train.jsonl\"", "\"../outside.jsonl\""), "outside.jsonl goes up through `..`, which is refused"),
+        ("symlink", good.replace("model = \"model-1\"", "model = \"etc/ssl\""), "resolves to /etc/ssl, outside the allowed roots"),
+        ("output through a symlink", good.replace("dir = \"out\"", "dir = \"etc/comas-out\""), "resolves to /etc/comas-out, outside the allowed roots"),
+    ];
+    for (name, text, want) in cases {
+        let err = c.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: root.clone(), reuse_name: false }).await.unwrap_err();
+        assert!(err.message().contains(want), "{name}: {}", err.message());
+    }
+    assert!(c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(), "nothing was stored");
+    assert!(!Path::new("/etc/comas-out").exists());
+    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good, base_dir: root.clone(), reuse_name: false }).await.unwrap().into_inner().job_id;
+    c.cancel_job(pb::CancelJobRequest { job_id: id }).await.unwrap();
+}

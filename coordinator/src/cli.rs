@@ -30,6 +30,11 @@ pub struct Args {
     /// chunks as they arrive (1: a chain; 0: every worker pulls from the learners).
     #[arg(long, env = "COMAS_COORDINATOR_RELAY_FANOUT", default_value_t = crate::scheduler::DEFAULT_RELAY_FANOUT)]
     pub relay_fanout: usize,
+    /// Folders that the model, data and output paths of a submitted job must lie in, separated
+    /// by commas; a path outside them, or one going up through `..` or out through a symlink, is
+    /// refused at submit. Empty: any path (a coordinator only trusted users reach).
+    #[arg(long, env = "COMAS_COORDINATOR_ALLOWED_ROOTS", default_value = "")]
+    pub allowed_roots: String,
 }
 
 pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
@@ -44,6 +49,7 @@ pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> 
             episode_timeout: Duration::from_secs(a.episode_timeout_secs.max(1)),
             worker_wait: Duration::from_secs(a.worker_wait_secs.max(1)),
             relay_fanout: a.relay_fanout,
+            allowed_roots: comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?,
         },
         shutdown,
     )

@@ -6,7 +6,8 @@ use crate::experience::{make_step, Finished, StepBatch};
 use crate::mappa_experience::make_mappa_step;
 use comas_proto::v1 as pb;
 use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed};
-use comas_workflow::job::Job;
+use comas_workflow::eval::{EvalJobConfig, EvalRunMetrics};
+use comas_workflow::job::{Job, Method};
 use comas_workflow::program::{Record, Settings};
 use comas_workflow::task::TaskRecord;
 use std::collections::HashMap;
@@ -21,9 +22,31 @@ pub(crate) fn episode_id(job_id: &str, step: u64, instance: u32) -> String {
 pub(crate) const EVAL_SHARD: u64 = 1 << 32;
 
 pub(crate) fn step_specs(job: &Job, job_id: &str, step: u64, questions: &[TaskRecord]) -> Result<Vec<pb::EpisodeSpec>> {
+    if let Some(e) = &job.evaluate {
+        return Ok(eval_specs(job_id, step, e));
+    }
     let chosen = job.step_questions(step);
     let seed = PlanSeed { global: job.spec.seed, step, shard: 0 };
     episode_specs(job.settings(), &chosen, questions, seed, |i| episode_id(job_id, step, i))
+}
+
+/// An evaluation job's episodes: one per question, which carries its benchmark index (the
+/// calls' seeds follow from it and the run seed, as on one machine).
+fn eval_specs(job_id: &str, step: u64, e: &EvalJobConfig) -> Vec<pb::EpisodeSpec> {
+    let config_json = Settings::Eval(&e.settings).config_json();
+    e.questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| pb::EpisodeSpec {
+            episode_id: episode_id(job_id, step, i as u32),
+            config_json: config_json.clone(),
+            question_json: serde_json::to_string(q).expect("question serialises"),
+            plan_json: String::new(),
+            instance: i as u32,
+            seed: e.settings.seed,
+            method: Method::Eval.as_str().to_string(),
+        })
+        .collect()
 }
 
 /// The episodes of the `chosen` questions, `instances_per_question` copies each; a CoMAS game
@@ -45,6 +68,7 @@ pub(crate) fn episode_specs(
             .map(|p| serde_json::to_string(p).expect("plan serialises"))
             .collect(),
         Settings::Mappa(_) => vec![String::new(); n],
+        Settings::Eval(_) => return Err(CoordinatorError::Other("an evaluation job's episodes come from its own questions".into())),
     };
     let config_json = settings.config_json();
     let method = settings.method().as_str().to_string();
@@ -125,7 +149,7 @@ pub(crate) fn make_batch(
                         let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
                         Ok(Finished { episode_id, trajectory: t, answer })
                     }
-                    Record::Mappa(_) => Err(wrong(&episode_id)),
+                    Record::Mappa(_) | Record::Eval(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
@@ -135,10 +159,22 @@ pub(crate) fn make_batch(
                 .into_iter()
                 .map(|(episode_id, r)| match r {
                     Record::Mappa(t) => Ok((episode_id, t)),
-                    Record::Comas(_) => Err(wrong(&episode_id)),
+                    Record::Comas(_) | Record::Eval(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_mappa_step(&finished, mappa, num_agents, Some(versions))
+        }
+        Settings::Eval(_) => {
+            let transcripts = records
+                .iter()
+                .map(|(episode_id, r)| match r {
+                    Record::Eval(t) => Ok(t),
+                    Record::Comas(_) | Record::Mappa(_) => Err(wrong(episode_id)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let metrics = serde_json::to_value(EvalRunMetrics::of(transcripts)).map_err(|e| CoordinatorError::Other(e.to_string()))?;
+            // Nothing trains: the graded answers go back to the client, which grades them.
+            Ok(StepBatch { per_agent: Vec::new(), metrics })
         }
     };
     made.map_err(|e| CoordinatorError::Rollout(e.to_string()))

@@ -3,7 +3,8 @@
 //! the coordinator, which therefore needs the same view of these paths as learners and workers
 //! (a shared volume in a cluster).
 use crate::error::{CoordinatorError, Result};
-use comas_workflow::job::{Job, JobSpec};
+use comas_service::AllowedRoots;
+use comas_workflow::job::{Job, JobSpec, Method};
 use comas_workflow::task::{load_dataset, location_of, TaskRecord};
 use comas_workflow::Role;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ pub struct Loaded {
 }
 
 /// Parses, resolves and checks a submitted job file, and loads its data sets.
-pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
+pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Loaded> {
     let mut spec = JobSpec::from_toml(text)?;
     if base_dir.is_empty() {
         if let Some((field, p)) = spec.relative_paths().into_iter().next() {
@@ -40,10 +41,20 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     } else {
         spec.resolve_paths(Path::new(base_dir));
     }
+    // Before any file is opened: a path outside the roots is not even looked at.
+    for (field, path) in spec.paths() {
+        roots.check(&path).map_err(|e| bad(&field, e.to_string()))?;
+    }
     let models =
         spec.agents.iter().enumerate().map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
     let frozen =
         spec.frozen.iter().enumerate().map(|(k, f)| check_policy(&format!("frozen[{k}]"), &f.model, f.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
+    if spec.method == Method::Eval {
+        // The questions are in the file, and each call is shortened to fit its model's context.
+        let job = spec.check(0)?;
+        check_output_dir(&job.spec.output.dir)?;
+        return Ok(Loaded { job, questions: Vec::new(), eval_questions: Vec::new() });
+    }
     let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
     let mut eval_questions = Vec::new();
     if let Some(e) = &spec.eval {
@@ -64,13 +75,17 @@ pub fn load_job(text: &str, base_dir: &str) -> Result<Loaded> {
     if let Some(e) = &job.spec.eval {
         check_records(&room, &eval_questions, "eval.data", &e.data)?;
     }
-    let out = &job.spec.output.dir;
+    check_output_dir(&job.spec.output.dir)?;
+    Ok(Loaded { job, questions, eval_questions })
+}
+
+/// Found now, not after the last step: the folder must take metrics and the final export.
+fn check_output_dir(out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
-    // Found now, not after the last step: the folder must take metrics and the final export.
     let probe = out.join(format!(".comas-write-check-{}", uuid::Uuid::new_v4().simple()));
     std::fs::write(&probe, b"").map_err(|e| bad("output.dir", format!("cannot write in {}: {e}", out.display())))?;
     let _ = std::fs::remove_file(&probe);
-    Ok(Loaded { job, questions, eval_questions })
+    Ok(())
 }
 
 /// What submit-time checks need of a model: its context and its tokenizer.

@@ -17,6 +17,8 @@ pub struct Jobs {
     pub store: Arc<Store>,
     pub scheduler: Scheduler,
     pub metrics: Arc<Metrics>,
+    /// Where the paths of a job may lead (empty: anywhere).
+    pub roots: comas_service::AllowedRoots,
     events: broadcast::Sender<(String, pb::JobEvent)>,
     live: Mutex<HashMap<String, Live>>,
     cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
@@ -34,15 +36,16 @@ pub fn state_pb(s: JobState) -> pb::JobState {
 }
 
 impl Jobs {
-    pub fn new(store: Arc<Store>, scheduler: Scheduler, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(store: Arc<Store>, scheduler: Scheduler, metrics: Arc<Metrics>, roots: comas_service::AllowedRoots) -> Arc<Self> {
         let (events, _) = broadcast::channel(1024);
-        Arc::new(Self { store, scheduler, metrics, events, live: Mutex::new(HashMap::new()), cancels: Mutex::new(HashMap::new()), wake: Notify::new() })
+        Arc::new(Self { store, scheduler, metrics, roots, events, live: Mutex::new(HashMap::new()), cancels: Mutex::new(HashMap::new()), wake: Notify::new() })
     }
 
     /// Checks the job file completely (TOML, keys, files, data, counts) and queues the job.
     pub async fn submit(&self, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
         let (t, b) = (text.clone(), base_dir.clone());
-        let job = tokio::task::spawn_blocking(move || load_job(&t, &b)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??.job;
+        let roots = self.roots.clone();
+        let job = tokio::task::spawn_blocking(move || load_job(&t, &b, &roots)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??.job;
         let rows = self.store.list_jobs()?;
         if let Some(old) = rows.iter().find(|r| r.name == job.spec.name).filter(|_| !reuse_name) {
             return Err(CoordinatorError::Files(format!(
@@ -239,6 +242,7 @@ impl Jobs {
                 scheduler: self.scheduler.clone(),
                 metrics: Arc::clone(&self.metrics),
                 report: Reporter::new(id.clone(), reports.clone()),
+                roots: self.roots.clone(),
             };
             let outcome = tokio::select! {
                 r = runner::run_job(&ctx, row, cancel_rx) => Some(r),

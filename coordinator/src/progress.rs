@@ -114,6 +114,9 @@ pub struct RunContext {
     pub scheduler: Scheduler,
     pub metrics: Arc<Metrics>,
     pub report: Reporter,
+    /// Checked again when a job starts: a coordinator restarted with narrower roots refuses
+    /// what it would no longer accept.
+    pub roots: comas_service::AllowedRoots,
 }
 
 #[cfg(test)]

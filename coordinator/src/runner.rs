@@ -229,9 +229,9 @@ impl JobRun {
     /// Loads and checks the job file, marks the job running and connects to its learners.
     async fn start(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<JobRun> {
         let id = row.id.clone();
-        let (text, base) = (row.spec.clone(), row.base_dir.clone());
+        let (text, base, roots) = (row.spec.clone(), row.base_dir.clone(), ctx.roots.clone());
         let Loaded { job, questions, eval_questions } =
-            tokio::task::spawn_blocking(move || load_job(&text, &base)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+            tokio::task::spawn_blocking(move || load_job(&text, &base, &roots)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
         ctx.store.set_state(&id, JobState::Running, "")?;
         ctx.report.event("status", String::new(), "running".into());
         let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
@@ -525,7 +525,7 @@ impl JobRun {
         }
         let line = serde_json::to_string(&metrics).unwrap_or_default();
         let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
-        self.ctx.store.commit_step(id, step, &line, &versions_now)?;
+        self.ctx.store.commit_step(id, step, &line, &versions_now, self.job.evaluate.is_some())?;
         refresh_metrics_log(&self.ctx, id, &self.metrics_path)?;
         self.ctx.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");

@@ -19,6 +19,8 @@ pub struct ServerSettings {
     pub episode_timeout: Duration,
     pub worker_wait: Duration,
     pub relay_fanout: usize,
+    /// Folders a job's paths must lie in (empty: anywhere).
+    pub allowed_roots: comas_service::AllowedRoots,
 }
 
 /// Serves until `shutdown` fires. A running job stays `running` in the store and continues
@@ -35,7 +37,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         },
         Arc::clone(&metrics),
     );
-    let jobs = Jobs::new(store, scheduler, Arc::clone(&metrics));
+    let jobs = Jobs::new(store, scheduler, Arc::clone(&metrics), s.allowed_roots);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

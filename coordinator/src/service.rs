@@ -92,6 +92,16 @@ impl Coordinator for CoordinatorService {
         self.jobs.resume(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::failed_precondition(e.to_string()))
     }
 
+    type JobEpisodesStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeRecord, Status>> + Send>>;
+
+    async fn job_episodes(&self, request: Request<pb::JobEpisodesRequest>) -> Result<Response<Self::JobEpisodesStream>, Status> {
+        let r = request.into_inner();
+        self.jobs.status(&r.job_id).map_err(|e| Status::not_found(e.to_string()))?;
+        let rows = self.jobs.store.step_episodes(&r.job_id, r.step)?;
+        let records = rows.into_iter().map(|(episode_id, record_json)| Ok(pb::EpisodeRecord { episode_id, record_json }));
+        Ok(Response::new(Box::pin(tokio_stream::iter(records))))
+    }
+
     async fn register_worker(&self, request: Request<pb::RegisterWorkerRequest>) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
         if r.worker_id.is_empty() || r.address.is_empty() {

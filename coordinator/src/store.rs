@@ -233,8 +233,9 @@ impl Store {
     }
 
     /// Finishes a step atomically: its metrics and the new weight versions go in together, and
-    /// its episodes are dropped (their experiences are trained).
-    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)]) -> Result<()> {
+    /// its episodes are dropped (their experiences are trained) unless `keep_episodes` (an
+    /// evaluation job's transcripts are its result, which the client fetches).
+    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)], keep_episodes: bool) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             tx.execute("INSERT OR REPLACE INTO steps (job_id, step, metrics, finished) VALUES (?1, ?2, ?3, ?4)", params![job, step as i64, metrics, now()])?;
@@ -245,7 +246,9 @@ impl Store {
                 )?;
             }
             tx.execute("UPDATE jobs SET steps_done = ?2, updated = ?3 WHERE id = ?1", params![job, (step + 1) as i64, now()])?;
-            tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step <= ?2", params![job, step as i64])?;
+            if !keep_episodes {
+                tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step <= ?2", params![job, step as i64])?;
+            }
             tx.commit()
         })
     }
@@ -304,7 +307,7 @@ mod tests {
         assert!(s.record_episode("j1", 0, "e1", "{}", "w1").unwrap());
         assert_eq!(s.step_episodes("j1", 0).unwrap().len(), 2);
         s.set_state("j1", JobState::Running, "").unwrap();
-        s.commit_step("j1", 0, "{\"step\":0}", &[(0, 1), (1, 1)]).unwrap();
+        s.commit_step("j1", 0, "{\"step\":0}", &[(0, 1), (1, 1)], false).unwrap();
         drop(s);
         // Reopened as after a crash: the committed step is there, its episodes are gone.
         let s = Store::open(&path).unwrap();

@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// Continue from the newest complete checkpoint under --checkpoint-dir, if there is one.
     #[arg(long, env = "COMAS_LEARNER_RESUME")]
     resume: bool,
+    /// Folders that an export the coordinator asks for must lie in, separated by commas (a
+    /// path outside, or going up through `..` or out through a symlink, is refused). Empty:
+    /// anywhere.
+    #[arg(long, env = "COMAS_LEARNER_ALLOWED_ROOTS", default_value = "")]
+    allowed_roots: String,
     /// Frozen KL reference (default: --model).
     #[arg(long, env = "COMAS_LEARNER_REFERENCE_MODEL")]
     reference_model: Option<PathBuf>,
@@ -102,6 +107,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         (None, Some(model), Some(config)) => (model.clone(), a.adapter.clone(), TrainConfig::from_file(config)?, a.checkpoint_dir.clone()),
         _ => bail!("give --job (with --agent-id), or both --model and --config"),
     };
+    let allowed_roots = comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = a.listen.bind().await?;
@@ -119,6 +125,7 @@ fn serve(a: ServeArgs) -> Result<()> {
                 resume: a.resume,
                 memory_bytes: a.memory_bytes,
             },
+            allowed_roots,
         };
         server::serve(settings, comas_service::shutdown_signal()).await?;
         Ok(())

@@ -13,6 +13,8 @@ pub struct ServerSettings {
     pub listener: tokio::net::TcpListener,
     pub metrics_listen: Option<comas_service::Listen>,
     pub engine: EngineSettings,
+    /// Folders an export the coordinator asks for may be written to (empty: anywhere).
+    pub allowed_roots: comas_service::AllowedRoots,
 }
 
 /// Bytes a decoded gRPC message may hold; a Train stream sends one experience per message.
@@ -28,7 +30,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let load_failure = engine::LoadFailure::default();
     let progress = Progress::shared();
     let engine = engine::spawn(s.engine, Arc::clone(&versions), Arc::clone(&progress), ready_tx, Arc::clone(&load_failure));
-    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure, progress };
+    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure, progress, roots: s.allowed_roots };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

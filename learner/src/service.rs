@@ -24,6 +24,7 @@ pub struct LearnerService {
     pub metrics: Arc<Metrics>,
     pub load_failure: LoadFailure,
     pub progress: Arc<Progress>,
+    pub roots: comas_service::AllowedRoots,
 }
 
 fn status(e: LearnerError) -> Status {
@@ -227,7 +228,8 @@ impl Learner for LearnerService {
         if req.dir.is_empty() {
             return Err(Status::invalid_argument("Export needs a target folder (`dir`)"));
         }
-        let (dir, merge_lora) = (std::path::PathBuf::from(req.dir), req.merge_lora);
+        let dir = self.roots.check(std::path::Path::new(&req.dir)).map_err(|e| Status::permission_denied(format!("export folder: {e}")))?;
+        let merge_lora = req.merge_lora;
         let s = self.call(|reply| Command::Export { dir, merge_lora, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
@@ -266,7 +268,18 @@ mod tests {
         if let Some(why) = failure {
             load_failure.set(why.to_string()).unwrap();
         }
-        (LearnerService { agent_id: 0, engine, versions: Versions::default(), metrics: Metrics::new(0), load_failure, progress: Progress::shared() }, rx)
+        (
+            LearnerService {
+                agent_id: 0,
+                engine,
+                versions: Versions::default(),
+                metrics: Metrics::new(0),
+                load_failure,
+                progress: Progress::shared(),
+                roots: Default::default(),
+            },
+            rx,
+        )
     }
 
     async fn pull(s: &LearnerService) -> Status {

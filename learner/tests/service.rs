@@ -50,6 +50,10 @@ async fn start(model: &Path, ckpt: &Path) -> (String, tokio::sync::oneshot::Send
 }
 
 async fn start_with(model: &Path, ckpt: &Path, resume: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_rooted(model, ckpt, resume, Default::default()).await
+}
+
+async fn start_rooted(model: &Path, ckpt: &Path, resume: bool, allowed_roots: comas_service::AllowedRoots) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let cfg = TrainConfig { lr: 1e-3, total_steps: 10, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
@@ -67,6 +71,7 @@ async fn start_with(model: &Path, ckpt: &Path, resume: bool) -> (String, tokio::
             resume,
             memory_bytes: None,
         },
+        allowed_roots,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -311,4 +316,27 @@ fn the_binary_serves_and_stops_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "learner did not stop after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// An export the coordinator asks for lands only inside the learner's allowed roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_outside_the_allowed_roots_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_model(&model, &TinySpec { seed: 2, ..TinySpec::tiny(Architecture::Llama) }).unwrap();
+    let exports = dir.path().join("exports");
+    std::fs::create_dir_all(&exports).unwrap();
+    let roots = comas_service::AllowedRoots::parse(exports.to_str().unwrap()).unwrap();
+    let (addr, stop) = start_rooted(&model, &dir.path().join("ckpt"), false, roots).await;
+    assert!(wait_status(&addr, ServingStatus::Serving).await, "learner never became ready");
+    let mut c = LearnerClient::connect(addr.clone()).await.unwrap();
+    for bad in ["/etc/comas-export", &format!("{}/../escaped", exports.display())] {
+        let e = c.export(pb::ExportRequest { dir: bad.into(), merge_lora: false }).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{bad}: {}", e.message());
+        assert!(e.message().contains("export folder"), "{}", e.message());
+    }
+    assert!(!Path::new("/etc/comas-export").exists() && !dir.path().join("escaped").exists());
+    let ok = c.export(pb::ExportRequest { dir: exports.join("agent-0").display().to_string(), merge_lora: false }).await.unwrap().into_inner();
+    assert!(exports.join("agent-0/config.json").is_file(), "{ok:?}");
+    let _ = stop.send(());
 }

@@ -88,7 +88,8 @@ fn main() {
     let params = comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters();
     // l = 2 agents on one base, one round: 2 solutions, 2 evaluations, 2 scores per episode.
     // Every turn generates exactly `per_turn` tokens, so both modes do the same work.
-    let fixed = SamplingSpec { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None };
+    let fixed =
+        SamplingSpec { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None, fit_context: false };
     let mut cfg = CoMasConfig { num_agents: 2, num_rounds: 1, num_references: 1, instances_per_question: 1, ..Default::default() };
     cfg.sampling.solver = fixed.clone();
     cfg.sampling.evaluator = fixed.clone();

@@ -465,6 +465,15 @@ impl<'m> Runtime<'m> {
                     }
                 }
             };
+            if w.turn.sampling.fit_context {
+                let room = self.models.context(policy.base).min(self.settings.max_batch_tokens).saturating_sub(prompt.len());
+                if room == 0 {
+                    self.answer_empty(w.key, &w.turn, prompt);
+                    continue;
+                }
+                w.turn.sampling.max_new_tokens = w.turn.sampling.max_new_tokens.min(room as u32);
+                w.turn.sampling.min_new_tokens = w.turn.sampling.min_new_tokens.min(w.turn.sampling.max_new_tokens);
+            }
             let need = prompt.len() + w.turn.sampling.max_new_tokens as usize;
             if let Some(why) = self.no_room(w.key, &w.turn, prompt.len(), policy.base) {
                 self.stats.prompts_refused.fetch_add(1, Ordering::Relaxed);
@@ -534,6 +543,24 @@ impl<'m> Runtime<'m> {
             ));
         }
         None
+    }
+
+    /// A `fit_context` turn whose prompt leaves no room: it is answered with nothing, cut at
+    /// length, as one machine's `comas eval` answers it.
+    fn answer_empty(&mut self, key: u64, turn: &TurnRequest, prompt: Vec<i64>) {
+        let Some(ep) = self.episodes.get_mut(&key) else { return };
+        ep.replies.push(Reply::Turn(TurnOutput {
+            turn_index: turn.turn_index,
+            text: String::new(),
+            raw_text: String::new(),
+            prompt_ids: prompt.iter().map(|&t| t as u32).collect(),
+            completion_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: FinishReason::Length,
+            policy_version: self.versions[&turn.agent],
+            constrained: Vec::new(),
+        }));
+        self.replied(key);
     }
 
     fn release(&mut self, seq: &Seq) {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 fn config(max_new: u32) -> CoMasConfig {
-    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0, guided_suffix: None };
+    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0, guided_suffix: None, fit_context: false };
     let mut c = CoMasConfig { num_agents: 2, num_rounds: 2, num_references: 1, instances_per_question: 1, ..Default::default() };
     c.sampling.solver = greedy.clone();
     c.sampling.evaluator = greedy.clone();
@@ -138,6 +138,7 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
             resume: false,
             memory_bytes: None,
         },
+        allowed_roots: Default::default(),
     };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(comas_learner::server::serve(settings, async {
@@ -543,6 +544,45 @@ async fn prompts_over_the_limit_are_cut_then_refused() {
     assert_eq!(metric(&metrics, "prompt_refused_total").await, 2.0);
     // The worker is still there and well.
     assert_eq!(run(&mut c, specs(&cfg, 2, "after")).await.len(), 2);
+    let _ = stop.send(());
+    h.await.unwrap().unwrap();
+}
+
+/// Evaluation calls (`fit_context`) are shortened to the room the context leaves instead of
+/// refused, and a prompt longer than the context is answered empty, as on one machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluation_calls_fit_the_context_instead_of_failing() {
+    use comas_workflow::eval::{EvalQuestion, EvalSettings, EvalTranscript, Setup};
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (addr, _metrics, stop, h) = start_budgeted(1 << 20).await;
+    let mut c = client(&addr).await;
+    load_agents(&mut c, dir.path(), false, 1).await;
+    let settings = EvalSettings { setup: Setup::Vanilla, members: 1, temperature: 0.0, max_new_tokens: 100_000, seed: 3 };
+    let spec = |i: u32, query: String| pb::EpisodeSpec {
+        episode_id: format!("e{i}"),
+        config_json: serde_json::to_string(&settings).unwrap(),
+        question_json: serde_json::to_string(&EvalQuestion { index: i, id: format!("q{i}"), query }).unwrap(),
+        plan_json: String::new(),
+        instance: i,
+        seed: 0,
+        method: "eval".into(),
+    };
+    let specs = vec![spec(0, "What is 2 + 3?".into()), spec(1, "seven ".repeat(6000))];
+    let mut out = c.run_episodes(tokio_stream::iter(specs)).await.unwrap().into_inner();
+    let mut got = BTreeMap::new();
+    while let Some(r) = out.message().await.unwrap() {
+        assert!(r.error.is_empty(), "episode {} failed: {}", r.episode_id, r.error);
+        let t: EvalTranscript = serde_json::from_str(&r.trajectory_json).unwrap();
+        got.insert(r.episode_id, t);
+    }
+    // max_new_tokens far over the 4096-token context: cut to the room left, not refused.
+    let short = &got["e0"].calls[0];
+    assert!(short.prompt_tokens + short.new_tokens <= 4096 && short.new_tokens > 0 && short.error.is_none(), "{short:?}");
+    // No room at all: an empty reply that grades wrong, and the episode still ends.
+    let long = &got["e1"].calls[0];
+    assert!(long.prompt_tokens > 4096, "{}", long.prompt_tokens);
+    assert_eq!((long.new_tokens, long.finish.as_str(), got["e1"].output.as_str()), (0, "error", ""));
     let _ = stop.send(());
     h.await.unwrap().unwrap();
 }

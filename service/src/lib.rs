@@ -1,7 +1,11 @@
 //! Plumbing every comas service shares: a small HTTP server for Prometheus `/metrics` and a
 //! `/healthz` liveness check next to the gRPC port, the SIGTERM / Ctrl-C future that starts a
 //! graceful shutdown, and the logging set-up.
+pub mod auth;
 pub mod prom;
+pub mod roots;
+
+pub use roots::{AllowedRoots, RootsError};
 
 /// HTTP/2 flow-control windows of the gRPC servers and of the clients that pull weights. With
 /// the 64 KiB default, a weight stream waits for a window update every 64 KiB, which on

@@ -2,6 +2,7 @@
 //! needs no file system live here, so the coordinator (at submit time) and each learner (at
 //! start) resolve an agent's training settings with the same code and get the same numbers.
 use crate::comas::CoMasConfig;
+use crate::eval::{EvalJobConfig, EvalQuestion, EvalSettings};
 use crate::mappa::MappaConfig;
 use crate::program::{MethodConfig, Settings};
 use crate::seed::derive_seed;
@@ -46,6 +47,9 @@ pub enum Method {
     #[default]
     Comas,
     Mappa,
+    /// No training: the rollout workers play an evaluation setup (spec §8.2) on benchmark
+    /// questions with frozen models (`comas eval --coordinator`).
+    Eval,
 }
 
 impl Method {
@@ -53,6 +57,7 @@ impl Method {
         match self {
             Method::Comas => "comas",
             Method::Mappa => "mappa",
+            Method::Eval => "eval",
         }
     }
 
@@ -61,7 +66,8 @@ impl Method {
         match name {
             "" | "comas" => Ok(Method::Comas),
             "mappa" => Ok(Method::Mappa),
-            other => Err(format!("unknown method {other:?}: expected \"comas\" or \"mappa\"")),
+            "eval" => Ok(Method::Eval),
+            other => Err(format!("unknown method {other:?}: expected \"comas\", \"mappa\" or \"eval\"")),
         }
     }
 }
@@ -74,10 +80,12 @@ pub enum SyncMode {
     Synchronous,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
-    /// Training questions: JSONL (or a JSON array) of records {prompt, answer, task, id}.
+    /// Training questions: JSONL (or a JSON array) of records {prompt, answer, task, id}. An
+    /// evaluation job has none (its questions are in `[evaluate]`).
+    #[serde(default)]
     pub train: PathBuf,
     /// Reshuffle the questions every epoch (seeded by the job seed and the epoch).
     #[serde(default = "yes")]
@@ -87,6 +95,8 @@ pub struct DataSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
+    /// Required for training; an evaluation job runs all its questions in one step.
+    #[serde(default)]
     pub questions_per_step: u32,
     /// Training steps; give this or `epochs`.
     pub steps: Option<u64>,
@@ -111,6 +121,13 @@ pub struct ScheduleSpec {
     /// coordinator's `--worker-wait-secs`).
     #[serde(default)]
     pub worker_wait_secs: Option<u64>,
+}
+
+impl Default for ScheduleSpec {
+    /// What a file with no `[schedule]` gets (an evaluation job needs none).
+    fn default() -> Self {
+        toml::from_str("").expect("every schedule key has a default")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,10 +214,16 @@ pub struct JobSpec {
     /// MAPPA settings (`method = "mappa"`); see `MappaConfig`.
     #[serde(default)]
     pub mappa: toml::Table,
+    /// An evaluation job's setup, sampling and questions (`method = "eval"`); see
+    /// `EvalSettings` and `EvalQuestion`. The team is the `[[frozen]]` list.
+    #[serde(default)]
+    pub evaluate: toml::Table,
     /// Frozen models the method may call; their agent ids follow the trained agents'.
     #[serde(default)]
     pub frozen: Vec<FrozenSpec>,
+    #[serde(default)]
     pub data: DataSpec,
+    #[serde(default)]
     pub schedule: ScheduleSpec,
     #[serde(default)]
     pub rollout: RolloutSpec,
@@ -250,6 +273,8 @@ pub struct Job {
     pub comas: CoMasConfig,
     /// Set for `method = "mappa"`.
     pub mappa: Option<MappaConfig>,
+    /// Set for `method = "eval"`.
+    pub evaluate: Option<EvalJobConfig>,
     pub train: Vec<TrainConfig>,
     pub total_steps: u64,
     pub steps_per_epoch: u64,
@@ -268,7 +293,9 @@ impl JobSpec {
                 *p = base.join(&*p);
             }
         };
-        fix(&mut self.data.train);
+        if !self.data.train.as_os_str().is_empty() {
+            fix(&mut self.data.train);
+        }
         fix(&mut self.output.dir);
         if let Some(e) = &mut self.eval {
             fix(&mut e.data);
@@ -287,32 +314,34 @@ impl JobSpec {
         }
     }
 
-    /// The paths that must be absolute before the job can run anywhere.
-    pub fn relative_paths(&self) -> Vec<(String, PathBuf)> {
+    /// Every path the job names, with its key in the file: what the servers will read or write.
+    pub fn paths(&self) -> Vec<(String, PathBuf)> {
         let mut out = Vec::new();
-        let mut check = |field: String, p: &Path| {
-            if p.is_relative() {
-                out.push((field, p.to_path_buf()));
-            }
-        };
-        check("data.train".into(), &self.data.train);
-        check("output.dir".into(), &self.output.dir);
+        if !self.data.train.as_os_str().is_empty() {
+            out.push(("data.train".into(), self.data.train.clone()));
+        }
+        out.push(("output.dir".into(), self.output.dir.clone()));
         if let Some(e) = &self.eval {
-            check("eval.data".into(), &e.data);
+            out.push(("eval.data".into(), e.data.clone()));
         }
         for (k, a) in self.agents.iter().enumerate() {
-            check(format!("agents[{k}].model"), &a.model);
+            out.push((format!("agents[{k}].model"), a.model.clone()));
             if let Some(ad) = &a.adapter {
-                check(format!("agents[{k}].adapter"), ad);
+                out.push((format!("agents[{k}].adapter"), ad.clone()));
             }
         }
         for (k, f) in self.frozen.iter().enumerate() {
-            check(format!("frozen[{k}].model"), &f.model);
+            out.push((format!("frozen[{k}].model"), f.model.clone()));
             if let Some(ad) = &f.adapter {
-                check(format!("frozen[{k}].adapter"), ad);
+                out.push((format!("frozen[{k}].adapter"), ad.clone()));
             }
         }
         out
+    }
+
+    /// The paths that must be absolute before the job can run anywhere.
+    pub fn relative_paths(&self) -> Vec<(String, PathBuf)> {
+        self.paths().into_iter().filter(|(_, p)| p.is_relative()).collect()
     }
 
     fn comas_config(&self) -> Result<CoMasConfig, JobError> {
@@ -373,10 +402,73 @@ impl JobSpec {
         Ok(cfg)
     }
 
-    /// Checks everything that needs no file system; `dataset_len` is the number of questions.
+    fn check_frozen_and_rollout(&self) -> Result<(), JobError> {
+        for (k, f) in self.frozen.iter().enumerate() {
+            if f.name.trim().is_empty() || self.frozen[..k].iter().any(|g| g.name == f.name) {
+                return Err(invalid(format!("frozen[{k}].name"), format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name)));
+            }
+        }
+        crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))
+    }
+
+    /// An evaluation job: a team of frozen models, one step of one episode per question.
+    fn check_eval(&self) -> Result<Job, JobError> {
+        if !self.agents.is_empty() {
+            return Err(invalid("agents", "an evaluation job trains nothing; list the team's models as [[frozen]] tables instead"));
+        }
+        if self.frozen.is_empty() {
+            return Err(invalid("frozen", "list the team's models as [[frozen]] tables (team member m is played by model m mod their count)"));
+        }
+        if !self.comas.is_empty() || !self.mappa.is_empty() || self.eval.is_some() {
+            return Err(invalid("method", "is eval, which uses no [comas], [mappa] or [eval] settings; remove them"));
+        }
+        if !self.data.train.as_os_str().is_empty() {
+            return Err(invalid("data.train", "an evaluation job takes its questions from [[evaluate.questions]]; remove [data]"));
+        }
+        let s = &self.schedule;
+        if s.steps.unwrap_or(1) != 1 || s.epochs.is_some() || s.questions_per_step != 0 {
+            return Err(invalid("schedule", "an evaluation job runs all its questions once, in one step; leave out steps, epochs and questions_per_step"));
+        }
+        self.check_frozen_and_rollout()?;
+        let mut table = self.evaluate.clone();
+        if table.contains_key("members") {
+            return Err(invalid("evaluate.members", "is set by the job: it is the number of [[frozen]] models"));
+        }
+        let questions: Vec<EvalQuestion> = match table.remove("questions") {
+            None => Vec::new(),
+            Some(v) => v.try_into().map_err(|e: toml::de::Error| invalid("evaluate.questions", e.message().to_string()))?,
+        };
+        table.insert("members".into(), toml::Value::Integer(self.frozen.len() as i64));
+        let settings: EvalSettings = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("evaluate", e.message().to_string()))?;
+        let cfg = EvalJobConfig { settings, questions };
+        cfg.validate().map_err(|(k, m)| invalid(format!("evaluate.{k}"), m))?;
+        let n = cfg.questions.len();
+        Ok(Job {
+            spec: self.clone(),
+            comas: CoMasConfig::default(),
+            mappa: None,
+            evaluate: Some(cfg),
+            train: Vec::new(),
+            total_steps: 1,
+            steps_per_epoch: 1,
+            dataset_len: n,
+        })
+    }
+
+    /// Checks everything that needs no file system; `dataset_len` is the number of questions
+    /// (ignored for an evaluation job, whose questions are in the file).
     pub fn check(&self, dataset_len: usize) -> Result<Job, JobError> {
         if self.name.trim().is_empty() {
             return Err(invalid("name", "must not be empty"));
+        }
+        if self.method == Method::Eval {
+            return self.check_eval();
+        }
+        if !self.evaluate.is_empty() {
+            return Err(invalid("evaluate", format!("is set but method is {}; set method = \"eval\" for an evaluation job", self.method.as_str())));
+        }
+        if self.data.train.as_os_str().is_empty() {
+            return Err(invalid("data.train", "give the file of training questions"));
         }
         if self.agents.is_empty() {
             return Err(invalid("agents", "list at least one [[agents]] table"));
@@ -405,13 +497,9 @@ impl JobSpec {
                 let cfg = CoMasConfig { num_agents: self.agents.len() as u32, ..CoMasConfig::default() };
                 (cfg, Some(self.mappa_config()?))
             }
+            Method::Eval => unreachable!("checked above"),
         };
-        for (k, f) in self.frozen.iter().enumerate() {
-            if f.name.trim().is_empty() || self.frozen[..k].iter().any(|g| g.name == f.name) {
-                return Err(invalid(format!("frozen[{k}].name"), format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name)));
-            }
-        }
-        crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))?;
+        self.check_frozen_and_rollout()?;
         let s = &self.schedule;
         let q = u64::from(s.questions_per_step);
         if q == 0 {
@@ -456,7 +544,7 @@ impl JobSpec {
                 return Err(invalid("eval.temperature", format!("must be finite and >= 0, got {}", e.temperature)));
             }
         }
-        let mut job = Job { spec: self.clone(), comas, mappa, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        let mut job = Job { spec: self.clone(), comas, mappa, evaluate: None, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         Ok(job)
     }
@@ -465,14 +553,18 @@ impl JobSpec {
 impl Job {
     /// The method and its settings.
     pub fn settings(&self) -> Settings<'_> {
-        match &self.mappa {
-            Some(m) => Settings::Mappa(m),
-            None => Settings::Comas(&self.comas),
+        match (&self.mappa, &self.evaluate) {
+            (Some(m), _) => Settings::Mappa(m),
+            (None, Some(e)) => Settings::Eval(&e.settings),
+            (None, None) => Settings::Comas(&self.comas),
         }
     }
 
     /// Episodes per step.
     pub fn episodes_per_step(&self) -> u64 {
+        if self.evaluate.is_some() {
+            return self.dataset_len as u64;
+        }
         u64::from(self.spec.schedule.questions_per_step) * u64::from(self.settings().instances_per_question())
     }
 
@@ -480,6 +572,9 @@ impl Job {
     /// turns are spread evenly over the agents (exact for the balanced assignment). MAPPA: at
     /// least one action per role the agent plays (more with tool calls).
     pub fn samples_per_agent(&self) -> u64 {
+        if self.evaluate.is_some() {
+            return 0;
+        }
         match &self.mappa {
             Some(m) => {
                 (0..self.spec.agents.len() as u32).map(|k| m.agents.iter().filter(|&&a| a == k).count() as u64).min().unwrap_or(0) * self.episodes_per_step()
@@ -609,6 +704,9 @@ impl Job {
     /// Data set indices of step `step`'s questions: epoch e = step / steps_per_epoch uses its own
     /// permutation (when shuffling), and the last partial batch of an epoch is dropped.
     pub fn step_questions(&self, step: u64) -> Vec<usize> {
+        if self.evaluate.is_some() {
+            return (0..self.dataset_len).collect();
+        }
         step_questions(self.dataset_len, self.spec.schedule.questions_per_step as usize, self.spec.seed, self.spec.data.shuffle, step)
     }
 }
@@ -712,6 +810,53 @@ train_batch_size = 4
         assert!(err(MAPPA_JOB.replace("agents = [0, 1, 0]", "agents = [0, 1]")).contains("`mappa.agents`"));
         assert!(err(MAPPA_JOB.replace("method = \"mappa\"", "")).contains("uses no [mappa] settings"));
         assert!(err(MAPPA_JOB.replace("train_batch_size = 4\n[[agents]]", "train_batch_size = 9\n[[agents]]")).contains("may act only 4 times per step"));
+    }
+
+    const EVAL_JOB: &str = r#"
+name = "e"
+method = "eval"
+[evaluate]
+setup = "debate"
+max_new_tokens = 32
+[[evaluate.questions]]
+index = 3
+id = "a"
+query = "1 + 1?"
+[[evaluate.questions]]
+index = 5
+id = "b"
+query = "2 + 2?"
+[[frozen]]
+name = "m0"
+model = "m"
+[[frozen]]
+name = "m1"
+model = "n"
+adapter = "lora"
+[output]
+dir = "out"
+"#;
+
+    #[test]
+    fn an_evaluation_job_is_one_step_of_frozen_models_and_inline_questions() {
+        let job = JobSpec::from_toml(EVAL_JOB).unwrap().check(0).unwrap();
+        let e = job.evaluate.as_ref().unwrap();
+        assert_eq!((e.settings.members, e.settings.max_new_tokens, e.settings.temperature), (2, 32, crate::eval::EVAL_TEMPERATURE));
+        assert_eq!(e.questions.iter().map(|q| q.index).collect::<Vec<_>>(), vec![3, 5]);
+        assert_eq!((job.total_steps, job.episodes_per_step(), job.samples_per_agent(), job.step_questions(0)), (1, 2, 0, vec![0, 1]));
+        assert_eq!((job.settings().method(), job.frozen_agent(1)), (Method::Eval, 1));
+        assert!(job.train.is_empty());
+        let err = |text: String| JobSpec::from_toml(&text).unwrap().check(0).unwrap_err().to_string();
+        assert!(err(EVAL_JOB.replace("[output]", "[[agents]]\nmodel = \"m\"\n[output]")).contains("trains nothing"));
+        assert!(err(EVAL_JOB.replace("[output]", "[schedule]\nsteps = 2\n[output]")).contains("in one step"));
+        assert!(err(EVAL_JOB.replace("index = 5", "index = 3")).contains("index 3 is given twice"));
+        assert!(err(EVAL_JOB.replace("setup = \"debate\"", "setup = \"chat\"")).contains("`evaluate`"));
+        assert!(err(EVAL_JOB.replace("[evaluate]", "[evaluate]\nmembers = 1")).contains("number of [[frozen]] models"));
+        let no_team: String = EVAL_JOB.split("[[frozen]]").next().unwrap().to_string() + "[output]\ndir = \"out\"\n";
+        assert!(err(no_team).contains("[[frozen]] tables"));
+        // A training job needs its data; the [evaluate] table belongs to evaluation jobs only.
+        assert!(err(JOB.replace("[data]\ntrain = \"data.jsonl\"", "")).contains("`data.train`"));
+        assert!(err(JOB.replace("[output]", "[evaluate]\nsetup = \"vanilla\"\n[output]")).contains("method = \"eval\""));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! rewards. The worker drives any program the same way; it never needs to know the method.
 use crate::comas::{self, CoMasConfig, InstancePlan, Trajectory};
 use crate::error::WorkflowError;
+use crate::eval::{EvalEpisode, EvalQuestion, EvalSettings, EvalTranscript};
 use crate::job::Method;
 use crate::mappa::{self, MappaConfig, MappaTrajectory};
 use crate::task::TaskRecord;
@@ -80,6 +81,7 @@ pub fn take_replies(pending: &[Request], replies: Vec<Reply>) -> Result<Vec<Repl
 pub enum ProgramStart {
     Comas { config: CoMasConfig, question: TaskRecord, plan: InstancePlan, instance: u32, seed: u64 },
     Mappa { config: MappaConfig, question: TaskRecord, instance: u32, seed: u64 },
+    Eval { settings: EvalSettings, question: EvalQuestion },
 }
 
 impl ProgramStart {
@@ -87,16 +89,22 @@ impl ProgramStart {
     pub fn parse(method: &str, config_json: &str, question_json: &str, plan_json: &str, instance: u32, seed: u64) -> Result<Self, String> {
         let method = Method::from_wire(method)?;
         let field = |name: &str, e: serde_json::Error| format!("`{name}` is not valid: {e}");
-        let question: TaskRecord = serde_json::from_str(question_json).map_err(|e| field("question_json", e))?;
+        let task = || -> Result<TaskRecord, String> { serde_json::from_str(question_json).map_err(|e| field("question_json", e)) };
         Ok(match method {
             Method::Comas => ProgramStart::Comas {
                 config: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?,
-                question,
+                question: task()?,
                 plan: serde_json::from_str(plan_json).map_err(|e| field("plan_json", e))?,
                 instance,
                 seed,
             },
-            Method::Mappa => ProgramStart::Mappa { config: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?, question, instance, seed },
+            Method::Mappa => {
+                ProgramStart::Mappa { config: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?, question: task()?, instance, seed }
+            }
+            Method::Eval => ProgramStart::Eval {
+                settings: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?,
+                question: serde_json::from_str(question_json).map_err(|e| field("question_json", e))?,
+            },
         })
     }
 
@@ -111,6 +119,7 @@ impl ProgramStart {
                 a.dedup();
                 a
             }
+            ProgramStart::Eval { settings, .. } => (0..settings.members).collect(),
         }
     }
 
@@ -118,6 +127,7 @@ impl ProgramStart {
         match self {
             ProgramStart::Comas { config, .. } => config.prompt_max_len,
             ProgramStart::Mappa { config, .. } => config.prompt_max_len,
+            ProgramStart::Eval { .. } => None,
         }
     }
 
@@ -125,6 +135,7 @@ impl ProgramStart {
         match self {
             ProgramStart::Comas { .. } => Method::Comas,
             ProgramStart::Mappa { .. } => Method::Mappa,
+            ProgramStart::Eval { .. } => Method::Eval,
         }
     }
 
@@ -132,7 +143,7 @@ impl ProgramStart {
     pub fn comas(&self) -> Option<&CoMasConfig> {
         match self {
             ProgramStart::Comas { config, .. } => Some(config),
-            ProgramStart::Mappa { .. } => None,
+            ProgramStart::Mappa { .. } | ProgramStart::Eval { .. } => None,
         }
     }
 }
@@ -142,6 +153,7 @@ impl ProgramStart {
 pub enum Program {
     Comas(Box<comas::Episode>),
     Mappa(Box<mappa::Episode>),
+    Eval(Box<EvalEpisode>),
 }
 
 impl Program {
@@ -152,6 +164,7 @@ impl Program {
                 Program::Comas(Box::new(comas::Episode::new_metered(config, question, *instance, plan.clone(), *seed, meter)?))
             }
             ProgramStart::Mappa { config, question, instance, seed } => Program::Mappa(Box::new(mappa::Episode::new(config, question, *instance, *seed)?)),
+            ProgramStart::Eval { settings, question } => Program::Eval(Box::new(EvalEpisode::new(settings, question)?)),
         })
     }
 
@@ -160,6 +173,7 @@ impl Program {
         match self {
             Program::Comas(e) => e.next_turns().into_iter().map(Request::Turn).collect(),
             Program::Mappa(e) => e.pending().to_vec(),
+            Program::Eval(e) => e.pending(),
         }
     }
 
@@ -177,6 +191,7 @@ impl Program {
                 e.submit_metered(outputs, meter)
             }
             Program::Mappa(e) => e.submit(replies),
+            Program::Eval(e) => e.submit(replies),
         }
     }
 
@@ -184,6 +199,7 @@ impl Program {
         match self {
             Program::Comas(e) => e.is_done(),
             Program::Mappa(e) => e.is_done(),
+            Program::Eval(e) => e.is_done(),
         }
     }
 
@@ -191,6 +207,7 @@ impl Program {
         match self {
             Program::Comas(e) => e.into_trajectory().map(Record::Comas),
             Program::Mappa(e) => e.into_trajectory().map(Record::Mappa),
+            Program::Eval(e) => e.into_transcript().map(Record::Eval),
         }
     }
 }
@@ -225,6 +242,7 @@ impl MethodConfig {
 pub enum Settings<'a> {
     Comas(&'a CoMasConfig),
     Mappa(&'a MappaConfig),
+    Eval(&'a EvalSettings),
 }
 
 impl Settings<'_> {
@@ -232,6 +250,7 @@ impl Settings<'_> {
         match self {
             Settings::Comas(_) => Method::Comas,
             Settings::Mappa(_) => Method::Mappa,
+            Settings::Eval(_) => Method::Eval,
         }
     }
 
@@ -239,6 +258,7 @@ impl Settings<'_> {
         match self {
             Settings::Comas(c) => c.instances_per_question,
             Settings::Mappa(m) => m.instances_per_question,
+            Settings::Eval(_) => 1,
         }
     }
 
@@ -247,6 +267,7 @@ impl Settings<'_> {
         match self {
             Settings::Comas(c) => serde_json::to_string(c),
             Settings::Mappa(m) => serde_json::to_string(m),
+            Settings::Eval(e) => serde_json::to_string(e),
         }
         .expect("settings serialise")
     }
@@ -256,6 +277,7 @@ impl Settings<'_> {
         match self {
             Settings::Comas(_) => RecordKind::Comas,
             Settings::Mappa(m) => RecordKind::Mappa { roles: m.pipeline.roles().to_vec(), max_turns: m.max_turns.clone() },
+            Settings::Eval(e) => RecordKind::Eval((*e).clone()),
         }
     }
 }
@@ -265,6 +287,7 @@ impl Settings<'_> {
 pub enum RecordKind {
     Comas,
     Mappa { roles: Vec<Role>, max_turns: Vec<u32> },
+    Eval(EvalSettings),
 }
 
 impl RecordKind {
@@ -281,6 +304,11 @@ impl RecordKind {
                 t.validate(roles, max_turns)?;
                 Ok(Record::Mappa(t))
             }
+            RecordKind::Eval(settings) => {
+                let t: EvalTranscript = serde_json::from_str(json).map_err(|e| format!("not valid JSON: {e}"))?;
+                t.validate(settings)?;
+                Ok(Record::Eval(t))
+            }
         }
     }
 }
@@ -291,6 +319,7 @@ impl RecordKind {
 pub enum Record {
     Comas(Trajectory),
     Mappa(MappaTrajectory),
+    Eval(EvalTranscript),
 }
 
 impl Record {
@@ -298,19 +327,21 @@ impl Record {
         serde_json::to_string(self)
     }
 
-    /// Turns of the trained agents.
+    /// Turns of the trained agents (an evaluation's calls).
     pub fn turns(&self) -> u32 {
         match self {
             Record::Comas(t) => t.turns.len() as u32,
             Record::Mappa(t) => t.actions.len() as u32,
+            Record::Eval(t) => t.calls.len() as u32,
         }
     }
 
-    /// Tokens the trained agents generated.
+    /// Tokens the trained agents generated (an evaluation's members).
     pub fn completion_tokens(&self) -> u64 {
         match self {
             Record::Comas(t) => t.turns.iter().map(|x| x.completion_ids.len() as u64).sum(),
             Record::Mappa(t) => t.completion_tokens(),
+            Record::Eval(t) => t.completion_tokens(),
         }
     }
 
@@ -319,6 +350,7 @@ impl Record {
         match self {
             Record::Comas(t) => t.policy_turns(),
             Record::Mappa(t) => t.policy_turns(),
+            Record::Eval(_) => Vec::new(),
         }
     }
 
@@ -327,6 +359,7 @@ impl Record {
         match self {
             Record::Comas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.policy_version += by),
+            Record::Eval(_) => {}
         }
     }
 }

@@ -28,6 +28,8 @@ pub enum Role {
     CodeExecutor,
     Verifier,
     Coach,
+    /// A team member of an evaluation setup (spec §8.2), played by a frozen model.
+    Member,
 }
 
 impl Role {
@@ -43,6 +45,7 @@ impl Role {
             Role::CodeExecutor => "code_executor",
             Role::Verifier => "verifier",
             Role::Coach => "coach",
+            Role::Member => "member",
         }
     }
 }
@@ -78,12 +81,17 @@ pub struct SamplingSpec {
     /// (the digit) the model still chooses. Off by default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guided_suffix: Option<String>,
+    /// Shorten the reply to the room the model's context (and the worker's token budget) has
+    /// left after the prompt, instead of refusing the turn; a prompt that leaves no room gets an
+    /// empty reply. Evaluation calls use it, as `comas eval` does on one machine (spec §8.1).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fit_context: bool,
 }
 
 impl Default for SamplingSpec {
     /// The rollout settings of the CoMAS main run (spec 6.1).
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16, guided_suffix: None }
+        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16, guided_suffix: None, fit_context: false }
     }
 }
 

@@ -2,7 +2,7 @@
 //! calls of all questions decode together in one continuous batch per model.
 use anyhow::{anyhow, Context, Result};
 use comas_model::{Batcher, CausalLm, ChatMessage, LoraAdapter, SamplingParams, Tokenizer};
-use comas_workflow::eval::{Call, Dialogue};
+use comas_workflow::eval::{call_seed, no_room_error, Call, CallRecord, Dialogue};
 use std::collections::VecDeque;
 
 /// One team member's model: its weights, tokenizer and optional adapter.
@@ -21,23 +21,6 @@ pub struct CallSampling {
     pub seed: u64,
 }
 
-/// A finished call, kept for the calls log.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct CallRecord {
-    pub call: u32,
-    pub label: String,
-    pub member: usize,
-    pub model: String,
-    pub prompt_tokens: usize,
-    pub new_tokens: usize,
-    pub finish: String,
-    pub messages: Vec<comas_workflow::ChatMessage>,
-    pub response: String,
-    /// Why the call was not decoded (its prompt does not fit the model), if so.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 /// A question under way: its dialogue and the calls it has finished.
 pub struct Open {
     pub index: usize,
@@ -50,15 +33,6 @@ pub struct Open {
 pub struct Progress {
     pub calls_done: u64,
     pub tokens: u64,
-}
-
-/// A 64-bit mix of the run seed, the question and the call: each call samples the same tokens
-/// whatever it is batched with, so a resumed run repeats a finished one.
-fn call_seed(seed: u64, question: usize, call: u32) -> u64 {
-    let mut z = seed ^ ((question as u64) << 20) ^ call as u64 ^ 0xD1B5_4A32_D192_ED03;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Runs the dialogues `questions` yields (already started, each with its first calls) to their
@@ -114,13 +88,13 @@ pub fn run(
                 let room = context.saturating_sub(ids.len()).min(sampling.max_new_tokens);
                 if room < 1 {
                     // Spec §8.1: a call that cannot be served answers empty, which grades wrong.
-                    let error = Some(format!("prompt of {} tokens leaves no room in the context of {context}", ids.len()));
+                    let error = Some(no_room_error(ids.len(), context));
                     replies.push((slot, call.clone(), record(&call, member, ids.len(), 0, "error", String::new(), error)));
                     continue;
                 }
                 let params = SamplingParams {
                     temperature: sampling.temperature,
-                    seed: call_seed(sampling.seed, q, call.id),
+                    seed: call_seed(sampling.seed, q as u64, call.id),
                     max_new_tokens: room,
                     stop_token_ids: member.tokenizer.eos_token_ids().to_vec(),
                     ..SamplingParams::default()

@@ -4,6 +4,7 @@
 //! `--out`; a rerun skips the questions already graded there.
 mod driver;
 pub mod grading;
+mod remote;
 mod report;
 
 use anyhow::{bail, Context, Result};
@@ -12,6 +13,7 @@ use comas_model::{CausalLm, Config, LoraAdapter, Tokenizer};
 use comas_workflow::code::CodeGrading;
 use comas_workflow::eval::{self, BenchItem, Dialogue, Setup};
 use driver::{CallSampling, Member, Open};
+use remote::{RemoteRun, TeamModel};
 use report::{QuestionResult, ResultsFile};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -76,6 +78,14 @@ pub struct Args {
     /// Questions of the built-in arithmetic benchmark.
     #[arg(long, default_value_t = 100)]
     arithmetic_questions: usize,
+    /// Run the calls on a cluster: this coordinator's rollout workers serve the team (the model
+    /// folders must be where the workers see them); grading and the output files stay here.
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// With --coordinator: where the coordinator writes each evaluation job's logs, a folder it
+    /// can write (default: `jobs/` in --out, for a coordinator on this file system).
+    #[arg(long, requires = "coordinator")]
+    jobs_dir: Option<PathBuf>,
 }
 
 /// The step, model folder and adapter of an agent's checkpoint in a `comas local --dir` folder:
@@ -138,11 +148,12 @@ fn canonical(path: &Path) -> String {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
 }
 
-fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
+/// The team's model folders and adapters, named by their absolute paths, and the checkpoint
+/// step of --job-dir if one was given.
+fn team_of(a: &Args) -> Result<(Vec<TeamModel>, Option<u64>)> {
     if a.adapters.len() > a.models.len() {
         bail!("{} --adapter flags for {} --model flags: give at most one adapter per model (`-` for none)", a.adapters.len(), a.models.len());
     }
-    let device = parse_device(&a.device)?;
     let mut team: Vec<(PathBuf, Option<String>)> = Vec::new();
     let mut step = None;
     if let Some(dir) = &a.job_dir {
@@ -153,8 +164,26 @@ fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
     for (i, dir) in a.models.iter().enumerate() {
         team.push((dir.clone(), a.adapters.get(i).filter(|p| p.as_str() != "-").cloned()));
     }
+    let team = team
+        .into_iter()
+        .map(|(dir, adapter)| {
+            // Absolute paths, so a rerun that spells a folder another way still matches `run.json`.
+            let name = match &adapter {
+                Some(p) => format!("{}+{}", canonical(&dir), canonical(Path::new(p))),
+                None => canonical(&dir),
+            };
+            let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            TeamModel { model: abs(&dir), adapter: adapter.map(|p| abs(Path::new(&p))), name }
+        })
+        .collect();
+    Ok((team, step))
+}
+
+fn load_members(a: &Args, team: &[TeamModel]) -> Result<Vec<Member>> {
+    let device = parse_device(&a.device)?;
     let mut members = Vec::new();
-    for (dir, adapter) in &team {
+    for t in team {
+        let (dir, adapter) = (&t.model, t.adapter.as_ref().map(|p| p.display().to_string()));
         let config = Config::from_file(&dir.join("config.json")).with_context(|| format!("loading model folder {}", dir.display()))?;
         let kind = match &a.dtype {
             Some(d) => parse_kind(d)?,
@@ -165,18 +194,14 @@ fn load_members(a: &Args) -> Result<(Vec<Member>, Option<u64>)> {
         let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
         model.pack_for_decode();
         tokenizer.check_fits(model.config())?;
-        // Absolute paths, so a rerun that spells a folder another way still matches `run.json`.
-        let name = match adapter {
-            Some(p) => format!("{}+{}", canonical(dir), canonical(Path::new(p))),
-            None => canonical(dir),
-        };
+        let name = t.name.clone();
         let adapter = match adapter {
             None => None,
-            Some(p) => Some(LoraAdapter::load(Path::new(p), model.config(), kind, device).with_context(|| format!("loading adapter {p}"))?),
+            Some(p) => Some(LoraAdapter::load(Path::new(&p), model.config(), kind, device).with_context(|| format!("loading adapter {p}"))?),
         };
         members.push(Member { name, model, tokenizer, adapter });
     }
-    Ok((members, step))
+    Ok(members)
 }
 
 fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
@@ -267,12 +292,13 @@ pub fn run(a: Args) -> Result<()> {
     let needs_code = items.iter().any(|i| matches!(i.grader, eval::GraderKind::Code { .. }));
     // The sandbox is checked before any model loads: a machine without python3 fails at once.
     let grader = grading::Grader::new(needs_code, a.code_grading)?;
-    let (members, checkpoint_step) = load_members(&a)?;
+    let (team, checkpoint_step) = team_of(&a)?;
     let checkpoint_step = a.step.or(checkpoint_step);
+    let names: Vec<String> = team.iter().map(|t| t.name.clone()).collect();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let settings = RunSettings {
         bench: bench_name.clone(),
-        models: members.iter().map(|m| m.name.clone()).collect(),
+        models: names.clone(),
         temperature: a.temperature,
         max_new_tokens: a.max_new_tokens,
         seed: a.seed,
@@ -280,11 +306,57 @@ pub fn run(a: Args) -> Result<()> {
     };
     settings.check_or_write(&a.out)?;
     let mut results = ResultsFile::open(&a.out)?;
-    let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
     let started = Instant::now();
+    let (total_calls, total_tokens) = match &a.coordinator {
+        Some(url) => run_remote(&a, url, &team, &setups, &bench_name, &items, &mut results, &grader)?,
+        None => run_local(&a, &load_members(&a, &team)?, &setups, &items, &mut results, &grader)?,
+    };
+    let secs = started.elapsed().as_secs_f64();
+    let summary = report::summarize(&bench_name, &names, checkpoint_step, &results.load_all()?, a.code_grading);
+    report::write_summary(&a.out, &summary)?;
+    println!("{}", serde_json::to_string(&summary)?);
+    eprintln!(
+        "{total_calls} calls, {total_tokens} tokens in {secs:.1} s ({:.1} tok/s this run); results in {}",
+        total_tokens as f64 / secs.max(1e-9),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// Every setup's calls on the cluster behind `url`; returns (calls, tokens).
+#[allow(clippy::too_many_arguments)]
+fn run_remote(
+    a: &Args,
+    url: &str,
+    team: &[TeamModel],
+    setups: &[Setup],
+    bench: &str,
+    items: &[BenchItem],
+    results: &mut ResultsFile,
+    grader: &grading::Grader,
+) -> Result<(u64, u64)> {
+    let jobs_dir = match &a.jobs_dir {
+        Some(d) => d.clone(),
+        None => std::fs::canonicalize(&a.out)?.join("jobs"),
+    };
+    let dtype = a.dtype.clone().unwrap_or_else(|| "float32".into());
+    let max_new_tokens = u32::try_from(a.max_new_tokens).context("--max-new-tokens is too large")?;
+    let run = RemoteRun { coordinator: url, team, dtype: &dtype, temperature: a.temperature, max_new_tokens, seed: a.seed, jobs_dir: &jobs_dir, out: &a.out };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut totals = (0, 0);
+    for &setup in setups {
+        let (calls, tokens) = rt.block_on(run.run_setup(setup, items, bench, results, grader))?;
+        totals = (totals.0 + calls, totals.1 + tokens);
+    }
+    Ok(totals)
+}
+
+/// Every setup's calls in this process, one continuous batch per model; returns (calls, tokens).
+fn run_local(a: &Args, members: &[Member], setups: &[Setup], items: &[BenchItem], results: &mut ResultsFile, grader: &grading::Grader) -> Result<(u64, u64)> {
+    let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
     let mut total_tokens = 0u64;
     let mut total_calls = 0u64;
-    for &setup in &setups {
+    for &setup in setups {
         let todo: Vec<(usize, &BenchItem)> = items.iter().enumerate().filter(|(_, it)| !results.has(setup, &it.id)).collect();
         let skipped = items.len() - todo.len();
         let bar = report::progress_bar(setup, items.len(), skipped);
@@ -294,7 +366,7 @@ pub fn run(a: Args) -> Result<()> {
             let first = dialogue.start();
             (Open { index, dialogue, calls: Vec::new() }, first)
         });
-        let progress = driver::run(&members, &sampling, a.max_running, a.max_open, questions, |o, p| {
+        let progress = driver::run(members, &sampling, a.max_running, a.max_open, questions, |o, p| {
             let item = &items[o.index];
             let output = o.dialogue.output().unwrap_or_default().to_string();
             let verdict = grader.grade(item, &output)?;
@@ -308,15 +380,5 @@ pub fn run(a: Args) -> Result<()> {
         total_tokens += progress.tokens;
         bar.finish();
     }
-    let secs = started.elapsed().as_secs_f64();
-    let summary =
-        report::summarize(&bench_name, &members.iter().map(|m| m.name.clone()).collect::<Vec<_>>(), checkpoint_step, &results.load_all()?, a.code_grading);
-    report::write_summary(&a.out, &summary)?;
-    println!("{}", serde_json::to_string(&summary)?);
-    eprintln!(
-        "{total_calls} calls, {total_tokens} tokens in {secs:.1} s ({:.1} tok/s this run); results in {}",
-        total_tokens as f64 / secs.max(1e-9),
-        a.out.display()
-    );
-    Ok(())
+    Ok((total_calls, total_tokens))
 }

@@ -1,11 +1,10 @@
 //! What `comas eval` writes: `results.jsonl` (one graded question per line, its calls inline)
 //! appended as questions end, so a rerun skips them; `summary.json` and `summary.md` from all
 //! of them.
-use super::driver::CallRecord;
 use super::grading::Verdict;
 use anyhow::{Context, Result};
 use comas_workflow::code::CodeGrading;
-use comas_workflow::eval::{BenchItem, EvalCell, EvalSummary, Setup};
+use comas_workflow::eval::{BenchItem, CallRecord, EvalCell, EvalSummary, Setup};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
