@@ -3,11 +3,13 @@
 use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
 use comas_proto::v1::coordinator_client::CoordinatorClient;
+use comas_service::auth::Bearer;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -57,14 +59,18 @@ pub struct CancelArgs {
     conn: Conn,
 }
 
-pub async fn connect(address: &str) -> Result<CoordinatorClient<Channel>> {
+/// A coordinator client that sends the token in `COMAS_TOKEN` (if set) with every call.
+pub type Client = CoordinatorClient<InterceptedService<Channel, Bearer>>;
+
+pub async fn connect(address: &str) -> Result<Client> {
     let uri = comas_service::grpc_uri(address);
     let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect_timeout(Duration::from_secs(5))
+        .timeout(comas_service::limits::API_CALL_DEADLINE)
         .connect()
         .await
         .with_context(|| format!("cannot reach the coordinator at {uri} (set --coordinator or COMAS_COORDINATOR)"))?;
-    Ok(CoordinatorClient::new(ch))
+    Ok(CoordinatorClient::with_interceptor(ch, Bearer::from_env()?).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -96,7 +102,7 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
     })
 }
 
-pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
+pub async fn submit_text(client: &mut Client, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
     match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir, reuse_name }).await {
         Ok(r) => {
             let status = r.into_inner();
@@ -112,7 +118,7 @@ pub async fn submit_text(client: &mut CoordinatorClient<Channel>, text: String, 
 
 pub fn submit(a: SubmitArgs) -> Result<()> {
     let meta = std::fs::metadata(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
-    if meta.len() > 1 << 20 {
+    if meta.len() > comas_service::limits::JOB_FILE_BYTES as u64 {
         bail!("{} is {} bytes; a job file must be under 1 MiB", a.job.display(), meta.len());
     }
     let text = std::fs::read_to_string(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
@@ -271,7 +277,7 @@ fn coaching(m: &Value) -> Vec<String> {
 }
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
-pub async fn watch(client: &mut CoordinatorClient<Channel>, job_id: &str, json: bool) -> Result<pb::JobStatus> {
+pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::JobStatus> {
     let mut stream = client
         .watch_job(pb::WatchJobRequest { job_id: job_id.to_string() })
         .await

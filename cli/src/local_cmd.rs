@@ -254,6 +254,8 @@ pub fn run(a: Args) -> Result<()> {
             worker_wait: Duration::from_secs(300),
             relay_fanout: comas_coordinator::scheduler::DEFAULT_RELAY_FANOUT,
             allowed_roots: comas_service::AllowedRoots::default(),
+            tokens: None,
+            submit_per_minute: 0,
         };
         let mut stop = stop_rx.clone();
         let mut coordinator = tokio::spawn(comas_coordinator::server::serve(settings, async move {

@@ -12,6 +12,7 @@ mod model_args;
 mod plot;
 mod score_cmd;
 mod tiny_cmd;
+mod token_cmd;
 
 comas_model::process_setup!();
 
@@ -69,6 +70,8 @@ enum Command {
     ImportGguf(import_cmd::Args),
     /// Write a small random model in the Hugging Face layout (for demos, tests, benchmarks).
     TinyModel(tiny_cmd::Args),
+    /// Make API tokens for a coordinator's --tokens file.
+    Token(token_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -100,6 +103,7 @@ fn main() -> ExitCode {
         Command::Score(a) => score_cmd::run(a),
         Command::TinyModel(a) => tiny_cmd::run(a),
         Command::ImportGguf(a) => import_cmd::run(a),
+        Command::Token(a) => token_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

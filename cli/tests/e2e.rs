@@ -1,6 +1,8 @@
 //! End to end, with real processes on loopback: a coordinator, one learner per agent and rollout
 //! workers, each a `comas` child process, running a 2-agent CoMAS job on tiny models. Faults are
 //! real too: SIGKILL of a worker, of the coordinator and of a learner in the middle of a job.
+//! Also: an evaluation on the workers, tokens and allowed roots on the job API, and oversized or
+//! malformed requests.
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::Architecture;
 use comas_proto::v1 as pb;
@@ -1056,4 +1058,147 @@ async fn paths_outside_the_allowed_roots_are_refused_at_submit() {
     assert!(!Path::new("/etc/comas-out").exists());
     let id = c.submit_job(pb::SubmitJobRequest { job_toml: good, base_dir: root.clone(), reuse_name: false }).await.unwrap().into_inner().job_id;
     c.cancel_job(pb::CancelJobRequest { job_id: id }).await.unwrap();
+}
+
+/// A coordinator with a token file: no token, a wrong one, or one without the scope is refused
+/// with a status that says what to set, and nothing is stored; a worker registers only with a
+/// `worker` token; a `submit` token runs an evaluation end to end; a token added to the file
+/// works without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_api_takes_only_known_tokens_with_the_right_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = |scopes: &str, name: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_comas")).args(["token", "new", "--scopes", scopes, "--name", name]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8(o.stdout).unwrap();
+        let mut lines = text.lines();
+        (lines.next().unwrap().to_string(), lines.next().unwrap().to_string())
+    };
+    let (reader, reader_line) = token("read", "auditor");
+    let (submitter, submitter_line) = token("submit", "ci");
+    let (worker, worker_line) = token("worker", "pool");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{reader_line}\n{submitter_line}\n{worker_line}\n")).unwrap();
+    let mut cluster = Cluster::launch(dir.path(), Vec::new(), 0, &["--tokens", tokens.to_str().unwrap()], 1, &[]);
+    cluster.add_worker_with(&[("COMAS_WORKER_TOKEN", worker.as_str())]);
+    cluster.add_worker();
+    let url = format!("http://127.0.0.1:{}", cluster.coord_port);
+    let comas = |args: &[&str], token: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
+        c.args(args).env("COMAS_THREADS", "1").env_remove("COMAS_TOKEN");
+        if let Some(t) = token {
+            c.env("COMAS_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let list = |token: Option<&str>| comas(&["list", "--json", "--coordinator", &url], token);
+    // Wait for the coordinator.
+    let started = Instant::now();
+    while !list(Some(&reader)).status.success() {
+        assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = list(None);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("ListJobs needs a token: set COMAS_TOKEN"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = list(Some("not-a-token"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not one this service knows"), "{}", String::from_utf8_lossy(&o.stderr));
+    // Read-only: may list, may not submit.
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let out = dir.path().join("eval");
+    let eval_args: Vec<String> = s(&["eval", "--model", model.to_str().unwrap(), "--setup", "vanilla", "--bench", "arithmetic", "--arithmetic-questions", "2"])
+        .into_iter()
+        .chain(s(&["--max-new-tokens", "4", "--dtype", "float32", "--coordinator", &url, "--out", out.to_str().unwrap()]))
+        .collect();
+    let eval_args: Vec<&str> = eval_args.iter().map(String::as_str).collect();
+    let o = comas(&eval_args, Some(&reader));
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("SubmitJob needs scope `submit`; token `auditor` has read"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let jobs: Value = serde_json::from_slice(&list(Some(&reader)).stdout).unwrap();
+    assert_eq!(jobs.as_array().unwrap().len(), 0, "nothing was stored");
+    // The worker without a token is refused and says why; the one with it serves the job.
+    let o = comas(&eval_args, Some(&submitter));
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
+    assert_eq!(serde_json::from_slice::<Value>(&o.stdout).unwrap()["graded"], 2);
+    let refused = std::fs::read_to_string(dir.path().join("worker-1.log")).unwrap();
+    assert!(refused.contains("set COMAS_WORKER_TOKEN"), "{refused}");
+    let ch = tonic::transport::Endpoint::from_shared(url.clone()).unwrap().connect().await.unwrap();
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {reader}").parse().unwrap();
+    let mut c = CoordinatorClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", bearer.clone());
+        Ok(r)
+    });
+    assert_eq!(c.list_workers(pb::ListWorkersRequest {}).await.unwrap().into_inner().workers.len(), 1);
+    // A token added to the file counts at once, without a restart.
+    let (admin, admin_line) = token("admin", "ops");
+    assert!(!list(Some(&admin)).status.success());
+    std::fs::write(&tokens, format!("{reader_line}\n{submitter_line}\n{worker_line}\n{admin_line}\n")).unwrap();
+    let o = list(Some(&admin));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let jobs: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(jobs.as_array().unwrap().len(), 1);
+}
+
+/// An oversized message, a job file over its limit and 1,000 malformed job files in a row each
+/// get a clear status; the coordinator still answers its health check and runs a job after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_malformed_requests_leave_the_coordinator_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::launch(dir.path(), Vec::new(), 1, &["--submit-per-minute", "0"], 1, &[]);
+    let mut c = cluster.client().await;
+    let submit = |text: String| pb::SubmitJobRequest { job_toml: text, base_dir: String::new(), reuse_name: false };
+    let e = c.submit_job(submit("#".repeat(5 << 20))).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{}", e.message());
+    assert!(e.message().contains("message length too large"), "{}", e.message());
+    let e = c.submit_job(submit("#".repeat(2 << 20))).await.unwrap_err();
+    assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("the limit is 1048576"), "{}", e.message());
+    for i in 0..1000 {
+        let e = c.submit_job(submit(format!("name = \"bad-{i}\"\n[[[ {i}"))).await.unwrap_err();
+        assert!(e.message().contains("not valid TOML"), "{}", e.message());
+    }
+    assert!(c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty());
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", cluster.coord_port)).unwrap().connect().await.unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest { service: "comas.v1.Coordinator".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    let url = format!("http://127.0.0.1:{}", cluster.coord_port);
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let out = dir.path().join("after");
+    let args = ["eval", "--model", model.to_str().unwrap(), "--bench", "arithmetic", "--arithmetic-questions", "2", "--max-new-tokens", "4"];
+    let o = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(args)
+            .args(["--coordinator", &url, "--out", out.to_str().unwrap()])
+            .env("COMAS_THREADS", "1")
+            .output()
+            .unwrap()
+    });
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
+    assert_eq!(serde_json::from_slice::<Value>(&o.stdout).unwrap()["graded"], 2);
+}
+
+/// SubmitJob calls are rate-limited per peer: a burst of `--submit-per-minute`, then a clear
+/// RESOURCE_EXHAUSTED with the wait; reading is not limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submits_past_the_rate_limit_are_told_when_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::launch(dir.path(), Vec::new(), 0, &["--submit-per-minute", "3"], 1, &[]);
+    let mut c = cluster.client().await;
+    for i in 0..3 {
+        let e = c.submit_job(pb::SubmitJobRequest { job_toml: format!("[[[ {i}"), base_dir: String::new(), reuse_name: false }).await.unwrap_err();
+        assert!(e.message().contains("not valid TOML"), "{}", e.message());
+    }
+    let e = c.submit_job(pb::SubmitJobRequest { job_toml: "[[[".into(), base_dir: String::new(), reuse_name: false }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("too many SubmitJob calls from 127.0.0.1; retry in 20 s"), "{}", e.message());
+    assert!(c.list_jobs(pb::ListJobsRequest {}).await.is_ok());
 }

@@ -35,6 +35,16 @@ pub struct Args {
     /// refused at submit. Empty: any path (a coordinator only trusted users reach).
     #[arg(long, env = "COMAS_COORDINATOR_ALLOWED_ROOTS", default_value = "")]
     pub allowed_roots: String,
+    /// Token file: lines `SHA256 SCOPES [NAME]` (`comas token new` makes one). With it, every
+    /// call needs `authorization: Bearer TOKEN` with a scope that allows it: `read` (status,
+    /// lists, results), `submit` (and cancel, resume), `worker` (registration, heartbeats),
+    /// `admin`. Edits take effect without a restart. Without it the API is open.
+    #[arg(long, env = "COMAS_COORDINATOR_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// `SubmitJob` calls one peer address may make per minute (a burst of as many, then evenly
+    /// spread); more get RESOURCE_EXHAUSTED with the wait. 0: no limit.
+    #[arg(long, env = "COMAS_COORDINATOR_SUBMIT_PER_MINUTE", default_value_t = 60)]
+    pub submit_per_minute: u32,
 }
 
 pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
@@ -50,6 +60,8 @@ pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> 
             worker_wait: Duration::from_secs(a.worker_wait_secs.max(1)),
             relay_fanout: a.relay_fanout,
             allowed_roots: comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?,
+            tokens: a.tokens.as_deref().map(comas_service::auth::TokenFile::open).transpose()?,
+            submit_per_minute: a.submit_per_minute,
         },
         shutdown,
     )

@@ -4,12 +4,11 @@
 use crate::error::{CoordinatorError, Result};
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
+use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
-
-const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
 pub struct LearnerLink {
     pub agent: u32,
@@ -47,7 +46,7 @@ impl LearnerLink {
             .connect()
             .await
             .map_err(|e| Status::unavailable(format!("cannot connect: {e}")))?;
-        let c = LearnerClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let c = LearnerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES);
         self.client = Some(c.clone());
         Ok(c)
     }

@@ -6,6 +6,7 @@
 use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
+use comas_service::limits::PEER_MESSAGE_BYTES;
 use comas_workflow::program::RecordKind;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -14,7 +15,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-const MAX_MESSAGE_BYTES: usize = 256 << 20;
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -686,7 +686,7 @@ async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
         .connect()
         .await
         .map_err(|e| format!("cannot connect to worker {uri}: {e}"))?;
-    Ok(RolloutWorkerClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+    Ok(RolloutWorkerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
 }
 
 /// One worker's connection: its episode stream, and bringing it to the current policies.

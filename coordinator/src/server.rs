@@ -5,6 +5,7 @@ use crate::scheduler::{Scheduler, SchedulerSettings};
 use crate::service::CoordinatorService;
 use crate::store::Store;
 use comas_proto::v1::coordinator_server::CoordinatorServer;
+use comas_service::limits::{RateLimit, CALLS_PER_CONNECTION};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,10 @@ pub struct ServerSettings {
     pub relay_fanout: usize,
     /// Folders a job's paths must lie in (empty: anywhere).
     pub allowed_roots: comas_service::AllowedRoots,
+    /// Bearer tokens of the API (`None`: open).
+    pub tokens: Option<comas_service::auth::TokenFile>,
+    /// `SubmitJob` calls a peer address may make per minute (0: no limit).
+    pub submit_per_minute: u32,
 }
 
 /// Serves until `shutdown` fires. A running job stays `running` in the store and continues
@@ -58,12 +63,18 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
-    let service = CoordinatorService { jobs, heartbeat_interval: s.heartbeat_interval };
+    let service = CoordinatorService {
+        jobs,
+        heartbeat_interval: s.heartbeat_interval,
+        tokens: s.tokens.map(Arc::new),
+        submits: RateLimit::per_minute(s.submit_per_minute),
+    };
     let addr = s.listener.local_addr()?;
     tracing::info!(%addr, db = %s.db.display(), "coordinator listening");
     tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
         .add_service(health_service)
-        .add_service(CoordinatorServer::new(service).max_decoding_message_size(4 << 20))
+        .add_service(CoordinatorServer::new(service).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await?;
     let _ = driver.await;

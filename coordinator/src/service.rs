@@ -2,18 +2,27 @@
 use crate::jobs::Jobs;
 use comas_proto::v1 as pb;
 use comas_proto::v1::coordinator_server::Coordinator;
+use comas_service::auth::{Scope, TokenFile};
+use comas_service::limits::{RateLimit, JOB_FILE_BYTES};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// Submitted job files larger than this are refused (a job file is a few KiB).
-pub const MAX_JOB_BYTES: usize = 1 << 20;
-
 pub struct CoordinatorService {
     pub jobs: Arc<Jobs>,
     pub heartbeat_interval: Duration,
+    /// Bearer tokens and their scopes; `None`: the API is open.
+    pub tokens: Option<Arc<TokenFile>>,
+    /// `SubmitJob` calls per peer address.
+    pub submits: RateLimit,
+}
+
+impl CoordinatorService {
+    fn allow<T>(&self, request: &Request<T>, need: Scope, what: &str) -> Result<(), Status> {
+        comas_service::auth::check(self.tokens.as_deref(), request, need, what)
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
@@ -25,24 +34,35 @@ fn terminal(s: &pb::JobStatus) -> bool {
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.allow(&request, Scope::Submit, "SubmitJob")?;
+        let peer = request.remote_addr().map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
+        if let Err(wait) = self.submits.take(&peer) {
+            return Err(Status::resource_exhausted(format!(
+                "too many SubmitJob calls from {peer}; retry in {:.0} s (the coordinator's --submit-per-minute)",
+                wait.as_secs_f64().ceil()
+            )));
+        }
         let r = request.into_inner();
-        if r.job_toml.len() > MAX_JOB_BYTES {
-            return Err(Status::invalid_argument(format!("job file is {} bytes; the limit is {MAX_JOB_BYTES}", r.job_toml.len())));
+        if r.job_toml.len() > JOB_FILE_BYTES {
+            return Err(Status::invalid_argument(format!("job file is {} bytes; the limit is {JOB_FILE_BYTES}", r.job_toml.len())));
         }
         Ok(Response::new(self.jobs.submit(r.job_toml, r.base_dir, r.reuse_name).await?))
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.allow(&request, Scope::Read, "GetJob")?;
         self.jobs.status(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
     }
 
-    async fn list_jobs(&self, _: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        self.allow(&request, Scope::Read, "ListJobs")?;
         Ok(Response::new(pb::ListJobsResponse { jobs: self.jobs.list()? }))
     }
 
     type WatchJobStream = EventStream;
 
     async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<EventStream>, Status> {
+        self.allow(&request, Scope::Read, "WatchJob")?;
         let id = request.into_inner().job_id;
         // Subscribe before reading the status, so no event falls between the two.
         let mut events = self.jobs.subscribe();
@@ -85,16 +105,19 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.allow(&request, Scope::Submit, "CancelJob")?;
         self.jobs.cancel(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
     }
 
     async fn resume_job(&self, request: Request<pb::ResumeJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+        self.allow(&request, Scope::Submit, "ResumeJob")?;
         self.jobs.resume(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::failed_precondition(e.to_string()))
     }
 
     type JobEpisodesStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeRecord, Status>> + Send>>;
 
     async fn job_episodes(&self, request: Request<pb::JobEpisodesRequest>) -> Result<Response<Self::JobEpisodesStream>, Status> {
+        self.allow(&request, Scope::Read, "JobEpisodes")?;
         let r = request.into_inner();
         self.jobs.status(&r.job_id).map_err(|e| Status::not_found(e.to_string()))?;
         let rows = self.jobs.store.step_episodes(&r.job_id, r.step)?;
@@ -103,6 +126,7 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn register_worker(&self, request: Request<pb::RegisterWorkerRequest>) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
+        self.allow(&request, Scope::Worker, "RegisterWorker")?;
         let r = request.into_inner();
         if r.worker_id.is_empty() || r.address.is_empty() {
             return Err(Status::invalid_argument("RegisterWorker needs a worker_id and the address the coordinator can dial"));
@@ -112,12 +136,14 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.allow(&request, Scope::Worker, "Heartbeat")?;
         let r = request.into_inner();
         let known = self.jobs.scheduler.heartbeat(r.worker_id, r.draining).await;
         Ok(Response::new(pb::HeartbeatResponse { known }))
     }
 
-    async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersResponse>, Status> {
+    async fn list_workers(&self, request: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        self.allow(&request, Scope::Read, "ListWorkers")?;
         let s = self.jobs.scheduler.snapshot().await;
         let mut workers: Vec<pb::WorkerStatus> = s
             .workers

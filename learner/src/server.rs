@@ -5,6 +5,7 @@ use crate::metrics::Metrics;
 use crate::progress::Progress;
 use crate::service::LearnerService;
 use comas_proto::v1::learner_server::LearnerServer;
+use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
@@ -18,7 +19,6 @@ pub struct ServerSettings {
 }
 
 /// Bytes a decoded gRPC message may hold; a Train stream sends one experience per message.
-const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// Serves until `shutdown` fires. Health reports SERVING only after the model has loaded.
 pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
@@ -63,11 +63,12 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let addr = s.listener.local_addr().map_err(|e| LearnerError::io("listener", e))?;
     tracing::info!(%addr, agent = s.agent_id, "learner listening");
     tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(comas_service::limits::CALLS_PER_CONNECTION)
         .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(LearnerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(LearnerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await
         .map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))

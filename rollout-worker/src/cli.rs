@@ -47,6 +47,10 @@ pub struct Args {
     /// Identity in the coordinator's registry (default: random per process).
     #[arg(long, env = "COMAS_WORKER_ID")]
     worker_id: Option<String>,
+    /// Token (scope `worker`) for a coordinator that checks tokens; read from the environment
+    /// only, so it never shows in a process list.
+    #[arg(skip = std::env::var("COMAS_WORKER_TOKEN").ok())]
+    token: Option<String>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -64,6 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 worker_id: a.worker_id.clone().unwrap_or_else(|| format!("worker-{}-{}", std::process::id(), bound.port())),
                 advertise: a.advertise.clone().unwrap_or_else(|| bound.to_string()),
                 max_episodes: a.max_episodes.max(1),
+                bearer: comas_service::auth::Bearer::new(a.token.as_deref()).map_err(|e| anyhow::anyhow!("COMAS_WORKER_TOKEN: {e}"))?,
             };
             tokio::spawn(register::run(reg, drain_rx, stop_rx));
         }

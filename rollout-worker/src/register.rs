@@ -3,14 +3,29 @@
 //! unreachable one is retried with backoff, so the two can start in any order.
 use comas_proto::v1 as pb;
 use comas_proto::v1::coordinator_client::CoordinatorClient;
+use comas_service::auth::Bearer;
 use std::time::Duration;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 pub struct Registration {
     pub coordinator: String,
     pub worker_id: String,
     pub advertise: String,
     pub max_episodes: u32,
+    /// The token sent with every call (scope `worker`), if the coordinator checks tokens.
+    pub bearer: Bearer,
+}
+
+const REFUSED: &str = "refused: ";
+
+/// A call's failure in words; a refusal (no token, a wrong one, the wrong scope) is marked, so
+/// it is logged every time rather than taken for a coordinator that is not up yet.
+fn refusal(e: tonic::Status) -> String {
+    match e.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => format!("{REFUSED}{}", e.message()),
+        _ => e.message().to_string(),
+    }
 }
 
 /// Runs until `stop` fires. When `draining` turns true, one heartbeat says so at once, so the
@@ -22,7 +37,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
     let mut backoff = Duration::from_millis(200);
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
-    let mut client: Option<CoordinatorClient<tonic::transport::Channel>> = None;
+    let mut client: Option<CoordinatorClient<InterceptedService<tonic::transport::Channel, Bearer>>> = None;
     loop {
         if *stop.borrow() {
             return;
@@ -31,7 +46,16 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
         let outcome = async {
             let mut c = match client.take() {
                 Some(c) => c,
-                None => CoordinatorClient::connect(target.clone()).await.map_err(|e| e.to_string())?,
+                None => {
+                    let ch = tonic::transport::Endpoint::from_shared(target.clone())
+                        .map_err(|e| e.to_string())?
+                        .connect_timeout(Duration::from_secs(5))
+                        .timeout(comas_service::limits::API_CALL_DEADLINE)
+                        .connect()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    CoordinatorClient::with_interceptor(ch, r.bearer.clone())
+                }
             };
             if !registered {
                 let resp = c
@@ -42,17 +66,12 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
                         incarnation,
                     })
                     .await
-                    .map_err(|e| e.message().to_string())?
+                    .map_err(refusal)?
                     .into_inner();
                 interval = Duration::from_millis(resp.heartbeat_interval_ms.clamp(100, 60_000));
                 tracing::info!(coordinator = %target, worker = %r.worker_id, "registered with the coordinator");
             }
-            let known = c
-                .heartbeat(pb::HeartbeatRequest { worker_id: r.worker_id.clone(), draining: is_draining })
-                .await
-                .map_err(|e| e.message().to_string())?
-                .into_inner()
-                .known;
+            let known = c.heartbeat(pb::HeartbeatRequest { worker_id: r.worker_id.clone(), draining: is_draining }).await.map_err(refusal)?.into_inner().known;
             client = Some(c);
             Ok::<bool, String>(known)
         }
@@ -68,7 +87,9 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
                 }
             }
             Err(e) => {
-                if registered {
+                if e.starts_with(REFUSED) {
+                    tracing::error!(coordinator = %target, error = %e, "the coordinator refuses this worker; set COMAS_WORKER_TOKEN to a token with scope `worker`");
+                } else if registered {
                     tracing::warn!(coordinator = %target, error = %e, "coordinator unreachable; retrying");
                 }
                 registered = false;

@@ -4,6 +4,7 @@ use crate::metrics::Metrics;
 use crate::relay::Relay;
 use crate::service::WorkerService;
 use comas_proto::v1::rollout_worker_server::RolloutWorkerServer;
+use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +20,6 @@ pub struct ServerSettings {
     /// Serve pulled weights to other workers (RelayWeights).
     pub relay: bool,
 }
-
-const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// How long a RelayWeights call waits for this worker to start receiving the version: every
 /// worker of a relay chain is told at once, so the next one may ask before this one has begun.
@@ -107,11 +106,12 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let addr = s.listener.local_addr()?;
     tracing::info!(%addr, "rollout worker listening");
     tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(comas_service::limits::CALLS_PER_CONNECTION)
         .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
         .await?;
     if let Some(why) = engine_failed.borrow().clone() {

@@ -104,10 +104,10 @@ async fn receive(
     let unreachable = |e: tonic::transport::Error| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
     let channel = comas_service::weights_channel(source).await.map_err(unreachable)?;
     let mut stream = if relay {
-        let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(MAX_CHUNK_MESSAGE);
+        let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
         client.relay_weights(pb::RelayWeightsRequest { agent_id: req.agent_id, version: req.version }).await.map_err(broken)?.into_inner()
     } else {
-        let mut client = LearnerClient::new(channel).max_decoding_message_size(MAX_CHUNK_MESSAGE);
+        let mut client = LearnerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
         client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner()
     };
     let mut asm = Assembler::default();
@@ -123,9 +123,6 @@ async fn receive(
     }
     Ok((asm.finish().map_err(Status::data_loss)?, bytes))
 }
-
-/// Largest weight chunk message accepted from a source.
-const MAX_CHUNK_MESSAGE: usize = 8 << 20;
 
 /// A weight source's error as this worker reports it. A transfer cut off by the connection
 /// (the learner restarting) is UNAVAILABLE, which the coordinator retries; the source's own

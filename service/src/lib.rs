@@ -2,6 +2,7 @@
 //! `/healthz` liveness check next to the gRPC port, the SIGTERM / Ctrl-C future that starts a
 //! graceful shutdown, and the logging set-up.
 pub mod auth;
+pub mod limits;
 pub mod prom;
 pub mod roots;
 

@@ -5,19 +5,18 @@
 //! rerun picks it up instead of submitting the questions again.
 use super::grading::Grader;
 use super::report::{self, QuestionResult, ResultsFile};
-use crate::client_cmd::{connect, finish, state_name, submit_text};
+use crate::client_cmd::{connect, finish, state_name, submit_text, Client};
 use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
-use comas_proto::v1::coordinator_client::CoordinatorClient;
 use comas_workflow::eval::{BenchItem, EvalQuestion, EvalTranscript, Setup};
 use comas_workflow::job::{DataSpec, FrozenSpec, JobSpec, Method, OutputSpec, RolloutSpec, ScheduleSpec};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tonic::transport::Channel;
 
-/// A job file stays well under the coordinator's 1 MiB limit; more questions make more jobs.
-const MAX_JOB_TOML_BYTES: usize = 900 << 10;
+/// A job file stays under the coordinator's limit with room to spare; more questions make more
+/// jobs.
+const MAX_JOB_TOML_BYTES: usize = comas_service::limits::JOB_FILE_BYTES / 8 * 7;
 
 /// One member of the team as the workers load it.
 #[derive(Debug, Clone)]
@@ -152,7 +151,7 @@ impl RemoteRun<'_> {
     /// Watches the job to its end with a progress bar, then grades its transcripts.
     async fn follow(
         &self,
-        client: &mut CoordinatorClient<Channel>,
+        client: &mut Client,
         setup: Setup,
         job_id: &str,
         items: &[BenchItem],
