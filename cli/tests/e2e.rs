@@ -1202,3 +1202,53 @@ async fn submits_past_the_rate_limit_are_told_when_to_retry() {
     assert!(e.message().contains("too many SubmitJob calls from 127.0.0.1; retry in 20 s"), "{}", e.message());
     assert!(c.list_jobs(pb::ListJobsRequest {}).await.is_ok());
 }
+
+/// A job an interrupted `comas eval --coordinator` left behind (`remote-<setup>.json`) is
+/// picked up by the rerun: the client is killed while its job waits for a worker, the job is
+/// cancelled, and the rerun resumes that job instead of submitting its questions again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_picks_up_the_evaluation_job_of_an_interrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::launch(dir.path(), Vec::new(), 0, &[], 1, &[]);
+    let url = format!("http://127.0.0.1:{}", cluster.coord_port);
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let eval = |out: &Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
+        c.args(["eval", "--model", model.to_str().unwrap(), "--setup", "vanilla", "--bench", "arithmetic", "--arithmetic-questions", "3"])
+            .args(["--max-new-tokens", "6", "--coordinator", &url, "--out", out.to_str().unwrap()])
+            .env("COMAS_THREADS", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let part = dir.path().join("part");
+    let mut first = eval(&part).spawn().unwrap();
+    let pending = part.join("remote-vanilla.json");
+    let started = Instant::now();
+    while !pending.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the job was never submitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let text = std::fs::read_to_string(&pending).unwrap();
+    let id = serde_json::from_str::<Value>(&text).unwrap()["job_id"].as_str().unwrap().to_string();
+    let mut c = cluster.client().await;
+    c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
+    cluster.wait_for(&id, 30, "the cancel", |s| s.state == pb::JobState::Cancelled as i32).await;
+    cluster.add_worker();
+    let o = tokio::task::block_in_place(|| eval(&part).output().unwrap());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}\n{}", cluster.logs());
+    assert!(err.contains(&format!("vanilla: picking up job {id} (cancelled)")), "{err}");
+    assert!(!pending.exists());
+    let jobs = c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs;
+    assert_eq!(jobs.len(), 1, "no question was submitted twice");
+    assert_eq!(jobs[0].state, pb::JobState::Succeeded as i32);
+    // The same replies as a run that was never interrupted.
+    let whole = dir.path().join("whole");
+    let o = tokio::task::block_in_place(|| eval(&whole).output().unwrap());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(eval_calls(&part).len(), 3);
+    assert_eq!(eval_calls(&part), eval_calls(&whole));
+}
