@@ -104,7 +104,11 @@ impl RemoteRun<'_> {
                     let t = self.follow(&mut client, setup, &s.job_id, items, results, grader).await?;
                     totals = (totals.0 + t.0, totals.1 + t.1);
                 }
-                Err(e) => eprintln!("{setup}: the coordinator does not know job {} of an earlier run ({}); running its questions again", p.job_id, e.message()),
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    eprintln!("{setup}: the coordinator does not know job {} of an earlier run ({}); running its questions again", p.job_id, e.message())
+                }
+                // Unreachable, or refused: keep the note, so a later run can still pick the job up.
+                Err(e) => bail!("asking the coordinator about job {} of an earlier run: {}", p.job_id, e.message()),
             }
             std::fs::remove_file(self.pending_path(setup)).ok();
         }
