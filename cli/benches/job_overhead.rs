@@ -99,8 +99,9 @@ fn real_job() {
 /// (24 turns per instance, 6144 turns per step), 512-token completions.
 fn paper_scale_experience() {
     let cfg = CoMasConfig { num_agents: 4, num_rounds: 2, instances_per_question: 4, ..Default::default() };
-    let questions: Vec<TaskRecord> =
-        (0..64).map(|i| TaskRecord { prompt: format!("q{i}"), answer: "1".into(), task: TaskKind::Math, id: format!("q{i}"), source: None }).collect();
+    let questions: Vec<TaskRecord> = (0..64)
+        .map(|i| TaskRecord { prompt: format!("q{i}"), answer: "1".into(), task: TaskKind::Math, id: format!("q{i}"), source: None, files: Default::default() })
+        .collect();
     let episodes = start_batch(&cfg, &questions, PlanSeed { global: 1, step: 0, shard: 0 }).unwrap();
     let mut finished = Vec::new();
     for (i, mut ep) in episodes.into_iter().enumerate() {

@@ -1252,3 +1252,72 @@ async fn a_rerun_picks_up_the_evaluation_job_of_an_interrupted_run() {
     assert_eq!(eval_calls(&part).len(), 3);
     assert_eq!(eval_calls(&part), eval_calls(&whole));
 }
+
+/// Guided tails that make the tiny DSBench agents write working programs (regex-escaped).
+const DS_ENGINEER: &str = r"```python\nimport os\nopen\('X_test\.pkl','w'\)\.write\('x'\)\nprint\(sorted\(os\.listdir\('\.'\)\)\)\n```";
+const DS_MODELER: &str = r"```python\nimport os\nopen\('model\.pkl','w'\)\.write\('m'\)\nprint\(sorted\(os\.listdir\('\.'\)\)\)\n```";
+const DS_ANALYST: &str = r"```python\nimport csv\nr=list\(csv\.reader\(open\('test\.csv'\)\)\)\[1:\]\nopen\('submission\.csv','w'\)\.write\('id,y\\n'\+''\.join\(x\[0\]\+',1\\n' for x in r\)\)\nprint\(len\(r\)\)\n```";
+
+/// MAPPA's DSBench chain on tiny models and two tasks of the shipped set: each run starts from
+/// the shared workspace (the data, then what earlier agents saved), the Analyst's submission is
+/// scored against the hidden answers, and the scores reach the metrics log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dsbench_chain_shares_its_workspace_and_its_submission_is_scored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let ports = vec![free_port(), free_port()];
+    for (name, seed) in [("model-0", 3), ("model-1", 4), ("coach", 9)] {
+        write_model(&d.join(name), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    }
+    let tasks = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/dsbench-mini/tasks.jsonl")).unwrap();
+    let two: Vec<&str> = tasks.lines().take(2).collect();
+    std::fs::write(d.join("tasks.jsonl"), two.join("\n")).unwrap();
+    let agent = |k: usize| {
+        format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n", ports[k])
+    };
+    // A multi-line literal string: the programs quote with '.
+    let tail = |role: &str, re: &str| format!("[mappa.role_sampling.{role}]\nmax_new_tokens = 200\nmin_new_tokens = 0\nguided_suffix = '''{re}'''\n");
+    let job = format!(
+        "name = \"dsbench-e2e\"\nseed = 5\nmethod = \"mappa\"\n[data]\ntrain = \"tasks.jsonl\"\nshuffle = false\n[schedule]\nquestions_per_step = 2\nsteps = 1\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\nsave_episodes = true\n\
+         [mappa]\npipeline = \"ds_bench\"\nagents = [0, 1, 0]\nmax_turns = [1, 1, 1]\ninstances_per_question = 2\ntool_timeout_secs = 20.0\n\
+         [mappa.coach_sampling]\ntemperature = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = 'PROCESS_SCORE:[0-9]'\n{}{}{}\
+         [[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n{}{}",
+        tail("data_engineer", DS_ENGINEER),
+        tail("modeler", DS_MODELER),
+        tail("analyst", DS_ANALYST),
+        agent(0),
+        agent(1)
+    );
+    std::fs::write(d.join("job.toml"), job).unwrap();
+    let c = Cluster::launch(d, ports, 1, &[], 1, &["--max-episodes", "4"]);
+    let id = c.submit().await;
+    c.finished(&id).await;
+    let log = c.metrics_log();
+    let m = &log[0];
+    for role in ["data_engineer", "modeler", "analyst"] {
+        assert_eq!(m["actions"][role]["mean"], 1.0, "{role}: {m}");
+    }
+    assert_eq!((m["tool_calls"].as_u64(), m["tool_success_rate"]["mean"].as_f64()), (Some(12), Some(1.0)), "{m}");
+    assert_eq!((m["ds_success_rate"]["mean"].as_f64(), m["ds_success_rate"]["count"].as_u64()), (Some(1.0), Some(4)));
+    // Every prediction is 1: accuracy is the share of positives in each task's hidden answers.
+    let positives = |line: &str| {
+        let t: Value = serde_json::from_str(line).unwrap();
+        let answers: Vec<&str> = t["answer"].as_str().unwrap().lines().skip(1).collect();
+        answers.iter().filter(|l| l.ends_with(",1")).count() as f64 / answers.len() as f64
+    };
+    let want = (positives(two[0]) + positives(two[1])) / 2.0;
+    assert!((m["ds_metrics"]["accuracy"]["mean"].as_f64().unwrap() - want).abs() < 1e-12, "{m}");
+    let text = std::fs::read_to_string(d.join("out/episodes/step-00000.jsonl")).unwrap();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let actions = r["record"]["actions"].as_array().unwrap();
+        let obs = |i: usize| actions[i]["observation"].as_str().unwrap().to_string();
+        // The Modeler's fresh folder holds what the Data Engineer saved.
+        assert!(obs(1).contains("['X_test.pkl', 'main.py', 'model.pkl', 'test.csv', 'train.csv']"), "{}", obs(1));
+        assert!(obs(2).contains("40"), "{}", obs(2));
+        let ws: Vec<&str> = actions[2]["workspace"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(ws, vec!["X_test.pkl", "model.pkl", "test.csv", "train.csv"]);
+        let o = &r["record"]["ds_outcome"];
+        assert_eq!((o["success"].as_bool(), o["predictions"].as_u64(), o["expected"].as_u64()), (Some(true), Some(40), Some(40)), "{o}");
+    }
+}

@@ -265,7 +265,7 @@ mod tests {
 
     /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
     fn played(cfg: &CoMasConfig, text: impl Fn(&comas_workflow::TurnRequest) -> String) -> Trajectory {
-        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None };
+        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
         let mut ep = start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
         while !ep.is_done() {
             let outs = ep

@@ -109,6 +109,7 @@ mod tests {
             malformed_call: false,
             observation: None,
             coach: CoachVerdict { process_score: score, outcome: None, retry_attempted: score.is_none(), fallback_used: false, replies: Vec::new() },
+            workspace: Vec::new(),
         }
     }
 
@@ -125,6 +126,7 @@ mod tests {
                 action(3, 2, Role::Verifier, 2, 0, Some(10.0)),
             ],
             outcome_correct: Some(true),
+            ds_outcome: None,
         };
         let config = MappaConfig::default();
         let b = make_mappa_step(&[("e1".into(), t.clone())], &config, 3, Some(&[3, 3, 3])).unwrap();

@@ -40,6 +40,7 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
                 task: TaskKind::Math,
                 id: format!("{tag}{i}"),
                 source: None,
+                files: Default::default(),
             };
             pb::EpisodeSpec {
                 episode_id: format!("{tag}{i}"),

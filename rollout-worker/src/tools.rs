@@ -1,8 +1,8 @@
 //! Tool runs for episode programs: a small pool of threads runs each program in the sandbox and
 //! sends the result back on a channel the engine polls, so the engine thread never waits on one.
 use crate::engine::Stats;
-use comas_sandbox::{Denied, Outcome, Reason, Sandbox};
-use comas_workflow::tool::{ToolRequest, ToolResult};
+use comas_sandbox::{Denied, Outcome, Reason, RunFile, RunFiles, Sandbox};
+use comas_workflow::tool::{ToolRequest, ToolResult, WorkspaceFile};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -57,6 +57,7 @@ fn result_of(call_index: u32, outcome: Result<Outcome, String>) -> ToolResult {
             detail: o.reason().map(|r| r.to_string()).unwrap_or_default(),
             stdout: o.stdout,
             stderr: o.stderr,
+            files: Vec::new(),
         },
         Err(e) => ToolResult {
             call_index,
@@ -64,16 +65,34 @@ fn result_of(call_index: u32, outcome: Result<Outcome, String>) -> ToolResult {
             detail: format!("the sandbox could not run the program: {e}"),
             stdout: String::new(),
             stderr: String::new(),
+            files: Vec::new(),
         },
     }
 }
 
 fn run(request: &ToolRequest) -> ToolResult {
-    let outcome = match sandbox() {
-        Ok(s) => s.run_with_timeout(&request.code, Duration::from_secs_f64(request.timeout_secs)).map_err(|e| e.to_string()),
-        Err(e) => Err(e.clone()),
+    let timeout = Duration::from_secs_f64(request.timeout_secs);
+    let s = match sandbox() {
+        Ok(s) => s,
+        Err(e) => return result_of(request.call_index, Err(e.clone())),
     };
-    result_of(request.call_index, outcome)
+    if request.files.is_empty() && request.fetch.is_empty() {
+        return result_of(request.call_index, s.run_with_timeout(&request.code, timeout).map_err(|e| e.to_string()));
+    }
+    let files =
+        RunFiles { inputs: request.files.iter().map(|f| RunFile { name: f.name.clone(), bytes: f.bytes.clone() }).collect(), fetch: request.fetch.clone() };
+    match s.run_with_files(&request.code, timeout, &files) {
+        Ok((outcome, out, note)) => {
+            let mut r = result_of(request.call_index, Ok(outcome));
+            r.files = out.into_iter().map(|f| WorkspaceFile { name: f.name, bytes: f.bytes }).collect();
+            if let Some(note) = note {
+                // The agent and its coach should know a saved file did not reach the workspace.
+                r.stderr.push_str(&format!("\n[workspace] {note}"));
+            }
+            r
+        }
+        Err(e) => result_of(request.call_index, Err(e.to_string())),
+    }
 }
 
 impl ToolPool {

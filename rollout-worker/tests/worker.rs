@@ -32,6 +32,7 @@ fn question(i: usize) -> TaskRecord {
         task: TaskKind::Math,
         id: format!("q{i}"),
         source: None,
+        files: Default::default(),
     }
 }
 

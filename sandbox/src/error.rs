@@ -18,6 +18,8 @@ pub enum SandboxError {
     Spawn(std::io::Error),
     #[error("sandbox protection setup failed: {0}")]
     Protection(String),
+    #[error("{0:?} cannot be a file of a sandbox run: give a plain name, not hidden, not main.py, with no folder")]
+    BadFileName(String),
 }
 
 /// The HumanEval data could not be read.

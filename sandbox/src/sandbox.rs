@@ -2,6 +2,7 @@
 use crate::cgroup::{Parent, RunCgroups};
 use crate::child::{self, ChildPlan, Namespaces, STATUS_RECORD};
 use crate::error::SandboxError;
+use crate::files::{RunFile, RunFiles};
 use crate::outcome::{classify, Observed, Outcome, RawExit};
 use crate::protect::{self, Protections};
 use seccompiler::BpfProgram;
@@ -155,7 +156,7 @@ impl Sandbox {
     /// Tries each protection alone (the child exits right before exec), keeps those that work,
     /// then checks that Python runs under all of them together.
     fn probe(&mut self) -> Result<(), SandboxError> {
-        let works = |s: &Sandbox, plan: Plan| s.execute("", s.config.timeout, plan, true).map(|o| o.passed()).unwrap_or(false);
+        let works = |s: &Sandbox, plan: Plan| s.execute("", s.config.timeout, plan, true, None).map(|(o, _)| o.passed()).unwrap_or(false);
         let mut plan = NOTHING;
         if self.config.namespaces {
             let candidates: &[Namespaces] = if unsafe { libc::geteuid() } == 0 { &[Namespaces::Privileged, Namespaces::User] } else { &[Namespaces::User] };
@@ -165,7 +166,7 @@ impl Sandbox {
         plan.seccomp = self.seccomp.is_some() && works(self, Plan { seccomp: true, ..NOTHING });
         plan.pids_cgroup = self.pids_parent.is_some() && works(self, Plan { pids_cgroup: true, ..NOTHING });
         plan.memory_cgroup = self.memory_parent.is_some() && works(self, Plan { memory_cgroup: true, ..NOTHING });
-        let outcome = self.execute("import sys\nsys.exit(0)\n", Duration::from_secs(30), plan, false)?;
+        let outcome = self.execute("import sys\nsys.exit(0)\n", Duration::from_secs(30), plan, false, None)?.0;
         if !outcome.passed() {
             return Err(SandboxError::PythonBroken {
                 python: self.python.clone(),
@@ -213,7 +214,15 @@ impl Sandbox {
 
     /// Runs `program` with a wall-clock limit of `timeout`.
     pub fn run_with_timeout(&self, program: &str, timeout: Duration) -> Result<Outcome, SandboxError> {
-        self.execute(program, timeout, self.plan, false)
+        self.execute(program, timeout, self.plan, false, None).map(|(o, _)| o)
+    }
+
+    /// Runs `program` in a folder that starts with `files.inputs`, and hands back the files it
+    /// leaves there that match `files.fetch` (with a note when some were too large to return).
+    pub fn run_with_files(&self, program: &str, timeout: Duration, files: &RunFiles) -> Result<(Outcome, Vec<RunFile>, Option<String>), SandboxError> {
+        let (outcome, fetched) = self.execute(program, timeout, self.plan, false, Some(files))?;
+        let (out, note) = fetched.unwrap_or_default();
+        Ok((outcome, out, note))
     }
 
     /// Runs every program, up to `max_concurrent` at once; results in input order.
@@ -237,11 +246,22 @@ impl Sandbox {
         Duration::from_secs(t.as_secs() + u64::from(t.subsec_nanos() > 0)).max(Duration::from_secs(1))
     }
 
-    fn execute(&self, program: &str, timeout: Duration, plan: Plan, probe_exit: bool) -> Result<Outcome, SandboxError> {
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &self,
+        program: &str,
+        timeout: Duration,
+        plan: Plan,
+        probe_exit: bool,
+        files: Option<&RunFiles>,
+    ) -> Result<(Outcome, Option<(Vec<RunFile>, Option<String>)>), SandboxError> {
         let _slot = self.slots.acquire();
         let setup = |what| move |source| SandboxError::Setup { what, source };
         let dir = tempfile::Builder::new().prefix("comas-sandbox-").tempdir_in(&self.work_dir).map_err(setup("creating the run directory"))?;
         std::fs::write(dir.path().join("main.py"), program).map_err(setup("writing the program"))?;
+        if let Some(f) = files {
+            crate::files::write_inputs(dir.path(), f)?;
+        }
 
         let parents: Vec<&Parent> = [(plan.pids_cgroup, &self.pids_parent), (plan.memory_cgroup, &self.memory_parent)]
             .into_iter()
@@ -326,11 +346,12 @@ impl Sandbox {
         let (stdout, stdout_truncated) = out.finish();
         let (stderr, stderr_truncated) = err.finish();
         let status = classify(&Observed { exit, timed_out: watched.timed_out, cpu_time, cpu_limit, oom_killed, process_limit_hit, stderr: &stderr });
+        let fetched = files.map(|f| crate::files::fetch(dir.path(), &f.fetch));
         remove_dir(dir);
         if !probe_exit {
             tracing::debug!(?status, wall_ms = wall_time.as_millis() as u64, cpu_ms = cpu_time.as_millis() as u64, "sandbox run");
         }
-        Ok(Outcome { status, stdout, stderr, stdout_truncated, stderr_truncated, wall_time, cpu_time })
+        Ok((Outcome { status, stdout, stderr, stdout_truncated, stderr_truncated, wall_time, cpu_time }, fetched))
     }
 
     fn child_env(&self, dir: &Path) -> Vec<(&'static str, OsString)> {

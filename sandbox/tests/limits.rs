@@ -417,3 +417,28 @@ fn code_grading_runs_blocks_against_the_checker() {
     assert_eq!(v.failure, Some(Failure::Run(Reason::Timeout)), "{v}");
     assert!(start.elapsed() < Duration::from_secs(6), "{:?}", start.elapsed());
 }
+
+/// A run starts with its input files and hands back the files it saves that match a pattern:
+/// regular files only, never a link to something outside, and a bad input name is an error.
+#[test]
+fn a_run_starts_with_its_files_and_hands_back_what_it_saves() {
+    use comas_sandbox::{RunFile, RunFiles};
+    let files = RunFiles {
+        inputs: vec![RunFile { name: "train.csv".into(), bytes: b"x,y\n1,2\n".to_vec() }, RunFile { name: "X_train.pkl".into(), bytes: vec![0, 1, 2] }],
+        fetch: vec!["*.pkl".into(), "submission.csv".into()],
+    };
+    let program = "import os\nprint(sorted(os.listdir('.')))\nprint(open('train.csv').read().splitlines()[1])\n\
+                   open('model.pkl', 'wb').write(b'M' * 10)\nopen('submission.csv', 'w').write('id,y\\n1,3\\n')\nopen('notes.txt', 'w').write('kept here')\n\
+                   os.symlink('/etc/hostname', 'stolen.pkl')\n";
+    let (o, out, note) = sandbox().run_with_files(program, Duration::from_secs(30), &files).unwrap();
+    assert_eq!(o.status, Status::Passed, "{o:?}");
+    assert_eq!(o.stdout, "['X_train.pkl', 'main.py', 'train.csv']\n1,2\n");
+    let names: Vec<&str> = out.iter().map(|f| f.name.as_str()).collect();
+    // The input that matches a pattern comes back too (the workspace keeps it); the link does not.
+    assert_eq!(names, vec!["X_train.pkl", "model.pkl", "submission.csv"]);
+    assert_eq!(out[1].bytes, vec![b'M'; 10]);
+    assert_eq!(out[2].bytes, b"id,y\n1,3\n");
+    assert!(note.is_none());
+    let bad = RunFiles { inputs: vec![RunFile { name: "../escape".into(), bytes: Vec::new() }], fetch: Vec::new() };
+    assert!(matches!(sandbox().run_with_files("pass", Duration::from_secs(5), &bad), Err(SandboxError::BadFileName(_))));
+}

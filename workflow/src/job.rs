@@ -375,6 +375,14 @@ impl JobSpec {
             return Err(invalid("mappa.coach", format!("no [[frozen]] model is named {coach:?}; add one with name = {coach:?} and the coach's model folder")));
         };
         table.insert("coach_agent".into(), toml::Value::Integer(i64::from(l) + c as i64));
+        // The pipeline's own defaults where the file leaves them out (DSBench: 4 / 4 / 4, 60 s).
+        if let Some(p) = table.get("pipeline").cloned() {
+            let pipeline: crate::mappa::Pipeline = p.try_into().map_err(|e: toml::de::Error| invalid("mappa.pipeline", e.message().to_string()))?;
+            table
+                .entry("max_turns")
+                .or_insert_with(|| toml::Value::Array(pipeline.default_max_turns().into_iter().map(|t| toml::Value::Integer(i64::from(t))).collect()));
+            table.entry("tool_timeout_secs").or_insert(toml::Value::Float(pipeline.default_tool_timeout_secs()));
+        }
         if !table.contains_key("agents") {
             let agents: Vec<toml::Value> = match l {
                 1 => vec![0; 3],
@@ -810,6 +818,12 @@ train_batch_size = 4
         assert!(err(MAPPA_JOB.replace("agents = [0, 1, 0]", "agents = [0, 1]")).contains("`mappa.agents`"));
         assert!(err(MAPPA_JOB.replace("method = \"mappa\"", "")).contains("uses no [mappa] settings"));
         assert!(err(MAPPA_JOB.replace("train_batch_size = 4\n[[agents]]", "train_batch_size = 9\n[[agents]]")).contains("may act only 4 times per step"));
+        // DSBench takes its own defaults: 4 actions per role, 60 s per run.
+        let ds_job = MAPPA_JOB.replace("[mappa]\n", "[mappa]\npipeline = \"ds_bench\"\n").replace("code_executor", "modeler");
+        let ds = JobSpec::from_toml(&ds_job).unwrap().check(10).unwrap();
+        let m = ds.mappa.as_ref().unwrap();
+        assert_eq!((m.max_turns.clone(), m.tool_timeout_secs, m.role_at(2)), (vec![4, 4, 4], 60.0, Role::Analyst));
+        assert!(err(MAPPA_JOB.replace("[mappa]\n", "[mappa]\npipeline = \"kaggle\"\n")).contains("`mappa.pipeline`"));
     }
 
     const EVAL_JOB: &str = r#"

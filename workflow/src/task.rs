@@ -7,21 +7,24 @@ use std::str::FromStr;
 use thiserror::Error;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum TaskKind {
     Math,
     Coding,
     Science,
+    /// A tabular modelling task with data files (MAPPA's DSBench pipeline).
+    DataScience,
 }
 
 impl TaskKind {
-    pub const ALL: [TaskKind; 3] = [TaskKind::Math, TaskKind::Coding, TaskKind::Science];
+    pub const ALL: [TaskKind; 4] = [TaskKind::Math, TaskKind::Coding, TaskKind::Science, TaskKind::DataScience];
 
     pub fn as_str(self) -> &'static str {
         match self {
             TaskKind::Math => "math",
             TaskKind::Coding => "coding",
             TaskKind::Science => "science",
+            TaskKind::DataScience => "data_science",
         }
     }
 }
@@ -33,7 +36,7 @@ impl fmt::Display for TaskKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown task {0:?}: expected one of \"math\", \"coding\", \"science\"")]
+#[error("unknown task {0:?}: expected one of \"math\", \"coding\", \"science\", \"data_science\"")]
 pub struct UnknownTask(pub String);
 
 impl FromStr for TaskKind {
@@ -54,6 +57,10 @@ pub struct TaskRecord {
     /// The data set the question came from (`math`, `kodcode`, `webinstruct`); informational.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// Data files the task comes with, by name (a DSBench task's train.csv and test.csv); its
+    /// programs find them in their working folder.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, String>,
 }
 
 /// The record as it is on disk; the task name is checked separately so an unknown task gets a
@@ -66,12 +73,14 @@ struct RawRecord {
     id: String,
     #[serde(default)]
     source: Option<String>,
+    #[serde(default)]
+    files: std::collections::BTreeMap<String, String>,
 }
 
 impl TryFrom<RawRecord> for TaskRecord {
     type Error = UnknownTask;
     fn try_from(raw: RawRecord) -> Result<Self, UnknownTask> {
-        Ok(TaskRecord { prompt: raw.prompt, answer: raw.answer, task: raw.task.parse()?, id: raw.id, source: raw.source })
+        Ok(TaskRecord { prompt: raw.prompt, answer: raw.answer, task: raw.task.parse()?, id: raw.id, source: raw.source, files: raw.files })
     }
 }
 
@@ -230,7 +239,7 @@ mod tests {
         let text = format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
         let err = parse_jsonl(&text).unwrap_err();
         assert!(matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry"));
-        assert_eq!(err.to_string(), "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\"");
+        assert_eq!(err.to_string(), "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\", \"data_science\"");
     }
 
     #[test]
@@ -254,7 +263,10 @@ mod tests {
         let recs = parse_dataset(&text).unwrap();
         assert_eq!(recs.iter().map(|r| r.task).collect::<Vec<_>>(), vec![TaskKind::Math, TaskKind::Coding]);
         let bad = format!("[{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"art","id":"c"}"#);
-        assert_eq!(parse_dataset(&bad).unwrap_err().to_string(), "element 2: unknown task \"art\": expected one of \"math\", \"coding\", \"science\"");
+        assert_eq!(
+            parse_dataset(&bad).unwrap_err().to_string(),
+            "element 2: unknown task \"art\": expected one of \"math\", \"coding\", \"science\", \"data_science\""
+        );
     }
 
     #[test]

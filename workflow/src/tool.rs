@@ -2,6 +2,13 @@
 //! program stays pure; the worker runs the code in the sandbox and answers with a `ToolResult`.
 use serde::{Deserialize, Serialize};
 
+/// A file of a run's folder: a plain name and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceFile {
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
 /// One program to run, in a fresh sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolRequest {
@@ -10,6 +17,13 @@ pub struct ToolRequest {
     /// Python source.
     pub code: String,
     pub timeout_secs: f64,
+    /// Files the program's folder starts with (a chain's shared workspace). Never serialised:
+    /// requests stay inside the worker.
+    #[serde(skip)]
+    pub files: Vec<WorkspaceFile>,
+    /// Name patterns (`*`, `?`) of the files to hand back after the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fetch: Vec<String>,
 }
 
 /// How a run ended. `failure` is a stable key for metrics (`timeout`, `exit_code`,
@@ -23,6 +37,9 @@ pub struct ToolResult {
     pub detail: String,
     pub stdout: String,
     pub stderr: String,
+    /// The files the run left that match the request's `fetch` patterns.
+    #[serde(skip)]
+    pub files: Vec<WorkspaceFile>,
 }
 
 impl ToolResult {
@@ -58,7 +75,14 @@ mod tests {
     use super::*;
 
     fn result(failure: Option<&str>, detail: &str, stdout: &str, stderr: &str) -> ToolResult {
-        ToolResult { call_index: 0, failure: failure.map(str::to_string), detail: detail.into(), stdout: stdout.into(), stderr: stderr.into() }
+        ToolResult {
+            call_index: 0,
+            failure: failure.map(str::to_string),
+            detail: detail.into(),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            files: Vec::new(),
+        }
     }
 
     #[test]

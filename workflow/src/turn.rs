@@ -30,6 +30,12 @@ pub enum Role {
     Coach,
     /// A team member of an evaluation setup (spec §8.2), played by a frozen model.
     Member,
+    /// MAPPA DSBench: cleans the data and saves the features.
+    DataEngineer,
+    /// MAPPA DSBench: trains and saves the model.
+    Modeler,
+    /// MAPPA DSBench: predicts the test set and writes the submission.
+    Analyst,
 }
 
 impl Role {
@@ -46,6 +52,9 @@ impl Role {
             Role::Verifier => "verifier",
             Role::Coach => "coach",
             Role::Member => "member",
+            Role::DataEngineer => "data_engineer",
+            Role::Modeler => "modeler",
+            Role::Analyst => "analyst",
         }
     }
 }

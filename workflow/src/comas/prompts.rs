@@ -93,7 +93,7 @@ for example \\boxed{1}, \\boxed{0.1} or \\boxed{0.01}. Keep the unit outside the
 pub fn solver_prompt(task: TaskKind, problem: &str, discussion: &str) -> String {
     let instruction = match task {
         TaskKind::Math => SOLVE_MATH,
-        TaskKind::Coding => SOLVE_CODING,
+        TaskKind::Coding | TaskKind::DataScience => SOLVE_CODING,
         TaskKind::Science => SOLVE_SCIENCE,
     };
     fill(SOLVER, &[("problem", problem.trim()), ("discussion", discussion.trim()), ("instruction", instruction)])
@@ -132,7 +132,7 @@ and for each one explain why it fails. Be concise and do not retell the code.";
 
 fn evaluate_instruction(task: TaskKind) -> &'static str {
     match task {
-        TaskKind::Coding => EVALUATE_CODING,
+        TaskKind::Coding | TaskKind::DataScience => EVALUATE_CODING,
         TaskKind::Math | TaskKind::Science => EVALUATE_GENERAL,
     }
 }
@@ -180,7 +180,7 @@ const SCORE_EXAMPLE_CODING: &str =
 /// The scorer prompt: judges the evaluation and scores the solution 1–3.
 pub fn scorer_prompt(task: TaskKind, problem: &str, solution: &str, evaluation: &str) -> String {
     let example = match task {
-        TaskKind::Coding => SCORE_EXAMPLE_CODING,
+        TaskKind::Coding | TaskKind::DataScience => SCORE_EXAMPLE_CODING,
         TaskKind::Math | TaskKind::Science => SCORE_EXAMPLE_GENERAL,
     };
     fill(SCORER, &[("problem", problem.trim()), ("solution", solution.trim()), ("evaluation", evaluation.trim()), ("example", example)])
@@ -209,7 +209,7 @@ const JUDGE_EXAMPLE_CODING: &str = "The code indexes past the end of the list on
 /// The judge prompt of the `no_evaluation` ablation.
 pub fn judge_prompt(task: TaskKind, problem: &str, solution: &str) -> String {
     let example = match task {
-        TaskKind::Coding => JUDGE_EXAMPLE_CODING,
+        TaskKind::Coding | TaskKind::DataScience => JUDGE_EXAMPLE_CODING,
         TaskKind::Math | TaskKind::Science => JUDGE_EXAMPLE_GENERAL,
     };
     fill(JUDGE, &[("problem", problem.trim()), ("solution", solution.trim()), ("example", example)])
@@ -232,7 +232,7 @@ Example: The code indexes past the end of the list on the empty-input test case.
 /// The evaluator prompt of the `no_scoring` ablation: an evaluation that ends in a verdict.
 pub fn verdict_prompt(task: TaskKind, problem: &str, solution: &str, discussion: Option<&str>) -> String {
     let instruction = match task {
-        TaskKind::Coding => VERDICT_CODING,
+        TaskKind::Coding | TaskKind::DataScience => VERDICT_CODING,
         TaskKind::Math | TaskKind::Science => VERDICT_GENERAL,
     };
     evaluator_like(problem, solution, discussion, instruction)

@@ -138,7 +138,7 @@ pub fn is_correct(task: TaskKind, solution: &str, answer: &str) -> Option<bool> 
     match task {
         TaskKind::Math => Some(math::is_equivalent(solution, answer)),
         TaskKind::Science => numeric::science_is_correct(solution, answer),
-        TaskKind::Coding => None,
+        TaskKind::Coding | TaskKind::DataScience => None,
     }
 }
 

@@ -3,13 +3,15 @@ use crate::turn::{Role, SamplingSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The chain of agents. Only MathChat is built; DSBench needs a shared file workspace.
+/// The chain of agents (spec 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pipeline {
     /// Problem Solver → Code Executor (Python) → Verifier.
     #[default]
     MathChat,
+    /// Data Engineer → Modeler → Analyst, all with Python, sharing a file workspace.
+    DsBench,
 }
 
 impl Pipeline {
@@ -17,6 +19,7 @@ impl Pipeline {
     pub fn roles(self) -> &'static [Role] {
         match self {
             Pipeline::MathChat => &[Role::ProblemSolver, Role::CodeExecutor, Role::Verifier],
+            Pipeline::DsBench => &[Role::DataEngineer, Role::Modeler, Role::Analyst],
         }
     }
 
@@ -24,12 +27,30 @@ impl Pipeline {
     pub fn default_max_turns(self) -> Vec<u32> {
         match self {
             Pipeline::MathChat => vec![1, 2, 1],
+            Pipeline::DsBench => vec![4, 4, 4],
+        }
+    }
+
+    /// Wall-clock seconds of one execution (spec 6: 30 / 60).
+    pub fn default_tool_timeout_secs(self) -> f64 {
+        match self {
+            Pipeline::MathChat => 30.0,
+            Pipeline::DsBench => 60.0,
+        }
+    }
+
+    /// The files a role's runs hand back into the shared workspace (spec 6); none for MathChat.
+    pub fn fetch_patterns(self, role: Role) -> &'static [&'static str] {
+        match (self, role) {
+            (Pipeline::DsBench, Role::Analyst) => &["submission.csv", "predictions.csv"],
+            (Pipeline::DsBench, _) => &["*.pkl", "*.joblib", "*.npy", "*.npz"],
+            (Pipeline::MathChat, _) => &[],
         }
     }
 
     /// Whether the role's fenced Python is executed.
     pub fn has_tools(self, role: Role) -> bool {
-        matches!((self, role), (Pipeline::MathChat, Role::CodeExecutor))
+        matches!((self, role), (Pipeline::MathChat, Role::CodeExecutor) | (Pipeline::DsBench, _))
     }
 }
 

@@ -3,7 +3,9 @@
 //! when the chain is done, the coach scores every action in one group, then retries the replies
 //! that lack a score, once.
 use super::coach::{legacy_score, parse_coach};
-use super::config::{CoachFallback, MappaConfig};
+use super::config::{CoachFallback, MappaConfig, Pipeline};
+use super::ds_prompts::{self, DsCoachView, DsView, MODEL_MARK, PREPROCESSING_MARK};
+use super::outcome::{evaluate, DsOutcome};
 use super::prompts::{agent_prompt, coach_prompt, coach_retry_prompt, wants_outcome, CoachView};
 use super::tools::{clip, parse_calls, tool_response, wrap, Calls};
 use super::trajectory::{Action, CoachVerdict, MappaTrajectory};
@@ -11,8 +13,9 @@ use crate::error::WorkflowError;
 use crate::program::{take_replies, Reply, Request};
 use crate::seed::{derive_seed, tag};
 use crate::task::TaskRecord;
-use crate::tool::{ToolRequest, ToolResult};
+use crate::tool::{ToolRequest, ToolResult, WorkspaceFile};
 use crate::turn::{ChatMessage, Role, TurnOutput, TurnRequest};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -41,6 +44,12 @@ pub struct Episode {
     next_call: u32,
     /// Action index of each pending coach turn.
     coached: Vec<usize>,
+    /// DSBench: the shared files (the task's data, then what each agent's runs saved).
+    workspace: BTreeMap<String, Vec<u8>>,
+    /// DSBench: the summaries the Data Engineer and the Modeler printed.
+    preprocessing_summary: Option<String>,
+    model_summary: Option<String>,
+    ds_outcome: Option<DsOutcome>,
 }
 
 /// Renders a context for the coach: each message under its speaker.
@@ -65,6 +74,10 @@ impl Episode {
             next_turn: 0,
             next_call: 0,
             coached: Vec::new(),
+            workspace: question.files.iter().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect(),
+            preprocessing_summary: None,
+            model_summary: None,
+            ds_outcome: None,
         };
         e.open_slot(String::new());
         Ok(e)
@@ -102,9 +115,28 @@ impl Episode {
         })
     }
 
+    fn file_names(&self) -> Vec<String> {
+        self.workspace.keys().cloned().collect()
+    }
+
     fn open_slot(&mut self, upstream: String) {
         let role = self.config.role_at(self.position);
-        self.messages = vec![ChatMessage::user(agent_prompt(role, &self.question.prompt, &upstream))];
+        let prompt = match self.config.pipeline {
+            Pipeline::MathChat => agent_prompt(role, &self.question.prompt, &upstream),
+            Pipeline::DsBench => {
+                let files = self.file_names();
+                let view = DsView {
+                    role,
+                    task: &self.question.prompt,
+                    files: &files,
+                    handoff: &upstream,
+                    preprocessing_summary: self.preprocessing_summary.as_deref(),
+                    model_summary: self.model_summary.as_deref(),
+                };
+                ds_prompts::agent_prompt(&view)
+            }
+        };
+        self.messages = vec![ChatMessage::user(prompt)];
         self.step = 0;
         self.open_action();
     }
@@ -133,7 +165,8 @@ impl Episode {
                 self.acted(request, out);
             }
             Phase::Tools => {
-                let results: Vec<ToolResult> = replies.into_iter().filter_map(|r| if let Reply::Tool(t) = r { Some(t) } else { None }).collect();
+                let mut results: Vec<ToolResult> = replies.into_iter().filter_map(|r| if let Reply::Tool(t) = r { Some(t) } else { None }).collect();
+                self.take_files(&mut results);
                 let a = self.actions.last_mut().expect("tools follow an action");
                 a.tool_runs = results.iter().map(|r| r.failure.clone()).collect();
                 let obs = tool_response(&results, self.config.observation_chars);
@@ -168,6 +201,7 @@ impl Episode {
             malformed_call: matches!(calls, Calls::Malformed(_)),
             observation: None,
             coach: CoachVerdict { process_score: None, outcome: None, retry_attempted: false, fallback_used: false, replies: Vec::new() },
+            workspace: if self.config.pipeline == Pipeline::DsBench { self.file_names() } else { Vec::new() },
         });
         match calls {
             Calls::None => self.end_slot(),
@@ -182,10 +216,33 @@ impl Episode {
                     .map(|code| {
                         let call_index = self.next_call;
                         self.next_call += 1;
-                        Request::Tool(ToolRequest { call_index, code, timeout_secs: self.config.tool_timeout_secs })
+                        Request::Tool(ToolRequest {
+                            call_index,
+                            code,
+                            timeout_secs: self.config.tool_timeout_secs,
+                            // Every run starts from the whole workspace and hands back what its role saves.
+                            files: self.workspace.iter().map(|(name, bytes)| WorkspaceFile { name: name.clone(), bytes: bytes.clone() }).collect(),
+                            fetch: self.config.pipeline.fetch_patterns(role).iter().map(|p| p.to_string()).collect(),
+                        })
                     })
                     .collect();
                 self.phase = Phase::Tools;
+            }
+        }
+    }
+
+    /// DSBench: the files the runs handed back join the workspace (a later run's copy wins), and
+    /// a printed summary is kept for the agents after.
+    fn take_files(&mut self, results: &mut [ToolResult]) {
+        let role = self.config.role_at(self.position);
+        for r in results.iter_mut() {
+            for f in std::mem::take(&mut r.files) {
+                self.workspace.insert(f.name, f.bytes);
+            }
+            match role {
+                Role::DataEngineer => self.preprocessing_summary = ds_prompts::summary(&r.stdout, PREPROCESSING_MARK).or(self.preprocessing_summary.take()),
+                Role::Modeler => self.model_summary = ds_prompts::summary(&r.stdout, MODEL_MARK).or(self.model_summary.take()),
+                _ => {}
             }
         }
     }
@@ -207,6 +264,7 @@ impl Episode {
         let a = self.actions.last().expect("an action was taken");
         let role = self.config.role_at(self.position);
         let handoff = match role {
+            Role::DataEngineer | Role::Modeler | Role::Analyst => ds_prompts::without_thinking(&a.text),
             Role::CodeExecutor => match self.actions.iter().rev().take_while(|x| x.position == a.position).find_map(|x| x.observation.clone()) {
                 Some(obs) => format!("{}\n\n{obs}", a.text),
                 None => a.text.clone(),
@@ -217,6 +275,11 @@ impl Episode {
         if self.position < self.config.pipeline.roles().len() {
             self.open_slot(handoff);
         } else {
+            if self.config.pipeline == Pipeline::DsBench {
+                let ws = &self.workspace;
+                let submission = ["submission.csv", "predictions.csv"].iter().find_map(|n| ws.get(*n)).map(|b| String::from_utf8_lossy(b).into_owned());
+                self.ds_outcome = Some(evaluate(submission.as_deref(), &self.question.answer, &self.question.prompt));
+            }
             self.open_coach((0..self.actions.len()).collect(), false);
         }
     }
@@ -242,7 +305,25 @@ impl Episode {
                 tool_observation: observation.as_deref(),
                 ground_truth: truth.as_deref(),
             };
-            let first = coach_prompt(&view);
+            let first = match self.config.pipeline {
+                Pipeline::MathChat => coach_prompt(&view),
+                Pipeline::DsBench => {
+                    let task_files: Vec<String> = self.question.files.keys().cloned().collect();
+                    let earlier: Vec<String> = a.workspace.iter().filter(|f| !task_files.contains(f)).cloned().collect();
+                    // The outcome block goes to the Analyst's coach only (spec 4).
+                    let metrics = (a.role == Role::Analyst).then(|| self.ds_outcome.as_ref().map(DsOutcome::render)).flatten();
+                    ds_prompts::coach_prompt(&DsCoachView {
+                        task: &self.question.prompt,
+                        role: a.role,
+                        agent_input: view.agent_input,
+                        agent_output: &a.text,
+                        tool_observation: observation.as_deref(),
+                        files_available: &a.workspace,
+                        files_from_previous_agents: &earlier,
+                        metrics: metrics.as_deref(),
+                    })
+                }
+            };
             let messages = if retry {
                 let reply = a.coach.replies.first().cloned().unwrap_or_default();
                 vec![
@@ -298,7 +379,14 @@ impl Episode {
         }
         let last = self.actions.last().filter(|a| a.role == Role::Verifier);
         let outcome_correct = last.and_then(|a| crate::grade::is_correct(self.question.task, &a.text, &self.question.answer));
-        let t = MappaTrajectory { question_id: self.question.id, task: self.question.task, instance: self.instance, actions: self.actions, outcome_correct };
+        let t = MappaTrajectory {
+            question_id: self.question.id,
+            task: self.question.task,
+            instance: self.instance,
+            actions: self.actions,
+            outcome_correct,
+            ds_outcome: self.ds_outcome,
+        };
         t.validate(self.config.pipeline.roles(), &self.config.max_turns).map_err(WorkflowError::MalformedTrajectory)?;
         Ok(t)
     }
@@ -312,7 +400,7 @@ mod tests {
     use crate::turn::FinishReason;
 
     fn question() -> TaskRecord {
-        TaskRecord { prompt: "What is 2+2?".into(), answer: "4".into(), task: TaskKind::Math, id: "q1".into(), source: None }
+        TaskRecord { prompt: "What is 2+2?".into(), answer: "4".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() }
     }
 
     fn reply(r: &Request, text: &str) -> Reply {
@@ -338,6 +426,7 @@ mod tests {
             detail: failure.unwrap_or("").into(),
             stdout: stdout.into(),
             stderr: String::new(),
+            files: Vec::new(),
         })
     }
 
@@ -363,7 +452,10 @@ mod tests {
         assert!(first.messages[0].content.contains("2+2 is 4."));
         e.submit(vec![reply(&p[0], "Check:\n```python\nprint(2+2)\n```")]).unwrap();
         let p = e.pending().to_vec();
-        assert_eq!(p, vec![Request::Tool(ToolRequest { call_index: 0, code: "print(2+2)\n".into(), timeout_secs: 30.0 })]);
+        assert_eq!(
+            p,
+            vec![Request::Tool(ToolRequest { call_index: 0, code: "print(2+2)\n".into(), timeout_secs: 30.0, files: Vec::new(), fetch: Vec::new() })]
+        );
         e.submit(vec![tool(&p[0], "4\n", None)]).unwrap();
         // Action 1 continues the same context, grown by exactly the action and its observation.
         let p = e.pending().to_vec();
@@ -447,5 +539,124 @@ mod tests {
         let m = MappaMetrics::of(&config, &[&t]);
         assert_eq!(m.sandbox_failures, [("process_limit".to_string(), 1), ("timeout".to_string(), 1)].into_iter().collect());
         assert_eq!((m.tool_success_rate.mean, m.coach_fallbacks, m.samples), (Some(0.0), 3, 3));
+    }
+}
+
+#[cfg(test)]
+mod dsbench_tests {
+    use super::*;
+    use crate::task::TaskKind;
+    use crate::turn::FinishReason;
+
+    fn task() -> TaskRecord {
+        let files = [("train.csv".to_string(), "id,x,y\n1,0.1,0\n2,0.9,1\n".to_string()), ("test.csv".to_string(), "id,x\n3,0.2\n4,0.8\n".to_string())];
+        TaskRecord {
+            prompt: "Predict y. Submissions are evaluated on accuracy.".into(),
+            answer: "id,y\n3,0\n4,1\n".into(),
+            task: TaskKind::DataScience,
+            id: "toy".into(),
+            source: None,
+            files: files.into_iter().collect(),
+        }
+    }
+
+    fn act(e: &mut Episode, text: &str) -> TurnRequest {
+        let p = e.pending().to_vec();
+        let Request::Turn(t) = &p[0] else { panic!("expected a turn, got {p:?}") };
+        let out = TurnOutput {
+            turn_index: t.turn_index,
+            text: text.into(),
+            raw_text: text.into(),
+            prompt_ids: vec![1, 2],
+            completion_ids: vec![7, 8],
+            logprobs: vec![-0.5, -0.5],
+            finish_reason: FinishReason::Stop,
+            policy_version: 0,
+            constrained: Vec::new(),
+        };
+        e.submit(vec![Reply::Turn(out)]).unwrap();
+        t.clone()
+    }
+
+    /// Answers the pending run with `stdout` and the files it "saved"; returns the request.
+    fn run(e: &mut Episode, stdout: &str, saved: &[(&str, &str)]) -> ToolRequest {
+        let p = e.pending().to_vec();
+        let Request::Tool(t) = &p[0] else { panic!("expected a tool call, got {p:?}") };
+        let files = saved.iter().map(|(n, b)| WorkspaceFile { name: n.to_string(), bytes: b.as_bytes().to_vec() }).collect();
+        let r = ToolResult { call_index: t.call_index, failure: None, detail: String::new(), stdout: stdout.into(), stderr: String::new(), files };
+        e.submit(vec![Reply::Tool(r)]).unwrap();
+        t.clone()
+    }
+
+    fn names(r: &ToolRequest) -> Vec<&str> {
+        r.files.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_workspace_travels_down_the_chain_and_the_analysts_coach_sees_the_metrics() {
+        let config = MappaConfig { pipeline: Pipeline::DsBench, max_turns: vec![2, 1, 1], tool_timeout_secs: 60.0, ..MappaConfig::default() };
+        let mut e = Episode::new(&config, &task(), 0, 5).unwrap();
+        // Data Engineer: the task's files are there; its run saves the features.
+        let t = act(&mut e, "<think>plan</think>```python\nprint('prep')\n```");
+        assert_eq!(t.role, Role::DataEngineer);
+        assert!(t.messages[0].content.contains("  - test.csv\n  - train.csv"));
+        let r = run(
+            &mut e,
+            "---PREPROCESSING_SUMMARY---\n2 rows, 1 feature\n---END_SUMMARY---\n",
+            &[("X_train.pkl", "a"), ("y_train.pkl", "b"), ("X_test.pkl", "c")],
+        );
+        assert_eq!(
+            (names(&r), r.fetch.clone(), r.timeout_secs),
+            (vec!["test.csv", "train.csv"], vec!["*.pkl".to_string(), "*.joblib".into(), "*.npy".into(), "*.npz".into()], 60.0)
+        );
+        act(&mut e, "<think>ok</think>Saved the features.");
+        // Modeler: the features and the summary reach it, and the hand-off without its thinking.
+        let t = act(&mut e, "```python\nprint('fit')\n```");
+        assert_eq!(t.role, Role::Modeler);
+        let prompt = &t.messages[0].content;
+        assert!(prompt.contains("  - X_test.pkl") && prompt.contains("2 rows, 1 feature") && prompt.contains("last message\nSaved the features."), "{prompt}");
+        let r = run(&mut e, "---MODEL_SUMMARY---\nlogistic, cv 0.9\n---END_SUMMARY---", &[("model.pkl", "m")]);
+        assert_eq!(names(&r), vec!["X_test.pkl", "X_train.pkl", "test.csv", "train.csv", "y_train.pkl"]);
+        // Analyst: both files there (no warning); it writes the submission.
+        let t = act(&mut e, "```python\nprint('predict')\n```");
+        assert!(!t.messages[0].content.contains("WARNING") && t.messages[0].content.contains("logistic, cv 0.9"));
+        let r = run(&mut e, "2 predictions", &[("submission.csv", "id,y\n3,0\n4,0\n")]);
+        assert_eq!(r.fetch, vec!["submission.csv".to_string(), "predictions.csv".into()]);
+        // The coach scores all four actions; only the Analyst's coach reads the metrics.
+        let p = e.pending().to_vec();
+        assert_eq!(p.len(), 4);
+        let coach_prompt = |i: usize| match &p[i] {
+            Request::Turn(t) => t.messages[0].content.clone(),
+            Request::Tool(_) => panic!("coach turns only"),
+        };
+        let analyst = coach_prompt(3);
+        assert!(analyst.contains("Score one action of the analyst") && analyst.contains("  - Accuracy: 0.5000"), "{analyst}");
+        assert!(analyst.contains("## Files saved by earlier agents\n  - X_test.pkl"), "{analyst}");
+        assert!(coach_prompt(0).contains("## Computed metrics\nN/A"));
+        let replies = p.iter().map(|r| match r {
+            Request::Turn(t) => Reply::Turn(TurnOutput {
+                turn_index: t.turn_index,
+                text: "PROCESS_SCORE: 7".into(),
+                raw_text: String::new(),
+                prompt_ids: vec![1],
+                completion_ids: vec![2],
+                logprobs: vec![-0.1],
+                finish_reason: FinishReason::Stop,
+                policy_version: 0,
+                constrained: Vec::new(),
+            }),
+            Request::Tool(_) => unreachable!(),
+        });
+        e.submit(replies.collect()).unwrap();
+        let t = e.into_trajectory().unwrap();
+        let o = t.ds_outcome.as_ref().unwrap();
+        assert!(o.success && o.metrics["accuracy"] == 0.5 && o.task_metric.as_deref() == Some("accuracy"));
+        assert_eq!(t.actions.iter().map(|a| a.role).collect::<Vec<_>>(), vec![Role::DataEngineer, Role::DataEngineer, Role::Modeler, Role::Analyst]);
+        assert_eq!(t.actions[3].workspace.len(), 6);
+        assert!(t.actions.iter().all(|a| a.coach.process_score == Some(7.0)));
+        let m = crate::mappa::MappaMetrics::of(&config, &[&t]);
+        assert_eq!((m.ds_success_rate.mean, m.ds_metrics["accuracy"].mean), (Some(1.0), Some(0.5)));
+        assert_eq!(m.coach_score_by_task_type["classification/data_engineer"].count, 2);
+        assert_eq!(m.coach_score_by_task_type["classification/analyst"].mean, Some(7.0));
     }
 }

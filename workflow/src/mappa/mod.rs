@@ -3,7 +3,8 @@
 //! agent that acted (spec `mappa.md`).
 //!
 //! - `config`: settings and validation;
-//! - `prompts`: the agents' and the coach's prompts;
+//! - `prompts`, `ds_prompts`: the agents' and the coach's prompts (MathChat, DSBench);
+//! - `outcome`: the DSBench submission scored against the hidden answers (spec 7);
 //! - `tools`: finding the tool calls in an action, and the observation turn;
 //! - `coach`: reading the coach's scores;
 //! - `episode`: the chain of one instance as a state machine;
@@ -11,7 +12,9 @@
 //! - `reward`: coach verdicts → per-action rewards, and the step's metrics.
 pub mod coach;
 pub mod config;
+pub mod ds_prompts;
 pub mod episode;
+pub mod outcome;
 pub mod prompts;
 pub mod reward;
 pub mod tools;
@@ -20,5 +23,6 @@ pub mod trajectory;
 pub use coach::{parse_coach, CoachReading};
 pub use config::{CoachFallback, MappaConfig, Pipeline};
 pub use episode::Episode;
+pub use outcome::{DataKind, DsOutcome};
 pub use reward::{action_rewards, ActionReward, MappaMetrics};
 pub use trajectory::{Action, CoachVerdict, MappaTrajectory};

@@ -82,6 +82,12 @@ pub struct MappaMetrics {
     /// Actions whose tool call could not be read.
     pub malformed_calls: u64,
     pub generated_tokens: u64,
+    /// DSBench: share of episodes whose submission was evaluated (spec 7's success), the coach's
+    /// score by task type and role (`classification/analyst`: spec 9 warns of a coach biased by
+    /// task type), and the mean of each computed metric.
+    pub ds_success_rate: Mean,
+    pub coach_score_by_task_type: BTreeMap<String, Mean>,
+    pub ds_metrics: BTreeMap<String, Mean>,
 }
 
 impl MappaMetrics {
@@ -98,7 +104,24 @@ impl MappaMetrics {
         let mut score: BTreeMap<String, Sum> = BTreeMap::new();
         let mut by_role: BTreeMap<String, Sum> = BTreeMap::new();
         let mut per_episode: BTreeMap<String, Sum> = BTreeMap::new();
+        let (mut ds_success, mut by_type, mut ds_metrics) = (Sum::default(), BTreeMap::<String, Sum>::new(), BTreeMap::<String, Sum>::new());
         for t in trajectories {
+            if let Some(o) = &t.ds_outcome {
+                ds_success.push(f64::from(u8::from(o.success)));
+                for (k, v) in &o.metrics {
+                    ds_metrics.entry(k.clone()).or_default().push(*v);
+                }
+                let kind = match o.kind {
+                    Some(crate::mappa::DataKind::Classification) => "classification",
+                    Some(crate::mappa::DataKind::Regression) => "regression",
+                    None => "unknown",
+                };
+                for a in &t.actions {
+                    if let Some(s) = a.coach.process_score {
+                        by_type.entry(format!("{kind}/{}", a.role.as_str())).or_default().push(s);
+                    }
+                }
+            }
             for r in action_rewards(config, t) {
                 match r.reward {
                     Some(v) => {
@@ -146,6 +169,9 @@ impl MappaMetrics {
         m.coach_agreement = agree.mean();
         m.coach_score = score.into_iter().map(|(k, s)| (k, s.mean())).collect();
         m.actions = per_episode.into_iter().map(|(k, s)| (k, s.mean())).collect();
+        m.ds_success_rate = ds_success.mean();
+        m.coach_score_by_task_type = by_type.into_iter().map(|(k, s)| (k, s.mean())).collect();
+        m.ds_metrics = ds_metrics.into_iter().map(|(k, s)| (k, s.mean())).collect();
         m
     }
 }

@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_response_joins_results() {
-        let r = |out: &str| ToolResult { call_index: 0, failure: None, detail: String::new(), stdout: out.into(), stderr: String::new() };
+        let r = |out: &str| ToolResult { call_index: 0, failure: None, detail: String::new(), stdout: out.into(), stderr: String::new(), files: Vec::new() };
         assert_eq!(tool_response(&[r("2"), r("3")], 100), "<tool_response>\n2\n------\n3\n</tool_response>");
         assert_eq!(tool_response(&[r("abcdefghij")], 4), "<tool_response>\nab\n[... 6 characters left out ...]\nij\n</tool_response>");
         assert_eq!(clip("héllo", 5), "héllo");

@@ -45,6 +45,9 @@ pub struct Action {
     /// The tool response the agent (and the coach) read; `None` when it called no tool.
     pub observation: Option<String>,
     pub coach: CoachVerdict,
+    /// DSBench: the files in the shared workspace when the agent acted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspace: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +59,10 @@ pub struct MappaTrajectory {
     /// The last agent's answer graded against the reference (logging only; `None` when the
     /// task has no automatic grader).
     pub outcome_correct: Option<bool>,
+    /// DSBench: the Analyst's submission scored against the hidden answers (spec 7; logging
+    /// and the Analyst's coach only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ds_outcome: Option<super::outcome::DsOutcome>,
 }
 
 impl MappaTrajectory {

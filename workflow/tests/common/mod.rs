@@ -4,7 +4,7 @@ use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan, PlanSeed};
 use comas_workflow::{FinishReason, Role, TaskKind, TaskRecord, TurnOutput, TurnRequest};
 
 pub fn question(id: &str, task: TaskKind) -> TaskRecord {
-    TaskRecord { prompt: format!("  Question {id}?  "), answer: "42".into(), task, id: id.into(), source: None }
+    TaskRecord { prompt: format!("  Question {id}?  "), answer: "42".into(), task, id: id.into(), source: None, files: Default::default() }
 }
 
 pub fn output(req: &TurnRequest, text: &str) -> TurnOutput {
