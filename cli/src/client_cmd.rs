@@ -268,12 +268,24 @@ fn coaching(m: &Value) -> Vec<String> {
     let Some(mm) = comas_workflow::mappa::MappaMetrics::read(m) else { return Vec::new() };
     let by_role: Vec<String> = mm.coach_score.iter().map(|(role, s)| format!("{role} {}", s.mean.map_or("-".into(), |v| format!("{v:.1}")))).collect();
     let share = |s: comas_workflow::mappa::reward::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
-    vec![
+    let mut parts = vec![
         format!("coach {}", by_role.join(" ")),
         format!("scored {}/{}", mm.samples, mm.samples + mm.samples_dropped),
         format!("tool runs ok {} of {}", share(mm.tool_success_rate), mm.tool_calls),
-        format!("answers right {}", share(mm.outcome_accuracy)),
-    ]
+    ];
+    if mm.ds_success_rate.count > 0 {
+        // DSBench: how many submissions could be scored, and their mean accuracy or error.
+        let mut s = format!("submissions scored {}", share(mm.ds_success_rate));
+        for (key, name) in [("accuracy", "accuracy"), ("rmse_pct_range", "RMSE % of range")] {
+            if let Some(v) = mm.ds_metrics.get(key).and_then(|m| m.mean) {
+                s.push_str(&format!(" {name} {v:.2}"));
+            }
+        }
+        parts.push(s);
+    } else {
+        parts.push(format!("answers right {}", share(mm.outcome_accuracy)));
+    }
+    parts
 }
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
@@ -390,6 +402,11 @@ mod tests {
             "step 3 | reward a0=+0.250 | coach problem_solver 2.5 verifier - | scored 11/12 | tool runs ok 75% of 4 | answers right 25% | rollout 20.0s train 10.0s sync 0.5s"
         );
         assert!(coaching(&serde_json::json!({"accuracy": {"last_round": 0.5}})).is_empty());
+        let ds = serde_json::json!({
+            "coach_score": {"analyst": {"mean": 6.0, "count": 2}}, "samples": 2, "tool_calls": 2, "tool_success_rate": {"mean": 1.0, "count": 2},
+            "ds_success_rate": {"mean": 0.5, "count": 2}, "ds_metrics": {"accuracy": {"mean": 0.75, "count": 1}}
+        });
+        assert_eq!(coaching(&ds).last().unwrap(), "submissions scored 50% accuracy 0.75");
     }
 
     #[test]

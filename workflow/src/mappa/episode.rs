@@ -277,7 +277,12 @@ impl Episode {
         } else {
             if self.config.pipeline == Pipeline::DsBench {
                 let ws = &self.workspace;
-                let submission = ["submission.csv", "predictions.csv"].iter().find_map(|n| ws.get(*n)).map(|b| String::from_utf8_lossy(b).into_owned());
+                // The file, else predictions written out in the Analyst's last reply (spec 7.1).
+                let submission = ["submission.csv", "predictions.csv"]
+                    .iter()
+                    .find_map(|n| ws.get(*n))
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .or_else(|| self.actions.last().and_then(|a| super::outcome::predictions_in_text(&a.text)));
                 self.ds_outcome = Some(evaluate(submission.as_deref(), &self.question.answer, &self.question.prompt));
             }
             self.open_coach((0..self.actions.len()).collect(), false);

@@ -111,6 +111,15 @@ pub fn roc_auc(truth: &[bool], scores: &[f64]) -> Option<f64> {
     Some((rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg))
 }
 
+/// The last fenced ```` ```csv ```` block of a reply: the predictions an Analyst wrote out in
+/// its text when it saved no file (spec 7.1's last fallback).
+pub fn predictions_in_text(text: &str) -> Option<String> {
+    let start = text.rfind("```csv")? + "```csv".len();
+    let rest = &text[start..];
+    let end = rest.find("```")?;
+    Some(rest[..end].trim().to_string()).filter(|s| s.contains(','))
+}
+
 /// Scores `submission` (the Analyst's CSV: an id column and a prediction column) against
 /// `answers` (the test ids and their true targets); `description` names the task's metric.
 pub fn evaluate(submission: Option<&str>, answers: &str, description: &str) -> DsOutcome {
@@ -326,6 +335,16 @@ mod tests {
         assert!((o.metrics["rmse_pct_range"] - 100.0 * 4.8f64.sqrt() / 40.0).abs() < 1e-9);
         assert_eq!((o.metrics["target_q25"], o.metrics["target_median"], o.metrics["target_q75"]), (20.0, 30.0, 40.0));
         assert!(o.render().contains("Target statistics: min 10.0000, max 50.0000"));
+    }
+
+    #[test]
+    fn predictions_written_in_the_text_are_the_last_csv_block() {
+        let text = "Here they are:\n```csv\nid,y\n1,0\n```\nand corrected:\n```csv\nid,y\n1,1\n2,0\n```\n";
+        assert_eq!(predictions_in_text(text).as_deref(), Some("id,y\n1,1\n2,0"));
+        assert_eq!(predictions_in_text("no block"), None);
+        assert_eq!(predictions_in_text("```csv\nunfinished"), None);
+        let o = evaluate(predictions_in_text(text).as_deref(), "id,y\n1,1\n2,1\n", "");
+        assert_eq!(o.metrics["accuracy"], 0.5);
     }
 
     #[test]
