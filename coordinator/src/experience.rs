@@ -207,6 +207,7 @@ pub fn make_step(
                     .iter()
                     .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
                     .collect(),
+                norm_group: String::new(),
             });
             for tally in [&mut agents[turn.agent as usize], &mut total] {
                 tally.reward.entry(turn.role).or_default().push(reward);

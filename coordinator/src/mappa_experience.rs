@@ -3,7 +3,7 @@
 //! the coach could not score are left out and counted. Pure code, no I/O.
 use crate::experience::{finish, prompt_group, StepBatch};
 use comas_proto::v1 as pb;
-use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory};
+use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory, NormScope};
 use comas_workflow::WorkflowError;
 use serde::Serialize;
 
@@ -71,6 +71,10 @@ pub fn make_mappa_step(
                     .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
                     .collect(),
                 temperature: Some(config.sampling_for(a.role).temperature).filter(|&t| t > 0.0),
+                norm_group: match config.norm_scope {
+                    NormScope::PerAgent => String::new(),
+                    NormScope::PerAgentRole => a.role.as_str().to_string(),
+                },
             });
         }
     }
@@ -139,6 +143,12 @@ mod tests {
         assert_eq!(b.metrics["agents"][1]["samples_dropped"], 1);
         assert_eq!(b.metrics["coach_score"]["verifier"]["mean"], 10.0);
         assert_eq!(b.metrics["method"], "mappa");
+        // Whitening partitions: the whole agent by default, or each of its roles.
+        assert!(b.per_agent.iter().flatten().all(|e| e.norm_group.is_empty()));
+        let by_role = MappaConfig { norm_scope: NormScope::PerAgentRole, ..config.clone() };
+        let r = make_mappa_step(&[("e1".into(), t.clone())], &by_role, 3, Some(&[3, 3, 3])).unwrap();
+        let groups: Vec<&str> = r.per_agent.iter().flatten().map(|e| e.norm_group.as_str()).collect();
+        assert_eq!(groups, vec!["problem_solver", "code_executor", "verifier"]);
         let err = make_mappa_step(&[("e1".into(), t)], &config, 3, Some(&[3, 4, 3])).unwrap_err().to_string();
         assert!(err.contains("turn 1 (code_executor of agent 1) was sampled with policy version 3, but this step uses version 4"), "{err}");
     }

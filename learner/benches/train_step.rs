@@ -70,6 +70,7 @@ fn main() {
             policy_version: None,
             constrained: Vec::new(),
             temperature: None,
+            norm_group: String::new(),
         })
         .collect();
     let batch_file = work.join("batch.jsonl");

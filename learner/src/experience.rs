@@ -41,6 +41,9 @@ pub struct Experience {
     /// The sampling temperature; log-probs are computed at it (default: the config's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// Whitening partition (empty: the whole batch); see `rl::compute_advantages`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub norm_group: String,
 }
 
 pub use comas_model::guide::Constrained;

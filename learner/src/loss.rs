@@ -64,7 +64,15 @@ mod tests {
     fn run(cfg: &TrainConfig, truncated: [bool; 3], micro: Option<&[&[usize]]>) -> (f64, f64, Vec<Vec<f64>>) {
         let (o, rf) = (old(), reference());
         let samples: Vec<SampleInput> = (0..3)
-            .map(|i| SampleInput { reward: R[i], token_rewards: None, group: "g", truncated: truncated[i], old_logprobs: &o[i], ref_logprobs: Some(&rf[i]) })
+            .map(|i| SampleInput {
+                reward: R[i],
+                token_rewards: None,
+                group: "g",
+                norm_group: "",
+                truncated: truncated[i],
+                old_logprobs: &o[i],
+                ref_logprobs: Some(&rf[i]),
+            })
             .collect();
         let adv = compute_advantages(&samples, cfg);
         let th = theta();

@@ -23,6 +23,9 @@ pub struct SampleInput<'a> {
     /// Per-token rewards (process rewards) added on top of the scalar reward, if any.
     pub token_rewards: Option<&'a [f64]>,
     pub group: &'a str,
+    /// Whitening partition: advantages are whitened with the samples of the same norm group
+    /// (empty for all: the whole batch, rl.md's default).
+    pub norm_group: &'a str,
     /// Ended without a stop token.
     pub truncated: bool,
     /// ℓ^old per response token.
@@ -127,22 +130,34 @@ pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advanta
     let mut stats = AdvantageStats { singleton_groups, kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 }, ..Default::default() };
     let advantages = if cfg.estimator.whitens() {
         let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
-        let (mut sum, mut n) = (0.0, 0.0);
-        for (i, g) in returns.iter().enumerate().filter(|(i, _)| in_stats(*i)) {
-            let _ = i;
-            sum += g.iter().sum::<f64>();
-            n += g.len() as f64;
-        }
-        let mean = if n > 0.0 { sum / n } else { 0.0 };
-        let var = if n > 0.0 {
-            returns.iter().enumerate().filter(|(i, _)| in_stats(*i)).flat_map(|(_, g)| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() / n
-        } else {
-            0.0
+        // Mean and variance over the tokens of the samples `members` picks (in the stats mask).
+        let moments = |members: &dyn Fn(usize) -> bool| {
+            let picked = || returns.iter().enumerate().filter(|(i, _)| in_stats(*i) && members(*i)).map(|(_, g)| g);
+            // Summed per sample, then over samples: the order the PyTorch reference sums in.
+            let (sum, n) = picked().fold((0.0, 0.0), |(s, n), g| (s + g.iter().sum::<f64>(), n + g.len() as f64));
+            let mean = if n > 0.0 { sum / n } else { 0.0 };
+            let var = if n > 0.0 { picked().flat_map(|g| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() / n } else { 0.0 };
+            (mean, var)
         };
+        let (mean, var) = moments(&|_| true);
         stats.return_mean = mean;
         stats.return_std = var.sqrt();
-        let scale = if cfg.no_std_norm { 1.0 } else { 1.0 / var.max(1e-8).sqrt() };
-        returns.iter().map(|g| g.iter().map(|x| (x - mean) * scale).collect()).collect()
+        let mut by_group: std::collections::HashMap<&str, (f64, f64)> = Default::default();
+        for s in samples {
+            if !by_group.contains_key(s.norm_group) {
+                let key = s.norm_group;
+                by_group.insert(key, moments(&|i| samples[i].norm_group == key));
+            }
+        }
+        samples
+            .iter()
+            .zip(&returns)
+            .map(|(s, g)| {
+                let (mean, var) = by_group[s.norm_group];
+                let scale = if cfg.no_std_norm { 1.0 } else { 1.0 / var.max(1e-8).sqrt() };
+                g.iter().map(|x| (x - mean) * scale).collect()
+            })
+            .collect()
     } else {
         returns.clone()
     };
@@ -228,6 +243,7 @@ mod tests {
             reward,
             token_rewards: None,
             group: "unique",
+            norm_group: "",
             truncated: false,
             old_logprobs: old,
             ref_logprobs: Some(reference),
@@ -240,6 +256,20 @@ mod tests {
         assert_eq!(round(&out.advantages[0]), [0.99339, 1.00659]);
         assert_eq!(round(&out.advantages[1]), [-0.99999, -0.99999]);
         assert_eq!(round(&[out.stats.kl_in_reward_mean])[0], 0.1);
+        // `per_agent_role`: the same agent also played a second role, whose action C scored 2
+        // (old = ref, so G = [0.2, 0.2]). Pooled, C shifts A and B; by role, A and B whiten
+        // exactly as above and C, alone in its role, gets 0 (its std floors at 1e-4).
+        const FLAT: [f64; 2] = [-0.4, -0.4];
+        let c = SampleInput { norm_group: "verifier", ..sample(0.1 * 2.0, &FLAT, &FLAT) };
+        let (a, b) = (SampleInput { norm_group: "solver", ..sample(0.7, &OLD_A, &REF_A) }, SampleInput { norm_group: "solver", ..sample(0.4, &OLD_B, &REF_B) });
+        let split = compute_advantages(&[a.clone(), b.clone(), c.clone()], &cfg);
+        assert_eq!(round(&split.advantages[0]), [0.99339, 1.00659]);
+        assert_eq!(round(&split.advantages[1]), [-0.99999, -0.99999]);
+        assert_eq!(round(&split.advantages[2]), [0.0, 0.0]);
+        let pooled = compute_advantages(&[SampleInput { norm_group: "", ..a }, SampleInput { norm_group: "", ..b }, SampleInput { norm_group: "", ..c }], &cfg);
+        assert!(pooled.advantages[2][0] < -1.0, "{:?}", pooled.advantages);
+        // The logged statistics stay the whole batch's.
+        assert_eq!(split.stats.return_mean, pooled.stats.return_mean);
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
             }
             t => t,
         },
+        norm_group: m.norm_group,
     })
 }
 

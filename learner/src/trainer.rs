@@ -398,6 +398,7 @@ impl Trainer {
                 reward: e.scalar_reward(),
                 token_rewards: e.token_rewards.as_deref(),
                 group: &e.group,
+                norm_group: &e.norm_group,
                 truncated: e.finish_reason == Finish::Length,
                 old_logprobs: &old[i],
                 ref_logprobs: reference.as_ref().map(|r| r[i].as_slice()),

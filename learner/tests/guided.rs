@@ -52,6 +52,7 @@ fn guided_batch(temperature: f64) -> Vec<Experience> {
                 policy_version: None,
                 constrained: c.constrained,
                 temperature: None,
+                norm_group: String::new(),
             }
         })
         .collect()

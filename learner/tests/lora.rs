@@ -20,6 +20,7 @@ fn batch() -> Vec<Experience> {
             policy_version: None,
             constrained: Vec::new(),
             temperature: None,
+            norm_group: String::new(),
         })
         .collect()
 }

@@ -42,6 +42,7 @@ fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
             policy_version: Some(0),
             constrained: Vec::new(),
             temperature: None,
+            norm_group: String::new(),
         })
         .collect()
 }
@@ -83,6 +84,7 @@ fn mean_reward_rises_on_a_toy_task() {
                 policy_version: Some(step),
                 constrained: Vec::new(),
                 temperature: None,
+                norm_group: String::new(),
             })
             .collect();
         means.push(batch.iter().map(|e| e.scalar_reward()).sum::<f64>() / batch.len() as f64);

@@ -54,6 +54,17 @@ impl Pipeline {
     }
 }
 
+/// Which samples an agent's advantages are whitened with (spec 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormScope {
+    /// All of the agent's samples in the step (the reference code's).
+    #[default]
+    PerAgent,
+    /// The agent's samples of the same role (an agent that plays several roles).
+    PerAgentRole,
+}
+
 /// What an action gets when the coach gives no score even after the format retry (spec 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -91,6 +102,7 @@ pub struct MappaConfig {
     /// Characters of a tool observation the coach sees (spec 4: 2000).
     pub coach_observation_chars: usize,
     pub coach_fallback: CoachFallback,
+    pub norm_scope: NormScope,
     /// R = process_weight · reward_scale · score + outcome_weight · outcome (spec 5).
     pub reward_scale: f64,
     pub process_weight: f64,
@@ -114,6 +126,7 @@ impl Default for MappaConfig {
             observation_chars: 4000,
             coach_observation_chars: 2000,
             coach_fallback: CoachFallback::Drop,
+            norm_scope: NormScope::PerAgent,
             reward_scale: 0.1,
             process_weight: 1.0,
             outcome_weight: 0.0,

@@ -21,7 +21,7 @@ pub mod tools;
 pub mod trajectory;
 
 pub use coach::{parse_coach, CoachReading};
-pub use config::{CoachFallback, MappaConfig, Pipeline};
+pub use config::{CoachFallback, MappaConfig, NormScope, Pipeline};
 pub use episode::Episode;
 pub use outcome::{DataKind, DsOutcome};
 pub use reward::{action_rewards, ActionReward, MappaMetrics};
