@@ -411,8 +411,9 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timed_out_leases_are_copied_and_only_one_result_counts() {
     let dir = tempfile::tempdir().unwrap();
-    // 150-token turns: an episode takes a few seconds here, past the 1 s lease timeout.
-    let c = Cluster::with_flags(dir.path(), 2, 150, &["--episode-timeout-secs", "1"], false);
+    // 400-token turns: an episode takes seconds here, well past the 1 s lease timeout even on a
+    // fast, idle machine (150-token turns finished inside it when the test ran alone).
+    let c = Cluster::with_flags(dir.path(), 2, 400, &["--episode-timeout-secs", "1"], false);
     let id = c.submit().await;
     c.finished(&id).await;
     c.check_complete_run().await;
@@ -979,6 +980,7 @@ async fn an_evaluation_on_the_cluster_workers_makes_the_calls_of_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::launch(dir.path(), Vec::new(), 2, &[], 1, &[]);
     let url = format!("http://127.0.0.1:{}", cluster.coord_port);
+    cluster.client().await;
     let here = dir.path().join("here");
     let o = tokio::task::block_in_place(|| eval_cmd(&here, None, &[]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -1221,6 +1223,8 @@ async fn a_rerun_picks_up_the_evaluation_job_of_an_interrupted_run() {
             .stderr(Stdio::piped());
         c
     };
+    // The client does not wait for a coordinator that is still starting: wait here.
+    let mut c = cluster.client().await;
     let part = dir.path().join("part");
     let mut first = eval(&part).spawn().unwrap();
     let pending = part.join("remote-vanilla.json");
@@ -1233,7 +1237,6 @@ async fn a_rerun_picks_up_the_evaluation_job_of_an_interrupted_run() {
     first.wait().unwrap();
     let text = std::fs::read_to_string(&pending).unwrap();
     let id = serde_json::from_str::<Value>(&text).unwrap()["job_id"].as_str().unwrap().to_string();
-    let mut c = cluster.client().await;
     c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
     cluster.wait_for(&id, 30, "the cancel", |s| s.state == pb::JobState::Cancelled as i32).await;
     cluster.add_worker();

@@ -1,5 +1,6 @@
 //! Prompts of the DSBench chain and its coach, in our own words (spec 3.1 and 4 list what they
 //! must contain). The agents share a file workspace: what one saves, the next finds.
+use super::prompts::CoachView;
 use crate::turn::Role;
 
 /// What a DSBench agent is told.
@@ -119,13 +120,10 @@ pub fn agent_prompt(v: &DsView<'_>) -> String {
     p
 }
 
-/// What the DSBench coach is told about one action.
+/// What the DSBench coach is told about one action: what every coach is told, and the files.
 pub struct DsCoachView<'a> {
-    pub task: &'a str,
-    pub role: Role,
-    pub agent_input: &'a str,
-    pub agent_output: &'a str,
-    pub tool_observation: Option<&'a str>,
+    /// The task (as `problem`), the role, the context, the action and its tool output.
+    pub action: &'a CoachView<'a>,
     /// Files the agent could use, and files agents before it saved.
     pub files_available: &'a [String],
     pub files_from_previous_agents: &'a [String],
@@ -134,7 +132,8 @@ pub struct DsCoachView<'a> {
 }
 
 pub fn coach_prompt(v: &DsCoachView<'_>) -> String {
-    let observation = v.tool_observation.unwrap_or("(no code was run in this action)");
+    let a = v.action;
+    let observation = a.tool_observation.unwrap_or("(no code was run in this action)");
     let metrics = v.metrics.unwrap_or("N/A");
     format!(
         "You coach a chain of three agents that solve a data science task with Python, sharing a folder of files:\n\
@@ -159,12 +158,12 @@ pub fn coach_prompt(v: &DsCoachView<'_>) -> String {
          ## What the agent was given\n{input}\n\n## The agent's action\n{output}\n\n## Execution output\n{observation}\n\n## Computed metrics\n{metrics}\n\n\
          Write 3 to 5 sentences: which files were there, whether the code ran, which files it saved, and who is to blame for any failure. Then end with the line\n\
          PROCESS_SCORE: <0-10>\n",
-        role = v.role.as_str(),
-        task = v.task,
+        role = a.role.as_str(),
+        task = a.problem,
         available = file_list(v.files_available),
         previous = file_list(v.files_from_previous_agents),
-        input = v.agent_input,
-        output = v.agent_output,
+        input = a.agent_input,
+        output = a.agent_output,
     )
 }
 
@@ -193,16 +192,8 @@ mod tests {
         let p =
             agent_prompt(&DsView { role: Role::DataEngineer, task: "t", files: &files, handoff: "Saved.", preprocessing_summary: None, model_summary: None });
         assert!(p.contains(PREPROCESSING_MARK) && !p.contains("WARNING"));
-        let c = coach_prompt(&DsCoachView {
-            task: "t",
-            role: Role::Modeler,
-            agent_input: "in",
-            agent_output: "out",
-            tool_observation: None,
-            files_available: &files,
-            files_from_previous_agents: &[],
-            metrics: None,
-        });
+        let action = CoachView { problem: "t", role: Role::Modeler, agent_input: "in", agent_output: "out", tool_observation: None, ground_truth: None };
+        let c = coach_prompt(&DsCoachView { action: &action, files_available: &files, files_from_previous_agents: &[], metrics: None });
         assert!(c.contains("Score one action of the modeler") && c.contains("model.pkl missing is the modeler's fault") && c.contains("PROCESS_SCORE: <0-10>"));
     }
 }

@@ -318,11 +318,7 @@ impl Episode {
                     // The outcome block goes to the Analyst's coach only (spec 4).
                     let metrics = (a.role == Role::Analyst).then(|| self.ds_outcome.as_ref().map(DsOutcome::render)).flatten();
                     ds_prompts::coach_prompt(&DsCoachView {
-                        task: &self.question.prompt,
-                        role: a.role,
-                        agent_input: view.agent_input,
-                        agent_output: &a.text,
-                        tool_observation: observation.as_deref(),
+                        action: &view,
                         files_available: &a.workspace,
                         files_from_previous_agents: &earlier,
                         metrics: metrics.as_deref(),
