@@ -63,24 +63,6 @@ PY
   mv "$out/train.jsonl.part" "$out/train.jsonl"
 fi
 
-# One agent: a LoRA adapter on the shared base.
-agent() {
-  cat <<EOF
-
-[[agents]]
-model = "$model"
-[agents.train]
-lr = 3e-4
-dtype = "bfloat16"
-train_batch_size = $1
-micro_batch_size = 12
-gradient_checkpointing = false
-[agents.train.lora]
-r = 16
-alpha = 32.0
-target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]
-EOF
-}
 
 job_file() { # arm seed
   local arm=$1 seed=$2 variant="" reward="" evals=1 judge_tag=""
@@ -154,8 +136,8 @@ every_steps = $eval_every
 temperature = 0.7
 greedy = true
 EOF
-  agent "$per_agent"
-  agent "$per_agent"
+  lora_agent "$per_agent" 12
+  lora_agent "$per_agent" 12
 }
 
 for seed in $seeds; do
@@ -167,10 +149,7 @@ for seed in $seeds; do
     fi
     job_file "$arm" "$seed" > "$dir/job.toml"
     echo "== arm $arm, seed $seed: $steps steps ($(date -u +%H:%M:%S))" >&2
-    start=$(date +%s)
-    "$comas" local "$dir/job.toml" --workers 1 --worker-threads 2 --threads-per-process 1 --dir "$dir/run" > "$dir/local.log" 2>&1
-    echo $(($(date +%s) - start)) > "$dir/wall_seconds"
-    touch "$dir/done"
+    run_local_once "$dir/job.toml" "$dir"
   done
 done
 

@@ -47,23 +47,6 @@ PY
   mv "$out/train.jsonl.part" "$out/train.jsonl"
 fi
 
-agent() {
-  cat <<AGENT
-
-[[agents]]
-model = "$model"
-[agents.train]
-lr = 3e-4
-dtype = "bfloat16"
-train_batch_size = $((questions * 2))
-micro_batch_size = $((questions * 2))
-gradient_checkpointing = false
-[agents.train.lora]
-r = 16
-alpha = 32.0
-target_modules = ["q_proj", "k_proj", "v_proj", "o_proj"]
-AGENT
-}
 
 job="$out/job.toml"
 cat > "$job" <<JOB
@@ -120,14 +103,11 @@ temperature = 0.6
 name = "coach"
 model = "$model"
 JOB
-for _ in 0 1 2; do agent >> "$job"; done
+for _ in 0 1 2; do lora_agent $((questions * 2)) $((questions * 2)) >> "$job"; done
 
 if [ ! -f "$out/done" ] && [ -z "${REPORT_ONLY:-}" ]; then
   echo "== MAPPA on SmolLM2: $steps steps ($(date -u +%H:%M:%S))" >&2
-  start=$(date +%s)
-  "$comas" local "$job" --workers 1 --worker-threads 2 --threads-per-process 1 --dir "$out/run" > "$out/local.log" 2>&1
-  echo $(($(date +%s) - start)) > "$out/wall_seconds"
-  touch "$out/done"
+  run_local_once "$job" "$out"
 fi
 
 metrics="$out/out/metrics.jsonl"
