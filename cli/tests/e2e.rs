@@ -1282,7 +1282,7 @@ async fn a_dsbench_chain_shares_its_workspace_and_its_submission_is_scored() {
     let tail = |role: &str, re: &str| format!("[mappa.role_sampling.{role}]\nmax_new_tokens = 200\nmin_new_tokens = 0\nguided_suffix = '''{re}'''\n");
     let job = format!(
         "name = \"dsbench-e2e\"\nseed = 5\nmethod = \"mappa\"\n[data]\ntrain = \"tasks.jsonl\"\nshuffle = false\n[schedule]\nquestions_per_step = 2\nsteps = 1\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\nsave_episodes = true\n\
-         [mappa]\npipeline = \"ds_bench\"\nagents = [0, 1, 0]\nmax_turns = [1, 1, 1]\ninstances_per_question = 2\ntool_timeout_secs = 20.0\n\
+         [mappa]\npipeline = \"ds_bench\"\nagents = [0, 1, 0]\nmax_turns = [1, 1, 1]\ninstances_per_question = 2\ntool_timeout_secs = 20.0\nnorm_scope = \"global\"\n\
          [mappa.coach_sampling]\ntemperature = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = 'PROCESS_SCORE:[0-9]'\n{}{}{}\
          [[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n{}{}",
         tail("data_engineer", DS_ENGINEER),
@@ -1310,6 +1310,26 @@ async fn a_dsbench_chain_shares_its_workspace_and_its_submission_is_scored() {
     };
     let want = (positives(two[0]) + positives(two[1])) / 2.0;
     assert!((m["ds_metrics"]["accuracy"]["mean"].as_f64().unwrap() - want).abs() < 1e-12, "{m}");
+    // `norm_scope = "global"`: both learners whitened with the moments of all their returns,
+    // pooled by the coordinator; recomputed here from each learner's own moments.
+    let own: Vec<(f64, f64, f64)> = (0..2)
+        .map(|k| {
+            let t = &m["agents"][k]["train"];
+            let g = &t["return_moments"][""];
+            (g["count"].as_f64().unwrap(), g["mean"].as_f64().unwrap(), t["advantage_mean"].as_f64().unwrap())
+        })
+        .collect();
+    let tokens: f64 = own.iter().map(|o| o.0).sum();
+    let mean = own.iter().map(|o| o.0 * o.1).sum::<f64>() / tokens;
+    let p = &m["pooled_whitening"]["all"];
+    assert_eq!(p["tokens"].as_f64(), Some(tokens), "{p}");
+    assert!((p["mean"].as_f64().unwrap() - mean).abs() < 1e-9, "{p}");
+    let std = p["std"].as_f64().unwrap();
+    for (k, (_, own_mean, advantage_mean)) in own.iter().enumerate() {
+        let want = (own_mean - mean) / std;
+        assert!((advantage_mean - want).abs() < 1e-6, "agent {k}: advantage mean {advantage_mean}, pooled offset {want}");
+    }
+    assert!(own.iter().any(|o| o.2.abs() > 1e-3), "the pooled whitening moved some agent's mean advantage: {own:?}");
     let text = std::fs::read_to_string(d.join("out/episodes/step-00000.jsonl")).unwrap();
     for line in text.lines() {
         let r: Value = serde_json::from_str(line).unwrap();

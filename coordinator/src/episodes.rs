@@ -174,7 +174,7 @@ pub(crate) fn make_batch(
                 .collect::<Result<Vec<_>>>()?;
             let metrics = serde_json::to_value(EvalRunMetrics::of(transcripts)).map_err(|e| CoordinatorError::Other(e.to_string()))?;
             // Nothing trains: the graded answers go back to the client, which grades them.
-            Ok(StepBatch { per_agent: Vec::new(), metrics })
+            Ok(StepBatch { per_agent: Vec::new(), metrics, pooled_whitening: false })
         }
     };
     made.map_err(|e| CoordinatorError::Rollout(e.to_string()))

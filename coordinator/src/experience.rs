@@ -25,6 +25,9 @@ pub struct StepBatch {
     pub per_agent: Vec<Vec<pb::Experience>>,
     /// Step metrics (without timings and training reports).
     pub metrics: Value,
+    /// Whiten every agent's advantages with return moments pooled over all agents (MAPPA's
+    /// `global` scope) instead of each agent's own.
+    pub pooled_whitening: bool,
 }
 
 #[derive(Default)]
@@ -254,7 +257,7 @@ pub fn make_step(
         agents: agents.iter().enumerate().map(|(k, a)| ComasAgentFigures { figures: a.figures(), agent: k as u32 }).collect(),
     };
     let metrics = serde_json::to_value(&metrics).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
-    Ok(StepBatch { per_agent, metrics })
+    Ok(StepBatch { per_agent, metrics, pooled_whitening: false })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use crate::learners::LearnerLink;
 use crate::progress::{Reporter, Update};
 use comas_proto::v1 as pb;
 use comas_workflow::job::Job;
+use comas_workflow::moments::Moments;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,32 +52,62 @@ pub(crate) async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) 
 /// the job fails.
 pub(crate) const MAX_LEARNER_MOVES: u32 = 5;
 
-/// Trains one learner on its turns of `step`, saves a checkpoint if due, and publishes version
-/// `step + 1`. Every call names the learner step it expects, so a learner that restarts in
-/// between (from an older or a newer checkpoint) is checked again and the rest planned again:
-/// a step is never trained twice, and the version published is always the step's.
-pub(crate) async fn train_learner(
+/// What a learner is asked for in a step.
+enum StepCall<'a> {
+    /// The moments of its returns (the first half of a step whitened over all agents).
+    Moments,
+    /// Train (with `pooled` moments, if any), checkpoint if due, publish.
+    Train { pooled: &'a [pb::GroupMoments], checkpoint: bool },
+}
+
+enum StepAnswer {
+    Moments(Vec<pb::GroupMoments>),
+    Trained(Option<pb::TrainReport>, pb::WeightsPublished),
+}
+
+/// One try of `call` on a learner at training step `at` (`step`, or `step + 1` when it has
+/// trained the step already).
+async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exps: &[pb::Experience], step: u64, at: u64) -> Result<StepAnswer> {
+    match call {
+        StepCall::Moments if at != step + 1 => Ok(StepAnswer::Moments(link.moments(step_id, exps, Some(step), Some(step)).await?)),
+        // A learner that trained the step kept its moments in the step's report.
+        StepCall::Moments => match link.report(step_id).await? {
+            Some(r) => Ok(StepAnswer::Moments(r.return_moments)),
+            None => Err(CoordinatorError::Learner {
+                agent: link.agent,
+                address: link.address.clone(),
+                message: format!(
+                    "it trained step {step} already but keeps no report of it, so its return moments are lost and the other agents cannot be whitened with them; resume the job with every learner restarted from the checkpoint of step {step}"
+                ),
+            }),
+        },
+        StepCall::Train { pooled, checkpoint } => {
+            // A step this learner already trained is not trained again; its report comes from
+            // the learner's memory (kept in its checkpoints) if it still has it.
+            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step), pooled).await?) };
+            if *checkpoint {
+                link.save(Some(step + 1)).await?;
+            }
+            Ok(StepAnswer::Trained(report, link.publish(Some(step + 1)).await?))
+        }
+    }
+}
+
+/// Runs `call` on a learner thought to be at training step `at`; when the learner has moved
+/// to another step (restarted from an older or a newer checkpoint) it is checked again and the
+/// call planned again for the step it is at.
+async fn despite_moves(
     link: &mut LearnerLink,
     job: &Job,
+    call: StepCall<'_>,
     step_id: &str,
     exps: &[pb::Experience],
     step: u64,
-    checkpoint: bool,
     mut at: u64,
-) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
+) -> Result<StepAnswer> {
     let mut moves = 0;
     loop {
-        let attempt = async {
-            // A step this learner already trained is not trained again; its report comes from
-            // the learner's memory (kept in its checkpoints) if it still has it.
-            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step)).await?) };
-            if checkpoint {
-                link.save(Some(step + 1)).await?;
-            }
-            Ok::<_, CoordinatorError>((report, link.publish(Some(step + 1)).await?))
-        }
-        .await;
-        match attempt {
+        match attempt(link, &call, step_id, exps, step, at).await {
             Err(CoordinatorError::LearnerMoved { message, .. }) if moves < MAX_LEARNER_MOVES => {
                 moves += 1;
                 tracing::warn!(agent = link.agent, step, "{message}; checking the learner again");
@@ -85,6 +116,55 @@ pub(crate) async fn train_learner(
             other => return other,
         }
     }
+}
+
+/// Trains one learner on its turns of `step`, saves a checkpoint if due, and publishes version
+/// `step + 1`. Every call names the learner step it expects, so a learner that restarts in
+/// between (from an older or a newer checkpoint) is checked again and the rest planned again:
+/// a step is never trained twice, and the version published is always the step's. Norm groups
+/// in `pooled` are whitened with those moments (pooled over every learner's `learner_moments`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn train_learner(
+    link: &mut LearnerLink,
+    job: &Job,
+    step_id: &str,
+    exps: &[pb::Experience],
+    step: u64,
+    checkpoint: bool,
+    at: u64,
+    pooled: &[pb::GroupMoments],
+) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
+    match despite_moves(link, job, StepCall::Train { pooled, checkpoint }, step_id, exps, step, at).await? {
+        StepAnswer::Trained(report, published) => Ok((report, published)),
+        StepAnswer::Moments(_) => unreachable!("a Train call answers with a report"),
+    }
+}
+
+/// The moments of one learner's returns for `step`, per norm group: computed by a learner at
+/// the step (which keeps its log-probs for the Train that follows), or taken from the report of
+/// one that trained the step already.
+pub(crate) async fn learner_moments(
+    link: &mut LearnerLink,
+    job: &Job,
+    step_id: &str,
+    exps: &[pb::Experience],
+    step: u64,
+    at: u64,
+) -> Result<Vec<pb::GroupMoments>> {
+    match despite_moves(link, job, StepCall::Moments, step_id, exps, step, at).await? {
+        StepAnswer::Moments(m) => Ok(m),
+        StepAnswer::Trained(..) => unreachable!("a moments call answers with moments"),
+    }
+}
+
+/// Moments pooled per norm group over every learner's.
+pub(crate) fn pool_moments(parts: &[Vec<pb::GroupMoments>]) -> Vec<pb::GroupMoments> {
+    let mut pooled: std::collections::BTreeMap<&str, Moments> = Default::default();
+    for g in parts.iter().flatten() {
+        let m = pooled.entry(g.norm_group.as_str()).or_default();
+        *m = m.merge(Moments { count: g.count, mean: g.mean, m2: g.m2 });
+    }
+    pooled.into_iter().map(|(g, m)| pb::GroupMoments { norm_group: g.to_string(), count: m.count, mean: m.mean, m2: m.m2 }).collect()
 }
 
 /// One learner's share of the training stage, as far as the coordinator knows it.

@@ -106,18 +106,50 @@ impl LearnerLink {
 
     /// Trains one step; `step_id` makes a retry after a dropped connection harmless. With
     /// `version`, the learner refuses the step unless every experience was sampled with it;
-    /// with `at_step`, unless it is at that training step (`LearnerMoved` otherwise).
-    pub async fn train(&mut self, step_id: &str, experiences: &[pb::Experience], version: Option<u64>, at_step: Option<u64>) -> Result<pb::TrainReport> {
-        let header = pb::TrainRequest {
-            item: Some(pb::train_request::Item::Header(pb::TrainHeader {
-                step_id: step_id.to_string(),
-                num_experiences: experiences.len() as u32,
-                expected_version: version,
-                report_only: false,
-                at_step,
-            })),
+    /// with `at_step`, unless it is at that training step (`LearnerMoved` otherwise). Norm groups
+    /// named in `pooled` are whitened with those moments instead of the learner's own.
+    pub async fn train(
+        &mut self,
+        step_id: &str,
+        experiences: &[pb::Experience],
+        version: Option<u64>,
+        at_step: Option<u64>,
+        pooled: &[pb::GroupMoments],
+    ) -> Result<pb::TrainReport> {
+        let header = pb::TrainHeader {
+            step_id: step_id.to_string(),
+            num_experiences: experiences.len() as u32,
+            expected_version: version,
+            at_step,
+            pooled_moments: pooled.to_vec(),
+            ..Default::default()
         };
-        self.call("Train", |mut c| {
+        self.send_train("Train", header, experiences).await
+    }
+
+    /// The moments of the step's returns per norm group, computed by the learner without
+    /// training (which it then does on the Train call of the same `step_id`).
+    pub async fn moments(
+        &mut self,
+        step_id: &str,
+        experiences: &[pb::Experience],
+        version: Option<u64>,
+        at_step: Option<u64>,
+    ) -> Result<Vec<pb::GroupMoments>> {
+        let header = pb::TrainHeader {
+            step_id: step_id.to_string(),
+            num_experiences: experiences.len() as u32,
+            expected_version: version,
+            at_step,
+            moments_only: true,
+            ..Default::default()
+        };
+        Ok(self.send_train("Train (moments)", header, experiences).await?.return_moments)
+    }
+
+    async fn send_train(&mut self, what: &str, header: pb::TrainHeader, experiences: &[pb::Experience]) -> Result<pb::TrainReport> {
+        let header = pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) };
+        self.call(what, |mut c| {
             let items: Vec<pb::TrainRequest> = std::iter::once(header.clone())
                 .chain(experiences.iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e.clone())) }))
                 .collect();

@@ -72,7 +72,7 @@ pub fn make_mappa_step(
                     .collect(),
                 temperature: Some(config.sampling_for(a.role).temperature).filter(|&t| t > 0.0),
                 norm_group: match config.norm_scope {
-                    NormScope::PerAgent => String::new(),
+                    NormScope::PerAgent | NormScope::Global => String::new(),
                     NormScope::PerAgentRole => a.role.as_str().to_string(),
                 },
             });
@@ -85,7 +85,7 @@ pub fn make_mappa_step(
     let metrics = MappaMetrics::of(config, &trajectories);
     let record = StepRecord { method: "mappa", metrics: &metrics, agents: shares };
     let metrics = serde_json::to_value(&record).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
-    Ok(StepBatch { per_agent, metrics })
+    Ok(StepBatch { per_agent, metrics, pooled_whitening: config.norm_scope == NormScope::Global })
 }
 
 #[cfg(test)]

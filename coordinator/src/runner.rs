@@ -7,7 +7,7 @@ use crate::episodes::{episode_specs, in_spec_order, make_batch, parse_record, sa
 use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use crate::files::{load_job, Loaded};
-use crate::learner_steps::{check_learner, follow_training, train_learner, TrainTally};
+use crate::learner_steps::{check_learner, follow_training, learner_moments, pool_moments, train_learner, TrainTally};
 use crate::learners::LearnerLink;
 use crate::progress::{RunContext, Update};
 use crate::scheduler::{BatchLimits, BatchSpec};
@@ -198,6 +198,27 @@ struct Trained {
     reports: Vec<Option<pb::TrainReport>>,
     versions: Vec<u64>,
     bytes: Vec<u64>,
+    /// The moments every agent was whitened with, when pooled over all agents.
+    pooled: Vec<pb::GroupMoments>,
+}
+
+/// The moments every agent's advantages were whitened with, per norm group ("all" for the
+/// unnamed one), for the metrics log.
+fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> Value {
+    #[derive(serde::Serialize)]
+    struct Pooled {
+        tokens: u64,
+        mean: f64,
+        std: f64,
+    }
+    let by_group: std::collections::BTreeMap<&str, Pooled> = pooled
+        .iter()
+        .map(|g| {
+            let m = comas_workflow::moments::Moments { count: g.count, mean: g.mean, m2: g.m2 };
+            (if g.norm_group.is_empty() { "all" } else { g.norm_group.as_str() }, Pooled { tokens: g.count, mean: g.mean, std: m.variance().sqrt() })
+        })
+        .collect();
+    serde_json::to_value(by_group).unwrap_or_default()
 }
 
 /// The synchronous loop of spec 6: per step, the stages `learners`, `eval` (when due),
@@ -404,46 +425,32 @@ impl JobRun {
             samples.clone(),
             Arc::clone(&tally),
         ));
-        let mut tasks = tokio::task::JoinSet::new();
-        for (k, (mut link, exps)) in self.links.drain(..).zip(batch.per_agent.iter().cloned()).enumerate() {
-            let (step_id, at_k, job) = (step_id.clone(), at[k], Arc::clone(&self.job));
-            tasks.spawn(async move {
-                let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k).await;
-                (k, link, out)
-            });
-        }
-        let mut trained = Trained { reports: vec![None; l], versions: vec![0; l], bytes: vec![0; l] };
-        let mut slots: Vec<Option<LearnerLink>> = (0..l).map(|_| None).collect();
-        let mut first_err = None;
-        let joined = async {
-            while let Some(r) = tasks.join_next().await {
-                let (k, link, out) = r.map_err(|e| CoordinatorError::Other(format!("training task: {e}")))?;
-                slots[k] = Some(link);
-                match out {
-                    Ok((report, published)) => {
-                        let tokens = report.as_ref().map_or(0, |r| r.tokens);
-                        trained.reports[k] = report;
-                        trained.versions[k] = published.version;
-                        trained.bytes[k] = published.total_bytes;
-                        let (done, tokens) = TrainTally::finish(&tally, k, samples[k], tokens);
-                        ctx.report.live(Update::Trained { done, tokens });
-                        ctx.report.event("trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
-                    }
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-            Ok::<_, CoordinatorError>(())
+        let pooled = Arc::new(if batch.pooled_whitening { self.pooled_moments(step, &step_id, batch, at).await? } else { Vec::new() });
+        let job = Arc::clone(&self.job);
+        let done = |k: usize, out: &(Option<pb::TrainReport>, pb::WeightsPublished)| {
+            let (done, tokens) = TrainTally::finish(&tally, k, samples[k], out.0.as_ref().map_or(0, |r| r.tokens));
+            ctx.report.live(Update::Trained { done, tokens });
+            ctx.report.event("trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
         };
-        tokio::select! {
-            r = joined => r?,
-            _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(id.clone())),
-        }
+        let outs = self
+            .on_every_learner(
+                batch,
+                |k, mut link, exps| {
+                    let (step_id, at_k, job, pooled) = (step_id.clone(), at[k], Arc::clone(&job), Arc::clone(&pooled));
+                    async move {
+                        let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k, &pooled).await;
+                        (link, out)
+                    }
+                },
+                done,
+            )
+            .await;
         drop(follower);
-        self.links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
-        if let Some(e) = first_err {
-            return Err(e);
+        let mut trained = Trained { reports: vec![None; l], versions: vec![0; l], bytes: vec![0; l], pooled: pooled.to_vec() };
+        for (k, (report, published)) in outs?.into_iter().enumerate() {
+            trained.reports[k] = report;
+            trained.versions[k] = published.version;
+            trained.bytes[k] = published.total_bytes;
         }
         for (k, v) in trained.versions.iter().enumerate() {
             if *v != step + 1 {
@@ -456,6 +463,76 @@ impl JobRun {
         }
         times.train = started.elapsed().as_secs_f64();
         Ok(trained)
+    }
+
+    /// Every learner's return moments for `step`, pooled per norm group: the first half of a
+    /// step whose advantages are whitened over all agents (each learner keeps what it computed
+    /// for the Train call that follows).
+    async fn pooled_moments(&mut self, step: u64, step_id: &str, batch: &StepBatch, at: &[u64]) -> Result<Vec<pb::GroupMoments>> {
+        let job = Arc::clone(&self.job);
+        let parts = self
+            .on_every_learner(
+                batch,
+                |k, mut link, exps| {
+                    let (step_id, at_k, job) = (step_id.to_string(), at[k], Arc::clone(&job));
+                    async move {
+                        let out = learner_moments(&mut link, &job, &step_id, &exps, step, at_k).await;
+                        (link, out)
+                    }
+                },
+                |_, _| {},
+            )
+            .await?;
+        Ok(pool_moments(&parts))
+    }
+
+    /// Runs `task` on every learner at once, each with its link and its agent's experiences,
+    /// hands each result to `done` as it arrives, and puts the links back. The first error
+    /// fails the stage once every task has ended; a cancel ends it at once.
+    async fn on_every_learner<T, Fut>(
+        &mut self,
+        batch: &StepBatch,
+        task: impl Fn(usize, LearnerLink, Vec<pb::Experience>) -> Fut,
+        mut done: impl FnMut(usize, &T),
+    ) -> Result<Vec<T>>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = (LearnerLink, Result<T>)> + Send + 'static,
+    {
+        let l = self.agents();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (k, (link, exps)) in self.links.drain(..).zip(batch.per_agent.iter().cloned()).enumerate() {
+            let fut = task(k, link, exps);
+            tasks.spawn(async move { (k, fut.await) });
+        }
+        let mut slots: Vec<Option<LearnerLink>> = (0..l).map(|_| None).collect();
+        let mut outs: Vec<Option<T>> = (0..l).map(|_| None).collect();
+        let mut first_err = None;
+        let joined = async {
+            while let Some(r) = tasks.join_next().await {
+                let (k, (link, out)) = r.map_err(|e| CoordinatorError::Other(format!("learner task: {e}")))?;
+                slots[k] = Some(link);
+                match out {
+                    Ok(t) => {
+                        done(k, &t);
+                        outs[k] = Some(t);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            Ok::<_, CoordinatorError>(())
+        };
+        tokio::select! {
+            r = joined => r?,
+            _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(self.id.clone())),
+        }
+        self.links = slots.into_iter().map(|s| s.expect("every task returned its link")).collect();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok(outs.into_iter().map(|o| o.expect("every task succeeded")).collect())
     }
 
     /// Stage `broadcast`: every worker pulls the new versions before the next rollout (none
@@ -513,6 +590,9 @@ impl JobRun {
                         o.insert("train".into(), train);
                     }
                 }
+            }
+            if !trained.pooled.is_empty() {
+                m.insert("pooled_whitening".into(), pooled_whitening_record(&trained.pooled));
             }
             m.insert(
                 "seconds".into(),

@@ -6,8 +6,9 @@ use crate::error::{LearnerError, Result};
 use crate::experience::Experience;
 use crate::progress::Progress;
 use crate::publish::PublishedWeights;
-use crate::trainer::{StepReport, Trainer, KEPT_REPORTS};
-use std::collections::VecDeque;
+use crate::trainer::{Prepared, StepReport, Trainer, KEPT_REPORTS};
+use comas_workflow::moments::Moments;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, RwLock};
 use tokio::sync::oneshot;
@@ -37,7 +38,17 @@ pub enum Command {
         step_id: String,
         at_step: Option<u64>,
         batch: Vec<Experience>,
+        /// Moments to whiten with, per norm group, instead of the batch's own.
+        pooled: Option<BTreeMap<String, Moments>>,
         reply: oneshot::Sender<Result<StepReport>>,
+    },
+    /// The moments of the batch's returns per norm group (see `TrainHeader.moments_only`); the
+    /// prepared batch is kept for the Train of the same step id.
+    Moments {
+        step_id: String,
+        at_step: Option<u64>,
+        batch: Vec<Experience>,
+        reply: oneshot::Sender<Result<BTreeMap<String, Moments>>>,
     },
     /// The stored report of a step already trained.
     Report {
@@ -163,13 +174,15 @@ fn run(
     let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
     // A checkpoint already written for the current step (loaded or saved), not written again.
     let mut saved: Option<(u64, PathBuf)> = resumed_from.map(|p| (trainer.global_step, p));
+    // The batch of the last moments call, prepared at the current weights, for its Train.
+    let mut prepared: Option<(String, Prepared)> = None;
     let at = |trainer: &Trainer, request: &'static str, expected: Option<u64>| match expected {
         Some(e) if e != trainer.global_step => Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e }),
         _ => Ok(()),
     };
     while let Ok(cmd) = rx.recv() {
         match cmd {
-            Command::Train { step_id, at_step, batch, reply } => {
+            Command::Train { step_id, at_step, batch, pooled, reply } => {
                 // A retried step is answered from the reports (kept across checkpoints),
                 // without training twice.
                 if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
@@ -180,13 +193,17 @@ fn run(
                     let _ = reply.send(Err(e));
                     continue;
                 }
+                let kept = prepared.take().filter(|(id, p)| !step_id.is_empty() && *id == step_id && p.samples() == batch.len()).map(|(_, p)| p);
                 // A libtorch failure outside the update itself changed no weights.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     if batch.is_empty() {
-                        Ok(trainer.empty_step())
-                    } else {
-                        trainer.train_step(&batch)
+                        return Ok(trainer.empty_step());
                     }
+                    let p = match kept {
+                        Some(p) => p,
+                        None => trainer.prepare(&batch)?,
+                    };
+                    trainer.train_prepared(&batch, p, pooled.as_ref())
                 }))
                 .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
                 if let Ok(rep) = &r {
@@ -195,6 +212,29 @@ fn run(
                         trainer.recent_reports.pop_front();
                     }
                 }
+                let _ = reply.send(r);
+            }
+            Command::Moments { step_id, at_step, batch, reply } => {
+                // A step already trained answers with the moments it kept in its report.
+                if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
+                    let _ = reply.send(Ok(r.return_moments.clone()));
+                    continue;
+                }
+                if let Err(e) = at(&trainer, "these return moments", at_step) {
+                    let _ = reply.send(Err(e));
+                    continue;
+                }
+                if batch.is_empty() {
+                    let _ = reply.send(Ok(BTreeMap::new()));
+                    continue;
+                }
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trainer.prepare(&batch)))
+                    .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))))
+                    .map(|p| {
+                        let m = trainer.return_moments(&batch, &p);
+                        prepared = Some((step_id, p));
+                        m
+                    });
                 let _ = reply.send(r);
             }
             Command::Report { step_id, reply } => {
@@ -228,6 +268,7 @@ fn run(
                         .and_then(|o| o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))),
                     (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
                 };
+                prepared = None;
                 let r = target.and_then(|p| {
                     let t = Trainer::resume(&p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
                     trainer = t;

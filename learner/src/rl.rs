@@ -2,7 +2,8 @@
 //! estimators over explicit groups, token rewards, returns and whitening. The loss itself, which
 //! needs gradients, is in `loss.rs`.
 use crate::config::{Estimator, KlEstimator, TrainConfig};
-use std::collections::HashMap;
+use comas_workflow::moments::Moments;
+use std::collections::{BTreeMap, HashMap};
 
 /// KL estimate of one token from log-probs under the policy (`a`) and the reference, clamped to
 /// [-10, 10] (rl.md §2).
@@ -52,6 +53,9 @@ pub struct Advantages {
     /// Loss mask per sample: 0 for truncated samples when masking is on.
     pub loss_mask: Vec<bool>,
     pub stats: AdvantageStats,
+    /// Moments of this batch's returns per norm group, over the statistics mask: what the
+    /// coordinator pools to whiten over several learners' samples.
+    pub moments: BTreeMap<String, Moments>,
 }
 
 /// Scalar stage (rl.md §4): transformed reward per sample; singleton groups give 0.
@@ -89,6 +93,12 @@ fn scalar_stage(estimator: Estimator, samples: &[SampleInput]) -> (Vec<f64>, usi
 
 /// Advantages for one agent's step buffer (rl.md §1 steps 4–7).
 pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advantages {
+    compute_advantages_pooled(samples, cfg, None)
+}
+
+/// Advantages whitened with `pooled` moments where they name a norm group (moments pooled over
+/// several learners' samples: MAPPA's `global` scope), with this batch's own elsewhere.
+pub fn compute_advantages_pooled(samples: &[SampleInput], cfg: &TrainConfig, pooled: Option<&BTreeMap<String, Moments>>) -> Advantages {
     let (scalars, singleton_groups) = scalar_stage(cfg.estimator, samples);
     let gamma = cfg.effective_gamma();
     let kl_in_reward = cfg.kl_coef > 0.0 && !cfg.kl_in_loss;
@@ -128,40 +138,42 @@ pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advanta
         returns.push(g);
     }
     let mut stats = AdvantageStats { singleton_groups, kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 }, ..Default::default() };
-    let advantages = if cfg.estimator.whitens() {
-        let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
-        // Mean and variance over the tokens of the samples `members` picks (in the stats mask).
-        let moments = |members: &dyn Fn(usize) -> bool| {
-            let picked = || returns.iter().enumerate().filter(|(i, _)| in_stats(*i) && members(*i)).map(|(_, g)| g);
-            // Summed per sample, then over samples: the order the PyTorch reference sums in.
-            let (sum, n) = picked().fold((0.0, 0.0), |(s, n), g| (s + g.iter().sum::<f64>(), n + g.len() as f64));
-            let mean = if n > 0.0 { sum / n } else { 0.0 };
-            let var = if n > 0.0 { picked().flat_map(|g| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() / n } else { 0.0 };
-            (mean, var)
-        };
-        let (mean, var) = moments(&|_| true);
-        stats.return_mean = mean;
-        stats.return_std = var.sqrt();
-        let mut by_group: std::collections::HashMap<&str, (f64, f64)> = Default::default();
-        for s in samples {
-            if !by_group.contains_key(s.norm_group) {
-                let key = s.norm_group;
-                by_group.insert(key, moments(&|i| samples[i].norm_group == key));
-            }
+    let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
+    // Moments of the tokens of the samples `members` picks (in the stats mask).
+    let moments = |members: &dyn Fn(usize) -> bool| {
+        let picked = || returns.iter().enumerate().filter(|(i, _)| in_stats(*i) && members(*i)).map(|(_, g)| g);
+        // Summed per sample, then over samples: the order the PyTorch reference sums in.
+        let (sum, n) = picked().fold((0.0, 0u64), |(s, n), g| (s + g.iter().sum::<f64>(), n + g.len() as u64));
+        let mean = if n > 0 { sum / n as f64 } else { 0.0 };
+        Moments { count: n, mean, m2: picked().flat_map(|g| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() }
+    };
+    if cfg.estimator.whitens() {
+        let whole = moments(&|_| true);
+        stats.return_mean = whole.mean;
+        stats.return_std = whole.variance().sqrt();
+    }
+    let mut local: BTreeMap<String, Moments> = BTreeMap::new();
+    for s in samples {
+        if !local.contains_key(s.norm_group) {
+            let key = s.norm_group;
+            local.insert(key.to_string(), moments(&|i| samples[i].norm_group == key));
         }
+    }
+    let advantages = if cfg.estimator.whitens() {
+        let of_group = |g: &str| pooled.and_then(|p| p.get(g)).or_else(|| local.get(g)).copied().unwrap_or_default();
         samples
             .iter()
             .zip(&returns)
             .map(|(s, g)| {
-                let (mean, var) = by_group[s.norm_group];
-                let scale = if cfg.no_std_norm { 1.0 } else { 1.0 / var.max(1e-8).sqrt() };
-                g.iter().map(|x| (x - mean) * scale).collect()
+                let m = of_group(s.norm_group);
+                let scale = if cfg.no_std_norm { 1.0 } else { 1.0 / m.variance().max(1e-8).sqrt() };
+                g.iter().map(|x| (x - m.mean) * scale).collect()
             })
             .collect()
     } else {
         returns.clone()
     };
-    Advantages { advantages, returns, loss_mask, stats }
+    Advantages { advantages, returns, loss_mask, stats, moments: local }
 }
 
 /// Learning rate for the 1-based optimizer update `k` (rl.md §9).
@@ -266,10 +278,27 @@ mod tests {
         assert_eq!(round(&split.advantages[0]), [0.99339, 1.00659]);
         assert_eq!(round(&split.advantages[1]), [-0.99999, -0.99999]);
         assert_eq!(round(&split.advantages[2]), [0.0, 0.0]);
-        let pooled = compute_advantages(&[SampleInput { norm_group: "", ..a }, SampleInput { norm_group: "", ..b }, SampleInput { norm_group: "", ..c }], &cfg);
+        let pooled = compute_advantages(
+            &[SampleInput { norm_group: "", ..a.clone() }, SampleInput { norm_group: "", ..b.clone() }, SampleInput { norm_group: "", ..c.clone() }],
+            &cfg,
+        );
         assert!(pooled.advantages[2][0] < -1.0, "{:?}", pooled.advantages);
         // The logged statistics stay the whole batch's.
         assert_eq!(split.stats.return_mean, pooled.stats.return_mean);
+        // `global`: A and B on one learner, C on another. Each learner reports its moments, the
+        // coordinator pools them (mean 0.432333, std 0.205648 over the six tokens) and both
+        // whiten with the pool: exactly the one-batch result.
+        let (ab, c_alone) = ([SampleInput { norm_group: "", ..a }, SampleInput { norm_group: "", ..b }], [SampleInput { norm_group: "", ..c }]);
+        let (first, second) = (compute_advantages(&ab, &cfg), compute_advantages(&c_alone, &cfg));
+        assert_eq!((first.moments.len(), first.moments[""].count, second.moments[""].count), (1, 4, 2));
+        let pool: BTreeMap<String, Moments> = [(String::new(), Moments::pool([first.moments[""], second.moments[""]]))].into();
+        let (first, second) = (compute_advantages_pooled(&ab, &cfg, Some(&pool)), compute_advantages_pooled(&c_alone, &cfg, Some(&pool)));
+        assert_eq!(round(&first.advantages[0]), [1.29671, 1.30644]);
+        assert_eq!(round(&first.advantages[1]), [-0.17181, -0.17181]);
+        assert_eq!(round(&second.advantages[0]), [-1.12976, -1.12976]);
+        for (x, y) in first.advantages.iter().chain(&second.advantages).flatten().zip(pooled.advantages.iter().flatten()) {
+            assert!((x - y).abs() < 1e-12, "{x} {y}");
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@ use crate::publish::DEFAULT_CHUNK_BYTES;
 use crate::trainer::StepReport;
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_server::Learner;
+use comas_workflow::moments::Moments;
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{mpsc, Arc};
 use tokio::sync::oneshot;
@@ -86,6 +88,24 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
     })
 }
 
+pub fn moments_to_pb(m: &BTreeMap<String, Moments>) -> Vec<pb::GroupMoments> {
+    m.iter().map(|(g, m)| pb::GroupMoments { norm_group: g.clone(), count: m.count, mean: m.mean, m2: m.m2 }).collect()
+}
+
+/// Pooled moments as sent by a caller: finite, non-negative, one entry per group.
+fn moments_from_pb(m: &[pb::GroupMoments]) -> Result<BTreeMap<String, Moments>, Status> {
+    let mut out = BTreeMap::new();
+    for g in m {
+        if !(g.mean.is_finite() && g.m2.is_finite() && g.m2 >= 0.0) {
+            return Err(Status::invalid_argument(format!("pooled moments of norm group {:?}: mean and m2 must be finite and m2 >= 0", g.norm_group)));
+        }
+        if out.insert(g.norm_group.clone(), Moments { count: g.count, mean: g.mean, m2: g.m2 }).is_some() {
+            return Err(Status::invalid_argument(format!("pooled moments name norm group {:?} twice", g.norm_group)));
+        }
+    }
+    Ok(out)
+}
+
 pub fn report_to_pb(r: &StepReport) -> pb::TrainReport {
     pb::TrainReport {
         global_step: r.global_step,
@@ -108,6 +128,7 @@ pub fn report_to_pb(r: &StepReport) -> pb::TrainReport {
         truncated: r.truncated as u32,
         return_mean: r.return_mean,
         json: serde_json::to_string(r).unwrap_or_default(),
+        return_moments: moments_to_pb(&r.return_moments),
     }
 }
 
@@ -155,8 +176,16 @@ impl Learner for LearnerService {
         if batch.len() as u32 != header.num_experiences {
             return Err(Status::invalid_argument(format!("stream ended after {} of {} experiences; nothing was trained", batch.len(), header.num_experiences)));
         }
+        if header.moments_only {
+            if !header.pooled_moments.is_empty() {
+                return Err(Status::invalid_argument("a moments_only Train takes no pooled_moments"));
+            }
+            let m = self.call(|reply| Command::Moments { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?.map_err(status)?;
+            return Ok(Response::new(pb::TrainReport { return_moments: moments_to_pb(&m), ..Default::default() }));
+        }
+        let pooled = (!header.pooled_moments.is_empty()).then(|| moments_from_pb(&header.pooled_moments)).transpose()?;
         let timer = self.metrics.step_seconds.start_timer();
-        let result = self.call(|reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?;
+        let result = self.call(|reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, pooled, reply }).await?;
         match result {
             Ok(r) => {
                 timer.observe_duration();

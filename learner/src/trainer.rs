@@ -7,12 +7,14 @@ use crate::experience::{Experience, Finish};
 use crate::loss::{kl_tensor, policy_loss};
 use crate::optim::AdamW;
 use crate::progress::Progress;
-use crate::rl::{compute_advantages, learning_rate, shuffle_order, SampleInput};
+use crate::rl::{compute_advantages, compute_advantages_pooled, learning_rate, shuffle_order, SampleInput};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
 use comas_model::transformer::Checkpointed;
 use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
+use comas_workflow::moments::Moments;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,6 +60,8 @@ pub struct StepReport {
     /// Optimizer steps skipped because their loss or gradient was not finite (their gradients
     /// are dropped, as DeepSpeed and Megatron do).
     pub skipped_steps: u64,
+    /// Moments of this learner's returns per norm group (before any pooling).
+    pub return_moments: BTreeMap<String, Moments>,
     pub seconds: f64,
     pub tokens_per_s: f64,
 }
@@ -83,6 +87,22 @@ pub struct Trainer {
 
 /// How many step reports a trainer keeps.
 pub const KEPT_REPORTS: usize = 16;
+
+/// A batch's ℓ^old and ℓ^ref, computed before any update (`Trainer::prepare`).
+pub struct Prepared {
+    samples: usize,
+    old: Vec<Vec<f64>>,
+    reference: Option<Vec<Vec<f64>>>,
+    use_sampler: bool,
+    mismatch: Option<f64>,
+    seconds: f64,
+}
+
+impl Prepared {
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+}
 
 /// Sequence positions of a micro-batch's completion tokens, for gathering their log-probs.
 struct Packed {
@@ -340,22 +360,16 @@ impl Trainer {
         Ok(out)
     }
 
-    /// One global step on `batch`: experience making, advantages, then one or more optimizer
-    /// steps. An optimizer step whose loss or gradient is not finite is skipped (reported in
-    /// `skipped_steps`); when every one is, nothing changed and a `NonFinite` error is returned.
-    /// Any other failure of a multi-step update restores an adapter from its snapshot (LoRA-sized,
-    /// cheap); a full model has no snapshot and the trainer refuses further steps.
-    pub fn train_step(&mut self, batch: &[Experience]) -> Result<StepReport> {
+    /// ℓ^old (and ℓ^ref) of `batch` under the current weights, before any update: the part of
+    /// a step that the return moments need, done once per step.
+    pub fn prepare(&self, batch: &[Experience]) -> Result<Prepared> {
         let started = Instant::now();
-        let _span = tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len()).entered();
         if let Some(why) = &self.poisoned {
             return Err(LearnerError::PartlyUpdated(why.clone()));
         }
         if batch.is_empty() {
             return Err(LearnerError::Batch("empty batch".into()));
         }
-        let progress = Arc::clone(&self.progress);
-        let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
         let vocab = self.model.config().vocab_size;
         for (i, e) in batch.iter().enumerate() {
             e.validate(&format!("sample {i}"), vocab)?;
@@ -363,9 +377,8 @@ impl Trainer {
                 return Err(LearnerError::Batch(format!("sample {i}: token rewards need the `reinforce` estimator")));
             }
         }
-        // 2. Experience: ℓ^old (and ℓ^ref) before any update.
         let use_sampler = self.cfg.old_logprobs == OldLogprobs::Sampler && batch.iter().all(|e| e.sampling_logprobs.is_some());
-        let old = if use_sampler {
+        let old: Vec<Vec<f64>> = if use_sampler {
             batch.iter().map(|e| e.sampling_logprobs.clone().expect("checked above")).collect()
         } else {
             self.logprobs_no_grad(&self.model, true, batch)?
@@ -390,8 +403,18 @@ impl Trainer {
                 }
             }
         }
-        // 3–7. Advantages.
-        let inputs: Vec<SampleInput> = batch
+        Ok(Prepared {
+            samples: batch.len(),
+            old,
+            reference,
+            use_sampler,
+            mismatch: (mis_n > 0).then(|| mis_sum / mis_n as f64),
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn sample_inputs<'a>(batch: &'a [Experience], p: &'a Prepared) -> Vec<SampleInput<'a>> {
+        batch
             .iter()
             .enumerate()
             .map(|(i, e)| SampleInput {
@@ -400,11 +423,43 @@ impl Trainer {
                 group: &e.group,
                 norm_group: &e.norm_group,
                 truncated: e.finish_reason == Finish::Length,
-                old_logprobs: &old[i],
-                ref_logprobs: reference.as_ref().map(|r| r[i].as_slice()),
+                old_logprobs: &p.old[i],
+                ref_logprobs: p.reference.as_ref().map(|r| r[i].as_slice()),
             })
-            .collect();
-        let adv = compute_advantages(&inputs, &self.cfg);
+            .collect()
+    }
+
+    /// The moments of `batch`'s returns per norm group, for pooling with other learners'.
+    pub fn return_moments(&self, batch: &[Experience], prepared: &Prepared) -> BTreeMap<String, Moments> {
+        compute_advantages(&Self::sample_inputs(batch, prepared), &self.cfg).moments
+    }
+
+    /// One global step on `batch`: experience making, advantages, then one or more optimizer
+    /// steps. An optimizer step whose loss or gradient is not finite is skipped (reported in
+    /// `skipped_steps`); when every one is, nothing changed and a `NonFinite` error is returned.
+    /// Any other failure of a multi-step update restores an adapter from its snapshot (LoRA-sized,
+    /// cheap); a full model has no snapshot and the trainer refuses further steps.
+    pub fn train_step(&mut self, batch: &[Experience]) -> Result<StepReport> {
+        let prepared = self.prepare(batch)?;
+        self.train_prepared(batch, prepared, None)
+    }
+
+    /// `train_step` on a batch already prepared (by `prepare`, at the current weights), with its
+    /// advantages whitened by `pooled` moments where they name a norm group.
+    pub fn train_prepared(&mut self, batch: &[Experience], prepared: Prepared, pooled: Option<&BTreeMap<String, Moments>>) -> Result<StepReport> {
+        let started = Instant::now();
+        let _span = tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len()).entered();
+        if let Some(why) = &self.poisoned {
+            return Err(LearnerError::PartlyUpdated(why.clone()));
+        }
+        if prepared.samples != batch.len() || batch.is_empty() {
+            return Err(LearnerError::Batch(format!("{} samples prepared for a batch of {}", prepared.samples, batch.len())));
+        }
+        let progress = Arc::clone(&self.progress);
+        let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
+        // 3–7. Advantages.
+        let adv = compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
+        let Prepared { old, reference, use_sampler, mismatch, seconds: prepare_seconds, .. } = prepared;
         let device = self.model.device();
 
         // 8. Optimizer steps.
@@ -447,10 +502,11 @@ impl Trainer {
         if self.cfg.kl_coef > 0.0 && !self.cfg.kl_in_loss {
             report.kl = adv.stats.kl_in_reward_mean;
         }
-        report.sampler_mismatch = (mis_n > 0).then(|| mis_sum / mis_n as f64);
+        report.sampler_mismatch = mismatch;
         report.old_logprobs_from_sampler = use_sampler;
+        report.return_moments = adv.moments;
         report.peak_rss_bytes = peak_rss_bytes();
-        report.seconds = started.elapsed().as_secs_f64();
+        report.seconds = prepare_seconds + started.elapsed().as_secs_f64();
         report.tokens_per_s = report.tokens as f64 / report.seconds.max(1e-9);
         tracing::info!(loss = report.loss, grad_norm = report.grad_norm, lr = report.lr, "step done");
         Ok(report)

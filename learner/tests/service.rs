@@ -261,6 +261,50 @@ async fn calls_planned_for_another_step_are_refused_and_reports_survive_a_restar
     let _ = stop.send(());
 }
 
+/// MAPPA's `global` scope, the learner's half: a moments call trains nothing and reports the
+/// moments of the step's returns; the Train of the same step whitens with the pooled moments it
+/// is given, and a later moments call is answered from the step's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whitened_with_pooled_moments_uses_them() {
+    use comas_workflow::moments::Moments;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_model(&model, &TinySpec { seed: 2, ..TinySpec::tiny(Architecture::Llama) }).unwrap();
+    let (addr, stop) = start(&model, &dir.path().join("ckpt")).await;
+    assert!(wait_status(&addr, ServingStatus::Serving).await);
+    let mut c = LearnerClient::connect(addr).await.unwrap();
+    let exps = experiences(8, 5);
+    let call = |moments_only: bool, pooled: Vec<pb::GroupMoments>| {
+        let header =
+            pb::TrainHeader { step_id: "job/0".into(), num_experiences: 8, at_step: Some(0), moments_only, pooled_moments: pooled, ..Default::default() };
+        tokio_stream::iter(train_messages(header, exps.clone()))
+    };
+    let own = c.train(call(true, Vec::new())).await.unwrap().into_inner().return_moments;
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 0, "a moments call trains nothing");
+    // No KL here and gamma 1: every completion token's return is its sample's reward.
+    let returns: Vec<f64> = exps.iter().flat_map(|e| vec![e.reward.unwrap(); e.completion_ids.len()]).collect();
+    let want = Moments::of(returns.iter());
+    assert_eq!(own.len(), 1);
+    assert_eq!((own[0].norm_group.as_str(), own[0].count), ("", want.count));
+    assert!((own[0].mean - want.mean).abs() < 1e-12 && (own[0].m2 - want.m2).abs() < 1e-12, "{own:?} {want:?}");
+    // Another learner's part, pooled with this one's as the coordinator does.
+    let other = Moments { count: 30, mean: 2.0, m2: 12.0 };
+    let pool = Moments { count: own[0].count, mean: own[0].mean, m2: own[0].m2 }.merge(other);
+    let pooled = vec![pb::GroupMoments { norm_group: String::new(), count: pool.count, mean: pool.mean, m2: pool.m2 }];
+    let bad = vec![pb::GroupMoments { mean: f64::NAN, ..pooled[0].clone() }];
+    assert_eq!(c.train(call(false, bad)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let r = c.train(call(false, pooled)).await.unwrap().into_inner();
+    assert_eq!((r.global_step, r.return_moments.clone()), (1, own.clone()));
+    let report: serde_json::Value = serde_json::from_str(&r.json).unwrap();
+    // Every token whitened with the pool: the mean advantage is this part's offset from it.
+    let expected = (own[0].mean - pool.mean) / pool.variance().sqrt();
+    let got = report["advantage_mean"].as_f64().unwrap();
+    assert!((got - expected).abs() < 1e-9 && expected < -0.5, "advantage mean {got}, expected {expected}");
+    assert_eq!(c.train(call(true, Vec::new())).await.unwrap().into_inner().return_moments, own, "answered from the step's report");
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+    let _ = stop.send(());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_whose_model_fails_to_load_never_reports_ready() {
     let dir = tempfile::tempdir().unwrap();

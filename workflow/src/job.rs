@@ -554,6 +554,17 @@ impl JobSpec {
         }
         let mut job = Job { spec: self.clone(), comas, mappa, evaluate: None, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
+        if job.mappa.as_ref().is_some_and(|m| m.norm_scope == crate::mappa::NormScope::Global) {
+            if let Some((k, t)) = job.train.iter().enumerate().find(|(_, t)| !t.estimator.whitens()) {
+                return Err(invalid(
+                    "mappa.norm_scope",
+                    format!(
+                        "is global, which pools the statistics that advantages are whitened with, but agents[{k}].train.estimator = {} does not whiten; use reinforce or reinforce_baseline, or norm_scope = \"per_agent\"",
+                        serde_json::to_string(&t.estimator).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
         Ok(job)
     }
 }
@@ -824,6 +835,11 @@ train_batch_size = 4
         let m = ds.mappa.as_ref().unwrap();
         assert_eq!((m.max_turns.clone(), m.tool_timeout_secs, m.role_at(2)), (vec![4, 4, 4], 60.0, Role::Analyst));
         assert!(err(MAPPA_JOB.replace("[mappa]\n", "[mappa]\npipeline = \"kaggle\"\n")).contains("`mappa.pipeline`"));
+        // The global scope pools whitening statistics, so every agent must whiten.
+        let global = MAPPA_JOB.replace("[mappa]\n", "[mappa]\nnorm_scope = \"global\"\n");
+        assert_eq!(JobSpec::from_toml(&global).unwrap().check(10).unwrap().mappa.unwrap().norm_scope, crate::mappa::NormScope::Global);
+        let grpo = global.replacen("train_batch_size = 4\n", "train_batch_size = 4\nestimator = \"group_norm\"\n", 2);
+        assert!(err(grpo).contains("agents[0].train.estimator = \"group_norm\" does not whiten"));
     }
 
     const EVAL_JOB: &str = r#"

@@ -12,6 +12,7 @@ pub mod grade;
 pub mod job;
 pub mod mappa;
 pub mod memory;
+pub mod moments;
 pub mod program;
 pub mod seed;
 pub mod task;

@@ -63,6 +63,9 @@ pub enum NormScope {
     PerAgent,
     /// The agent's samples of the same role (an agent that plays several roles).
     PerAgentRole,
+    /// Every agent's samples of the step, pooled (the paper's "global batch normalization"):
+    /// the learners report their return moments and whiten with the pool.
+    Global,
 }
 
 /// What an action gets when the coach gives no score even after the format retry (spec 4).
