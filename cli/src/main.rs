@@ -11,6 +11,7 @@ mod local_cmd;
 mod model_args;
 mod plot;
 mod score_cmd;
+mod serve_cmd;
 mod tiny_cmd;
 mod token_cmd;
 
@@ -58,6 +59,8 @@ enum Command {
     Learner(comas_learner::cli::Args),
     /// Generate a completion from a model folder.
     Generate(generate_cmd::Args),
+    /// Serve a model folder behind an OpenAI-compatible chat-completions endpoint.
+    Serve(serve_cmd::Args),
     /// Evaluate a model or a team on a benchmark under the inference setups of the paper.
     Eval(eval::Args),
     /// Convert a benchmark's published rows (GSM8K, MATH-500, MBPP, GPQA, MMLU, SciBench; JSON, JSONL or parquet) into benchmark records for `comas eval`.
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Command::Worker(a) => comas_rollout_worker::cli::run(a),
         Command::Learner(a) => comas_learner::cli::run(a),
         Command::Generate(a) => generate_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Grade(a) => grade_cmd::run(a),
         Command::ConvertBench(a) => convert_cmd::run(a),

@@ -208,3 +208,70 @@ fn broken_tokenizer_files_are_named_and_a_broken_template_breaks_only_chat() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
+
+/// `comas serve` as a client sees it: concurrent requests, batched together, get exactly what
+/// `comas generate` gives each alone; bad requests get a 4xx that says why; SIGTERM ends it.
+#[test]
+fn serve_answers_chat_completions_as_generate_does() {
+    use comas_service::openai::{CallError, ChatRequest, Endpoint, Message};
+    let model = fixtures().join("models/qwen2-f32");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0", "--served-name", "judge"])
+        .env("COMAS_THREADS", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first line says where it listens (port 0: whatever was free).
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.take().unwrap()), &mut line).unwrap();
+    let url = line.trim().strip_prefix("comas serve: judge at ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let endpoint = Endpoint::parse(url, None).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ask = |content: &str, seed: u64, max_tokens: u32| ChatRequest {
+        model: "judge".into(),
+        messages: vec![Message { role: "user".into(), content: content.into() }],
+        temperature: Some(1.0),
+        max_tokens: Some(max_tokens),
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let call = |r: ChatRequest| {
+        let e = endpoint.clone();
+        async move { e.chat(&r, std::time::Duration::from_secs(60)).await }
+    };
+    let questions = ["What is 12 + 7?", "Name a prime.", "Say hi.", "Count to three."];
+    // All four in flight at once: the server batches them.
+    let replies = rt.block_on(async {
+        let calls: Vec<_> = questions.iter().enumerate().map(|(i, q)| tokio::spawn(call(ask(q, 10 + i as u64, 12)))).collect();
+        let mut out = Vec::new();
+        for c in calls {
+            out.push(c.await.unwrap());
+        }
+        out
+    });
+    for (i, (q, r)) in questions.iter().zip(replies).enumerate() {
+        let r = r.unwrap();
+        let alone =
+            ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--chat", q, "--max-new-tokens", "12", "--seed", &(10 + i).to_string(), "--json"]));
+        assert_eq!(r.choices[0].message.content, alone["text"].as_str().unwrap(), "question {i}");
+        let usage = r.usage.unwrap();
+        assert_eq!(
+            (usage.prompt_tokens, usage.completion_tokens),
+            (alone["prompt_ids"].as_array().unwrap().len() as u64, alone["generated_ids"].as_array().unwrap().len() as u64)
+        );
+        assert_eq!(r.choices[0].finish_reason.as_deref(), Some(if alone["finish_reason"] == "length" { "length" } else { "stop" }));
+        assert_eq!(r.model, "judge");
+    }
+    let refused = |r: ChatRequest| match rt.block_on(call(r)) {
+        Err(CallError::Status { code, message }) => (code, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let (code, message) = refused(ChatRequest { n: Some(2), ..ask("a", 1, 4) });
+    assert_eq!((code, message.as_str()), (400, "n must be 1: one choice per request"));
+    let (code, message) = refused(ask("a", 1, 100_000));
+    assert!(code == 400 && message.contains("shorten the messages or lower max_tokens"), "{code} {message}");
+    let (code, message) = refused(ChatRequest { model: "other".into(), ..ask("a", 1, 4) });
+    assert!(code == 404 && message.contains("this server serves \"judge\""), "{code} {message}");
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    assert!(server.wait().unwrap().success(), "SIGTERM ends the server cleanly");
+}

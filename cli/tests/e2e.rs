@@ -947,6 +947,62 @@ async fn a_mappa_chain_is_coached_and_each_scored_action_trains_its_agent() {
     assert_eq!(running_sandbox_programs(), 0, "no forked program outlived its run");
 }
 
+/// Every coach reply of step 0, by episode (in spec order) and action.
+fn coach_replies(dir: &Path) -> Vec<Vec<Vec<String>>> {
+    let text = std::fs::read_to_string(dir.join("out/episodes/step-00000.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            let actions = r["record"]["actions"].as_array().unwrap().clone();
+            actions.iter().map(|a| a["coach"]["replies"].as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()).collect()
+        })
+        .collect()
+}
+
+/// A coach behind an OpenAI-compatible endpoint (`comas serve` on the coach's folder) gives the
+/// chain exactly the replies that the workers' own copy of it gives: step 0 of the MathChat job
+/// (base weights everywhere, so the same games), run both ways, every coach reply compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coach_behind_an_openai_endpoint_replies_as_the_workers_copy_does() {
+    let one_step = |dir: &Path, frozen: &str| {
+        let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+        let job = job.replace(&format!("steps = {MAPPA_STEPS}\n"), "steps = 1\n").replace("[[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n", frozen);
+        std::fs::write(dir.join("job.toml"), job).unwrap();
+    };
+    let run = |dir: &Path, ports: Vec<u16>| {
+        let dir = dir.to_path_buf();
+        async move {
+            let c = Cluster::launch(&dir, ports, 1, &[], 1, &["--max-episodes", "4"]);
+            let id = c.submit().await;
+            c.finished(&id).await;
+            coach_replies(&dir)
+        }
+    };
+    let local = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_mappa_job(local.path(), &ports);
+    one_step(local.path(), "[[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n");
+    let want = run(local.path(), ports).await;
+
+    let remote = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_mappa_job(remote.path(), &ports);
+    let port = free_port();
+    let _server = spawn(
+        remote.path(),
+        "serve",
+        &s(&["serve", "--model", remote.path().join("coach").to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}"), "--served-name", "judge"]),
+    );
+    one_step(
+        remote.path(),
+        &format!("[[frozen]]\nname = \"coach\"\nendpoint = \"http://127.0.0.1:{port}/v1\"\nendpoint_model = \"judge\"\nmax_attempts = 1\n"),
+    );
+    let got = run(remote.path(), ports).await;
+    let calls: usize = want.iter().flatten().map(Vec::len).sum();
+    assert_eq!((want.len() as u64, calls > EPISODES as usize * 4), (EPISODES, true), "every action coached, some retried");
+    assert_eq!(got, want);
+}
+
 /// `comas eval` as a user runs it, `--coordinator` added when `url` is given: every setup on 3
 /// arithmetic questions of the f32 fixture model, at most 6 new tokens per call.
 fn eval_cmd(out: &Path, url: Option<&str>, extra: &[&str]) -> std::process::Output {

@@ -47,8 +47,13 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
     }
     let models =
         spec.agents.iter().enumerate().map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
-    let frozen =
-        spec.frozen.iter().enumerate().map(|(k, f)| check_policy(&format!("frozen[{k}]"), &f.model, f.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
+    // A model behind an endpoint has no folder here to check.
+    let frozen = spec
+        .frozen
+        .iter()
+        .enumerate()
+        .map(|(k, f)| f.model.as_ref().map(|m| check_policy(&format!("frozen[{k}]"), m, f.adapter.as_deref())).transpose())
+        .collect::<Result<Vec<_>>>()?;
     if spec.method == Method::Eval {
         // The questions are in the file, and each call is shortened to fit its model's context.
         let job = spec.check(0)?;
@@ -133,7 +138,7 @@ fn check_context<'a>(job: &Job, models: &'a [ModelRoom]) -> Result<Room<'a>> {
 
 /// MAPPA's room: each agent's actions and the coach's replies must leave room for a prompt in
 /// their models' contexts; a problem must fit the agents' prompt room.
-fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [ModelRoom], frozen: &[ModelRoom]) -> Result<Room<'a>> {
+fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [ModelRoom], frozen: &[Option<ModelRoom>]) -> Result<Room<'a>> {
     let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
         return Err(bad("agents", "the job lists no agents".into()));
     };
@@ -148,7 +153,7 @@ fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [
     }
     let coach_new = u64::from(m.coach_sampling.max_new_tokens);
     let coach = (m.coach_agent as usize).saturating_sub(models.len());
-    if let Some(c) = frozen.get(coach).filter(|c| coach_new >= c.context) {
+    if let Some(c) = frozen.get(coach).and_then(Option::as_ref).filter(|c| coach_new >= c.context) {
         return Err(bad(
             "mappa.coach_sampling.max_new_tokens",
             format!("is {coach_new}, but {}; leave room for the prompt", held(format!("frozen[{coach}]"), c)),

@@ -62,7 +62,7 @@ enum StepCall<'a> {
 
 enum StepAnswer {
     Moments(Vec<pb::GroupMoments>),
-    Trained(Option<pb::TrainReport>, pb::WeightsPublished),
+    Trained(Box<(Option<pb::TrainReport>, pb::WeightsPublished)>),
 }
 
 /// One try of `call` on a learner at training step `at` (`step`, or `step + 1` when it has
@@ -88,7 +88,7 @@ async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exp
             if *checkpoint {
                 link.save(Some(step + 1)).await?;
             }
-            Ok(StepAnswer::Trained(report, link.publish(Some(step + 1)).await?))
+            Ok(StepAnswer::Trained(Box::new((report, link.publish(Some(step + 1)).await?))))
         }
     }
 }
@@ -135,7 +135,7 @@ pub(crate) async fn train_learner(
     pooled: &[pb::GroupMoments],
 ) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
     match despite_moves(link, job, StepCall::Train { pooled, checkpoint }, step_id, exps, step, at).await? {
-        StepAnswer::Trained(report, published) => Ok((report, published)),
+        StepAnswer::Trained(done) => Ok(*done),
         StepAnswer::Moments(_) => unreachable!("a Train call answers with a report"),
     }
 }

@@ -38,13 +38,17 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
         adapter_dir: a.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         full_weights: job.train[k].lora.is_none(),
         lora_json: job.train[k].lora.as_ref().filter(|_| a.adapter.is_none()).map(|l| serde_json::to_string(l).unwrap_or_default()).unwrap_or_default(),
+        ..Default::default()
     });
     let frozen = job.spec.frozen.iter().enumerate().map(|(i, f)| pb::AgentPolicy {
         agent_id: job.frozen_agent(i),
-        model_dir: f.model.display().to_string(),
+        model_dir: f.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         adapter_dir: f.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-        full_weights: false,
-        lora_json: String::new(),
+        endpoint: f.endpoint.clone().unwrap_or_default(),
+        endpoint_model: f.endpoint.as_ref().map(|_| f.endpoint_model.clone().unwrap_or_else(|| f.name.clone())).unwrap_or_default(),
+        api_key_env: f.api_key_env.clone().unwrap_or_default(),
+        max_attempts: f.max_attempts.unwrap_or(0),
+        ..Default::default()
     });
     pb::LoadPoliciesRequest { agents: trained.chain(frozen).collect(), dtype: job.spec.rollout.dtype.clone() }
 }

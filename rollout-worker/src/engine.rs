@@ -2,7 +2,8 @@
 //! decodes all pending turns that share a base model in one continuous batch. The async side
 //! talks to it over a channel; no tensor leaves this thread.
 use crate::models::{Models, PolicySpec};
-use crate::tools::{ToolDone, ToolPool};
+use crate::remote::RemoteCalls;
+use crate::tools::{SideDone, ToolPool};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::comas::CoMasConfig;
 use comas_workflow::job::Method;
@@ -85,6 +86,9 @@ pub struct Stats {
     /// Programs run in the sandbox for episode programs, and those that did not exit cleanly.
     pub tool_runs: AtomicU64,
     pub tool_failures: AtomicU64,
+    /// Turns sent to frozen models behind an endpoint, and those that failed after every try.
+    pub endpoint_calls: AtomicU64,
+    pub endpoint_failures: AtomicU64,
 }
 
 pub struct EngineSettings {
@@ -203,7 +207,7 @@ pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Comma
                             std::thread::sleep(Duration::from_secs(secs));
                         }
                         let r = Models::load(&specs, &dtype, settings.device).map_err(|e| e.to_string());
-                        let _ = reply.send(r.as_ref().map(|m| (m.agents.len(), m.bases.len())).map_err(Clone::clone));
+                        let _ = reply.send(r.as_ref().map(|m| (m.agents.len() + m.remote.len(), m.bases.len())).map_err(Clone::clone));
                         if let Ok(m) = r {
                             models = m;
                         }
@@ -258,9 +262,12 @@ struct Runtime<'m> {
     settings: &'m EngineSettings,
     stats: Arc<Stats>,
     tools: ToolPool,
-    tool_results: mpsc::Receiver<ToolDone>,
-    /// Tool runs handed to the pool whose results have not been taken yet.
-    tools_out: usize,
+    /// Turns of frozen models behind an endpoint.
+    remote: RemoteCalls,
+    /// Where tool runs and endpoint turns come back.
+    side_results: mpsc::Receiver<SideDone>,
+    /// Tool runs and endpoint turns handed out whose results have not been taken yet.
+    side_out: usize,
     batchers: Vec<Batcher<'m>>,
     episodes: HashMap<u64, RunningEpisode>,
     seqs: HashMap<u64, Seq>,
@@ -295,19 +302,22 @@ fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> B
 impl<'m> Runtime<'m> {
     fn new(models: &'m Models, settings: &'m EngineSettings, stats: Arc<Stats>) -> Self {
         let batchers = (0..models.bases.len()).map(|b| new_batcher(models, settings, b)).collect();
-        let (tools, tool_results) = ToolPool::new(Arc::clone(&stats));
+        let (done, side_results) = mpsc::channel();
+        let tools = ToolPool::new(done.clone(), Arc::clone(&stats));
+        let remote = RemoteCalls::new(done, Arc::clone(&stats));
         Self {
             models,
             settings,
             stats,
             tools,
-            tool_results,
-            tools_out: 0,
+            remote,
+            side_results,
+            side_out: 0,
             batchers,
             episodes: HashMap::new(),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
-            versions: models.agents.keys().map(|&a| (a, 0)).collect(),
+            versions: models.agents.keys().chain(models.remote.keys()).map(|&a| (a, 0)).collect(),
             in_flight: BTreeMap::new(),
             updates: Vec::new(),
             drain: None,
@@ -345,7 +355,9 @@ impl<'m> Runtime<'m> {
                 // Sequences already decoding finish and are then discarded (their episode is gone).
             }
             Command::Update { agent, version, tensors, reply } => {
-                if !self.models.agents.contains_key(&agent) {
+                if self.models.remote.contains_key(&agent) {
+                    let _ = reply.send(Err(format!("agent {agent} is a frozen model behind an endpoint; it has no weights here to update")));
+                } else if !self.models.agents.contains_key(&agent) {
                     let _ = reply.send(Err(format!("agent {agent} is not loaded on this worker")));
                 } else {
                     self.updates.push((agent, version, tensors, reply));
@@ -377,7 +389,7 @@ impl<'m> Runtime<'m> {
             let _ = results.send(EpisodeOutcome { episode_id: job.episode_id, result: Err(e), draining: true });
             return;
         }
-        if let Some(a) = job.start.agents().into_iter().find(|a| !self.models.agents.contains_key(a)) {
+        if let Some(a) = job.start.agents().into_iter().find(|a| !self.models.agents.contains_key(a) && !self.models.remote.contains_key(a)) {
             return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
         }
         let comas = job.start.comas().cloned();
@@ -424,10 +436,15 @@ impl<'m> Runtime<'m> {
             match r {
                 Request::Turn(turn) => {
                     self.count_truncated(&turn);
-                    self.waiting.push_back(WaitingTurn { key, turn, prompt: None });
+                    if let Some(policy) = self.models.remote.get(&turn.agent) {
+                        self.side_out += 1;
+                        self.remote.submit(key, turn, policy);
+                    } else {
+                        self.waiting.push_back(WaitingTurn { key, turn, prompt: None });
+                    }
                 }
                 Request::Tool(t) => {
-                    self.tools_out += 1;
+                    self.side_out += 1;
                     self.tools.submit(key, t);
                 }
             }
@@ -606,11 +623,11 @@ impl<'m> Runtime<'m> {
         self.replied(key);
     }
 
-    /// A tool run came back: the episode's group may be complete.
-    fn tool_done(&mut self, done: ToolDone) {
-        // A cancelled or failed episode's run is dropped.
+    /// A tool run or an endpoint's turn came back: the episode's group may be complete.
+    fn side_done(&mut self, done: SideDone) {
+        // A cancelled or failed episode's reply is dropped.
         let Some(ep) = self.episodes.get_mut(&done.episode) else { return };
-        ep.replies.push(Reply::Tool(done.result));
+        ep.replies.push(done.reply);
         self.replied(done.episode);
     }
 
@@ -693,8 +710,9 @@ impl<'m> Runtime<'m> {
                         Err(mpsc::TryRecvError::Disconnected) => return None,
                     }
                 } else {
-                    // Tool results come on their own channel: look at it often while runs are out.
-                    let wait = if self.tools_out > 0 { Duration::from_millis(5) } else { Duration::from_millis(200) };
+                    // Tool results and endpoint turns come on their own channel: look at it
+                    // often while some are out.
+                    let wait = if self.side_out > 0 { Duration::from_millis(5) } else { Duration::from_millis(200) };
                     match rx.recv_timeout(wait) {
                         Ok(c) => c,
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
@@ -705,9 +723,9 @@ impl<'m> Runtime<'m> {
                     return Some(c);
                 }
             }
-            while let Ok(done) = self.tool_results.try_recv() {
-                self.tools_out -= 1;
-                self.tool_done(done);
+            while let Ok(done) = self.side_results.try_recv() {
+                self.side_out -= 1;
+                self.side_done(done);
             }
             self.apply_updates();
             self.admit();

@@ -7,6 +7,7 @@ pub mod models;
 pub mod pulls;
 pub mod register;
 pub mod relay;
+pub mod remote;
 pub mod server;
 pub mod service;
 pub mod tools;

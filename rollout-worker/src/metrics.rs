@@ -14,6 +14,8 @@ pub struct Metrics {
     prompts_refused: IntCounter,
     tool_runs: IntCounter,
     tool_failures: IntCounter,
+    endpoint_calls: IntCounter,
+    endpoint_failures: IntCounter,
     running_sequences: IntGauge,
     peak_running_sequences: IntGauge,
     waiting_turns: IntGauge,
@@ -35,6 +37,8 @@ impl Metrics {
             prompts_refused: counter("prompt_refused_total", "episodes failed by a prompt that did not fit with every block cut"),
             tool_runs: counter("tool_runs_total", "programs run in the sandbox for episode tool calls"),
             tool_failures: counter("tool_failures_total", "tool runs that did not exit cleanly (timeout, error, limit)"),
+            endpoint_calls: counter("endpoint_calls_total", "turns of frozen models sent to an OpenAI-compatible endpoint"),
+            endpoint_failures: counter("endpoint_failures_total", "endpoint turns that failed after every try (answered empty)"),
             weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
             weight_bytes_relayed: counter("weight_bytes_relayed_total", "weight bytes relayed to other workers"),
             running_sequences: gauge("running_sequences", "sequences in the decode batches"),
@@ -56,6 +60,8 @@ impl Metrics {
         catch_up(&self.prompts_refused, s.prompts_refused.load(Ordering::Relaxed));
         catch_up(&self.tool_runs, s.tool_runs.load(Ordering::Relaxed));
         catch_up(&self.tool_failures, s.tool_failures.load(Ordering::Relaxed));
+        catch_up(&self.endpoint_calls, s.endpoint_calls.load(Ordering::Relaxed));
+        catch_up(&self.endpoint_failures, s.endpoint_failures.load(Ordering::Relaxed));
         self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
         self.peak_running_sequences.set(s.peak_running_sequences.load(Ordering::Relaxed) as i64);
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);

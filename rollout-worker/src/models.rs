@@ -1,5 +1,6 @@
 //! The policies a worker hosts: base models with their tokenizers, and per agent either a LoRA
 //! adapter on a shared base or a model instance of its own. Built and used on the engine thread.
+use crate::remote::RemotePolicy;
 use comas_model::dtype::parse_kind;
 use comas_model::lora::LoraConfig;
 use comas_model::{CausalLm, LoraAdapter, ModelError, Tokenizer};
@@ -15,6 +16,8 @@ pub struct PolicySpec {
     pub full_weights: bool,
     /// Start a zero LoRA adapter with these settings when there is no adapter folder.
     pub lora: Option<comas_workflow::train_config::LoraSettings>,
+    /// A frozen model served elsewhere: its turns go to this endpoint and nothing is loaded.
+    pub remote: Option<RemotePolicy>,
 }
 
 pub struct Base {
@@ -31,11 +34,13 @@ pub struct AgentPolicy {
 pub struct Models {
     pub bases: Vec<Base>,
     pub agents: BTreeMap<u32, AgentPolicy>,
+    /// Frozen models behind an OpenAI-compatible endpoint.
+    pub remote: BTreeMap<u32, RemotePolicy>,
 }
 
 impl Models {
     pub fn empty() -> Self {
-        Self { bases: Vec::new(), agents: BTreeMap::new() }
+        Self { bases: Vec::new(), agents: BTreeMap::new(), remote: BTreeMap::new() }
     }
 
     /// Loads every policy; agents without their own weights share a base loaded once per folder.
@@ -44,9 +49,14 @@ impl Models {
         let mut bases: Vec<Base> = Vec::new();
         let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
         let mut agents = BTreeMap::new();
+        let mut remote = BTreeMap::new();
         for s in specs {
-            if agents.contains_key(&s.agent) {
+            if agents.contains_key(&s.agent) || remote.contains_key(&s.agent) {
                 return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)));
+            }
+            if let Some(r) = &s.remote {
+                remote.insert(s.agent, r.clone());
+                continue;
             }
             let own = s.full_weights && s.adapter_dir.is_none() && s.lora.is_none();
             let base = match (own, shared.get(&s.model_dir)) {
@@ -87,7 +97,7 @@ impl Models {
             let _g = tch::no_grad_guard();
             let _ = b.model.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
         }
-        Ok(Self { bases, agents })
+        Ok(Self { bases, agents, remote })
     }
 
     /// Copies new weights for `agent` into its tensors in place. Every tensor of the agent's

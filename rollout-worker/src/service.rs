@@ -3,11 +3,13 @@ use crate::engine::{Command, EpisodeJob, EpisodeOutcome};
 use crate::metrics::Metrics;
 use crate::models::PolicySpec;
 use crate::relay::{Relay, Transfer};
+use crate::remote::RemotePolicy;
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use comas_proto::v1::rollout_worker_server::RolloutWorker;
 use comas_proto::weights::{Assembler, ReceivedTensor};
+use comas_service::openai::{Endpoint, DEFAULT_ATTEMPTS};
 use comas_workflow::program::ProgramStart;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -136,6 +138,33 @@ fn source_status(source: &str, e: Status) -> Status {
     }
 }
 
+/// The endpoint of a frozen model served elsewhere, with its API key read from this worker's
+/// environment; `None` for a model the worker loads.
+fn remote_policy(a: &pb::AgentPolicy) -> Result<Option<RemotePolicy>, Status> {
+    if a.endpoint.is_empty() {
+        return Ok(None);
+    }
+    let bad = |m: String| Status::invalid_argument(format!("agent {}: {m}", a.agent_id));
+    if !a.model_dir.is_empty() || !a.adapter_dir.is_empty() || a.full_weights {
+        return Err(bad("an endpoint model has no model folder, adapter or weights to load".into()));
+    }
+    let api_key = match a.api_key_env.as_str() {
+        "" => None,
+        var => Some(std::env::var(var).map_err(|_| {
+            Status::failed_precondition(format!(
+                "agent {}: the environment variable {var} (api_key_env) is not set on this worker; set it to the endpoint's API key",
+                a.agent_id
+            ))
+        })?),
+    };
+    let endpoint = Endpoint::parse(&a.endpoint, api_key).map_err(|e| bad(e.to_string()))?;
+    if a.endpoint_model.is_empty() {
+        return Err(bad("an endpoint model needs the name the endpoint serves it under (endpoint_model)".into()));
+    }
+    let max_attempts = if a.max_attempts == 0 { DEFAULT_ATTEMPTS } else { a.max_attempts };
+    Ok(Some(RemotePolicy { endpoint, model: a.endpoint_model.clone(), max_attempts }))
+}
+
 #[tonic::async_trait]
 impl RolloutWorker for WorkerService {
     async fn load_policies(&self, request: Request<pb::LoadPoliciesRequest>) -> Result<Response<pb::LoadPoliciesResponse>, Status> {
@@ -157,6 +186,7 @@ impl RolloutWorker for WorkerService {
                 };
                 Ok(PolicySpec {
                     agent: a.agent_id,
+                    remote: remote_policy(&a)?,
                     model_dir: PathBuf::from(a.model_dir),
                     adapter_dir: (!a.adapter_dir.is_empty()).then(|| PathBuf::from(a.adapter_dir)),
                     full_weights: a.full_weights,

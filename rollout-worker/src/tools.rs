@@ -2,6 +2,7 @@
 //! sends the result back on a channel the engine polls, so the engine thread never waits on one.
 use crate::engine::Stats;
 use comas_sandbox::{Denied, Outcome, Reason, RunFile, RunFiles, Sandbox};
+use comas_workflow::program::Reply;
 use comas_workflow::tool::{ToolRequest, ToolResult, WorkspaceFile};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
@@ -15,15 +16,15 @@ struct Job {
     request: ToolRequest,
 }
 
-/// A finished run of one episode's tool call.
-pub struct ToolDone {
+/// What one episode asked for off the engine thread (a tool run, an endpoint's turn), done.
+pub struct SideDone {
     pub episode: u64,
-    pub result: ToolResult,
+    pub reply: Reply,
 }
 
 pub struct ToolPool {
     jobs: Option<mpsc::Sender<Job>>,
-    done: mpsc::Sender<ToolDone>,
+    done: mpsc::Sender<SideDone>,
     stats: Arc<Stats>,
 }
 
@@ -96,10 +97,9 @@ fn run(request: &ToolRequest) -> ToolResult {
 }
 
 impl ToolPool {
-    /// The pool (its threads start with the first run) and where its results arrive.
-    pub fn new(stats: Arc<Stats>) -> (Self, mpsc::Receiver<ToolDone>) {
-        let (done, results) = mpsc::channel();
-        (Self { jobs: None, done, stats }, results)
+    /// The pool (its threads start with the first run), sending its results on `done`.
+    pub fn new(done: mpsc::Sender<SideDone>, stats: Arc<Stats>) -> Self {
+        Self { jobs: None, done, stats }
     }
 
     /// Queues a run; its result arrives on the pool's channel, tagged with `episode`.
@@ -120,7 +120,7 @@ impl ToolPool {
                     if !result.ran() {
                         stats.tool_failures.fetch_add(1, Ordering::Relaxed);
                     }
-                    if done.send(ToolDone { episode: job.episode, result }).is_err() {
+                    if done.send(SideDone { episode: job.episode, reply: Reply::Tool(result) }).is_err() {
                         return;
                     }
                 });
@@ -132,7 +132,7 @@ impl ToolPool {
         });
         if let Err(mpsc::SendError(job)) = jobs.send(Job { episode, request }) {
             let result = result_of(job.request.call_index, Err("no tool thread is running".into()));
-            let _ = self.done.send(ToolDone { episode, result });
+            let _ = self.done.send(SideDone { episode, reply: Reply::Tool(result) });
         }
     }
 }

@@ -92,13 +92,7 @@ async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Pa
 
 async fn load_agents(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool, n: u32) {
     let agents = (0..n)
-        .map(|a| pb::AgentPolicy {
-            agent_id: a,
-            model_dir: model.display().to_string(),
-            adapter_dir: String::new(),
-            full_weights: full,
-            lora_json: String::new(),
-        })
+        .map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, ..Default::default() })
         .collect();
     c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
 }
@@ -649,8 +643,9 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
             adapter_dir: String::new(),
             full_weights: false,
             lora_json: r#"{"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}"#.into(),
+            ..Default::default()
         },
-        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), adapter_dir: String::new(), full_weights: false, lora_json: String::new() },
+        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), ..Default::default() },
     ];
     let loaded = c.load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() }).await.unwrap().into_inner();
     assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");

@@ -3,6 +3,7 @@
 //! graceful shutdown, and the logging set-up.
 pub mod auth;
 pub mod limits;
+pub mod openai;
 pub mod prom;
 pub mod roots;
 

@@ -22,10 +22,65 @@ use thiserror::Error;
 pub struct FrozenSpec {
     /// How the method's settings refer to it (`[mappa] coach = "coach"`).
     pub name: String,
-    /// Model folder (Hugging Face layout), as seen by the workers.
-    pub model: PathBuf,
+    /// Model folder (Hugging Face layout), as seen by the workers; absent for a model that an
+    /// `endpoint` serves.
+    #[serde(default)]
+    pub model: Option<PathBuf>,
     /// Optional PEFT adapter applied on top.
+    #[serde(default)]
     pub adapter: Option<PathBuf>,
+    /// Base URL of an OpenAI-compatible chat-completions server that answers this model's turns
+    /// instead of the workers (`http://judge:8000/v1`: vLLM, TGI, `comas serve`).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The name the endpoint serves the model under (default: `name`).
+    #[serde(default)]
+    pub endpoint_model: Option<String>,
+    /// The environment variable, on the workers, holding the endpoint's API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Tries per endpoint call, with a backoff of min(2^try, 300) s, before the turn is
+    /// answered empty (default 8).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+impl FrozenSpec {
+    /// A frozen model the workers load from `model`.
+    pub fn local(name: impl Into<String>, model: PathBuf, adapter: Option<PathBuf>) -> Self {
+        Self { name: name.into(), model: Some(model), adapter, endpoint: None, endpoint_model: None, api_key_env: None, max_attempts: None }
+    }
+
+    fn check(&self, k: usize) -> Result<(), JobError> {
+        let field = |f: &str| format!("frozen[{k}].{f}");
+        match (&self.model, &self.endpoint) {
+            (Some(_), Some(_)) => return Err(invalid(field("endpoint"), "give either a model folder or an endpoint, not both")),
+            (None, None) => return Err(invalid(field("model"), "give the model folder the workers load, or an `endpoint` that serves the model")),
+            (None, Some(url)) => {
+                if url.starts_with("https://") {
+                    return Err(invalid(field("endpoint"), format!("{url:?}: https needs TLS, which comas does not have yet; put a TLS-terminating proxy on the cluster's network in front of it and give its http:// URL")));
+                }
+                if !url.starts_with("http://") {
+                    return Err(invalid(field("endpoint"), format!("{url:?} is not an http:// URL (e.g. http://judge:8000/v1)")));
+                }
+                if self.adapter.is_some() {
+                    return Err(invalid(field("adapter"), "an endpoint model has no adapter here; the endpoint serves the model as it is"));
+                }
+            }
+            (Some(_), None) => {
+                if self.endpoint_model.is_some() || self.api_key_env.is_some() || self.max_attempts.is_some() {
+                    return Err(invalid(
+                        field("endpoint"),
+                        "endpoint_model, api_key_env and max_attempts are for a model behind an `endpoint`; this one has a model folder",
+                    ));
+                }
+            }
+        }
+        if self.max_attempts == Some(0) {
+            return Err(invalid(field("max_attempts"), "must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 /// A job that cannot run. `field` is the key path in the job file (`agents[1].train.lr`).
@@ -307,7 +362,9 @@ impl JobSpec {
             }
         }
         for f in &mut self.frozen {
-            fix(&mut f.model);
+            if let Some(m) = &mut f.model {
+                fix(m);
+            }
             if let Some(ad) = &mut f.adapter {
                 fix(ad);
             }
@@ -331,7 +388,9 @@ impl JobSpec {
             }
         }
         for (k, f) in self.frozen.iter().enumerate() {
-            out.push((format!("frozen[{k}].model"), f.model.clone()));
+            if let Some(m) = &f.model {
+                out.push((format!("frozen[{k}].model"), m.clone()));
+            }
             if let Some(ad) = &f.adapter {
                 out.push((format!("frozen[{k}].adapter"), ad.clone()));
             }
@@ -415,6 +474,7 @@ impl JobSpec {
             if f.name.trim().is_empty() || self.frozen[..k].iter().any(|g| g.name == f.name) {
                 return Err(invalid(format!("frozen[{k}].name"), format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name)));
             }
+            f.check(k)?;
         }
         crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))
     }
@@ -835,6 +895,14 @@ train_batch_size = 4
         let m = ds.mappa.as_ref().unwrap();
         assert_eq!((m.max_turns.clone(), m.tool_timeout_secs, m.role_at(2)), (vec![4, 4, 4], 60.0, Role::Analyst));
         assert!(err(MAPPA_JOB.replace("[mappa]\n", "[mappa]\npipeline = \"kaggle\"\n")).contains("`mappa.pipeline`"));
+        // A coach behind an endpoint: no folder to load, and only plain http.
+        let served = |frozen: &str| MAPPA_JOB.replace("name = \"coach\"\nmodel = \"coach\"\n", frozen);
+        let job = JobSpec::from_toml(&served("name = \"coach\"\nendpoint = \"http://judge:8000/v1\"\n")).unwrap().check(10).unwrap();
+        assert_eq!((job.spec.frozen[0].model.as_ref(), job.spec.paths().iter().filter(|(k, _)| k.starts_with("frozen")).count()), (None, 0));
+        assert!(err(served("name = \"coach\"\nendpoint = \"https://api.example.com/v1\"\n")).contains("https needs TLS"));
+        assert!(err(served("name = \"coach\"\n")).contains("give the model folder the workers load, or an `endpoint`"));
+        assert!(err(served("name = \"coach\"\nmodel = \"coach\"\nendpoint = \"http://j/v1\"\n")).contains("not both"));
+        assert!(err(served("name = \"coach\"\nmodel = \"coach\"\napi_key_env = \"KEY\"\n")).contains("for a model behind an `endpoint`"));
         // The global scope pools whitening statistics, so every agent must whiten.
         let global = MAPPA_JOB.replace("[mappa]\n", "[mappa]\nnorm_scope = \"global\"\n");
         assert_eq!(JobSpec::from_toml(&global).unwrap().check(10).unwrap().mappa.unwrap().norm_scope, crate::mappa::NormScope::Global);

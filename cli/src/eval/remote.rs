@@ -60,8 +60,7 @@ impl RemoteRun<'_> {
     fn job_toml(&self, setup: Setup, name: &str, questions: &[EvalQuestion]) -> Result<String> {
         let evaluate =
             toml::Table::try_from(EvaluateTable { setup, temperature: self.temperature, max_new_tokens: self.max_new_tokens, seed: self.seed, questions })?;
-        let frozen =
-            self.team.iter().enumerate().map(|(i, m)| FrozenSpec { name: format!("member-{i}"), model: m.model.clone(), adapter: m.adapter.clone() }).collect();
+        let frozen = self.team.iter().enumerate().map(|(i, m)| FrozenSpec::local(format!("member-{i}"), m.model.clone(), m.adapter.clone())).collect();
         let spec = JobSpec {
             name: name.to_string(),
             seed: self.seed,

@@ -1,0 +1,286 @@
+//! The OpenAI chat-completions wire format, the part comas speaks, and a small HTTP/1.1 client
+//! for it: how rollout workers reach a frozen model served elsewhere (a coach behind vLLM, TGI
+//! or `comas serve`), and what `comas serve` answers. Plain `http://` only: there is no TLS
+//! stack in comas yet, so a public HTTPS API needs a TLS-terminating proxy in front.
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Tries per endpoint call by default (spec mappa.md §4: `coach_max_attempts`).
+pub const DEFAULT_ATTEMPTS: u32 = 8;
+/// Largest response body read from an endpoint (a chat completion is a few KiB).
+pub const RESPONSE_BYTES: usize = 8 << 20;
+/// Largest request body `comas serve` reads.
+pub const REQUEST_BYTES: usize = 4 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    /// `null` in some servers' replies (a refusal, a tool call): read as empty.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub content: String,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn strings(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// A `POST /chat/completions` body. Fields comas does not use are refused by `comas serve`
+/// only where ignoring them would change the answer (`n`, `stream`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// Empty: whatever the server serves (`comas serve` serves one model).
+    #[serde(default)]
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Not in OpenAI's API; vLLM and `comas serve` take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Not in OpenAI's API: vLLM's and `comas serve`'s least number of new tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// comas's own extension (a guided tail, see `comas_model::guide`): only `comas serve`
+    /// knows it, so it is sent only when a turn asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_suffix: Option<String>,
+}
+
+impl ChatRequest {
+    /// The completion budget, under either name.
+    pub fn max_new_tokens(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    pub index: u32,
+    pub message: Message,
+    /// "stop" or "length".
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<Choice>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+/// An error body: `{"error": {"message": …, "type": …}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum CallError {
+    #[error("endpoint URL {url:?}: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("cannot reach {0}")]
+    Connect(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("HTTP {code}: {message}")]
+    Status { code: u16, message: String },
+    #[error("the reply is not a chat completion: {0}")]
+    Malformed(String),
+}
+
+impl CallError {
+    /// Worth another try: the server was away, slow, busy or failed inside.
+    pub fn retryable(&self) -> bool {
+        match self {
+            CallError::Connect(_) | CallError::Timeout(_) => true,
+            CallError::Status { code, .. } => *code == 408 || *code == 429 || *code >= 500,
+            CallError::BadUrl { .. } | CallError::Malformed(_) => false,
+        }
+    }
+
+    /// A short stable name, for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CallError::BadUrl { .. } => "bad_url",
+            CallError::Connect(_) => "connect",
+            CallError::Timeout(_) => "timeout",
+            CallError::Status { code, .. } if *code >= 500 => "server_error",
+            CallError::Status { code: 429, .. } => "rate_limited",
+            CallError::Status { .. } => "refused",
+            CallError::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// A chat-completions endpoint: `http://host[:port][/prefix]`, the prefix being where
+/// `/chat/completions` lives (vLLM and OpenAI: `/v1`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    authority: String,
+    host: String,
+    port: u16,
+    path: String,
+    api_key: Option<String>,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str, api_key: Option<String>) -> Result<Self, CallError> {
+        let bad = |why: &str| CallError::BadUrl { url: url.to_string(), why: why.to_string() };
+        let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => return Err(bad("https needs TLS, which comas does not have yet; put a TLS-terminating proxy on this network in front of it")),
+            _ => return Err(bad("give an http:// URL, e.g. http://judge:8000/v1")),
+        }
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
+        let path = format!("{}/chat/completions", uri.path().trim_end_matches('/'));
+        Ok(Self { authority: authority.to_string(), host, port: authority.port_u16().unwrap_or(80), path, api_key })
+    }
+
+    /// One call, with `timeout` for all of it (connect, send, read).
+    pub async fn chat(&self, request: &ChatRequest, timeout: Duration) -> Result<ChatResponse, CallError> {
+        tokio::time::timeout(timeout, self.chat_once(request)).await.map_err(|_| CallError::Timeout(timeout))?
+    }
+
+    async fn chat_once(&self, request: &ChatRequest) -> Result<ChatResponse, CallError> {
+        let body = serde_json::to_vec(request).map_err(|e| CallError::Malformed(e.to_string()))?;
+        let stream =
+            tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
+        // The connection is driven beside the request and ends with it.
+        let driver = tokio::spawn(conn);
+        let mut req = hyper::Request::post(&self.path)
+            .header(hyper::header::HOST, &self.authority)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(key) = &self.api_key {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let req = req.body(Full::new(Bytes::from(body))).map_err(|e| CallError::Malformed(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
+        let status = resp.status();
+        let bytes = Limited::new(resp.into_body(), RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| CallError::Malformed(format!("reading the body (at most {RESPONSE_BYTES} bytes): {e}")))?
+            .to_bytes();
+        driver.abort();
+        if !status.is_success() {
+            let message = match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(b) => b.error.message,
+                Err(_) => String::from_utf8_lossy(&bytes[..bytes.len().min(500)]).into_owned(),
+            };
+            return Err(CallError::Status { code: status.as_u16(), message });
+        }
+        let r: ChatResponse = serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))?;
+        if r.choices.is_empty() {
+            return Err(CallError::Malformed("no choices".into()));
+        }
+        Ok(r)
+    }
+}
+
+/// The wait before try `attempt` (1-based, after the first) of a call that keeps failing:
+/// min(2^attempt, 300) s, spec mappa.md §4's schedule.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_pow(attempt).min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_to_a_chat_completions_path() {
+        let e = Endpoint::parse("http://judge:8000/v1/", None).unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.path.as_str(), e.authority.as_str()), ("judge", 8000, "/v1/chat/completions", "judge:8000"));
+        let e = Endpoint::parse("http://127.0.0.1", Some("k".into())).unwrap();
+        assert_eq!((e.port, e.path.as_str()), (80, "/chat/completions"));
+        let err = Endpoint::parse("https://api.openai.com/v1", None).unwrap_err().to_string();
+        assert!(err.contains("https needs TLS"), "{err}");
+        assert!(Endpoint::parse("judge:8000", None).is_err());
+    }
+
+    #[test]
+    fn which_failures_are_retried() {
+        assert!(CallError::Status { code: 503, message: String::new() }.retryable());
+        assert!(CallError::Status { code: 429, message: String::new() }.retryable());
+        assert!(!CallError::Status { code: 400, message: String::new() }.retryable());
+        assert!(CallError::Connect("x".into()).retryable());
+        assert!(!CallError::Malformed("x".into()).retryable());
+        assert_eq!(CallError::Status { code: 429, message: String::new() }.reason(), "rate_limited");
+        assert_eq!(
+            (backoff(1), backoff(8), backoff(9), backoff(40)),
+            (Duration::from_secs(2), Duration::from_secs(256), Duration::from_secs(300), Duration::from_secs(300))
+        );
+    }
+
+    #[test]
+    fn replies_with_null_content_and_either_stop_form_read() {
+        let r: ChatResponse = serde_json::from_str(
+            r#"{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null},"finish_reason":"stop"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.choices[0].message.content, "");
+        let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":"\n","max_tokens":5}"#).unwrap();
+        assert_eq!((q.stop.as_ref().unwrap().strings(), q.max_new_tokens()), (vec!["\n".to_string()], Some(5)));
+        let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":["a","b"],"max_completion_tokens":7,"max_tokens":5}"#).unwrap();
+        assert_eq!((q.stop.as_ref().unwrap().strings().len(), q.max_new_tokens()), (2, Some(7)));
+    }
+}
