@@ -6,9 +6,11 @@ use crate::experience::{make_step, Finished, StepBatch};
 use crate::mappa_experience::make_mappa_step;
 use comas_proto::v1 as pb;
 use comas_workflow::comas::{episode_seed, plan_batch, PlanSeed};
+use comas_workflow::cosir::{CosirConfig, Table};
 use comas_workflow::eval::{EvalJobConfig, EvalRunMetrics};
 use comas_workflow::job::{Job, Method};
 use comas_workflow::program::{Record, Settings};
+use comas_workflow::seed::derive_seed;
 use comas_workflow::task::TaskRecord;
 use std::collections::HashMap;
 
@@ -68,8 +70,19 @@ pub(crate) fn episode_specs(
             .map(|p| serde_json::to_string(p).expect("plan serialises"))
             .collect(),
         Settings::Mappa(_) => vec![String::new(); n],
+        // The plan of a CoSIR game is its table, drawn from the table's own seed.
+        Settings::Cosir(cosir) => {
+            let mut plans = Vec::with_capacity(n);
+            for &index in chosen {
+                let table = cosir_table(cosir, seed, index)?;
+                let json = serde_json::to_string(&table).expect("table serialises");
+                plans.extend(std::iter::repeat_n(json, copies));
+            }
+            plans
+        }
         Settings::Eval(_) => return Err(CoordinatorError::Other("an evaluation job's episodes come from its own questions".into())),
     };
+    let generated = matches!(settings, Settings::Cosir(_));
     let config_json = settings.config_json();
     let method = settings.method().as_str().to_string();
     Ok(plans
@@ -80,7 +93,7 @@ pub(crate) fn episode_specs(
             pb::EpisodeSpec {
                 episode_id: id_of(instance),
                 config_json: config_json.clone(),
-                question_json: serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises"),
+                question_json: if generated { String::new() } else { serde_json::to_string(&questions[chosen[i / copies]]).expect("record serialises") },
                 plan_json,
                 instance,
                 seed: episode_seed(seed, instance),
@@ -89,6 +102,17 @@ pub(crate) fn episode_specs(
         })
         .collect())
 }
+
+/// Table `index` of a CoSIR job's stream `seed.shard` (training tables, or the fixed held-out
+/// ones of the evaluation shard): the same index always gives the same table.
+pub(crate) fn cosir_table(config: &CosirConfig, seed: PlanSeed, index: usize) -> Result<Table> {
+    let prefix = if seed.shard == EVAL_SHARD { "eval-table" } else { "table" };
+    Table::generate(config, derive_seed(&[seed.global, COSIR_TABLE_TAG, seed.shard, index as u64]), &format!("{prefix}-{index}"))
+        .map_err(|e| CoordinatorError::Rollout(format!("drawing CoSIR table {index}: {e}")))
+}
+
+/// Seed stream of CoSIR tables.
+const COSIR_TABLE_TAG: u64 = 0xC051_7AB1;
 
 /// A stored record (it passed the same check when it arrived; versions are checked again when
 /// the step's experiences are made).
@@ -149,7 +173,7 @@ pub(crate) fn make_batch(
                         let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
                         Ok(Finished { episode_id, trajectory: t, answer })
                     }
-                    Record::Mappa(_) | Record::Eval(_) => Err(wrong(&episode_id)),
+                    Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
@@ -159,17 +183,27 @@ pub(crate) fn make_batch(
                 .into_iter()
                 .map(|(episode_id, r)| match r {
                     Record::Mappa(t) => Ok((episode_id, t)),
-                    Record::Comas(_) | Record::Eval(_) => Err(wrong(&episode_id)),
+                    Record::Comas(_) | Record::Eval(_) | Record::Cosir(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_mappa_step(&finished, mappa, num_agents, Some(versions))
+        }
+        Settings::Cosir(cosir) => {
+            let finished = records
+                .into_iter()
+                .map(|(episode_id, r)| match r {
+                    Record::Cosir(t) => Ok((episode_id, t)),
+                    _ => Err(wrong(&episode_id)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            crate::cosir_experience::make_cosir_step(&finished, cosir, num_agents, Some(versions))
         }
         Settings::Eval(_) => {
             let transcripts = records
                 .iter()
                 .map(|(episode_id, r)| match r {
                     Record::Eval(t) => Ok(t),
-                    Record::Comas(_) | Record::Mappa(_) => Err(wrong(episode_id)),
+                    Record::Comas(_) | Record::Mappa(_) | Record::Cosir(_) => Err(wrong(episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             let metrics = serde_json::to_value(EvalRunMetrics::of(transcripts)).map_err(|e| CoordinatorError::Other(e.to_string()))?;

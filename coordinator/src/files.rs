@@ -60,6 +60,21 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
         check_output_dir(&job.spec.output.dir)?;
         return Ok(Loaded { job, questions: Vec::new(), eval_questions: Vec::new() });
     }
+    if spec.method == Method::Cosir {
+        // Generated tables: check that the settings can produce one, and leave room for turns.
+        let job = spec.check(0)?;
+        if let Some(c) = &job.cosir {
+            comas_workflow::cosir::Table::generate(c, 0, "check").map_err(|e| bad("cosir", e))?;
+            if let Some(m) = models.iter().find(|m| u64::from(c.sampling.max_new_tokens) >= m.context) {
+                return Err(bad(
+                    "cosir.sampling.max_new_tokens",
+                    format!("is {}, but the model in {} holds {} tokens; leave room for the prompt", c.sampling.max_new_tokens, m.dir.display(), m.context),
+                ));
+            }
+        }
+        check_output_dir(&job.spec.output.dir)?;
+        return Ok(Loaded { job, questions: Vec::new(), eval_questions: Vec::new() });
+    }
     let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
     let mut eval_questions = Vec::new();
     if let Some(e) = &spec.eval {

@@ -2,6 +2,7 @@
 //! reward formulation, routing to the learners and the weight-version barrier.
 pub mod broadcast;
 pub mod cli;
+pub mod cosir_experience;
 pub mod episodes;
 pub mod error;
 pub mod experience;

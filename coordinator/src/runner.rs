@@ -131,7 +131,12 @@ async fn play_eval(
     tag: &str,
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<Value> {
-    let chosen: Vec<usize> = (0..questions.len()).collect();
+    // CoSIR's held-out set is the evaluation shard's first `max_questions` tables.
+    let count = match (settings, &job.spec.eval) {
+        (Settings::Cosir(_), Some(e)) => e.max_questions,
+        _ => questions.len(),
+    };
+    let chosen: Vec<usize> = (0..count).collect();
     let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
     let specs = episode_specs(settings, &chosen, questions, seed, |i| {
         uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()

@@ -88,7 +88,12 @@ fn from_job(path: &std::path::Path, agent: u32) -> Result<(PathBuf, Option<PathB
     let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
     let mut spec = JobSpec::from_toml(&text).with_context(|| path.display().to_string())?;
     spec.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
-    let n = comas_workflow::task::load_dataset(&spec.data.train).with_context(|| format!("data.train {}", spec.data.train.display()))?.len();
+    // A method that generates its tasks (CoSIR) has no data set to count.
+    let n = if spec.data.train.as_os_str().is_empty() {
+        0
+    } else {
+        comas_workflow::task::load_dataset(&spec.data.train).with_context(|| format!("data.train {}", spec.data.train.display()))?.len()
+    };
     let job = spec.check(n).with_context(|| path.display().to_string())?;
     let Some(a) = job.spec.agents.get(agent as usize) else {
         bail!("--agent-id {agent}: the job lists only {} agents", job.spec.agents.len());

@@ -2,6 +2,7 @@
 //! needs no file system live here, so the coordinator (at submit time) and each learner (at
 //! start) resolve an agent's training settings with the same code and get the same numbers.
 use crate::comas::CoMasConfig;
+use crate::cosir::CosirConfig;
 use crate::eval::{EvalJobConfig, EvalQuestion, EvalSettings};
 use crate::mappa::MappaConfig;
 use crate::program::{MethodConfig, Settings};
@@ -105,6 +106,8 @@ pub enum Method {
     /// No training: the rollout workers play an evaluation setup (spec §8.2) on benchmark
     /// questions with frozen models (`comas eval --coordinator`).
     Eval,
+    /// The CoSIR information game on generated tables (spec cosir.md).
+    Cosir,
 }
 
 impl Method {
@@ -113,6 +116,7 @@ impl Method {
             Method::Comas => "comas",
             Method::Mappa => "mappa",
             Method::Eval => "eval",
+            Method::Cosir => "cosir",
         }
     }
 
@@ -122,7 +126,8 @@ impl Method {
             "" | "comas" => Ok(Method::Comas),
             "mappa" => Ok(Method::Mappa),
             "eval" => Ok(Method::Eval),
-            other => Err(format!("unknown method {other:?}: expected \"comas\", \"mappa\" or \"eval\"")),
+            "cosir" => Ok(Method::Cosir),
+            other => Err(format!("unknown method {other:?}: expected \"comas\", \"mappa\", \"cosir\" or \"eval\"")),
         }
     }
 }
@@ -217,7 +222,9 @@ pub struct OutputSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvalSpec {
-    /// Held-out questions, same record format as the training data.
+    /// Held-out questions, same record format as the training data (CoSIR: none; its held-out
+    /// tables are generated, `max_questions` of them).
+    #[serde(default)]
     pub data: PathBuf,
     #[serde(default = "five")]
     pub every_steps: u64,
@@ -269,6 +276,10 @@ pub struct JobSpec {
     /// MAPPA settings (`method = "mappa"`); see `MappaConfig`.
     #[serde(default)]
     pub mappa: toml::Table,
+    /// CoSIR settings (`method = "cosir"`); see `CosirConfig`. Its tables are generated, so
+    /// it has no `[data]`.
+    #[serde(default)]
+    pub cosir: toml::Table,
     /// An evaluation job's setup, sampling and questions (`method = "eval"`); see
     /// `EvalSettings` and `EvalQuestion`. The team is the `[[frozen]]` list.
     #[serde(default)]
@@ -330,6 +341,8 @@ pub struct Job {
     pub mappa: Option<MappaConfig>,
     /// Set for `method = "eval"`.
     pub evaluate: Option<EvalJobConfig>,
+    /// Set for `method = "cosir"`.
+    pub cosir: Option<CosirConfig>,
     pub train: Vec<TrainConfig>,
     pub total_steps: u64,
     pub steps_per_epoch: u64,
@@ -414,6 +427,27 @@ impl JobSpec {
         table.insert("num_agents".into(), toml::Value::Integer(i64::from(l)));
         let cfg: CoMasConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("comas", e.message().to_string()))?;
         cfg.validate().map_err(|e| invalid("comas", e.to_string()))?;
+        Ok(cfg)
+    }
+
+    /// The CoSIR settings, with as many [[agents]] as its seat policy trains.
+    fn cosir_config(&self) -> Result<CosirConfig, JobError> {
+        let cfg: CosirConfig = toml::Value::Table(self.cosir.clone()).try_into().map_err(|e: toml::de::Error| invalid("cosir", e.message().to_string()))?;
+        cfg.validate().map_err(|(k, m)| invalid(format!("cosir.{k}"), m))?;
+        let want = cfg.num_agents() as usize;
+        if self.agents.len() != want {
+            return Err(invalid(
+                "agents",
+                match cfg.seat_policy {
+                    crate::cosir::config::SeatPolicy::Shared => {
+                        format!("cosir.seat_policy = \"shared\" trains one policy for every seat; list 1 [[agents]], not {}", self.agents.len())
+                    }
+                    crate::cosir::config::SeatPolicy::PerSeat => {
+                        format!("cosir.seat_policy = \"per_seat\" trains one agent per seat; list {want} [[agents]] (cosir.agents), not {}", self.agents.len())
+                    }
+                },
+            ));
+        }
         Ok(cfg)
     }
 
@@ -516,6 +550,7 @@ impl JobSpec {
             comas: CoMasConfig::default(),
             mappa: None,
             evaluate: Some(cfg),
+            cosir: None,
             train: Vec::new(),
             total_steps: 1,
             steps_per_epoch: 1,
@@ -535,7 +570,11 @@ impl JobSpec {
         if !self.evaluate.is_empty() {
             return Err(invalid("evaluate", format!("is set but method is {}; set method = \"eval\" for an evaluation job", self.method.as_str())));
         }
-        if self.data.train.as_os_str().is_empty() {
+        let cosir = self.method == Method::Cosir;
+        if cosir && !self.data.train.as_os_str().is_empty() {
+            return Err(invalid("data.train", "is set but CoSIR generates its tables; remove [data]"));
+        }
+        if !cosir && self.data.train.as_os_str().is_empty() {
             return Err(invalid("data.train", "give the file of training questions"));
         }
         if self.agents.is_empty() {
@@ -551,7 +590,16 @@ impl JobSpec {
                 }
             }
         }
+        if !cosir && !self.cosir.is_empty() {
+            return Err(invalid("cosir", format!("is set but method is {}; set method = \"cosir\"", self.method.as_str())));
+        }
         let (comas, mappa) = match self.method {
+            Method::Cosir => {
+                if !self.comas.is_empty() || !self.mappa.is_empty() || !self.frozen.is_empty() {
+                    return Err(invalid("method", "is cosir, which uses no [comas] or [mappa] settings and no [[frozen]] models; remove them"));
+                }
+                (CoMasConfig { num_agents: self.agents.len() as u32, ..CoMasConfig::default() }, None)
+            }
             Method::Comas => {
                 if !self.mappa.is_empty() || !self.frozen.is_empty() {
                     return Err(invalid("method", "is comas, which uses no [mappa] settings and no [[frozen]] models; remove them or set method = \"mappa\""));
@@ -573,6 +621,13 @@ impl JobSpec {
         if q == 0 {
             return Err(invalid("schedule.questions_per_step", "must be at least 1"));
         }
+        let cosir_config = if cosir { Some(self.cosir_config()?) } else { None };
+        // CoSIR draws fresh tables every step: a virtual data set of one epoch.
+        let dataset_len = match (cosir, s.steps, s.epochs) {
+            (false, ..) => dataset_len,
+            (true, Some(n), None) => usize::try_from(n.saturating_mul(q)).map_err(|_| invalid("schedule.steps", "is too large"))?,
+            (true, ..) => return Err(invalid("schedule", "CoSIR draws new tables every step: give `steps`, not `epochs`")),
+        };
         if dataset_len == 0 {
             return Err(invalid("data.train", "the data set has no questions"));
         }
@@ -612,7 +667,16 @@ impl JobSpec {
                 return Err(invalid("eval.temperature", format!("must be finite and >= 0, got {}", e.temperature)));
             }
         }
-        let mut job = Job { spec: self.clone(), comas, mappa, evaluate: None, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        if let Some(e) = &self.eval {
+            match (cosir, e.data.as_os_str().is_empty()) {
+                (true, false) => return Err(invalid("eval.data", "is set but CoSIR evaluates on generated tables; give their number as eval.max_questions")),
+                (true, true) if e.max_questions == 0 => return Err(invalid("eval.max_questions", "give the number of held-out tables to evaluate on")),
+                (false, true) => return Err(invalid("eval.data", "give the file of held-out questions")),
+                _ => {}
+            }
+        }
+        let mut job =
+            Job { spec: self.clone(), comas, mappa, evaluate: None, cosir: cosir_config, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         if job.mappa.as_ref().is_some_and(|m| m.norm_scope == crate::mappa::NormScope::Global) {
             if let Some((k, t)) = job.train.iter().enumerate().find(|(_, t)| !t.estimator.whitens()) {
@@ -632,10 +696,11 @@ impl JobSpec {
 impl Job {
     /// The method and its settings.
     pub fn settings(&self) -> Settings<'_> {
-        match (&self.mappa, &self.evaluate) {
-            (Some(m), _) => Settings::Mappa(m),
-            (None, Some(e)) => Settings::Eval(&e.settings),
-            (None, None) => Settings::Comas(&self.comas),
+        match (&self.mappa, &self.evaluate, &self.cosir) {
+            (Some(m), _, _) => Settings::Mappa(m),
+            (None, Some(e), _) => Settings::Eval(&e.settings),
+            (None, None, Some(c)) => Settings::Cosir(c),
+            (None, None, None) => Settings::Comas(&self.comas),
         }
     }
 
@@ -653,6 +718,9 @@ impl Job {
     pub fn samples_per_agent(&self) -> u64 {
         if self.evaluate.is_some() {
             return 0;
+        }
+        if let Some(c) = &self.cosir {
+            return self.episodes_per_step() * cosir_turns_per_agent(c);
         }
         match &self.mappa {
             Some(m) => {
@@ -675,6 +743,19 @@ impl Job {
         }
     }
 
+    /// The CoSIR game of evaluation episodes: every seat sampled at `temperature`.
+    fn eval_cosir_at(&self, c: &CosirConfig, temperature: f64) -> CosirConfig {
+        let mut c = c.clone();
+        if let Some(e) = &self.spec.eval {
+            c.instances_per_question = e.instances_per_question;
+        }
+        c.sampling.temperature = temperature;
+        if let Some(f) = &mut c.final_sampling {
+            f.temperature = temperature;
+        }
+        c
+    }
+
     /// Agent ids of the frozen models, after the trained agents'.
     pub fn frozen_agent(&self, index: usize) -> u32 {
         (self.spec.agents.len() + index) as u32
@@ -694,15 +775,26 @@ impl Job {
         if !raw.contains_key("temperature") {
             // Every experience carries its role's sampling temperature and is scored at it;
             // this is only the default for experiences that carry none (greedy roles).
-            let t = match &self.mappa {
-                Some(m) => Some(m.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
-                None => Role::COMAS.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0),
+            let t = match (&self.mappa, &self.cosir) {
+                (Some(m), _) => Some(m.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                (None, Some(c)) => Some(c.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                (None, None) => Role::COMAS.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0),
             };
             table.insert("temperature".into(), toml::Value::Float(t));
         }
         if self.mappa.is_some() && !raw.contains_key("kl_coef") {
             // MAPPA keeps a k1 KL penalty in the reward (spec mappa.md §5).
             table.insert("kl_coef".into(), toml::Value::Float(MAPPA_KL_COEF));
+        }
+        if self.cosir.is_some() {
+            // CoSIR keeps a k3 KL term in the loss, β = 1e-3, against drift in free text (spec §5).
+            for (k, v) in
+                [("kl_coef", toml::Value::Float(COSIR_KL_COEF)), ("kl_in_loss", toml::Value::Boolean(true)), ("kl_estimator", toml::Value::String("k3".into()))]
+            {
+                if !raw.contains_key(k) {
+                    table.insert(k.into(), v);
+                }
+            }
         }
         if !raw.contains_key("seed") {
             table.insert("seed".into(), toml::Value::Integer(derive_seed(&[self.spec.seed, k as u64]) as i64 & i64::MAX));
@@ -714,9 +806,10 @@ impl Job {
         if cfg.train_batch_size as u64 > samples {
             return Err(invalid(
                 format!("{field}.train_batch_size"),
-                match &self.mappa {
-                    Some(_) => format!("is {} but agent {k} may act only {samples} times per step ({} episodes, one action per role at least); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step()),
-                    None => format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
+                match (&self.mappa, &self.cosir) {
+                    (_, Some(c)) => format!("is {} but agent {k} speaks only {samples} turns per step ({} games x {} turns); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), cosir_turns_per_agent(c)),
+                    (Some(_), None) => format!("is {} but agent {k} may act only {samples} times per step ({} episodes, one action per role at least); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step()),
+                    (None, None) => format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
                 },
             ));
         }
@@ -749,6 +842,9 @@ impl Job {
     /// The job's method as evaluation runs it: every policy sampled at `temperature`, the eval
     /// instance count. A MAPPA coach keeps its own sampling.
     pub fn eval_method_at(&self, temperature: f64) -> MethodConfig {
+        if let Some(c) = &self.cosir {
+            return MethodConfig::Cosir(self.eval_cosir_at(c, temperature));
+        }
         match &self.mappa {
             None => MethodConfig::Comas(self.eval_comas_at(temperature)),
             Some(m) => {
@@ -786,11 +882,28 @@ impl Job {
         if self.evaluate.is_some() {
             return (0..self.dataset_len).collect();
         }
+        if self.cosir.is_some() {
+            // Fresh tables every step: table indices step·q .. (step + 1)·q.
+            let q = self.spec.schedule.questions_per_step as usize;
+            return (step as usize * q..(step as usize + 1) * q).collect();
+        }
         step_questions(self.dataset_len, self.spec.schedule.questions_per_step as usize, self.spec.seed, self.spec.data.shuffle, step)
     }
 }
 
 const DATA_ORDER_TAG: u64 = 101;
+
+/// CoSIR's KL coefficient (in the loss, k3; spec cosir.md §5).
+pub const COSIR_KL_COEF: f64 = 1e-3;
+
+/// Turns one trained agent speaks in a CoSIR game: every seat's (shared policy) or its own seat's.
+fn cosir_turns_per_agent(c: &CosirConfig) -> u64 {
+    let seats = match c.seat_policy {
+        crate::cosir::config::SeatPolicy::Shared => u64::from(c.agents),
+        crate::cosir::config::SeatPolicy::PerSeat => 1,
+    };
+    seats * u64::from(c.turns_per_seat())
+}
 
 pub fn step_questions(n: usize, per_step: usize, seed: u64, shuffle: bool, step: u64) -> Vec<usize> {
     let per_epoch = (n / per_step).max(1) as u64;
@@ -908,6 +1021,43 @@ train_batch_size = 4
         assert_eq!(JobSpec::from_toml(&global).unwrap().check(10).unwrap().mappa.unwrap().norm_scope, crate::mappa::NormScope::Global);
         let grpo = global.replacen("train_batch_size = 4\n", "train_batch_size = 4\nestimator = \"group_norm\"\n", 2);
         assert!(err(grpo).contains("agents[0].train.estimator = \"group_norm\" does not whiten"));
+    }
+
+    const COSIR_JOB: &str = r#"
+name = "c"
+method = "cosir"
+[schedule]
+questions_per_step = 4
+steps = 3
+[output]
+dir = "out"
+[cosir]
+agents = 3
+rounds = 2
+[[agents]]
+model = "m0"
+[agents.train]
+train_batch_size = 12
+"#;
+
+    #[test]
+    fn a_cosir_job_generates_its_tables_and_trains_one_shared_policy() {
+        let job = JobSpec::from_toml(COSIR_JOB).unwrap().check(0).unwrap();
+        let c = job.cosir.as_ref().unwrap();
+        assert_eq!((c.agents, c.rounds, job.total_steps, job.episodes_per_step()), (3, 2, 3, 4));
+        // One policy plays all three seats, (2 rounds + final) turns each: 9 per game.
+        assert_eq!((job.samples_per_agent(), job.most_samples_of(0)), (36, 36));
+        assert_eq!(job.step_questions(2), vec![8, 9, 10, 11]);
+        assert_eq!((job.train[0].kl_coef, job.train[0].kl_in_loss), (COSIR_KL_COEF, true));
+        assert_eq!(job.settings().method(), Method::Cosir);
+        let err = |text: String| JobSpec::from_toml(&text).unwrap().check(0).unwrap_err().to_string();
+        assert!(err(COSIR_JOB.replace("rounds = 2", "rounds = 2\nseat_policy = \"per_seat\"")).contains("list 3 [[agents]] (cosir.agents), not 1"));
+        assert!(err(COSIR_JOB.replace("agents = 3", "agents = 9")).contains("`cosir.agents`"));
+        assert!(err(COSIR_JOB.replace("steps = 3", "epochs = 3")).contains("give `steps`, not `epochs`"));
+        assert!(err(COSIR_JOB.replace("[output]", "[data]\ntrain = \"x.jsonl\"\n[output]")).contains("CoSIR generates its tables"));
+        assert!(err(COSIR_JOB.replace("train_batch_size = 12", "train_batch_size = 40")).contains("speaks only 36 turns per step (4 games x 9 turns)"));
+        assert!(err(COSIR_JOB.replace("[output]", "[eval]\nevery_steps = 1\n[output]")).contains("`eval.max_questions`"));
+        assert!(err(COSIR_JOB.replace("[cosir]", "[cosir]\nw_shares = 1.0")).contains("`cosir`"));
     }
 
     const EVAL_JOB: &str = r#"

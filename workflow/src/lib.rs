@@ -6,11 +6,13 @@
 //! each method gets its own folder (`comas/`, `mappa/`) behind the one seam in `program` with its config, prompts, protocol and rewards.
 pub mod code;
 pub mod comas;
+pub mod cosir;
 pub mod error;
 pub mod eval;
 pub mod grade;
 pub mod job;
 pub mod mappa;
+pub mod mean;
 pub mod memory;
 pub mod moments;
 pub mod program;

@@ -3,6 +3,7 @@
 //! whole group's `Reply`s back, and ends with a `Record` that the coordinator turns into
 //! rewards. The worker drives any program the same way; it never needs to know the method.
 use crate::comas::{self, CoMasConfig, InstancePlan, Trajectory};
+use crate::cosir::{self, CosirConfig, CosirTrajectory, Table};
 use crate::error::WorkflowError;
 use crate::eval::{EvalEpisode, EvalQuestion, EvalSettings, EvalTranscript};
 use crate::job::Method;
@@ -79,9 +80,30 @@ pub fn take_replies(pending: &[Request], replies: Vec<Reply>) -> Result<Vec<Repl
 /// Everything needed to start one episode, parsed from the wire.
 #[derive(Debug, Clone)]
 pub enum ProgramStart {
-    Comas { config: CoMasConfig, question: TaskRecord, plan: InstancePlan, instance: u32, seed: u64 },
-    Mappa { config: MappaConfig, question: TaskRecord, instance: u32, seed: u64 },
-    Eval { settings: EvalSettings, question: EvalQuestion },
+    Comas {
+        config: CoMasConfig,
+        question: TaskRecord,
+        plan: InstancePlan,
+        instance: u32,
+        seed: u64,
+    },
+    Mappa {
+        config: MappaConfig,
+        question: TaskRecord,
+        instance: u32,
+        seed: u64,
+    },
+    Eval {
+        settings: EvalSettings,
+        question: EvalQuestion,
+    },
+    /// A CoSIR game on `table` (the coordinator draws the tables; the spec's plan carries one).
+    Cosir {
+        config: CosirConfig,
+        table: Table,
+        instance: u32,
+        seed: u64,
+    },
 }
 
 impl ProgramStart {
@@ -105,6 +127,12 @@ impl ProgramStart {
                 settings: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?,
                 question: serde_json::from_str(question_json).map_err(|e| field("question_json", e))?,
             },
+            Method::Cosir => ProgramStart::Cosir {
+                config: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?,
+                table: serde_json::from_str(plan_json).map_err(|e| field("plan_json", e))?,
+                instance,
+                seed,
+            },
         })
     }
 
@@ -120,6 +148,7 @@ impl ProgramStart {
                 a
             }
             ProgramStart::Eval { settings, .. } => (0..settings.members).collect(),
+            ProgramStart::Cosir { config, .. } => (0..config.num_agents()).collect(),
         }
     }
 
@@ -127,6 +156,7 @@ impl ProgramStart {
         match self {
             ProgramStart::Comas { config, .. } => config.prompt_max_len,
             ProgramStart::Mappa { config, .. } => config.prompt_max_len,
+            ProgramStart::Cosir { config, .. } => config.prompt_max_len,
             ProgramStart::Eval { .. } => None,
         }
     }
@@ -136,6 +166,7 @@ impl ProgramStart {
             ProgramStart::Comas { .. } => Method::Comas,
             ProgramStart::Mappa { .. } => Method::Mappa,
             ProgramStart::Eval { .. } => Method::Eval,
+            ProgramStart::Cosir { .. } => Method::Cosir,
         }
     }
 
@@ -143,7 +174,7 @@ impl ProgramStart {
     pub fn comas(&self) -> Option<&CoMasConfig> {
         match self {
             ProgramStart::Comas { config, .. } => Some(config),
-            ProgramStart::Mappa { .. } | ProgramStart::Eval { .. } => None,
+            ProgramStart::Mappa { .. } | ProgramStart::Eval { .. } | ProgramStart::Cosir { .. } => None,
         }
     }
 }
@@ -154,6 +185,7 @@ pub enum Program {
     Comas(Box<comas::Episode>),
     Mappa(Box<mappa::Episode>),
     Eval(Box<EvalEpisode>),
+    Cosir(Box<cosir::Episode>),
 }
 
 impl Program {
@@ -165,6 +197,7 @@ impl Program {
             }
             ProgramStart::Mappa { config, question, instance, seed } => Program::Mappa(Box::new(mappa::Episode::new(config, question, *instance, *seed)?)),
             ProgramStart::Eval { settings, question } => Program::Eval(Box::new(EvalEpisode::new(settings, question)?)),
+            ProgramStart::Cosir { config, table, instance, seed } => Program::Cosir(Box::new(cosir::Episode::new(config, table, *instance, *seed)?)),
         })
     }
 
@@ -174,6 +207,7 @@ impl Program {
             Program::Comas(e) => e.next_turns().into_iter().map(Request::Turn).collect(),
             Program::Mappa(e) => e.pending().to_vec(),
             Program::Eval(e) => e.pending(),
+            Program::Cosir(e) => e.pending().to_vec(),
         }
     }
 
@@ -192,6 +226,7 @@ impl Program {
             }
             Program::Mappa(e) => e.submit(replies),
             Program::Eval(e) => e.submit(replies),
+            Program::Cosir(e) => e.submit(replies),
         }
     }
 
@@ -200,6 +235,7 @@ impl Program {
             Program::Comas(e) => e.is_done(),
             Program::Mappa(e) => e.is_done(),
             Program::Eval(e) => e.is_done(),
+            Program::Cosir(e) => e.is_done(),
         }
     }
 
@@ -208,6 +244,7 @@ impl Program {
             Program::Comas(e) => e.into_trajectory().map(Record::Comas),
             Program::Mappa(e) => e.into_trajectory().map(Record::Mappa),
             Program::Eval(e) => e.into_transcript().map(Record::Eval),
+            Program::Cosir(e) => e.into_trajectory().map(Record::Cosir),
         }
     }
 }
@@ -226,6 +263,7 @@ pub struct PolicyTurn {
 pub enum MethodConfig {
     Comas(CoMasConfig),
     Mappa(MappaConfig),
+    Cosir(CosirConfig),
 }
 
 impl MethodConfig {
@@ -233,6 +271,7 @@ impl MethodConfig {
         match self {
             MethodConfig::Comas(c) => Settings::Comas(c),
             MethodConfig::Mappa(m) => Settings::Mappa(m),
+            MethodConfig::Cosir(c) => Settings::Cosir(c),
         }
     }
 }
@@ -243,6 +282,7 @@ pub enum Settings<'a> {
     Comas(&'a CoMasConfig),
     Mappa(&'a MappaConfig),
     Eval(&'a EvalSettings),
+    Cosir(&'a CosirConfig),
 }
 
 impl Settings<'_> {
@@ -251,6 +291,7 @@ impl Settings<'_> {
             Settings::Comas(_) => Method::Comas,
             Settings::Mappa(_) => Method::Mappa,
             Settings::Eval(_) => Method::Eval,
+            Settings::Cosir(_) => Method::Cosir,
         }
     }
 
@@ -259,6 +300,7 @@ impl Settings<'_> {
             Settings::Comas(c) => c.instances_per_question,
             Settings::Mappa(m) => m.instances_per_question,
             Settings::Eval(_) => 1,
+            Settings::Cosir(c) => c.instances_per_question,
         }
     }
 
@@ -268,6 +310,7 @@ impl Settings<'_> {
             Settings::Comas(c) => serde_json::to_string(c),
             Settings::Mappa(m) => serde_json::to_string(m),
             Settings::Eval(e) => serde_json::to_string(e),
+            Settings::Cosir(c) => serde_json::to_string(c),
         }
         .expect("settings serialise")
     }
@@ -278,6 +321,7 @@ impl Settings<'_> {
             Settings::Comas(_) => RecordKind::Comas,
             Settings::Mappa(m) => RecordKind::Mappa { roles: m.pipeline.roles().to_vec(), max_turns: m.max_turns.clone() },
             Settings::Eval(e) => RecordKind::Eval((*e).clone()),
+            Settings::Cosir(c) => RecordKind::Cosir((*c).clone()),
         }
     }
 }
@@ -288,6 +332,7 @@ pub enum RecordKind {
     Comas,
     Mappa { roles: Vec<Role>, max_turns: Vec<u32> },
     Eval(EvalSettings),
+    Cosir(CosirConfig),
 }
 
 impl RecordKind {
@@ -309,6 +354,11 @@ impl RecordKind {
                 t.validate(settings)?;
                 Ok(Record::Eval(t))
             }
+            RecordKind::Cosir(config) => {
+                let t: CosirTrajectory = serde_json::from_str(json).map_err(|e| format!("not valid JSON: {e}"))?;
+                t.validate(config)?;
+                Ok(Record::Cosir(t))
+            }
         }
     }
 }
@@ -320,6 +370,7 @@ pub enum Record {
     Comas(Trajectory),
     Mappa(MappaTrajectory),
     Eval(EvalTranscript),
+    Cosir(CosirTrajectory),
 }
 
 impl Record {
@@ -333,6 +384,7 @@ impl Record {
             Record::Comas(t) => t.turns.len() as u32,
             Record::Mappa(t) => t.actions.len() as u32,
             Record::Eval(t) => t.calls.len() as u32,
+            Record::Cosir(t) => t.turns.len() as u32,
         }
     }
 
@@ -342,6 +394,7 @@ impl Record {
             Record::Comas(t) => t.turns.iter().map(|x| x.completion_ids.len() as u64).sum(),
             Record::Mappa(t) => t.completion_tokens(),
             Record::Eval(t) => t.completion_tokens(),
+            Record::Cosir(t) => t.completion_tokens(),
         }
     }
 
@@ -351,6 +404,7 @@ impl Record {
             Record::Comas(t) => t.policy_turns(),
             Record::Mappa(t) => t.policy_turns(),
             Record::Eval(_) => Vec::new(),
+            Record::Cosir(t) => t.policy_turns(),
         }
     }
 
@@ -359,6 +413,7 @@ impl Record {
         match self {
             Record::Comas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.policy_version += by),
+            Record::Cosir(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Eval(_) => {}
         }
     }

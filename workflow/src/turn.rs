@@ -36,6 +36,10 @@ pub enum Role {
     Modeler,
     /// MAPPA DSBench: predicts the test set and writes the submission.
     Analyst,
+    /// CoSIR: a seat's public message in a discussion round.
+    Discussant,
+    /// CoSIR: a seat's private final choice.
+    Voter,
 }
 
 impl Role {
@@ -55,6 +59,8 @@ impl Role {
             Role::DataEngineer => "data_engineer",
             Role::Modeler => "modeler",
             Role::Analyst => "analyst",
+            Role::Discussant => "discussant",
+            Role::Voter => "voter",
         }
     }
 }
@@ -229,4 +235,19 @@ pub fn check_constrained(constrained: &[ConstrainedToken], completion_ids: &[u32
         last = Some(c.position);
     }
     Ok(())
+}
+
+/// Drops `<think>…</think>` blocks (a reasoning model's thoughts) from a hand-off.
+pub fn without_thinking(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("<think>") {
+        out.push_str(&rest[..i]);
+        match rest[i..].find("</think>") {
+            Some(j) => rest = &rest[i + j + "</think>".len()..],
+            None => return out.trim().to_string(),
+        }
+    }
+    out.push_str(rest);
+    out.trim().to_string()
 }

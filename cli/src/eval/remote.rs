@@ -67,6 +67,7 @@ impl RemoteRun<'_> {
             method: Method::Eval,
             comas: toml::Table::new(),
             mappa: toml::Table::new(),
+            cosir: toml::Table::new(),
             evaluate,
             frozen,
             data: DataSpec::default(),

@@ -104,9 +104,16 @@ impl RoleSampling {
             Role::Evaluator => &self.evaluator,
             Role::Scorer => &self.scorer,
             // Other methods' roles never speak in a CoMAS game.
-            Role::ProblemSolver | Role::CodeExecutor | Role::Verifier | Role::Coach | Role::Member | Role::DataEngineer | Role::Modeler | Role::Analyst => {
-                &self.solver
-            }
+            Role::ProblemSolver
+            | Role::CodeExecutor
+            | Role::Verifier
+            | Role::Coach
+            | Role::Member
+            | Role::DataEngineer
+            | Role::Modeler
+            | Role::Analyst
+            | Role::Discussant
+            | Role::Voter => &self.solver,
         }
     }
 

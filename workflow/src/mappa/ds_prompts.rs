@@ -30,21 +30,6 @@ pub fn summary(output: &str, mark: &str) -> Option<String> {
     Some(rest[..end].trim().to_string()).filter(|s| !s.is_empty())
 }
 
-/// Drops `<think>…</think>` blocks (a reasoning model's thoughts) from a hand-off.
-pub fn without_thinking(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("<think>") {
-        out.push_str(&rest[..i]);
-        match rest[i..].find("</think>") {
-            Some(j) => rest = &rest[i + j + "</think>".len()..],
-            None => return out.trim().to_string(),
-        }
-    }
-    out.push_str(rest);
-    out.trim().to_string()
-}
-
 fn file_list(files: &[String]) -> String {
     if files.is_empty() {
         return "  (none)".into();
@@ -176,7 +161,7 @@ mod tests {
         let out = format!("rows 10\n{PREPROCESSING_MARK}\nshape (10, 3)\n{END_MARK}\ndone");
         assert_eq!(summary(&out, PREPROCESSING_MARK).as_deref(), Some("shape (10, 3)"));
         assert_eq!(summary("nothing", MODEL_MARK), None);
-        assert_eq!(without_thinking("<think>hmm</think>Saved X_train.pkl.<think>x</think> Done."), "Saved X_train.pkl. Done.");
+        assert_eq!(crate::turn::without_thinking("<think>hmm</think>Saved X_train.pkl.<think>x</think> Done."), "Saved X_train.pkl. Done.");
         let files = vec!["test.csv".to_string(), "train.csv".into(), "X_test.pkl".into()];
         let p = agent_prompt(&DsView {
             role: Role::Analyst,

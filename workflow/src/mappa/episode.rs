@@ -264,7 +264,7 @@ impl Episode {
         let a = self.actions.last().expect("an action was taken");
         let role = self.config.role_at(self.position);
         let handoff = match role {
-            Role::DataEngineer | Role::Modeler | Role::Analyst => ds_prompts::without_thinking(&a.text),
+            Role::DataEngineer | Role::Modeler | Role::Analyst => crate::turn::without_thinking(&a.text),
             Role::CodeExecutor => match self.actions.iter().rev().take_while(|x| x.position == a.position).find_map(|x| x.observation.clone()) {
                 Some(obs) => format!("{}\n\n{obs}", a.text),
                 None => a.text.clone(),

@@ -4,6 +4,8 @@
 //! spec 5 (KL in the reward, reward-to-go within the action, whitening, the clipped loss).
 use super::config::MappaConfig;
 use super::trajectory::MappaTrajectory;
+pub use crate::mean::Mean;
+use crate::mean::Sum;
 use crate::turn::Role;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,27 +28,6 @@ pub fn action_rewards(config: &MappaConfig, t: &MappaTrajectory) -> Vec<ActionRe
             reward: a.coach.process_score.map(|s| config.process_weight * config.reward_scale * s + config.outcome_weight * a.coach.outcome.unwrap_or(0.0)),
         })
         .collect()
-}
-
-/// A mean and how many values it is over.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Mean {
-    pub mean: Option<f64>,
-    pub count: u64,
-}
-
-#[derive(Default)]
-struct Sum(f64, u64);
-
-impl Sum {
-    fn push(&mut self, v: f64) {
-        self.0 += v;
-        self.1 += 1;
-    }
-    fn mean(&self) -> Mean {
-        Mean { mean: (self.1 > 0).then(|| self.0 / self.1 as f64), count: self.1 }
-    }
 }
 
 /// What one step of MAPPA episodes did (spec: coach score by role, outcome for logging only,

@@ -1,0 +1,86 @@
+//! Experience making for CoSIR: the evidence of each game is replayed by the method's reward
+//! code, and every message and final turn becomes one sample for the seat's agent with its
+//! turn reward (spec cosir.md §4.4, §5). Pure code, no I/O.
+use crate::experience::{finish, StepBatch};
+use comas_proto::v1 as pb;
+use comas_workflow::cosir::metrics::CosirMetrics;
+use comas_workflow::cosir::reward::replay;
+use comas_workflow::cosir::{CosirConfig, CosirTrajectory};
+use comas_workflow::WorkflowError;
+use serde::Serialize;
+
+/// One agent's share of a step.
+#[derive(Debug, Clone, Default, Serialize)]
+struct AgentShare {
+    agent: u32,
+    samples: u64,
+    reward_mean: Option<f64>,
+}
+
+/// The step record: the method's metrics and each agent's share.
+#[derive(Serialize)]
+struct StepRecord<'a> {
+    method: &'static str,
+    #[serde(flatten)]
+    metrics: &'a CosirMetrics,
+    agents: Vec<AgentShare>,
+}
+
+/// Experiences per agent (in game, then turn order) and the step's metrics.
+pub fn make_cosir_step(
+    games: &[(String, CosirTrajectory)],
+    config: &CosirConfig,
+    num_agents: u32,
+    versions: Option<&[u64]>,
+) -> Result<StepBatch, WorkflowError> {
+    let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
+    let mut shares: Vec<AgentShare> = (0..num_agents).map(|agent| AgentShare { agent, ..Default::default() }).collect();
+    let mut sums = vec![0.0; num_agents as usize];
+    let mut replays = Vec::with_capacity(games.len());
+    for (episode_id, t) in games {
+        if let Some(v) = versions {
+            crate::experience::check_turn_versions(&t.policy_turns(), episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
+        }
+        let r = replay(config, t);
+        for (turn, reward) in t.turns.iter().zip(&r.rewards) {
+            let k = turn.agent as usize;
+            let Some(share) = shares.get_mut(k) else {
+                return Err(WorkflowError::MalformedTrajectory(format!(
+                    "episode {episode_id}: turn {} is agent {}'s, but the job has {num_agents} agents",
+                    turn.turn_index, turn.agent
+                )));
+            };
+            share.samples += 1;
+            sums[k] += reward.reward;
+            per_agent[k].push(pb::Experience {
+                prompt_ids: turn.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
+                completion_ids: turn.completion_ids.iter().map(|&x| i64::from(x)).collect(),
+                reward: Some(reward.reward),
+                token_rewards: Vec::new(),
+                finish_reason: finish(turn.finish_reason),
+                // The group of `group_norm` (spec §5): G rollouts of a table, same seat and turn.
+                group: format!("{}/seat{}/turn{}", t.table.id, turn.seat, turn.turn_index),
+                sampling_logprobs: turn.logprobs.clone(),
+                episode_id: episode_id.clone(),
+                turn_id: u64::from(turn.turn_index),
+                policy_version: turn.policy_version,
+                constrained: turn
+                    .constrained
+                    .iter()
+                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
+                    .collect(),
+                temperature: Some(config.sampling_for(turn.role).temperature).filter(|&t| t > 0.0),
+                norm_group: String::new(),
+            });
+        }
+        replays.push((r, t.table.tries, t.completion_tokens()));
+    }
+    for (share, sum) in shares.iter_mut().zip(&sums) {
+        share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
+    }
+    let games: Vec<_> = replays.iter().map(|(r, tries, tokens)| (r, *tries, *tokens)).collect();
+    let metrics = CosirMetrics::of(&games);
+    let record = StepRecord { method: "cosir", metrics: &metrics, agents: shares };
+    let metrics = serde_json::to_value(&record).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
+    Ok(StepBatch { per_agent, metrics, pooled_whitening: false })
+}
