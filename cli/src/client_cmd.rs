@@ -255,6 +255,7 @@ pub fn step_line(m: &Value) -> String {
         parts.push(format!("accuracy {:.0}%", acc * 100.0));
     }
     parts.extend(coaching(m));
+    parts.extend(sharing(m));
     if let Some(s) = m.get("seconds") {
         let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
         parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
@@ -286,6 +287,19 @@ fn coaching(m: &Value) -> Vec<String> {
         parts.push(format!("answers right {}", share(mm.outcome_accuracy)));
     }
     parts
+}
+
+/// A CoSIR record's game: team accuracy, valid shares per game, private cells disclosed,
+/// requests answered and format violations. Empty for other methods.
+fn sharing(m: &Value) -> Vec<String> {
+    let Some(c) = comas_workflow::cosir::metrics::CosirMetrics::read(m) else { return Vec::new() };
+    let pct = |s: comas_workflow::mean::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+    vec![
+        format!("team right {}", pct(c.team_accuracy)),
+        format!("valid shares/game {}", c.valid_shares_per_episode.mean.map_or("-".into(), |v| format!("{v:.1}"))),
+        format!("disclosed {} answered {}", pct(c.disclosure_rate), pct(c.request_fulfilment_rate)),
+        format!("format broken {}", pct(c.format_violation_rate)),
+    ]
 }
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
@@ -407,6 +421,12 @@ mod tests {
             "ds_success_rate": {"mean": 0.5, "count": 2}, "ds_metrics": {"accuracy": {"mean": 0.75, "count": 1}}
         });
         assert_eq!(coaching(&ds).last().unwrap(), "submissions scored 50% accuracy 0.75");
+        let cosir = serde_json::json!({
+            "step": 1, "method": "cosir", "team_accuracy": {"mean": 0.5, "count": 4}, "valid_shares_per_episode": {"mean": 1.25, "count": 4},
+            "disclosure_rate": {"mean": 0.1, "count": 4}, "request_fulfilment_rate": {"mean": null, "count": 0}, "format_violation_rate": {"mean": 0.0, "count": 4}
+        });
+        assert_eq!(step_line(&cosir), "step 1 | team right 50% | valid shares/game 1.2 | disclosed 10% answered - | format broken 0%");
+        assert!(sharing(&m).is_empty());
     }
 
     #[test]

@@ -1522,6 +1522,8 @@ mod cosir_reference {
         pub rewards: Vec<(u64, f64)>,
         pub valid_shares: u32,
         pub false_claims: u32,
+        pub share_tags: u32,
+        pub requests: u32,
         pub team_right: bool,
     }
 
@@ -1533,7 +1535,7 @@ mod cosir_reference {
         let mut e: Vec<BTreeSet<Cell>> = t.views.clone();
         let team = |e: &Vec<BTreeSet<Cell>>| e.iter().map(|x| t.sigma(x)).sum::<f64>();
         let mut out = Vec::new();
-        let (mut valid_shares, mut false_claims) = (0, 0);
+        let (mut valid_shares, mut false_claims, mut share_tags, mut requests) = (0, 0, 0, 0);
         for turn in turns.iter().filter(|x| x["role"] == "discussant") {
             let seat = turn["seat"].as_u64().unwrap() as usize;
             let before = team(&e);
@@ -1560,6 +1562,8 @@ mod cosir_reference {
             }
             valid_shares += valid.len() as u32;
             false_claims += lies as u32;
+            share_tags += turn["tags"]["shares"].as_array().unwrap().len() as u32;
+            requests += turn["tags"]["requests"].as_array().unwrap().len() as u32;
             let share = (before - team(&e)).max(0.0);
             let fmt = if turn["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
             out.push((turn["turn_index"].as_u64().unwrap(), share + 0.5 * req - 0.5 * fmt - 0.5 * lies));
@@ -1582,7 +1586,7 @@ mod cosir_reference {
             let fmt = if f["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
             out.push((f["turn_index"].as_u64().unwrap(), f64::from(u8::from(used)) + f64::from(u8::from(team_right)) - 0.5 * fmt));
         }
-        Game { rewards: out, valid_shares, false_claims, team_right }
+        Game { rewards: out, valid_shares, false_claims, share_tags, requests, team_right }
     }
 }
 
@@ -1605,7 +1609,8 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
         let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
         assert_eq!(records.len(), 4);
         let mut by_seat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-        let (mut step_valid, mut team_right) = (0u32, 0u32);
+        let (mut step_valid, mut team_right, mut requests) = (0u32, 0u32, 0u32);
+        let mut lie_rates = Vec::new();
         for r in &records {
             let turns = r["turns"].as_array().unwrap();
             assert_eq!(turns.len(), 6);
@@ -1617,6 +1622,10 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
             }
             step_valid += g.valid_shares;
             lies += g.false_claims;
+            requests += g.requests;
+            if g.share_tags > 0 {
+                lie_rates.push(f64::from(g.false_claims) / f64::from(g.share_tags));
+            }
             team_right += u32::from(g.team_right);
             for t in turns {
                 // Every message ends with its guided tag line; the tags are what the text says.
@@ -1632,6 +1641,9 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
         valid += step_valid;
         assert_eq!(m["valid_shares_per_episode"]["mean"].as_f64(), Some(f64::from(step_valid) / 4.0), "{m}");
         assert_eq!(m["team_accuracy"]["mean"].as_f64(), Some(f64::from(team_right) / 4.0), "{m}");
+        assert_eq!(m["requests_per_episode"]["mean"].as_f64(), Some(f64::from(requests) / 4.0), "{m}");
+        let lie_rate = (!lie_rates.is_empty()).then(|| lie_rates.iter().sum::<f64>() / lie_rates.len() as f64);
+        assert_eq!((m["false_claim_rate"]["mean"].as_f64(), m["false_claim_rate"]["count"].as_u64()), (lie_rate, Some(lie_rates.len() as u64)), "{m}");
         for k in 0..2 {
             let a = &m["agents"][k];
             // Each seat's agent trains on exactly its 3 turns of each of the 4 games.

@@ -1,30 +1,12 @@
 //! Experience making for CoSIR: the evidence of each game is replayed by the method's reward
 //! code, and every message and final turn becomes one sample for the seat's agent with its
 //! turn reward (spec cosir.md §4.4, §5). Pure code, no I/O.
-use crate::experience::{finish, StepBatch};
+use crate::experience::{constrained_to_pb, finish, AgentShare, StepBatch, StepRecord};
 use comas_proto::v1 as pb;
 use comas_workflow::cosir::metrics::CosirMetrics;
 use comas_workflow::cosir::reward::replay;
 use comas_workflow::cosir::{CosirConfig, CosirTrajectory};
 use comas_workflow::WorkflowError;
-use serde::Serialize;
-
-/// One agent's share of a step.
-#[derive(Debug, Clone, Default, Serialize)]
-struct AgentShare {
-    agent: u32,
-    samples: u64,
-    reward_mean: Option<f64>,
-}
-
-/// The step record: the method's metrics and each agent's share.
-#[derive(Serialize)]
-struct StepRecord<'a> {
-    method: &'static str,
-    #[serde(flatten)]
-    metrics: &'a CosirMetrics,
-    agents: Vec<AgentShare>,
-}
 
 /// Experiences per agent (in game, then turn order) and the step's metrics.
 pub fn make_cosir_step(
@@ -34,7 +16,7 @@ pub fn make_cosir_step(
     versions: Option<&[u64]>,
 ) -> Result<StepBatch, WorkflowError> {
     let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
-    let mut shares: Vec<AgentShare> = (0..num_agents).map(|agent| AgentShare { agent, ..Default::default() }).collect();
+    let mut shares = AgentShare::for_agents(num_agents, None);
     let mut sums = vec![0.0; num_agents as usize];
     let mut replays = Vec::with_capacity(games.len());
     for (episode_id, t) in games {
@@ -64,20 +46,14 @@ pub fn make_cosir_step(
                 episode_id: episode_id.clone(),
                 turn_id: u64::from(turn.turn_index),
                 policy_version: turn.policy_version,
-                constrained: turn
-                    .constrained
-                    .iter()
-                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
-                    .collect(),
+                constrained: constrained_to_pb(&turn.constrained),
                 temperature: Some(config.sampling_for(turn.role).temperature).filter(|&t| t > 0.0),
                 norm_group: String::new(),
             });
         }
         replays.push((r, t.table.tries, t.completion_tokens()));
     }
-    for (share, sum) in shares.iter_mut().zip(&sums) {
-        share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
-    }
+    AgentShare::set_means(&mut shares, &sums);
     let games: Vec<_> = replays.iter().map(|(r, tries, tokens)| (r, *tries, *tokens)).collect();
     let metrics = CosirMetrics::of(&games);
     let record = StepRecord { method: "cosir", metrics: &metrics, agents: shares };

@@ -100,6 +100,45 @@ impl Tally {
     }
 }
 
+/// Guided-tail positions as the learner takes them.
+pub(crate) fn constrained_to_pb(c: &[comas_workflow::ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
+    c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
+}
+
+/// One agent's share of a step of a method that makes its own step record (MAPPA, CoSIR).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct AgentShare {
+    pub agent: u32,
+    pub samples: u64,
+    /// Turns the method left out (MAPPA: actions the coach did not score).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_dropped: Option<u64>,
+    pub reward_mean: Option<f64>,
+}
+
+impl AgentShare {
+    /// A share per agent, each with `dropped` as its count of left-out turns.
+    pub(crate) fn for_agents(num_agents: u32, dropped: Option<u64>) -> Vec<AgentShare> {
+        (0..num_agents).map(|agent| AgentShare { agent, samples_dropped: dropped, ..Default::default() }).collect()
+    }
+
+    /// Sets each share's mean reward from the sum of its samples' rewards.
+    pub(crate) fn set_means(shares: &mut [AgentShare], sums: &[f64]) {
+        for (share, sum) in shares.iter_mut().zip(sums) {
+            share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
+        }
+    }
+}
+
+/// The step record of such a method: its typed metrics, flattened, and each agent's share.
+#[derive(serde::Serialize)]
+pub(crate) struct StepRecord<'a, M: serde::Serialize> {
+    pub method: &'static str,
+    #[serde(flatten)]
+    pub metrics: &'a M,
+    pub agents: Vec<AgentShare>,
+}
+
 pub(crate) fn finish(f: FinishReason) -> i32 {
     match f {
         FinishReason::Stop => pb::FinishReason::Stop as i32,
@@ -205,11 +244,7 @@ pub fn make_step(
                 episode_id: ep.episode_id.clone(),
                 turn_id: u64::from(turn.turn_index),
                 policy_version: turn.policy_version,
-                constrained: turn
-                    .constrained
-                    .iter()
-                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
-                    .collect(),
+                constrained: constrained_to_pb(&turn.constrained),
                 norm_group: String::new(),
             });
             for tally in [&mut agents[turn.agent as usize], &mut total] {

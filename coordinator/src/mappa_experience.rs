@@ -1,29 +1,10 @@
 //! Experience making for MAPPA: each coached action is one sample for the agent that acted,
 //! with the exact context it saw as its prompt and R = w_p · scale · score (spec 5); actions
 //! the coach could not score are left out and counted. Pure code, no I/O.
-use crate::experience::{finish, prompt_group, StepBatch};
+use crate::experience::{constrained_to_pb, finish, prompt_group, AgentShare, StepBatch, StepRecord};
 use comas_proto::v1 as pb;
 use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory, NormScope};
 use comas_workflow::WorkflowError;
-use serde::Serialize;
-
-/// One agent's share of a step.
-#[derive(Debug, Clone, Default, Serialize)]
-struct AgentShare {
-    agent: u32,
-    samples: u64,
-    samples_dropped: u64,
-    reward_mean: Option<f64>,
-}
-
-/// The step record: the method's metrics and each agent's share.
-#[derive(Serialize)]
-struct StepRecord<'a> {
-    method: &'static str,
-    #[serde(flatten)]
-    metrics: &'a MappaMetrics,
-    agents: Vec<AgentShare>,
-}
 
 /// Experiences per agent (in episode, then action order) and the step's metrics.
 pub fn make_mappa_step(
@@ -33,7 +14,7 @@ pub fn make_mappa_step(
     versions: Option<&[u64]>,
 ) -> Result<StepBatch, WorkflowError> {
     let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
-    let mut shares: Vec<AgentShare> = (0..num_agents).map(|agent| AgentShare { agent, ..Default::default() }).collect();
+    let mut shares = AgentShare::for_agents(num_agents, Some(0));
     let mut sums = vec![0.0; num_agents as usize];
     for (episode_id, t) in episodes {
         if let Some(v) = versions {
@@ -48,7 +29,7 @@ pub fn make_mappa_step(
                 )));
             };
             let Some(reward) = r.reward else {
-                share.samples_dropped += 1;
+                *share.samples_dropped.get_or_insert(0) += 1;
                 continue;
             };
             share.samples += 1;
@@ -65,11 +46,7 @@ pub fn make_mappa_step(
                 episode_id: episode_id.clone(),
                 turn_id: u64::from(a.turn_index),
                 policy_version: a.policy_version,
-                constrained: a
-                    .constrained
-                    .iter()
-                    .map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() })
-                    .collect(),
+                constrained: constrained_to_pb(&a.constrained),
                 temperature: Some(config.sampling_for(a.role).temperature).filter(|&t| t > 0.0),
                 norm_group: match config.norm_scope {
                     NormScope::PerAgent | NormScope::Global => String::new(),
@@ -78,9 +55,7 @@ pub fn make_mappa_step(
             });
         }
     }
-    for (share, sum) in shares.iter_mut().zip(&sums) {
-        share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
-    }
+    AgentShare::set_means(&mut shares, &sums);
     let trajectories: Vec<&MappaTrajectory> = episodes.iter().map(|(_, t)| t).collect();
     let metrics = MappaMetrics::of(config, &trajectories);
     let record = StepRecord { method: "mappa", metrics: &metrics, agents: shares };

@@ -365,7 +365,7 @@ impl JobSpec {
             fix(&mut self.data.train);
         }
         fix(&mut self.output.dir);
-        if let Some(e) = &mut self.eval {
+        if let Some(e) = self.eval.as_mut().filter(|e| !e.data.as_os_str().is_empty()) {
             fix(&mut e.data);
         }
         for a in &mut self.agents {
@@ -391,7 +391,7 @@ impl JobSpec {
             out.push(("data.train".into(), self.data.train.clone()));
         }
         out.push(("output.dir".into(), self.output.dir.clone()));
-        if let Some(e) = &self.eval {
+        if let Some(e) = self.eval.as_ref().filter(|e| !e.data.as_os_str().is_empty()) {
             out.push(("eval.data".into(), e.data.clone()));
         }
         for (k, a) in self.agents.iter().enumerate() {
@@ -1057,6 +1057,11 @@ train_batch_size = 12
         assert!(err(COSIR_JOB.replace("[output]", "[data]\ntrain = \"x.jsonl\"\n[output]")).contains("CoSIR generates its tables"));
         assert!(err(COSIR_JOB.replace("train_batch_size = 12", "train_batch_size = 40")).contains("speaks only 36 turns per step (4 games x 9 turns)"));
         assert!(err(COSIR_JOB.replace("[output]", "[eval]\nevery_steps = 1\n[output]")).contains("`eval.max_questions`"));
+        // Held-out tables name no file: resolving paths leaves eval.data empty, and no path is relative.
+        let mut spec = JobSpec::from_toml(&COSIR_JOB.replace("[output]", "[eval]\nmax_questions = 4\n[output]")).unwrap();
+        spec.resolve_paths(Path::new("/base"));
+        assert_eq!((spec.relative_paths().len(), spec.eval.as_ref().unwrap().data.as_os_str().is_empty()), (0, true));
+        spec.check(0).unwrap();
         assert!(err(COSIR_JOB.replace("[cosir]", "[cosir]\nw_shares = 1.0")).contains("`cosir`"));
     }
 

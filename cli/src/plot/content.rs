@@ -16,10 +16,13 @@ pub enum Group {
     Times,
     /// MAPPA: the coach's scores and the tools.
     Coaching,
+    /// CoSIR: team accuracy, what was shared, asked and used, and the reward terms.
+    Sharing,
 }
 
 impl Group {
-    pub const ALL: [Group; 7] = [Group::Rewards, Group::Training, Group::Lengths, Group::Judging, Group::Accuracy, Group::Times, Group::Coaching];
+    pub const ALL: [Group; 8] =
+        [Group::Rewards, Group::Training, Group::Lengths, Group::Judging, Group::Accuracy, Group::Times, Group::Coaching, Group::Sharing];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -30,6 +33,7 @@ impl Group {
             Group::Accuracy => "accuracy",
             Group::Times => "times",
             Group::Coaching => "coaching",
+            Group::Sharing => "sharing",
         }
     }
 
@@ -319,6 +323,24 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
                     true,
                     rates,
                 ),
+            ]
+        }
+        Group::Sharing => {
+            let rate = |name: &str, key: &'static str, colour: usize| Series::new(name, steps, move |v| num_at(v, &format!("{key}.mean"))).colour(colour);
+            let rates = vec![
+                rate("team accuracy", "team_accuracy", 0),
+                rate("seat accuracy", "individual_accuracy", 1),
+                rate("private cells disclosed", "disclosure_rate", 2),
+                rate("requests answered", "request_fulfilment_rate", 3),
+                rate("received info used", "use_rate", 4),
+                rate("messages breaking the format", "format_violation_rate", 5),
+            ];
+            let names: BTreeSet<String> = steps.iter().filter_map(|r| r.value.get("reward_terms")?.as_object()).flat_map(|o| o.keys().cloned()).collect();
+            let terms =
+                names.iter().enumerate().map(|(i, t)| Series::new(t.as_str(), steps, |v| num_at(v, &format!("reward_terms.{t}.mean"))).colour(i)).collect();
+            vec![
+                Panel::new(g, "sharing.rates", "Team accuracy and information flow", "team_accuracy, disclosure_rate, ... in the step records", true, rates),
+                Panel::new(g, "sharing.terms", "Reward terms (unweighted mean per turn)", "reward_terms.<term>.mean in the step records", false, terms),
             ]
         }
     }

@@ -60,6 +60,7 @@ impl CosirTrajectory {
         if self.table.views.len() != n || self.table.order.len() != n {
             return Err(format!("the table has {} seats, the job {n}", self.table.views.len()));
         }
+        self.table.check_shape(cfg)?;
         let plan = turn_plan(cfg, &self.table);
         if self.turns.len() != plan.len() {
             return Err(format!("{} turns, expected {}", self.turns.len(), plan.len()));
@@ -109,9 +110,10 @@ pub struct Episode {
 impl Episode {
     pub fn new(config: &CosirConfig, table: &Table, instance: u32, seed: u64) -> Result<Self, WorkflowError> {
         config.validate().map_err(|(k, m)| WorkflowError::MalformedTrajectory(format!("cosir.{k}: {m}")))?;
-        let (m, c, n) = (config.options as usize, config.criteria as usize, config.agents as usize);
-        if table.options.len() != m || table.criteria.len() != c || table.views.len() != n || table.scores.iter().any(|r| r.len() != c) {
-            return Err(WorkflowError::MalformedTrajectory(format!("the table is not {m} options x {c} criteria for {n} seats")));
+        let n = config.agents as usize;
+        table.check_shape(config).map_err(WorkflowError::MalformedTrajectory)?;
+        if table.views.len() != n || table.order.len() != n {
+            return Err(WorkflowError::MalformedTrajectory(format!("the table has {} seats, the job {n}", table.views.len())));
         }
         let mut e =
             Episode { config: config.clone(), plan: turn_plan(config, table), table: table.clone(), instance, seed, turns: Vec::new(), pending: Vec::new() };

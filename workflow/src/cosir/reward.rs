@@ -34,6 +34,12 @@ pub struct TurnReward {
     pub role: Role,
     pub reward: f64,
     pub terms: Terms,
+    /// The cells this message's valid SHAREs delivered to every other seat (§3.5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delivered: Vec<Cell>,
+    /// True SHAREs of cells the sender did not hold (no credit, no penalty).
+    #[serde(default)]
+    pub unsupported: u32,
 }
 
 /// Everything the replay found in one game.
@@ -83,6 +89,8 @@ pub fn replay(cfg: &CosirConfig, t: &CosirTrajectory) -> Replay {
     let initial = evidence.clone();
     let mut out = Replay { surprisal_by_round: vec![team_surprisal(t, &evidence)], ..Default::default() };
     let mut terms: Vec<Terms> = vec![Terms::default(); t.turns.len()];
+    let mut delivered: Vec<Vec<Cell>> = vec![Vec::new(); t.turns.len()];
+    let mut unsupported = vec![0u32; t.turns.len()];
     // Requests still open: (turn position, requester, cell, requester's surprisal then).
     let mut open: Vec<(usize, usize, Cell, f64)> = Vec::new();
     let mut disclosed: BTreeSet<Cell> = BTreeSet::new();
@@ -99,7 +107,7 @@ pub fn replay(cfg: &CosirConfig, t: &CosirTrajectory) -> Replay {
             } else if evidence[seat].contains(&s.cell) {
                 valid.push(s.cell);
             } else {
-                out.unsupported_shares += 1;
+                unsupported[i] += 1;
             }
         }
         terms[i].share_tags = turn.tags.shares.len() as u32;
@@ -123,6 +131,8 @@ pub fn replay(cfg: &CosirConfig, t: &CosirTrajectory) -> Replay {
             }
         }
         out.valid_shares += valid.len() as u32;
+        out.unsupported_shares += unsupported[i];
+        delivered[i] = valid.clone();
         disclosed.extend(valid.iter().copied());
         let after = team_surprisal(t, &evidence);
         terms[i].share = match cfg.share_reward_floor {
@@ -214,7 +224,16 @@ pub fn replay(cfg: &CosirConfig, t: &CosirTrajectory) -> Replay {
                     + outcome
             }
         };
-        out.rewards.push(TurnReward { turn_index: turn.turn_index, seat: turn.seat, agent: turn.agent, role: turn.role, reward, terms: terms[i].clone() });
+        out.rewards.push(TurnReward {
+            turn_index: turn.turn_index,
+            seat: turn.seat,
+            agent: turn.agent,
+            role: turn.role,
+            reward,
+            terms: terms[i].clone(),
+            delivered: std::mem::take(&mut delivered[i]),
+            unsupported: unsupported[i],
+        });
     }
     out
 }
@@ -289,6 +308,7 @@ mod tests {
         assert_eq!(r.rewards[2].reward, f64::from(u8::from(a_leads)));
         assert_eq!(r.rewards[3].reward, 1.0);
         assert_eq!((r.valid_shares, r.false_claims, r.unsupported_shares, r.share_tags), (2, 1, 0, 3));
+        assert_eq!((r.rewards[0].delivered.clone(), r.rewards[1].delivered.clone()), (vec![(0, 1)], vec![(0, 2)]));
         assert_eq!((r.requests, r.wasted_requests, r.fulfilled_requests), (2, 1, 1));
         // Private cells: c2 of agent_1 and c3 of agent_2 (6), of which A.c2 and A.c3 were shared.
         assert_eq!((r.private_cells, r.disclosed_private_cells), (6, 2));
@@ -319,6 +339,10 @@ mod tests {
         let r = replay(&all, &play(&all, &texts));
         assert_eq!(r.rewards[1].reward, r.rewards[1].terms.share + 1.0);
         assert!(r.rewards[2].terms.use_ <= 0.0);
+        // A true score the sender does not hold is unsupported: not delivered, not credited.
+        let r = replay(&cfg(), &play(&cfg(), &["ok", "SHARE(A, c2, 3)", "FINAL(A)", "FINAL(A)"]));
+        assert_eq!((r.unsupported_shares, r.rewards[1].unsupported, r.valid_shares, r.rewards[1].terms.share), (1, 1, 0, 0.0));
+        assert!(r.rewards[1].delivered.is_empty());
         // Without the floor a share that raises the team's surprisal costs; with it, it earns 0.
         let floorless = CosirConfig { share_reward_floor: None, ..cfg() };
         let mut raws = Vec::new();

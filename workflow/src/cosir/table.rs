@@ -87,6 +87,26 @@ impl Table {
         self.criteria.iter().position(|x| x == name)
     }
 
+    /// The table fits `cfg` and is self-consistent (a record's table, read back from a worker):
+    /// its sizes, scores within 0..=K, cells within the table and the answer its best option.
+    pub fn check_shape(&self, cfg: &CosirConfig) -> Result<(), String> {
+        let (m, c, k) = (cfg.options as usize, cfg.criteria as usize, cfg.max_score);
+        if self.options.len() != m || self.criteria.len() != c || self.weights.len() != c || self.prior.len() != k as usize + 1 {
+            return Err(format!("the table is not {m} options x {c} criteria with scores 0..={k}"));
+        }
+        if self.scores.len() != m || self.scores.iter().any(|r| r.len() != c || r.iter().any(|&v| v > k)) {
+            return Err("the table's scores do not fit its sizes".into());
+        }
+        let inside = |x: &Cell| x.0 < m && x.1 < c;
+        if !self.views.iter().flatten().chain(&self.shared).all(inside) {
+            return Err("a seat's view names a cell outside the table".into());
+        }
+        if self.answer >= m || (0..m).any(|o| o != self.answer && self.utility(o) >= self.utility(self.answer)) {
+            return Err("the table's answer is not its one best option".into());
+        }
+        Ok(())
+    }
+
     /// Draws tables from `seed` until one passes every check; `Err` after `max_tries`.
     pub fn generate(cfg: &CosirConfig, seed: u64, id: &str) -> Result<Table, String> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(derive_seed(&[seed, 0xC051]));
@@ -221,6 +241,13 @@ pub(crate) mod tests {
     fn the_spec_fixture_passes_every_filter() {
         let cfg = CosirConfig { options: 3, criteria: 3, agents: 2, max_score: 3, column_mode: true, ..Default::default() };
         assert_eq!(fixture().rejection(&cfg), None);
+        fixture().check_shape(&cfg).unwrap();
+        let mut wrong = fixture();
+        wrong.answer = 1;
+        assert_eq!(wrong.check_shape(&cfg).unwrap_err(), "the table's answer is not its one best option");
+        wrong = fixture();
+        wrong.scores[0][0] = 4;
+        assert!(wrong.check_shape(&cfg).is_err());
         // A margin of 2 rejects it (8 against 7).
         assert_eq!(fixture().rejection(&CosirConfig { margin: 2, ..cfg.clone() }), Some(Rejection::Margin));
         // Seat 0 knowing c3 as well would know the answer.
