@@ -474,3 +474,30 @@ fn a_mappa_log_shows_the_coach_score_by_role() {
     // A CoMAS log does not list the coaching panels as missing.
     assert!(full(false).left_out.iter().all(|(key, _)| !key.starts_with("coaching")));
 }
+
+#[test]
+fn a_cosir_log_shows_team_accuracy_and_the_reward_terms() {
+    let line = |step: u32, team: f64, share: f64| {
+        format!(
+            r#"{{"kind":"step","step":{step},"method":"cosir","team_accuracy":{{"mean":{team},"count":4}},"disclosure_rate":{{"mean":0.25,"count":4}},"reward_terms":{{"share":{{"mean":{share},"count":8}},"use":{{"mean":0.5,"count":4}}}},"reward":{{"discussant":{{"mean":{share},"count":8}}}}}}"#
+        )
+    };
+    let m = parse_log(
+        &format!(
+            "{}
+{}
+",
+            line(0, 0.25, 0.1),
+            line(1, 0.5, 0.3)
+        ),
+        "cosir.jsonl",
+    )
+    .unwrap();
+    let fig = build(&m, false, &[]);
+    assert_points(series(&fig, "sharing.rates", "team accuracy"), &[(0.0, Some(0.25)), (1.0, Some(0.5))]);
+    assert_points(series(&fig, "sharing.rates", "private cells disclosed"), &[(0.0, Some(0.25)), (1.0, Some(0.25))]);
+    assert_eq!(names(panel(&fig, "sharing.terms")), ["share", "use"]);
+    assert_points(series(&fig, "sharing.terms", "share"), &[(0.0, Some(0.1)), (1.0, Some(0.3))]);
+    // Other methods' logs do not list the sharing panels as missing.
+    assert!(full(false).left_out.iter().all(|(key, _)| !key.starts_with("sharing")));
+}

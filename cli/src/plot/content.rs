@@ -154,9 +154,14 @@ pub struct Figure {
 impl Figure {
     pub fn build(m: &Metrics, o: &Options) -> Result<Figure> {
         let explicit = !o.groups.is_empty();
-        // Coaching is MAPPA's: a log of another method does not list it as missing.
-        let coached = m.steps.iter().any(|r| r.value.get("coach_score").is_some());
-        let groups = if explicit { o.groups.clone() } else { Group::ALL.into_iter().filter(|&g| g != Group::Coaching || coached).collect() };
+        // Coaching is MAPPA's and sharing CoSIR's: a log of another method does not list them as missing.
+        let has = |key: &str| m.steps.iter().any(|r| r.value.get(key).is_some());
+        let (coached, shared) = (has("coach_score"), has("team_accuracy"));
+        let groups = if explicit {
+            o.groups.clone()
+        } else {
+            Group::ALL.into_iter().filter(|&g| (g != Group::Coaching || coached) && (g != Group::Sharing || shared)).collect()
+        };
         let mut fig = Figure { title: o.title.clone(), panels: Vec::new(), left_out: Vec::new() };
         for g in groups {
             let (full, empty): (Vec<Panel>, Vec<Panel>) = panels(g, m, o.roles).into_iter().partition(|p| !p.series.is_empty());
