@@ -15,6 +15,7 @@ pub mod mappa;
 pub mod mean;
 pub mod memory;
 pub mod moments;
+pub mod neuromas;
 pub mod program;
 pub mod seed;
 pub mod task;

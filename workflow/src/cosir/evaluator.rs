@@ -149,9 +149,9 @@ mod tests {
 
     fn cells(table: &[[u32; 3]; 3], criteria: &[usize]) -> Evidence {
         let mut e = Evidence::new();
-        for o in 0..3 {
+        for (o, row) in table.iter().enumerate() {
             for &c in criteria {
-                e.insert((o, c), table[o][c]);
+                e.insert((o, c), row[c]);
             }
         }
         e
