@@ -1,6 +1,14 @@
-# Sourced by the SmolLM2 experiment scripts from the repository root: builds comas in release
-# (unless COMAS_BIN names a binary to use, or REPORT_ONLY only rewrites the report) and fetches
-# SmolLM2-135M-Instruct. Sets `comas` (the binary) and `model` (the model folder).
+# Sourced by the SmolLM2 experiment scripts from the repository root, after they set `root` and
+# `here` (their own folder): builds comas in release (unless COMAS_BIN names a binary to use, or
+# REPORT_ONLY only rewrites the report) and fetches SmolLM2-135M-Instruct. Sets `comas` (the
+# binary) and `model` (the model folder), and the experiment's paths, named after its folder:
+# `out` (the run, runs/NAME unless OUT says otherwise), `report` (docs/experiments/NAME.md) and
+# `figures` (docs/experiments/NAME/), the last two created.
+name=$(basename "$here")
+out=${OUT:-$root/runs/$name}
+report="$root/docs/experiments/$name.md"
+figures="$root/docs/experiments/$name"
+mkdir -p "$out" "$figures"
 comas=${COMAS_BIN:-$PWD/target/release/comas}
 if [ -z "${REPORT_ONLY:-}" ] && [ -z "${COMAS_BIN:-}" ]; then
   bash scripts/setup.sh >&2

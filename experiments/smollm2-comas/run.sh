@@ -26,15 +26,11 @@ here="$root/experiments/smollm2-comas"
 steps=${STEPS:-20}
 seeds=${SEEDS:-1}
 arms=${ARMS:-"comas no_scoring no_evaluation verifier"}
-out=${OUT:-$root/runs/smollm2-comas}
 questions=${QUESTIONS:-4}
 eval_every=${EVAL_EVERY:-10}
-report="$root/docs/experiments/smollm2-comas.md"
-figures="$root/docs/experiments/smollm2-comas"
 
 cd "$root"
 source experiments/prepare.sh
-mkdir -p "$out" "$figures"
 
 # Data: sums of two numbers from 1 to 9 in a few phrasings, so that the untrained model gets a
 # fair share right (about half greedy, a fifth to a quarter sampled at 0.5 in a probe). The 16

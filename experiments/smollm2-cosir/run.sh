@@ -18,13 +18,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-cosir"
 steps=${STEPS:-15}
 tables=${TABLES:-4}
-out=${OUT:-$root/runs/smollm2-cosir}
-report="$root/docs/experiments/smollm2-cosir.md"
-figures="$root/docs/experiments/smollm2-cosir"
 
 cd "$root"
 source experiments/prepare.sh
-mkdir -p "$out" "$figures"
 
 job="$out/job.toml"
 cat > "$job" <<JOB

@@ -16,13 +16,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-dsbench"
 steps=${STEPS:-4}
 questions=${QUESTIONS:-4}
-out=${OUT:-$root/runs/smollm2-dsbench}
-report="$root/docs/experiments/smollm2-dsbench.md"
-figures="$root/docs/experiments/smollm2-dsbench"
 
 cd "$root"
 source experiments/prepare.sh
-mkdir -p "$out" "$figures"
 
 
 job="$out/job.toml"

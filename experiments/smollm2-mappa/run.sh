@@ -15,13 +15,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-mappa"
 steps=${STEPS:-10}
 questions=${QUESTIONS:-4}
-out=${OUT:-$root/runs/smollm2-mappa}
-report="$root/docs/experiments/smollm2-mappa.md"
-figures="$root/docs/experiments/smollm2-mappa"
 
 cd "$root"
 source experiments/prepare.sh
-mkdir -p "$out" "$figures"
 
 # Data: word problems that sum two numbers from 1 to 9 (the CoMAS experiment's kind), 16
 # held out with number pairs never seen in training.
