@@ -210,11 +210,12 @@ impl Episode {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cosir::table::tests::fixture;
 
-    fn reply(turn_index: u32, text: &str) -> Reply {
+    /// A scripted one-token reply (the CoSIR tests' only kind).
+    pub(crate) fn reply(turn_index: u32, text: &str) -> Reply {
         Reply::Turn(TurnOutput {
             turn_index,
             text: text.into(),

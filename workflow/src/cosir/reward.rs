@@ -242,31 +242,16 @@ pub fn replay(cfg: &CosirConfig, t: &CosirTrajectory) -> Replay {
 mod tests {
     use super::*;
     use crate::cosir::config::SeatPolicy;
+    use crate::cosir::episode::tests::reply;
     use crate::cosir::episode::Episode;
     use crate::cosir::table::tests::fixture;
-    use crate::program::Reply;
-    use crate::turn::{FinishReason, TurnOutput};
 
     fn play(cfg: &CosirConfig, texts: &[&str]) -> CosirTrajectory {
         let mut e = Episode::new(cfg, &fixture(), 0, 1).unwrap();
         let mut k = 0;
         while !e.is_done() {
             let n = e.pending().len();
-            let replies = (k..k + n)
-                .map(|i| {
-                    Reply::Turn(TurnOutput {
-                        turn_index: i as u32,
-                        text: texts[i].into(),
-                        raw_text: texts[i].into(),
-                        prompt_ids: vec![1],
-                        completion_ids: vec![2],
-                        logprobs: vec![-0.1],
-                        finish_reason: FinishReason::Stop,
-                        policy_version: 0,
-                        constrained: Vec::new(),
-                    })
-                })
-                .collect();
+            let replies = (k..k + n).map(|i| reply(i as u32, texts[i])).collect();
             e.submit(replies).unwrap();
             k += n;
         }
