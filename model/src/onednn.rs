@@ -147,11 +147,16 @@ mod tests {
 
     #[test]
     fn a_packed_linear_matches_aten_and_a_row_does_not_depend_on_its_batch() {
-        tch::manual_seed(0);
-        let w = (Tensor::randn([96, 64], (Kind::Float, Device::Cpu)) * 0.1).to_kind(Kind::BFloat16);
-        let b = Tensor::randn([96], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
+        let (w, b, x) = crate::seeded::with_torch_seed(0, || {
+            let opts = (Kind::Float, Device::Cpu);
+            (
+                (Tensor::randn([96, 64], opts) * 0.1).to_kind(Kind::BFloat16),
+                Tensor::randn([96], opts).to_kind(Kind::BFloat16),
+                Tensor::randn([2, 5, 64], opts).to_kind(Kind::BFloat16),
+            )
+        });
         let packed = pack(&w).unwrap();
-        let x = Tensor::randn([2, 5, 64], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
         let got = linear(&x, &packed, Some(&b), 96).unwrap();
         assert_eq!(got.size(), vec![2, 5, 96]);
         let want = x.linear(&w, Some(&b));

@@ -572,12 +572,13 @@ mod tests {
 
     #[test]
     fn few_query_attention_equals_sdpa_with_grouped_heads_and_a_mask() {
-        tch::manual_seed(3);
         let (b, kv, g, d, w) = (3, 2, 3, 8, 11);
         for s in [1, 3] {
-            let q = Tensor::randn([b, kv * g, s, d], (Kind::Float, Device::Cpu));
-            let k = Tensor::randn([b, kv, w, d], (Kind::Float, Device::Cpu));
-            let v = Tensor::randn([b, kv, w, d], (Kind::Float, Device::Cpu));
+            // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
+            let (q, k, v) = crate::seeded::with_torch_seed(3 + s, || {
+                let opts = (Kind::Float, Device::Cpu);
+                (Tensor::randn([b, kv * g, s, d], opts), Tensor::randn([b, kv, w, d], opts), Tensor::randn([b, kv, w, d], opts))
+            });
             // Row r holds 5 + 2r tokens before this step's queries; the rest is padding.
             let lens = Tensor::from_slice(&[5i64, 7, 2]).view([b, 1, 1, 1]);
             let cols = Tensor::arange(w, (Kind::Int64, Device::Cpu)).view([1, 1, 1, w]);
@@ -595,9 +596,13 @@ mod tests {
     fn decode_inputs(lens: &[i64], s: i64, w: i64, kind: Kind) -> (Tensor, Tensor, Tensor, Tensor) {
         let (b, kv, g, d) = (lens.len() as i64, 2, 3, 64);
         let opts = (Kind::Float, Device::Cpu);
-        let q = Tensor::randn([b, kv * g, s, d], opts).to_kind(kind);
-        let k = Tensor::randn([b, kv, w, d], opts).to_kind(kind);
-        let v = Tensor::randn([b, kv, w, d], opts).to_kind(kind);
+        let (q, k, v) = crate::seeded::with_torch_seed(5 + s, || {
+            (
+                Tensor::randn([b, kv * g, s, d], opts).to_kind(kind),
+                Tensor::randn([b, kv, w, d], opts).to_kind(kind),
+                Tensor::randn([b, kv, w, d], opts).to_kind(kind),
+            )
+        });
         let lens = Tensor::from_slice(lens).view([b, 1, 1, 1]);
         let cols = Tensor::arange(w, (Kind::Int64, Device::Cpu)).view([1, 1, 1, w]);
         let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).view([1, 1, s, 1]);
@@ -606,7 +611,6 @@ mod tests {
 
     #[test]
     fn few_query_attention_of_a_row_does_not_depend_on_its_batch_or_the_cache_width() {
-        tch::manual_seed(5);
         for kind in [Kind::Float, Kind::BFloat16] {
             for s in [1, 3] {
                 // Row 0 holds 700 tokens; the others are shorter and longer, in a cache of 1344 columns.
