@@ -149,6 +149,8 @@ fn main() {
                 memory_bytes: None,
             },
             allowed_roots: Default::default(),
+            tls: None,
+            health_listen: None,
         };
         tokio::spawn(comas_learner::server::serve(settings, std::future::pending::<()>()));
         let mut learner = loop {

@@ -63,13 +63,9 @@ pub struct CancelArgs {
 pub type Client = CoordinatorClient<InterceptedService<Channel, Bearer>>;
 
 pub async fn connect(address: &str) -> Result<Client> {
-    let uri = comas_service::grpc_uri(address);
-    let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(comas_service::limits::API_CALL_DEADLINE)
-        .connect()
+    let ch = comas_service::tls::channel(address, |e| e.connect_timeout(Duration::from_secs(5)).timeout(comas_service::limits::API_CALL_DEADLINE))
         .await
-        .with_context(|| format!("cannot reach the coordinator at {uri} (set --coordinator or COMAS_COORDINATOR)"))?;
+        .with_context(|| format!("cannot reach the coordinator at {address} (set --coordinator or COMAS_COORDINATOR; for TLS, COMAS_TLS_CA and perhaps COMAS_TLS_CERT and COMAS_TLS_KEY)"))?;
     Ok(CoordinatorClient::with_interceptor(ch, Bearer::from_env()?).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
 }
 
@@ -112,7 +108,7 @@ pub async fn submit_text(client: &mut Client, text: String, base_dir: String, re
             }
             Ok(status)
         }
-        Err(s) => bail!("job rejected: {}", s.message()),
+        Err(s) => bail!("job rejected: {}", comas_service::tls::status_text(&s)),
     }
 }
 
@@ -155,7 +151,7 @@ pub fn watch_cmd(a: WatchArgs) -> Result<()> {
 pub fn list(a: ListArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let jobs = c.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner().jobs;
+        let jobs = c.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?.into_inner().jobs;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&jobs.iter().map(status_json).collect::<Vec<_>>())?);
             return Ok(());
@@ -171,7 +167,11 @@ pub fn list(a: ListArgs) -> Result<()> {
 pub fn resume(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let s = c.resume_job(pb::ResumeJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        let s = c
+            .resume_job(pb::ResumeJobRequest { job_id: a.job_id.clone() })
+            .await
+            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .into_inner();
         println!("{} {} from step {}/{}", s.job_id, state_name(s.state), s.steps_done, s.total_steps);
         Ok(())
     })
@@ -183,10 +183,17 @@ pub fn cancel(a: CancelArgs) -> Result<()> {
         let ended = |s: &pb::JobStatus| matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
         // Follow the job's events from before the cancel: the event of the state it reaches
         // arrives even when the coordinator stops right after (as `comas local` does).
-        let mut events =
-            c.clone().watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
-        let mut last =
-            c.cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner();
+        let mut events = c
+            .clone()
+            .watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() })
+            .await
+            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .into_inner();
+        let mut last = c
+            .cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() })
+            .await
+            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .into_inner();
         // A running job stops at its next check; report the state it reaches, not the one it had.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(30), async {
             while !ended(&last) {
@@ -307,7 +314,7 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
     let mut stream = client
         .watch_job(pb::WatchJobRequest { job_id: job_id.to_string() })
         .await
-        .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", s.message()))?
+        .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", comas_service::tls::status_text(&s)))?
         .into_inner();
     let tty = std::io::stderr().is_terminal() && !json;
     let multi = MultiProgress::with_draw_target(if tty { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
@@ -327,7 +334,7 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
     let mut last: Option<pb::JobStatus> = None;
     let mut stage = String::new();
     let mut last_progress = std::time::Instant::now();
-    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", s.message()))? {
+    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", comas_service::tls::status_text(&s)))? {
         let Some(s) = ev.status.clone() else { continue };
         if json {
             println!(

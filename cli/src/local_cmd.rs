@@ -44,6 +44,30 @@ pub struct Args {
     /// another name is an error).
     #[arg(long)]
     fresh: bool,
+    /// Plain gRPC between the services instead of mutual TLS (by default a throwaway CA and a
+    /// certificate for the loopback names are made in --dir/tls on every run).
+    #[arg(long, env = "COMAS_LOCAL_PLAINTEXT")]
+    plaintext: bool,
+}
+
+/// Makes this run's CA and certificate (mutual TLS between every service), or, with
+/// `plaintext`, none; the settings every service of the run gets.
+fn run_tls(dir: &Path, plaintext: bool) -> Result<comas_service::tls::TlsArgs> {
+    if plaintext {
+        return Ok(comas_service::tls::TlsArgs::default());
+    }
+    let ca = comas_service::tls::Authority::new("comas local CA")?;
+    let files = ca.write_local(&dir.join("tls"))?;
+    Ok(comas_service::tls::TlsArgs::from_files(&files))
+}
+
+/// The scheme of this run's addresses.
+fn scheme(tls: &comas_service::tls::TlsArgs) -> &'static str {
+    if tls.ca.is_some() {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// Child processes, stopped with SIGTERM (then SIGKILL after a grace period) when dropped.
@@ -52,7 +76,7 @@ struct Children(Vec<(String, Child)>);
 impl Children {
     /// Starts `name`, handing it the listening sockets in `sockets` (its flags name them as
     /// `fd:N`); this process's copies close when they are dropped after the call.
-    fn spawn(&mut self, name: &str, args: &[String], log: &Path, threads: i32, sockets: &[&std::net::TcpListener]) -> Result<()> {
+    fn spawn(&mut self, name: &str, args: &[String], env: &[(&str, String)], log: &Path, threads: i32, sockets: &[&std::net::TcpListener]) -> Result<()> {
         let exe = std::env::current_exe()?;
         // Appended to, so an earlier run's log (perhaps the one that says why it failed) stays.
         let mut out = std::fs::OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
@@ -82,8 +106,13 @@ impl Children {
                 Ok(())
             });
         }
+        // The run's TLS settings and nothing inherited: a child never mixes them with others.
+        for var in ["COMAS_TLS_CERT", "COMAS_TLS_KEY", "COMAS_TLS_CA", "COMAS_TLS_SERVER_NAME", "COMAS_TLS_CLIENT_AUTH"] {
+            cmd.env_remove(var);
+        }
         let child = cmd
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v)))
             .env("COMAS_THREADS", threads.to_string())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -240,7 +269,8 @@ pub fn run(a: Args) -> Result<()> {
         // The coordinator, in this process, on sockets bound before anything else starts.
         let coord_listener = loopback()?;
         let coord_metrics = loopback()?;
-        let address = format!("http://{}", coord_listener.local_addr()?);
+        let tls = run_tls(&dir, a.plaintext)?;
+        let address = format!("{}://{}", scheme(&tls), coord_listener.local_addr()?);
         let metrics_address = format!("http://{}/metrics", coord_metrics.local_addr()?);
         coord_listener.set_nonblocking(true)?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -256,6 +286,9 @@ pub fn run(a: Args) -> Result<()> {
             allowed_roots: comas_service::AllowedRoots::default(),
             tokens: None,
             submit_per_minute: 0,
+            // Also this process's client set-up, used by the job API calls below.
+            tls: tls.service()?,
+            health_listen: None,
         };
         let mut stop = stop_rx.clone();
         let mut coordinator = tokio::spawn(comas_coordinator::server::serve(settings, async move {
@@ -282,7 +315,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         // Resume an unfinished job of the same name in this folder, or submit this one.
         let name = comas_workflow::job::JobSpec::from_toml(&text).map(|s| s.name).map_err(|e| anyhow::anyhow!("{}: {e}", job_path.display()))?;
-        let jobs = client.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?.into_inner().jobs;
+        let jobs = client.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?.into_inner().jobs;
         // A job that has not succeeded still owns this folder's checkpoints: it is resumed (a
         // failed or cancelled one queued again), never silently replaced.
         let open = |j: &pb::JobStatus| matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running | pb::JobState::Failed | pb::JobState::Cancelled));
@@ -290,7 +323,7 @@ pub fn run(a: Args) -> Result<()> {
         let others: Vec<&pb::JobStatus> = jobs.iter().filter(|j| j.name != name && open(j)).collect();
         if a.fresh {
             for j in jobs.iter().filter(|j| open(j) && matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Queued | pb::JobState::Running))) {
-                client.cancel_job(pb::CancelJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+                client.cancel_job(pb::CancelJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?;
             }
             if let Some(j) = unfinished.take() {
                 eprintln!("--fresh: discarding job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);
@@ -309,7 +342,7 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(j) = &unfinished {
             if matches!(pb::JobState::try_from(j.state), Ok(pb::JobState::Failed | pb::JobState::Cancelled)) {
                 eprintln!("job {} ({}) was {}: {}", j.job_id, j.name, state_name(j.state), if j.error.is_empty() { "-" } else { &j.error });
-                client.resume_job(pb::ResumeJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(s.message().to_string()))?;
+                client.resume_job(pb::ResumeJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?;
             }
         }
         let (learners, sockets, patched) = match &unfinished {
@@ -321,7 +354,7 @@ pub fn run(a: Args) -> Result<()> {
                     .iter()
                     .enumerate()
                     .map(|(k, addr)| {
-                        let at = addr.trim_start_matches("http://");
+                        let at = addr.trim_start_matches("http://").trim_start_matches("https://");
                         std::net::TcpListener::bind(at).with_context(|| format!("learner {k} of job {} listens on {at}, which is in use: is another comas local, or an old learner, still running?", j.job_id))
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -334,13 +367,14 @@ pub fn run(a: Args) -> Result<()> {
                     std::fs::remove_dir_all(&ckpt).with_context(|| format!("clearing {}", ckpt.display()))?;
                 }
                 let sockets = (0..agent_count(&text)?).map(|_| loopback()).collect::<Result<Vec<_>>>()?;
-                let learners = sockets.iter().map(|l| Ok(format!("http://{}", l.local_addr()?))).collect::<Result<Vec<_>>>()?;
+                let learners = sockets.iter().map(|l| Ok(format!("{}://{}", scheme(&tls), l.local_addr()?))).collect::<Result<Vec<_>>>()?;
                 let patched = patch_job(&text, &base, &learners)?;
                 comas_model::safetensors::write_atomic(&dir.join("job.toml"), |w| std::io::Write::write_all(w, patched.as_bytes()))?;
                 (learners, sockets, dir.join("job.toml"))
             }
         };
         let mut children = Children(Vec::new());
+        let env = tls.to_env();
         for (k, listener) in sockets.into_iter().enumerate() {
             let metrics = loopback()?;
             let args: Vec<String> = [
@@ -351,7 +385,7 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            children.spawn(&format!("learner {k}"), &args, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process, &[&listener, &metrics])?;
+            children.spawn(&format!("learner {k}"), &args, &env, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process, &[&listener, &metrics])?;
         }
         for i in 0..workers {
             let (listener, metrics) = (loopback()?, loopback()?);
@@ -360,9 +394,13 @@ pub fn run(a: Args) -> Result<()> {
                     .iter()
                     .map(|s| s.to_string())
                     .collect();
-            children.spawn(&format!("worker {i}"), &args, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads, &[&listener, &metrics])?;
+            children.spawn(&format!("worker {i}"), &args, &env, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads, &[&listener, &metrics])?;
         }
         eprintln!("coordinator {address}, metrics {metrics_address}, {} learners, {workers} workers; logs in {}", learners.len(), dir.join("logs").display());
+        if !tls.to_env().is_empty() {
+            let vars: Vec<String> = tls.to_env().iter().map(|(k, v)| format!("{k}={v}")).collect();
+            eprintln!("mutual TLS; from another shell: {} comas list --coordinator {address}", vars.join(" "));
+        }
         let job_id = match unfinished {
             Some(j) => j.job_id,
             None => {

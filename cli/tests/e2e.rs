@@ -80,6 +80,8 @@ struct Cluster {
     workers: Vec<Proc>,
     steps: u64,
     worker_flags: Vec<String>,
+    /// Environment of every service process (TLS files).
+    env: Vec<(String, String)>,
 }
 
 /// Writes two tiny models, a data set and the job file; `tokens` fixes every turn's length.
@@ -127,6 +129,19 @@ impl Cluster {
 
     /// Starts the coordinator, one learner per port and the workers for the job in `dir`.
     fn launch(dir: &Path, learner_ports: Vec<u16>, workers: usize, coordinator_flags: &[&str], steps: u64, worker_flags: &[&str]) -> Self {
+        Self::launch_env(dir, learner_ports, workers, coordinator_flags, steps, worker_flags, &[])
+    }
+
+    /// As `launch`, every service with `env` set.
+    fn launch_env(
+        dir: &Path,
+        learner_ports: Vec<u16>,
+        workers: usize,
+        coordinator_flags: &[&str],
+        steps: u64,
+        worker_flags: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
         let n = learner_ports.len();
         let mut c = Cluster {
             dir: dir.to_path_buf(),
@@ -139,6 +154,7 @@ impl Cluster {
             workers: Vec::new(),
             steps,
             worker_flags: s(worker_flags),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         };
         c.start_coordinator();
         for k in 0..n {
@@ -167,7 +183,7 @@ impl Cluster {
             "120",
         ]);
         args.extend(self.coordinator_flags.iter().cloned());
-        self.coordinator = Some(spawn(&self.dir, "coordinator", &args));
+        self.coordinator = Some(spawn_with(&self.dir, "coordinator", &args, &self.env_with(&[])));
     }
 
     fn start_learner(&mut self, k: usize) {
@@ -191,7 +207,7 @@ impl Cluster {
             "--keep-checkpoints",
             "1",
         ]);
-        self.learners[k] = Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, env));
+        self.learners[k] = Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, &self.env_with(env)));
     }
 
     fn add_worker(&mut self) {
@@ -207,7 +223,12 @@ impl Cluster {
     fn worker(&self, i: usize, env: &[(&str, &str)]) -> Proc {
         let mut args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port)]);
         args.extend(self.worker_flags.iter().cloned());
-        spawn_with(&self.dir, &format!("worker-{i}"), &args, env)
+        spawn_with(&self.dir, &format!("worker-{i}"), &args, &self.env_with(env))
+    }
+
+    /// The cluster's environment and `more`.
+    fn env_with<'a>(&'a self, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(more.iter().copied()).collect()
     }
 
     async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
@@ -558,6 +579,107 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
 }
 
+/// Mutual TLS between every service: a cluster whose coordinator, learners and worker hold
+/// certificates of one CA (learners named by https:// addresses) runs a job end to end. A client
+/// with no TLS, without a certificate, with one of another CA, with an expired one, or speaking
+/// plaintext is refused with the reason, and nothing it sent is stored.
+#[test]
+fn a_tls_cluster_takes_only_clients_with_a_certificate_of_its_ca() {
+    use comas_service::tls::{Authority, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let ca = Authority::new("e2e CA").unwrap();
+    let files = ca.write_local(&tls).unwrap();
+    let pem = |name: &str, (cert, key): (String, String)| {
+        let (c, k) = (tls.join(format!("{name}.pem")), tls.join(format!("{name}-key.pem")));
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        (c.display().to_string(), k.display().to_string())
+    };
+    let loopback = ["localhost", "127.0.0.1"];
+    let other = pem("other", Authority::new("another CA").unwrap().issue(&loopback, Validity::Current).unwrap());
+    let expired = pem("expired", ca.issue(&loopback, Validity::Expired).unwrap());
+    let (ca_pem, cert, key) = (files.ca.display().to_string(), files.cert.display().to_string(), files.key.display().to_string());
+    let learner_ports = vec![free_port(), free_port()];
+    write_job_of(dir.path(), &learner_ports, 4, false, 2);
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, std::fs::read_to_string(&job).unwrap().replace("\"http://127.0.0.1:", "\"https://127.0.0.1:")).unwrap();
+    let service_env = [("COMAS_TLS_CERT", cert.clone()), ("COMAS_TLS_KEY", key.clone()), ("COMAS_TLS_CA", ca_pem.clone())];
+    let health_port = free_port();
+    let health_flag = ["--health-listen".to_string(), format!("127.0.0.1:{health_port}")];
+    let cluster = Cluster::launch_env(dir.path(), learner_ports, 1, &[&health_flag[0], &health_flag[1]], 2, &["--max-episodes", "3"], &service_env);
+    let url = format!("https://127.0.0.1:{}", cluster.coord_port);
+    let comas = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
+        c.args(args).env("COMAS_THREADS", "1");
+        for var in ["COMAS_TLS_CERT", "COMAS_TLS_KEY", "COMAS_TLS_CA", "COMAS_TLS_SERVER_NAME", "COMAS_TOKEN"] {
+            c.env_remove(var);
+        }
+        c.envs(env.iter().copied()).output().unwrap()
+    };
+    let good = [("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", cert.as_str()), ("COMAS_TLS_KEY", key.as_str())];
+    let list = |env: &[(&str, &str)], url: &str| comas(&["list", "--json", "--coordinator", url], env);
+    let started = Instant::now();
+    while !list(&good, &url).status.success() {
+        assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let job_arg = job.display().to_string();
+    // The kubelet's probe port: plaintext, the health service alone, the same statuses.
+    let serving = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}")).unwrap().connect().await.unwrap();
+        let mut c = tonic_health::pb::health_client::HealthClient::new(ch);
+        c.check(tonic_health::pb::HealthCheckRequest { service: "comas.v1.Coordinator".into() }).await.unwrap().into_inner().status
+    });
+    assert_eq!(serving, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    // The client is told why where it can be (no TLS of its own; TLS 1.3 puts the server's
+    // verdict on a client certificate after the client's handshake, so the client may see only
+    // a closed connection); the coordinator logs every refusal with its reason.
+    let log = || std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
+    let no_tls = comas(&["submit", &job_arg, "--coordinator", &url], &[]);
+    assert!(
+        !no_tls.status.success() && String::from_utf8_lossy(&no_tls.stderr).contains("no TLS set up: set COMAS_TLS_CA"),
+        "{}",
+        String::from_utf8_lossy(&no_tls.stderr)
+    );
+    let plain = format!("http://127.0.0.1:{}", cluster.coord_port);
+    let cases: [(&str, &str, Vec<(&str, &str)>, &str); 4] = [
+        ("plaintext", &plain, vec![], "corrupt message"),
+        ("no client certificate", &url, vec![("COMAS_TLS_CA", ca_pem.as_str())], "peer sent no certificates"),
+        (
+            "another CA's certificate",
+            &url,
+            vec![("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", other.0.as_str()), ("COMAS_TLS_KEY", other.1.as_str())],
+            "UnknownIssuer",
+        ),
+        (
+            "an expired certificate",
+            &url,
+            vec![("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", expired.0.as_str()), ("COMAS_TLS_KEY", expired.1.as_str())],
+            "certificate expired",
+        ),
+    ];
+    for (what, url, env, want) in &cases {
+        let before = log().len();
+        let o = comas(&["submit", &job_arg, "--coordinator", url], env);
+        assert!(!o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stdout));
+        let started = Instant::now();
+        while !log()[before..].contains(want) {
+            assert!(started.elapsed() < Duration::from_secs(10), "{what}: the coordinator logged no refusal saying {want:?}: {}", &log()[before..]);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(log()[before..].contains("TLS handshake refused"), "{what}");
+    }
+    let jobs: Value = serde_json::from_slice(&list(&good, &url).stdout).unwrap();
+    assert_eq!(jobs.as_array().unwrap().len(), 0, "nothing was stored");
+    // The job runs over TLS end to end: worker registration, episodes, training calls, weights.
+    let o = comas(&["submit", &job_arg, "--coordinator", &url, "--watch"], &good);
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
+    let jobs: Value = serde_json::from_slice(&list(&good, &url).stdout).unwrap();
+    assert_eq!((jobs[0]["state"].as_str(), jobs[0]["steps_done"].as_u64()), (Some("succeeded"), Some(2)), "{jobs}");
+    assert_eq!(jobs[0]["agents"][1]["learner"].as_str(), Some(format!("https://127.0.0.1:{}", cluster.learner_ports[1]).as_str()), "{jobs}");
+}
+
 /// `comas local` with its built-in tiny example, as a user runs it (the SmolLM2 example is the
 /// same code with a real model; `scripts/demo.sh` runs it).
 #[test]
@@ -569,9 +691,13 @@ fn comas_local_runs_the_builtin_example() {
             .output()
             .unwrap();
         assert!(out.status.success(), "comas local failed: {}", String::from_utf8_lossy(&out.stderr));
+        // Over mutual TLS, with this run's own CA.
+        assert!(String::from_utf8_lossy(&out.stderr).contains("coordinator https://127.0.0.1:"), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
     };
     let first = run();
+    assert!(first["agents"][0]["learner"].as_str().unwrap().starts_with("https://127.0.0.1:"), "{first}");
+    assert!(std::fs::read_to_string(dir.path().join("tls/ca.pem")).unwrap().contains("BEGIN CERTIFICATE"));
     assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(5), Some(5)));
     assert_eq!(first["agents"][0]["version"], 5);
     let all: Vec<Value> =

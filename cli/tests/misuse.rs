@@ -107,7 +107,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
     // The job's learners get the same ports back; one that is taken is named, not a riddle.
     let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
-    let port0 = job.split("learner = \"http://").nth(1).and_then(|r| r.split('"').next()).expect("learner 0 address in job.toml").to_string();
+    let port0 = job.split("learner = \"https://").nth(1).and_then(|r| r.split('"').next()).expect("learner 0 address in job.toml").to_string();
     let squatter = std::net::TcpListener::bind(&port0).unwrap();
     let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -227,7 +227,15 @@ fn a_cancelled_job_is_resumed_by_the_same_command() {
         }
     }
     let (addr, job) = coordinator_and_job(&said);
-    let out = comas().args(["cancel", &job, "--coordinator", &addr]).output().unwrap();
+    // Another shell reaches the run's coordinator with the run's certificate, as it prints.
+    let tls = dir.path().join("tls");
+    let out = comas()
+        .args(["cancel", &job, "--coordinator", &addr])
+        .env("COMAS_TLS_CA", tls.join("ca.pem"))
+        .env("COMAS_TLS_CERT", tls.join("service.pem"))
+        .env("COMAS_TLS_KEY", tls.join("service-key.pem"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // It reports the state the job reached, not the one it had when asked.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{job} cancelled"));

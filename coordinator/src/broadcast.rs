@@ -7,7 +7,7 @@ use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use std::collections::HashMap;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How often the workers are asked.
 const POLL_EVERY: Duration = Duration::from_millis(500);
@@ -36,7 +36,7 @@ pub fn received(pulls: &[pb::WeightPull], targets: &[Target]) -> u64 {
 }
 
 async fn connect(address: &str) -> Option<RolloutWorkerClient<Channel>> {
-    let ch = Endpoint::from_shared(comas_service::grpc_uri(address)).ok()?.connect_timeout(ASK_TIMEOUT).connect().await.ok()?;
+    let ch = comas_service::tls::channel(address, |e| e.connect_timeout(ASK_TIMEOUT)).await.ok()?;
     Some(RolloutWorkerClient::new(ch))
 }
 

@@ -45,6 +45,12 @@ pub struct Args {
     /// spread); more get RESOURCE_EXHAUSTED with the wait. 0: no limit.
     #[arg(long, env = "COMAS_COORDINATOR_SUBMIT_PER_MINUTE", default_value_t = 60)]
     pub submit_per_minute: u32,
+    /// Plaintext port serving only the gRPC health service (for the kubelet's gRPC probe when
+    /// this service speaks TLS); off when not given.
+    #[arg(long, env = "COMAS_COORDINATOR_HEALTH_LISTEN")]
+    pub health_listen: Option<comas_service::Listen>,
+    #[command(flatten)]
+    pub tls: comas_service::tls::TlsArgs,
 }
 
 pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
@@ -62,6 +68,8 @@ pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> 
             allowed_roots: comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?,
             tokens: a.tokens.as_deref().map(comas_service::auth::TokenFile::open).transpose()?,
             submit_per_minute: a.submit_per_minute,
+            tls: a.tls.service()?,
+            health_listen: a.health_listen,
         },
         shutdown,
     )

@@ -9,16 +9,7 @@ use comas_workflow::task::{load_dataset, location_of, TaskRecord};
 use comas_workflow::Role;
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` so that a reader sees the old file or the whole new one: a synced temporary
-/// file in the same folder, renamed over `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map(|_| ()).map_err(|e| e.error)
-}
+pub use comas_service::write_atomic;
 
 fn bad(field: &str, message: String) -> CoordinatorError {
     CoordinatorError::Files(format!("`{field}`: {message}"))

@@ -7,7 +7,7 @@ use comas_proto::v1::learner_client::LearnerClient;
 use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::future::Future;
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 pub struct LearnerLink {
@@ -38,14 +38,14 @@ impl LearnerLink {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let ch = Endpoint::from_shared(self.address.clone())
-            .map_err(|e| Status::invalid_argument(format!("bad address: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(20))
-            .connect()
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot connect: {e}")))?;
+        let ch = comas_service::tls::channel(&self.address, |e| {
+            e.connect_timeout(Duration::from_secs(5)).http2_keep_alive_interval(Duration::from_secs(10)).keep_alive_timeout(Duration::from_secs(20))
+        })
+        .await
+        .map_err(|e| match e {
+            comas_service::tls::ConnectError::Address { .. } => Status::invalid_argument(format!("bad address: {e}")),
+            e => Status::unavailable(format!("cannot connect: {e}")),
+        })?;
         let c = LearnerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES);
         self.client = Some(c.clone());
         Ok(c)

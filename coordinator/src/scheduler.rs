@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(900);
@@ -676,16 +676,14 @@ fn relay_peers(addresses: &[String], fanout: usize) -> Vec<Option<String>> {
 }
 
 async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
-    let uri = comas_service::grpc_uri(address);
-    let ch = Endpoint::from_shared(uri.clone())
-        .map_err(|e| format!("bad worker address {uri}: {e}"))?
-        .connect_timeout(Duration::from_secs(10))
-        .tcp_keepalive(Some(Duration::from_secs(10)))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to worker {uri}: {e}"))?;
+    let ch = comas_service::tls::channel(address, |e| {
+        e.connect_timeout(Duration::from_secs(10))
+            .tcp_keepalive(Some(Duration::from_secs(10)))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20))
+    })
+    .await
+    .map_err(|e| format!("cannot connect to worker {address}: {e}"))?;
     Ok(RolloutWorkerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
 }
 

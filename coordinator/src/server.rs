@@ -26,6 +26,11 @@ pub struct ServerSettings {
     pub tokens: Option<comas_service::auth::TokenFile>,
     /// `SubmitJob` calls a peer address may make per minute (0: no limit).
     pub submit_per_minute: u32,
+    /// TLS of the server (`None`: plaintext); the clients' is process-wide
+    /// (`comas_service::tls::install_client`).
+    pub tls: Option<Arc<comas_service::tls::ServerTls>>,
+    /// Plaintext health-only port (`None`: none).
+    pub health_listen: Option<comas_service::Listen>,
 }
 
 /// Serves until `shutdown` fires. A running job stays `running` in the store and continues
@@ -71,12 +76,15 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     };
     let addr = s.listener.local_addr()?;
     tracing::info!(%addr, db = %s.db.display(), "coordinator listening");
-    tonic::transport::Server::builder()
+    if let Some(listen) = s.health_listen {
+        let router = tonic::transport::Server::builder().add_service(health_service.clone());
+        comas_service::spawn_health_port(listen, router, wait(stop_rx.clone())).await?;
+    }
+    let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
         .add_service(health_service)
-        .add_service(CoordinatorServer::new(service).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
-        .await?;
+        .add_service(CoordinatorServer::new(service).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES));
+    comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await?;
     let _ = driver.await;
     Ok(())
 }

@@ -27,10 +27,10 @@ TOOLS = Path(sys.executable).parent
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 CRD_SCHEMAS = {("keda.sh/v1alpha1", "ScaledObject"): DEPLOY / "schemas" / "keda-scaledobject-v1alpha1.json"}
 
-# What each overlay must render to.
+# What each overlay must render to. `tls`: the mtls component is on.
 OVERLAYS = {
-    "single-node": {"learners": 2, "workers": 1, "autoscaled": False},
-    "cluster": {"learners": 3, "workers_min": 2, "workers_max": 16, "autoscaled": True},
+    "single-node": {"learners": 2, "workers": 1, "autoscaled": False, "tls": True},
+    "cluster": {"learners": 3, "workers_min": 2, "workers_max": 16, "autoscaled": True, "tls": True},
 }
 
 HEALTH_NAMES = {
@@ -38,7 +38,18 @@ HEALTH_NAMES = {
     "learner": "comas.v1.Learner",
     "rollout-worker": "comas.v1.RolloutWorker",
 }
+# The env prefix of each service's own variables (*_LISTEN, *_METRICS_LISTEN, *_HEALTH_LISTEN).
+ENV_PREFIX = {
+    "coordinator": "COMAS_COORDINATOR",
+    "learner": "COMAS_LEARNER",
+    "rollout-worker": "COMAS_WORKER",
+}
 GPU_WORKLOADS = ("learner", "rollout-worker")
+# The mtls component: one Secret (cert-manager's kubernetes.io/tls layout) mounted whole, the
+# three path variables pointing at its keys, one server name shared by all services.
+TLS_SECRET = "comas-tls"
+TLS_FILES = {"COMAS_TLS_CERT": "tls.crt", "COMAS_TLS_KEY": "tls.key", "COMAS_TLS_CA": "ca.crt"}
+TLS_SERVER_NAME = "comas-services"
 CLIENT_LABEL = {"comas.io/client": "true"}
 PENDING_METRIC = "comas_coordinator_pending_episodes"
 
@@ -228,6 +239,11 @@ def _probe_port(probe, cports):
 
 
 def check_probes(docs) -> list[str]:
+    """gRPC probes dial the plaintext `health` port where a container has one, else `grpc`.
+
+    The kubelet's gRPC probe speaks plaintext only, so a container with TLS on (COMAS_TLS_*)
+    must have a `health` port, served by its *_HEALTH_LISTEN, and no gRPC probe on `grpc`.
+    """
     problems = []
     for w in workloads(docs):
         name = w["metadata"]["name"]
@@ -237,6 +253,24 @@ def check_probes(docs) -> list[str]:
             if "grpc" not in cports:
                 problems.append(f"{where}: no container port named grpc")
                 continue
+            prefix = ENV_PREFIX.get(name)
+            tls = any(k in env_map(c) for k in TLS_FILES)
+            probe_port = cports.get("health", cports["grpc"])
+            if tls and "health" not in cports:
+                problems.append(f"{where}: TLS is on, but no plaintext container port named health "
+                                "for the kubelet's gRPC probes")
+            if prefix and "health" in cports:
+                hl = env_value(c, f"{prefix}_HEALTH_LISTEN")
+                if listen_port(hl) != cports["health"]:
+                    problems.append(f"{where}: {prefix}_HEALTH_LISTEN={hl!r} does not listen on port "
+                                    f"health={cports['health']}")
+                elif not hl.startswith("0.0.0.0:"):
+                    problems.append(f"{where}: {prefix}_HEALTH_LISTEN must bind all interfaces (the kubelet "
+                                    "dials the pod IP)")
+                if cports["health"] in (cports["grpc"], cports.get("metrics")):
+                    problems.append(f"{where}: port health shares a number with another port")
+            elif prefix and env_value(c, f"{prefix}_HEALTH_LISTEN") is not None:
+                problems.append(f"{where}: {prefix}_HEALTH_LISTEN is set, but no container port is named health")
             for pname in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = c.get(pname)
                 if probe is None:
@@ -245,8 +279,9 @@ def check_probes(docs) -> list[str]:
                 kind, port = _probe_port(probe, cports)
                 if port not in cports.values():
                     problems.append(f"{where}: {pname} port {port} is no container port")
-                if kind == "grpc" and port != cports["grpc"]:
-                    problems.append(f"{where}: {pname} dials {port}, gRPC listens on {cports['grpc']}")
+                if kind == "grpc" and port != probe_port:
+                    what = "the plaintext health port" if "health" in cports else "gRPC"
+                    problems.append(f"{where}: {pname} dials {port}, {what} listens on {probe_port}")
             ready = c.get("readinessProbe", {})
             if ready.get("grpc", {}).get("service") != HEALTH_NAMES.get(name):
                 problems.append(f"{where}: readiness must ask for {HEALTH_NAMES.get(name)}")
@@ -254,8 +289,6 @@ def check_probes(docs) -> list[str]:
             if "grpc" in live and live["grpc"].get("service", ""):
                 problems.append(f"{where}: liveness must ask for the whole server (empty service)")
             # Env listeners must agree with the declared ports.
-            prefix = {"coordinator": "COMAS_COORDINATOR", "learner": "COMAS_LEARNER",
-                      "rollout-worker": "COMAS_WORKER"}.get(name)
             if prefix:
                 if listen_port(env_value(c, f"{prefix}_LISTEN")) != cports["grpc"]:
                     problems.append(f"{where}: {prefix}_LISTEN does not listen on port grpc")
@@ -264,6 +297,71 @@ def check_probes(docs) -> list[str]:
                 if listen_port(env_value(c, f"{prefix}_METRICS_LISTEN")) != cports.get("metrics"):
                     problems.append(f"{where}: {prefix}_METRICS_LISTEN does not listen on port metrics")
     return problems
+
+
+# ------------------------------------------------------------------------------------------
+# Mutual TLS (components/mtls)
+
+
+def check_tls(docs, enabled: bool) -> list[str]:
+    """With the mtls component every service mounts Secret comas-tls and points COMAS_TLS_* at it;
+    without it, none has any TLS setting, Secret or health port."""
+    p = []
+    names = set()
+    for w in workloads(docs):
+        name = w["metadata"]["name"]
+        if name not in ENV_PREFIX:
+            continue
+        ps = pod_spec(w)
+        c = containers(w)[0]
+        env = env_map(c)
+        vols = {v["name"]: v for v in ps.get("volumes", [])}
+        secret_vols = {n for n, v in vols.items() if v.get("secret", {}).get("secretName") == TLS_SECRET}
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] in secret_vols]
+        tls_env = sorted(k for k in env if k.startswith("COMAS_TLS_"))
+        if not enabled:
+            if secret_vols or tls_env or "health" in ports_by_name(c):
+                p.append(f"{name}: TLS is off here, but it mounts {TLS_SECRET}, sets {tls_env} "
+                         "or has a health port")
+            continue
+        if len(mounts) != 1:
+            p.append(f"{name}: must mount Secret {TLS_SECRET} exactly once, mounts it {len(mounts)} times")
+            continue
+        m, sec = mounts[0], vols[mounts[0]["name"]]["secret"]
+        if m.get("readOnly") is not True:
+            p.append(f"{name}: {TLS_SECRET} must be mounted read-only")
+        if m.get("subPath") or m.get("subPathExpr"):
+            p.append(f"{name}: {TLS_SECRET} mounted by subPath never sees a renewed certificate")
+        if sec.get("items"):
+            p.append(f"{name}: mount the whole Secret (no items), in cert-manager's layout")
+        if sec.get("optional"):
+            p.append(f"{name}: the Secret must not be optional (a service without it would fail to start)")
+        # Secret files belong to root (group fsGroup when set): uid 10001 reads them through the
+        # group bit and fsGroup; nothing may read them as `other`, nobody may write them.
+        mode = sec.get("defaultMode", 0o644)
+        if ps.get("securityContext", {}).get("fsGroup") is None:
+            p.append(f"{name}: no pod fsGroup, so the non-root service cannot read {TLS_SECRET} without "
+                     "making it world-readable")
+        if not mode & 0o040 or mode & 0o007 or mode & 0o222:
+            p.append(f"{name}: {TLS_SECRET} files have mode {oct(mode)}, want group-readable and no "
+                     "access for others, no write (0440)")
+        root = m["mountPath"].rstrip("/")
+        for var, key in TLS_FILES.items():
+            got = env_value(c, var)
+            if got != f"{root}/{key}":
+                p.append(f"{name}: {var}={got!r}, want {root}/{key} (key {key} of {TLS_SECRET})")
+        server_name = env_value(c, "COMAS_TLS_SERVER_NAME")
+        names.add(server_name)
+        if server_name != TLS_SERVER_NAME:
+            p.append(f"{name}: COMAS_TLS_SERVER_NAME={server_name!r}, want the shared {TLS_SERVER_NAME!r}")
+        if env_value(c, "COMAS_TLS_CLIENT_AUTH") not in (None, "required"):
+            p.append(f"{name}: client certificates must be required by default (an overlay of your own "
+                     "may relax the coordinator's)")
+        if "health" not in ports_by_name(c):
+            p.append(f"{name}: TLS on, but no plaintext health port for the kubelet's probes")
+    if enabled and len(names) > 1:
+        p.append(f"services check different server names {sorted(map(str, names))}; they share one certificate")
+    return p
 
 
 # ------------------------------------------------------------------------------------------
@@ -533,6 +631,15 @@ def check_network_policies(docs) -> list[str]:
             p.append(f"{pod}: no NetworkPolicy restricts its ingress")
         if set(peers) != allowed:
             p.append(f"{pod}:{port} reachable from {sorted(map(str, set(peers)))}, want {sorted(allowed)}")
+    # The plaintext health ports are for the kubelet (from the node, not subject to the
+    # policies); no pod may reach them.
+    for pod in ENV_PREFIX:
+        w = one(docs, "Deployment", pod) or one(docs, "StatefulSet", pod)
+        if w is None or not any("health" in ports_by_name(c) for c in containers(w)):
+            continue
+        _, peers = _allowed_peers(docs, pod, "health")
+        if peers:
+            p.append(f"{pod}:health reachable from {sorted(map(str, set(peers)))}, want no one")
     deny = [np for np in objs(docs, "NetworkPolicy")
             if np["spec"]["podSelector"] == {} and not np["spec"].get("ingress")]
     if not deny:

@@ -16,7 +16,7 @@ DOCKERFILE = C.DEPLOY / "docker" / "Dockerfile"
 
 @functools.lru_cache(maxsize=None)
 def _rendered(overlay: str) -> tuple:
-    return tuple(C.render(C.K8S / "overlays" / overlay))
+    return tuple(C.render(C.K8S / ("base" if overlay == "base" else f"overlays/{overlay}")))
 
 
 def rendered(overlay: str) -> list[dict]:
@@ -45,9 +45,13 @@ class RenderedOverlays(unittest.TestCase):
                 self.assertEqual(fn(rendered(overlay), spec), [])
 
     def test_base_renders_alone(self):
-        docs = C.render(C.K8S / "base")
+        docs = rendered("base")
         self.assertEqual(C.check_schemas(docs), [])
         self.assertEqual(C.check_selectors(docs), [])
+        # Without the mtls component: no TLS, no health port, probes on the gRPC ports.
+        self.assertEqual(C.check_probes(docs), [])
+        self.assertEqual(C.check_tls(docs, enabled=False), [])
+        self.assertEqual(C.check_network_policies(docs), [])
 
     def test_kubernetes_schemas(self):
         self.each(lambda d, s: C.check_schemas(d))
@@ -79,6 +83,9 @@ class RenderedOverlays(unittest.TestCase):
     def test_network_policies(self):
         self.each(lambda d, s: C.check_network_policies(d))
 
+    def test_mutual_tls(self):
+        self.each(lambda d, s: C.check_tls(d, s["tls"]))
+
     def test_concrete_values(self):
         # A few values spelled out, so that a check that silently passes on anything shows up.
         d = rendered("cluster")
@@ -88,7 +95,19 @@ class RenderedOverlays(unittest.TestCase):
         self.assertEqual((so["minReplicaCount"], so["maxReplicaCount"]), (2, 16))
         self.assertEqual(find(d, "Service", "learner")["spec"]["clusterIP"], "None")
         w = container(d, "Deployment", "rollout-worker")
-        self.assertEqual(w["readinessProbe"]["grpc"], {"port": 50071, "service": "comas.v1.RolloutWorker"})
+        self.assertEqual(w["readinessProbe"]["grpc"], {"port": 50072, "service": "comas.v1.RolloutWorker"})
+        self.assertEqual(env(w, "COMAS_WORKER_HEALTH_LISTEN")["value"], "0.0.0.0:50072")
+        self.assertEqual(env(w, "COMAS_TLS_KEY")["value"], "/etc/comas/tls/tls.key")
+        self.assertEqual(env(w, "COMAS_TLS_SERVER_NAME")["value"], "comas-services")
+        co = container(d, "Deployment", "coordinator")
+        self.assertEqual(co["readinessProbe"]["grpc"], {"port": 50052, "service": "comas.v1.Coordinator"})
+        self.assertEqual(C.ports_by_name(co)["health"], 50052)
+        self.assertNotIn("COMAS_TLS_CLIENT_AUTH", C.env_map(co))
+        le = container(d, "StatefulSet", "learner")
+        self.assertEqual(le["livenessProbe"]["grpc"], {"port": 50062})
+        self.assertEqual(env(le, "COMAS_TLS_CA")["value"], "/etc/comas/tls/ca.crt")
+        tls = [v for v in C.pod_spec(find(d, "StatefulSet", "learner"))["volumes"] if v["name"] == "tls"]
+        self.assertEqual(tls, [{"name": "tls", "secret": {"secretName": "comas-tls", "defaultMode": 0o440}}])
         self.assertEqual(w["resources"]["limits"]["nvidia.com/gpu"], 1)
         self.assertEqual(env(w, "COMAS_WORKER_COORDINATOR")["value"], "http://coordinator:50051")
         self.assertEqual(w["image"], "registry.example.com/comas/rollout-worker:0.1.0")
@@ -96,6 +115,11 @@ class RenderedOverlays(unittest.TestCase):
         self.assertEqual(find(s, "StatefulSet", "learner")["spec"]["replicas"], 2)
         self.assertEqual(find(s, "Deployment", "rollout-worker")["spec"]["replicas"], 1)
         self.assertIsNone(find(s, "ScaledObject", "rollout-worker"))
+        self.assertEqual(container(s, "StatefulSet", "learner")["readinessProbe"]["grpc"]["port"], 50062)
+        b = rendered("base")
+        self.assertEqual(container(b, "Deployment", "rollout-worker")["readinessProbe"]["grpc"],
+                         {"port": 50071, "service": "comas.v1.RolloutWorker"})
+        self.assertNotIn("COMAS_TLS_CERT", C.env_map(container(b, "Deployment", "coordinator")))
 
 
 class Dockerfile(unittest.TestCase):
@@ -143,9 +167,24 @@ def _env(kind, name, var, value):
     return _wc(kind, name, lambda c: env(c, var).__setitem__("value", value))
 
 
-_CLUSTER, _SINGLE = "cluster", "single-node"
+def _tls_volume(kind, name):
+    """The Secret source of a workload's `tls` volume."""
+    return lambda docs: next(v for v in C.pod_spec(find(docs, kind, name))["volumes"] if v["name"] == "tls")["secret"]
+
+
+def _without_health_port(c):
+    """TLS left on, but the health port and its listener gone and the probes back on `grpc`."""
+    c["ports"] = [p for p in c["ports"] if p["name"] != "health"]
+    c["env"] = [e for e in c["env"] if not e["name"].endswith("_HEALTH_LISTEN")]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if "grpc" in c.get(probe, {}):
+            c[probe]["grpc"]["port"] = C.ports_by_name(c)["grpc"]
+
+
+_CLUSTER, _SINGLE, _BASE = "cluster", "single-node", "base"
 _workers = lambda d, s=C.OVERLAYS[_CLUSTER]: C.check_workers(d, s)  # noqa: E731
 _learners = lambda d: C.check_learners(d, C.OVERLAYS[_CLUSTER]["learners"])  # noqa: E731
+_tls = lambda d: C.check_tls(d, True)  # noqa: E731
 
 # Each of these breaks one thing that matters; the named check must notice.
 MUTATIONS = {
@@ -157,7 +196,20 @@ MUTATIONS = {
     "typo in the ScaledObject": _mut(_CLUSTER, C.check_schemas, lambda d: find(
         d, "ScaledObject", "rollout-worker")["spec"].__setitem__("maxReplicas", 4)),
     "worker readiness on another port": _mut(_CLUSTER, C.check_probes, _wc(
-        "Deployment", "rollout-worker", lambda c: c["readinessProbe"]["grpc"].__setitem__("port", 50072))),
+        "Deployment", "rollout-worker", lambda c: c["readinessProbe"]["grpc"].__setitem__("port", 50073))),
+    "coordinator readiness on its TLS port": _mut(_CLUSTER, C.check_probes, _wc(
+        "Deployment", "coordinator", lambda c: c["readinessProbe"]["grpc"].__setitem__("port", 50051))),
+    "learner liveness on its TLS port": _mut(_SINGLE, C.check_probes, _wc(
+        "StatefulSet", "learner", lambda c: c["livenessProbe"]["grpc"].__setitem__("port", 50061))),
+    "health listener on another port": _mut(_CLUSTER, C.check_probes, _env(
+        "Deployment", "rollout-worker", "COMAS_WORKER_HEALTH_LISTEN", "0.0.0.0:50073")),
+    "health container port moved away from the probes": _mut(_CLUSTER, C.check_probes, _wc(
+        "StatefulSet", "learner", lambda c: next(p for p in c["ports"] if p["name"] == "health").__setitem__(
+            "containerPort", 50063))),
+    "TLS on without a health port": _mut(_CLUSTER, C.check_probes, _wc(
+        "Deployment", "coordinator", _without_health_port)),
+    "base readiness on another port": _mut(_BASE, C.check_probes, _wc(
+        "Deployment", "coordinator", lambda c: c["readinessProbe"]["grpc"].__setitem__("port", 50052))),
     "learner readiness on the wrong service": _mut(_CLUSTER, C.check_probes, _wc(
         "StatefulSet", "learner", lambda c: c["readinessProbe"]["grpc"].__setitem__("service", "comas.v1.Worker"))),
     "worker liveness waits for a job": _mut(_CLUSTER, C.check_probes, _wc(
@@ -194,7 +246,7 @@ MUTATIONS = {
     "worker dials a wrong coordinator name": _mut(_CLUSTER, _workers, _env(
         "Deployment", "rollout-worker", "COMAS_WORKER_COORDINATOR", "http://coordinatr:50051")),
     "POD_IP defined after its use": _mut(_CLUSTER, _workers, _wc("Deployment", "rollout-worker", lambda c: c.__setitem__(
-        "env", c["env"][1:] + c["env"][:1]))),
+        "env", [e for e in c["env"] if e["name"] != "POD_IP"] + [env(c, "POD_IP")]))),
     "autoscaler bounds changed": _mut(_CLUSTER, _workers, lambda d: find(
         d, "ScaledObject", "rollout-worker")["spec"].__setitem__("maxReplicaCount", 8)),
     "autoscaler on another metric": _mut(_CLUSTER, _workers, lambda d: find(
@@ -218,13 +270,37 @@ MUTATIONS = {
         "Deployment", "coordinator", ["spec", "template", "spec", "securityContext", "runAsNonRoot"], False)),
     "writable root filesystem": _mut(_CLUSTER, C.check_security, _wc(
         "StatefulSet", "learner", lambda c: c["securityContext"].__setitem__("readOnlyRootFilesystem", False))),
-    "claim that is not rendered": _mut(_CLUSTER, C.check_volumes, lambda d: find(
-        d, "Deployment", "coordinator")["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"].__setitem__(
-        "claimName", "missing")),
+    "claim that is not rendered": _mut(_CLUSTER, C.check_volumes, lambda d: next(
+        v for v in C.pod_spec(find(d, "Deployment", "coordinator"))["volumes"] if v["name"] == "state")[
+        "persistentVolumeClaim"].__setitem__("claimName", "missing")),
     "anyone may reach the workers": _mut(_CLUSTER, C.check_network_policies, lambda d: find(
         d, "NetworkPolicy", "rollout-worker-ingress")["spec"]["ingress"].append({"ports": [{"port": "grpc"}]})),
     "workers cut off from the coordinator": _mut(_CLUSTER, C.check_network_policies, lambda d: find(
         d, "NetworkPolicy", "coordinator-ingress")["spec"]["ingress"][0]["from"].pop()),
+    "clients may reach the plaintext health port": _mut(_CLUSTER, C.check_network_policies, lambda d: find(
+        d, "NetworkPolicy", "coordinator-ingress")["spec"]["ingress"][0]["ports"].append({"port": "health"})),
+    "learner mounts another Secret": _mut(_CLUSTER, _tls, lambda d: _tls_volume("StatefulSet", "learner")(d).__setitem__(
+        "secretName", "comas-tls-old")),
+    "worker without the Secret": _mut(_SINGLE, _tls, _wc("Deployment", "rollout-worker", lambda c: c.__setitem__(
+        "volumeMounts", [m for m in c["volumeMounts"] if m["name"] != "tls"]))),
+    "TLS Secret mounted writable": _mut(_CLUSTER, _tls, _wc("Deployment", "coordinator", lambda c: next(
+        m for m in c["volumeMounts"] if m["name"] == "tls").pop("readOnly"))),
+    "TLS Secret mounted by subPath": _mut(_CLUSTER, _tls, _wc("Deployment", "coordinator", lambda c: next(
+        m for m in c["volumeMounts"] if m["name"] == "tls").__setitem__("subPath", "tls.crt"))),
+    "key file readable by everyone": _mut(_CLUSTER, _tls, lambda d: _tls_volume("Deployment", "coordinator")(d).__setitem__(
+        "defaultMode", 0o444)),
+    "worker pod without fsGroup": _mut(_CLUSTER, _tls, lambda d: find(d, "Deployment", "rollout-worker")[
+        "spec"]["template"]["spec"]["securityContext"].pop("fsGroup")),
+    "key path outside the mount": _mut(_CLUSTER, _tls, _env(
+        "StatefulSet", "learner", "COMAS_TLS_KEY", "/etc/comas/tls-old/tls.key")),
+    "CA variable names the key": _mut(_CLUSTER, _tls, _env(
+        "Deployment", "rollout-worker", "COMAS_TLS_CA", "/etc/comas/tls/tls.key")),
+    "a service checks another server name": _mut(_CLUSTER, _tls, _env(
+        "StatefulSet", "learner", "COMAS_TLS_SERVER_NAME", "learner")),
+    "coordinator admits clients without certificates": _mut(_CLUSTER, _tls, _wc(
+        "Deployment", "coordinator", lambda c: c["env"].append({"name": "COMAS_TLS_CLIENT_AUTH", "value": "optional"}))),
+    "TLS set in the base": _mut(_BASE, lambda d: C.check_tls(d, False), _wc(
+        "Deployment", "coordinator", lambda c: c["env"].append({"name": "COMAS_TLS_CA", "value": "/ca.crt"}))),
 }
 
 DOCKER_MUTATIONS = {

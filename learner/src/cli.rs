@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// GPU, a container limit); jobs whose estimate exceeds it are warned of at submit.
     #[arg(long, env = "COMAS_LEARNER_MEMORY_BYTES")]
     memory_bytes: Option<u64>,
+    /// Plaintext port serving only the gRPC health service (for the kubelet's gRPC probe when
+    /// this service speaks TLS); off when not given.
+    #[arg(long, env = "COMAS_LEARNER_HEALTH_LISTEN")]
+    health_listen: Option<comas_service::Listen>,
+    #[command(flatten)]
+    tls: comas_service::tls::TlsArgs,
 }
 
 /// The agent's model, adapter and resolved settings from a job file, exactly as the
@@ -113,6 +119,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         _ => bail!("give --job (with --agent-id), or both --model and --config"),
     };
     let allowed_roots = comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?;
+    let tls = a.tls.service()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = a.listen.bind().await?;
@@ -131,6 +138,8 @@ fn serve(a: ServeArgs) -> Result<()> {
                 memory_bytes: a.memory_bytes,
             },
             allowed_roots,
+            tls,
+            health_listen: a.health_listen,
         };
         server::serve(settings, comas_service::shutdown_signal()).await?;
         Ok(())

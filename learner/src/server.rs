@@ -16,6 +16,10 @@ pub struct ServerSettings {
     pub engine: EngineSettings,
     /// Folders an export the coordinator asks for may be written to (empty: anywhere).
     pub allowed_roots: comas_service::AllowedRoots,
+    /// TLS of the server (`None`: plaintext).
+    pub tls: Option<std::sync::Arc<comas_service::tls::ServerTls>>,
+    /// Plaintext health-only port (`None`: none).
+    pub health_listen: Option<comas_service::Listen>,
 }
 
 /// Bytes a decoded gRPC message may hold; a Train stream sends one experience per message.
@@ -62,14 +66,16 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     });
     let addr = s.listener.local_addr().map_err(|e| LearnerError::io("listener", e))?;
     tracing::info!(%addr, agent = s.agent_id, "learner listening");
-    tonic::transport::Server::builder()
+    if let Some(listen) = s.health_listen {
+        let router = tonic::transport::Server::builder().add_service(health_service.clone());
+        comas_service::spawn_health_port(listen, router, wait(stop_rx.clone())).await.map_err(|e| LearnerError::io("health port", e))?;
+    }
+    let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(comas_service::limits::CALLS_PER_CONNECTION)
         .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(LearnerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
-        .await
-        .map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
+        .add_service(LearnerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES));
+    comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await.map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
 }

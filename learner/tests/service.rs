@@ -72,6 +72,8 @@ async fn start_rooted(model: &Path, ckpt: &Path, resume: bool, allowed_roots: co
             memory_bytes: None,
         },
         allowed_roots,
+        tls: None,
+        health_listen: None,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

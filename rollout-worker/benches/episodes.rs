@@ -106,6 +106,8 @@ fn main() {
             drain_timeout: Duration::from_secs(5),
             weight_timeout: Duration::from_secs(60),
             relay: true,
+            tls: None,
+            health_listen: None,
         };
         tokio::spawn(serve(settings, std::future::pending::<()>()));
         tokio::time::sleep(Duration::from_millis(200)).await;

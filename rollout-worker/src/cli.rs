@@ -51,10 +51,17 @@ pub struct Args {
     /// only, so it never shows in a process list.
     #[arg(skip = std::env::var("COMAS_WORKER_TOKEN").ok())]
     token: Option<String>,
+    /// Plaintext port serving only the gRPC health service (for the kubelet's gRPC probe when
+    /// this service speaks TLS); off when not given.
+    #[arg(long, env = "COMAS_WORKER_HEALTH_LISTEN")]
+    health_listen: Option<comas_service::Listen>,
+    #[command(flatten)]
+    tls: comas_service::tls::TlsArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let device = comas_model::dtype::parse_device(&a.device)?;
+    let tls = a.tls.service()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = a.listen.bind().await?;
@@ -88,6 +95,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),
             relay: a.relay,
+            tls,
+            health_listen: a.health_listen,
         };
         let r = server::serve(settings, shutdown).await;
         let _ = stop_tx.send(true);

@@ -47,13 +47,10 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
             let mut c = match client.take() {
                 Some(c) => c,
                 None => {
-                    let ch = tonic::transport::Endpoint::from_shared(target.clone())
-                        .map_err(|e| e.to_string())?
-                        .connect_timeout(Duration::from_secs(5))
-                        .timeout(comas_service::limits::API_CALL_DEADLINE)
-                        .connect()
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let ch =
+                        comas_service::tls::channel(&target, |e| e.connect_timeout(Duration::from_secs(5)).timeout(comas_service::limits::API_CALL_DEADLINE))
+                            .await
+                            .map_err(|e| e.to_string())?;
                     CoordinatorClient::with_interceptor(ch, r.bearer.clone())
                 }
             };

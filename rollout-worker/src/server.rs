@@ -19,6 +19,10 @@ pub struct ServerSettings {
     pub weight_timeout: Duration,
     /// Serve pulled weights to other workers (RelayWeights).
     pub relay: bool,
+    /// TLS of the server (`None`: plaintext).
+    pub tls: Option<Arc<comas_service::tls::ServerTls>>,
+    /// Plaintext health-only port (`None`: none).
+    pub health_listen: Option<comas_service::Listen>,
 }
 
 /// How long a RelayWeights call waits for this worker to start receiving the version: every
@@ -105,15 +109,18 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     }
     let addr = s.listener.local_addr()?;
     tracing::info!(%addr, "rollout worker listening");
-    tonic::transport::Server::builder()
+    if let Some(listen) = s.health_listen {
+        let router = tonic::transport::Server::builder().add_service(health_service.clone());
+        comas_service::spawn_health_port(listen, router, wait(stop_rx.clone())).await?;
+    }
+    let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(comas_service::limits::CALLS_PER_CONNECTION)
         .initial_stream_window_size(comas_service::HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(s.listener), wait(stop_rx))
-        .await?;
+        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES));
+    comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await?;
     if let Some(why) = engine_failed.borrow().clone() {
         anyhow::bail!("the engine thread died ({why}); restart the worker");
     }

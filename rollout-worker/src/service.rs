@@ -103,7 +103,7 @@ async fn receive(
     pulls: &crate::pulls::PullMeter,
 ) -> Result<(Vec<ReceivedTensor>, u64), Status> {
     let broken = |e: Status| source_status(source, e);
-    let unreachable = |e: tonic::transport::Error| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
+    let unreachable = |e: comas_service::tls::ConnectError| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
     let channel = comas_service::weights_channel(source).await.map_err(unreachable)?;
     let mut stream = if relay {
         let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);

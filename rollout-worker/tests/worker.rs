@@ -64,6 +64,8 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
         relay: true,
+        tls: None,
+        health_listen: None,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(async move {
@@ -134,6 +136,8 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
             memory_bytes: None,
         },
         allowed_roots: Default::default(),
+        tls: None,
+        health_listen: None,
     };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(comas_learner::server::serve(settings, async {
@@ -431,6 +435,8 @@ async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
         relay: true,
+        tls: None,
+        health_listen: None,
     };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(serve(settings, async {

@@ -6,6 +6,7 @@ pub mod limits;
 pub mod openai;
 pub mod prom;
 pub mod roots;
+pub mod tls;
 
 pub use roots::{AllowedRoots, RootsError};
 
@@ -18,13 +19,22 @@ pub const HTTP2_CONNECTION_WINDOW: u32 = 32 << 20;
 pub const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
 /// A channel for weight transfers from `address`: wide flow-control windows.
-pub async fn weights_channel(address: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    tonic::transport::Endpoint::from_shared(grpc_uri(address))?
-        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-        .max_frame_size(HTTP2_MAX_FRAME)
-        .connect()
-        .await
+pub async fn weights_channel(address: &str) -> Result<tonic::transport::Channel, tls::ConnectError> {
+    tls::channel(address, |e| {
+        e.initial_stream_window_size(HTTP2_STREAM_WINDOW).initial_connection_window_size(HTTP2_CONNECTION_WINDOW).max_frame_size(HTTP2_MAX_FRAME)
+    })
+    .await
+}
+
+/// Writes `bytes` so that a reader sees the old file or the whole new one: a synced temporary
+/// file in the same folder (created with mode 0600), renamed over `path`.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map(|_| ()).map_err(|e| e.error)
 }
 
 /// A gRPC address as a URI: `host:port` gets `http://`, anything with a scheme stays as it is.
@@ -139,6 +149,23 @@ pub async fn serve_metrics(
         .route("/healthz", get(|| async { "ok" }));
     let listener = listen.bind().await?;
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+/// Serves `router` (the gRPC health service alone) in plaintext on `listen` until `shutdown`:
+/// the kubelet's gRPC probe speaks no TLS, so a TLS service answers its probes here, with the
+/// same statuses as on its own port.
+pub async fn spawn_health_port(
+    listen: Listen,
+    router: tonic::transport::server::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = listen.bind().await?;
+    tokio::spawn(async move {
+        if let Err(e) = tls::serve(router, listener, None, shutdown).await {
+            tracing::error!(listen = %listen, error = %e, "health port failed");
+        }
+    });
+    Ok(())
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.

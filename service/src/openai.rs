@@ -1,7 +1,7 @@
 //! The OpenAI chat-completions wire format, the part comas speaks, and a small HTTP/1.1 client
 //! for it: how rollout workers reach a frozen model served elsewhere (a coach behind vLLM, TGI
-//! or `comas serve`), and what `comas serve` answers. Plain `http://` only: there is no TLS
-//! stack in comas yet, so a public HTTPS API needs a TLS-terminating proxy in front.
+//! or `comas serve`), and what `comas serve` answers. `https://` endpoints are verified against
+//! the system's CA bundle (`SSL_CERT_FILE`, else the usual paths) and `COMAS_TLS_CA`.
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use serde::{Deserialize, Serialize};
@@ -174,21 +174,94 @@ pub struct Endpoint {
     port: u16,
     path: String,
     api_key: Option<String>,
+    /// `https://`: the CA bundle to verify the server with (`None`: plain http).
+    tls: Option<Roots>,
+}
+
+/// Where an https endpoint's trusted CAs come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Roots {
+    /// `SSL_CERT_FILE` or the first system bundle found, plus `COMAS_TLS_CA` if set.
+    System,
+    /// This file alone.
+    File(std::path::PathBuf),
+}
+
+/// System CA bundles, in the order looked for (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
+const SYSTEM_BUNDLES: [&str; 3] = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"];
+
+impl Roots {
+    fn files(&self) -> Result<Vec<std::path::PathBuf>, CallError> {
+        match self {
+            Roots::File(p) => Ok(vec![p.clone()]),
+            Roots::System => {
+                let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+                let system = env("SSL_CERT_FILE").or_else(|| SYSTEM_BUNDLES.iter().map(std::path::PathBuf::from).find(|p| p.is_file()));
+                let files: Vec<_> = system.into_iter().chain(env("COMAS_TLS_CA")).collect();
+                if files.is_empty() {
+                    return Err(CallError::Connect(format!(
+                        "no CA bundle to verify https endpoints with: none of {} exists; set SSL_CERT_FILE",
+                        SYSTEM_BUNDLES.join(", ")
+                    )));
+                }
+                Ok(files)
+            }
+        }
+    }
+
+    /// A client set-up for these roots, made once per process.
+    fn config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, CallError> {
+        static MADE: std::sync::Mutex<Vec<(Roots, std::sync::Arc<rustls::ClientConfig>)>> = std::sync::Mutex::new(Vec::new());
+        let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = made.iter().find(|(r, _)| r == self) {
+            return Ok(std::sync::Arc::clone(c));
+        }
+        let mut store = rustls::RootCertStore::empty();
+        for f in self.files()? {
+            let pem = std::fs::read(&f).map_err(|e| CallError::Connect(format!("{}: {e}", f.display())))?;
+            use rustls::pki_types::pem::PemObject;
+            for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                let c = c.map_err(|e| CallError::Connect(format!("{}: {e}", f.display())))?;
+                // A bundle may hold certificates webpki cannot use; the others still count.
+                let _ = store.add(c);
+            }
+        }
+        if store.is_empty() {
+            return Err(CallError::Connect("the CA bundle for https endpoints holds no usable certificate".into()));
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| CallError::Connect(e.to_string()))?
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = std::sync::Arc::new(config);
+        made.push((self.clone(), std::sync::Arc::clone(&config)));
+        Ok(config)
+    }
 }
 
 impl Endpoint {
     pub fn parse(url: &str, api_key: Option<String>) -> Result<Self, CallError> {
         let bad = |why: &str| CallError::BadUrl { url: url.to_string(), why: why.to_string() };
         let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&e.to_string()))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => return Err(bad("https needs TLS, which comas does not have yet; put a TLS-terminating proxy on this network in front of it")),
-            _ => return Err(bad("give an http:// URL, e.g. http://judge:8000/v1")),
-        }
+        let (tls, default_port) = match uri.scheme_str() {
+            Some("http") => (None, 80),
+            Some("https") => (Some(Roots::System), 443),
+            _ => return Err(bad("give an http:// or https:// URL, e.g. http://judge:8000/v1")),
+        };
         let authority = uri.authority().ok_or_else(|| bad("no host"))?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
         let path = format!("{}/chat/completions", uri.path().trim_end_matches('/'));
-        Ok(Self { authority: authority.to_string(), host, port: authority.port_u16().unwrap_or(80), path, api_key })
+        Ok(Self { authority: authority.to_string(), host, port: authority.port_u16().unwrap_or(default_port), path, api_key, tls })
+    }
+
+    /// An https endpoint verified against `ca` alone (a private CA) instead of the system's.
+    pub fn with_ca(mut self, ca: std::path::PathBuf) -> Self {
+        if self.tls.is_some() {
+            self.tls = Some(Roots::File(ca));
+        }
+        self
     }
 
     /// One call, with `timeout` for all of it (connect, send, read).
@@ -198,9 +271,24 @@ impl Endpoint {
 
     async fn chat_once(&self, request: &ChatRequest) -> Result<ChatResponse, CallError> {
         let body = serde_json::to_vec(request).map_err(|e| CallError::Malformed(e.to_string()))?;
-        let stream =
-            tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        let connect = |e: std::io::Error| CallError::Connect(format!("{}: {e}", self.authority));
+        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(connect)?;
+        match &self.tls {
+            None => self.exchange(stream, body).await,
+            Some(roots) => {
+                let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| CallError::Connect(format!("{}: {e}", self.host)))?;
+                let tls = tokio_rustls::TlsConnector::from(roots.config()?).connect(name, stream).await.map_err(connect)?;
+                self.exchange(tls, body).await
+            }
+        }
+    }
+
+    /// The request and its answer over a connection made for it.
+    async fn exchange<IO>(&self, io: IO, body: Vec<u8>) -> Result<ChatResponse, CallError>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
             .await
             .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
         // The connection is driven beside the request and ends with it.
@@ -252,9 +340,65 @@ mod tests {
         assert_eq!((e.host.as_str(), e.port, e.path.as_str(), e.authority.as_str()), ("judge", 8000, "/v1/chat/completions", "judge:8000"));
         let e = Endpoint::parse("http://127.0.0.1", Some("k".into())).unwrap();
         assert_eq!((e.port, e.path.as_str()), (80, "/chat/completions"));
-        let err = Endpoint::parse("https://api.openai.com/v1", None).unwrap_err().to_string();
-        assert!(err.contains("https needs TLS"), "{err}");
+        let e = Endpoint::parse("https://api.openai.com/v1", None).unwrap();
+        assert_eq!((e.port, e.tls.clone()), (443, Some(Roots::System)));
         assert!(Endpoint::parse("judge:8000", None).is_err());
+    }
+
+    /// An https endpoint signed by a private CA: answered when that CA is trusted, refused with
+    /// the reason when it is not (the system bundle does not hold it).
+    #[tokio::test]
+    async fn an_https_endpoint_is_verified_against_its_ca() {
+        use crate::tls::Authority;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("endpoint CA").unwrap();
+        let files = ca.write_local(dir.path()).unwrap();
+        // An HTTP/1.1 server (the services' own TLS set-up offers only h2).
+        let config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(crate::tls::certs(&files.cert).unwrap(), crate::tls::key(&files.key).unwrap())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let reply = r#"{"id":"x","object":"chat.completion","created":1,"model":"coach","choices":[{"index":0,"message":{"role":"assistant","content":"7"},"finish_reason":"stop"}]}"#;
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let Ok(mut tls) = acceptor.accept(tcp).await else { continue };
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The request's headers, then its body by Content-Length.
+                while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
+                    let n = tls.read(&mut buf).await.unwrap();
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let text = String::from_utf8_lossy(&seen).to_string();
+                let head = text.split("\r\n\r\n").next().unwrap().to_string();
+                let length: usize =
+                    head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap();
+                while seen.len() < head.len() + 4 + length {
+                    let n = tls.read(&mut buf).await.unwrap();
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}", reply.len());
+                tls.write_all(answer.as_bytes()).await.unwrap();
+                tls.flush().await.unwrap();
+            }
+        });
+        let request =
+            ChatRequest { model: "coach".into(), messages: vec![Message { role: "user".into(), content: "3 + 4?".into() }], ..ChatRequest::default() };
+        let url = format!("https://localhost:{port}/v1");
+        let e = Endpoint::parse(&url, Some("k".into())).unwrap().with_ca(files.ca.clone());
+        let r = e.chat(&request, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(r.choices[0].message.content, "7");
+        let other = Authority::new("another CA").unwrap().write_local(&dir.path().join("other")).unwrap();
+        let err = Endpoint::parse(&url, None).unwrap().with_ca(other.ca).chat(&request, Duration::from_secs(10)).await.unwrap_err();
+        assert!(matches!(&err, CallError::Connect(m) if m.contains("UnknownIssuer")), "{err}");
+        assert!(err.retryable());
     }
 
     #[test]

@@ -58,11 +58,8 @@ impl FrozenSpec {
             (Some(_), Some(_)) => return Err(invalid(field("endpoint"), "give either a model folder or an endpoint, not both")),
             (None, None) => return Err(invalid(field("model"), "give the model folder the workers load, or an `endpoint` that serves the model")),
             (None, Some(url)) => {
-                if url.starts_with("https://") {
-                    return Err(invalid(field("endpoint"), format!("{url:?}: https needs TLS, which comas does not have yet; put a TLS-terminating proxy on the cluster's network in front of it and give its http:// URL")));
-                }
-                if !url.starts_with("http://") {
-                    return Err(invalid(field("endpoint"), format!("{url:?} is not an http:// URL (e.g. http://judge:8000/v1)")));
+                if !url.starts_with("http://") && !url.starts_with("https://") {
+                    return Err(invalid(field("endpoint"), format!("{url:?} is not an http:// or https:// URL (e.g. http://judge:8000/v1)")));
                 }
                 if self.adapter.is_some() {
                     return Err(invalid(field("adapter"), "an endpoint model has no adapter here; the endpoint serves the model as it is"));
@@ -1008,11 +1005,12 @@ train_batch_size = 4
         let m = ds.mappa.as_ref().unwrap();
         assert_eq!((m.max_turns.clone(), m.tool_timeout_secs, m.role_at(2)), (vec![4, 4, 4], 60.0, Role::Analyst));
         assert!(err(MAPPA_JOB.replace("[mappa]\n", "[mappa]\npipeline = \"kaggle\"\n")).contains("`mappa.pipeline`"));
-        // A coach behind an endpoint: no folder to load, and only plain http.
+        // A coach behind an endpoint: no folder to load; http or https.
         let served = |frozen: &str| MAPPA_JOB.replace("name = \"coach\"\nmodel = \"coach\"\n", frozen);
         let job = JobSpec::from_toml(&served("name = \"coach\"\nendpoint = \"http://judge:8000/v1\"\n")).unwrap().check(10).unwrap();
         assert_eq!((job.spec.frozen[0].model.as_ref(), job.spec.paths().iter().filter(|(k, _)| k.starts_with("frozen")).count()), (None, 0));
-        assert!(err(served("name = \"coach\"\nendpoint = \"https://api.example.com/v1\"\n")).contains("https needs TLS"));
+        assert!(JobSpec::from_toml(&served("name = \"coach\"\nendpoint = \"https://api.example.com/v1\"\n")).unwrap().check(10).is_ok());
+        assert!(err(served("name = \"coach\"\nendpoint = \"ftp://judge/v1\"\n")).contains("not an http:// or https:// URL"));
         assert!(err(served("name = \"coach\"\n")).contains("give the model folder the workers load, or an `endpoint`"));
         assert!(err(served("name = \"coach\"\nmodel = \"coach\"\nendpoint = \"http://j/v1\"\n")).contains("not both"));
         assert!(err(served("name = \"coach\"\nmodel = \"coach\"\napi_key_env = \"KEY\"\n")).contains("for a model behind an `endpoint`"));

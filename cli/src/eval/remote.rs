@@ -99,16 +99,20 @@ impl RemoteRun<'_> {
                         client
                             .resume_job(pb::ResumeJobRequest { job_id: s.job_id.clone() })
                             .await
-                            .map_err(|e| anyhow::anyhow!("resuming job {}: {}", s.job_id, e.message()))?;
+                            .map_err(|e| anyhow::anyhow!("resuming job {}: {}", s.job_id, comas_service::tls::status_text(&e)))?;
                     }
                     let t = self.follow(&mut client, setup, &s.job_id, items, results, grader).await?;
                     totals = (totals.0 + t.0, totals.1 + t.1);
                 }
                 Err(e) if e.code() == tonic::Code::NotFound => {
-                    eprintln!("{setup}: the coordinator does not know job {} of an earlier run ({}); running its questions again", p.job_id, e.message())
+                    eprintln!(
+                        "{setup}: the coordinator does not know job {} of an earlier run ({}); running its questions again",
+                        p.job_id,
+                        comas_service::tls::status_text(&e)
+                    )
                 }
                 // Unreachable, or refused: keep the note, so a later run can still pick the job up.
-                Err(e) => bail!("asking the coordinator about job {} of an earlier run: {}", p.job_id, e.message()),
+                Err(e) => bail!("asking the coordinator about job {} of an earlier run: {}", p.job_id, comas_service::tls::status_text(&e)),
             }
             std::fs::remove_file(self.pending_path(setup)).ok();
         }
@@ -168,10 +172,10 @@ impl RemoteRun<'_> {
         let mut stream = client
             .watch_job(pb::WatchJobRequest { job_id: job_id.to_string() })
             .await
-            .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", s.message()))?
+            .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", comas_service::tls::status_text(&s)))?
             .into_inner();
         let mut last = None;
-        while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream of {job_id}: {}", s.message()))? {
+        while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream of {job_id}: {}", comas_service::tls::status_text(&s)))? {
             let Some(s) = ev.status else { continue };
             if s.stage == "rollout" {
                 bar.set_position((graded_before + s.episodes_done as usize) as u64);
@@ -185,11 +189,11 @@ impl RemoteRun<'_> {
         let mut records = client
             .job_episodes(pb::JobEpisodesRequest { job_id: job_id.to_string(), step: 0 })
             .await
-            .map_err(|s| anyhow::anyhow!("fetching the transcripts of {job_id}: {}", s.message()))?
+            .map_err(|s| anyhow::anyhow!("fetching the transcripts of {job_id}: {}", comas_service::tls::status_text(&s)))?
             .into_inner();
         bar.set_position(graded_before as u64);
         let mut transcripts = Vec::new();
-        while let Some(r) = records.message().await.map_err(|s| anyhow::anyhow!("transcripts of {job_id}: {}", s.message()))? {
+        while let Some(r) = records.message().await.map_err(|s| anyhow::anyhow!("transcripts of {job_id}: {}", comas_service::tls::status_text(&s)))? {
             let t: EvalTranscript =
                 serde_json::from_str(&r.record_json).with_context(|| format!("episode {} of job {job_id} is not an evaluation transcript", r.episode_id))?;
             transcripts.push(t);
