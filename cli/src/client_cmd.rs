@@ -263,6 +263,7 @@ pub fn step_line(m: &Value) -> String {
     }
     parts.extend(coaching(m));
     parts.extend(sharing(m));
+    parts.extend(graph(m));
     if let Some(s) = m.get("seconds") {
         let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
         parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
@@ -306,6 +307,20 @@ fn sharing(m: &Value) -> Vec<String> {
         format!("valid shares/game {}", c.valid_shares_per_episode.mean.map_or("-".into(), |v| format!("{v:.1}"))),
         format!("disclosed {} answered {}", pct(c.disclosure_rate), pct(c.request_fulfilment_rate)),
         format!("format broken {}", pct(c.format_violation_rate)),
+    ]
+}
+
+/// A NeuroMAS record's rollouts: readouts right, readouts without a box, task groups whose
+/// rollouts all scored alike, and the share of messages cut per layer. Empty for other methods.
+fn graph(m: &Value) -> Vec<String> {
+    let Some(g) = comas_workflow::neuromas::metrics::NeuromasMetrics::read(m) else { return Vec::new() };
+    let pct = |s: comas_workflow::mean::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+    let cut: Vec<String> = g.truncation_rate.iter().map(|(layer, r)| format!("L{layer} {}", pct(*r))).collect();
+    vec![
+        format!("graph right {}", pct(g.graph_accuracy)),
+        format!("no box {}", pct(g.no_box_rate)),
+        format!("equal groups {}/{}", g.equal_groups, g.groups),
+        format!("messages cut {}", cut.join(" ")),
     ]
 }
 

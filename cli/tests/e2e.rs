@@ -1551,6 +1551,114 @@ fn write_cosir_job(dir: &Path, learner_ports: &[u16]) {
 
 const COSIR_STEPS: u64 = 2;
 
+const NEUROMAS_STEPS: u64 = 2;
+
+/// A [2, 1] NeuroMAS graph, one LoRA adapter per node on one tiny base (three agents, three
+/// learners): 2 tasks x 2 rollouts per step, each node's reply ending in a guided `\boxed{D}`.
+fn write_neuromas_job(dir: &Path, learner_ports: &[u16]) {
+    write_model(&dir.join("model"), &TinySpec { seed: 3, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    // Answers 2 and 3, and the guided box allows only those digits: about half the readouts
+    // are right, so rewards and advantages vary.
+    let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
+        .iter()
+        .enumerate()
+        .map(|(i, (a, b))| format!("{{\"prompt\":\"What is {a} + {b}?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", a + b))
+        .collect();
+    std::fs::write(dir.join("train.jsonl"), data).unwrap();
+    let agent = |k: usize| {
+        format!(
+            "[[agents]]\nmodel = \"model\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-3\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n\
+             [agents.train.lora]\nr = 2\nalpha = 4.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
+            learner_ports[k]
+        )
+    };
+    let job = format!(
+        "name = \"neuromas-e2e\"\nseed = 5\nmethod = \"neuromas\"\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = 2\nsteps = {NEUROMAS_STEPS}\nlearner_timeout_secs = 120\n\
+         [output]\ndir = \"out\"\nsave_episodes = true\n[neuromas]\nrollouts_per_task = 2\nmax_msg_tokens = 4\n[neuromas.topology]\nlayers = [2, 1]\n\
+         [neuromas.sampling]\ntemperature = 1.0\ntop_p = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = '''\\\\boxed\\{{[23]\\}}'''\n{}{}{}",
+        agent(0),
+        agent(1),
+        agent(2)
+    );
+    std::fs::write(dir.join("job.toml"), job).unwrap();
+}
+
+/// A NeuroMAS graph as a job: the layers speak in order (2 calls then 1 per rollout), every
+/// node's sample of a rollout carries the rollout's reward (the readout's grade, computed here
+/// again from the record), the messages passed on are cuts of the replies without thinking, and
+/// each agent (a node's adapter) trains on its own node's samples only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_reward() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port(), free_port()];
+    write_neuromas_job(tmp.path(), &ports);
+    let c = Cluster::launch(tmp.path(), ports, 1, &[], NEUROMAS_STEPS, &["--max-episodes", "4"]);
+    let id = c.submit().await;
+    let st = c.finished(&id).await;
+    assert!(st.agents.iter().all(|a| a.version == NEUROMAS_STEPS), "{:?}", st.agents);
+    let log = c.metrics_log();
+    assert_eq!(log.len() as u64, NEUROMAS_STEPS);
+    let mut rewards_seen = Vec::new();
+    for m in &log {
+        let step = m["step"].as_u64().unwrap();
+        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("neuromas"), Some(4)), "{m}");
+        // Calls per layer: 2 nodes then the readout, in each of the 4 rollouts.
+        assert_eq!((m["completion_tokens"]["1"]["count"].as_u64(), m["completion_tokens"]["2"]["count"].as_u64()), (Some(8), Some(4)), "{m}");
+        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
+        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
+        assert_eq!(records.len(), 4);
+        let mut rewards = Vec::new();
+        for r in &records {
+            let turns = r["turns"].as_array().unwrap();
+            let layers: Vec<u64> = turns.iter().map(|t| t["node"]["layer"].as_u64().unwrap()).collect();
+            assert_eq!(layers, vec![1, 1, 2], "{r}");
+            let agents: Vec<u64> = turns.iter().map(|t| t["agent"].as_u64().unwrap()).collect();
+            assert_eq!(agents, vec![0, 1, 2]);
+            for t in turns {
+                // The message is the reply without thinking, cut (or not) at a token boundary.
+                let reply = t["text"].as_str().unwrap().trim();
+                let message = t["message"]["text"].as_str().unwrap();
+                assert!(
+                    reply.starts_with(message) && (message.len() < reply.len()) == t["message"]["truncated"].as_bool().unwrap() || message.is_empty(),
+                    "{t}"
+                );
+            }
+            // The readout's grade, by this test: the digit in its last box against the answer.
+            let answer = r["task"]["answer"].as_str().unwrap();
+            let readout = turns[2]["text"].as_str().unwrap();
+            let reward = match readout.rfind("\\boxed{") {
+                None => -0.5,
+                Some(i) => {
+                    let inner = &readout[i + 7..];
+                    f64::from(u8::from(inner.split('}').next() == Some(answer)))
+                }
+            };
+            rewards.push(reward);
+        }
+        let mean = rewards.iter().sum::<f64>() / 4.0;
+        let right = rewards.iter().filter(|&&r| r == 1.0).count() as f64 / 4.0;
+        assert_eq!(m["graph_accuracy"]["mean"].as_f64(), Some(right), "{m}");
+        for k in 0..3 {
+            let a = &m["agents"][k];
+            // Each node's adapter trains on its one sample of each of the 4 rollouts, each with
+            // its rollout's reward: every agent's mean is the rollouts' mean.
+            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64()), (Some(4), Some(4)), "step {step} agent {k}");
+            let got = a["reward_mean"].as_f64().unwrap();
+            assert!((got - mean).abs() < 1e-12, "step {step} agent {k}: reward mean {got}, the rollouts' {mean}");
+        }
+        // Only adapter bytes travel: r = 2 on q (64 -> 64) and v (64 -> 32) in 2 layers, f32,
+        // is 2 x (2x64 + 64x2 + 2x64 + 32x2) x 4 = 3,584 bytes per agent to the one worker
+        // (after the last step nothing is sent).
+        let sent = if step + 1 < NEUROMAS_STEPS { 3584 } else { 0 };
+        for k in 0..3 {
+            assert_eq!(m["agents"][k]["weight_sync"]["bytes"].as_u64(), Some(sent), "{m}");
+        }
+        rewards_seen.extend(rewards);
+    }
+    // Right and wrong readouts both occurred, so the equal rewards above were not all alike.
+    assert!(rewards_seen.contains(&1.0) && rewards_seen.contains(&0.0), "{rewards_seen:?}");
+}
+
 /// The spec's rewards, written again from spec cosir.md §3.5 and §4 for this test: posteriors by
 /// enumerating every completion of the unknown cells (not by convolution), default weights.
 mod cosir_reference {

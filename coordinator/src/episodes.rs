@@ -80,6 +80,12 @@ pub(crate) fn episode_specs(
             }
             plans
         }
+        // The plan of a NeuroMAS rollout is the graph as it stands.
+        Settings::Neuromas(cfg) => {
+            let graph =
+                comas_workflow::neuromas::Graph::new(cfg.topology.clone()).map_err(|(k, m)| CoordinatorError::Other(format!("neuromas.topology.{k}: {m}")))?;
+            vec![serde_json::to_string(&graph).expect("graph serialises"); n]
+        }
         Settings::Eval(_) => return Err(CoordinatorError::Other("an evaluation job's episodes come from its own questions".into())),
     };
     let generated = matches!(settings, Settings::Cosir(_));
@@ -173,7 +179,7 @@ pub(crate) fn make_batch(
                         let answer = by_id.get(t.question_id.as_str()).map(|q| q.answer.clone()).unwrap_or_default();
                         Ok(Finished { episode_id, trajectory: t, answer })
                     }
-                    Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) => Err(wrong(&episode_id)),
+                    Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
@@ -183,7 +189,7 @@ pub(crate) fn make_batch(
                 .into_iter()
                 .map(|(episode_id, r)| match r {
                     Record::Mappa(t) => Ok((episode_id, t)),
-                    Record::Comas(_) | Record::Eval(_) | Record::Cosir(_) => Err(wrong(&episode_id)),
+                    Record::Comas(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             make_mappa_step(&finished, mappa, num_agents, Some(versions))
@@ -198,12 +204,22 @@ pub(crate) fn make_batch(
                 .collect::<Result<Vec<_>>>()?;
             crate::cosir_experience::make_cosir_step(&finished, cosir, num_agents, Some(versions))
         }
+        Settings::Neuromas(neuromas) => {
+            let finished = records
+                .into_iter()
+                .map(|(episode_id, r)| match r {
+                    Record::Neuromas(t) => Ok((episode_id, t)),
+                    _ => Err(wrong(&episode_id)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            crate::neuromas_experience::make_neuromas_step(&finished, neuromas, num_agents, Some(versions))
+        }
         Settings::Eval(_) => {
             let transcripts = records
                 .iter()
                 .map(|(episode_id, r)| match r {
                     Record::Eval(t) => Ok(t),
-                    Record::Comas(_) | Record::Mappa(_) | Record::Cosir(_) => Err(wrong(episode_id)),
+                    Record::Comas(_) | Record::Mappa(_) | Record::Cosir(_) | Record::Neuromas(_) => Err(wrong(episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
             let metrics = serde_json::to_value(EvalRunMetrics::of(transcripts)).map_err(|e| CoordinatorError::Other(e.to_string()))?;

@@ -175,7 +175,7 @@ pub fn check_record(kind: &RecordKind, json: &str, episode: &str, versions: Opti
 pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
     match check_record(&RecordKind::Comas, json, episode, versions)? {
         Record::Comas(t) => Ok(t),
-        Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) => unreachable!("parsed as CoMAS"),
+        Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => unreachable!("parsed as CoMAS"),
     }
 }
 

@@ -78,9 +78,10 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
         }
     }
     let job = spec.check(questions.len())?;
-    let room = match &job.mappa {
-        None => check_context(&job, &models)?,
-        Some(m) => check_mappa_context(m, &models, &frozen)?,
+    let room = match (&job.mappa, &job.neuromas) {
+        (Some(m), _) => check_mappa_context(m, &models, &frozen)?,
+        (None, Some(n)) => check_neuromas_context(n, &models)?,
+        (None, None) => check_context(&job, &models)?,
     };
     check_records(&room, &questions, "data.train", &job.spec.data.train)?;
     if let Some(e) = &job.spec.eval {
@@ -174,6 +175,35 @@ fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [
         }
         Some(p) => Room { tokens: p, why: "mappa.prompt_max_len".into(), models },
         None => Room { tokens: agent.context - new, why: format!("{}, less sampling.max_new_tokens {new}", held(format!("agent {k}"), agent)), models },
+    })
+}
+
+/// NeuroMAS's room: a node's reply must leave room in every agent's context for its prompt,
+/// which holds the task and up to one message of `max_msg_tokens` from each input (the widest
+/// fan-in of the graph); a task must fit what is left.
+fn check_neuromas_context<'a>(n: &comas_workflow::neuromas::NeuromasConfig, models: &'a [ModelRoom]) -> Result<Room<'a>> {
+    let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
+        return Err(bad("agents", "the job lists no agents".into()));
+    };
+    let graph = comas_workflow::neuromas::Graph::new(n.topology.clone()).map_err(|(key, m)| bad(&format!("neuromas.topology.{key}"), m))?;
+    let fan_in = graph.nodes().iter().map(|node| graph.inputs(node.layer, node.index).len() as u64).max().unwrap_or(0);
+    let new = u64::from(n.max_new_tokens());
+    let messages = fan_in * u64::from(n.max_msg_tokens);
+    let held = format!("agent {k}'s model holds {} tokens (max_position_embeddings in {})", agent.context, agent.dir.join("config.json").display());
+    if new + messages >= agent.context {
+        return Err(bad(
+            "neuromas.sampling.max_new_tokens (the larger of it and readout_sampling's)",
+            format!(
+                "{new} new tokens plus {fan_in} input messages of max_msg_tokens {} is {}, but {held}; lower one of them",
+                n.max_msg_tokens,
+                new + messages
+            ),
+        ));
+    }
+    Ok(Room {
+        tokens: agent.context - new - messages,
+        why: format!("{held}, less max_new_tokens {new} and {fan_in} messages of {} tokens", n.max_msg_tokens),
+        models,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod learners;
 pub mod mappa_experience;
 pub mod memory_check;
 pub mod metrics;
+pub mod neuromas_experience;
 pub mod progress;
 pub mod runner;
 pub mod scheduler;

@@ -32,32 +32,7 @@ eval_every=${EVAL_EVERY:-10}
 cd "$root"
 source experiments/prepare.sh
 
-# Data: sums of two numbers from 1 to 9 in a few phrasings, so that the untrained model gets a
-# fair share right (about half greedy, a fifth to a quarter sampled at 0.5 in a probe). The 16
-# held-out questions use number pairs never seen in training.
-if [ ! -f "$out/train.jsonl" ]; then
-  python3 - "$out" <<'PY'
-import json, random, sys
-out = sys.argv[1]
-names = ["Mia", "Omar", "Lena", "Raj", "Ana", "Tom", "Zoe", "Ivan"]
-things = ["marbles", "stickers", "books", "coins", "apples", "pencils"]
-verbs = ["gets {b} more", "finds {b} more", "buys {b} more", "is given {b} more"]
-rng = random.Random(13)
-pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
-rng.shuffle(pairs)
-def record(i, a, b):
-    who, what, verb = rng.choice(names), rng.choice(things), rng.choice(verbs).format(b=b)
-    text = f"{who} has {a} {what} and {verb}. How many {what} does {who} have now?"
-    return {"prompt": text, "answer": str(a + b), "task": "math", "id": f"sum-{i:04d}"}
-test = [record(i, a, b) for i, (a, b) in enumerate(pairs[:16])]
-train = [record(100 + i, a, b) for i, (a, b) in enumerate(pairs[16:])]
-for name, rows in (("train", train), ("test", test)):
-    with open(f"{out}/{name}.jsonl.part", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-PY
-  mv "$out/test.jsonl.part" "$out/test.jsonl"
-  mv "$out/train.jsonl.part" "$out/train.jsonl"
-fi
+arithmetic_data "$out"
 
 
 job_file() { # arm seed

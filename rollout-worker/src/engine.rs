@@ -118,11 +118,31 @@ struct Room<'a> {
 }
 
 /// How an episode's prompts are fitted here: CoMAS prompts to the room of its agents; other
-/// methods' prompts are not cut (a prompt too long for the room fails at admission).
+/// methods' prompts are not cut (a prompt too long for the room fails at admission), but their
+/// messages may be cut to a token budget (NeuroMAS) with the speaking agent's tokenizer.
 fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, comas: Option<&CoMasConfig>) -> Box<dyn PromptMeter + 'a> {
     match comas {
         Some(c) => Box::new(room_for(models, settings, c)),
-        None => Box::new(Unmetered),
+        None => Box::new(Tokens { models }),
+    }
+}
+
+/// Every prompt fits; messages are cut by the agent's own tokenizer.
+struct Tokens<'a> {
+    models: &'a Models,
+}
+
+impl PromptMeter for Tokens<'_> {
+    fn fits(&self, role: Role, text: &str) -> bool {
+        Unmetered.fits(role, text)
+    }
+
+    fn cut(&self, agent: u32, text: &str, max_tokens: u32) -> Option<String> {
+        // A model behind an endpoint has no tokenizer here: its messages go on whole.
+        let tokenizer = &self.models.bases[self.models.agents.get(&agent)?.base].tokenizer;
+        let ids = tokenizer.encode_plain(text).ok()?;
+        let keep = ids.get(..max_tokens as usize).filter(|k| k.len() < ids.len())?;
+        tokenizer.decode(keep, true).ok()
     }
 }
 

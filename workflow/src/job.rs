@@ -5,6 +5,7 @@ use crate::comas::CoMasConfig;
 use crate::cosir::CosirConfig;
 use crate::eval::{EvalJobConfig, EvalQuestion, EvalSettings};
 use crate::mappa::MappaConfig;
+use crate::neuromas::{Graph as NeuromasGraph, NeuromasConfig};
 use crate::program::{MethodConfig, Settings};
 use crate::seed::derive_seed;
 use crate::train_config::{canonical_dtype, OldLogprobs, TrainConfig};
@@ -105,6 +106,8 @@ pub enum Method {
     Eval,
     /// The CoSIR information game on generated tables (spec cosir.md).
     Cosir,
+    /// A layered graph of role-less nodes trained from the final reward (spec neuromas.md).
+    Neuromas,
 }
 
 impl Method {
@@ -114,6 +117,7 @@ impl Method {
             Method::Mappa => "mappa",
             Method::Eval => "eval",
             Method::Cosir => "cosir",
+            Method::Neuromas => "neuromas",
         }
     }
 
@@ -124,7 +128,8 @@ impl Method {
             "mappa" => Ok(Method::Mappa),
             "eval" => Ok(Method::Eval),
             "cosir" => Ok(Method::Cosir),
-            other => Err(format!("unknown method {other:?}: expected \"comas\", \"mappa\", \"cosir\" or \"eval\"")),
+            "neuromas" => Ok(Method::Neuromas),
+            other => Err(format!("unknown method {other:?}: expected \"comas\", \"mappa\", \"cosir\", \"neuromas\" or \"eval\"")),
         }
     }
 }
@@ -277,6 +282,10 @@ pub struct JobSpec {
     /// it has no `[data]`.
     #[serde(default)]
     pub cosir: toml::Table,
+    /// NeuroMAS settings (`method = "neuromas"`); see `NeuromasConfig`. One [[agents]] entry
+    /// per adapter (`param_sharing`).
+    #[serde(default)]
+    pub neuromas: toml::Table,
     /// An evaluation job's setup, sampling and questions (`method = "eval"`); see
     /// `EvalSettings` and `EvalQuestion`. The team is the `[[frozen]]` list.
     #[serde(default)]
@@ -340,6 +349,8 @@ pub struct Job {
     pub evaluate: Option<EvalJobConfig>,
     /// Set for `method = "cosir"`.
     pub cosir: Option<CosirConfig>,
+    /// Set for `method = "neuromas"`.
+    pub neuromas: Option<NeuromasConfig>,
     pub train: Vec<TrainConfig>,
     pub total_steps: u64,
     pub steps_per_epoch: u64,
@@ -448,6 +459,37 @@ impl JobSpec {
         Ok(cfg)
     }
 
+    /// The NeuroMAS settings, with one [[agents]] entry per adapter the graph needs.
+    fn neuromas_config(&self) -> Result<NeuromasConfig, JobError> {
+        let cfg: NeuromasConfig =
+            toml::Value::Table(self.neuromas.clone()).try_into().map_err(|e: toml::de::Error| invalid("neuromas", e.message().to_string()))?;
+        cfg.validate().map_err(|(k, m)| invalid(format!("neuromas.{k}"), m))?;
+        if cfg.rollouts_per_task < 2 {
+            return Err(invalid(
+                "neuromas.rollouts_per_task",
+                format!("is {}: the group advantage needs at least 2 rollouts of each task", cfg.rollouts_per_task),
+            ));
+        }
+        let graph = NeuromasGraph::new(cfg.topology.clone()).map_err(|(k, m)| invalid(format!("neuromas.topology.{k}"), m))?;
+        let want = cfg.agents(&graph) as usize;
+        if self.agents.len() != want {
+            let how = match cfg.param_sharing {
+                crate::neuromas::ParamSharing::PerNode => "one adapter per node",
+                crate::neuromas::ParamSharing::PerLayer => "one adapter per layer",
+                crate::neuromas::ParamSharing::Shared => "one adapter for every node",
+            };
+            return Err(invalid(
+                "agents",
+                format!(
+                    "neuromas.param_sharing = {:?} trains {how}: list {want} [[agents]], not {}",
+                    serde_json::to_string(&cfg.param_sharing).unwrap_or_default().trim_matches('"'),
+                    self.agents.len()
+                ),
+            ));
+        }
+        Ok(cfg)
+    }
+
     /// The MAPPA settings: the role → agent map defaults from the agent list, and the coach is
     /// named by its `[[frozen]]` entry.
     fn mappa_config(&self) -> Result<MappaConfig, JobError> {
@@ -548,6 +590,7 @@ impl JobSpec {
             mappa: None,
             evaluate: Some(cfg),
             cosir: None,
+            neuromas: None,
             train: Vec::new(),
             total_steps: 1,
             steps_per_epoch: 1,
@@ -590,6 +633,9 @@ impl JobSpec {
         if !cosir && !self.cosir.is_empty() {
             return Err(invalid("cosir", format!("is set but method is {}; set method = \"cosir\"", self.method.as_str())));
         }
+        if self.method != Method::Neuromas && !self.neuromas.is_empty() {
+            return Err(invalid("neuromas", format!("is set but method is {}; set method = \"neuromas\"", self.method.as_str())));
+        }
         let (comas, mappa) = match self.method {
             Method::Cosir => {
                 if !self.comas.is_empty() || !self.mappa.is_empty() || !self.frozen.is_empty() {
@@ -610,8 +656,15 @@ impl JobSpec {
                 let cfg = CoMasConfig { num_agents: self.agents.len() as u32, ..CoMasConfig::default() };
                 (cfg, Some(self.mappa_config()?))
             }
+            Method::Neuromas => {
+                if !self.comas.is_empty() || !self.mappa.is_empty() || !self.frozen.is_empty() {
+                    return Err(invalid("method", "is neuromas, which uses no [comas] or [mappa] settings and no [[frozen]] models; remove them"));
+                }
+                (CoMasConfig { num_agents: self.agents.len() as u32, ..CoMasConfig::default() }, None)
+            }
             Method::Eval => unreachable!("checked above"),
         };
+        let neuromas = if self.method == Method::Neuromas { Some(self.neuromas_config()?) } else { None };
         self.check_frozen_and_rollout()?;
         let s = &self.schedule;
         let q = u64::from(s.questions_per_step);
@@ -672,8 +725,18 @@ impl JobSpec {
                 _ => {}
             }
         }
-        let mut job =
-            Job { spec: self.clone(), comas, mappa, evaluate: None, cosir: cosir_config, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        let mut job = Job {
+            spec: self.clone(),
+            comas,
+            mappa,
+            evaluate: None,
+            cosir: cosir_config,
+            neuromas,
+            train: Vec::new(),
+            total_steps,
+            steps_per_epoch,
+            dataset_len,
+        };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         if job.mappa.as_ref().is_some_and(|m| m.norm_scope == crate::mappa::NormScope::Global) {
             if let Some((k, t)) = job.train.iter().enumerate().find(|(_, t)| !t.estimator.whitens()) {
@@ -693,11 +756,12 @@ impl JobSpec {
 impl Job {
     /// The method and its settings.
     pub fn settings(&self) -> Settings<'_> {
-        match (&self.mappa, &self.evaluate, &self.cosir) {
-            (Some(m), _, _) => Settings::Mappa(m),
-            (None, Some(e), _) => Settings::Eval(&e.settings),
-            (None, None, Some(c)) => Settings::Cosir(c),
-            (None, None, None) => Settings::Comas(&self.comas),
+        match (&self.mappa, &self.evaluate, &self.cosir, &self.neuromas) {
+            (Some(m), ..) => Settings::Mappa(m),
+            (None, Some(e), ..) => Settings::Eval(&e.settings),
+            (None, None, Some(c), _) => Settings::Cosir(c),
+            (None, None, None, Some(n)) => Settings::Neuromas(n),
+            (None, None, None, None) => Settings::Comas(&self.comas),
         }
     }
 
@@ -719,6 +783,9 @@ impl Job {
         if let Some(c) = &self.cosir {
             return self.episodes_per_step() * cosir_turns_per_agent(c);
         }
+        if self.neuromas.is_some() {
+            return (0..self.spec.agents.len()).map(|k| self.neuromas_nodes_of(k)).min().unwrap_or(0) * self.episodes_per_step();
+        }
         match &self.mappa {
             Some(m) => {
                 (0..self.spec.agents.len() as u32).map(|k| m.agents.iter().filter(|&&a| a == k).count() as u64).min().unwrap_or(0) * self.episodes_per_step()
@@ -736,7 +803,17 @@ impl Job {
                 let actions: u64 = m.agents.iter().zip(&m.max_turns).filter(|(&a, _)| a as usize == k).map(|(_, &t)| u64::from(t)).sum();
                 actions * self.episodes_per_step()
             }
+            None if self.neuromas.is_some() => self.neuromas_nodes_of(k) * self.episodes_per_step(),
             None => self.samples_per_agent(),
+        }
+    }
+
+    /// Nodes agent `k`'s adapter plays in one rollout.
+    fn neuromas_nodes_of(&self, k: usize) -> u64 {
+        let Some(n) = &self.neuromas else { return 0 };
+        match NeuromasGraph::new(n.topology.clone()) {
+            Ok(g) => g.nodes().into_iter().filter(|&node| n.agent_of(node) as usize == k).count() as u64,
+            Err(_) => 0,
         }
     }
 
@@ -772,16 +849,31 @@ impl Job {
         if !raw.contains_key("temperature") {
             // Every experience carries its role's sampling temperature and is scored at it;
             // this is only the default for experiences that carry none (greedy roles).
-            let t = match (&self.mappa, &self.cosir) {
-                (Some(m), _) => Some(m.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
-                (None, Some(c)) => Some(c.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
-                (None, None) => Role::COMAS.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0),
+            let t = match (&self.mappa, &self.cosir, &self.neuromas) {
+                (Some(m), ..) => Some(m.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                (None, Some(c), _) => Some(c.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                (None, None, Some(n)) => Some(n.sampling.temperature).filter(|&t| t > 0.0).unwrap_or(1.0),
+                (None, None, None) => Role::COMAS.iter().map(|&r| self.comas.sampling.for_role(r).temperature).find(|&t| t > 0.0).unwrap_or(1.0),
             };
             table.insert("temperature".into(), toml::Value::Float(t));
         }
         if self.mappa.is_some() && !raw.contains_key("kl_coef") {
             // MAPPA keeps a k1 KL penalty in the reward (spec mappa.md §5).
             table.insert("kl_coef".into(), toml::Value::Float(MAPPA_KL_COEF));
+        }
+        if self.neuromas.is_some() {
+            // NeuroMAS (spec §5): the terminal reward normalised over the G rollouts of a task,
+            // and a k3 KL term in the loss, β = 1e-3, against the backbone.
+            for (k, v) in [
+                ("estimator", toml::Value::String("group_norm".into())),
+                ("kl_coef", toml::Value::Float(NEUROMAS_KL_COEF)),
+                ("kl_in_loss", toml::Value::Boolean(true)),
+                ("kl_estimator", toml::Value::String("k3".into())),
+            ] {
+                if !raw.contains_key(k) {
+                    table.insert(k.into(), v);
+                }
+            }
         }
         if self.cosir.is_some() {
             // CoSIR keeps a k3 KL term in the loss, β = 1e-3, against drift in free text (spec §5).
@@ -799,11 +891,18 @@ impl Job {
         let text = toml::to_string(&table).map_err(|e| invalid(&field, e.to_string()))?;
         let mut cfg = TrainConfig::from_toml(&text)
             .map_err(|e| invalid(&field, e.to_string().replace("TOML parse error at line 1, column 1\n  |\n1 | \n  | ^\n", "")))?;
-        let samples = self.samples_per_agent();
+        // A NeuroMAS adapter's share is its own nodes' (layers differ in width).
+        let samples = if self.neuromas.is_some() { self.most_samples_of(k) } else { self.samples_per_agent() };
         if cfg.train_batch_size as u64 > samples {
             return Err(invalid(
                 format!("{field}.train_batch_size"),
                 match (&self.mappa, &self.cosir) {
+                    _ if self.neuromas.is_some() => format!(
+                        "is {} but agent {k} plays only {samples} node turns per step ({} rollouts x {} nodes); lower it or raise schedule.questions_per_step",
+                        cfg.train_batch_size,
+                        self.episodes_per_step(),
+                        self.neuromas_nodes_of(k)
+                    ),
                     (_, Some(c)) => format!("is {} but agent {k} speaks only {samples} turns per step ({} games x {} turns); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), cosir_turns_per_agent(c)),
                     (Some(_), None) => format!("is {} but agent {k} may act only {samples} times per step ({} episodes, one action per role at least); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step()),
                     (None, None) => format!("is {} but agent {k} speaks only {samples} turns per step ({} episodes x {} turns / {} agents); lower it or raise schedule.questions_per_step", cfg.train_batch_size, self.episodes_per_step(), self.comas.turns_per_instance(), self.comas.num_agents),
@@ -841,6 +940,17 @@ impl Job {
     pub fn eval_method_at(&self, temperature: f64) -> MethodConfig {
         if let Some(c) = &self.cosir {
             return MethodConfig::Cosir(self.eval_cosir_at(c, temperature));
+        }
+        if let Some(n) = &self.neuromas {
+            let mut n = n.clone();
+            if let Some(e) = &self.spec.eval {
+                n.rollouts_per_task = e.instances_per_question;
+            }
+            n.sampling.temperature = temperature;
+            if let Some(r) = &mut n.readout_sampling {
+                r.temperature = temperature;
+            }
+            return MethodConfig::Neuromas(n);
         }
         match &self.mappa {
             None => MethodConfig::Comas(self.eval_comas_at(temperature)),
@@ -892,6 +1002,8 @@ const DATA_ORDER_TAG: u64 = 101;
 
 /// CoSIR's KL coefficient (in the loss, k3; spec cosir.md §5).
 pub const COSIR_KL_COEF: f64 = 1e-3;
+/// β of NeuroMAS's k3 KL term in the loss (spec neuromas.md §5).
+pub const NEUROMAS_KL_COEF: f64 = 1e-3;
 
 /// Turns one trained agent speaks in a CoSIR game: every seat's (shared policy) or its own seat's.
 fn cosir_turns_per_agent(c: &CosirConfig) -> u64 {
@@ -1019,6 +1131,65 @@ train_batch_size = 4
         assert_eq!(JobSpec::from_toml(&global).unwrap().check(10).unwrap().mappa.unwrap().norm_scope, crate::mappa::NormScope::Global);
         let grpo = global.replacen("train_batch_size = 4\n", "train_batch_size = 4\nestimator = \"group_norm\"\n", 2);
         assert!(err(grpo).contains("agents[0].train.estimator = \"group_norm\" does not whiten"));
+    }
+
+    const NEUROMAS_JOB: &str = r#"
+name = "n"
+method = "neuromas"
+[data]
+train = "train.jsonl"
+[schedule]
+questions_per_step = 2
+steps = 3
+[output]
+dir = "out"
+[neuromas]
+rollouts_per_task = 4
+param_sharing = "per_layer"
+[neuromas.topology]
+layers = [3, 1]
+[[agents]]
+model = "m"
+[agents.train]
+train_batch_size = 8
+[[agents]]
+model = "m"
+[agents.train]
+train_batch_size = 8
+"#;
+
+    #[test]
+    fn a_neuromas_job_lists_one_agent_per_adapter_and_trains_with_group_norm() {
+        let job = JobSpec::from_toml(NEUROMAS_JOB).unwrap().check(10).unwrap();
+        let n = job.neuromas.as_ref().unwrap();
+        assert_eq!((n.rollouts_per_task, job.episodes_per_step(), job.settings().method()), (4, 8, Method::Neuromas));
+        // Agent 0 plays the 3 nodes of layer 1 in each of the 8 rollouts, agent 1 the readout.
+        assert_eq!((job.most_samples_of(0), job.most_samples_of(1), job.samples_per_agent()), (24, 8, 8));
+        let t = &job.train[0];
+        assert_eq!(
+            (t.estimator, t.kl_coef, t.kl_in_loss, t.kl_estimator),
+            (crate::train_config::Estimator::GroupNorm, NEUROMAS_KL_COEF, true, crate::train_config::KlEstimator::K3)
+        );
+        let err = |text: String| JobSpec::from_toml(&text).unwrap().check(10).unwrap_err().to_string();
+        assert!(err(NEUROMAS_JOB.replace("per_layer", "per_node")).contains("trains one adapter per node: list 4 [[agents]], not 2"));
+        assert!(err(NEUROMAS_JOB.replace("layers = [3, 1]", "layers = [3, 2]")).contains("`neuromas.topology.layers`"));
+        assert!(err(NEUROMAS_JOB.replace("rollouts_per_task = 4", "rollouts_per_task = 1")).contains("at least 2 rollouts"));
+        let guided = NEUROMAS_JOB.replace("[neuromas.topology]", "[neuromas.sampling]\nmax_new_tokens = 12\nguided_suffix = 'x'\n[neuromas.topology]");
+        assert!(err(guided).contains("`neuromas.sampling`: guided_suffix needs max_new_tokens above"));
+        let big = NEUROMAS_JOB.replace("train_batch_size = 8", "train_batch_size = 24");
+        assert!(JobSpec::from_toml(&big)
+            .unwrap()
+            .check(10)
+            .unwrap_err()
+            .to_string()
+            .contains("agent 1 plays only 8 node turns per step (8 rollouts x 1 nodes)"));
+        assert!(err(NEUROMAS_JOB.replace("method = \"neuromas\"\n", "")).contains("`neuromas`: is set but method is comas"));
+        // Evaluation plays the graph with the eval instance count and temperature.
+        let e = JobSpec::from_toml(&NEUROMAS_JOB.replace("[output]", "[eval]\ndata = \"held.jsonl\"\n[output]")).unwrap().check(10).unwrap();
+        match e.eval_method_at(0.0) {
+            MethodConfig::Neuromas(c) => assert_eq!((c.rollouts_per_task, c.sampling.temperature), (1, 0.0)),
+            other => panic!("{other:?}"),
+        }
     }
 
     const COSIR_JOB: &str = r#"

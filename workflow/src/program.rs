@@ -8,6 +8,7 @@ use crate::error::WorkflowError;
 use crate::eval::{EvalEpisode, EvalQuestion, EvalSettings, EvalTranscript};
 use crate::job::Method;
 use crate::mappa::{self, MappaConfig, MappaTrajectory};
+use crate::neuromas::{self, Graph, NeuromasConfig, NeuromasTrajectory};
 use crate::task::TaskRecord;
 use crate::tool::{ToolRequest, ToolResult};
 use crate::turn::{check_constrained, PromptMeter, Role, TurnOutput, TurnRequest};
@@ -104,6 +105,14 @@ pub enum ProgramStart {
         instance: u32,
         seed: u64,
     },
+    /// One rollout of a NeuroMAS graph on a task (the plan carries the graph as it stands).
+    Neuromas {
+        config: NeuromasConfig,
+        graph: Graph,
+        question: TaskRecord,
+        instance: u32,
+        seed: u64,
+    },
 }
 
 impl ProgramStart {
@@ -133,6 +142,13 @@ impl ProgramStart {
                 instance,
                 seed,
             },
+            Method::Neuromas => ProgramStart::Neuromas {
+                config: serde_json::from_str(config_json).map_err(|e| field("config_json", e))?,
+                graph: serde_json::from_str(plan_json).map_err(|e| field("plan_json", e))?,
+                question: task()?,
+                instance,
+                seed,
+            },
         })
     }
 
@@ -149,6 +165,7 @@ impl ProgramStart {
             }
             ProgramStart::Eval { settings, .. } => (0..settings.members).collect(),
             ProgramStart::Cosir { config, .. } => (0..config.num_agents()).collect(),
+            ProgramStart::Neuromas { config, graph, .. } => (0..config.agents(graph)).collect(),
         }
     }
 
@@ -157,7 +174,7 @@ impl ProgramStart {
             ProgramStart::Comas { config, .. } => config.prompt_max_len,
             ProgramStart::Mappa { config, .. } => config.prompt_max_len,
             ProgramStart::Cosir { config, .. } => config.prompt_max_len,
-            ProgramStart::Eval { .. } => None,
+            ProgramStart::Eval { .. } | ProgramStart::Neuromas { .. } => None,
         }
     }
 
@@ -167,6 +184,7 @@ impl ProgramStart {
             ProgramStart::Mappa { .. } => Method::Mappa,
             ProgramStart::Eval { .. } => Method::Eval,
             ProgramStart::Cosir { .. } => Method::Cosir,
+            ProgramStart::Neuromas { .. } => Method::Neuromas,
         }
     }
 
@@ -174,7 +192,7 @@ impl ProgramStart {
     pub fn comas(&self) -> Option<&CoMasConfig> {
         match self {
             ProgramStart::Comas { config, .. } => Some(config),
-            ProgramStart::Mappa { .. } | ProgramStart::Eval { .. } | ProgramStart::Cosir { .. } => None,
+            ProgramStart::Mappa { .. } | ProgramStart::Eval { .. } | ProgramStart::Cosir { .. } | ProgramStart::Neuromas { .. } => None,
         }
     }
 }
@@ -186,6 +204,7 @@ pub enum Program {
     Mappa(Box<mappa::Episode>),
     Eval(Box<EvalEpisode>),
     Cosir(Box<cosir::Episode>),
+    Neuromas(Box<neuromas::Episode>),
 }
 
 impl Program {
@@ -198,6 +217,9 @@ impl Program {
             ProgramStart::Mappa { config, question, instance, seed } => Program::Mappa(Box::new(mappa::Episode::new(config, question, *instance, *seed)?)),
             ProgramStart::Eval { settings, question } => Program::Eval(Box::new(EvalEpisode::new(settings, question)?)),
             ProgramStart::Cosir { config, table, instance, seed } => Program::Cosir(Box::new(cosir::Episode::new(config, table, *instance, *seed)?)),
+            ProgramStart::Neuromas { config, graph, question, instance, seed } => {
+                Program::Neuromas(Box::new(neuromas::Episode::new(config, graph, question, *instance, *seed)?))
+            }
         })
     }
 
@@ -208,6 +230,7 @@ impl Program {
             Program::Mappa(e) => e.pending().to_vec(),
             Program::Eval(e) => e.pending(),
             Program::Cosir(e) => e.pending().to_vec(),
+            Program::Neuromas(e) => e.pending().to_vec(),
         }
     }
 
@@ -227,6 +250,7 @@ impl Program {
             Program::Mappa(e) => e.submit(replies),
             Program::Eval(e) => e.submit(replies),
             Program::Cosir(e) => e.submit(replies),
+            Program::Neuromas(e) => e.submit(replies, meter),
         }
     }
 
@@ -236,6 +260,7 @@ impl Program {
             Program::Mappa(e) => e.is_done(),
             Program::Eval(e) => e.is_done(),
             Program::Cosir(e) => e.is_done(),
+            Program::Neuromas(e) => e.is_done(),
         }
     }
 
@@ -245,6 +270,7 @@ impl Program {
             Program::Mappa(e) => e.into_trajectory().map(Record::Mappa),
             Program::Eval(e) => e.into_transcript().map(Record::Eval),
             Program::Cosir(e) => e.into_trajectory().map(Record::Cosir),
+            Program::Neuromas(e) => e.into_trajectory().map(Record::Neuromas),
         }
     }
 }
@@ -264,6 +290,7 @@ pub enum MethodConfig {
     Comas(CoMasConfig),
     Mappa(MappaConfig),
     Cosir(CosirConfig),
+    Neuromas(NeuromasConfig),
 }
 
 impl MethodConfig {
@@ -272,6 +299,7 @@ impl MethodConfig {
             MethodConfig::Comas(c) => Settings::Comas(c),
             MethodConfig::Mappa(m) => Settings::Mappa(m),
             MethodConfig::Cosir(c) => Settings::Cosir(c),
+            MethodConfig::Neuromas(c) => Settings::Neuromas(c),
         }
     }
 }
@@ -283,6 +311,7 @@ pub enum Settings<'a> {
     Mappa(&'a MappaConfig),
     Eval(&'a EvalSettings),
     Cosir(&'a CosirConfig),
+    Neuromas(&'a NeuromasConfig),
 }
 
 impl Settings<'_> {
@@ -292,6 +321,7 @@ impl Settings<'_> {
             Settings::Mappa(_) => Method::Mappa,
             Settings::Eval(_) => Method::Eval,
             Settings::Cosir(_) => Method::Cosir,
+            Settings::Neuromas(_) => Method::Neuromas,
         }
     }
 
@@ -301,6 +331,7 @@ impl Settings<'_> {
             Settings::Mappa(m) => m.instances_per_question,
             Settings::Eval(_) => 1,
             Settings::Cosir(c) => c.instances_per_question,
+            Settings::Neuromas(c) => c.rollouts_per_task,
         }
     }
 
@@ -311,6 +342,7 @@ impl Settings<'_> {
             Settings::Mappa(m) => serde_json::to_string(m),
             Settings::Eval(e) => serde_json::to_string(e),
             Settings::Cosir(c) => serde_json::to_string(c),
+            Settings::Neuromas(c) => serde_json::to_string(c),
         }
         .expect("settings serialise")
     }
@@ -322,6 +354,7 @@ impl Settings<'_> {
             Settings::Mappa(m) => RecordKind::Mappa { roles: m.pipeline.roles().to_vec(), max_turns: m.max_turns.clone() },
             Settings::Eval(e) => RecordKind::Eval((*e).clone()),
             Settings::Cosir(c) => RecordKind::Cosir((*c).clone()),
+            Settings::Neuromas(c) => RecordKind::Neuromas((*c).clone()),
         }
     }
 }
@@ -333,6 +366,7 @@ pub enum RecordKind {
     Mappa { roles: Vec<Role>, max_turns: Vec<u32> },
     Eval(EvalSettings),
     Cosir(CosirConfig),
+    Neuromas(NeuromasConfig),
 }
 
 impl RecordKind {
@@ -359,6 +393,11 @@ impl RecordKind {
                 t.validate(config)?;
                 Ok(Record::Cosir(t))
             }
+            RecordKind::Neuromas(config) => {
+                let t: NeuromasTrajectory = serde_json::from_str(json).map_err(|e| format!("not valid JSON: {e}"))?;
+                t.validate(config)?;
+                Ok(Record::Neuromas(t))
+            }
         }
     }
 }
@@ -371,6 +410,7 @@ pub enum Record {
     Mappa(MappaTrajectory),
     Eval(EvalTranscript),
     Cosir(CosirTrajectory),
+    Neuromas(NeuromasTrajectory),
 }
 
 impl Record {
@@ -385,6 +425,7 @@ impl Record {
             Record::Mappa(t) => t.actions.len() as u32,
             Record::Eval(t) => t.calls.len() as u32,
             Record::Cosir(t) => t.turns.len() as u32,
+            Record::Neuromas(t) => t.turns.len() as u32,
         }
     }
 
@@ -395,6 +436,7 @@ impl Record {
             Record::Mappa(t) => t.completion_tokens(),
             Record::Eval(t) => t.completion_tokens(),
             Record::Cosir(t) => t.completion_tokens(),
+            Record::Neuromas(t) => t.completion_tokens(),
         }
     }
 
@@ -405,6 +447,7 @@ impl Record {
             Record::Mappa(t) => t.policy_turns(),
             Record::Eval(_) => Vec::new(),
             Record::Cosir(t) => t.policy_turns(),
+            Record::Neuromas(t) => t.policy_turns(),
         }
     }
 
@@ -414,6 +457,7 @@ impl Record {
             Record::Comas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.policy_version += by),
             Record::Cosir(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
+            Record::Neuromas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Eval(_) => {}
         }
     }

@@ -40,6 +40,10 @@ pub enum Role {
     Discussant,
     /// CoSIR: a seat's private final choice.
     Voter,
+    /// NeuroMAS: a node that passes a message on.
+    Node,
+    /// NeuroMAS: the last layer's node, which gives the answer.
+    Readout,
 }
 
 impl Role {
@@ -61,6 +65,8 @@ impl Role {
             Role::Analyst => "analyst",
             Role::Discussant => "discussant",
             Role::Voter => "voter",
+            Role::Node => "node",
+            Role::Readout => "readout",
         }
     }
 }
@@ -176,6 +182,12 @@ pub struct TurnRequest {
 /// protocol itself stays free of tokenizers.
 pub trait PromptMeter {
     fn fits(&self, role: Role, user_message: &str) -> bool;
+
+    /// `text`'s first `max_tokens` tokens by agent `agent`'s tokenizer when it has more, `None`
+    /// when it fits. The default never cuts (callers without a tokenizer).
+    fn cut(&self, _agent: u32, _text: &str, _max_tokens: u32) -> Option<String> {
+        None
+    }
 }
 
 /// Every prompt fits: for callers that replay or test the protocol.

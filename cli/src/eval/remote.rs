@@ -68,6 +68,7 @@ impl RemoteRun<'_> {
             comas: toml::Table::new(),
             mappa: toml::Table::new(),
             cosir: toml::Table::new(),
+            neuromas: toml::Table::new(),
             evaluate,
             frozen,
             data: DataSpec::default(),

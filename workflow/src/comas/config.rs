@@ -113,7 +113,9 @@ impl RoleSampling {
             | Role::Modeler
             | Role::Analyst
             | Role::Discussant
-            | Role::Voter => &self.solver,
+            | Role::Voter
+            | Role::Node
+            | Role::Readout => &self.solver,
         }
     }
 

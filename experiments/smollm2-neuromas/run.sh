@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# NeuroMAS on SmolLM2-135M-Instruct: a [2, 1] graph (two message nodes, then the readout), one
+# LoRA adapter per node on the shared base (three agents, three learners), trained from scratch
+# on generated arithmetic word problems. Every node's sample of a rollout gets the readout's
+# grade (spec neuromas.md §5), normalised over the task's rollouts. The readout's reply ends
+# with a guided `\boxed{}` tail, so the 135M model always gives an answer the grader reads;
+# which number stays its choice. Held-out accuracy of the graph before, during and after
+# training, and of the base model alone (`comas eval --setup vanilla`) on the same 16
+# questions. Writes docs/experiments/smollm2-neuromas.md.
+#
+#   bash experiments/smollm2-neuromas/run.sh                 # 12 steps
+#   STEPS=1 bash experiments/smollm2-neuromas/run.sh         # a smoke run
+#   REPORT_ONLY=1 bash experiments/smollm2-neuromas/run.sh   # rewrite the report from a finished run
+#
+# Knobs: STEPS (12), QUESTIONS (4 per step), ROLLOUTS (4 per question), EVAL_EVERY (4), OUT
+# (runs/smollm2-neuromas), COMAS_BIN (a comas binary to use instead of building one).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+here="$root/experiments/smollm2-neuromas"
+steps=${STEPS:-12}
+questions=${QUESTIONS:-4}
+rollouts=${ROLLOUTS:-4}
+eval_every=${EVAL_EVERY:-4}
+
+cd "$root"
+source experiments/prepare.sh
+arithmetic_data "$out"
+
+job="$out/job.toml"
+cat > "$job" <<JOB
+# Written by experiments/smollm2-neuromas/run.sh.
+name = "smollm2-neuromas"
+seed = 1
+method = "neuromas"
+
+[data]
+train = "$out/train.jsonl"
+
+[schedule]
+questions_per_step = $questions
+steps = $steps
+
+[rollout]
+dtype = "bfloat16"
+
+[output]
+dir = "$out/out"
+save_episodes = true
+
+[eval]
+data = "$out/test.jsonl"
+every_steps = $eval_every
+at_start = true
+temperature = 0.7
+greedy = true
+
+[neuromas]
+rollouts_per_task = $rollouts
+max_msg_tokens = 48
+
+[neuromas.topology]
+layers = [2, 1]
+
+[neuromas.sampling]
+temperature = 1.0
+top_p = 1.0
+max_new_tokens = 64
+min_new_tokens = 1
+
+[neuromas.readout_sampling]
+temperature = 1.0
+top_p = 1.0
+max_new_tokens = 48
+min_new_tokens = 1
+guided_suffix = '\\\\boxed\\{[0-9]{1,2}\\}'
+JOB
+for _ in 0 1 2; do
+  lora_agent $((questions * rollouts)) $((questions * rollouts / 2)) >> "$job"
+done
+
+if [ ! -f "$out/done" ] && [ -z "${REPORT_ONLY:-}" ]; then
+  echo "== NeuroMAS [2, 1] on SmolLM2: $steps steps ($(date -u +%H:%M:%S))" >&2
+  run_local_once "$job" "$out"
+fi
+# The base model alone on the same questions: sampled at 0.7 and greedy.
+for t in 0.7 0; do
+  if [ ! -f "$out/base-$t/summary.json" ] && [ -z "${REPORT_ONLY:-}" ]; then
+    "$comas" eval --model "$model" --setup vanilla --bench "$out/test.jsonl" --temperature "$t" --max-new-tokens 96 \
+      --dtype bfloat16 --threads 2 --seed 1 --out "$out/base-$t" > "$out/base-$t.log" 2>&1
+  fi
+done
+
+metrics="$out/out/metrics.jsonl"
+"$comas" plot "$metrics" -o "$figures/training.png" --panels rewards,training,times --title "NeuroMAS [2, 1] on SmolLM2-135M (one LoRA per node)" >&2
+python3 "$here/report.py" "$metrics" "$out" "$steps" "$questions" "$rollouts" "$(cat "$out/wall_seconds")" "$(nproc)" > "$report.part"
+cat "$here/findings.md" >> "$report.part" 2>/dev/null || true
+mv "$report.part" "$report"
+echo "wrote $report" >&2
