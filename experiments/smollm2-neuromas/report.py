@@ -47,7 +47,8 @@ print(f"per question) on {cores} CPU cores, {int(wall) // 60} min {int(wall) % 6
 print("Two message nodes and a readout, one LoRA adapter per node (r 16 on the attention projections, lr 3e-4, bf16)")
 print("on the shared base, so three agents and three learners; every node's sample of a rollout gets the readout's")
 print("grade (1 right, 0 wrong), normalised over the task's rollouts (`group_norm`), with a k3 KL term (β 1e-3)")
-print("against the base. The readout's reply ends with a guided `\\boxed{}` tail; the nodes write freely and pass")
+print("against the base. Nodes sample at temperature 0.5, top_p 0.95 (at the spec's 1.0 the 135M model writes noise).")
+print("The readout's reply ends with a guided `Final answer: \\boxed{}` line; the nodes write freely and pass")
 print("at most 48 tokens on. The figure is `smollm2-neuromas/training.png`.\n")
 
 print("## Held-out accuracy\n")

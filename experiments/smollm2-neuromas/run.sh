@@ -3,24 +3,25 @@
 # LoRA adapter per node on the shared base (three agents, three learners), trained from scratch
 # on generated arithmetic word problems. Every node's sample of a rollout gets the readout's
 # grade (spec neuromas.md §5), normalised over the task's rollouts. The readout's reply ends
-# with a guided `\boxed{}` tail, so the 135M model always gives an answer the grader reads;
-# which number stays its choice. Held-out accuracy of the graph before, during and after
+# with a guided `Final answer: \boxed{}` line, so the 135M model always gives an answer the
+# grader reads; which number stays its choice. Nodes sample at temperature 0.5, top_p 0.95, as the CoMAS
+# SmolLM2 runs do: at the spec's 1.0 the 135M model writes noise. Held-out accuracy of the graph before, during and after
 # training, and of the base model alone (`comas eval --setup vanilla`) on the same 16
 # questions. Writes docs/experiments/smollm2-neuromas.md.
 #
-#   bash experiments/smollm2-neuromas/run.sh                 # 12 steps
+#   bash experiments/smollm2-neuromas/run.sh                 # 24 steps
 #   STEPS=1 bash experiments/smollm2-neuromas/run.sh         # a smoke run
 #   REPORT_ONLY=1 bash experiments/smollm2-neuromas/run.sh   # rewrite the report from a finished run
 #
-# Knobs: STEPS (12), QUESTIONS (4 per step), ROLLOUTS (4 per question), EVAL_EVERY (4), OUT
+# Knobs: STEPS (24), QUESTIONS (4 per step), ROLLOUTS (4 per question), EVAL_EVERY (6), OUT
 # (runs/smollm2-neuromas), COMAS_BIN (a comas binary to use instead of building one).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-neuromas"
-steps=${STEPS:-12}
+steps=${STEPS:-24}
 questions=${QUESTIONS:-4}
 rollouts=${ROLLOUTS:-4}
-eval_every=${EVAL_EVERY:-4}
+eval_every=${EVAL_EVERY:-6}
 
 cd "$root"
 source experiments/prepare.sh
@@ -62,17 +63,17 @@ max_msg_tokens = 48
 layers = [2, 1]
 
 [neuromas.sampling]
-temperature = 1.0
-top_p = 1.0
+temperature = 0.5
+top_p = 0.95
 max_new_tokens = 64
 min_new_tokens = 1
 
 [neuromas.readout_sampling]
-temperature = 1.0
-top_p = 1.0
+temperature = 0.5
+top_p = 0.95
 max_new_tokens = 48
 min_new_tokens = 1
-guided_suffix = '\\\\boxed\\{[0-9]{1,2}\\}'
+guided_suffix = '\\nFinal answer: \\\\boxed\\{[0-9]{1,2}\\}'
 JOB
 for _ in 0 1 2; do
   lora_agent $((questions * rollouts)) $((questions * rollouts / 2)) >> "$job"
