@@ -382,7 +382,9 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
             }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
-                    let coached = coaching(&m);
+                    // A method's own figures (MAPPA's coaching, CoSIR's sharing, NeuroMAS's
+                    // graph) when it has them, else CoMAS's accuracy and score parse failures.
+                    let coached: Vec<String> = coaching(&m).into_iter().chain(sharing(&m)).chain(graph(&m)).collect();
                     if coached.is_empty() {
                         let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
                         say(&format!(
@@ -449,6 +451,12 @@ mod tests {
         });
         assert_eq!(step_line(&cosir), "step 1 | team right 50% | valid shares/game 1.2 | disclosed 10% answered - | format broken 0%");
         assert!(sharing(&m).is_empty());
+        let neuromas = serde_json::json!({
+            "step": 2, "method": "neuromas", "graph_accuracy": {"mean": 0.25, "count": 16}, "no_box_rate": {"mean": 0.0, "count": 16},
+            "equal_groups": 3, "groups": 4, "truncation_rate": {"1": {"mean": 0.5, "count": 32}, "2": {"mean": 0.0, "count": 16}}
+        });
+        assert_eq!(step_line(&neuromas), "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%");
+        assert!(graph(&m).is_empty() && graph(&cosir).is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Experience making for CoSIR: the evidence of each game is replayed by the method's reward
 //! code, and every message and final turn becomes one sample for the seat's agent with its
 //! turn reward (spec cosir.md §4.4, §5). Pure code, no I/O.
-use crate::experience::{constrained_to_pb, finish, AgentShare, StepBatch, StepRecord};
+use crate::experience::{scalar_experience, AgentShare, StepBatch, StepRecord};
 use comas_proto::v1 as pb;
 use comas_workflow::cosir::metrics::CosirMetrics;
 use comas_workflow::cosir::reward::replay;
@@ -34,22 +34,9 @@ pub fn make_cosir_step(
             };
             share.samples += 1;
             sums[k] += reward.reward;
-            per_agent[k].push(pb::Experience {
-                prompt_ids: turn.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
-                completion_ids: turn.completion_ids.iter().map(|&x| i64::from(x)).collect(),
-                reward: Some(reward.reward),
-                token_rewards: Vec::new(),
-                finish_reason: finish(turn.finish_reason),
-                // The group of `group_norm` (spec §5): G rollouts of a table, same seat and turn.
-                group: format!("{}/seat{}/turn{}", t.table.id, turn.seat, turn.turn_index),
-                sampling_logprobs: turn.logprobs.clone(),
-                episode_id: episode_id.clone(),
-                turn_id: u64::from(turn.turn_index),
-                policy_version: turn.policy_version,
-                constrained: constrained_to_pb(&turn.constrained),
-                temperature: Some(config.sampling_for(turn.role).temperature).filter(|&t| t > 0.0),
-                norm_group: String::new(),
-            });
+            // The group of `group_norm` (spec §5): G rollouts of a table, same seat and turn.
+            let group = format!("{}/seat{}/turn{}", t.table.id, turn.seat, turn.turn_index);
+            per_agent[k].push(scalar_experience(&turn.sampled, reward.reward, group, episode_id, turn.turn_index, config.sampling_for(turn.role).temperature));
         }
         replays.push((r, t.table.tries, t.completion_tokens()));
     }

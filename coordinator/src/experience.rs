@@ -105,6 +105,33 @@ pub(crate) fn constrained_to_pb(c: &[comas_workflow::ConstrainedToken]) -> Vec<p
     c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
 }
 
+/// The experience of one sampled turn with a scalar reward (CoSIR, NeuroMAS).
+pub(crate) fn scalar_experience(
+    s: &comas_workflow::turn::Sampled,
+    reward: f64,
+    group: String,
+    episode_id: &str,
+    turn_id: u32,
+    temperature: f64,
+) -> pb::Experience {
+    pb::Experience {
+        prompt_ids: s.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
+        completion_ids: s.completion_ids.iter().map(|&x| i64::from(x)).collect(),
+        reward: Some(reward),
+        token_rewards: Vec::new(),
+        finish_reason: finish(s.finish_reason),
+        group,
+        sampling_logprobs: s.logprobs.clone(),
+        episode_id: episode_id.to_string(),
+        turn_id: u64::from(turn_id),
+        policy_version: s.policy_version,
+        constrained: constrained_to_pb(&s.constrained),
+        // A greedy turn carries none: the learner scores it at its default.
+        temperature: Some(temperature).filter(|&t| t > 0.0),
+        norm_group: String::new(),
+    }
+}
+
 /// One agent's share of a step of a method that makes its own step record (MAPPA, CoSIR).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct AgentShare {

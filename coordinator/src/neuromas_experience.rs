@@ -2,7 +2,7 @@
 //! and every node's sample of the rollout becomes one experience for the node's adapter with
 //! that same reward. The group of `group_norm` is the task and the node, so each node's
 //! advantage is its rollout's reward normalised over the task's G rollouts. Pure code, no I/O.
-use crate::experience::{constrained_to_pb, finish, AgentShare, StepBatch, StepRecord};
+use crate::experience::{scalar_experience, AgentShare, StepBatch, StepRecord};
 use comas_proto::v1 as pb;
 use comas_workflow::neuromas::metrics::NeuromasMetrics;
 use comas_workflow::neuromas::reward::reward;
@@ -35,21 +35,8 @@ pub fn make_neuromas_step(
             };
             share.samples += 1;
             sums[k] += r;
-            per_agent[k].push(pb::Experience {
-                prompt_ids: turn.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
-                completion_ids: turn.completion_ids.iter().map(|&x| i64::from(x)).collect(),
-                reward: Some(r),
-                token_rewards: Vec::new(),
-                finish_reason: finish(turn.finish_reason),
-                group: format!("{}/node{}", t.task.id, turn.node.uid),
-                sampling_logprobs: turn.logprobs.clone(),
-                episode_id: episode_id.clone(),
-                turn_id: u64::from(turn.turn_index),
-                policy_version: turn.policy_version,
-                constrained: constrained_to_pb(&turn.constrained),
-                temperature: Some(config.sampling_of(&t.graph, turn.node).temperature).filter(|&t| t > 0.0),
-                norm_group: String::new(),
-            });
+            let group = format!("{}/node{}", t.task.id, turn.node.uid);
+            per_agent[k].push(scalar_experience(&turn.sampled, r, group, episode_id, turn.turn_index, config.sampling_of(&t.graph, turn.node).temperature));
         }
     }
     AgentShare::set_means(&mut shares, &sums);

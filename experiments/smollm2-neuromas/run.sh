@@ -4,10 +4,10 @@
 # on generated arithmetic word problems. Every node's sample of a rollout gets the readout's
 # grade (spec neuromas.md §5), normalised over the task's rollouts. The readout's reply ends
 # with a guided `Final answer: \boxed{}` line, so the 135M model always gives an answer the
-# grader reads; which number stays its choice. Nodes sample at temperature 0.5, top_p 0.95, as the CoMAS
-# SmolLM2 runs do: at the spec's 1.0 the 135M model writes noise. Held-out accuracy of the graph before, during and after
-# training, and of the base model alone (`comas eval --setup vanilla`) on the same 16
-# questions. Writes docs/experiments/smollm2-neuromas.md.
+# grader reads; which number stays its choice. Nodes sample at temperature 0.5, top_p 0.95, as
+# the CoMAS SmolLM2 runs do: at the spec's 1.0 the 135M model writes noise. Held-out accuracy
+# of the graph before, during and after training, and of the base model alone (`comas eval
+# --setup vanilla`) on the same 16 questions. Writes docs/experiments/smollm2-neuromas.md.
 #
 #   bash experiments/smollm2-neuromas/run.sh                 # 24 steps
 #   STEPS=1 bash experiments/smollm2-neuromas/run.sh         # a smoke run
@@ -83,10 +83,14 @@ if [ ! -f "$out/done" ] && [ -z "${REPORT_ONLY:-}" ]; then
   echo "== NeuroMAS [2, 1] on SmolLM2: $steps steps ($(date -u +%H:%M:%S))" >&2
   run_local_once "$job" "$out"
 fi
-# The base model alone on the same questions: sampled at 0.7 and greedy.
+# The base model alone on the same questions (as benchmark records), sampled at 0.7 and greedy.
+python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(json.dumps({"query": r["prompt"], "gt": r["answer"], "tag": "math", "source": "arithmetic", "id": r["id"]}))' "$out/test.jsonl" > "$out/test-bench.jsonl"
 for t in 0.7 0; do
   if [ ! -f "$out/base-$t/summary.json" ] && [ -z "${REPORT_ONLY:-}" ]; then
-    "$comas" eval --model "$model" --setup vanilla --bench "$out/test.jsonl" --temperature "$t" --max-new-tokens 96 \
+    "$comas" eval --model "$model" --setup vanilla --bench "$out/test-bench.jsonl" --temperature "$t" --max-new-tokens 96 \
       --dtype bfloat16 --threads 2 --seed 1 --out "$out/base-$t" > "$out/base-$t.log" 2>&1
   fi
 done

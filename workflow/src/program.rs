@@ -456,8 +456,8 @@ impl Record {
         match self {
             Record::Comas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
             Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.policy_version += by),
-            Record::Cosir(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
-            Record::Neuromas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
+            Record::Cosir(t) => t.turns.iter_mut().for_each(|x| x.sampled.policy_version += by),
+            Record::Neuromas(t) => t.turns.iter_mut().for_each(|x| x.sampled.policy_version += by),
             Record::Eval(_) => {}
         }
     }

@@ -199,6 +199,42 @@ impl PromptMeter for Unmetered {
     }
 }
 
+/// What a policy sampled in one turn, as a method's record keeps it and training reads it
+/// (flattened into the record's turn, so its JSON fields sit beside the method's own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampled {
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constrained: Vec<ConstrainedToken>,
+    pub finish_reason: FinishReason,
+    pub policy_version: u64,
+}
+
+impl Sampled {
+    /// The sampled part of a worker's output, and its text.
+    pub fn split(out: TurnOutput) -> (Sampled, String) {
+        let s = Sampled {
+            prompt_ids: out.prompt_ids,
+            completion_ids: out.completion_ids,
+            logprobs: out.logprobs,
+            constrained: out.constrained,
+            finish_reason: out.finish_reason,
+            policy_version: out.policy_version,
+        };
+        (s, out.text)
+    }
+
+    /// What a worker could get wrong: a log-prob per token, constrained positions in range.
+    pub fn check(&self) -> Result<(), String> {
+        if self.logprobs.len() != self.completion_ids.len() {
+            return Err(format!("{} logprobs for {} completion tokens", self.logprobs.len(), self.completion_ids.len()));
+        }
+        check_constrained(&self.constrained, &self.completion_ids)
+    }
+}
+
 /// What the worker produced for one `TurnRequest`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnOutput {

@@ -406,18 +406,29 @@ fn role_rewards(reward: Option<&Value>) -> BTreeMap<String, (f64, f64)> {
 }
 
 /// The team's reward per role: the record's own `reward`, else its agents' pooled by count
-/// (older logs have rewards only per agent).
+/// (older logs have rewards only per agent), else, for a method whose agents report one
+/// `reward_mean` over their `samples` (NeuroMAS), those pooled as the role `all`.
 fn team_rewards(rec: &Value) -> BTreeMap<String, (f64, f64)> {
     let own = role_rewards(rec.get("reward"));
     if !own.is_empty() {
         return own;
     }
+    let agents = || rec.get("agents").and_then(Value::as_array).into_iter().flatten();
     let mut pooled: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for a in rec.get("agents").and_then(Value::as_array).into_iter().flatten() {
+    for a in agents() {
         for (role, (mean, w)) in role_rewards(a.get("reward")) {
             let e = pooled.entry(role).or_default();
             e.0 += mean * w;
             e.1 += w;
+        }
+    }
+    if pooled.is_empty() {
+        for a in agents() {
+            if let (Some(mean), Some(w)) = (number(a.get("reward_mean")), number(a.get("samples")).filter(|&w| w > 0.0)) {
+                let e = pooled.entry("all".to_string()).or_default();
+                e.0 += mean * w;
+                e.1 += w;
+            }
         }
     }
     pooled.into_iter().map(|(role, (sum, w))| (role, (sum / w, w))).collect()
@@ -454,4 +465,19 @@ pub fn checkpoint_figure(title: String, summaries: &[(std::path::PathBuf, comas_
         .collect();
     let panel = Panel::new(Group::Accuracy, "eval.checkpoints", "Accuracy by checkpoint step", "summary.json of comas eval runs", true, series);
     Ok(Figure { title, panels: vec![panel], left_out: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_reward_means_pool_by_samples_when_no_role_has_a_reward() {
+        let rec = serde_json::json!({"agents": [{"reward_mean": 0.5, "samples": 4}, {"reward_mean": 0.0, "samples": 12}, {"reward_mean": null, "samples": 0}]});
+        assert_eq!(team_rewards(&rec).into_iter().collect::<Vec<_>>(), vec![("all".to_string(), (0.125, 16.0))]);
+        assert_eq!(team_mean(&rec), Some(0.125));
+        // A record with rewards by role keeps them.
+        let roles = serde_json::json!({"reward": {"solver": {"mean": 1.0, "count": 2}}, "agents": [{"reward_mean": 0.5, "samples": 4}]});
+        assert_eq!(team_rewards(&roles).into_keys().collect::<Vec<_>>(), vec!["solver".to_string()]);
+    }
 }

@@ -8,7 +8,7 @@ use super::tags::{parse, Tags};
 use crate::error::WorkflowError;
 use crate::program::{take_replies, Reply, Request};
 use crate::seed::{derive_seed, tag};
-use crate::turn::{check_constrained, ChatMessage, ConstrainedToken, FinishReason, Role, TurnOutput, TurnRequest};
+use crate::turn::{ChatMessage, FinishReason, Role, Sampled, TurnOutput, TurnRequest};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,13 +20,8 @@ pub struct CosirTurn {
     pub role: Role,
     /// 0-based discussion round; `rounds` for the final turn.
     pub round: u32,
-    pub prompt_ids: Vec<u32>,
-    pub completion_ids: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub constrained: Vec<ConstrainedToken>,
-    pub finish_reason: FinishReason,
-    pub policy_version: u64,
+    #[serde(flatten)]
+    pub sampled: Sampled,
     pub text: String,
     /// The text without a reasoning block: what the teammates read.
     pub message: String,
@@ -45,12 +40,12 @@ impl CosirTrajectory {
     pub fn policy_turns(&self) -> Vec<crate::program::PolicyTurn> {
         self.turns
             .iter()
-            .map(|t| crate::program::PolicyTurn { turn_index: t.turn_index, agent: t.agent, role: t.role, policy_version: t.policy_version })
+            .map(|t| crate::program::PolicyTurn { turn_index: t.turn_index, agent: t.agent, role: t.role, policy_version: t.sampled.policy_version })
             .collect()
     }
 
     pub fn completion_tokens(&self) -> u64 {
-        self.turns.iter().map(|t| t.completion_ids.len() as u64).sum()
+        self.turns.iter().map(|t| t.sampled.completion_ids.len() as u64).sum()
     }
 
     /// Checks what a worker could get wrong: the turn plan, the seats' agents, log-prob counts,
@@ -73,11 +68,8 @@ impl CosirTrajectory {
             if t.agent != cfg.agent_of(seat) {
                 return here(format!("played by agent {}, but seat {seat} is agent {}'s", t.agent, cfg.agent_of(seat)));
             }
-            if t.logprobs.len() != t.completion_ids.len() {
-                return here(format!("{} logprobs for {} completion tokens", t.logprobs.len(), t.completion_ids.len()));
-            }
-            check_constrained(&t.constrained, &t.completion_ids).or_else(here)?;
-            if t.tags != read_tags(cfg, &self.table, t.role, &t.message, t.finish_reason) {
+            t.sampled.check().or_else(here)?;
+            if t.tags != read_tags(cfg, &self.table, t.role, &t.message, t.sampled.finish_reason) {
                 return here("its tags are not what its message says".into());
             }
         }
@@ -183,22 +175,9 @@ impl Episode {
         let (seat, round, role) = self.plan[out.turn_index as usize];
         let message = crate::turn::without_thinking(&out.text);
         let tags = read_tags(&self.config, &self.table, role, &message, out.finish_reason);
-        self.turns.push(CosirTurn {
-            turn_index: out.turn_index,
-            seat,
-            agent: self.config.agent_of(seat),
-            role,
-            round,
-            prompt_ids: out.prompt_ids,
-            completion_ids: out.completion_ids,
-            logprobs: out.logprobs,
-            constrained: out.constrained,
-            finish_reason: out.finish_reason,
-            policy_version: out.policy_version,
-            text: out.text,
-            message,
-            tags,
-        });
+        let turn_index = out.turn_index;
+        let (sampled, text) = Sampled::split(out);
+        self.turns.push(CosirTurn { turn_index, seat, agent: self.config.agent_of(seat), role, round, sampled, text, message, tags });
     }
 
     pub fn into_trajectory(self) -> Result<CosirTrajectory, WorkflowError> {

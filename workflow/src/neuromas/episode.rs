@@ -9,7 +9,7 @@ use crate::error::WorkflowError;
 use crate::program::{take_replies, PolicyTurn, Reply, Request};
 use crate::seed::{derive_seed, tag};
 use crate::task::TaskRecord;
-use crate::turn::{ChatMessage, ConstrainedToken, FinishReason, PromptMeter, Role, TurnOutput, TurnRequest};
+use crate::turn::{ChatMessage, PromptMeter, Role, Sampled, TurnOutput, TurnRequest};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,13 +18,8 @@ pub struct NodeTurn {
     pub turn_index: u32,
     pub node: Node,
     pub agent: u32,
-    pub prompt_ids: Vec<u32>,
-    pub completion_ids: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub constrained: Vec<ConstrainedToken>,
-    pub finish_reason: FinishReason,
-    pub policy_version: u64,
+    #[serde(flatten)]
+    pub sampled: Sampled,
     pub text: String,
     pub message: Message,
 }
@@ -52,12 +47,12 @@ impl NeuromasTrajectory {
     pub fn policy_turns(&self) -> Vec<PolicyTurn> {
         self.turns
             .iter()
-            .map(|t| PolicyTurn { turn_index: t.turn_index, agent: t.agent, role: role_of(&self.graph, t.node), policy_version: t.policy_version })
+            .map(|t| PolicyTurn { turn_index: t.turn_index, agent: t.agent, role: role_of(&self.graph, t.node), policy_version: t.sampled.policy_version })
             .collect()
     }
 
     pub fn completion_tokens(&self) -> u64 {
-        self.turns.iter().map(|t| t.completion_ids.len() as u64).sum()
+        self.turns.iter().map(|t| t.sampled.completion_ids.len() as u64).sum()
     }
 
     /// The readout's turn.
@@ -79,9 +74,7 @@ impl NeuromasTrajectory {
             if t.agent != cfg.agent_of(*n) {
                 return Err(format!("node {} was played by agent {}, its adapter is agent {}", n.position(), t.agent, cfg.agent_of(*n)));
             }
-            if t.logprobs.len() != t.completion_ids.len() {
-                return Err(format!("node {}: {} logprobs for {} completion tokens", n.position(), t.logprobs.len(), t.completion_ids.len()));
-            }
+            t.sampled.check().map_err(|m| format!("node {}: {m}", n.position()))?;
         }
         Ok(())
     }
@@ -171,19 +164,9 @@ impl Episode {
         let agent = self.config.agent_of(node);
         let budget = self.config.max_msg_tokens;
         let message = Message::of(&out.text, |text| meter.cut(agent, text, budget));
-        self.turns.push(NodeTurn {
-            turn_index: out.turn_index,
-            node,
-            agent,
-            prompt_ids: out.prompt_ids,
-            completion_ids: out.completion_ids,
-            logprobs: out.logprobs,
-            constrained: out.constrained,
-            finish_reason: out.finish_reason,
-            policy_version: out.policy_version,
-            text: out.text,
-            message,
-        });
+        let turn_index = out.turn_index;
+        let (sampled, text) = Sampled::split(out);
+        self.turns.push(NodeTurn { turn_index, node, agent, sampled, text, message });
     }
 
     pub fn into_trajectory(self) -> Result<NeuromasTrajectory, WorkflowError> {
@@ -199,6 +182,7 @@ mod tests {
     use super::*;
     use crate::neuromas::topology::TopologySpec;
     use crate::task::TaskKind;
+    use crate::turn::FinishReason;
 
     /// Cuts by whitespace-separated words, standing in for a tokenizer.
     struct Words;

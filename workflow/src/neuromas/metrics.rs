@@ -52,7 +52,7 @@ impl NeuromasMetrics {
             for turn in &t.turns {
                 let layer = turn.node.layer.to_string();
                 cut.entry(layer.clone()).or_default().push(f64::from(u8::from(turn.message.truncated)));
-                tokens.entry(layer).or_default().push(turn.completion_ids.len() as f64);
+                tokens.entry(layer).or_default().push(turn.sampled.completion_ids.len() as f64);
             }
             m.generated_tokens += t.completion_tokens();
         }

@@ -24,7 +24,7 @@ mod tests {
     use crate::neuromas::prompts::Message;
     use crate::neuromas::topology::{Graph, TopologySpec};
     use crate::task::{TaskKind, TaskRecord};
-    use crate::turn::FinishReason;
+    use crate::turn::{FinishReason, Sampled};
 
     fn rollout(readout: &str) -> NeuromasTrajectory {
         let graph = Graph::new(TopologySpec { layers: vec![1, 1], ..TopologySpec::default() }).unwrap();
@@ -32,12 +32,14 @@ mod tests {
             turn_index: i,
             node: graph.nodes()[i as usize],
             agent: i,
-            prompt_ids: vec![1],
-            completion_ids: vec![2],
-            logprobs: vec![-1.0],
-            constrained: Vec::new(),
-            finish_reason: FinishReason::Stop,
-            policy_version: 0,
+            sampled: Sampled {
+                prompt_ids: vec![1],
+                completion_ids: vec![2],
+                logprobs: vec![-1.0],
+                constrained: Vec::new(),
+                finish_reason: FinishReason::Stop,
+                policy_version: 0,
+            },
             text: text.into(),
             message: Message { text: text.into(), truncated: false },
         };
