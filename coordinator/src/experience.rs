@@ -101,7 +101,7 @@ impl Tally {
 }
 
 /// Guided-tail positions as the learner takes them.
-pub(crate) fn constrained_to_pb(c: &[comas_workflow::ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
+fn constrained_to_pb(c: &[comas_workflow::ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
     c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
 }
 
@@ -166,7 +166,7 @@ pub(crate) struct StepRecord<'a, M: serde::Serialize> {
     pub agents: Vec<AgentShare>,
 }
 
-pub(crate) fn finish(f: FinishReason) -> i32 {
+fn finish(f: FinishReason) -> i32 {
     match f {
         FinishReason::Stop => pb::FinishReason::Stop as i32,
         FinishReason::Length => pb::FinishReason::Length as i32,

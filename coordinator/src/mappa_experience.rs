@@ -1,7 +1,7 @@
 //! Experience making for MAPPA: each coached action is one sample for the agent that acted,
 //! with the exact context it saw as its prompt and R = w_p · scale · score (spec 5); actions
 //! the coach could not score are left out and counted. Pure code, no I/O.
-use crate::experience::{constrained_to_pb, finish, prompt_group, AgentShare, StepBatch, StepRecord};
+use crate::experience::{prompt_group, scalar_experience, AgentShare, StepBatch, StepRecord};
 use comas_proto::v1 as pb;
 use comas_workflow::mappa::{action_rewards, MappaConfig, MappaMetrics, MappaTrajectory, NormScope};
 use comas_workflow::WorkflowError;
@@ -34,25 +34,14 @@ pub fn make_mappa_step(
             };
             share.samples += 1;
             sums[k] += reward;
-            per_agent[k].push(pb::Experience {
-                prompt_ids: a.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
-                completion_ids: a.completion_ids.iter().map(|&x| i64::from(x)).collect(),
-                reward: Some(reward),
-                token_rewards: Vec::new(),
-                finish_reason: finish(a.finish_reason),
-                // Only actions from one and the same state share a group (spec 5).
-                group: prompt_group(&t.question_id, a.role, a.step, &a.prompt_ids),
-                sampling_logprobs: a.logprobs.clone(),
-                episode_id: episode_id.clone(),
-                turn_id: u64::from(a.turn_index),
-                policy_version: a.policy_version,
-                constrained: constrained_to_pb(&a.constrained),
-                temperature: Some(config.sampling_for(a.role).temperature).filter(|&t| t > 0.0),
-                norm_group: match config.norm_scope {
-                    NormScope::PerAgent | NormScope::Global => String::new(),
-                    NormScope::PerAgentRole => a.role.as_str().to_string(),
-                },
-            });
+            // Only actions from one and the same state share a group (spec 5).
+            let group = prompt_group(&t.question_id, a.role, a.step, &a.sampled.prompt_ids);
+            let mut e = scalar_experience(&a.sampled, reward, group, episode_id, a.turn_index, config.sampling_for(a.role).temperature);
+            e.norm_group = match config.norm_scope {
+                NormScope::PerAgent | NormScope::Global => String::new(),
+                NormScope::PerAgentRole => a.role.as_str().to_string(),
+            };
+            per_agent[k].push(e);
         }
     }
     AgentShare::set_means(&mut shares, &sums);
@@ -67,6 +56,7 @@ pub fn make_mappa_step(
 mod tests {
     use super::*;
     use comas_workflow::mappa::{Action, CoachVerdict};
+    use comas_workflow::turn::Sampled;
     use comas_workflow::{FinishReason, Role, TaskKind};
 
     fn action(turn_index: u32, agent: u32, role: Role, position: u32, step: u32, score: Option<f64>) -> Action {
@@ -77,12 +67,14 @@ mod tests {
             position,
             step,
             messages: Vec::new(),
-            prompt_ids: vec![1, 2, turn_index],
-            completion_ids: vec![5, 6],
-            logprobs: vec![-0.1, -0.2],
-            constrained: Vec::new(),
-            finish_reason: FinishReason::Stop,
-            policy_version: 3,
+            sampled: Sampled {
+                prompt_ids: vec![1, 2, turn_index],
+                completion_ids: vec![5, 6],
+                logprobs: vec![-0.1, -0.2],
+                constrained: Vec::new(),
+                finish_reason: FinishReason::Stop,
+                policy_version: 3,
+            },
             text: String::new(),
             tool_runs: Vec::new(),
             malformed_call: false,

@@ -455,7 +455,7 @@ impl Record {
     pub fn shift_versions(&mut self, by: u64) {
         match self {
             Record::Comas(t) => t.turns.iter_mut().for_each(|x| x.policy_version += by),
-            Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.policy_version += by),
+            Record::Mappa(t) => t.actions.iter_mut().for_each(|x| x.sampled.policy_version += by),
             Record::Cosir(t) => t.turns.iter_mut().for_each(|x| x.sampled.policy_version += by),
             Record::Neuromas(t) => t.turns.iter_mut().for_each(|x| x.sampled.policy_version += by),
             Record::Eval(_) => {}

@@ -14,7 +14,7 @@ use crate::program::{take_replies, Reply, Request};
 use crate::seed::{derive_seed, tag};
 use crate::task::TaskRecord;
 use crate::tool::{ToolRequest, ToolResult, WorkspaceFile};
-use crate::turn::{ChatMessage, Role, TurnOutput, TurnRequest};
+use crate::turn::{ChatMessage, Role, Sampled, TurnOutput, TurnRequest};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +183,7 @@ impl Episode {
         let role = self.config.role_at(self.position);
         let TurnRequest { turn_index, agent, messages, .. } = request;
         let calls = if self.config.pipeline.has_tools(role) { parse_calls(&out.text) } else { Calls::None };
+        let (sampled, text) = Sampled::split(out);
         self.actions.push(Action {
             turn_index,
             agent,
@@ -190,13 +191,8 @@ impl Episode {
             position: self.position as u32,
             step: self.step,
             messages,
-            prompt_ids: out.prompt_ids,
-            completion_ids: out.completion_ids,
-            logprobs: out.logprobs,
-            constrained: out.constrained,
-            finish_reason: out.finish_reason,
-            policy_version: out.policy_version,
-            text: out.text,
+            sampled,
+            text,
             tool_runs: Vec::new(),
             malformed_call: matches!(calls, Calls::Malformed(_)),
             observation: None,

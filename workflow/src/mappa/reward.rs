@@ -123,7 +123,7 @@ impl MappaMetrics {
                 m.coach_retries += u64::from(a.coach.retry_attempted);
                 m.coach_fallbacks += u64::from(a.coach.fallback_used);
                 m.malformed_calls += u64::from(a.malformed_call);
-                m.generated_tokens += a.completion_ids.len() as u64;
+                m.generated_tokens += a.sampled.completion_ids.len() as u64;
                 for run in &a.tool_runs {
                     m.tool_calls += 1;
                     tools.push(f64::from(u8::from(run.is_none())));

@@ -1,7 +1,7 @@
 //! The record of a finished MAPPA episode: every action with the exact context its agent saw,
 //! its tool calls and observation, and the coach's verdict.
 use crate::task::TaskKind;
-use crate::turn::{check_constrained, ChatMessage, FinishReason, Role};
+use crate::turn::{ChatMessage, Role, Sampled};
 use serde::{Deserialize, Serialize};
 
 /// What the coach made of one action.
@@ -30,13 +30,8 @@ pub struct Action {
     pub step: u32,
     /// The context the policy continued: its prompt, then each earlier action and observation.
     pub messages: Vec<ChatMessage>,
-    pub prompt_ids: Vec<u32>,
-    pub completion_ids: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub constrained: Vec<crate::turn::ConstrainedToken>,
-    pub finish_reason: FinishReason,
-    pub policy_version: u64,
+    #[serde(flatten)]
+    pub sampled: Sampled,
     pub text: String,
     /// One entry per program run: `None` if it ran cleanly, else the failure key.
     pub tool_runs: Vec<Option<String>>,
@@ -70,7 +65,7 @@ impl MappaTrajectory {
     pub fn policy_turns(&self) -> Vec<crate::program::PolicyTurn> {
         self.actions
             .iter()
-            .map(|a| crate::program::PolicyTurn { turn_index: a.turn_index, agent: a.agent, role: a.role, policy_version: a.policy_version })
+            .map(|a| crate::program::PolicyTurn { turn_index: a.turn_index, agent: a.agent, role: a.role, policy_version: a.sampled.policy_version })
             .collect()
     }
 
@@ -79,10 +74,7 @@ impl MappaTrajectory {
         let mut last: Option<(u32, u32, u32)> = None;
         for a in &self.actions {
             let here = |m: String| Err(format!("action at turn {}: {m}", a.turn_index));
-            if a.logprobs.len() != a.completion_ids.len() {
-                return here(format!("{} logprobs for {} completion tokens", a.logprobs.len(), a.completion_ids.len()));
-            }
-            check_constrained(&a.constrained, &a.completion_ids).or_else(|m| here(m))?;
+            a.sampled.check().or_else(|m| here(m))?;
             let p = a.position as usize;
             if roles.get(p) != Some(&a.role) {
                 return here(format!("a {} turn at chain position {p}", a.role));
@@ -107,6 +99,6 @@ impl MappaTrajectory {
     }
 
     pub fn completion_tokens(&self) -> u64 {
-        self.actions.iter().map(|a| a.completion_ids.len() as u64).sum()
+        self.actions.iter().map(|a| a.sampled.completion_ids.len() as u64).sum()
     }
 }

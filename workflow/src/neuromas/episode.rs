@@ -63,6 +63,9 @@ impl NeuromasTrajectory {
     /// Checks what a worker could get wrong: one turn per node in position order, each by the
     /// node's adapter, log-probs for every token.
     pub fn validate(&self, cfg: &NeuromasConfig) -> Result<(), String> {
+        if self.graph.spec != cfg.topology {
+            return Err("the record's graph is not the job's topology".into());
+        }
         let nodes = self.graph.nodes();
         if self.turns.len() != nodes.len() {
             return Err(format!("{} node turns for a graph of {} nodes", self.turns.len(), nodes.len()));
@@ -232,6 +235,9 @@ mod tests {
         assert_eq!(calls_per_layer, vec![3, 2, 1]);
         let t = e.into_trajectory().unwrap();
         t.validate(&cfg).unwrap();
+        let mut other = cfg.clone();
+        other.topology.layers = vec![3, 1];
+        assert_eq!(t.validate(&other).unwrap_err(), "the record's graph is not the job's topology");
         assert_eq!(t.turns[0].message, Message { text: "note from turn 0".into(), truncated: true });
         // Training keeps the full completion; the message is only the view passed on.
         assert_eq!(t.turns[0].text, "<think>hidden</think>note from turn 0 with extra words");
