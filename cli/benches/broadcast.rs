@@ -135,19 +135,22 @@ fn main() {
         let learner_addr = listener.local_addr().unwrap().to_string();
         let metrics_port = free_port();
         let settings = comas_learner::server::ServerSettings {
-            agent_id: 0,
+            agents: vec![(
+                0,
+                comas_learner::engine::EngineSettings {
+                    model_dir: model.clone(),
+                    adapter_dir: None,
+                    reference_dir: None,
+                    config: comas_learner::TrainConfig { lr: 1e-5, train_batch_size: 4, micro_batch_size: 4, ..Default::default() },
+                    checkpoint_dir: None,
+                    keep_checkpoints: 1,
+                    resume: false,
+                    init_from: None,
+                    memory_bytes: None,
+                },
+            )],
             listener,
             metrics_listen: Some(format!("127.0.0.1:{metrics_port}").parse().unwrap()),
-            engine: comas_learner::engine::EngineSettings {
-                model_dir: model.clone(),
-                adapter_dir: None,
-                reference_dir: None,
-                config: comas_learner::TrainConfig { lr: 1e-5, train_batch_size: 4, micro_batch_size: 4, ..Default::default() },
-                checkpoint_dir: None,
-                keep_checkpoints: 1,
-                resume: false,
-                memory_bytes: None,
-            },
             allowed_roots: Default::default(),
             tls: None,
             health_listen: None,

@@ -44,6 +44,12 @@ pub struct Args {
     /// another name is an error).
     #[arg(long)]
     fresh: bool,
+    /// Learner processes a NeuroMAS job's LoRA adapters are sharded over (agent k to learner
+    /// k mod N): each holds the base once and trains its adapters one after another, with
+    /// --threads-per-process threads per adapter up to the machine's cores. Other jobs run one
+    /// learner per agent.
+    #[arg(long, env = "COMAS_LOCAL_NEUROMAS_LEARNERS", default_value_t = 1)]
+    neuromas_learners: usize,
     /// Plain gRPC between the services instead of mutual TLS (by default a throwaway CA and a
     /// certificate for the loopback names are made in --dir/tls on every run).
     #[arg(long, env = "COMAS_LOCAL_PLAINTEXT")]
@@ -203,29 +209,67 @@ fn absolutize(v: &mut toml::Value, base: &Path) {
 /// The job file with absolute paths and the given learner addresses filled in.
 fn patch_job(text: &str, base: &Path, learners: &[String]) -> Result<String> {
     let mut t: toml::Table = toml::from_str(text).context("job file is not valid TOML")?;
-    if let Some(v) = t.get_mut("data").and_then(|d| d.get_mut("train")) {
-        absolutize(v, base);
-    }
-    if let Some(v) = t.get_mut("output").and_then(|d| d.get_mut("dir")) {
-        absolutize(v, base);
-    }
-    if let Some(v) = t.get_mut("eval").and_then(|d| d.get_mut("data")) {
-        absolutize(v, base);
-    }
+    absolute_paths(&mut t, base);
     if let Some(agents) = t.get_mut("agents").and_then(toml::Value::as_array_mut) {
         for (k, a) in agents.iter_mut().enumerate() {
             let Some(a) = a.as_table_mut() else { continue };
-            for key in ["model", "adapter"] {
-                if let Some(v) = a.get_mut(key) {
-                    absolutize(v, base);
-                }
-            }
             if let Some(addr) = learners.get(k) {
                 a.insert("learner".into(), toml::Value::String(addr.clone()));
             }
         }
     }
     Ok(toml::to_string(&t)?)
+}
+
+/// Makes the paths a job table names relative to `base` absolute, so it runs from anywhere.
+pub(crate) fn absolute_paths(t: &mut toml::Table, base: &Path) {
+    for (table, key) in [("data", "train"), ("output", "dir"), ("eval", "data")] {
+        if let Some(v) = t.get_mut(table).and_then(|d| d.get_mut(key)) {
+            absolutize(v, base);
+        }
+    }
+    for list in ["agents", "frozen"] {
+        for a in t.get_mut(list).and_then(toml::Value::as_array_mut).into_iter().flatten() {
+            let Some(a) = a.as_table_mut() else { continue };
+            for key in ["model", "adapter", "init_from"] {
+                if let Some(v) = a.get_mut(key) {
+                    absolutize(v, base);
+                }
+            }
+        }
+    }
+}
+
+/// Agents that share an address share a learner process, in order of their first agent.
+fn groups_by_address(addresses: &[String]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (k, a) in addresses.iter().enumerate() {
+        match groups.iter_mut().find(|(addr, _)| addr == a) {
+            Some((_, g)) => g.push(k),
+            None => groups.push((a.clone(), vec![k])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// The learner processes of a new job: a NeuroMAS job whose agents are all LoRA adapters over
+/// one base has them sharded over `shards` learners (agent k to learner k mod shards); any
+/// other job has one learner per agent.
+fn learner_groups(text: &str, shards: usize) -> Result<Vec<Vec<usize>>> {
+    let t: toml::Table = toml::from_str(text).context("job file is not valid TOML")?;
+    let agents: Vec<&toml::Table> =
+        t.get("agents").and_then(toml::Value::as_array).map(|a| a.iter().filter_map(toml::Value::as_table).collect()).unwrap_or_default();
+    let lora = |a: &toml::Table| a.get("train").and_then(|t| t.get("lora")).is_some() || a.get("adapter").is_some() || a.get("init_from").is_some();
+    let one_base = agents.windows(2).all(|w| w[0].get("model") == w[1].get("model"));
+    let neuromas = t.get("method").and_then(toml::Value::as_str) == Some("neuromas");
+    if !(neuromas && one_base && agents.iter().all(|a| lora(a))) || agents.len() < 2 {
+        return Ok((0..agents.len()).map(|k| vec![k]).collect());
+    }
+    if shards == 0 {
+        bail!("--neuromas-learners must be at least 1");
+    }
+    let n = shards.min(agents.len());
+    Ok((0..n).map(|i| (i..agents.len()).step_by(n).collect()).collect())
 }
 
 fn agent_count(text: &str) -> Result<usize> {
@@ -345,20 +389,22 @@ pub fn run(a: Args) -> Result<()> {
                 client.resume_job(pb::ResumeJobRequest { job_id: j.job_id.clone() }).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?;
             }
         }
-        let (learners, sockets, patched) = match &unfinished {
+        // Each learner process: the agents it trains and its socket.
+        let (groups, sockets, patched): (Vec<Vec<usize>>, Vec<std::net::TcpListener>, PathBuf) = match &unfinished {
             Some(j) => {
                 eprintln!("resuming job {} ({}) at step {}/{}", j.job_id, j.name, j.steps_done, j.total_steps);
-                // The job names its learners' addresses: the same ports are bound again.
-                let learners: Vec<String> = j.agents.iter().map(|a| a.learner.clone()).collect();
-                let sockets = learners
+                // The job names its learners' addresses: the same ports are bound again, one
+                // learner per address.
+                let addresses: Vec<String> = j.agents.iter().map(|a| a.learner.clone()).collect();
+                let groups = groups_by_address(&addresses);
+                let sockets = groups
                     .iter()
-                    .enumerate()
-                    .map(|(k, addr)| {
-                        let at = addr.trim_start_matches("http://").trim_start_matches("https://");
-                        std::net::TcpListener::bind(at).with_context(|| format!("learner {k} of job {} listens on {at}, which is in use: is another comas local, or an old learner, still running?", j.job_id))
+                    .map(|g| {
+                        let at = addresses[g[0]].trim_start_matches("http://").trim_start_matches("https://");
+                        std::net::TcpListener::bind(at).with_context(|| format!("learner {} of job {} listens on {at}, which is in use: is another comas local, or an old learner, still running?", g[0], j.job_id))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                (learners, sockets, dir.join("job.toml"))
+                (groups, sockets, dir.join("job.toml"))
             }
             None => {
                 // A new job starts from the base models, not from an older job's checkpoints.
@@ -366,27 +412,42 @@ pub fn run(a: Args) -> Result<()> {
                 if ckpt.exists() {
                     std::fs::remove_dir_all(&ckpt).with_context(|| format!("clearing {}", ckpt.display()))?;
                 }
-                let sockets = (0..agent_count(&text)?).map(|_| loopback()).collect::<Result<Vec<_>>>()?;
-                let learners = sockets.iter().map(|l| Ok(format!("{}://{}", scheme(&tls), l.local_addr()?))).collect::<Result<Vec<_>>>()?;
+                let groups = learner_groups(&text, a.neuromas_learners)?;
+                let sockets = groups.iter().map(|_| loopback()).collect::<Result<Vec<_>>>()?;
+                let mut learners = vec![String::new(); agent_count(&text)?];
+                for (g, l) in groups.iter().zip(&sockets) {
+                    let addr = format!("{}://{}", scheme(&tls), l.local_addr()?);
+                    for &k in g {
+                        learners[k] = addr.clone();
+                    }
+                }
                 let patched = patch_job(&text, &base, &learners)?;
                 comas_model::safetensors::write_atomic(&dir.join("job.toml"), |w| std::io::Write::write_all(w, patched.as_bytes()))?;
-                (learners, sockets, dir.join("job.toml"))
+                (groups, sockets, dir.join("job.toml"))
             }
         };
         let mut children = Children(Vec::new());
         let env = tls.to_env();
-        for (k, listener) in sockets.into_iter().enumerate() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as i32;
+        for (g, listener) in groups.iter().zip(sockets) {
             let metrics = loopback()?;
+            let ids: Vec<String> = g.iter().map(usize::to_string).collect();
+            // One agent: its own checkpoint folder, as always; several: the learner makes
+            // agent-k folders under the one it is given, the same layout.
+            let ckpt = if g.len() == 1 { dir.join("checkpoints").join(format!("agent-{}", g[0])) } else { dir.join("checkpoints") };
             let args: Vec<String> = [
-                "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &k.to_string(), "--listen", &fd_flag(&listener),
+                "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &ids.join(","), "--listen", &fd_flag(&listener),
                 "--metrics-listen", &fd_flag(&metrics),
-                "--checkpoint-dir", &dir.join("checkpoints").join(format!("agent-{k}")).display().to_string(), "--resume", "--keep-checkpoints", "2",
+                "--checkpoint-dir", &ckpt.display().to_string(), "--resume", "--keep-checkpoints", "2",
             ]
             .iter()
             .map(|s| s.to_string())
             .collect();
-            children.spawn(&format!("learner {k}"), &args, &env, &dir.join("logs").join(format!("learner-{k}.log")), a.threads_per_process, &[&listener, &metrics])?;
+            let threads = if g.len() == 1 { a.threads_per_process } else { (a.threads_per_process * g.len() as i32).min(cores).max(a.threads_per_process) };
+            let name = if g.len() == 1 { format!("learner {}", g[0]) } else { format!("learner of agents {}", ids.join(",")) };
+            children.spawn(&name, &args, &env, &dir.join("logs").join(format!("learner-{}.log", ids.join("-"))), threads, &[&listener, &metrics])?;
         }
+        let learners = groups.len();
         for i in 0..workers {
             let (listener, metrics) = (loopback()?, loopback()?);
             let args: Vec<String> =
@@ -396,7 +457,7 @@ pub fn run(a: Args) -> Result<()> {
                     .collect();
             children.spawn(&format!("worker {i}"), &args, &env, &dir.join("logs").join(format!("worker-{i}.log")), worker_threads, &[&listener, &metrics])?;
         }
-        eprintln!("coordinator {address}, metrics {metrics_address}, {} learners, {workers} workers; logs in {}", learners.len(), dir.join("logs").display());
+        eprintln!("coordinator {address}, metrics {metrics_address}, {learners} learners, {workers} workers; logs in {}", dir.join("logs").display());
         if !tls.to_env().is_empty() {
             let vars: Vec<String> = tls.to_env().iter().map(|(k, v)| format!("{k}={v}")).collect();
             eprintln!("mutual TLS; from another shell: {} comas list --coordinator {address}", vars.join(" "));
@@ -445,6 +506,21 @@ pub fn run(a: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neuromas_adapters_share_learners_and_other_agents_get_their_own() {
+        let job = |method: &str, second: &str| {
+            format!("method = \"{method}\"\n[[agents]]\nmodel = \"m\"\n[agents.train.lora]\nr = 2\n[[agents]]\nmodel = \"m\"\n[agents.train.lora]\nr = 2\n[[agents]]\nmodel = \"{second}\"\n[agents.train.lora]\nr = 2\n")
+        };
+        assert_eq!(learner_groups(&job("neuromas", "m"), 1).unwrap(), vec![vec![0, 1, 2]]);
+        assert_eq!(learner_groups(&job("neuromas", "m"), 2).unwrap(), vec![vec![0, 2], vec![1]]);
+        assert_eq!(learner_groups(&job("neuromas", "m"), 9).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        // Another base, or another method: one learner per agent.
+        assert_eq!(learner_groups(&job("neuromas", "other"), 1).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(learner_groups(&job("comas", "m"), 1).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        let addresses: Vec<String> = ["a", "b", "a"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(groups_by_address(&addresses), vec![vec![0, 2], vec![1]]);
+    }
 
     #[test]
     fn patching_makes_paths_absolute_and_sets_learners() {

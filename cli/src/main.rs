@@ -6,6 +6,7 @@ mod eval;
 mod examples;
 mod generate_cmd;
 mod grade_cmd;
+mod grow_cmd;
 mod import_cmd;
 mod local_cmd;
 mod model_args;
@@ -75,6 +76,8 @@ enum Command {
     TinyModel(tiny_cmd::Args),
     /// Make API tokens for a coordinator's --tokens file.
     Token(token_cmd::Args),
+    /// Grow a trained NeuroMAS graph: a new job whose old nodes keep their adapters and optimizer state.
+    Grow(grow_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +111,7 @@ fn main() -> ExitCode {
         Command::TinyModel(a) => tiny_cmd::run(a),
         Command::ImportGguf(a) => import_cmd::run(a),
         Command::Token(a) => token_cmd::run(a),
+        Command::Grow(a) => grow_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

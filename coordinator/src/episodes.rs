@@ -82,8 +82,7 @@ pub(crate) fn episode_specs(
         }
         // The plan of a NeuroMAS rollout is the graph as it stands.
         Settings::Neuromas(cfg) => {
-            let graph =
-                comas_workflow::neuromas::Graph::new(cfg.topology.clone()).map_err(|(k, m)| CoordinatorError::Other(format!("neuromas.topology.{k}: {m}")))?;
+            let graph = cfg.graph_at(seed.step).map_err(|(k, m)| CoordinatorError::Other(format!("neuromas.{k}: {m}")))?;
             vec![serde_json::to_string(&graph).expect("graph serialises"); n]
         }
         Settings::Eval(_) => return Err(CoordinatorError::Other("an evaluation job's episodes come from its own questions".into())),

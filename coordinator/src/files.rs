@@ -36,8 +36,17 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
     for (field, path) in spec.paths() {
         roots.check(&path).map_err(|e| bad(&field, e.to_string()))?;
     }
-    let models =
-        spec.agents.iter().enumerate().map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.as_deref())).collect::<Result<Vec<_>>>()?;
+    for (k, a) in spec.agents.iter().enumerate() {
+        if let Some(c) = &a.init_from {
+            check_init_checkpoint(&format!("agents[{k}].init_from"), c)?;
+        }
+    }
+    let models = spec
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.clone().or_else(|| a.init_from.as_ref().map(|c| c.join("adapter"))).as_deref()))
+        .collect::<Result<Vec<_>>>()?;
     // A model behind an endpoint has no folder here to check.
     let frozen = spec
         .frozen
@@ -185,7 +194,8 @@ fn check_neuromas_context<'a>(n: &comas_workflow::neuromas::NeuromasConfig, mode
     let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
         return Err(bad("agents", "the job lists no agents".into()));
     };
-    let graph = comas_workflow::neuromas::Graph::new(n.topology.clone()).map_err(|(key, m)| bad(&format!("neuromas.topology.{key}"), m))?;
+    // Once its bridges end, a grown graph's nodes read their whole input layers.
+    let graph = n.graph_at(u64::MAX).map_err(|(key, m)| bad(&format!("neuromas.{key}"), m))?;
     let fan_in = graph.nodes().iter().map(|node| graph.inputs(node.layer, node.index).len() as u64).max().unwrap_or(0);
     let new = u64::from(n.max_new_tokens());
     let messages = fan_in * u64::from(n.max_msg_tokens);
@@ -231,6 +241,16 @@ fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &
                     ),
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A learner checkpoint an agent starts from: complete, with a LoRA adapter and Adam moments.
+fn check_init_checkpoint(field: &str, dir: &Path) -> Result<()> {
+    for f in ["COMPLETE", "state.json", "optimizer.safetensors", "adapter/adapter_config.json"] {
+        if !dir.join(f).is_file() {
+            return Err(bad(field, format!("{} has no {f}: give a complete LoRA checkpoint folder (step-N) of a learner", dir.display())));
         }
     }
     Ok(())

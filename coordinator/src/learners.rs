@@ -4,16 +4,21 @@
 use crate::error::{CoordinatorError, Result};
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
+use comas_service::agent::ForAgent;
 use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::future::Future;
 use std::time::{Duration, Instant};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+
+/// A learner client whose every call names the link's agent (a learner may train several).
+pub type Client = LearnerClient<InterceptedService<Channel, ForAgent>>;
 
 pub struct LearnerLink {
     pub agent: u32,
     pub address: String,
-    client: Option<LearnerClient<Channel>>,
+    client: Option<Client>,
     /// How long to keep retrying an unreachable learner.
     pub patience: Duration,
 }
@@ -34,7 +39,7 @@ impl LearnerLink {
         CoordinatorError::Learner { agent: self.agent, address: self.address.clone(), message }
     }
 
-    async fn client(&mut self) -> Result<LearnerClient<Channel>, Status> {
+    async fn client(&mut self) -> Result<Client, Status> {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
@@ -46,7 +51,9 @@ impl LearnerLink {
             comas_service::tls::ConnectError::Address { .. } => Status::invalid_argument(format!("bad address: {e}")),
             e => Status::unavailable(format!("cannot connect: {e}")),
         })?;
-        let c = LearnerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES);
+        let c = LearnerClient::with_interceptor(ch, ForAgent(self.agent))
+            .max_decoding_message_size(PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(PEER_MESSAGE_BYTES);
         self.client = Some(c.clone());
         Ok(c)
     }
@@ -67,7 +74,7 @@ impl LearnerLink {
     /// Runs `f` until it succeeds, fails for good, or the learner stays unreachable too long.
     pub async fn call<T, F, Fut>(&mut self, what: &str, mut f: F) -> Result<T>
     where
-        F: FnMut(LearnerClient<Channel>) -> Fut,
+        F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let started = Instant::now();

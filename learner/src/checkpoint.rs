@@ -4,7 +4,7 @@
 //! checkpoint is never loaded.
 use crate::config::TrainConfig;
 use crate::error::{LearnerError, Result};
-use crate::trainer::Trainer;
+use crate::trainer::{Bases, Trainer};
 use comas_model::dtype::kind_name;
 use comas_model::lora::Proj;
 use comas_model::safetensors::{self, write_atomic, SafeTensorsFile};
@@ -139,6 +139,27 @@ impl Trainer {
     /// come from the checkpoint; `base_model` is the job's original model, which stays the KL
     /// reference (and the base under a LoRA adapter). `cfg` defaults to the stored config.
     pub fn resume(ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>) -> Result<Self> {
+        Self::restore(&mut Bases::default(), ckpt, base_model, cfg, true)
+    }
+
+    /// As `resume`, a LoRA trainer taking its base from `bases`.
+    pub fn resume_in(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>) -> Result<Self> {
+        Self::restore(bases, ckpt, base_model, cfg, true)
+    }
+
+    /// A new job's trainer that starts from another job's LoRA checkpoint (`agents.init_from`,
+    /// what `comas grow` writes): its adapter and Adam moments, bit for bit, with this job's
+    /// config and counters from zero (the schedule starts again; Adam's bias correction keeps
+    /// the moments' age).
+    pub fn start_from(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: TrainConfig) -> Result<Self> {
+        let t = Self::restore(bases, ckpt, base_model, Some(cfg), false)?;
+        if t.adapter().is_none() {
+            return Err(LearnerError::Checkpoint(format!("{} holds full weights; init_from takes a LoRA checkpoint", ckpt.display())));
+        }
+        Ok(t)
+    }
+
+    fn restore(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>, counters: bool) -> Result<Self> {
         if !ckpt.join(MARKER).is_file() {
             return Err(LearnerError::Checkpoint(format!("{} is incomplete (no {MARKER} marker); use an earlier checkpoint", ckpt.display())));
         }
@@ -146,9 +167,11 @@ impl Trainer {
         let state: CheckpointState = serde_json::from_str(&io(&state_path, std::fs::read_to_string(&state_path))?)
             .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", state_path.display())))?;
         let mut cfg = cfg.unwrap_or_else(|| state.config.clone());
-        cfg.completed_steps = state.optimizer_steps;
+        if counters {
+            cfg.completed_steps = state.optimizer_steps;
+        }
         let mut t = if state.lora {
-            Trainer::new(base_model, cfg, Some(&ckpt.join("adapter")))?
+            Trainer::in_process(bases, base_model, cfg, Some(&ckpt.join("adapter")), None)?
         } else {
             let mut t = Trainer::with_reference(&ckpt.join("model"), cfg, None, Some(base_model))?;
             // Later checkpoints copy config and tokenizer files from here; the checkpoint we
@@ -164,11 +187,19 @@ impl Trainer {
             tensors.insert(n.to_string(), f.tensor(n)?.to_device(device));
         }
         t.optimizer_mut().load_state(&tensors, state.adam_steps).map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
-        t.global_step = state.global_step;
-        t.optimizer_steps = state.optimizer_steps;
-        t.recent_reports = state.reports.into_iter().collect();
+        if counters {
+            t.global_step = state.global_step;
+            t.optimizer_steps = state.optimizer_steps;
+            t.recent_reports = state.reports.into_iter().collect();
+        }
         Ok(t)
     }
+}
+
+/// The folder under a learner's `--checkpoint-dir` that holds job `name`'s checkpoints, so a new
+/// job never resumes from another job's.
+pub fn job_folder(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
 }
 
 /// Complete checkpoints under `root`, oldest first.

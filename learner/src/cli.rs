@@ -51,8 +51,11 @@ pub struct ServeArgs {
     /// Training config (TOML).
     #[arg(long, env = "COMAS_LEARNER_CONFIG")]
     config: Option<PathBuf>,
-    #[arg(long, env = "COMAS_LEARNER_AGENT_ID", default_value_t = 0)]
-    agent_id: u32,
+    /// The agent this learner trains, or several separated by commas (with --job): LoRA
+    /// agents over one base then share it in this process, and agent k's checkpoints go to
+    /// `--checkpoint-dir`/agent-k.
+    #[arg(long, env = "COMAS_LEARNER_AGENT_ID", value_delimiter = ',', default_value = "0")]
+    agent_id: Vec<u32>,
     #[arg(long, env = "COMAS_LEARNER_LISTEN", default_value = "127.0.0.1:50061")]
     listen: comas_service::Listen,
     /// HTTP address for /metrics and /healthz (off when not given).
@@ -90,7 +93,7 @@ pub struct ServeArgs {
 
 /// The agent's model, adapter and resolved settings from a job file, exactly as the
 /// coordinator resolves them (so the coordinator's check of the learner's settings passes).
-fn from_job(path: &std::path::Path, agent: u32) -> Result<(PathBuf, Option<PathBuf>, TrainConfig, String)> {
+fn from_job(path: &std::path::Path, agent: u32) -> Result<FromJob> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
     let mut spec = JobSpec::from_toml(&text).with_context(|| path.display().to_string())?;
     spec.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
@@ -104,43 +107,61 @@ fn from_job(path: &std::path::Path, agent: u32) -> Result<(PathBuf, Option<PathB
     let Some(a) = job.spec.agents.get(agent as usize) else {
         bail!("--agent-id {agent}: the job lists only {} agents", job.spec.agents.len());
     };
-    Ok((a.model.clone(), a.adapter.clone(), job.train[agent as usize].clone(), job.spec.name.clone()))
+    Ok(FromJob {
+        model: a.model.clone(),
+        adapter: a.adapter.clone(),
+        init_from: a.init_from.clone(),
+        config: job.train[agent as usize].clone(),
+        name: job.spec.name.clone(),
+    })
+}
+
+/// One agent's part of a job file.
+struct FromJob {
+    model: PathBuf,
+    adapter: Option<PathBuf>,
+    init_from: Option<PathBuf>,
+    config: TrainConfig,
+    name: String,
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
-    let (model, adapter, config, checkpoint_dir) = match (&a.job, &a.model, &a.config) {
-        (Some(job), _, _) => {
-            let (model, adapter, config, name) = from_job(job, a.agent_id)?;
-            // One folder per job, so a new job never resumes from another job's checkpoint.
-            let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
-            (model, adapter.or(a.adapter.clone()), config, a.checkpoint_dir.as_ref().map(|d| d.join(safe)))
-        }
-        (None, Some(model), Some(config)) => (model.clone(), a.adapter.clone(), TrainConfig::from_file(config)?, a.checkpoint_dir.clone()),
-        _ => bail!("give --job (with --agent-id), or both --model and --config"),
-    };
+    let mut agents = Vec::new();
+    let many = a.agent_id.len() > 1;
+    for &k in &a.agent_id {
+        let (model, adapter, init_from, config, checkpoint_dir) = match (&a.job, &a.model, &a.config) {
+            (Some(job), _, _) => {
+                let j = from_job(job, k)?;
+                // One folder per agent when there are several, and one per job, so a new job
+                // never resumes from another job's checkpoint.
+                let dir = a.checkpoint_dir.as_ref().map(|d| if many { d.join(format!("agent-{k}")) } else { d.clone() });
+                (j.model, j.adapter.or(a.adapter.clone()), j.init_from, j.config, dir.map(|d| d.join(crate::checkpoint::job_folder(&j.name))))
+            }
+            (None, Some(_), Some(_)) if many => bail!("one --model and --config train one agent; give --job to train several"),
+            (None, Some(model), Some(config)) => (model.clone(), a.adapter.clone(), None, TrainConfig::from_file(config)?, a.checkpoint_dir.clone()),
+            _ => bail!("give --job (with --agent-id), or both --model and --config"),
+        };
+        agents.push((
+            k,
+            engine::EngineSettings {
+                model_dir: model,
+                adapter_dir: adapter,
+                reference_dir: a.reference_model.clone(),
+                config,
+                checkpoint_dir,
+                keep_checkpoints: a.keep_checkpoints,
+                resume: a.resume,
+                init_from,
+                memory_bytes: a.memory_bytes,
+            },
+        ));
+    }
     let allowed_roots = comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?;
     let tls = a.tls.service()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = a.listen.bind().await?;
-        let settings = server::ServerSettings {
-            agent_id: a.agent_id,
-            listener,
-            metrics_listen: a.metrics_listen,
-            engine: engine::EngineSettings {
-                model_dir: model,
-                adapter_dir: adapter,
-                reference_dir: a.reference_model,
-                config,
-                checkpoint_dir,
-                keep_checkpoints: a.keep_checkpoints,
-                resume: a.resume,
-                memory_bytes: a.memory_bytes,
-            },
-            allowed_roots,
-            tls,
-            health_listen: a.health_listen,
-        };
+        let settings = server::ServerSettings { agents, listener, metrics_listen: a.metrics_listen, allowed_roots, tls, health_listen: a.health_listen };
         server::serve(settings, comas_service::shutdown_signal()).await?;
         Ok(())
     })

@@ -6,7 +6,7 @@ use crate::error::{LearnerError, Result};
 use crate::experience::Experience;
 use crate::progress::Progress;
 use crate::publish::PublishedWeights;
-use crate::trainer::{Prepared, StepReport, Trainer, KEPT_REPORTS};
+use crate::trainer::{Bases, Prepared, StepReport, Trainer, KEPT_REPORTS};
 use comas_workflow::moments::Moments;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -89,6 +89,9 @@ pub struct EngineSettings {
     pub keep_checkpoints: usize,
     /// Resume from the newest complete checkpoint under `checkpoint_dir` at start.
     pub resume: bool,
+    /// With no checkpoint to resume from, start from this LoRA checkpoint of another job
+    /// (`agents.init_from`).
+    pub init_from: Option<PathBuf>,
     /// Memory this learner may use, reported to the coordinator's submit check (default: the
     /// device's total).
     pub memory_bytes: Option<u64>,
@@ -102,46 +105,78 @@ const KEEP_VERSIONS: usize = 3;
 /// every later call can say so instead of a bare "unavailable".
 pub type LoadFailure = Arc<std::sync::OnceLock<String>>;
 
-/// Starts the training thread; `ready` fires once the model is loaded (or loading failed, and
-/// then `failure` holds the reason).
-pub fn spawn(
-    settings: EngineSettings,
-    versions: Versions,
-    progress: Arc<Progress>,
-    ready: oneshot::Sender<Result<()>>,
-    failure: LoadFailure,
-) -> mpsc::Sender<Command> {
-    let (tx, rx) = mpsc::channel::<Command>();
+/// A command for one of the thread's agents.
+pub struct Routed {
+    pub agent: u32,
+    pub command: Command,
+}
+
+/// One agent a learner process trains: its settings and what the gRPC side shares with it.
+pub struct AgentSetup {
+    pub agent: u32,
+    pub settings: EngineSettings,
+    pub versions: Versions,
+    pub progress: Arc<Progress>,
+}
+
+/// Starts the training thread of every agent in `agents` (one thread: LoRA agents over one base
+/// share it, and their steps run one after another); `ready` fires once every model is loaded
+/// (or one failed, and then `failure` holds the reason).
+pub fn spawn(agents: Vec<AgentSetup>, ready: oneshot::Sender<Result<()>>, failure: LoadFailure) -> mpsc::Sender<Routed> {
+    let (tx, rx) = mpsc::channel::<Routed>();
     std::thread::Builder::new()
         .name("learner-train".into())
         .spawn(move || {
-            let (mut trainer, resumed_from) = match load(&settings) {
-                Ok(t) => t,
-                Err(e) => {
-                    let _ = failure.set(e.to_string());
-                    let _ = ready.send(Err(e));
-                    return;
+            let mut bases = Bases::default();
+            let mut slots = BTreeMap::new();
+            let many = agents.len() > 1;
+            for a in agents {
+                let (mut trainer, resumed_from) = match load(&mut bases, &a.settings) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let e = if many { LearnerError::Config(format!("agent {}: {e}", a.agent)) } else { e };
+                        let _ = failure.set(e.to_string());
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                trainer.progress = a.progress;
+                slots.insert(a.agent, Slot::new(trainer, resumed_from, a.settings, a.versions));
+            }
+            if many && !bases.is_empty() {
+                tracing::info!(agents = slots.len(), bases = bases.len(), "trainers loaded; LoRA agents share their base models");
+            }
+            let _ = ready.send(Ok(()));
+            while let Ok(Routed { agent, command }) = rx.recv() {
+                match slots.get_mut(&agent) {
+                    Some(slot) => slot.handle(command, &mut bases),
+                    // The gRPC side only routes to agents it serves; a reply dropped here
+                    // reads as a stopped thread.
+                    None => tracing::error!(agent, "command for an agent this learner does not train"),
                 }
-            };
-            trainer.progress = progress;
-            run(trainer, resumed_from, settings, versions, rx, ready)
+            }
+            tracing::info!("training thread stops: all senders dropped");
         })
         .expect("spawn training thread");
     tx
 }
 
 /// The trainer, and the checkpoint it resumed from if it did.
-fn load(s: &EngineSettings) -> Result<(Trainer, Option<PathBuf>)> {
+fn load(bases: &mut Bases, s: &EngineSettings) -> Result<(Trainer, Option<PathBuf>)> {
     if s.resume {
         if let Some(dir) = &s.checkpoint_dir {
             if let Some(ckpt) = latest_checkpoint(dir)? {
                 tracing::info!(checkpoint = %ckpt.display(), "resuming");
-                let t = Trainer::resume(&ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
+                let t = Trainer::resume_in(bases, &ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
                 return Ok((t, Some(ckpt)));
             }
         }
     }
-    Ok((Trainer::with_reference(&s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())?, None))
+    if let Some(ckpt) = &s.init_from {
+        tracing::info!(checkpoint = %ckpt.display(), "starting from another job's checkpoint");
+        return Ok((Trainer::start_from(bases, ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), s.config.clone())?, None));
+    }
+    Ok((Trainer::in_process(bases, &s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())?, None))
 }
 
 fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
@@ -160,38 +195,48 @@ fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
     p
 }
 
-fn run(
-    mut trainer: Trainer,
-    resumed_from: Option<PathBuf>,
+/// One agent's trainer and what the thread keeps for it between commands.
+struct Slot {
+    trainer: Trainer,
     s: EngineSettings,
     versions: Versions,
-    rx: mpsc::Receiver<Command>,
-    ready: oneshot::Sender<Result<()>>,
-) {
-    // The starting weights are version `global_step` (0, or the resumed step).
-    publish(&trainer, &versions);
-    let _ = ready.send(Ok(()));
-    let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
-    // A checkpoint already written for the current step (loaded or saved), not written again.
-    let mut saved: Option<(u64, PathBuf)> = resumed_from.map(|p| (trainer.global_step, p));
-    // The batch of the last moments call, prepared at the current weights, for its Train.
-    let mut prepared: Option<(String, Prepared)> = None;
-    let at = |trainer: &Trainer, request: &'static str, expected: Option<u64>| match expected {
+    memory_total: u64,
+    /// A checkpoint already written for the current step (loaded or saved), not written again.
+    saved: Option<(u64, PathBuf)>,
+    /// The batch of the last moments call, prepared at the current weights, for its Train.
+    prepared: Option<(String, Prepared)>,
+}
+
+fn at(trainer: &Trainer, request: &'static str, expected: Option<u64>) -> Result<()> {
+    match expected {
         Some(e) if e != trainer.global_step => Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e }),
         _ => Ok(()),
-    };
-    while let Ok(cmd) = rx.recv() {
+    }
+}
+
+impl Slot {
+    fn new(trainer: Trainer, resumed_from: Option<PathBuf>, s: EngineSettings, versions: Versions) -> Self {
+        // The starting weights are version `global_step` (0, or the resumed step).
+        publish(&trainer, &versions);
+        let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
+        let saved = resumed_from.map(|p| (trainer.global_step, p));
+        Self { trainer, s, versions, memory_total, saved, prepared: None }
+    }
+
+    fn handle(&mut self, cmd: Command, bases: &mut Bases) {
+        let Self { trainer, s, versions, memory_total, saved, prepared } = self;
+        let memory_total = *memory_total;
         match cmd {
             Command::Train { step_id, at_step, batch, pooled, reply } => {
                 // A retried step is answered from the reports (kept across checkpoints),
                 // without training twice.
                 if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
                     let _ = reply.send(Ok(r.clone()));
-                    continue;
+                    return;
                 }
-                if let Err(e) = at(&trainer, "this training step", at_step) {
+                if let Err(e) = at(trainer, "this training step", at_step) {
                     let _ = reply.send(Err(e));
-                    continue;
+                    return;
                 }
                 let kept = prepared.take().filter(|(id, p)| !step_id.is_empty() && *id == step_id && p.samples() == batch.len()).map(|(_, p)| p);
                 // A libtorch failure outside the update itself changed no weights.
@@ -218,21 +263,21 @@ fn run(
                 // A step already trained answers with the moments it kept in its report.
                 if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
                     let _ = reply.send(Ok(r.return_moments.clone()));
-                    continue;
+                    return;
                 }
-                if let Err(e) = at(&trainer, "these return moments", at_step) {
+                if let Err(e) = at(trainer, "these return moments", at_step) {
                     let _ = reply.send(Err(e));
-                    continue;
+                    return;
                 }
                 if batch.is_empty() {
                     let _ = reply.send(Ok(BTreeMap::new()));
-                    continue;
+                    return;
                 }
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trainer.prepare(&batch)))
                     .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))))
                     .map(|p| {
                         let m = trainer.return_moments(&batch, &p);
-                        prepared = Some((step_id, p));
+                        *prepared = Some((step_id, p));
                         m
                     });
                 let _ = reply.send(r);
@@ -242,21 +287,21 @@ fn run(
                 let _ = reply.send(r.ok_or(LearnerError::UnknownStep(step_id)));
             }
             Command::Publish { expected, reply } => {
-                let _ = reply.send(at(&trainer, "publishing these weights", expected).map(|()| publish(&trainer, &versions)));
+                let _ = reply.send(at(trainer, "publishing these weights", expected).map(|()| publish(trainer, versions)));
             }
             Command::Save { expected, reply } => {
                 let summary = |path: PathBuf, t: &Trainer| CheckpointSummary { path, global_step: t.global_step, optimizer_steps: t.optimizer_steps };
-                let r = match (&s.checkpoint_dir, at(&trainer, "this checkpoint", expected)) {
+                let r = match (&s.checkpoint_dir, at(trainer, "this checkpoint", expected)) {
                     (_, Err(e)) => Err(e),
                     (None, _) => Err(LearnerError::Checkpoint("no checkpoint directory configured (--checkpoint-dir)".into())),
                     // Saving the same step twice (a retried save, or a step resumed from its
                     // own checkpoint) writes nothing.
                     (Some(_), Ok(())) if saved.as_ref().is_some_and(|(g, p)| *g == trainer.global_step && p.is_dir()) => {
-                        Ok(summary(saved.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), &trainer))
+                        Ok(summary(saved.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), trainer))
                     }
                     (Some(dir), Ok(())) => trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| {
-                        saved = Some((trainer.global_step, path.clone()));
-                        summary(path, &trainer)
+                        *saved = Some((trainer.global_step, path.clone()));
+                        summary(path, trainer)
                     }),
                 };
                 let _ = reply.send(r);
@@ -268,12 +313,15 @@ fn run(
                         .and_then(|o| o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))),
                     (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
                 };
-                prepared = None;
+                *prepared = None;
                 let r = target.and_then(|p| {
-                    let t = Trainer::resume(&p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
-                    trainer = t;
-                    saved = Some((trainer.global_step, p.clone()));
-                    publish(&trainer, &versions);
+                    let t = Trainer::resume_in(bases, &p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
+                    // The gRPC side reads this agent's progress from the one it was given.
+                    let progress = Arc::clone(&trainer.progress);
+                    *trainer = t;
+                    trainer.progress = progress;
+                    *saved = Some((trainer.global_step, p.clone()));
+                    publish(trainer, versions);
                     Ok(CheckpointSummary { path: p, global_step: trainer.global_step, optimizer_steps: trainer.optimizer_steps })
                 });
                 let _ = reply.send(r);
@@ -304,5 +352,4 @@ fn run(
             }
         }
     }
-    tracing::info!("training thread stops: all senders dropped");
 }

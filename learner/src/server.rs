@@ -1,19 +1,20 @@
 //! Runs the learner service: training thread, gRPC (with health), metrics, graceful shutdown.
-use crate::engine::{self, EngineSettings, Versions};
+use crate::engine::{self, AgentSetup, EngineSettings};
 use crate::error::{LearnerError, Result};
 use crate::metrics::Metrics;
 use crate::progress::Progress;
-use crate::service::LearnerService;
+use crate::service::{AgentSide, LearnerService};
 use comas_proto::v1::learner_server::LearnerServer;
 use comas_service::limits::PEER_MESSAGE_BYTES;
 use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
 pub struct ServerSettings {
-    pub agent_id: u32,
+    /// The agents this process trains (one, or several adapters over one base), each with its
+    /// engine settings.
+    pub agents: Vec<(u32, EngineSettings)>,
     pub listener: tokio::net::TcpListener,
     pub metrics_listen: Option<comas_service::Listen>,
-    pub engine: EngineSettings,
     /// Folders an export the coordinator asks for may be written to (empty: anywhere).
     pub allowed_roots: comas_service::AllowedRoots,
     /// TLS of the server (`None`: plaintext).
@@ -22,19 +23,28 @@ pub struct ServerSettings {
     pub health_listen: Option<comas_service::Listen>,
 }
 
-/// Bytes a decoded gRPC message may hold; a Train stream sends one experience per message.
-
 /// Serves until `shutdown` fires. Health reports SERVING only after the model has loaded.
 pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
-    let metrics = Metrics::new(s.agent_id);
-    let versions: Versions = Default::default();
+    if s.agents.is_empty() {
+        return Err(LearnerError::Config("a learner needs at least one agent to train".into()));
+    }
+    let metrics = Metrics::new();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_not_serving::<LearnerServer<LearnerService>>().await;
     let (ready_tx, ready_rx) = oneshot::channel();
     let load_failure = engine::LoadFailure::default();
-    let progress = Progress::shared();
-    let engine = engine::spawn(s.engine, Arc::clone(&versions), Arc::clone(&progress), ready_tx, Arc::clone(&load_failure));
-    let service = LearnerService { agent_id: s.agent_id, engine, versions, metrics: Arc::clone(&metrics), load_failure, progress, roots: s.allowed_roots };
+    let ids: Vec<u32> = s.agents.iter().map(|(a, _)| *a).collect();
+    let mut sides = std::collections::BTreeMap::new();
+    let mut setups = Vec::new();
+    for (agent, settings) in s.agents {
+        let side = AgentSide { versions: Default::default(), metrics: metrics.agent(agent), progress: Progress::shared() };
+        setups.push(AgentSetup { agent, settings, versions: Arc::clone(&side.versions), progress: Arc::clone(&side.progress) });
+        if sides.insert(agent, side).is_some() {
+            return Err(LearnerError::Config(format!("agent {agent} is listed twice")));
+        }
+    }
+    let engine = engine::spawn(setups, ready_tx, Arc::clone(&load_failure));
+    let service = LearnerService { agents: sides, engine, load_failure, roots: s.allowed_roots };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -65,7 +75,7 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         }
     });
     let addr = s.listener.local_addr().map_err(|e| LearnerError::io("listener", e))?;
-    tracing::info!(%addr, agent = s.agent_id, "learner listening");
+    tracing::info!(%addr, agents = ?ids, "learner listening");
     if let Some(listen) = s.health_listen {
         let router = tonic::transport::Server::builder().add_service(health_service.clone());
         comas_service::spawn_health_port(listen, router, wait(stop_rx.clone())).await.map_err(|e| LearnerError::io("health port", e))?;

@@ -1,8 +1,8 @@
 //! gRPC side of the learner: converts messages and forwards work to the training thread.
-use crate::engine::{Command, LoadFailure, Versions};
+use crate::engine::{Command, LoadFailure, Routed, Versions};
 use crate::error::LearnerError;
 use crate::experience::{Constrained, Experience, Finish};
-use crate::metrics::Metrics;
+use crate::metrics::AgentMetrics;
 use crate::progress::Progress;
 use crate::publish::DEFAULT_CHUNK_BYTES;
 use crate::trainer::StepReport;
@@ -20,13 +20,18 @@ use tonic::{Request, Response, Status, Streaming};
 pub const MAX_EXPERIENCES: u32 = 1 << 20;
 
 pub struct LearnerService {
-    pub agent_id: u32,
-    pub engine: mpsc::Sender<Command>,
-    pub versions: Versions,
-    pub metrics: Arc<Metrics>,
+    /// The agents this process trains.
+    pub agents: BTreeMap<u32, AgentSide>,
+    pub engine: mpsc::Sender<Routed>,
     pub load_failure: LoadFailure,
-    pub progress: Arc<Progress>,
     pub roots: comas_service::AllowedRoots,
+}
+
+/// What the gRPC side holds of one agent: its published weights, metrics and step progress.
+pub struct AgentSide {
+    pub versions: Versions,
+    pub metrics: AgentMetrics,
+    pub progress: Arc<Progress>,
 }
 
 fn status(e: LearnerError) -> Status {
@@ -42,9 +47,25 @@ fn status(e: LearnerError) -> Status {
 }
 
 impl LearnerService {
-    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+    /// The agent a call is for: the one its metadata names, or this learner's only agent.
+    fn route(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(u32, &AgentSide), Status> {
+        let served = || self.agents.keys().copied().collect::<Vec<_>>();
+        match comas_service::agent::agent_of(metadata)? {
+            Some(a) => self.agents.get(&a).map(|s| (a, s)).ok_or_else(|| {
+                Status::failed_precondition(format!("this learner trains agents {:?}, not agent {a}: check that agent's learner address in the job", served()))
+            }),
+            None if self.agents.len() == 1 => Ok(self.agents.iter().next().map(|(&a, s)| (a, s)).expect("one agent")),
+            None => Err(Status::invalid_argument(format!(
+                "this learner trains agents {:?}: name one in the call's {} metadata",
+                served(),
+                comas_service::agent::AGENT_METADATA
+            ))),
+        }
+    }
+
+    async fn call<T>(&self, agent: u32, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        self.engine.send(make(tx)).map_err(|_| self.stopped("the training thread has stopped; restart the learner"))?;
+        self.engine.send(Routed { agent, command: make(tx) }).map_err(|_| self.stopped("the training thread has stopped; restart the learner"))?;
         // The thread can also stop between taking the request and answering it: a model that
         // fails to load does so while the first calls wait in the queue.
         rx.await.map_err(|_| self.stopped("the training thread stopped before answering; restart the learner (its log says why)"))
@@ -137,6 +158,7 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::WeightChunk, Status>> + 
 #[tonic::async_trait]
 impl Learner for LearnerService {
     async fn train(&self, request: Request<Streaming<pb::TrainRequest>>) -> Result<Response<pb::TrainReport>, Status> {
+        let (agent, side) = self.route(request.metadata())?;
         let mut stream = request.into_inner();
         let header = match stream.next().await {
             Some(Ok(pb::TrainRequest { item: Some(pb::train_request::Item::Header(h)) })) => h,
@@ -147,7 +169,7 @@ impl Learner for LearnerService {
             if header.num_experiences != 0 || stream.next().await.is_some() {
                 return Err(Status::invalid_argument("a report_only Train carries no experiences"));
             }
-            let r = self.call(|reply| Command::Report { step_id: header.step_id, reply }).await?.map_err(status)?;
+            let r = self.call(agent, |reply| Command::Report { step_id: header.step_id, reply }).await?.map_err(status)?;
             return Ok(Response::new(report_to_pb(&r)));
         }
         // Zero is a step without samples: it advances the learner's step and trains nothing.
@@ -180,34 +202,35 @@ impl Learner for LearnerService {
             if !header.pooled_moments.is_empty() {
                 return Err(Status::invalid_argument("a moments_only Train takes no pooled_moments"));
             }
-            let m = self.call(|reply| Command::Moments { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?.map_err(status)?;
+            let m = self.call(agent, |reply| Command::Moments { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?.map_err(status)?;
             return Ok(Response::new(pb::TrainReport { return_moments: moments_to_pb(&m), ..Default::default() }));
         }
         let pooled = (!header.pooled_moments.is_empty()).then(|| moments_from_pb(&header.pooled_moments)).transpose()?;
-        let timer = self.metrics.step_seconds.start_timer();
-        let result = self.call(|reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, pooled, reply }).await?;
+        let timer = side.metrics.step_seconds.start_timer();
+        let result = self.call(agent, |reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, pooled, reply }).await?;
         match result {
             Ok(r) => {
                 timer.observe_duration();
-                self.metrics.steps.inc();
-                self.metrics.tokens.inc_by(r.tokens as u64);
-                self.metrics.loss.set(r.loss);
-                self.metrics.grad_norm.set(r.grad_norm);
-                self.metrics.lr.set(r.lr);
+                side.metrics.steps.inc();
+                side.metrics.tokens.inc_by(r.tokens as u64);
+                side.metrics.loss.set(r.loss);
+                side.metrics.grad_norm.set(r.grad_norm);
+                side.metrics.lr.set(r.lr);
                 Ok(Response::new(report_to_pb(&r)))
             }
             Err(e) => {
                 timer.stop_and_discard();
-                self.metrics.step_errors.inc();
+                side.metrics.step_errors.inc();
                 Err(status(e))
             }
         }
     }
 
     async fn publish_weights(&self, request: Request<pb::PublishWeightsRequest>) -> Result<Response<pb::WeightsPublished>, Status> {
+        let (agent, side) = self.route(request.metadata())?;
         let expected = request.into_inner().expected_version;
-        let p = self.call(|reply| Command::Publish { expected, reply }).await?.map_err(status)?;
-        self.metrics.version.set(p.version as i64);
+        let p = self.call(agent, |reply| Command::Publish { expected, reply }).await?.map_err(status)?;
+        side.metrics.version.set(p.version as i64);
         Ok(Response::new(pb::WeightsPublished {
             version: p.version,
             num_tensors: p.tensors.len() as u32,
@@ -220,10 +243,11 @@ impl Learner for LearnerService {
     type StreamWeightsStream = ChunkStream;
 
     async fn stream_weights(&self, request: Request<pb::StreamWeightsRequest>) -> Result<Response<ChunkStream>, Status> {
+        let (_, side) = self.route(request.metadata())?;
         let req = request.into_inner();
-        let found = self.versions.read().expect("versions lock").iter().find(|v| v.version == req.version).cloned();
+        let found = side.versions.read().expect("versions lock").iter().find(|v| v.version == req.version).cloned();
         let Some(weights) = found else {
-            let have: Vec<u64> = self.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
+            let have: Vec<u64> = side.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
             if have.is_empty() {
                 // Nothing is published until the model has loaded: a learner that has just
                 // (re)started is not ready yet, which a puller retries, unlike a missing version.
@@ -232,47 +256,52 @@ impl Learner for LearnerService {
             return Err(Status::not_found(format!("weights version {} is not published here (have {have:?})", req.version)));
         };
         let max = if req.max_chunk_bytes == 0 { DEFAULT_CHUNK_BYTES } else { req.max_chunk_bytes as usize };
-        let metrics = Arc::clone(&self.metrics);
+        let sent = side.metrics.weight_bytes_sent.clone();
         let stream = tokio_stream::iter(weights.chunks(max)).map(move |c| {
-            metrics.weight_bytes_sent.inc_by(c.data.len() as u64);
+            sent.inc_by(c.data.len() as u64);
             Ok(c)
         });
         Ok(Response::new(Box::pin(stream)))
     }
 
     async fn save_checkpoint(&self, request: Request<pb::SaveCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let (agent, _) = self.route(request.metadata())?;
         let expected = request.into_inner().expected_step;
-        let s = self.call(|reply| Command::Save { expected, reply }).await?.map_err(status)?;
+        let s = self.call(agent, |reply| Command::Save { expected, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
     async fn load_checkpoint(&self, request: Request<pb::LoadCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let (agent, _) = self.route(request.metadata())?;
         let p = request.into_inner().path;
         let path = (!p.is_empty()).then(|| std::path::PathBuf::from(p));
-        let s = self.call(|reply| Command::Load { path, reply }).await?.map_err(status)?;
+        let s = self.call(agent, |reply| Command::Load { path, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
     async fn export(&self, request: Request<pb::ExportRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+        let (agent, _) = self.route(request.metadata())?;
         let req = request.into_inner();
         if req.dir.is_empty() {
             return Err(Status::invalid_argument("Export needs a target folder (`dir`)"));
         }
         let dir = self.roots.check(std::path::Path::new(&req.dir)).map_err(|e| Status::permission_denied(format!("export folder: {e}")))?;
         let merge_lora = req.merge_lora;
-        let s = self.call(|reply| Command::Export { dir, merge_lora, reply }).await?.map_err(status)?;
+        let s = self.call(agent, |reply| Command::Export { dir, merge_lora, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
     }
 
-    async fn train_progress(&self, _: Request<pb::TrainProgressRequest>) -> Result<Response<pb::TrainProgressReport>, Status> {
-        Ok(Response::new(self.progress.report()))
+    async fn train_progress(&self, request: Request<pb::TrainProgressRequest>) -> Result<Response<pb::TrainProgressReport>, Status> {
+        let (_, side) = self.route(request.metadata())?;
+        Ok(Response::new(side.progress.report()))
     }
 
-    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
-        let i = self.call(|reply| Command::Info { reply }).await?;
-        let latest = self.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
+    async fn info(&self, request: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
+        let (agent, side) = self.route(request.metadata())?;
+        let i = self.call(agent, |reply| Command::Info { reply }).await?;
+        let latest = side.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
         Ok(Response::new(pb::LearnerInfo {
-            agent_id: self.agent_id,
+            agent_id: agent,
             model_type: i.model_type,
             num_parameters: i.num_parameters,
             trainable_parameters: i.trainable_parameters,
@@ -292,31 +321,53 @@ impl Learner for LearnerService {
 mod tests {
     use super::*;
 
-    fn service(failure: Option<&str>) -> (LearnerService, mpsc::Receiver<Command>) {
+    fn service_of(agents: &[u32], failure: Option<&str>) -> (LearnerService, mpsc::Receiver<Routed>) {
         let (engine, rx) = mpsc::channel();
         let load_failure = LoadFailure::default();
         if let Some(why) = failure {
             load_failure.set(why.to_string()).unwrap();
         }
-        (
-            LearnerService {
-                agent_id: 0,
-                engine,
-                versions: Versions::default(),
-                metrics: Metrics::new(0),
-                load_failure,
-                progress: Progress::shared(),
-                roots: Default::default(),
-            },
-            rx,
-        )
+        let metrics = crate::metrics::Metrics::new();
+        let sides = agents.iter().map(|&a| (a, AgentSide { versions: Versions::default(), metrics: metrics.agent(a), progress: Progress::shared() })).collect();
+        (LearnerService { agents: sides, engine, load_failure, roots: Default::default() }, rx)
+    }
+
+    fn service(failure: Option<&str>) -> (LearnerService, mpsc::Receiver<Routed>) {
+        service_of(&[0], failure)
     }
 
     async fn pull(s: &LearnerService) -> Status {
-        match s.stream_weights(Request::new(pb::StreamWeightsRequest { version: 4, max_chunk_bytes: 0 })).await {
+        pull_for(s, None).await
+    }
+
+    async fn pull_for(s: &LearnerService, agent: Option<u32>) -> Status {
+        let mut r = Request::new(pb::StreamWeightsRequest { version: 4, max_chunk_bytes: 0 });
+        if let Some(a) = agent {
+            r.metadata_mut().insert(comas_service::agent::AGENT_METADATA, a.into());
+        }
+        match s.stream_weights(r).await {
             Ok(_) => panic!("a learner with nothing published streamed weights"),
             Err(e) => e,
         }
+    }
+
+    #[tokio::test]
+    async fn a_learner_of_several_agents_takes_calls_that_name_one_of_them() {
+        let (s, _engine) = service_of(&[0, 2], None);
+        let e = pull_for(&s, None).await;
+        assert_eq!(
+            (e.code(), e.message()),
+            (tonic::Code::InvalidArgument, "this learner trains agents [0, 2]: name one in the call's comas-agent-id metadata")
+        );
+        let e = pull_for(&s, Some(5)).await;
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().starts_with("this learner trains agents [0, 2], not agent 5"), "{e:?}");
+        // Agent 2 is served: its weights are not published yet.
+        assert_eq!(pull_for(&s, Some(2)).await.code(), tonic::Code::Unavailable);
+        // A one-agent learner takes calls that name no agent, as before.
+        let (one, _engine) = service(None);
+        assert_eq!(pull_for(&one, None).await.code(), tonic::Code::Unavailable);
+        assert_eq!(pull_for(&one, Some(1)).await.code(), tonic::Code::FailedPrecondition);
     }
 
     #[tokio::test]

@@ -40,6 +40,14 @@ pub struct StepReport {
     /// Masked mean of ℓ^old − ℓ^θ.
     pub approx_kl: f64,
     pub entropy: f64,
+    /// Mean entropy of the first completion token's distribution (a cheap probe of whether
+    /// policies that start alike, such as NeuroMAS nodes, are specialising).
+    #[serde(default)]
+    pub first_token_entropy: f64,
+    /// LoRA: ‖scale·B·A‖ over every adapted projection (the Frobenius norm of the whole weight
+    /// change), after the step.
+    #[serde(default)]
+    pub adapter_norm: Option<f64>,
     /// Global gradient norm before clipping (mean over optimizer steps), and the largest.
     pub grad_norm: f64,
     pub grad_norm_max: f64,
@@ -164,6 +172,38 @@ fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
     }
 }
 
+/// Sum and count of the entropies at each sample's first completion token (`lsm`: the
+/// log-softmax of every completion token, flat in sample order).
+fn first_token_entropy(lsm: &Tensor, batch: &[&Experience]) -> (f64, usize) {
+    let mut rows = Vec::new();
+    let mut offset = 0i64;
+    for e in batch {
+        if !e.completion_ids.is_empty() {
+            rows.push(offset);
+        }
+        offset += e.completion_ids.len() as i64;
+    }
+    if rows.is_empty() {
+        return (0.0, 0);
+    }
+    let first = lsm.index_select(0, &Tensor::from_slice(&rows).to_device(lsm.device()));
+    let h = (first.exp() * &first).sum(Kind::Float).neg().double_value(&[]);
+    (h, rows.len())
+}
+
+/// ‖scale·ΔW‖_F over every adapted projection, ΔW = B·A, from r×r products:
+/// ‖B·A‖² = tr(Aᵀ·Bᵀ·B·A) = Σ (BᵀB) ⊙ (A·Aᵀ).
+fn adapter_norm(a: &LoraAdapter) -> f64 {
+    tch::no_grad(|| {
+        let mut sq = 0.0;
+        for (_, pair) in a.pairs() {
+            let (la, lb) = (pair.0.to_kind(Kind::Float), pair.1.to_kind(Kind::Float));
+            sq += (lb.transpose(0, 1).matmul(&lb) * la.matmul(&la.transpose(0, 1))).sum(Kind::Float).double_value(&[]);
+        }
+        a.scale() * sq.max(0.0).sqrt()
+    })
+}
+
 /// The process's peak resident set size (`ru_maxrss`), for the step report.
 fn peak_rss_bytes() -> u64 {
     // /proc keeps it in kB as VmHWM; reading it needs no unsafe code.
@@ -205,6 +245,34 @@ pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_to
     out
 }
 
+/// The frozen base models a process has loaded, shared by its LoRA trainers: a learner that
+/// trains many adapters over one base holds the base once (spec neuromas.md §4). Full
+/// fine-tuning changes its weights, so it always loads its own copy.
+#[derive(Default)]
+pub struct Bases(Vec<(PathBuf, Kind, tch::Device, CausalLm)>);
+
+impl Bases {
+    /// A handle on the base in `dir` (no copy of its weights when it is loaded already).
+    pub fn get(&mut self, dir: &Path, kind: Kind, device: tch::Device) -> Result<CausalLm> {
+        if let Some((_, _, _, m)) = self.0.iter().find(|(d, k, v, _)| d == dir && *k == kind && *v == device) {
+            return Ok(m.share()?);
+        }
+        let m = CausalLm::load(dir, kind, device)?;
+        let handle = m.share()?;
+        self.0.push((dir.to_path_buf(), kind, device, m));
+        Ok(handle)
+    }
+
+    /// Base models held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl Trainer {
     /// Loads the agent's model from a Hugging Face folder (and the LoRA adapter folder, if any,
     /// to continue training it), plus a frozen reference (the same folder) when β > 0.
@@ -215,10 +283,16 @@ impl Trainer {
     /// As `new`, with the reference model read from `reference_dir` (default: `model_dir`).
     /// A resumed learner passes the original base model here, not its checkpoint.
     pub fn with_reference(model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>, reference_dir: Option<&Path>) -> Result<Self> {
+        Self::in_process(&mut Bases::default(), model_dir, cfg, adapter_dir, reference_dir)
+    }
+
+    /// As `with_reference`; a LoRA trainer takes its frozen base from `bases`, loading it there
+    /// only if no other trainer of the process has.
+    pub fn in_process(bases: &mut Bases, model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>, reference_dir: Option<&Path>) -> Result<Self> {
         cfg.validate()?;
         let kind = parse_kind(&cfg.dtype)?;
         let device = parse_device(&cfg.device)?;
-        let model = CausalLm::load(model_dir, kind, device)?;
+        let model = if cfg.lora.is_some() || adapter_dir.is_some() { bases.get(model_dir, kind, device)? } else { CausalLm::load(model_dir, kind, device)? };
         let adapter = match (&cfg.lora, adapter_dir) {
             (None, None) => None,
             (_, Some(dir)) => Some(LoraAdapter::load(dir, model.config(), kind, device)?),
@@ -307,8 +381,9 @@ impl Trainer {
         with_adapter: bool,
         batch: &[&Experience],
         want_entropy: bool,
+        want_first: bool,
         checkpoint: bool,
-    ) -> Result<(Tensor, Option<Tensor>, usize, Option<Checkpointed<'a>>)> {
+    ) -> Result<(Tensor, Option<Tensor>, Option<(f64, usize)>, usize, Option<Checkpointed<'a>>)> {
         let p = pack(batch, model.config().vocab_size, model.device());
         let lora = match (&self.adapter, with_adapter) {
             (Some(a), true) => Some(LoraBatch::uniform(a)),
@@ -336,7 +411,8 @@ impl Trainer {
             lp = lp.index_copy(0, rows, &picked);
         }
         let entropy = want_entropy.then(|| tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg()));
-        Ok((lp, entropy, p.tokens, ckpt))
+        let first = want_first.then(|| tch::no_grad(|| first_token_entropy(&lsm, batch)));
+        Ok((lp, entropy, first, p.tokens, ckpt))
     }
 
     /// ℓ under `model` for every sample, without gradient, in micro-batches.
@@ -348,7 +424,7 @@ impl Trainer {
         let mut out = vec![Vec::new(); batch.len()];
         for mb in micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens) {
             let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-            let (lp, _, _, _) = self.completion_logprobs(model, with_adapter, &refs, false, false)?;
+            let (lp, _, _, _, _) = self.completion_logprobs(model, with_adapter, &refs, false, false, false)?;
             let flat = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
             let mut off = 0;
             for &i in &mb {
@@ -545,6 +621,7 @@ impl Trainer {
         let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
         let mut report = StepReport::default();
         let (mut clip_sum, mut akl_sum, mut ent_sum, mut tok_sum) = (0.0, 0.0, 0.0, 0.0);
+        let (mut first_sum, mut first_count) = (0.0, 0usize);
         let mut norms = Vec::new();
         let to_t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(Kind::Float).to_device(device);
         // The shuffle is seeded by the optimizer steps already taken, which a resumed learner
@@ -567,7 +644,12 @@ impl Trainer {
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-                    let (logp, entropy, tokens, ckpt) = self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy, cfg.gradient_checkpointing)?;
+                    let (logp, entropy, first, tokens, ckpt) =
+                        self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy, true, cfg.gradient_checkpointing)?;
+                    if let Some((sum, n)) = first {
+                        first_sum += sum;
+                        first_count += n;
+                    }
                     report.tokens += tokens;
                     self.progress.advance(mb.len() as u32, tokens as u64);
                     let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
@@ -652,6 +734,8 @@ impl Trainer {
         report.clip_frac = clip_sum / denom;
         report.approx_kl = akl_sum / denom;
         report.entropy = ent_sum / denom;
+        report.first_token_entropy = first_sum / first_count.max(1) as f64;
+        report.adapter_norm = self.adapter.as_ref().map(adapter_norm);
         if cfg.kl_in_loss {
             // As aggregated into the loss (mean over optimizer steps), like kl_loss.
             report.kl = report.kl_loss;

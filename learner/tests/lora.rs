@@ -75,3 +75,77 @@ fn bf16_training_keeps_f32_master_weights() {
     assert_eq!(w1.kind(), Kind::BFloat16);
     assert!(!w1.equal(&w0), "bf16 weights must be updated from the master copy");
 }
+
+/// Many adapters over one base in one process (spec neuromas.md §4): two LoRA trainers take
+/// their base from one `Bases` without a copy, training one leaves the base and the other
+/// adapter as they were, and its update is bit for bit that of a trainer with a base of its own.
+#[test]
+fn lora_trainers_of_one_process_share_the_base_and_train_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    write_model(&base, &TinySpec::tiny(Architecture::Qwen2)).unwrap();
+    let cfg = |seed: u64| {
+        TrainConfig::from_toml(&format!(
+            "lr = 1e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 4\nseed = {seed}\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n"
+        ))
+        .unwrap()
+    };
+    let mut bases = comas_learner::trainer::Bases::default();
+    let mut a = Trainer::in_process(&mut bases, &base, cfg(1), None, None).unwrap();
+    let b = Trainer::in_process(&mut bases, &base, cfg(2), None, None).unwrap();
+    assert_eq!(bases.len(), 1);
+    for ((n, x), (_, y)) in a.model().named_parameters().iter().zip(b.model().named_parameters()) {
+        assert_eq!(x.data_ptr(), y.data_ptr(), "{n} is held twice");
+    }
+    let snapshot = |t: &Trainer| t.adapter().unwrap().named_tensors().into_iter().map(|(n, x)| (n, x.detach().copy())).collect::<Vec<_>>();
+    let base_before: Vec<Tensor> = a.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
+    let b_before = snapshot(&b);
+    let mut alone = Trainer::new(&base, cfg(1), None).unwrap();
+    for _ in 0..2 {
+        a.train_step(&batch()).unwrap();
+        alone.train_step(&batch()).unwrap();
+    }
+    for ((n, x), y) in a.model().named_parameters().iter().zip(&base_before) {
+        assert!(x.equal(y), "base weight {n} moved");
+    }
+    for ((n, x), (_, y)) in snapshot(&b).iter().zip(&b_before) {
+        assert!(x.equal(y), "the other adapter's {n} moved");
+    }
+    for ((n, x), (_, y)) in snapshot(&a).iter().zip(snapshot(&alone)) {
+        assert!(x.equal(&y), "{n}: the shared-base update differs from the one with its own base");
+    }
+}
+
+/// The step report's probes of §5's per-node logging: the first completion token's entropy
+/// under the weights the step started from, and ‖scale·B·A‖ of the adapter after it, both
+/// recomputed here the long way (a forward per prompt; the full B·A products).
+#[test]
+fn the_report_gives_the_first_token_entropy_and_the_adapter_norm() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    write_model(&base, &TinySpec::tiny(Architecture::Qwen2)).unwrap();
+    let cfg = TrainConfig::from_toml(
+        "lr = 1e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 3\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
+    )
+    .unwrap();
+    let mut t = Trainer::new(&base, cfg, None).unwrap();
+    // One step from an adapter whose B is not zero, so the adapter shows in the entropies.
+    t.train_step(&batch()).unwrap();
+    t.export(&dir.path().join("before"), false).unwrap();
+    let r = t.train_step(&batch()).unwrap();
+    let model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
+    let before = LoraAdapter::load(&dir.path().join("before"), model.config(), Kind::Float, Device::Cpu).unwrap();
+    let mut sum = 0.0;
+    for e in batch() {
+        let ids = Tensor::from_slice(&e.prompt_ids).view([1, -1]);
+        let logits = tch::no_grad(|| model.forward(&ids, None, Some(&LoraBatch::uniform(&before))).unwrap());
+        let lsm = logits.get(0).get(e.prompt_ids.len() as i64 - 1).log_softmax(-1, Kind::Float);
+        sum += -(lsm.exp() * &lsm).sum(Kind::Float).double_value(&[]);
+    }
+    let want = sum / 8.0;
+    assert!((r.first_token_entropy - want).abs() < 1e-5, "first-token entropy {} against {want}", r.first_token_entropy);
+    let a = t.adapter().unwrap();
+    let sq: f64 = a.pairs().map(|(_, (la, lb))| (lb.matmul(la) * a.scale()).pow_tensor_scalar(2).sum(Kind::Float).double_value(&[])).sum();
+    let got = r.adapter_norm.unwrap();
+    assert!(got > 0.0 && (got - sq.sqrt()).abs() < 1e-6 * sq.sqrt(), "adapter norm {got} against {}", sq.sqrt());
+}

@@ -58,19 +58,22 @@ async fn start_rooted(model: &Path, ckpt: &Path, resume: bool, allowed_roots: co
     let addr = format!("http://{}", listener.local_addr().unwrap());
     let cfg = TrainConfig { lr: 1e-3, total_steps: 10, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
     let settings = ServerSettings {
-        agent_id: 3,
+        agents: vec![(
+            3,
+            EngineSettings {
+                model_dir: model.to_path_buf(),
+                adapter_dir: None,
+                reference_dir: None,
+                config: cfg,
+                checkpoint_dir: Some(ckpt.to_path_buf()),
+                keep_checkpoints: 2,
+                resume,
+                init_from: None,
+                memory_bytes: None,
+            },
+        )],
         listener,
         metrics_listen: None,
-        engine: EngineSettings {
-            model_dir: model.to_path_buf(),
-            adapter_dir: None,
-            reference_dir: None,
-            config: cfg,
-            checkpoint_dir: Some(ckpt.to_path_buf()),
-            keep_checkpoints: 2,
-            resume,
-            memory_bytes: None,
-        },
         allowed_roots,
         tls: None,
         health_listen: None,

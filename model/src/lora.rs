@@ -253,6 +253,11 @@ impl LoraAdapter {
         self.weights.get(&(layer, proj))
     }
 
+    /// Every adapted (layer, projection) with its (A, B).
+    pub fn pairs(&self) -> impl Iterator<Item = (&(usize, Proj), &(Tensor, Tensor))> {
+        self.weights.iter()
+    }
+
     /// All adapter tensors with their PEFT names, sorted by name (shallow clones: shared storage).
     pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out: Vec<(String, Tensor)> = self

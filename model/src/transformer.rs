@@ -359,6 +359,14 @@ impl CausalLm {
         self.device
     }
 
+    /// A second handle on the same weights (no copy): for LoRA trainers of one process that
+    /// train adapters over one frozen base. Anything that changes the weights in place changes
+    /// them for both, so only frozen bases may be shared.
+    pub fn share(&self) -> Result<Self> {
+        let mut held = Checkpoint::held(self.named_parameters(), self.kind, self.device);
+        Self::from_checkpoint(self.config.clone(), &mut held, self.kind, self.device)
+    }
+
     /// Parameters by checkpoint name (shallow clones sharing storage). With tied embeddings
     /// `lm_head.weight` is not listed, as in the checkpoint.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -568,6 +576,22 @@ mod tests {
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn a_shared_model_holds_no_copy_and_computes_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::tiny::write_model(dir.path(), &crate::tiny::TinySpec { seed: 2, ..crate::tiny::TinySpec::tiny(crate::Architecture::Qwen2) }).unwrap();
+        let m = CausalLm::load(dir.path(), Kind::Float, Device::Cpu).unwrap();
+        let shared = m.share().unwrap();
+        let (a, b) = (m.named_parameters(), shared.named_parameters());
+        assert_eq!(a.len(), b.len());
+        for ((name, x), (other, y)) in a.iter().zip(&b) {
+            assert_eq!((name, x.data_ptr()), (other, y.data_ptr()), "{name} was copied");
+        }
+        let ids = Tensor::from_slice(&[1i64, 5, 9, 3]).view([1, 4]);
+        let h = |m: &CausalLm| m.lm_head(&m.forward_hidden(&ids, None, None).unwrap());
+        assert!(h(&m).equal(&h(&shared)));
     }
 
     #[test]

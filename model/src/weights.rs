@@ -18,6 +18,8 @@ pub struct Checkpoint {
     /// tensor name -> index into `files`
     index: HashMap<String, usize>,
     taken: BTreeSet<String>,
+    /// Tensors already in memory (a model shared with another), taken as they are.
+    held: HashMap<String, Tensor>,
     kind: Kind,
     device: Device,
 }
@@ -69,15 +71,28 @@ impl Checkpoint {
         } else {
             return Err(ModelError::Folder { folder: dir.into(), what: "no model.safetensors or model.safetensors.index.json".into() });
         }
-        Ok(Self { files, index, taken: BTreeSet::new(), kind, device })
+        Ok(Self { files, index, taken: BTreeSet::new(), held: HashMap::new(), kind, device })
+    }
+
+    /// A checkpoint of tensors already loaded (`kind` on `device`): taking one gives a tensor
+    /// sharing its storage, so a model built from it shares the weights.
+    pub fn held(tensors: Vec<(String, Tensor)>, kind: Kind, device: Device) -> Self {
+        Self { files: Vec::new(), index: HashMap::new(), taken: BTreeSet::new(), held: tensors.into_iter().collect(), kind, device }
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        self.index.contains_key(name) || self.held.contains_key(name)
     }
 
     /// Takes tensor `name`, checking it has `shape`, cast to the checkpoint's target kind.
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        if let Some(t) = self.held.get(name) {
+            if t.size() != shape {
+                return Err(ModelError::ShapeMismatch { name: name.into(), expected: shape.to_vec(), found: t.size() });
+            }
+            self.taken.insert(name.to_string());
+            return Ok(t.shallow_clone());
+        }
         let fi = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.into(), expected: shape.to_vec() })?;
         let info = self.files[fi].info(name).expect("indexed tensor exists");
         if info.shape != shape {
@@ -93,7 +108,7 @@ impl Checkpoint {
 
     /// Names in the checkpoint that the model did not use (e.g. rotary buffers of old exports).
     pub fn unused(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.index.keys().map(String::as_str).filter(|n| !self.taken.contains(*n)).collect();
+        let mut v: Vec<&str> = self.index.keys().chain(self.held.keys()).map(String::as_str).filter(|n| !self.taken.contains(*n)).collect();
         v.sort();
         v
     }

@@ -109,7 +109,8 @@ async fn receive(
         let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
         client.relay_weights(pb::RelayWeightsRequest { agent_id: req.agent_id, version: req.version }).await.map_err(broken)?.into_inner()
     } else {
-        let mut client = LearnerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
+        let mut client = LearnerClient::with_interceptor(channel, comas_service::agent::ForAgent(req.agent_id))
+            .max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
         client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner()
     };
     let mut asm = Assembler::default();

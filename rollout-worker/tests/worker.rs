@@ -122,19 +122,22 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let settings = comas_learner::server::ServerSettings {
-        agent_id: 0,
+        agents: vec![(
+            0,
+            comas_learner::engine::EngineSettings {
+                model_dir: model_dir.to_path_buf(),
+                adapter_dir: None,
+                reference_dir: None,
+                config,
+                checkpoint_dir: Some(ckpt.to_path_buf()),
+                keep_checkpoints: 3,
+                resume: false,
+                init_from: None,
+                memory_bytes: None,
+            },
+        )],
         listener,
         metrics_listen: None,
-        engine: comas_learner::engine::EngineSettings {
-            model_dir: model_dir.to_path_buf(),
-            adapter_dir: None,
-            reference_dir: None,
-            config,
-            checkpoint_dir: Some(ckpt.to_path_buf()),
-            keep_checkpoints: 3,
-            resume: false,
-            memory_bytes: None,
-        },
         allowed_roots: Default::default(),
         tls: None,
         health_listen: None,

@@ -1,6 +1,7 @@
 //! Plumbing every comas service shares: a small HTTP server for Prometheus `/metrics` and a
 //! `/healthz` liveness check next to the gRPC port, the SIGTERM / Ctrl-C future that starts a
 //! graceful shutdown, and the logging set-up.
+pub mod agent;
 pub mod auth;
 pub mod limits;
 pub mod openai;

@@ -5,7 +5,7 @@ use crate::comas::CoMasConfig;
 use crate::cosir::CosirConfig;
 use crate::eval::{EvalJobConfig, EvalQuestion, EvalSettings};
 use crate::mappa::MappaConfig;
-use crate::neuromas::{Graph as NeuromasGraph, NeuromasConfig};
+use crate::neuromas::NeuromasConfig;
 use crate::program::{MethodConfig, Settings};
 use crate::seed::derive_seed;
 use crate::train_config::{canonical_dtype, OldLogprobs, TrainConfig};
@@ -256,6 +256,10 @@ pub struct AgentSpec {
     pub model: PathBuf,
     /// PEFT adapter to start from (LoRA agents only).
     pub adapter: Option<PathBuf>,
+    /// A learner checkpoint (`step-N` folder, LoRA) to start from: its adapter and optimizer
+    /// moments, with the job's own step count and schedule (what `comas grow` writes).
+    #[serde(default)]
+    pub init_from: Option<PathBuf>,
     /// gRPC address of this agent's learner (filled in by `comas local`).
     pub learner: Option<String>,
     /// The agent's own training settings (see `TrainConfig`); kept raw until resolved, so a
@@ -381,6 +385,9 @@ impl JobSpec {
             if let Some(ad) = &mut a.adapter {
                 fix(ad);
             }
+            if let Some(c) = &mut a.init_from {
+                fix(c);
+            }
         }
         for f in &mut self.frozen {
             if let Some(m) = &mut f.model {
@@ -406,6 +413,9 @@ impl JobSpec {
             out.push((format!("agents[{k}].model"), a.model.clone()));
             if let Some(ad) = &a.adapter {
                 out.push((format!("agents[{k}].adapter"), ad.clone()));
+            }
+            if let Some(c) = &a.init_from {
+                out.push((format!("agents[{k}].init_from"), c.clone()));
             }
         }
         for (k, f) in self.frozen.iter().enumerate() {
@@ -470,7 +480,7 @@ impl JobSpec {
                 format!("is {}: the group advantage needs at least 2 rollouts of each task", cfg.rollouts_per_task),
             ));
         }
-        let graph = NeuromasGraph::new(cfg.topology.clone()).map_err(|(k, m)| invalid(format!("neuromas.topology.{k}"), m))?;
+        let graph = cfg.graph().map_err(|(k, m)| invalid(format!("neuromas.{k}"), m))?;
         let want = cfg.agents(&graph) as usize;
         if self.agents.len() != want {
             let how = match cfg.param_sharing {
@@ -738,6 +748,21 @@ impl JobSpec {
             dataset_len,
         };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
+        // An agent started from a checkpoint is served its adapter, so workers decode with the
+        // weights the learner starts from.
+        for (k, a) in job.spec.agents.iter_mut().enumerate() {
+            let Some(from) = &a.init_from else { continue };
+            if job.train[k].lora.is_none() {
+                return Err(invalid(
+                    format!("agents[{k}].init_from"),
+                    "starts a LoRA adapter from a learner checkpoint: add the [agents.train.lora] table it was trained with",
+                ));
+            }
+            if a.adapter.is_some() {
+                return Err(invalid(format!("agents[{k}].init_from"), "already names the adapter (its adapter/ folder): drop agents.adapter"));
+            }
+            a.adapter = Some(from.join("adapter"));
+        }
         if job.mappa.as_ref().is_some_and(|m| m.norm_scope == crate::mappa::NormScope::Global) {
             if let Some((k, t)) = job.train.iter().enumerate().find(|(_, t)| !t.estimator.whitens()) {
                 return Err(invalid(
@@ -811,7 +836,7 @@ impl Job {
     /// Nodes agent `k`'s adapter plays in one rollout.
     fn neuromas_nodes_of(&self, k: usize) -> u64 {
         let Some(n) = &self.neuromas else { return 0 };
-        match NeuromasGraph::new(n.topology.clone()) {
+        match n.graph() {
             Ok(g) => g.nodes().into_iter().filter(|&node| n.agent_of(node) as usize == k).count() as u64,
             Err(_) => 0,
         }

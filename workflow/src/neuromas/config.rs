@@ -37,6 +37,9 @@ pub struct NeuromasConfig {
     /// The readout's, when it differs (a guided `\boxed{}` tail for a small model); default:
     /// `sampling`.
     pub readout_sampling: Option<SamplingSpec>,
+    /// Steps during which `topology.bridge_layers` read through identity wiring (§6); from this
+    /// step on they read through `connectivity`.
+    pub bridge_steps: u64,
 }
 
 impl Default for NeuromasConfig {
@@ -49,6 +52,7 @@ impl Default for NeuromasConfig {
             format_penalty: true,
             sampling: SamplingSpec { max_new_tokens: 1024, min_new_tokens: 1, ..SamplingSpec::default() },
             readout_sampling: None,
+            bridge_steps: 0,
         }
     }
 }
@@ -74,6 +78,21 @@ impl NeuromasConfig {
             r.check().map_err(|m| ("readout_sampling".to_string(), m))?;
         }
         Ok(())
+    }
+
+    /// The graph as declared, bridges in place.
+    pub fn graph(&self) -> Result<Graph, (String, String)> {
+        Graph::new(self.topology.clone()).map_err(|(k, m)| (format!("topology.{k}"), m))
+    }
+
+    /// The graph that step `step` plays: bridged layers read through identity wiring only
+    /// before `bridge_steps`.
+    pub fn graph_at(&self, step: u64) -> Result<Graph, (String, String)> {
+        let mut g = self.graph()?;
+        if step >= self.bridge_steps {
+            g.end_bridge();
+        }
+        Ok(g)
     }
 
     /// The sampling of `node` in `graph`.
@@ -125,6 +144,11 @@ mod tests {
         assert_eq!((agents(&cfg), cfg.agents(&g)), (vec![0; 7], 1));
         cfg.rollouts_per_task = 0;
         assert_eq!(cfg.validate().unwrap_err().0, "rollouts_per_task");
+        // A bridged layer reads one node until bridge_steps, then its full input layer.
+        let mut bridged = NeuromasConfig { bridge_steps: 2, ..NeuromasConfig::default() };
+        bridged.topology.bridge_layers = vec![2];
+        assert_eq!(bridged.graph_at(1).unwrap().inputs(2, 3).len(), 1);
+        assert_eq!(bridged.graph_at(2).unwrap().inputs(2, 3).len(), 3);
         cfg.rollouts_per_task = 8;
         cfg.topology.layers = vec![2, 2];
         let (key, why) = cfg.validate().unwrap_err();

@@ -63,7 +63,10 @@ impl NeuromasTrajectory {
     /// Checks what a worker could get wrong: one turn per node in position order, each by the
     /// node's adapter, log-probs for every token.
     pub fn validate(&self, cfg: &NeuromasConfig) -> Result<(), String> {
-        if self.graph.spec != cfg.topology {
+        // The job's graph, with its bridges either still in place or ended.
+        let job = cfg.graph().map_err(|(k, m)| format!("neuromas.{k}: {m}"))?;
+        let bridges_ok = self.graph.identity_layers.is_empty() || self.graph.identity_layers == job.identity_layers;
+        if self.graph.spec != cfg.topology || self.graph.uids != job.uids || self.graph.next_uid != job.next_uid || !bridges_ok {
             return Err("the record's graph is not the job's topology".into());
         }
         let nodes = self.graph.nodes();

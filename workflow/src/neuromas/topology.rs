@@ -54,6 +54,12 @@ pub struct TopologySpec {
     pub task_visible: TaskVisible,
     /// Seed of `random` sparse wiring.
     pub graph_seed: u64,
+    /// Each node's uid, layer by layer (default: 0, 1, … in position order). A grown graph
+    /// names them, since uids key the adapters and stay with their nodes when positions move.
+    pub uids: Option<Vec<Vec<u64>>>,
+    /// Layers (1-based) inserted by depth growth that still read through identity wiring (node
+    /// k reads only node k below) until `neuromas.bridge_steps` (§6).
+    pub bridge_layers: Vec<u32>,
 }
 
 impl Default for TopologySpec {
@@ -66,6 +72,8 @@ impl Default for TopologySpec {
             skip: Skip::None,
             task_visible: TaskVisible::All,
             graph_seed: 0,
+            uids: None,
+            bridge_layers: Vec::new(),
         }
     }
 }
@@ -91,6 +99,25 @@ impl TopologySpec {
         }
         if self.connectivity == Connectivity::Sparse && self.sparse_k == 0 {
             return bad("sparse_k", "sparse connectivity needs at least one input per node".into());
+        }
+        if let Some(uids) = &self.uids {
+            let widths: Vec<u32> = uids.iter().map(|l| l.len() as u32).collect();
+            if widths != self.layers {
+                return bad("uids", format!("give one uid per node: the layers are {:?} wide, the uids {widths:?}", self.layers));
+            }
+            // Uids index the adapters (`per_node`), so they must be 0..n without gaps or repeats.
+            let mut all: Vec<u64> = uids.iter().flatten().copied().collect();
+            all.sort_unstable();
+            if all.iter().enumerate().any(|(i, &u)| u != i as u64) {
+                return bad("uids", format!("the uids must be 0 to {} each once, got {all:?}", nodes - 1));
+            }
+        }
+        let depth = self.layers.len() as u32;
+        if let Some(&l) = self.bridge_layers.iter().find(|&&l| l < 2 || l >= depth) {
+            return bad(
+                "bridge_layers",
+                format!("layer {l} cannot bridge: only layers 2 to {} (below the readout) read one node each", depth.saturating_sub(1)),
+            );
         }
         Ok(())
     }
@@ -143,23 +170,28 @@ pub struct Grown {
 }
 
 impl Graph {
-    /// A new graph; uids are handed out in position order from 0.
+    /// The graph of `spec`, its bridges still in place; uids are the spec's or, when it names
+    /// none, handed out in position order from 0.
     pub fn new(spec: TopologySpec) -> Result<Graph, (String, String)> {
         spec.validate()?;
         let mut next = 0u64;
-        let uids = spec
-            .layers
-            .iter()
-            .map(|&w| {
-                (0..w)
-                    .map(|_| {
-                        next += 1;
-                        next - 1
-                    })
-                    .collect()
-            })
-            .collect();
-        Ok(Graph { spec, uids, identity_layers: Vec::new(), next_uid: next })
+        let uids = match &spec.uids {
+            Some(u) => u.clone(),
+            None => spec
+                .layers
+                .iter()
+                .map(|&w| {
+                    (0..w)
+                        .map(|_| {
+                            next += 1;
+                            next - 1
+                        })
+                        .collect()
+                })
+                .collect(),
+        };
+        let next_uid = uids.iter().flatten().map(|&u| u + 1).max().unwrap_or(0);
+        Ok(Graph { identity_layers: spec.bridge_layers.clone(), spec, uids, next_uid })
     }
 
     pub fn depth(&self) -> u32 {
@@ -244,6 +276,7 @@ impl Graph {
             inits.push((uid, if copy_sibling { Init::Copy(source) } else { Init::Zero }));
         }
         g.spec.layers[l - 1] = width;
+        g.sync_spec();
         g.spec.validate().map_err(|(k, m)| format!("{k}: {m}"))?;
         Ok(Grown { graph: g, inits })
     }
@@ -269,13 +302,68 @@ impl Graph {
         // Layers above the insertion move up by one.
         g.identity_layers = g.identity_layers.iter().map(|&l| if l as usize > at { l + 1 } else { l }).collect();
         g.identity_layers.push(at as u32 + 1);
+        g.sync_spec();
         g.spec.validate().map_err(|(k, m)| format!("{k}: {m}"))?;
         Ok(Grown { graph: g, inits })
     }
 
-    /// Ends every bridge: the inserted layers read through the configured connectivity.
+    /// Grows the graph to the widths `target` (§6, as `comas grow` does): first each existing
+    /// layer below the readout widens to its target, then new layers go in before the readout
+    /// one at a time, each as wide as the layer below, and then widen. Every new node's init
+    /// names an old node (a copy of a copy is a copy of the original) or the backbone.
+    pub fn grow_to(&self, target: &[u32], copy_sibling: bool, copy_prev: bool) -> Result<Grown, String> {
+        let depth = self.uids.len();
+        if target.len() < depth || target.last() != Some(&1) {
+            return Err(format!("a graph of {:?} grows to more or wider layers ending with the readout's 1, not to {target:?}", self.spec.layers));
+        }
+        if let Some(l) = (0..depth - 1).find(|&l| target[l] < self.uids[l].len() as u32) {
+            return Err(format!("layer {} has {} nodes and growth only adds, but the target gives it {}", l + 1, self.uids[l].len(), target[l]));
+        }
+        let mut g = Grown { graph: self.clone(), inits: Vec::new() };
+        let step = |g: Grown, next: Result<Grown, String>| -> Result<Grown, String> {
+            let next = next?;
+            let mut inits = g.inits;
+            for (uid, init) in next.inits {
+                // A copy of a node that is itself new starts where that node starts.
+                let resolved = match init {
+                    Init::Copy(src) => inits.iter().find(|(u, _)| *u == src).map_or(init, |&(_, i)| i),
+                    Init::Zero => Init::Zero,
+                };
+                inits.push((uid, resolved));
+            }
+            Ok(Grown { graph: next.graph, inits })
+        };
+        for (l, &want) in target.iter().enumerate().take(depth - 1) {
+            if want > g.graph.uids[l].len() as u32 {
+                let next = g.graph.widen(l as u32 + 1, want, copy_sibling);
+                g = step(g, next)?;
+            }
+        }
+        for _ in depth..target.len() {
+            let next = g.graph.deepen(copy_prev);
+            g = step(g, next)?;
+        }
+        for (l, &want) in target.iter().enumerate().take(target.len() - 1).skip(depth - 1) {
+            if want > g.graph.uids[l].len() as u32 {
+                let next = g.graph.widen(l as u32 + 1, want, copy_sibling);
+                g = step(g, next)?;
+            } else if want < g.graph.uids[l].len() as u32 {
+                return Err(format!("a new layer {} starts as wide as the layer below it ({}); the target gives it {want}", l + 1, g.graph.uids[l].len()));
+            }
+        }
+        Ok(g)
+    }
+
+    /// Ends every bridge: the inserted layers read through the configured connectivity. The
+    /// spec keeps naming them, as the job that declared them does.
     pub fn end_bridge(&mut self) {
         self.identity_layers.clear();
+    }
+
+    /// A grown graph's spec names what it now is: its uids and the layers still bridging.
+    fn sync_spec(&mut self) {
+        self.spec.uids = Some(self.uids.clone());
+        self.spec.bridge_layers = self.identity_layers.clone();
     }
 }
 
@@ -359,5 +447,44 @@ mod tests {
         assert_eq!(g.widen(1, 2, true).unwrap_err(), "layer 1 has 2 nodes already; growth only adds");
         assert_eq!(g.widen(2, 2, true).unwrap_err(), "the readout keeps width 1");
         assert_eq!(g.widen(1, 4, false).unwrap().inits, vec![(3, Init::Zero), (4, Init::Zero)]);
+        // A grown graph's spec alone rebuilds it: the uids and the bridge go with it.
+        assert_eq!(deep.graph.spec.uids, Some(deep.graph.uids.clone()));
+        assert_eq!(deep.graph.spec.bridge_layers, vec![2]);
+        assert_eq!(Graph::new(deep.graph.spec.clone()).unwrap(), deep.graph);
+    }
+
+    #[test]
+    fn growing_to_a_target_widens_then_deepens() {
+        let g = graph(&[2, 1], |_| {});
+        // [2, 1] → [3, 1] → [3, 3, 1], the spec's schedule in one call.
+        let grown = g.grow_to(&[3, 3, 1], true, true).unwrap();
+        assert_eq!(grown.graph.uids, vec![vec![0, 1, 3], vec![4, 5, 6], vec![2]]);
+        // Node 6 copies node 3, itself a copy of node 0.
+        assert_eq!(grown.inits, vec![(3, Init::Copy(0)), (4, Init::Copy(0)), (5, Init::Copy(1)), (6, Init::Copy(0))]);
+        assert_eq!(grown.graph.identity_layers, vec![2]);
+        // Two new layers, the second then widened: copies of copies resolve to old nodes.
+        let two = g.grow_to(&[2, 2, 3, 1], true, true).unwrap();
+        assert_eq!(two.graph.spec.layers, vec![2, 2, 3, 1]);
+        assert_eq!(two.graph.identity_layers, vec![2, 3]);
+        assert!(two.inits.iter().all(|(_, i)| matches!(i, Init::Copy(0) | Init::Copy(1))), "{:?}", two.inits);
+        assert_eq!(g.grow_to(&[2, 1], true, true).unwrap().graph, g);
+        assert!(g.grow_to(&[1, 1], true, true).unwrap_err().contains("growth only adds"));
+        assert!(g.grow_to(&[3], true, true).unwrap_err().contains("ending with the readout's 1"));
+        assert!(g.grow_to(&[2, 1, 1], true, true).unwrap_err().contains("as wide as the layer below it (2)"));
+        assert_eq!(g.grow_to(&[2, 2, 1], true, false).unwrap().inits, vec![(3, Init::Zero), (4, Init::Zero)]);
+    }
+
+    #[test]
+    fn named_uids_must_cover_every_node_once() {
+        let spec =
+            |uids: Vec<Vec<u64>>, bridge: Vec<u32>| TopologySpec { layers: vec![2, 2, 1], uids: Some(uids), bridge_layers: bridge, ..Default::default() };
+        let g = Graph::new(spec(vec![vec![0, 1], vec![3, 4], vec![2]], vec![2])).unwrap();
+        assert_eq!((g.next_uid, g.node(3, 1).uid, g.identity_layers.clone()), (5, 2, vec![2]));
+        let err = |s: TopologySpec| s.validate().unwrap_err();
+        assert_eq!(err(spec(vec![vec![0, 1], vec![2]], vec![])).0, "uids");
+        assert!(err(spec(vec![vec![0, 1], vec![3, 3], vec![2]], vec![])).1.contains("0 to 4 each once"));
+        assert!(err(spec(vec![vec![0, 1], vec![5, 4], vec![2]], vec![])).1.contains("0 to 4 each once"));
+        assert!(err(spec(vec![vec![0, 1], vec![3, 4], vec![2]], vec![3])).1.contains("layer 3 cannot bridge"));
+        assert!(err(spec(vec![vec![0, 1], vec![3, 4], vec![2]], vec![1])).1.contains("layer 1 cannot bridge"));
     }
 }

@@ -1,0 +1,84 @@
+"""Writes the NeuroMAS [3, 3, 1] report (stdout, markdown): both arms beside the [2, 1] run and the base model."""
+import json
+import os
+import sys
+
+small, out, steps, bridge, cores = sys.argv[1:6]
+
+
+def log(path):
+    rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+    return [r for r in rows if r["kind"] == "step"], [r for r in rows if r["kind"] == "eval"]
+
+
+def mean(r, key):
+    v = (r or {}).get(key) or {}
+    return v.get("mean") if isinstance(v, dict) else v
+
+
+def fmt(v, digits=2):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def base(t):
+    p = os.path.join(small, f"base-{t}", "summary.json")
+    if not os.path.exists(p):
+        return None
+    def find(o):
+        if isinstance(o, dict):
+            if isinstance(o.get("accuracy"), (int, float)):
+                return o["accuracy"]
+            o = list(o.values())
+        if isinstance(o, list):
+            for v in o:
+                a = find(v)
+                if a is not None:
+                    return a
+        return None
+    return find(json.load(open(p)))
+
+
+def wall(d):
+    p = os.path.join(d, "wall_seconds")
+    return int(open(p).read()) if os.path.exists(p) else 0
+
+
+arms = {"[2, 1] from scratch": f"{small}/out/metrics.jsonl", "[3, 3, 1] grown from [2, 1]": f"{out}/grown/out/metrics.jsonl", "[3, 3, 1] from scratch": f"{out}/scratch/out/metrics.jsonl"}
+print("# NeuroMAS [3, 3, 1] on SmolLM2-135M-Instruct: grown from [2, 1] and from scratch\n")
+print(f"Made by `bash experiments/smollm2-neuromas-331/run.sh` (STEPS={steps} per arm, BRIDGE={bridge}) on {cores} CPU cores;")
+print(f"the grown arm took {wall(out + '/grown') // 60} min and the scratch arm {wall(out + '/scratch') // 60} min of wall time, evaluations included")
+print("(other work ran on the same 2 cores part of the time, so the seconds are not benchmarks).")
+print("Settings, data and held-out questions are those of the [2, 1] run (`smollm2-neuromas.md`): one LoRA adapter per")
+print("node (r 16, attention projections, lr 3e-4, bf16) on the shared base, 4 questions x 4 rollouts per step, nodes")
+print("at temperature 0.5, the readout's reply ending in a guided `\\boxed{}` line, 48-token messages.")
+print("The grown arm starts from the [2, 1] run's step-24 checkpoints through `comas grow --to 3,3,1`: node 3 (new, L1N3)")
+print("copies node 0's adapter and Adam moments, the new layer's nodes copy the node below them, and for the first")
+print(f"{bridge} steps the new layer reads only the node below it (identity wiring), then all of layer 1.")
+print("Figures: `smollm2-neuromas-331/grown.png`, `smollm2-neuromas-331/scratch.png`.\n")
+
+print("## Held-out accuracy\n")
+print("The 16 held-out questions; the base model alone answers once per question, a [3, 3, 1] graph makes 7 calls.\n")
+print("| | sampled (t = 0.7) | greedy |")
+print("|---|---|---|")
+print(f"| base model alone | {fmt(base('0.7'))} | {fmt(base('0'))} |")
+for name, path in arms.items():
+    _, evals = log(path)
+    for e in evals:
+        print(f"| {name}, after {e['after_steps']} steps | {fmt(mean(e, 'graph_accuracy'))} | {fmt(mean(e.get('greedy'), 'graph_accuracy'))} |")
+
+print("\n## Per training step\n")
+print("| step | grown: readouts right | grown: equal groups | scratch: readouts right | scratch: equal groups | grown rollout / train s | scratch rollout / train s |")
+print("|---|---|---|---|---|---|---|")
+g, _ = log(arms["[3, 3, 1] grown from [2, 1]"])
+s, _ = log(arms["[3, 3, 1] from scratch"])
+for i in range(max(len(g), len(s))):
+    a = g[i] if i < len(g) else {}
+    b = s[i] if i < len(s) else {}
+    secs = lambda r: f"{fmt((r.get('seconds') or {}).get('rollout'), 0)} / {fmt((r.get('seconds') or {}).get('train'), 0)}"
+    print(f"| {i} | {fmt(mean(a, 'graph_accuracy'))} | {a.get('equal_groups', '–')}/{a.get('groups', '–')} | {fmt(mean(b, 'graph_accuracy'))} | {b.get('equal_groups', '–')}/{b.get('groups', '–')} | {secs(a)} | {secs(b)} |")
+for name, rows in (("grown", g), ("scratch", s)):
+    if rows:
+        acc = [mean(r, "graph_accuracy") or 0 for r in rows]
+        h = len(acc) // 2
+        print(f"\n{name}: mean training accuracy of the readouts {sum(acc[:h]) / max(h, 1):.3f} in the first half of the steps, {sum(acc[h:]) / max(len(acc) - h, 1):.3f} in the second.")
+print()
