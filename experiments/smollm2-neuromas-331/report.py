@@ -3,6 +3,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "smollm2-neuromas"))
+from graph_report import base_accuracy, fmt, mean  # noqa: E402
+
 small, out, steps, bridge, cores = sys.argv[1:6]
 
 
@@ -11,31 +14,8 @@ def log(path):
     return [r for r in rows if r["kind"] == "step"], [r for r in rows if r["kind"] == "eval"]
 
 
-def mean(r, key):
-    v = (r or {}).get(key) or {}
-    return v.get("mean") if isinstance(v, dict) else v
-
-
-def fmt(v, digits=2):
-    return "–" if v is None else f"{v:.{digits}f}"
-
-
 def base(t):
-    p = os.path.join(small, f"base-{t}", "summary.json")
-    if not os.path.exists(p):
-        return None
-    def find(o):
-        if isinstance(o, dict):
-            if isinstance(o.get("accuracy"), (int, float)):
-                return o["accuracy"]
-            o = list(o.values())
-        if isinstance(o, list):
-            for v in o:
-                a = find(v)
-                if a is not None:
-                    return a
-        return None
-    return find(json.load(open(p)))
+    return base_accuracy(small, t)
 
 
 def wall(d):
@@ -76,6 +56,21 @@ for i in range(max(len(g), len(s))):
     b = s[i] if i < len(s) else {}
     secs = lambda r: f"{fmt((r.get('seconds') or {}).get('rollout'), 0)} / {fmt((r.get('seconds') or {}).get('train'), 0)}"
     print(f"| {i} | {fmt(mean(a, 'graph_accuracy'))} | {a.get('equal_groups', '–')}/{a.get('groups', '–')} | {fmt(mean(b, 'graph_accuracy'))} | {b.get('equal_groups', '–')}/{b.get('groups', '–')} | {secs(a)} | {secs(b)} |")
+def peaks(rows):
+    last = rows[-1] if rows else {}
+    return [((a.get("train") or {}).get("peak_rss_bytes") or 0) / 2**30 for a in last.get("agents", [])]
+
+
+print("\n## Learner memory\n")
+print("The grown arm ran one learner process per node (seven, each loading the base); the scratch arm ran one")
+print("learner process for all seven adapters over one copy of the base (`comas local --neuromas-learners 1`, the")
+print("default since this run). Peak resident memory at the last step, from the agents' step reports:\n")
+gp, sp = peaks(g), peaks(s)
+if gp:
+    print(f"- grown, 7 processes: {' '.join(f'{x:.2f}' for x in gp)} GiB, {sum(gp):.2f} GiB in all;")
+if sp:
+    print(f"- scratch, 1 process: {max(sp):.2f} GiB.")
+
 for name, rows in (("grown", g), ("scratch", s)):
     if rows:
         acc = [mean(r, "graph_accuracy") or 0 for r in rows]

@@ -3,42 +3,19 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_report import base_accuracy, fmt, mean  # noqa: E402
+
 metrics, out, steps, questions, rollouts, wall, cores = sys.argv[1:8]
 rows = [json.loads(l) for l in open(metrics)]
 step_rows = [r for r in rows if r["kind"] == "step"]
 evals = [r for r in rows if r["kind"] == "eval"]
 
 
-def mean(r, key):
-    v = (r or {}).get(key) or {}
-    return v.get("mean") if isinstance(v, dict) else v
-
-
-def fmt(v, digits=2):
-    return "–" if v is None else f"{v:.{digits}f}"
 
 
 def base(t):
-    p = os.path.join(out, f"base-{t}", "summary.json")
-    if not os.path.exists(p):
-        return None
-    s = json.load(open(p))
-    # One setup (vanilla): its accuracy, whatever the summary's nesting.
-    def find(o):
-        if isinstance(o, dict):
-            if "accuracy" in o and isinstance(o["accuracy"], (int, float)):
-                return o["accuracy"]
-            for v in o.values():
-                a = find(v)
-                if a is not None:
-                    return a
-        if isinstance(o, list):
-            for v in o:
-                a = find(v)
-                if a is not None:
-                    return a
-        return None
-    return find(s)
+    return base_accuracy(out, t)
 
 
 print("# NeuroMAS [2, 1] on SmolLM2-135M-Instruct\n")
