@@ -44,6 +44,12 @@ pub struct StepReport {
     /// policies that start alike, such as NeuroMAS nodes, are specialising).
     #[serde(default)]
     pub first_token_entropy: f64,
+    /// Truncated importance sampling (`tis_cap`): the mean weight over trained tokens and the
+    /// fraction cut to the cap.
+    #[serde(default)]
+    pub tis_weight_mean: Option<f64>,
+    #[serde(default)]
+    pub tis_truncated_frac: Option<f64>,
     /// LoRA: ‖scale·B·A‖ over every adapted projection (the Frobenius norm of the whole weight
     /// change), after the step.
     #[serde(default)]
@@ -100,6 +106,9 @@ pub const KEPT_REPORTS: usize = 16;
 pub struct Prepared {
     samples: usize,
     old: Vec<Vec<f64>>,
+    /// With `tis_cap`: the behaviour policy's log-probs (the sampler's; ℓ^old for a sample
+    /// that came without them, so its weights are 1).
+    behaviour: Option<Vec<Vec<f64>>>,
     reference: Option<Vec<Vec<f64>>>,
     use_sampler: bool,
     mismatch: Option<f64>,
@@ -170,6 +179,11 @@ fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
         tokens: seqs.iter().map(Vec::len).sum(),
         constrained,
     }
+}
+
+/// Truncated importance weights min(exp(ℓ^old − ℓ^behaviour), cap), without gradient.
+pub fn tis_weights(old: &Tensor, behaviour: &Tensor, cap: f64) -> Tensor {
+    tch::no_grad(|| (old - behaviour).clamp(-20.0, 20.0).exp().clamp_max(cap))
 }
 
 /// Sum and count of the entropies at each sample's first completion token (`lsm`: the
@@ -479,9 +493,12 @@ impl Trainer {
                 }
             }
         }
+        let behaviour = (self.cfg.tis_cap > 0.0 && !use_sampler)
+            .then(|| batch.iter().zip(&old).map(|(e, o)| e.sampling_logprobs.clone().unwrap_or_else(|| o.clone())).collect());
         Ok(Prepared {
             samples: batch.len(),
             old,
+            behaviour,
             reference,
             use_sampler,
             mismatch: (mis_n > 0).then(|| mis_sum / mis_n as f64),
@@ -535,7 +552,7 @@ impl Trainer {
         let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
         // 3–7. Advantages.
         let adv = compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
-        let Prepared { old, reference, use_sampler, mismatch, seconds: prepare_seconds, .. } = prepared;
+        let Prepared { old, behaviour, reference, use_sampler, mismatch, seconds: prepare_seconds, .. } = prepared;
         let device = self.model.device();
 
         // 8. Optimizer steps.
@@ -545,7 +562,7 @@ impl Trainer {
         let snapshot = (steps_here > 1 && self.adapter.is_some()).then(|| self.optim.snapshot());
         let steps_before = self.optimizer_steps;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.optimize(batch, &old, reference.as_deref(), &adv.advantages, &adv.loss_mask, device)
+            self.optimize(batch, &old, behaviour.as_deref(), reference.as_deref(), &adv.advantages, &adv.loss_mask, device)
         }))
         .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
         let mut report = match result {
@@ -611,6 +628,7 @@ impl Trainer {
         &mut self,
         batch: &[Experience],
         old: &[Vec<f64>],
+        behaviour: Option<&[Vec<f64>]>,
         reference: Option<&[Vec<f64>]>,
         adv: &[Vec<f64>],
         loss_mask: &[bool],
@@ -622,6 +640,7 @@ impl Trainer {
         let mut report = StepReport::default();
         let (mut clip_sum, mut akl_sum, mut ent_sum, mut tok_sum) = (0.0, 0.0, 0.0, 0.0);
         let (mut first_sum, mut first_count) = (0.0, 0usize);
+        let (mut tis_sum, mut tis_cut) = (0.0, 0.0);
         let mut norms = Vec::new();
         let to_t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(Kind::Float).to_device(device);
         // The shuffle is seeded by the optimizer steps already taken, which a resumed learner
@@ -675,7 +694,17 @@ impl Trainer {
                         }
                     };
                     let tl = policy_loss(&logp, &old_t, &adv_t, &cfg);
-                    let pg = aggregate(&tl.pg);
+                    let pg = match behaviour {
+                        Some(b) => {
+                            let w = tis_weights(&old_t, &cat(&|i| b[i].clone()), cfg.tis_cap);
+                            tch::no_grad(|| {
+                                tis_sum += (&w * &mask_t).sum(Kind::Float).double_value(&[]);
+                                tis_cut += (w.ge(cfg.tis_cap).to_kind(Kind::Float) * &mask_t).sum(Kind::Float).double_value(&[]);
+                            });
+                            aggregate(&(&tl.pg * w))
+                        }
+                        None => aggregate(&tl.pg),
+                    };
                     let mut loss = pg.shallow_clone();
                     if let (true, Some(r)) = (cfg.kl_in_loss && cfg.kl_coef > 0.0, reference) {
                         let ref_t = cat(&|i| r[i].clone());
@@ -735,6 +764,10 @@ impl Trainer {
         report.approx_kl = akl_sum / denom;
         report.entropy = ent_sum / denom;
         report.first_token_entropy = first_sum / first_count.max(1) as f64;
+        if behaviour.is_some() {
+            report.tis_weight_mean = Some(tis_sum / denom);
+            report.tis_truncated_frac = Some(tis_cut / denom);
+        }
         report.adapter_norm = self.adapter.as_ref().map(adapter_norm);
         if cfg.kl_in_loss {
             // As aggregated into the loss (mean over optimizer steps), like kl_loss.

@@ -149,3 +149,35 @@ fn the_report_gives_the_first_token_entropy_and_the_adapter_norm() {
     let got = r.adapter_norm.unwrap();
     assert!(got > 0.0 && (got - sq.sqrt()).abs() < 1e-6 * sq.sqrt(), "adapter norm {got} against {}", sq.sqrt());
 }
+
+/// Truncated importance sampling: each token's policy-gradient term is weighted by
+/// min(exp(ℓ^old − ℓ^sampler), cap). Samples whose sampler log-probs are far below the learner's
+/// have every weight at the cap: cap 1 trains exactly as without weights, and cap 0.5 halves
+/// the gradient (an exact scaling in floating point).
+#[test]
+fn truncated_importance_weights_scale_each_tokens_gradient() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    write_model(&base, &TinySpec::tiny(Architecture::Qwen2)).unwrap();
+    let cfg = |cap: f64| {
+        TrainConfig::from_toml(&format!("lr = 1e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 4\nkl_coef = 0.0\ntis_cap = {cap}\n")).unwrap()
+    };
+    let far: Vec<Experience> = batch().into_iter().map(|e| Experience { sampling_logprobs: Some(vec![-100.0; e.completion_ids.len()]), ..e }).collect();
+    let run = |cap: f64| {
+        let mut t = Trainer::new(&base, cfg(cap), None).unwrap();
+        let r = t.train_step(&far).unwrap();
+        (r, t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect::<Vec<_>>())
+    };
+    let (plain, plain_w) = run(0.0);
+    let (one, one_w) = run(1.0);
+    let (half, _) = run(0.5);
+    assert_eq!(plain.tis_weight_mean, None);
+    assert_eq!((one.tis_weight_mean, one.tis_truncated_frac), (Some(1.0), Some(1.0)));
+    assert_eq!(one.grad_norm, plain.grad_norm);
+    assert!(one_w.iter().zip(&plain_w).all(|(a, b)| a.equal(b)), "weights of 1 changed the update");
+    assert_eq!((half.tis_weight_mean, half.tis_truncated_frac), (Some(0.5), Some(1.0)));
+    assert!((half.grad_norm - plain.grad_norm / 2.0).abs() <= 1e-6 * plain.grad_norm, "{} against {}", half.grad_norm, plain.grad_norm);
+    // With ℓ^old taken from the sampler there is nothing to weigh.
+    let e = TrainConfig::from_toml("tis_cap = 2.0\nold_logprobs = \"sampler\"\n").and_then(|c| c.validate().map(|()| c)).unwrap_err();
+    assert!(e.to_string().contains("old_logprobs = \"recompute\""), "{e}");
+}

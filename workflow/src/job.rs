@@ -947,7 +947,12 @@ impl Job {
         // The sampler ran the same weights: when it also used the learner's dtype on the CPU,
         // its log-probs stand for ℓ^old and the recompute pass can go (exact in f32; in bf16
         // other matrix shapes round differently, measured approx_kl ~0.003 on SmolLM2).
-        if !raw.contains_key("old_logprobs") && cfg.device == "cpu" && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype) {
+        // (Truncated importance sampling needs the recomputed ℓ^old to weigh.)
+        if !raw.contains_key("old_logprobs")
+            && cfg.tis_cap == 0.0
+            && cfg.device == "cpu"
+            && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype)
+        {
             cfg.old_logprobs = OldLogprobs::Sampler;
         }
         Ok(cfg)

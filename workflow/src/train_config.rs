@@ -150,6 +150,11 @@ pub struct TrainConfig {
     /// Train a LoRA adapter instead of all weights.
     pub lora: Option<LoraSettings>,
     pub old_logprobs: OldLogprobs,
+    /// Truncated importance sampling (0: off). With ℓ^old recomputed by the learner, each
+    /// token's policy-gradient term is weighted by min(exp(ℓ^old − ℓ^sampler), tis_cap): the
+    /// sampler's log-probs are the behaviour policy, and the weight corrects for a sampler
+    /// that differs from the learner (another dtype or kernel, or an older policy version).
+    pub tis_cap: f64,
     /// Compute the full-vocabulary entropy of every trained token for the report (costs a pass
     /// over [tokens, vocab]; off by default).
     pub log_entropy: bool,
@@ -200,6 +205,7 @@ impl Default for TrainConfig {
             device: "cpu".into(),
             lora: None,
             old_logprobs: OldLogprobs::Recompute,
+            tis_cap: 0.0,
             log_entropy: false,
             gradient_checkpointing: false,
             group_by_length: true,
@@ -266,6 +272,10 @@ impl TrainConfig {
         }
         if self.kl_in_loss && self.kl_estimator == KlEstimator::K1 && self.kl_coef > 0.0 {
             // k1 in the loss has zero expected gradient; allowed (parity), but rarely what is meant.
+        }
+        finite_nonneg("tis_cap", self.tis_cap)?;
+        if self.tis_cap > 0.0 && self.old_logprobs == OldLogprobs::Sampler {
+            return bad("`tis_cap` weighs ℓ^old recomputed by the learner against the sampler's log-probs; with old_logprobs = \"sampler\" they are the same. Set old_logprobs = \"recompute\"".into());
         }
         check_dtype(&self.dtype).map_err(|e| TrainConfigError(format!("`dtype`: {e}")))?;
         if let Some(l) = &self.lora {
