@@ -163,7 +163,7 @@ pub(crate) fn make_batch(
     records: Vec<(String, Record)>,
     questions: &[TaskRecord],
     num_agents: u32,
-    versions: &[u64],
+    versions: Option<&[u64]>,
     with_temperatures: bool,
 ) -> Result<StepBatch> {
     let wrong = |id: &str| CoordinatorError::Rollout(format!("episode {id} came back as another method's record"));
@@ -181,7 +181,7 @@ pub(crate) fn make_batch(
                     Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            make_step(&finished, num_agents, Some(versions), with_temperatures.then_some(&comas.sampling), comas.reward)
+            make_step(&finished, num_agents, versions, with_temperatures.then_some(&comas.sampling), comas.reward)
         }
         Settings::Mappa(mappa) => {
             let finished = records
@@ -191,7 +191,7 @@ pub(crate) fn make_batch(
                     Record::Comas(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            make_mappa_step(&finished, mappa, num_agents, Some(versions))
+            make_mappa_step(&finished, mappa, num_agents, versions)
         }
         Settings::Cosir(cosir) => {
             let finished = records
@@ -201,7 +201,7 @@ pub(crate) fn make_batch(
                     _ => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            crate::cosir_experience::make_cosir_step(&finished, cosir, num_agents, Some(versions))
+            crate::cosir_experience::make_cosir_step(&finished, cosir, num_agents, versions)
         }
         Settings::Neuromas(neuromas) => {
             let finished = records
@@ -211,7 +211,7 @@ pub(crate) fn make_batch(
                     _ => Err(wrong(&episode_id)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            crate::neuromas_experience::make_neuromas_step(&finished, neuromas, num_agents, Some(versions))
+            crate::neuromas_experience::make_neuromas_step(&finished, neuromas, num_agents, versions)
         }
         Settings::Eval(_) => {
             let transcripts = records

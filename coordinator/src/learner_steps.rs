@@ -67,9 +67,12 @@ enum StepAnswer {
 
 /// One try of `call` on a learner at training step `at` (`step`, or `step + 1` when it has
 /// trained the step already).
-async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exps: &[pb::Experience], step: u64, at: u64) -> Result<StepAnswer> {
+async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exps: &[pb::Experience], step: u64, at: u64, job: &Job) -> Result<StepAnswer> {
+    // Synchronous: every turn was sampled by the weights being trained. Async: turns come
+    // from versions up to the lag bound behind (the coordinator dropped older ones).
+    let version = (job.spec.schedule.policy_lag() == 0).then_some(step);
     match call {
-        StepCall::Moments if at != step + 1 => Ok(StepAnswer::Moments(link.moments(step_id, exps, Some(step), Some(step)).await?)),
+        StepCall::Moments if at != step + 1 => Ok(StepAnswer::Moments(link.moments(step_id, exps, version, Some(step)).await?)),
         // A learner that trained the step kept its moments in the step's report.
         StepCall::Moments => match link.report(step_id).await? {
             Some(r) => Ok(StepAnswer::Moments(r.return_moments)),
@@ -84,7 +87,7 @@ async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exp
         StepCall::Train { pooled, checkpoint } => {
             // A step this learner already trained is not trained again; its report comes from
             // the learner's memory (kept in its checkpoints) if it still has it.
-            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, Some(step), Some(step), pooled).await?) };
+            let report = if at == step + 1 { link.report(step_id).await? } else { Some(link.train(step_id, exps, version, Some(step), pooled).await?) };
             if *checkpoint {
                 link.save(Some(step + 1)).await?;
             }
@@ -107,7 +110,7 @@ async fn despite_moves(
 ) -> Result<StepAnswer> {
     let mut moves = 0;
     loop {
-        match attempt(link, &call, step_id, exps, step, at).await {
+        match attempt(link, &call, step_id, exps, step, at, job).await {
             Err(CoordinatorError::LearnerMoved { message, .. }) if moves < MAX_LEARNER_MOVES => {
                 moves += 1;
                 tracing::warn!(agent = link.agent, step, "{message}; checking the learner again");

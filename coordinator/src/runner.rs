@@ -172,7 +172,7 @@ async fn play_eval(
         }
     }
     let finished = in_spec_order(&specs, done)?;
-    Ok(make_batch(settings, finished, questions, job.spec.agents.len() as u32, &vec![after; job.spec.agents.len()], false)?.metrics)
+    Ok(make_batch(settings, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), false)?.metrics)
 }
 
 /// One job's run: what the stages of every step share.
@@ -180,7 +180,7 @@ struct JobRun {
     ctx: RunContext,
     id: String,
     job: Arc<Job>,
-    questions: Vec<TaskRecord>,
+    questions: Arc<Vec<TaskRecord>>,
     eval_questions: Vec<TaskRecord>,
     links: Vec<LearnerLink>,
     load: pb::LoadPoliciesRequest,
@@ -230,11 +230,141 @@ fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> Value {
     serde_json::to_value(by_group).unwrap_or_default()
 }
 
+/// Async mode: drops every experience whose policy is more than `bound` versions behind the
+/// learner that trains `step` (which holds version `step`), and records in the step's metrics
+/// each agent's trained turns by lag and its dropped turns.
+fn bound_lag(batch: &mut StepBatch, step: u64, bound: u64) {
+    let mut per_agent = Vec::with_capacity(batch.per_agent.len());
+    for exps in &mut batch.per_agent {
+        let mut hist: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        let produced = exps.len() as u64;
+        exps.retain(|e| {
+            let lag = step.saturating_sub(e.policy_version);
+            let keep = lag <= bound && e.policy_version <= step;
+            if keep {
+                *hist.entry(lag).or_default() += 1;
+            }
+            keep
+        });
+        let trained = exps.len() as u64;
+        per_agent.push(json!({"produced": produced, "trained": trained, "dropped": produced - trained, "lag": hist}));
+    }
+    if let Some(m) = batch.metrics.as_object_mut() {
+        m.insert("policy_lag".into(), json!({"bound": bound, "agents": per_agent}));
+    }
+}
+
+/// The step's idle time of the workers (no rollout running) and of the learners (not
+/// training) within its `wall` seconds.
+fn idle_seconds(metrics: &mut Value, wall: f64, workers_busy: f64, learners_busy: f64) {
+    if let Some(m) = metrics.as_object_mut() {
+        m.insert("idle_seconds".into(), json!({"workers": (wall - workers_busy).max(0.0), "learners": (wall - learners_busy).max(0.0)}));
+    }
+}
+
+/// What a rollout needs of its job run.
+#[derive(Clone)]
+struct RolloutSide {
+    ctx: RunContext,
+    id: String,
+    job: Arc<Job>,
+    questions: Arc<Vec<TaskRecord>>,
+}
+
+/// A step's episodes: every spec, the records the store holds, and the specs still to run.
+struct Planned {
+    specs: Vec<pb::EpisodeSpec>,
+    done: HashMap<String, Record>,
+    remaining: Vec<pb::EpisodeSpec>,
+}
+
+/// The episodes of `step`, with those the store holds already (from before a restart).
+fn plan_rollout(side: &RolloutSide, step: u64, times: &mut StepTimes) -> Result<Planned> {
+    let (ctx, id) = (&side.ctx, &side.id);
+    let stored = {
+        let t = Instant::now();
+        let v = ctx.store.step_episodes(id, step)?;
+        times.store += t.elapsed().as_secs_f64();
+        v
+    };
+    let specs = step_specs(&side.job, id, step, &side.questions)?;
+    let mut done: HashMap<String, Record> = HashMap::new();
+    for (eid, json) in stored {
+        let r = parse_record(&side.job, &json, &eid)?;
+        done.insert(eid, r);
+    }
+    let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
+    Ok(Planned { specs, done, remaining })
+}
+
+/// Runs `remaining` on the workers (each turn at `exact` versions when given, else at whatever
+/// the workers hold) and returns all of the step's records in spec order.
+async fn finish_rollout(
+    side: &RolloutSide,
+    step: u64,
+    Planned { specs, mut done, remaining }: Planned,
+    exact: Option<Vec<u64>>,
+    beside_training: bool,
+    cancel: &mut watch::Receiver<bool>,
+    times: &mut StepTimes,
+) -> Result<Vec<(String, Record)>> {
+    let (ctx, id) = (side.ctx.clone(), side.id.clone());
+    let total = specs.len();
+    let started = Instant::now();
+    // Beside training, the stage shown stays the training's; the episodes still count.
+    if !beside_training {
+        ctx.report.live(Update::Enter("rollout"));
+    }
+    ctx.report.live(Update::EpisodesPlanned { done: done.len() as u32, total: total as u32 });
+    let beside = if beside_training { ", beside the last step's training" } else { "" };
+    ctx.report.event("stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done){beside}", done.len()));
+    if !remaining.is_empty() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut outstanding = remaining.len();
+        let batch = BatchSpec { specs: remaining, kind: side.job.settings().record_kind(), limits: BatchLimits::of(&side.job.spec.schedule), versions: exact };
+        ctx.scheduler.submit(id.clone(), batch, tx);
+        while outstanding > 0 {
+            let delivery = tokio::select! {
+                d = rx.recv() => d,
+                _ = cancel.changed() => {
+                    ctx.scheduler.cancel_job(id.clone());
+                    return Err(CoordinatorError::Cancelled(id.clone()));
+                }
+            };
+            match delivery {
+                None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
+                Some(Delivery::Done { episode_id, record, trajectory_json, worker }) => {
+                    let t = Instant::now();
+                    let fresh = ctx.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
+                    times.store += t.elapsed().as_secs_f64();
+                    if fresh && !done.contains_key(&episode_id) {
+                        let tokens = record.completion_tokens();
+                        done.insert(episode_id, *record);
+                        outstanding -= 1;
+                        ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
+                        ctx.report.event("episodes", String::new(), String::new());
+                    }
+                }
+                Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}"))),
+                Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
+            }
+        }
+    }
+    times.rollout = started.elapsed().as_secs_f64();
+    if *cancel.borrow() {
+        return Err(CoordinatorError::Cancelled(id));
+    }
+    in_spec_order(&specs, done)
+}
+
 /// The synchronous loop of spec 6: per step, the stages `learners`, `eval` (when due),
 /// `rollout`, `experience`, `train`, `broadcast` and `commit`; after the last, `export`.
 pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<()> {
     let mut step = row.steps_done;
     let mut run = JobRun::start(ctx, row, cancel).await?;
+    if run.job.spec.schedule.policy_lag() > 0 {
+        return run.run_async(step).await;
+    }
     loop {
         let started = Instant::now();
         let scheduler_before = ctx.metrics.scheduler_seconds.get();
@@ -249,13 +379,107 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         let trained = run.train(step, &batch, &at, &mut times).await?;
         let sync = run.broadcast(step, &trained, &mut times).await?;
         let coordinator = times.experience + times.store + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
-        run.commit(step, batch.metrics, &trained, &sync, &times, coordinator, started)?;
+        let mut metrics = batch.metrics;
+        idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), times.rollout, times.train);
+        run.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
         step += 1;
     }
     run.export().await
 }
 
+/// The rollout of the next step, running beside this step's training; aborted if dropped
+/// (the step failed or the job was cancelled).
+struct Ahead {
+    task: tokio::task::JoinHandle<(Result<Vec<(String, Record)>>, StepTimes)>,
+    started: Instant,
+    /// When the rollout ended, for the workers' busy time.
+    ended: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl Ahead {
+    /// Starts `step`'s rollout on whatever versions the workers hold.
+    fn spawn(side: RolloutSide, step: u64, mut cancel: watch::Receiver<bool>) -> Self {
+        let ended = Arc::new(std::sync::Mutex::new(None));
+        let end = Arc::clone(&ended);
+        let task = tokio::spawn(async move {
+            let mut times = StepTimes::default();
+            let r = match plan_rollout(&side, step, &mut times) {
+                Ok(planned) => finish_rollout(&side, step, planned, None, true, &mut cancel, &mut times).await,
+                Err(e) => Err(e),
+            };
+            *end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            (r, times)
+        });
+        Self { task, started: Instant::now(), ended }
+    }
+
+    /// Seconds the rollout has run so far (or ran, if it has ended).
+    fn busy(&self) -> f64 {
+        let end = (*self.ended.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_else(Instant::now);
+        end.duration_since(self.started).as_secs_f64()
+    }
+
+    async fn join(mut self) -> Result<(Vec<(String, Record)>, StepTimes)> {
+        let (r, times) = (&mut self.task).await.map_err(|e| CoordinatorError::Other(format!("rollout task: {e}")))?;
+        Ok((r?, times))
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl JobRun {
+    /// Async mode (`sync = "async"`): step s + 1's episodes run on the workers while the
+    /// learners train step s, on the weights the workers hold (version s); version s + 1 swaps
+    /// in between turns when the broadcast brings it. The pipeline is one step deep, so a
+    /// trained turn is at most one version behind its learner, within any `max_policy_lag`;
+    /// the experience stage drops (and counts) any turn past the bound. Evaluations and
+    /// resumed steps run with no rollout beside them.
+    async fn run_async(mut self, mut step: u64) -> Result<()> {
+        let total = self.job.total_steps;
+        let mut ahead: Option<Ahead> = None;
+        loop {
+            let started = Instant::now();
+            let scheduler_before = self.ctx.metrics.scheduler_seconds.get();
+            let at = self.learners(step).await?;
+            if step >= total {
+                self.evaluate_if_due(step, &at).await?;
+                break;
+            }
+            let mut times = StepTimes::default();
+            // The rollout of this step: run beside the last step's training, or now.
+            let (records, mut workers_busy) = match ahead.take() {
+                Some(a) => {
+                    let (records, t) = a.join().await?;
+                    times.rollout = t.rollout;
+                    times.store += t.store;
+                    (records, 0.0)
+                }
+                None => {
+                    let r = self.rollout(step, &at, &mut times).await?;
+                    (r, times.rollout)
+                }
+            };
+            // No other batch of this job is on the workers now.
+            self.evaluate_if_due(step, &at).await?;
+            let batch = self.experience(step, records, &mut times)?;
+            let next = (step + 1 < total).then(|| Ahead::spawn(self.rollout_side(), step + 1, self.cancel.clone()));
+            let trained = self.train(step, &batch, &at, &mut times).await?;
+            let sync = self.broadcast(step, &trained, &mut times).await?;
+            workers_busy += next.as_ref().map_or(0.0, Ahead::busy);
+            let coordinator = times.experience + times.store + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
+            let mut metrics = batch.metrics;
+            idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), workers_busy, times.train);
+            self.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
+            ahead = next;
+            step += 1;
+        }
+        self.export().await
+    }
+
     /// Loads and checks the job file, marks the job running and connects to its learners.
     async fn start(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<JobRun> {
         let id = row.id.clone();
@@ -273,7 +497,7 @@ impl JobRun {
             // Shared with the per-learner training tasks.
             job: Arc::new(job),
             id,
-            questions,
+            questions: Arc::new(questions),
             eval_questions,
             links,
             target_versions: None,
@@ -283,13 +507,6 @@ impl JobRun {
 
     fn agents(&self) -> usize {
         self.job.spec.agents.len()
-    }
-
-    fn cancelled(&self) -> Result<()> {
-        if *self.cancel.borrow() {
-            return Err(CoordinatorError::Cancelled(self.id.clone()));
-        }
-        Ok(())
     }
 
     /// Stage `learners`: every learner is at `step`, or at `step + 1` if it trained the step
@@ -330,74 +547,26 @@ impl JobRun {
 
     /// Stage `rollout`: every episode of the step with version `step` everywhere; episodes the
     /// store already holds (from before a restart) are not run again. Returns the records in
-    /// spec order, so every run builds the same batches.
+    /// spec order, so every run builds the same batches. (Async mode accepts stored turns of an
+    /// older version; the experience stage bounds their lag.)
     async fn rollout(&mut self, step: u64, at: &[u64], times: &mut StepTimes) -> Result<Vec<(String, Record)>> {
-        let (ctx, id) = (self.ctx.clone(), self.id.clone());
-        let stored = {
-            let t = Instant::now();
-            let v = ctx.store.step_episodes(&id, step)?;
-            times.store += t.elapsed().as_secs_f64();
-            v
-        };
-        let specs = step_specs(&self.job, &id, step, &self.questions)?;
-        let total = specs.len();
-        let mut done: HashMap<String, Record> = HashMap::new();
-        for (eid, json) in stored {
-            let r = parse_record(&self.job, &json, &eid)?;
-            done.insert(eid, r);
-        }
-        let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
-        let started = Instant::now();
-        ctx.report.live(Update::Enter("rollout"));
-        ctx.report.live(Update::EpisodesPlanned { done: done.len() as u32, total: total as u32 });
-        ctx.report.event("stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done)", done.len()));
-        if !remaining.is_empty() {
+        let side = self.rollout_side();
+        let planned = plan_rollout(&side, step, times)?;
+        if !planned.remaining.is_empty() {
             if at.iter().any(|&g| g != step) {
                 return Err(CoordinatorError::Other(format!(
                     "step {step} still has episodes to run but a learner has already trained it; the job store and the learners disagree"
                 )));
             }
-            let versions = vec![step; self.agents()];
-            self.point_workers_at(&versions);
-            let (tx, mut rx) = mpsc::unbounded_channel();
-            let mut outstanding = remaining.len();
-            let batch = BatchSpec {
-                specs: remaining,
-                kind: self.job.settings().record_kind(),
-                limits: BatchLimits::of(&self.job.spec.schedule),
-                versions: Some(versions),
-            };
-            ctx.scheduler.submit(id.clone(), batch, tx);
-            while outstanding > 0 {
-                let delivery = tokio::select! {
-                    d = rx.recv() => d,
-                    _ = self.cancel.changed() => {
-                        ctx.scheduler.cancel_job(id.clone());
-                        return Err(CoordinatorError::Cancelled(id.clone()));
-                    }
-                };
-                match delivery {
-                    None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
-                    Some(Delivery::Done { episode_id, record, trajectory_json, worker }) => {
-                        let t = Instant::now();
-                        let fresh = ctx.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
-                        times.store += t.elapsed().as_secs_f64();
-                        if fresh && !done.contains_key(&episode_id) {
-                            let tokens = record.completion_tokens();
-                            done.insert(episode_id, *record);
-                            outstanding -= 1;
-                            ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
-                            ctx.report.event("episodes", String::new(), String::new());
-                        }
-                    }
-                    Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}"))),
-                    Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
-                }
-            }
+            self.point_workers_at(&vec![step; self.agents()]);
         }
-        times.rollout = started.elapsed().as_secs_f64();
-        self.cancelled()?;
-        in_spec_order(&specs, done)
+        let exact = (self.job.spec.schedule.policy_lag() == 0).then(|| vec![step; self.agents()]);
+        finish_rollout(&side, step, planned, exact, false, &mut self.cancel, times).await
+    }
+
+    /// What a rollout needs of the run, owned, so it can run beside training.
+    fn rollout_side(&self) -> RolloutSide {
+        RolloutSide { ctx: self.ctx.clone(), id: self.id.clone(), job: Arc::clone(&self.job), questions: Arc::clone(&self.questions) }
     }
 
     /// Stage `experience`: the method's rewards, one experience per trained turn, the metrics.
@@ -407,7 +576,12 @@ impl JobRun {
         if self.job.spec.output.save_episodes {
             save_episodes(&self.job, step, &records)?;
         }
-        let batch = make_batch(self.job.settings(), records, &self.questions, self.agents() as u32, &vec![step; self.agents()], true)?;
+        let lag = self.job.spec.schedule.policy_lag();
+        let exact = (lag == 0).then(|| vec![step; self.agents()]);
+        let mut batch = make_batch(self.job.settings(), records, &self.questions, self.agents() as u32, exact.as_deref(), true)?;
+        if lag > 0 {
+            bound_lag(&mut batch, step, lag);
+        }
         times.experience = started.elapsed().as_secs_f64();
         Ok(batch)
     }

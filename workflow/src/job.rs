@@ -134,12 +134,18 @@ impl Method {
     }
 }
 
-/// Only the synchronous schedule exists: rollout, then training, then the weight broadcast.
+/// How rollout and training take turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SyncMode {
+    /// Rollout, then training, then the weight broadcast: every turn is sampled by the
+    /// weights it trains.
     #[default]
     Synchronous,
+    /// The workers run step s + 1's episodes while the learners train step s; the new weights
+    /// swap in between turns when they are published. A turn trains at most
+    /// `max_policy_lag` versions behind the learner; older ones are dropped and counted.
+    Async,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -166,6 +172,9 @@ pub struct ScheduleSpec {
     pub epochs: Option<u64>,
     #[serde(default)]
     pub sync: SyncMode,
+    /// Async mode: the most versions a trained turn's policy may be behind the learner's.
+    #[serde(default)]
+    pub max_policy_lag: Option<u64>,
     /// Learners checkpoint after every this many steps (and after the last one).
     #[serde(default = "one")]
     pub checkpoint_every: u64,
@@ -183,6 +192,19 @@ pub struct ScheduleSpec {
     /// coordinator's `--worker-wait-secs`).
     #[serde(default)]
     pub worker_wait_secs: Option<u64>,
+}
+
+/// The policy lag an async job allows when `max_policy_lag` is not given.
+pub const DEFAULT_MAX_POLICY_LAG: u64 = 1;
+
+impl ScheduleSpec {
+    /// The lag bound: 0 for a synchronous job.
+    pub fn policy_lag(&self) -> u64 {
+        match self.sync {
+            SyncMode::Synchronous => 0,
+            SyncMode::Async => self.max_policy_lag.unwrap_or(DEFAULT_MAX_POLICY_LAG),
+        }
+    }
 }
 
 impl Default for ScheduleSpec {
@@ -709,6 +731,18 @@ impl JobSpec {
         }
         if s.max_episode_attempts == 0 {
             return Err(invalid("schedule.max_episode_attempts", "must be at least 1"));
+        }
+        match (s.sync, s.max_policy_lag) {
+            (SyncMode::Synchronous, Some(_)) => {
+                return Err(invalid(
+                    "schedule.max_policy_lag",
+                    "bounds the policy lag of sync = \"async\"; a synchronous job trains every turn on its own weights",
+                ))
+            }
+            (SyncMode::Async, Some(0)) => {
+                return Err(invalid("schedule.max_policy_lag", "must be at least 1: rollout overlaps training, so a turn may be one version behind"))
+            }
+            _ => {}
         }
         for (name, v) in [
             ("episode_timeout_secs", s.episode_timeout_secs.unwrap_or(1)),
@@ -1343,8 +1377,12 @@ dir = "out"
         assert!(e.contains("comas.num_agents"), "{e}");
         let e = err(&JOB.replace("steps = 3", "steps = 3\nepochs = 1"), 10);
         assert!(e.contains("not both"), "{e}");
-        let e = err(&JOB.replace("steps = 3", "steps = 3\nsync = \"async\""), 10);
-        assert!(e.contains("async"), "{e}");
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nsync = \"async\"\nmax_policy_lag = 0"), 10);
+        assert!(e.contains("schedule.max_policy_lag") && e.contains("at least 1"), "{e}");
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nmax_policy_lag = 2"), 10);
+        assert!(e.contains("schedule.max_policy_lag") && e.contains("synchronous"), "{e}");
+        let e = err(&JOB.replace("steps = 3", "steps = 3\nsync = \"later\""), 10);
+        assert!(e.contains("sync"), "{e}");
         let e = err(&JOB.replace("model = \"m1\"", "model = \"m1\"\nid = 0"), 10);
         assert!(e.contains("agents[1].id"), "{e}");
     }
