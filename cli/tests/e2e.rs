@@ -461,13 +461,8 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
 /// worker killed while a rollout runs beside training loses and doubles nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_job_trains_turns_at_most_one_version_behind_and_a_killed_worker_loses_nothing() {
-    const ASYNC_STEPS: u64 = 4;
     let dir = tempfile::tempdir().unwrap();
-    let ports = vec![free_port(), free_port()];
-    write_job_of(dir.path(), &ports, 48, false, ASYNC_STEPS);
-    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
-    std::fs::write(dir.path().join("job.toml"), job.replace("[schedule]\n", "[schedule]\nsync = \"async\"\nmax_policy_lag = 1\n")).unwrap();
-    let mut c = Cluster::launch(dir.path(), ports, 2, &[], ASYNC_STEPS, &["--max-episodes", "3"]);
+    let mut c = async_cluster(dir.path(), 48, "max_policy_lag = 1\n");
     let id = c.submit().await;
     c.on_event(&id, 120, "step 1's training", |s| s.steps_done == 1 && s.stage == "train").await;
     c.workers[1].sigkill();
@@ -482,13 +477,9 @@ async fn an_async_job_trains_turns_at_most_one_version_behind_and_a_killed_worke
 /// within the lag bound, and no finished episode runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_async_coordinator_resumes_its_rollout_ahead() {
-    const ASYNC_STEPS: u64 = 4;
     let dir = tempfile::tempdir().unwrap();
-    let ports = vec![free_port(), free_port()];
-    write_job_of(dir.path(), &ports, 24, false, ASYNC_STEPS);
-    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
-    std::fs::write(dir.path().join("job.toml"), job.replace("[schedule]\n", "[schedule]\nsync = \"async\"\n")).unwrap();
-    let mut c = Cluster::launch(dir.path(), ports, 2, &[], ASYNC_STEPS, &["--max-episodes", "3"]);
+    // The default lag bound (1).
+    let mut c = async_cluster(dir.path(), 24, "");
     let id = c.submit().await;
     // Step 2's rollout runs beside step 1's training and broadcast (the stage shown is theirs).
     c.on_event(&id, 120, "step 2's first episodes", |s| s.steps_done == 1 && s.stage != "rollout" && s.episodes_done >= 1).await;
@@ -500,6 +491,18 @@ async fn a_killed_async_coordinator_resumes_its_rollout_ahead() {
     // The new coordinator ran only what was missing: steps 0 and 1 and some of step 2 were in.
     let ran = c.prometheus("comas_coordinator_episodes_completed_total");
     assert!(ran <= (2 * EPISODES - 1) as f64, "the restarted coordinator re-ran finished episodes: {ran}");
+}
+
+const ASYNC_STEPS: u64 = 4;
+
+/// Two tiny agents and two workers on an async job of `ASYNC_STEPS` steps with `tokens`-token
+/// turns and `more` added to its `[schedule]`.
+fn async_cluster(dir: &Path, tokens: u32, more: &str) -> Cluster {
+    let ports = vec![free_port(), free_port()];
+    write_job_of(dir, &ports, tokens, false, ASYNC_STEPS);
+    let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+    std::fs::write(dir.join("job.toml"), job.replace("[schedule]\n", &format!("[schedule]\nsync = \"async\"\n{more}"))).unwrap();
+    Cluster::launch(dir, ports, 2, &[], ASYNC_STEPS, &["--max-episodes", "3"])
 }
 
 /// Checks an async run's metrics log: each step once, its turns all accounted for (produced =
