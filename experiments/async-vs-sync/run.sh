@@ -51,5 +51,6 @@ PY
   "$comas" plot "$out/$mode/out/metrics.jsonl" -o "$figures/$mode.png" --panels rewards,times --title "tiny CoMAS, sync = $mode" >&2
 done
 python3 "$here/report.py" "$out" "$steps" "$tokens" "$(nproc)" > "$report.part"
+cat "$here/findings.md" >> "$report.part"
 mv "$report.part" "$report"
 echo "wrote $report" >&2

@@ -6,7 +6,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "smollm2-neuromas"))
 from graph_report import base_accuracy, fmt, mean  # noqa: E402
 
-small, out, steps, bridge, cores = sys.argv[1:6]
+small, out, steps, bridge, cores, scratch_steps = sys.argv[1:7]
 
 
 def log(path):
@@ -18,16 +18,23 @@ def base(t):
     return base_accuracy(small, t)
 
 
-def wall(d):
-    p = os.path.join(d, "wall_seconds")
-    return int(open(p).read()) if os.path.exists(p) else 0
+def consistency():
+    # `comas eval --setup consistency` at t = 0.7 on the same questions (written as base-consistency-0.7).
+    return base_accuracy(out, "consistency-0.7")
 
 
 arms = {"[2, 1] from scratch": f"{small}/out/metrics.jsonl", "[3, 3, 1] grown from [2, 1]": f"{out}/grown/out/metrics.jsonl", "[3, 3, 1] from scratch": f"{out}/scratch/out/metrics.jsonl"}
 print("# NeuroMAS [3, 3, 1] on SmolLM2-135M-Instruct: grown from [2, 1] and from scratch\n")
-print(f"Made by `bash experiments/smollm2-neuromas-331/run.sh` (STEPS={steps} per arm, BRIDGE={bridge}) on {cores} CPU cores;")
-print(f"the grown arm took {wall(out + '/grown') // 60} min and the scratch arm {wall(out + '/scratch') // 60} min of wall time, evaluations included")
-print("(other work ran on the same 2 cores part of the time, so the seconds are not benchmarks).")
+def step_minutes(path):
+    rows, _ = log(path)
+    return sum(r["seconds"]["total"] for r in rows) / 60
+
+
+print(f"Made by `bash experiments/smollm2-neuromas-331/run.sh` (STEPS={steps}, SCRATCH_STEPS={scratch_steps}, BRIDGE={bridge}) on {cores} CPU cores:")
+print(f"the grown arm trained {steps} steps ({step_minutes(out + '/grown/out/metrics.jsonl'):.0f} min of step time), the scratch arm {scratch_steps}")
+print(f"({step_minutes(out + '/scratch/out/metrics.jsonl'):.0f} min); evaluations come on top. Other work ran on the same 2 cores part of the time, so the")
+print("seconds are not benchmarks. The grown arm's run was interrupted once at step 15 (its worker starved by that other work) and")
+print("resumed from its checkpoints with `comas local` on the same folder.")
 print("Settings, data and held-out questions are those of the [2, 1] run (`smollm2-neuromas.md`): one LoRA adapter per")
 print("node (r 16, attention projections, lr 3e-4, bf16) on the shared base, 4 questions x 4 rollouts per step, nodes")
 print("at temperature 0.5, the readout's reply ending in a guided `\\boxed{}` line, 48-token messages.")
@@ -41,6 +48,7 @@ print("The 16 held-out questions; the base model alone answers once per question
 print("| | sampled (t = 0.7) | greedy |")
 print("|---|---|---|")
 print(f"| base model alone | {fmt(base('0.7'))} | {fmt(base('0'))} |")
+print(f"| base model, self-consistency (5 samples and an aggregating call: 6 calls) | {fmt(consistency())} | – |")
 for name, path in arms.items():
     _, evals = log(path)
     for e in evals:

@@ -8,15 +8,17 @@
 # before its first step (for the grown arm: just after growth) and every EVAL_EVERY steps.
 # Writes docs/experiments/smollm2-neuromas-331.md.
 #
-#   bash experiments/smollm2-neuromas-331/run.sh                # 16 steps per arm
+#   SCRATCH_STEPS=8 bash experiments/smollm2-neuromas-331/run.sh  # as in the report: 16 grown, 8 scratch
 #   STEPS=1 bash experiments/smollm2-neuromas-331/run.sh        # a smoke run
 #   REPORT_ONLY=1 bash experiments/smollm2-neuromas-331/run.sh  # rewrite the report
 #
-# Knobs: STEPS (16), BRIDGE (4), EVAL_EVERY (4), OUT (runs/smollm2-neuromas-331), COMAS_BIN.
+# Knobs: STEPS (16), SCRATCH_STEPS (STEPS; the scratch arm's), BRIDGE (4), EVAL_EVERY (4), OUT
+# (runs/smollm2-neuromas-331), COMAS_BIN.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-neuromas-331"
 steps=${STEPS:-16}
+scratch_steps=${SCRATCH_STEPS:-$steps}
 bridge=${BRIDGE:-4}
 eval_every=${EVAL_EVERY:-4}
 
@@ -30,7 +32,7 @@ fi
 
 # From scratch: the [2, 1] job with layers [3, 3, 1] and seven adapters.
 mkdir -p "$out/scratch"
-python3 - "$small/job.toml" "$out/scratch/job.toml" "$steps" "$eval_every" "$out/scratch/out" <<'PY'
+python3 - "$small/job.toml" "$out/scratch/job.toml" "$scratch_steps" "$eval_every" "$out/scratch/out" <<'PY'
 import re, sys
 src, dst, steps, every, outdir = sys.argv[1:6]
 text = open(src).read()
@@ -53,16 +55,23 @@ fi
 
 for arm in grown scratch; do
   if [ ! -f "$out/$arm/done" ] && [ -z "${REPORT_ONLY:-}" ]; then
-    echo "== NeuroMAS [3, 3, 1] $arm on SmolLM2: $steps steps ($(date -u +%H:%M:%S))" >&2
+    echo "== NeuroMAS [3, 3, 1] $arm on SmolLM2 ($(date -u +%H:%M:%S))" >&2
     run_local_once "$out/$arm/job.toml" "$out/$arm"
   fi
 done
+
+# Self-consistency with the base model (5 samples and an aggregating call), about the graph's
+# call budget, on the same questions at the same temperature.
+if [ ! -f "$out/base-consistency-0.7/summary.json" ] && [ -z "${REPORT_ONLY:-}" ]; then
+  "$comas" eval --model "$model" --setup consistency --bench "$small/test-bench.jsonl" --temperature 0.7 --max-new-tokens 96 \
+    --dtype bfloat16 --threads 2 --seed 1 --out "$out/base-consistency-0.7" > "$out/base-consistency-0.7.log" 2>&1
+fi
 
 for arm in grown scratch; do
   "$comas" plot "$out/$arm/out/metrics.jsonl" -o "$figures/$arm.png" --panels rewards,training,times \
     --title "NeuroMAS [3, 3, 1] $arm on SmolLM2-135M (one LoRA per node)" >&2
 done
-python3 "$here/report.py" "$small" "$out" "$steps" "$bridge" "$(nproc)" > "$report.part"
+python3 "$here/report.py" "$small" "$out" "$steps" "$bridge" "$(nproc)" "$scratch_steps" > "$report.part"
 cat "$here/findings.md" >> "$report.part" 2>/dev/null || true
 mv "$report.part" "$report"
 echo "wrote $report" >&2
