@@ -133,10 +133,7 @@ pub fn run(a: Args) -> Result<()> {
     let name = a.name.clone().unwrap_or_else(|| format!("{}-grown", spec.name));
     let job_text = grown_job(&text, &base, &out, &name, &grown.graph, a.bridge_steps, &agent_of_source, &sources)?;
     // The new job must pass the same checks a submit makes.
-    let mut check = JobSpec::from_toml(&job_text).context("the grown job")?;
-    check.resolve_paths(&out);
-    let n = comas_workflow::task::load_dataset(&check.data.train).map(|d| d.len()).unwrap_or(0);
-    check.check(n).context("the grown job does not pass the job checks")?;
+    comas_learner::cli::checked_job(&job_text, &out, "the grown job does not pass the job checks")?;
 
     let mut history: Vec<GrowthStep> = match std::fs::read_to_string(base.join(HISTORY)) {
         Ok(t) => serde_json::from_str(&t).with_context(|| format!("{}", base.join(HISTORY).display()))?,

@@ -91,19 +91,25 @@ pub struct ServeArgs {
     tls: comas_service::tls::TlsArgs,
 }
 
-/// The agent's model, adapter and resolved settings from a job file, exactly as the
-/// coordinator resolves them (so the coordinator's check of the learner's settings passes).
-fn from_job(path: &std::path::Path, agent: u32) -> Result<FromJob> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
-    let mut spec = JobSpec::from_toml(&text).with_context(|| path.display().to_string())?;
-    spec.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+/// A job's text, with paths relative to `base` resolved and the checks a submit makes passed
+/// (its data set counted, unless the method generates its tasks); errors name `label`.
+pub fn checked_job(text: &str, base: &std::path::Path, label: &str) -> Result<comas_workflow::job::Job> {
+    let mut spec = JobSpec::from_toml(text).with_context(|| label.to_string())?;
+    spec.resolve_paths(base);
     // A method that generates its tasks (CoSIR) has no data set to count.
     let n = if spec.data.train.as_os_str().is_empty() {
         0
     } else {
         comas_workflow::task::load_dataset(&spec.data.train).with_context(|| format!("data.train {}", spec.data.train.display()))?.len()
     };
-    let job = spec.check(n).with_context(|| path.display().to_string())?;
+    spec.check(n).with_context(|| label.to_string())
+}
+
+/// The agent's model, adapter and resolved settings from a job file, exactly as the
+/// coordinator resolves them (so the coordinator's check of the learner's settings passes).
+fn from_job(path: &std::path::Path, agent: u32) -> Result<FromJob> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
+    let job = checked_job(&text, path.parent().unwrap_or(std::path::Path::new(".")), &path.display().to_string())?;
     let Some(a) = job.spec.agents.get(agent as usize) else {
         bail!("--agent-id {agent}: the job lists only {} agents", job.spec.agents.len());
     };
