@@ -76,3 +76,85 @@ PY
   mv "$out/test.jsonl.part" "$out/test.jsonl"
   mv "$out/train.jsonl.part" "$out/train.jsonl"
 }
+
+# A CoMAS job on the arithmetic data (l = 2, R = 1, guided scores, two LoRA agents) for ARM
+# (comas, no_scoring, no_evaluation or verifier) and SEED. From the caller: `steps`,
+# `questions`, `eval_every` and `out`; optional `job_name` (default smollm2-ARM-sSEED),
+# `job_dir` (its output goes to job_dir/out; default out/ARM-sSEED) and `schedule_extra`
+# (lines added to its [schedule]). Usage: comas_job_file ARM SEED
+comas_job_file() {
+  local arm=$1 seed=$2 variant="" reward="" evals=1 judge_tag=""
+  case $arm in
+    comas) ;;
+    no_scoring) variant='variant = { kind = "no_scoring" }'; evals=2
+      judge_tag="guided_suffix = '<judgment>(correct|incorrect)</judgment>'" ;;
+    no_evaluation) variant='variant = { kind = "no_evaluation" }' ;;
+    verifier) reward='reward = "verifier"' ;;
+    *) echo "unknown arm $arm (use comas, no_scoring, no_evaluation, verifier)" >&2; exit 2 ;;
+  esac
+  # Turns per agent per step: every agent solves once per instance and judges once per judged pair.
+  local instances=$((questions * 2)) per_agent
+  case $arm in
+    no_scoring) per_agent=$((instances * 3)) ;;    # 1 solution + 2 verdicts
+    no_evaluation) per_agent=$((instances * 2)) ;; # 1 solution + 1 score
+    *) per_agent=$((instances * 3)) ;;             # 1 solution + 1 evaluation + 1 score
+  esac
+  cat <<EOF
+# Written by experiments/prepare.sh (comas_job_file): arm $arm, seed $seed.
+name = "${job_name:-smollm2-$arm-s$seed}"
+seed = $seed
+
+[data]
+train = "$out/train.jsonl"
+
+[schedule]
+questions_per_step = $questions
+steps = $steps
+${schedule_extra:-}
+
+[rollout]
+dtype = "bfloat16"
+
+[output]
+dir = "${job_dir:-$out/$arm-s$seed}/out"
+
+[comas]
+num_rounds = 1
+evals_per_solution = $evals
+num_references = 2
+instances_per_question = 2
+$variant
+$reward
+
+[comas.sampling.solver]
+temperature = 0.5
+top_p = 0.95
+top_k = 0
+max_new_tokens = 96
+min_new_tokens = 1
+
+[comas.sampling.evaluator]
+temperature = 0.5
+top_p = 0.95
+top_k = 0
+max_new_tokens = 64
+min_new_tokens = 1
+$judge_tag
+
+[comas.sampling.scorer]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = 24
+min_new_tokens = 1
+guided_suffix = "<score>[123]</score>"
+
+[eval]
+data = "$out/test.jsonl"
+every_steps = $eval_every
+temperature = 0.7
+greedy = true
+EOF
+  lora_agent "$per_agent" 12
+  lora_agent "$per_agent" 12
+}

@@ -132,9 +132,17 @@ enum WorkerMsg {
     Lease(pb::EpisodeSpec),
 }
 
+/// A batch is known by its job and its tag, so one job may have several batches queued (an
+/// async job's next steps, an evaluation beside them).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BatchKey {
+    job_id: String,
+    tag: String,
+}
+
 #[derive(Clone)]
 struct Lease {
-    job_id: String,
+    batch: BatchKey,
     spec: pb::EpisodeSpec,
     attempts: u32,
     since: Instant,
@@ -186,6 +194,11 @@ pub struct BatchLimits {
 /// A batch's episodes, how to read their records, and the policy version each agent's turns
 /// must carry (synchronous mode).
 pub struct BatchSpec {
+    /// Names the batch within its job ("step-3", "eval-0"); a batch submitted with the tag
+    /// of one still queued replaces it.
+    pub tag: String,
+    /// Queued before every episode already waiting (an evaluation the job waits for).
+    pub first: bool,
     pub specs: Vec<pb::EpisodeSpec>,
     pub kind: RecordKind,
     pub limits: BatchLimits,
@@ -296,7 +309,7 @@ struct State {
     workers: HashMap<String, Worker>,
     next_conn: u64,
     queue: VecDeque<Lease>,
-    batches: HashMap<String, Batch>,
+    batches: HashMap<BatchKey, Batch>,
     target: Option<Arc<PolicyTarget>>,
     waiters: Vec<(u64, oneshot::Sender<Result<SyncStats, String>>)>,
     /// What each generation's weight pulls moved, until its waiter takes it.
@@ -349,7 +362,7 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, batch: BatchSpec { specs, kind, limits, versions }, results } => {
+            Cmd::Submit { job_id, batch: BatchSpec { tag, first, specs, kind, limits, versions }, results } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 let batch = Batch {
                     results,
@@ -360,13 +373,22 @@ impl State {
                     kind,
                     versions,
                 };
-                self.batches.insert(job_id.clone(), batch);
+                let key = BatchKey { job_id, tag };
+                self.queue.retain(|l| l.batch != key);
+                self.batches.insert(key.clone(), batch);
                 let now = Instant::now();
-                self.queue.extend(specs.into_iter().map(|spec| Lease { job_id: job_id.clone(), spec, attempts: 0, since: now, copied: false }));
+                let leases = specs.into_iter().map(|spec| Lease { batch: key.clone(), spec, attempts: 0, since: now, copied: false });
+                if first {
+                    for l in leases.rev() {
+                        self.queue.push_front(l);
+                    }
+                } else {
+                    self.queue.extend(leases);
+                }
             }
             Cmd::CancelJob { job_id } => {
-                self.batches.remove(&job_id);
-                self.queue.retain(|l| l.job_id != job_id);
+                self.batches.retain(|k, _| k.job_id != job_id);
+                self.queue.retain(|l| l.batch.job_id != job_id);
                 // A worker that joins later must not load an ended job's policies.
                 if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
                     self.target = None;
@@ -466,7 +488,7 @@ impl State {
     fn drop_worker(&mut self, id: &str, reason: &str) {
         if let Some(w) = self.workers.remove(id) {
             let mut back: Vec<Lease> =
-                w.leased.into_values().filter(|l| self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
+                w.leased.into_values().filter(|l| self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
             back.sort_by_key(|l| l.since);
             if w.draining && back.is_empty() {
                 tracing::info!(worker = %id, reason, "drained worker left");
@@ -490,7 +512,7 @@ impl State {
             self.metrics.duplicate_results.inc();
             return;
         };
-        let Some(batch) = self.batches.get_mut(&lease.job_id) else { return };
+        let Some(batch) = self.batches.get_mut(&lease.batch) else { return };
         if !batch.outstanding.contains(&r.episode_id) {
             self.metrics.duplicate_results.inc();
             return;
@@ -550,7 +572,7 @@ impl State {
         let batches = &self.batches;
         for w in self.workers.values_mut() {
             for l in w.leased.values_mut() {
-                let timeout = batches.get(&l.job_id).map_or(self.settings.episode_timeout, |b| b.episode_timeout);
+                let timeout = batches.get(&l.batch).map_or(self.settings.episode_timeout, |b| b.episode_timeout);
                 if !l.copied && now.duration_since(l.since) > timeout {
                     l.copied = true;
                     again.push(Lease { since: now, copied: false, ..l.clone() });
@@ -558,7 +580,7 @@ impl State {
             }
         }
         for l in again {
-            if self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+            if self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
                 tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing a copy elsewhere");
                 self.metrics.requeued_episodes.inc();
                 self.queue.push_back(l);
@@ -566,8 +588,8 @@ impl State {
         }
         // Queued episodes with no ready worker: each job waits as long as its schedule says.
         let Some(idle) = self.idle_since.map(|t| now.duration_since(t)) else { return };
-        let queued: HashSet<String> = self.queue.iter().map(|l| l.job_id.clone()).collect();
-        let stalled: Vec<(String, Duration)> =
+        let queued: HashSet<BatchKey> = self.queue.iter().map(|l| l.batch.clone()).collect();
+        let stalled: Vec<(BatchKey, Duration)> =
             queued.into_iter().filter_map(|j| self.batches.get(&j).map(|b| (j, b.worker_wait))).filter(|(_, wait)| idle > *wait).collect();
         if stalled.is_empty() {
             return;
@@ -578,7 +600,7 @@ impl State {
             .map(|(id, w)| format!("{id} at {}{}", w.address, if w.last_error.is_empty() { String::new() } else { format!(": {}", w.last_error) }))
             .collect();
         for (j, wait) in stalled {
-            let n = self.queue.iter().filter(|l| l.job_id == j).count();
+            let n = self.queue.iter().filter(|l| l.batch == j).count();
             let reason = format!(
                 "{n} episodes waited {wait:?} with no ready rollout worker (registered: {})",
                 if workers.is_empty() { "none".to_string() } else { workers.join("; ") }
@@ -586,7 +608,7 @@ impl State {
             if let Some(b) = self.batches.remove(&j) {
                 let _ = b.results.send(Delivery::Stalled { reason });
             }
-            self.queue.retain(|l| l.job_id != j);
+            self.queue.retain(|l| l.batch != j);
         }
         if self.queue.is_empty() {
             self.idle_since = None;
@@ -600,7 +622,7 @@ impl State {
         let mut i = 0;
         while i < self.queue.len() {
             let l = &self.queue[i];
-            if !self.batches.get(&l.job_id).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+            if !self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
                 self.queue.remove(i);
                 continue;
             }

@@ -35,82 +35,6 @@ source experiments/prepare.sh
 arithmetic_data "$out"
 
 
-job_file() { # arm seed
-  local arm=$1 seed=$2 variant="" reward="" evals=1 judge_tag=""
-  case $arm in
-    comas) ;;
-    no_scoring) variant='variant = { kind = "no_scoring" }'; evals=2
-      judge_tag="guided_suffix = '<judgment>(correct|incorrect)</judgment>'" ;;
-    no_evaluation) variant='variant = { kind = "no_evaluation" }' ;;
-    verifier) reward='reward = "verifier"' ;;
-    *) echo "unknown arm $arm (use comas, no_scoring, no_evaluation, verifier)" >&2; exit 2 ;;
-  esac
-  # Turns per agent per step: every agent solves once per instance and judges once per judged pair.
-  local instances=$((questions * 2)) per_agent
-  case $arm in
-    no_scoring) per_agent=$((instances * 3)) ;;    # 1 solution + 2 verdicts
-    no_evaluation) per_agent=$((instances * 2)) ;; # 1 solution + 1 score
-    *) per_agent=$((instances * 3)) ;;             # 1 solution + 1 evaluation + 1 score
-  esac
-  cat <<EOF
-# Written by experiments/smollm2-comas/run.sh: arm $arm, seed $seed.
-name = "smollm2-$arm-s$seed"
-seed = $seed
-
-[data]
-train = "$out/train.jsonl"
-
-[schedule]
-questions_per_step = $questions
-steps = $steps
-
-[rollout]
-dtype = "bfloat16"
-
-[output]
-dir = "$out/$arm-s$seed/out"
-
-[comas]
-num_rounds = 1
-evals_per_solution = $evals
-num_references = 2
-instances_per_question = 2
-$variant
-$reward
-
-[comas.sampling.solver]
-temperature = 0.5
-top_p = 0.95
-top_k = 0
-max_new_tokens = 96
-min_new_tokens = 1
-
-[comas.sampling.evaluator]
-temperature = 0.5
-top_p = 0.95
-top_k = 0
-max_new_tokens = 64
-min_new_tokens = 1
-$judge_tag
-
-[comas.sampling.scorer]
-temperature = 1.0
-top_p = 1.0
-top_k = 0
-max_new_tokens = 24
-min_new_tokens = 1
-guided_suffix = "<score>[123]</score>"
-
-[eval]
-data = "$out/test.jsonl"
-every_steps = $eval_every
-temperature = 0.7
-greedy = true
-EOF
-  lora_agent "$per_agent" 12
-  lora_agent "$per_agent" 12
-}
-
 for seed in $seeds; do
   for arm in $arms; do
     dir="$out/$arm-s$seed"
@@ -118,7 +42,7 @@ for seed in $seeds; do
     if [ -f "$dir/done" ] || [ -n "${REPORT_ONLY:-}" ]; then
       continue
     fi
-    job_file "$arm" "$seed" > "$dir/job.toml"
+    comas_job_file "$arm" "$seed" > "$dir/job.toml"
     echo "== arm $arm, seed $seed: $steps steps ($(date -u +%H:%M:%S))" >&2
     run_local_once "$dir/job.toml" "$dir"
   done

@@ -142,9 +142,10 @@ pub enum SyncMode {
     /// weights it trains.
     #[default]
     Synchronous,
-    /// The workers run step s + 1's episodes while the learners train step s; the new weights
-    /// swap in between turns when they are published. A turn trains at most
-    /// `max_policy_lag` versions behind the learner; older ones are dropped and counted.
+    /// The workers run the episodes of steps s + 1 … s + `max_policy_lag` while the learners
+    /// train step s; the new weights swap in between turns when they are published. A turn
+    /// trains at most `max_policy_lag` versions behind the learner; older ones are dropped and
+    /// counted.
     Async,
 }
 

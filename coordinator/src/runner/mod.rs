@@ -27,6 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
+mod pipeline;
+
+use pipeline::RolloutClock;
+
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The trained agents, then the frozen models (which share a base with the agents on the same
@@ -147,6 +151,9 @@ async fn play_eval(
     ctx.report.event("stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let batch = BatchSpec {
+        tag: format!("eval-{tag}-{after}"),
+        // Ahead of an async job's later steps: the loop waits for it.
+        first: true,
         specs: specs.clone(),
         kind: settings.record_kind(),
         limits: BatchLimits::of(&job.spec.schedule),
@@ -188,6 +195,8 @@ struct JobRun {
     /// The versions the workers were last pointed at.
     target_versions: Option<Vec<u64>>,
     cancel: watch::Receiver<bool>,
+    /// How long the job's rollouts kept the workers busy.
+    clock: RolloutClock,
 }
 
 /// Seconds each stage of one step took, and the coordinator's own share.
@@ -230,30 +239,6 @@ fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> Value {
     serde_json::to_value(by_group).unwrap_or_default()
 }
 
-/// Async mode: drops every experience whose policy is more than `bound` versions behind the
-/// learner that trains `step` (which holds version `step`), and records in the step's metrics
-/// each agent's trained turns by lag and its dropped turns.
-fn bound_lag(batch: &mut StepBatch, step: u64, bound: u64) {
-    let mut per_agent = Vec::with_capacity(batch.per_agent.len());
-    for exps in &mut batch.per_agent {
-        let mut hist: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
-        let produced = exps.len() as u64;
-        exps.retain(|e| {
-            let lag = step.saturating_sub(e.policy_version);
-            let keep = lag <= bound && e.policy_version <= step;
-            if keep {
-                *hist.entry(lag).or_default() += 1;
-            }
-            keep
-        });
-        let trained = exps.len() as u64;
-        per_agent.push(json!({"produced": produced, "trained": trained, "dropped": produced - trained, "lag": hist}));
-    }
-    if let Some(m) = batch.metrics.as_object_mut() {
-        m.insert("policy_lag".into(), json!({"bound": bound, "agents": per_agent}));
-    }
-}
-
 /// The step's idle time of the workers (no rollout running) and of the learners (not
 /// training) within its `wall` seconds.
 fn idle_seconds(metrics: &mut Value, wall: f64, workers_busy: f64, learners_busy: f64) {
@@ -269,6 +254,7 @@ struct RolloutSide {
     id: String,
     job: Arc<Job>,
     questions: Arc<Vec<TaskRecord>>,
+    clock: RolloutClock,
 }
 
 /// A step's episodes: every spec, the records the store holds, and the specs still to run.
@@ -311,6 +297,7 @@ async fn finish_rollout(
     let (ctx, id) = (side.ctx.clone(), side.id.clone());
     let total = specs.len();
     let started = Instant::now();
+    let _running = side.clock.start();
     // Beside training, the stage shown stays the training's; the episodes still count.
     if !beside_training {
         ctx.report.live(Update::Enter("rollout"));
@@ -321,7 +308,14 @@ async fn finish_rollout(
     if !remaining.is_empty() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut outstanding = remaining.len();
-        let batch = BatchSpec { specs: remaining, kind: side.job.settings().record_kind(), limits: BatchLimits::of(&side.job.spec.schedule), versions: exact };
+        let batch = BatchSpec {
+            tag: format!("step-{step}"),
+            first: false,
+            specs: remaining,
+            kind: side.job.settings().record_kind(),
+            limits: BatchLimits::of(&side.job.spec.schedule),
+            versions: exact,
+        };
         ctx.scheduler.submit(id.clone(), batch, tx);
         while outstanding > 0 {
             let delivery = tokio::select! {
@@ -367,6 +361,7 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
     }
     loop {
         let started = Instant::now();
+        let busy_before = run.clock.busy();
         let scheduler_before = ctx.metrics.scheduler_seconds.get();
         let at = run.learners(step).await?;
         run.evaluate_if_due(step, &at).await?;
@@ -380,106 +375,14 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         let sync = run.broadcast(step, &trained, &mut times).await?;
         let coordinator = times.experience + times.store + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
         let mut metrics = batch.metrics;
-        idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), times.rollout, times.train);
+        idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), run.clock.busy() - busy_before, times.train);
         run.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
         step += 1;
     }
     run.export().await
 }
 
-/// The rollout of the next step, running beside this step's training; aborted if dropped
-/// (the step failed or the job was cancelled).
-struct Ahead {
-    task: tokio::task::JoinHandle<(Result<Vec<(String, Record)>>, StepTimes)>,
-    started: Instant,
-    /// When the rollout ended, for the workers' busy time.
-    ended: Arc<std::sync::Mutex<Option<Instant>>>,
-}
-
-impl Ahead {
-    /// Starts `step`'s rollout on whatever versions the workers hold.
-    fn spawn(side: RolloutSide, step: u64, mut cancel: watch::Receiver<bool>) -> Self {
-        let ended = Arc::new(std::sync::Mutex::new(None));
-        let end = Arc::clone(&ended);
-        let task = tokio::spawn(async move {
-            let mut times = StepTimes::default();
-            let r = match plan_rollout(&side, step, &mut times) {
-                Ok(planned) => finish_rollout(&side, step, planned, None, true, &mut cancel, &mut times).await,
-                Err(e) => Err(e),
-            };
-            *end.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-            (r, times)
-        });
-        Self { task, started: Instant::now(), ended }
-    }
-
-    /// Seconds the rollout has run so far (or ran, if it has ended).
-    fn busy(&self) -> f64 {
-        let end = (*self.ended.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_else(Instant::now);
-        end.duration_since(self.started).as_secs_f64()
-    }
-
-    async fn join(mut self) -> Result<(Vec<(String, Record)>, StepTimes)> {
-        let (r, times) = (&mut self.task).await.map_err(|e| CoordinatorError::Other(format!("rollout task: {e}")))?;
-        Ok((r?, times))
-    }
-}
-
-impl Drop for Ahead {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 impl JobRun {
-    /// Async mode (`sync = "async"`): step s + 1's episodes run on the workers while the
-    /// learners train step s, on the weights the workers hold (version s); version s + 1 swaps
-    /// in between turns when the broadcast brings it. The pipeline is one step deep, so a
-    /// trained turn is at most one version behind its learner, within any `max_policy_lag`;
-    /// the experience stage drops (and counts) any turn past the bound. Evaluations and
-    /// resumed steps run with no rollout beside them.
-    async fn run_async(mut self, mut step: u64) -> Result<()> {
-        let total = self.job.total_steps;
-        let mut ahead: Option<Ahead> = None;
-        loop {
-            let started = Instant::now();
-            let scheduler_before = self.ctx.metrics.scheduler_seconds.get();
-            let at = self.learners(step).await?;
-            if step >= total {
-                self.evaluate_if_due(step, &at).await?;
-                break;
-            }
-            let mut times = StepTimes::default();
-            // The rollout of this step: run beside the last step's training, or now.
-            let (records, mut workers_busy) = match ahead.take() {
-                Some(a) => {
-                    let (records, t) = a.join().await?;
-                    times.rollout = t.rollout;
-                    times.store += t.store;
-                    (records, 0.0)
-                }
-                None => {
-                    let r = self.rollout(step, &at, &mut times).await?;
-                    (r, times.rollout)
-                }
-            };
-            // No other batch of this job is on the workers now.
-            self.evaluate_if_due(step, &at).await?;
-            let batch = self.experience(step, records, &mut times)?;
-            let next = (step + 1 < total).then(|| Ahead::spawn(self.rollout_side(), step + 1, self.cancel.clone()));
-            let trained = self.train(step, &batch, &at, &mut times).await?;
-            let sync = self.broadcast(step, &trained, &mut times).await?;
-            workers_busy += next.as_ref().map_or(0.0, Ahead::busy);
-            let coordinator = times.experience + times.store + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
-            let mut metrics = batch.metrics;
-            idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), workers_busy, times.train);
-            self.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
-            ahead = next;
-            step += 1;
-        }
-        self.export().await
-    }
-
     /// Loads and checks the job file, marks the job running and connects to its learners.
     async fn start(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool>) -> Result<JobRun> {
         let id = row.id.clone();
@@ -502,6 +405,7 @@ impl JobRun {
             links,
             target_versions: None,
             cancel,
+            clock: RolloutClock::default(),
         })
     }
 
@@ -566,7 +470,13 @@ impl JobRun {
 
     /// What a rollout needs of the run, owned, so it can run beside training.
     fn rollout_side(&self) -> RolloutSide {
-        RolloutSide { ctx: self.ctx.clone(), id: self.id.clone(), job: Arc::clone(&self.job), questions: Arc::clone(&self.questions) }
+        RolloutSide {
+            ctx: self.ctx.clone(),
+            id: self.id.clone(),
+            job: Arc::clone(&self.job),
+            questions: Arc::clone(&self.questions),
+            clock: self.clock.clone(),
+        }
     }
 
     /// Stage `experience`: the method's rewards, one experience per trained turn, the metrics.
@@ -580,7 +490,7 @@ impl JobRun {
         let exact = (lag == 0).then(|| vec![step; self.agents()]);
         let mut batch = make_batch(self.job.settings(), records, &self.questions, self.agents() as u32, exact.as_deref(), true)?;
         if lag > 0 {
-            bound_lag(&mut batch, step, lag);
+            pipeline::bound_lag(&mut batch, step, lag);
         }
         times.experience = started.elapsed().as_secs_f64();
         Ok(batch)
