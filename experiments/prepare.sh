@@ -3,7 +3,9 @@
 # REPORT_ONLY only rewrites the report) and fetches SmolLM2-135M-Instruct. Sets `comas` (the
 # binary) and `model` (the model folder), and the experiment's paths, named after its folder:
 # `out` (the run, runs/NAME unless OUT says otherwise), `report` (docs/experiments/NAME.md) and
-# `figures` (docs/experiments/NAME/), the last two created.
+# `figures` (docs/experiments/NAME/), the last two created, and `dtype`: DTYPE, or bfloat16
+# where the CPU multiplies bf16 in hardware (AMX or AVX-512 BF16) and float32 elsewhere, where
+# bf16 products are emulated and several times slower.
 name=$(basename "$here")
 out=${OUT:-$root/runs/$name}
 report="$root/docs/experiments/$name.md"
@@ -15,9 +17,14 @@ if [ -z "${REPORT_ONLY:-}" ] && [ -z "${COMAS_BIN:-}" ]; then
   cargo build --release -q -p comas
 fi
 model=$(bash scripts/fetch-smollm2.sh)
+if grep -qE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
+  dtype=${DTYPE:-bfloat16}
+else
+  dtype=${DTYPE:-float32}
+fi
 
 # One agent's table: a LoRA adapter (r 16 on the attention projections) on the shared base,
-# trained in bf16 at lr 3e-4. Usage: lora_agent TRAIN_BATCH MICRO_BATCH
+# trained in `dtype` at lr 3e-4. Usage: lora_agent TRAIN_BATCH MICRO_BATCH
 lora_agent() {
   cat <<AGENT
 
@@ -25,7 +32,7 @@ lora_agent() {
 model = "$model"
 [agents.train]
 lr = 3e-4
-dtype = "bfloat16"
+dtype = "$dtype"
 train_batch_size = $1
 micro_batch_size = $2
 gradient_checkpointing = false
@@ -113,7 +120,7 @@ steps = $steps
 ${schedule_extra:-}
 
 [rollout]
-dtype = "bfloat16"
+dtype = "$dtype"
 
 [output]
 dir = "${job_dir:-$out/$arm-s$seed}/out"

@@ -1,13 +1,13 @@
 """Writes the SmolLM2 async-vs-synchronous report (markdown, stdout) from each mode's metrics log.
 
-Usage: report.py OUT STEPS EVAL_EVERY QUESTIONS ARM CORES MODE...
+Usage: report.py OUT STEPS EVAL_EVERY QUESTIONS ARM DTYPE CORES MODE...
 """
 import json
 import os
 import sys
 
-out, steps, eval_every, questions, arm, cores = sys.argv[1:7]
-modes = sys.argv[7:]
+out, steps, eval_every, questions, arm, dtype, cores = sys.argv[1:8]
+modes = sys.argv[8:]
 
 
 def load(mode):
@@ -27,19 +27,27 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def utilisation(rows, side, evals):
+    """1 − idle / step time over the steps that ran no evaluation (an evaluation's episodes
+    counted as idle workers before the rollout clock took them in)."""
+    afters = {e["after_steps"] for e in evals}
+    plain = [r for r in rows if r["step"] not in afters]
+    return 1 - sum(r["idle_seconds"][side] for r in plain) / sum(r["seconds"]["total"] for r in plain)
+
+
 runs = {m: load(m) for m in modes}
 base = modes[0]
 print("# Async vs synchronous on SmolLM2-135M-Instruct\n")
 print(f"Made by `bash experiments/smollm2-async/run.sh` (STEPS={steps}, EVAL_EVERY={eval_every}, QUESTIONS={questions},")
 print(f"ARM={arm}) on {cores} CPU cores: the same job in each mode, one after the other, with `comas local` (one worker")
 print("with 2 threads, one learner process per agent with 1 thread). The job: two LoRA agents (r 16 on the attention")
-print("projections, bf16) on one SmolLM2 base play CoMAS (l = 2, R = 1, guided scores) on sums of two numbers, 8")
+print(f"projections, {dtype}) on one SmolLM2 base play CoMAS (l = 2, R = 1, guided scores) on sums of two numbers, 8")
 print(f"episodes per step; the `{arm}` arm of `experiments/prepare.sh`'s `comas_job_file`. `async-N` is")
 print("`sync = \"async\"` with `max_policy_lag = N`.\n")
-print("Times: wall is the whole `comas local` run (start-up and evaluations included); step time is the sum of the")
-print("steps' own seconds (no start-up; an evaluation that runs beside an async step's rollouts is inside it).")
-print("Utilisation is 1 − idle / step time over all steps, from each step's `idle_seconds` (workers: no rollout")
-print("running; learners: not training).\n")
+print("Times: wall is the whole `comas local` run (start-up included); step time is the sum of the steps' own")
+print("seconds (no start-up; each evaluation is inside the step that starts with it, in both modes).")
+print("Utilisation is 1 − idle / step time over the steps that ran no evaluation, from each step's `idle_seconds`")
+print("(workers: no rollout running; learners: not training).\n")
 print("| | " + " | ".join(modes) + " |")
 print("|---|" + "---|" * len(modes))
 stats = {}
@@ -52,8 +60,8 @@ for m, (rows, evals, wall) in runs.items():
         "rollout": mean(r["seconds"]["rollout"] for r in rows),
         "train": mean(r["seconds"]["train"] for r in rows),
         "broadcast": mean(r["seconds"]["broadcast"] for r in rows),
-        "workers": 1 - sum(r["idle_seconds"]["workers"] for r in rows) / total,
-        "learners": 1 - sum(r["idle_seconds"]["learners"] for r in rows) / total,
+        "workers": utilisation(rows, "workers", evals),
+        "learners": utilisation(rows, "learners", evals),
         "tok_s": mean(r.get("tokens_per_s") for r in rows),
     }
 for key, name, d in (

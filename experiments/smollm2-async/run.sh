@@ -2,7 +2,7 @@
 # The same SmolLM2-135M-Instruct job (two LoRA agents, CoMAS games on the arithmetic data, the
 # verifier reward of experiments/smollm2-comas, so there is something to learn) under three
 # schedules, one after the other on this machine: `sync = "synchronous"`, then `sync = "async"`
-# with max_policy_lag 1 and with max_policy_lag 2. Writes docs/experiments/smollm2-async.md
+# with max_policy_lag 1 (MODES adds others, e.g. async-2). Writes docs/experiments/smollm2-async.md
 # (steps per hour, utilisation, reward, training and held-out accuracy per mode) and a figure
 # per mode.
 #
@@ -10,17 +10,18 @@
 #   STEPS=2 EVAL_EVERY=2 MODES="synchronous async-1" bash experiments/smollm2-async/run.sh
 #   REPORT_ONLY=1 bash experiments/smollm2-async/run.sh          # the report from finished runs
 #
-# Knobs: STEPS (12), EVAL_EVERY (4), QUESTIONS (4 per step), SEED (1), MODES ("synchronous
-# async-1 async-2"; async-N is max_policy_lag N), ARM (verifier; any arm of comas_job_file),
-# OUT (runs/smollm2-async), REPORT_ONLY=1, COMAS_BIN. A finished mode is not run again.
+# Knobs: STEPS (12), EVAL_EVERY (6), QUESTIONS (4 per step), SEED (1), MODES ("synchronous
+# async-1"; async-N is max_policy_lag N), ARM (verifier; any arm of comas_job_file), DTYPE
+# (see prepare.sh), OUT (runs/smollm2-async), REPORT_ONLY=1, COMAS_BIN. A finished mode is not
+# run again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/experiments/smollm2-async"
 steps=${STEPS:-12}
-eval_every=${EVAL_EVERY:-4}
+eval_every=${EVAL_EVERY:-6}
 questions=${QUESTIONS:-4}
 seed=${SEED:-1}
-modes=${MODES:-"synchronous async-1 async-2"}
+modes=${MODES:-"synchronous async-1"}
 arm=${ARM:-verifier}
 
 cd "$root"
@@ -50,7 +51,7 @@ for mode in $modes; do
   "$comas" plot "$out/$mode/out/metrics.jsonl" -o "$figures/$mode.png" --panels rewards,accuracy,times --title "SmolLM2 $arm, $mode" >&2
 done
 [ ${#finished[@]} -gt 0 ] || { echo "no finished mode under $out" >&2; exit 1; }
-python3 "$here/report.py" "$out" "$steps" "$eval_every" "$questions" "$arm" "$(nproc)" "${finished[@]}" > "$report.part"
+python3 "$here/report.py" "$out" "$steps" "$eval_every" "$questions" "$arm" "$dtype" "$(nproc)" "${finished[@]}" > "$report.part"
 [ -f "$here/findings.md" ] && cat "$here/findings.md" >> "$report.part"
 mv "$report.part" "$report"
 echo "report: $report" >&2

@@ -239,7 +239,7 @@ fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> Value {
     serde_json::to_value(by_group).unwrap_or_default()
 }
 
-/// The step's idle time of the workers (no rollout running) and of the learners (not
+/// The step's idle time of the workers (no rollout or evaluation running) and of the learners (not
 /// training) within its `wall` seconds.
 fn idle_seconds(metrics: &mut Value, wall: f64, workers_busy: f64, learners_busy: f64) {
     if let Some(m) = metrics.as_object_mut() {
@@ -445,6 +445,8 @@ impl JobRun {
         if let Some(generation) = self.point_workers_at(&vec![step; self.agents()]) {
             self.ctx.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
         }
+        // The workers are busy with the evaluation's episodes.
+        let _running = self.clock.start();
         evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel).await?;
         refresh_metrics_log(&self.ctx, &self.id, &self.metrics_path)
     }
