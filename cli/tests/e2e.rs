@@ -494,6 +494,24 @@ async fn a_killed_async_coordinator_resumes_its_rollout_ahead() {
     assert!(ran <= (2 * EPISODES - 1) as f64, "the restarted coordinator re-ran finished episodes: {ran}");
 }
 
+/// An async job whose learner is SIGKILLed during step 1's training (step 2's rollout beside
+/// it) and restarted from its checkpoint trains every step once: the coordinator finds the
+/// learner again, and every turn is accounted for within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_job_resumes_with_a_killed_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = async_cluster(dir.path(), 24, "");
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's training", |s| s.steps_done == 1 && s.stage == "train").await;
+    c.learners[1].as_mut().unwrap().sigkill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.start_learner(1);
+    let st = c.finished(&id).await;
+    assert_eq!(st.steps_done, ASYNC_STEPS);
+    check_async_run(&c, ASYNC_STEPS, 1).await;
+    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (ASYNC_STEPS * EPISODES) as f64);
+}
+
 const ASYNC_STEPS: u64 = 4;
 
 /// Two tiny agents and two workers on an async job of `ASYNC_STEPS` steps with `tokens`-token

@@ -1,7 +1,8 @@
-//! The synchronous training loop of one job, as in MARTI: rollout on the workers, experience
-//! making here, training on every agent's learner in parallel, then the weight broadcast. A
-//! step is committed to the store only when all of it is done, so a restarted coordinator
-//! repeats at most the unfinished step, and only its missing episodes.
+//! The training loop of one job. Synchronous, as in MARTI: rollout on the workers, experience
+//! making here, training on every agent's learner in parallel, then the weight broadcast; the
+//! asynchronous schedule (`pipeline`) runs later steps' rollouts beside the training. A step is
+//! committed to the store only when all of it is done, so a restarted coordinator repeats at
+//! most the unfinished step, and only its missing episodes.
 use crate::broadcast;
 use crate::episodes::{episode_specs, in_spec_order, make_batch, parse_record, save_episodes, step_specs, EVAL_SHARD};
 use crate::error::{CoordinatorError, Result};
@@ -195,7 +196,7 @@ struct JobRun {
     /// The versions the workers were last pointed at.
     target_versions: Option<Vec<u64>>,
     cancel: watch::Receiver<bool>,
-    /// How long the job's rollouts kept the workers busy.
+    /// How long the job's rollouts and evaluations kept the workers busy.
     clock: RolloutClock,
 }
 

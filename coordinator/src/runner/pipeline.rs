@@ -68,7 +68,8 @@ pub(super) fn admitted(step: u64, queued: Option<u64>, bound: u64, total: u64) -
     from..to.max(from)
 }
 
-/// The workers' busy time: seconds during which at least one of the job's rollouts ran.
+/// The workers' busy time: seconds during which at least one of the job's rollouts (or
+/// evaluations) ran.
 #[derive(Clone, Default)]
 pub(super) struct RolloutClock(Arc<Mutex<ClockState>>);
 
