@@ -2,40 +2,16 @@
 
 Usage: report.py OUT STEPS EVAL_EVERY QUESTIONS ARM DTYPE CORES MODE...
 """
-import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from async_modes import fmt, lag_histogram, load, mean, stats  # noqa: E402
 
 out, steps, eval_every, questions, arm, dtype, cores = sys.argv[1:8]
 modes = sys.argv[8:]
 
-
-def load(mode):
-    rows = [json.loads(line) for line in open(os.path.join(out, mode, "out", "metrics.jsonl"))]
-    wall = int(open(os.path.join(out, mode, "wall_seconds")).read())
-    steps_ = sorted((r for r in rows if r["kind"] == "step"), key=lambda r: r["step"])
-    evals = sorted((r for r in rows if r["kind"] == "eval"), key=lambda r: r["after_steps"])
-    return steps_, evals, wall
-
-
-def fmt(v, digits=2):
-    return "–" if v is None else f"{v:.{digits}f}"
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def utilisation(rows, side, evals):
-    """1 − idle / step time over the steps that ran no evaluation (an evaluation's episodes
-    counted as idle workers before the rollout clock took them in)."""
-    afters = {e["after_steps"] for e in evals}
-    plain = [r for r in rows if r["step"] not in afters]
-    return 1 - sum(r["idle_seconds"][side] for r in plain) / sum(r["seconds"]["total"] for r in plain)
-
-
-runs = {m: load(m) for m in modes}
+runs = {m: load(out, m) for m in modes}
 base = modes[0]
 print("# Async vs synchronous on SmolLM2-135M-Instruct\n")
 print(f"Made by `bash experiments/smollm2-async/run.sh` (STEPS={steps}, EVAL_EVERY={eval_every}, QUESTIONS={questions},")
@@ -50,20 +26,7 @@ print("Utilisation is 1 − idle / step time over the steps that ran no evaluati
 print("(workers: no rollout running; learners: not training).\n")
 print("| | " + " | ".join(modes) + " |")
 print("|---|" + "---|" * len(modes))
-stats = {}
-for m, (rows, evals, wall) in runs.items():
-    total = sum(r["seconds"]["total"] for r in rows)
-    stats[m] = {
-        "wall": wall,
-        "per_hour": len(rows) * 3600 / wall,
-        "step_s": total / len(rows),
-        "rollout": mean(r["seconds"]["rollout"] for r in rows),
-        "train": mean(r["seconds"]["train"] for r in rows),
-        "broadcast": mean(r["seconds"]["broadcast"] for r in rows),
-        "workers": utilisation(rows, "workers", evals),
-        "learners": utilisation(rows, "learners", evals),
-        "tok_s": mean(r.get("tokens_per_s") for r in rows),
-    }
+figures = {m: stats(*run) for m, run in runs.items()}
 for key, name, d in (
     ("wall", "wall time, s", 0),
     ("per_hour", "steps per hour (wall)", 1),
@@ -75,21 +38,15 @@ for key, name, d in (
     ("workers", "worker utilisation", 2),
     ("learners", "learner utilisation", 2),
 ):
-    cells = [fmt(stats[m][key], d) for m in modes]
+    cells = [fmt(figures[m][key], d) for m in modes]
     print(f"| {name} | " + " | ".join(cells) + " |")
-ratios = [f"{m}: {stats[base]['step_s'] / stats[m]['step_s']:.2f}x" for m in modes[1:]]
+ratios = [f"{m}: {figures[base]['step_s'] / figures[m]['step_s']:.2f}x" for m in modes[1:]]
 if ratios:
     print(f"\nStep-time speed-up over {base}: {', '.join(ratios)}.\n")
 
 print("## Policy lag of the trained turns\n")
 for m in modes:
-    rows = runs[m][0]
-    hist, dropped = {}, 0
-    for r in rows:
-        for a in (r.get("policy_lag") or {}).get("agents", []):
-            dropped += a["dropped"]
-            for k, v in a["lag"].items():
-                hist[int(k)] = hist.get(int(k), 0) + v
+    hist, dropped = lag_histogram(runs[m][0])
     if hist:
         parts = ", ".join(f"{v} at lag {k}" for k, v in sorted(hist.items()))
         print(f"- {m}: {parts}; {dropped} dropped.")
