@@ -12,9 +12,10 @@ use tch::{Device, Kind, Tensor};
 pub struct SamplingParams {
     /// 0 means greedy decoding.
     pub temperature: f64,
-    /// Keep only the k most likely tokens; 0 disables.
+    /// Keep only the k most likely tokens (and any tied with the k-th); 0 disables.
     pub top_k: usize,
-    /// Keep the smallest set of most likely tokens whose mass reaches top_p; 1 disables.
+    /// Keep the smallest set of most likely tokens whose mass reaches top_p (and any tied with
+    /// the last of them); 1 disables.
     pub top_p: f64,
     pub seed: u64,
     pub max_new_tokens: usize,
@@ -130,22 +131,23 @@ pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rng
     let scaled = logits / temps;
     let argmax = scaled.argmax(-1, false);
 
-    // Rows with top-k or top-p need the sorted distribution; the others draw from the
-    // vocabulary as it is, with no O(V log V) sort. The choice is per row, so a row's token
-    // does not depend on the rows beside it.
-    let truncating: Vec<bool> = params.iter().map(|p| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0).collect();
+    // A row with top-k or top-p keeps the tokens at or above its cut and draws among them in
+    // vocabulary order, like every other row; the cut is found without sorting the vocabulary
+    // on CPU. The choice is per row, so a row's token does not depend on the rows beside it.
     let (tokens, sampling_lp) = if greedy.iter().all(|&g| g) {
         (argmax, Tensor::zeros([b], (Kind::Float, device)))
     } else {
         let u: Vec<f32> = rngs.iter_mut().zip(&greedy).map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() }).collect();
         let u = Tensor::from_slice(&u).view([b, 1]).to_device(device);
-        let (mut tokens, mut slp) = draw_full(&scaled, &u);
-        if truncating.iter().any(|&t| t) {
-            let (t, l) = draw_truncated(&scaled, &u, params);
-            let rows = Tensor::from_slice(&truncating).to_device(device);
-            tokens = t.where_self(&rows, &tokens);
-            slp = l.where_self(&rows, &slp);
-        }
+        let truncating = |p: &SamplingParams| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0;
+        let scaled = if params.iter().zip(&greedy).any(|(p, &g)| !g && truncating(p)) {
+            let probs = scaled.softmax(-1, Kind::Float);
+            let cuts = if device == Device::Cpu { cuts_by_selection(&probs, params, &greedy) } else { cuts_by_sort(&probs, params, &greedy) };
+            scaled.masked_fill(&probs.lt_tensor(&cuts), f64::NEG_INFINITY)
+        } else {
+            scaled
+        };
+        let (tokens, slp) = draw_full(&scaled, &u);
         let greedy_t = Tensor::from_slice(&greedy).to_device(device);
         (argmax.where_self(&greedy_t, &tokens), slp.masked_fill(&greedy_t, 0.0))
     };
@@ -169,30 +171,117 @@ fn draw_full(scaled: &Tensor, u: &Tensor) -> (Tensor, Tensor) {
     (pick, lp)
 }
 
-/// Inverse-CDF draws after each row's top-k / top-p cut, over the sorted distribution.
-fn draw_truncated(scaled: &Tensor, u: &Tensor, params: &[&SamplingParams]) -> (Tensor, Tensor) {
-    let (b, v) = (scaled.size()[0], scaled.size()[1]);
-    let device = scaled.device();
-    let (sorted, order) = scaled.sort(-1, true);
-    let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
-    let ks: Vec<i64> = params.iter().map(|p| if p.top_k == 0 { v } else { p.top_k as i64 }).collect();
-    let ks = Tensor::from_slice(&ks).view([b, 1]).to_device(device);
-    let mut filtered = sorted.masked_fill(&ranks.ge_tensor(&ks), f64::NEG_INFINITY);
-    if params.iter().any(|p| p.top_p < 1.0) {
-        // Rows without top-p get a threshold no cumulative mass can reach.
-        let ps: Vec<f32> = params.iter().map(|p| if p.top_p < 1.0 { p.top_p as f32 } else { 2.0 }).collect();
-        let ps = Tensor::from_slice(&ps).view([b, 1]).to_device(device);
-        let probs = filtered.softmax(-1, Kind::Float);
-        let mass_before = probs.cumsum(-1, Kind::Float) - &probs;
-        filtered = filtered.masked_fill(&mass_before.ge_tensor(&ps), f64::NEG_INFINITY);
+/// The k and p of a row's cut: k = V when it has no top-k, p = None when it has no top-p or
+/// draws greedily (a greedy row's cut is never used).
+fn cut_settings(p: &SamplingParams, greedy: bool, v: usize) -> (usize, Option<f64>) {
+    if greedy {
+        return (v, None);
     }
-    let final_lp = filtered.log_softmax(-1, Kind::Float);
-    let cdf = final_lp.exp().cumsum(-1, Kind::Float);
-    let kept = filtered.isfinite().sum_dim_intlist(-1, false, Kind::Int64);
-    // Clamp to the last kept token in case rounding leaves the CDF below u.
-    let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&(kept - 1)).unsqueeze(-1);
-    let tokens = order.gather(-1, &pick, false).squeeze_dim(-1);
-    (tokens, final_lp.gather(-1, &pick, false).squeeze_dim(-1))
+    let k = if p.top_k == 0 { v } else { p.top_k.min(v) };
+    (k, (p.top_p < 1.0).then_some(p.top_p))
+}
+
+/// Each row's cut [B, 1] on CPU, by selection instead of a sort (see `nucleus_cut`).
+fn cuts_by_selection(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]) -> Tensor {
+    let v = probs.size()[1] as usize;
+    let flat = Vec::<f32>::try_from(&probs.contiguous().view([-1])).expect("f32 probabilities");
+    let mut scratch = Vec::with_capacity(v);
+    let cuts: Vec<f32> = flat
+        .chunks(v)
+        .zip(params.iter().zip(greedy))
+        .map(|(row, (p, &g))| {
+            let (k, top_p) = cut_settings(p, g, v);
+            nucleus_cut(row, k, top_p, &mut scratch)
+        })
+        .collect();
+    Tensor::from_slice(&cuts).view([params.len() as i64, 1])
+}
+
+/// Each row's cut [B, 1] from the sorted distribution (on accelerators, where a sort is cheap
+/// and copying the probabilities out is not). Equal to `cuts_by_selection` up to rounding.
+fn cuts_by_sort(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]) -> Tensor {
+    let (b, v) = (probs.size()[0], probs.size()[1]);
+    let device = probs.device();
+    let settings: Vec<(usize, Option<f64>)> = params.iter().zip(greedy).map(|(p, &g)| cut_settings(p, g, v as usize)).collect();
+    let (sorted, _) = probs.sort(-1, true);
+    let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
+    let ks = Tensor::from_slice(&settings.iter().map(|&(k, _)| k as i64).collect::<Vec<_>>()).view([b, 1]).to_device(device);
+    let in_k = ranks.lt_tensor(&ks);
+    let sorted_k = sorted.masked_fill(&in_k.logical_not(), 0.0);
+    // Rows without top-p get a share no mass can reach, so they keep their k tokens.
+    let ps = Tensor::from_slice(&settings.iter().map(|&(_, p)| p.map_or(2.0, |p| p as f32)).collect::<Vec<_>>()).view([b, 1]).to_device(device);
+    let target = sorted_k.sum_dim_intlist(-1, true, Kind::Float) * ps;
+    let before = sorted_k.cumsum(-1, Kind::Float) - &sorted_k;
+    let kept = before.lt_tensor(&target).logical_and(&in_k).sum_dim_intlist(-1, true, Kind::Int64).clamp_min(1);
+    sorted.gather(-1, &(kept - 1), false)
+}
+
+/// The smallest probability a row keeps: its top-k tokens (k = V for none), then among them the
+/// smallest set of most likely tokens whose mass reaches `top_p` of theirs. Every token at or
+/// above the cut is kept (so ties at the cut all are). Linear in V: only tokens of probability
+/// at least (1 − top_p)·mass / V can be in the set, since all below it hold less than the
+/// (1 − top_p) share left out; the rest is found by quickselect on that small set.
+fn nucleus_cut(probs: &[f32], k: usize, top_p: Option<f64>, scratch: &mut Vec<f32>) -> f32 {
+    let v = probs.len();
+    let floor = if k < v {
+        scratch.clear();
+        scratch.extend_from_slice(probs);
+        let (_, kth, _) = scratch.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        *kth
+    } else {
+        f32::NEG_INFINITY
+    };
+    let Some(top_p) = top_p else { return floor };
+    let mass: f64 = probs.iter().filter(|&&p| p >= floor).map(|&p| p as f64).sum();
+    let target = top_p * mass;
+    let least = (((mass - target) / v as f64) as f32).max(floor);
+    scratch.clear();
+    scratch.extend(probs.iter().copied().filter(|&p| p >= least));
+    if scratch.is_empty() {
+        // Only with non-finite probabilities; the draw then keeps what the floor keeps.
+        return floor;
+    }
+    let mut c = &mut scratch[..];
+    // Mass of the tokens known to rank above every token still in `c`; always below target.
+    let mut above = 0f64;
+    loop {
+        let n = c.len();
+        let pivot = median3(c[0], c[n / 2], c[n - 1]);
+        let (greater, equal) = partition3(c, pivot);
+        let mass_greater: f64 = c[..greater].iter().map(|&p| p as f64).sum();
+        if above + mass_greater >= target {
+            c = &mut c[..greater];
+            continue;
+        }
+        // The pivot's ties follow less than the target, so they are kept.
+        above += mass_greater + pivot as f64 * equal as f64;
+        if above >= target || greater + equal == n {
+            return pivot;
+        }
+        c = &mut c[greater + equal..];
+    }
+}
+
+fn median3(a: f32, b: f32, c: f32) -> f32 {
+    a.max(b).min(a.min(b).max(c))
+}
+
+/// Reorders `c` into [greater than pivot | equal | less] and returns the first two counts.
+fn partition3(c: &mut [f32], pivot: f32) -> (usize, usize) {
+    let (mut lt, mut i, mut gt) = (0, 0, c.len());
+    while i < gt {
+        if c[i] > pivot {
+            c.swap(lt, i);
+            lt += 1;
+            i += 1;
+        } else if c[i] < pivot {
+            gt -= 1;
+            c.swap(i, gt);
+        } else {
+            i += 1;
+        }
+    }
+    (lt, gt - lt)
 }
 
 #[cfg(test)]
@@ -307,6 +396,105 @@ mod tests {
         // A single allowed id is forced, with log-prob 0 under the restricted distribution.
         let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(&[3][..])])[0];
         assert_eq!((s.token, s.logprob), (3, 0.0));
+    }
+
+    /// The cut as a full sort finds it: sorted descending, keep a token while the mass before it
+    /// is below top_p of the top-k's mass; the cut is the last kept probability.
+    fn sorted_cut(probs: &[f32], k: usize, top_p: Option<f64>) -> f32 {
+        let mut s = probs.to_vec();
+        s.sort_by(|a, b| b.total_cmp(a));
+        s.truncate(k);
+        let Some(top_p) = top_p else { return s[k - 1] };
+        let target = top_p * s.iter().map(|&p| p as f64).sum::<f64>();
+        let mut before = 0f64;
+        let mut last = s[0];
+        for &p in &s {
+            if before >= target {
+                break;
+            }
+            last = p;
+            before += p as f64;
+        }
+        last
+    }
+
+    fn softmax_rows(rows: &Tensor, temperature: f64) -> Vec<Vec<f32>> {
+        let probs = (rows / temperature).softmax(-1, Kind::Float);
+        (0..rows.size()[0]).map(|i| Vec::<f32>::try_from(&probs.get(i)).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_selected_cut_equals_the_sorted_one() {
+        tch::manual_seed(17);
+        let v = 5000;
+        // Peaked and flat rows, and a row of many exact ties (quantised logits).
+        let mut rows = Vec::new();
+        for t in [0.3, 0.5, 1.0, 2.0] {
+            rows.extend(softmax_rows(&(Tensor::randn([6, v], (Kind::Float, Device::Cpu)) * 4.0), t));
+        }
+        rows.extend(softmax_rows(&(Tensor::randn([4, v], (Kind::Float, Device::Cpu)) * 2.0).round(), 1.0));
+        let mut scratch = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            for (k, top_p) in [
+                (v as usize, Some(0.95)),
+                (v as usize, Some(0.5)),
+                (v as usize, Some(0.999)),
+                (40, None),
+                (40, Some(0.9)),
+                (1, Some(0.9)),
+                (v as usize, Some(1e-6)),
+            ] {
+                let got = nucleus_cut(row, k, top_p, &mut scratch);
+                assert_eq!(got, sorted_cut(row, k, top_p), "row {i}, k {k}, p {top_p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_sorted_cuts_equal_the_selected_ones_per_row() {
+        tch::manual_seed(3);
+        let probs = (Tensor::randn([5, 300], (Kind::Float, Device::Cpu)) * 3.0).softmax(-1, Kind::Float);
+        let ps = [
+            SamplingParams { top_p: 0.9, ..Default::default() },
+            SamplingParams { top_k: 7, ..Default::default() },
+            SamplingParams { top_k: 50, top_p: 0.6, ..Default::default() },
+            SamplingParams::default(),
+            SamplingParams { top_p: 0.3, temperature: 0.0, ..Default::default() },
+        ];
+        let params: Vec<&SamplingParams> = ps.iter().collect();
+        let greedy: Vec<bool> = ps.iter().map(SamplingParams::is_greedy).collect();
+        let a = Vec::<f32>::try_from(&cuts_by_selection(&probs, &params, &greedy).view([-1])).unwrap();
+        let b = Vec::<f32>::try_from(&cuts_by_sort(&probs, &params, &greedy).view([-1])).unwrap();
+        for row in [0, 1, 2] {
+            assert!((a[row] - b[row]).abs() <= 1e-7, "row {row}: {} vs {}", a[row], b[row]);
+        }
+        // Rows without a cut keep everything.
+        let min = Vec::<f32>::try_from(&probs.amin([-1].as_slice(), false)).unwrap();
+        assert_eq!(a[3], f32::NEG_INFINITY);
+        assert_eq!(b[3], min[3]);
+        assert_eq!(a[4], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn top_p_draws_follow_the_renormalised_nucleus() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125. top_p 0.7 keeps two (0.75 comes before the
+        // third), 0.4 one, and 0.8 three plus the fourth, tied with the third.
+        let row: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        for (top_p, kept) in [(0.7, 2usize), (0.8, 4), (0.4, 1)] {
+            let p = SamplingParams { top_p, seed: 21, ..Default::default() };
+            let mut rng = p.rng();
+            let mut seen = [0usize; 4];
+            let n = 2000;
+            for _ in 0..n {
+                let s = sample(&logits(&[&row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+                seen[s.token as usize] += 1;
+            }
+            let mass: f32 = [0.5f32, 0.25, 0.125, 0.125][..kept].iter().sum();
+            for (t, &c) in seen.iter().enumerate() {
+                let want = if t < kept { [0.5f32, 0.25, 0.125, 0.125][t] / mass } else { 0.0 };
+                assert!((c as f32 / n as f32 - want).abs() < 0.03, "top_p {top_p}: {seen:?}");
+            }
+        }
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! shared base, as in the SmolLM2 example; default 0 = two plain agents), COMAS_BENCH_THREADS (2),
 //! COMAS_BENCH_TOKENS (64 per turn, fixed length), COMAS_BENCH_SERIAL (4 episodes run one by
 //! one), COMAS_BENCH_CONCURRENT (64), COMAS_BENCH_DTYPE (float32 or bfloat16), COMAS_BENCH_TOP_P
-//! (1.0: every turn samples at temperature 1 from the whole vocabulary; below 1, from its
-//! top-p set, as the SmolLM2 experiments' solvers and evaluators do at 0.95).
+//! (1.0: every turn samples from the whole vocabulary; below 1, from its top-p set, as the
+//! SmolLM2 experiments' solvers and evaluators do at 0.95), COMAS_BENCH_TEMPERATURE (1.0; those
+//! experiments sample at 0.5).
 //! Prompt tokens are reported too: with the tiny test tokenizer CoMAS prompts are a few hundred
 //! tokens, and their prefill (already batched within a sequence) does not speed up.
 // Measured as the services run: jemalloc, MKL dispatching on the instruction set.
@@ -79,6 +80,7 @@ fn main() {
     let lora_r: i64 = env_or("COMAS_BENCH_LORA", 0);
     let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     let top_p: f64 = env_or("COMAS_BENCH_TOP_P", 1.0);
+    let temperature: f64 = env_or("COMAS_BENCH_TEMPERATURE", 1.0);
     let model = match std::env::var_os("COMAS_BENCH_MODEL") {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -92,7 +94,7 @@ fn main() {
     let params = comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters();
     // l = 2 agents on one base, one round: 2 solutions, 2 evaluations, 2 scores per episode.
     // Every turn generates exactly `per_turn` tokens, so both modes do the same work.
-    let fixed = SamplingSpec { temperature: 1.0, top_p, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None, fit_context: false };
+    let fixed = SamplingSpec { temperature, top_p, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None, fit_context: false };
     let mut cfg = CoMasConfig { num_agents: 2, num_rounds: 1, num_references: 1, instances_per_question: 1, ..Default::default() };
     cfg.sampling.solver = fixed.clone();
     cfg.sampling.evaluator = fixed.clone();
@@ -139,7 +141,7 @@ fn main() {
         let conc_s = t0.elapsed().as_secs_f64();
         let agents = if lora_r > 0 { format!("2 LoRA r={lora_r} agents on one base") } else { "2 agents".to_string() };
         println!(
-            "CoMAS episode benchmark: {} ({:.1}M parameters), {agents}, {dtype} CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn, top_p {top_p}",
+            "CoMAS episode benchmark: {} ({:.1}M parameters), {agents}, {dtype} CPU, {threads} threads, l=2 R=1 (6 turns/episode), {per_turn} tokens/turn, temperature {temperature}, top_p {top_p}",
             model.display(),
             params as f64 / 1e6
         );
