@@ -8,7 +8,8 @@
 //! The reference runs with the Python at COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made
 //! by tests/fixtures/setup-ref.sh). Without it only the comas figures are printed.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
-//! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides).
+//! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides),
+//! COMAS_BENCH_BATCHES (1,8,32).
 // Measured as the services run: jemalloc, MKL dispatching on the instruction set.
 comas_model::process_setup!();
 
@@ -29,7 +30,12 @@ fn main() {
     let new_tokens: usize = env_or("COMAS_BENCH_NEW_TOKENS", 64);
     let prompt_len: usize = env_or("COMAS_BENCH_PROMPT_LEN", 32);
     let repeats: usize = env_or("COMAS_BENCH_REPEATS", 3);
-    let batches = [1usize, 8, 32];
+    let batches: Vec<usize> = std::env::var("COMAS_BENCH_BATCHES")
+        .unwrap_or_else(|_| "1,8,32".into())
+        .split(',')
+        .map(|b| b.trim().parse().expect("COMAS_BENCH_BATCHES: batch sizes separated by commas, each 1..=32"))
+        .collect();
+    assert!(batches.iter().all(|b| (1..=32).contains(b)), "COMAS_BENCH_BATCHES: each batch size must be 1..=32");
     tch::set_num_threads(threads);
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -78,34 +84,83 @@ fn main() {
         let warm: Vec<GenerationRequest> =
             prompts[..b].iter().map(|p| GenerationRequest { prompt_ids: p.clone(), params: params_for(4, 0), adapter: None }).collect();
         generate(&model, &warm, None).unwrap();
-        let mut best = f64::INFINITY;
-        for _ in 0..repeats {
-            let t0 = Instant::now();
-            let out = generate(&model, &reqs, None).unwrap();
-            best = best.min(t0.elapsed().as_secs_f64());
-            assert!(out.iter().all(|c| c.token_ids.len() == new_tokens));
-        }
-        ours.insert(b, (b * new_tokens) as f64 / best);
+        let best_of = |reqs: &[GenerationRequest], n: usize| {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats {
+                let t0 = Instant::now();
+                let out = generate(&model, reqs, None).unwrap();
+                best = best.min(t0.elapsed().as_secs_f64());
+                assert!(out.iter().all(|c| c.token_ids.len() == n));
+            }
+            best
+        };
+        let seconds = best_of(&reqs, new_tokens);
+        // One new token is the prefill alone (its logits give the first token).
+        let first: Vec<GenerationRequest> =
+            reqs.iter().map(|r| GenerationRequest { params: params_for(1, 0), prompt_ids: r.prompt_ids.clone(), adapter: None }).collect();
+        ours.insert(b, Timing { batch: b, seconds, prefill_seconds: best_of(&first, 1) });
     }
 
     let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
     let reference = run_reference(&python, &root, &model_dir, &prompts_file, &batches, new_tokens, threads, repeats, &dtype);
-    println!("{:>6} {:>14} {:>18} {:>8}", "batch", "comas tok/s", "transformers tok/s", "ratio");
-    for &b in &batches {
-        match reference.as_ref().and_then(|r| r.get(&b)) {
-            Some(hf) => println!("{b:>6} {:>14.1} {:>18.1} {:>7.2}x", ours[&b], hf, ours[&b] / hf),
-            None => println!("{b:>6} {:>14.1} {:>18} {:>8}", ours[&b], "n/a", "n/a"),
-        }
-    }
+    // Whole generate calls (prefill included), then the decode steps alone: the difference
+    // between the full call and a call for one token, per generated token after the first.
     println!(
-        "memory bandwidth ({threads} threads): copy {:.1} GB/s (read + written), read {:.1} GB/s; {:.0} MB of weights read per token: batch-1 bound {bound:.1} tok/s, reached {:.0}%",
+        "{:>6} {:>14} {:>18} {:>8} | {:>16} {:>16} {:>8} | {:>10} {:>10}",
+        "batch", "comas tok/s", "transformers tok/s", "ratio", "comas decode t/s", "trf decode t/s", "ratio", "comas pf s", "trf pf s"
+    );
+    let na = "n/a".to_string();
+    for &b in &batches {
+        let o = &ours[&b];
+        let (ot, od) = (o.tokens_per_s(new_tokens), o.decode_tokens_per_s(new_tokens));
+        let hf = reference.as_ref().and_then(|r| r.get(&b));
+        let show = |f: &dyn Fn(&Timing) -> f64, width: usize| hf.map_or(na.clone(), |h| format!("{:>width$.1}", f(h)));
+        let ratio = |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.2}x", f(o) / f(h)));
+        println!(
+            "{b:>6} {ot:>14.1} {:>18} {:>8} | {od:>16.1} {:>16} {:>8} | {:>10.2} {:>10}",
+            show(&|t| t.tokens_per_s(new_tokens), 18),
+            ratio(&|t| t.tokens_per_s(new_tokens)),
+            show(&|t| t.decode_tokens_per_s(new_tokens), 16),
+            ratio(&|t| t.decode_tokens_per_s(new_tokens)),
+            o.prefill_seconds,
+            hf.map_or(na.clone(), |h| format!("{:.2}", h.prefill_seconds)),
+        );
+    }
+    // The bound is a decode step's: the prefill reads the weights once for the whole prompt.
+    let reached = ours.get(&1).map_or("batch 1 not run".to_string(), |o| {
+        format!(
+            "reached {:.0}% by the whole call, {:.0}% by the decode steps",
+            100.0 * o.tokens_per_s(new_tokens) / bound,
+            100.0 * o.decode_tokens_per_s(new_tokens) / bound
+        )
+    });
+    println!(
+        "memory bandwidth ({threads} threads): copy {:.1} GB/s (read + written), read {:.1} GB/s; {:.0} MB of weights read per token: batch-1 bound {bound:.1} tok/s, {reached}",
         copy_bw / 1e9,
         read_bw / 1e9,
         weight_bytes / 1e6,
-        100.0 * ours[&1] / bound
     );
     if reference.is_none() {
         println!("(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display());
+    }
+}
+
+/// One batch size's best times, for comas or the reference: a whole generate call and a call
+/// that makes only the first token (the prefill).
+#[derive(serde::Deserialize)]
+struct Timing {
+    batch: usize,
+    seconds: f64,
+    prefill_seconds: f64,
+}
+
+impl Timing {
+    fn tokens_per_s(&self, new_tokens: usize) -> f64 {
+        (self.batch * new_tokens) as f64 / self.seconds
+    }
+
+    fn decode_tokens_per_s(&self, new_tokens: usize) -> f64 {
+        (self.batch * (new_tokens - 1)) as f64 / (self.seconds - self.prefill_seconds)
     }
 }
 
@@ -157,7 +212,7 @@ fn run_reference(
     threads: i32,
     repeats: usize,
     dtype: &str,
-) -> Option<HashMap<usize, f64>> {
+) -> Option<HashMap<usize, Timing>> {
     if !python.is_file() {
         return None;
     }
@@ -176,8 +231,8 @@ fn run_reference(
     }
     let mut res = HashMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
-            res.insert(v["batch"].as_u64()? as usize, v["tokens_per_s"].as_f64()?);
+        if let Ok(t) = serde_json::from_str::<Timing>(line) {
+            res.insert(t.batch, t);
         }
     }
     Some(res)
