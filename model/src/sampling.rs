@@ -479,7 +479,8 @@ mod tests {
     fn top_p_draws_follow_the_renormalised_nucleus() {
         // Probabilities 0.5, 0.25, 0.125, 0.125. top_p 0.7 keeps two (0.75 comes before the
         // third), 0.4 one, and 0.8 three plus the fourth, tied with the third.
-        let row: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        let probs = [0.5f32, 0.25, 0.125, 0.125];
+        let row: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
         for (top_p, kept) in [(0.7, 2usize), (0.8, 4), (0.4, 1)] {
             let p = SamplingParams { top_p, seed: 21, ..Default::default() };
             let mut rng = p.rng();
@@ -489,9 +490,9 @@ mod tests {
                 let s = sample(&logits(&[&row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
                 seen[s.token as usize] += 1;
             }
-            let mass: f32 = [0.5f32, 0.25, 0.125, 0.125][..kept].iter().sum();
+            let mass: f32 = probs[..kept].iter().sum();
             for (t, &c) in seen.iter().enumerate() {
-                let want = if t < kept { [0.5f32, 0.25, 0.125, 0.125][t] / mass } else { 0.0 };
+                let want = if t < kept { probs[t] / mass } else { 0.0 };
                 assert!((c as f32 / n as f32 - want).abs() < 0.03, "top_p {top_p}: {seen:?}");
             }
         }
