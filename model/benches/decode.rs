@@ -57,8 +57,7 @@ fn main() {
     let kind = comas_model::dtype::parse_kind(&dtype).expect("COMAS_BENCH_DTYPE");
     let model = CausalLm::load(&model_dir, kind, Device::Cpu).expect("load bench model");
     // Off with COMAS_DECODE_LINEAR=aten, for comparing the two.
-    let packed = model.pack_for_decode();
-    println!("packed decode linears: {packed}");
+    println!("decode linears: {:?}", model.pack_for_decode());
     let params = model.config().num_parameters();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let prompts: Vec<Vec<i64>> = (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();

@@ -3,6 +3,7 @@
 //! scoring and per-request LoRA adapters.
 pub mod batcher;
 pub mod config;
+pub mod decode_linear;
 pub mod dtype;
 pub mod error;
 pub mod generate;
@@ -14,6 +15,7 @@ pub mod memory;
 pub mod onednn;
 pub mod process;
 pub mod rope;
+pub mod rows_linear;
 pub mod safetensors;
 pub mod sampling;
 pub mod seeded;

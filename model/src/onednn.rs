@@ -4,6 +4,7 @@
 //! thin products poorly; oneDNN's inner-product kernels on a weight reordered once into their
 //! blocked layout are 1.4-2.9x faster at 64 rows or fewer (measured on SmolLM2's shapes). The
 //! packed copy is kept beside the plain weight, which prefill and training keep using.
+use crate::decode_linear::MAX_ROWS;
 use crate::error::{ModelError, Result};
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr};
@@ -15,30 +16,13 @@ extern "C" {
     fn comas_onednn_linear(x: *const C_tensor, packed: *const C_tensor, bias: *const C_tensor, error: *mut *mut c_char) -> *mut C_tensor;
 }
 
-/// Rows up to which a product goes through the packed weight: decode steps, not prefill.
-pub const MAX_ROWS: i64 = 64;
-
-/// Whether weights of this dtype on this device are worth packing: bf16 on CPU. (In f32 aten's
-/// MKL path is as fast, and keeping it keeps f32 decoding independent of the batch's rows.)
+/// Whether weights of this dtype on this device are worth packing: bf16 on CPU.
 pub fn applies(kind: Kind, device: Device) -> bool {
-    kind == Kind::BFloat16 && device == Device::Cpu && enabled()
+    kind == Kind::BFloat16 && device == Device::Cpu
 }
 
-/// `COMAS_DECODE_LINEAR=aten` turns packing off (to save its memory, or to compare); `onednn`,
-/// the default, keeps it on.
-fn enabled() -> bool {
-    match std::env::var("COMAS_DECODE_LINEAR").as_deref() {
-        Ok("aten") => false,
-        Ok("onednn") | Err(_) => true,
-        Ok(other) => {
-            tracing::warn!(value = other, "COMAS_DECODE_LINEAR is `onednn` or `aten`; using `onednn`");
-            true
-        }
-    }
-}
-
-/// Takes ownership of a tensor handle from the shim, or its error message.
-fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
+/// Takes ownership of a tensor handle from a shim in `csrc/`, or its error message.
+pub(crate) fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
     if ptr.is_null() {
         let message = if error.is_null() {
             "unknown error".to_string()
@@ -48,7 +32,7 @@ fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
             unsafe { libc::free(error.cast()) };
             m
         };
-        return Err(ModelError::Weights(format!("oneDNN {what}: {message}")));
+        return Err(ModelError::Weights(format!("{what}: {message}")));
     }
     // SAFETY: the shim returns a fresh `new at::Tensor`, which tch's Tensor owns and deletes.
     Ok(unsafe { Tensor::from_ptr(ptr) })
@@ -59,11 +43,11 @@ pub fn pack(weight: &Tensor) -> Result<Tensor> {
     let mut error = std::ptr::null_mut();
     // SAFETY: `weight` is a live tensor for the whole call; the shim does not keep the handle.
     let ptr = unsafe { comas_onednn_pack(weight.as_ptr(), &mut error) };
-    wrap(ptr, error, "weight reorder")
+    wrap(ptr, error, "oneDNN weight reorder")
 }
 
 /// Rows of `x` [.., in]: every dimension but the last.
-fn rows(x: &Tensor) -> i64 {
+pub(crate) fn rows(x: &Tensor) -> i64 {
     let size = x.size();
     size[..size.len() - 1].iter().product()
 }
@@ -76,7 +60,7 @@ pub fn linear(x: &Tensor, packed: &Tensor, bias: Option<&Tensor>, out_features: 
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: every handle is a live tensor for the whole call; the shim keeps none of them.
     let ptr = unsafe { comas_onednn_linear(x2.as_ptr(), packed.as_ptr(), bias_ptr, &mut error) };
-    let y = wrap(ptr, error, "linear")?;
+    let y = wrap(ptr, error, "oneDNN linear")?;
     *shape.last_mut().expect("x has a last dimension") = out_features;
     Ok(y.reshape(shape))
 }

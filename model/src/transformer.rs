@@ -1,11 +1,11 @@
 //! The decoder-only transformer shared by Qwen2/Qwen2.5, Qwen3 and Llama 3.x. Field names follow
 //! the checkpoint's tensor names; the KV cache lives outside the model.
 use crate::config::Config;
+use crate::decode_linear::{self, DecodeLinear, DecodePath};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{CacheStep, KvCache, ATTEND_BLOCK};
 use crate::lora::{LoraBatch, Proj};
 use crate::mask;
-use crate::onednn::{self, PackedWeight};
 use crate::rope::{self, Rope};
 use crate::weights::Checkpoint;
 use std::path::Path;
@@ -14,19 +14,19 @@ use tch::{Device, Kind, Tensor};
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
-    /// oneDNN's packed copy for decode steps (off unless [`CausalLm::pack_for_decode`]).
-    packed: PackedWeight,
+    /// The decode steps' product (aten unless [`CausalLm::pack_for_decode`]).
+    decode: DecodeLinear,
 }
 
 impl Linear {
     fn load(ckpt: &mut Checkpoint, prefix: &str, in_dim: i64, out_dim: i64, bias: bool) -> Result<Self> {
         let weight = ckpt.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
         let bias = if bias { Some(ckpt.take(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
-        Ok(Self { weight, bias, packed: PackedWeight::default() })
+        Ok(Self { weight, bias, decode: DecodeLinear::default() })
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        self.packed.forward(x, &self.weight, self.bias.as_ref()).unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
+        self.decode.forward(x, &self.weight, self.bias.as_ref()).unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
     }
 }
 
@@ -309,7 +309,7 @@ pub struct CausalLm {
     norm: RmsNorm,
     /// Shares storage with `embed_tokens` when embeddings are tied.
     lm_head: Tensor,
-    lm_head_packed: PackedWeight,
+    lm_head_decode: DecodeLinear,
     rope: Rope,
     kind: Kind,
     device: Device,
@@ -344,7 +344,7 @@ impl CausalLm {
         let norm = RmsNorm::load(ckpt, "model.norm.weight", h, config.rms_norm_eps)?;
         let lm_head = if config.tie_word_embeddings { embed_tokens.shallow_clone() } else { ckpt.take("lm_head.weight", &[v, h])? };
         let rope = Rope::new(&config.rope, config.head_dim, device);
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, lm_head_packed: PackedWeight::default(), rope, kind, device })
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, lm_head_decode: DecodeLinear::default(), rope, kind, device })
     }
 
     pub fn config(&self) -> &Config {
@@ -445,22 +445,23 @@ impl CausalLm {
 
     /// Projects final hidden states to vocabulary logits.
     pub fn lm_head(&self, hidden: &Tensor) -> Tensor {
-        self.lm_head_packed.forward(hidden, &self.lm_head, None).unwrap_or_else(|| hidden.linear::<Tensor>(&self.lm_head, None))
+        self.lm_head_decode.forward(hidden, &self.lm_head, None).unwrap_or_else(|| hidden.linear::<Tensor>(&self.lm_head, None))
     }
 
-    /// Lets decode steps (at most [`onednn::MAX_ROWS`] rows) use oneDNN's packed linears where
-    /// they apply (bf16 on CPU; `COMAS_DECODE_LINEAR=aten` keeps aten). For models that only
-    /// generate: each packed copy costs the memory of its weight. Returns whether it applies.
-    pub fn pack_for_decode(&self) -> bool {
-        let on = onednn::applies(self.kind, self.device);
+    /// Lets decode steps (at most [`decode_linear::MAX_ROWS`] rows) take the fast product for
+    /// this dtype on this device ([`decode_linear::choose`]): oneDNN's packed linears in bf16 on
+    /// CPU (each packed copy costs the memory of its weight, so only for models that generate),
+    /// the few-row kernel in f32. Returns the path taken.
+    pub fn pack_for_decode(&self) -> DecodePath {
+        let path = decode_linear::choose(self.kind, self.device);
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
             for lin in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj] {
-                lin.packed.set_enabled(on, &lin.weight);
+                lin.decode.set(path, &lin.weight);
             }
         }
-        self.lm_head_packed.set_enabled(on, &self.lm_head);
-        on
+        self.lm_head_decode.set(path, &self.lm_head);
+        path
     }
 
     /// Full-sequence forward: logits [B, S, V] for every position. `attention_mask` [B, S]

@@ -3,6 +3,7 @@
 mod common;
 
 use comas_model::batcher::drain;
+use comas_model::decode_linear::DecodePath;
 use comas_model::{generate, Batcher, CausalLm, Completion, GenerationRequest, LoraAdapter, SamplingParams};
 use common::*;
 use tch::{Device, Kind};
@@ -23,6 +24,8 @@ fn same(a: &Completion, b: &Completion, what: &str) {
 fn late_joiners_match_running_alone() {
     let r = Reference::load("llama3-gqa");
     let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
+    // As a worker runs it: decode steps take the few-row kernel.
+    assert_eq!(model.pack_for_decode(), DecodePath::Rows);
     let reqs: Vec<GenerationRequest> = (0..9)
         .map(|i| {
             let mut prompt = r.prompt_ids(i % 3);

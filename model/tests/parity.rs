@@ -2,6 +2,7 @@
 //! continuations, KV-cache decoding against the full forward, and batched against one-by-one.
 mod common;
 
+use comas_model::decode_linear::DecodePath;
 use comas_model::{generate, CausalLm, GenerationRequest, LoraAdapter, LoraBatch, SamplingParams, Tokenizer};
 use common::*;
 use tch::{Device, Kind, Tensor};
@@ -85,7 +86,7 @@ fn qwen2_tied_bf16_matches_transformers() {
 #[test]
 fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
     let model = load("qwen2-tied-bf16", Kind::BFloat16);
-    assert!(model.pack_for_decode(), "bf16 on CPU packs");
+    assert_eq!(model.pack_for_decode(), DecodePath::Packed, "bf16 on CPU packs");
     let worst = check_model_with("qwen2-tied-bf16", model, BF16_TOL);
     eprintln!("qwen2-tied-bf16 (bf16, packed linears) worst |logit diff| = {worst:e}");
 }
@@ -95,7 +96,7 @@ fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
 #[test]
 fn packed_linears_follow_an_in_place_weight_update() {
     let packed = load("qwen2-tied-bf16", Kind::BFloat16);
-    assert!(packed.pack_for_decode());
+    assert_eq!(packed.pack_for_decode(), DecodePath::Packed);
     let plain = load("qwen2-tied-bf16", Kind::BFloat16);
     let ids = Reference::load("qwen2-tied-bf16").prompt_ids(0);
     let before = logits_of(&packed, &ids);
@@ -112,6 +113,16 @@ fn packed_linears_follow_an_in_place_weight_update() {
     let d = max_abs_diff(&after, &want);
     assert!(d <= BF16_TOL, "packed vs aten after the update: {d:e}");
     assert!(max_abs_diff(&after, &before) > 0.1, "the update changed the outputs");
+}
+
+/// The same checks in f32 with the few-row decode kernel on (every product here has at most 64
+/// rows, so all of them take it).
+#[test]
+fn llama3_gqa_with_the_few_row_kernel_matches_transformers() {
+    let model = load("llama3-gqa", Kind::Float);
+    assert_eq!(model.pack_for_decode(), DecodePath::Rows, "f32 on an AVX2 CPU takes the few-row kernel");
+    let worst = check_model_with("llama3-gqa", model, F32_TOL);
+    eprintln!("llama3-gqa (f32, few-row kernel) worst |logit diff| = {worst:e}");
 }
 
 #[test]
