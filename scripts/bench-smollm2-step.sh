@@ -10,6 +10,7 @@
 #                                                 # decode attention instead of SDPA
 #   COMAS_DECODE_LINEAR=aten bash scripts/bench-smollm2-step.sh        # aten's linears in decode
 #                                                 # instead of oneDNN's packed ones (bf16 on CPU)
+#                                                 # or the few-row kernel (f32)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtype=${DTYPE:-bfloat16}
