@@ -1,6 +1,7 @@
 include!("../build-support/libtorch_link.rs");
 
-/// Compiles the C++ in `csrc/` (the oneDNN shim and the few-row f32 linear) against the headers of the libtorch that torch-sys links.
+/// Compiles the C++ in `csrc/` (the oneDNN shim and the few-row f32 linear) against the headers
+/// of the libtorch that torch-sys links.
 fn compile_shim() {
     println!("cargo:rerun-if-changed=csrc/onednn_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/rows_linear.cpp");
