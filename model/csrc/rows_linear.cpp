@@ -118,7 +118,8 @@ void run(const float* x, const float* w, const float* b, float* y, int64_t rows,
   const int max_rows = chosen == Isa::Avx512 ? kRows512 : kRows256;
   const int64_t out_tiles = (out + kOut - 1) / kOut;
   const int64_t tile_bytes = kOut * in * static_cast<int64_t>(sizeof(float));
-  const int64_t grain = std::max<int64_t>(1, kSerialBytes / tile_bytes);
+  // A zero-width weight (every output is its bias) must not divide by zero here.
+  const int64_t grain = std::max<int64_t>(1, kSerialBytes / std::max<int64_t>(1, tile_bytes));
   at::parallel_for(0, out_tiles, grain, [&](int64_t begin, int64_t end) {
     float part[kRows512 * kOut];
     for (int64_t t = begin; t < end; ++t) {

@@ -83,7 +83,7 @@ mod tests {
         // every remainder of the 4-row weight tile; row counts with every remainder of the input
         // tiles (6 rows for AVX-512, 2 for AVX2).
         for isa in kernels() {
-            for (out, inp) in [(96, 64), (97, 61), (5, 3), (258, 576), (7, 1536)] {
+            for (out, inp) in [(96, 64), (97, 61), (5, 3), (5, 0), (258, 576), (7, 1536)] {
                 let (w, b, x) = draw(out, inp, 13);
                 for rows in [1, 2, 3, 4, 5, 6, 7, 13] {
                     let x = x.narrow(0, 0, rows);
