@@ -16,9 +16,21 @@ extern "C" {
     fn comas_onednn_linear(x: *const C_tensor, packed: *const C_tensor, bias: *const C_tensor, error: *mut *mut c_char) -> *mut C_tensor;
 }
 
-/// Whether weights of this dtype on this device are worth packing: bf16 on CPU.
+/// Whether weights of this dtype on this device are worth packing: bf16 on a CPU whose oneDNN
+/// bf16 path runs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; without them the reorder refuses).
 pub fn applies(kind: Kind, device: Device) -> bool {
-    kind == Kind::BFloat16 && device == Device::Cpu
+    kind == Kind::BFloat16 && device == Device::Cpu && cpu_runs_bf16()
+}
+
+/// Whether this CPU has the instructions oneDNN's bf16 inner product needs.
+pub fn cpu_runs_bf16() -> bool {
+    static RUNS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RUNS.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let flags: Vec<&str> = info.lines().find(|l| l.starts_with("flags")).map(|l| l.split_whitespace().collect()).unwrap_or_default();
+        let has = |f: &str| flags.contains(&f);
+        has("avx_ne_convert") || (has("avx512bw") && has("avx512vl") && has("avx512dq"))
+    })
 }
 
 /// Takes ownership of a tensor handle from a shim in `csrc/`, or its error message.
@@ -131,6 +143,10 @@ mod tests {
 
     #[test]
     fn a_packed_linear_matches_aten_and_a_row_does_not_depend_on_its_batch() {
+        if !cpu_runs_bf16() {
+            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            return;
+        }
         // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
         let (w, b, x) = crate::seeded::with_torch_seed(0, || {
             let opts = (Kind::Float, Device::Cpu);
@@ -153,6 +169,10 @@ mod tests {
 
     #[test]
     fn a_packed_weight_is_made_again_after_the_weight_changes_in_place() {
+        if !cpu_runs_bf16() {
+            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            return;
+        }
         let mut w = Tensor::ones([8, 4], (Kind::BFloat16, Device::Cpu));
         let x = Tensor::ones([2, 4], (Kind::BFloat16, Device::Cpu));
         let p = PackedWeight::default();
@@ -169,6 +189,10 @@ mod tests {
 
     #[test]
     fn a_bad_input_is_an_error_not_a_crash() {
+        if !cpu_runs_bf16() {
+            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            return;
+        }
         let w = Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu));
         let packed = pack(&w).unwrap();
         let err = linear(&Tensor::zeros([3, 5], (Kind::BFloat16, Device::Cpu)), &packed, None, 8).unwrap_err();
