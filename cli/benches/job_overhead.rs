@@ -4,7 +4,7 @@
 //! times experience making alone at the paper's batch shape (256 episodes, l = 4, R = 2).
 //!
 //! cargo bench -p comas --bench job_overhead
-use comas_coordinator::experience::{make_step, Finished};
+use comas_workflow::comas::experience::{make_step, Finished};
 use comas_workflow::comas::{start_batch, CoMasConfig, PlanSeed};
 use comas_workflow::{FinishReason, Role, TaskKind, TaskRecord, TurnOutput};
 use serde_json::Value;
@@ -142,7 +142,7 @@ fn paper_scale_experience() {
                 Finished { episode_id: format!("e{i}"), trajectory, answer: "1".into() }
             })
             .collect();
-        let b = make_step(&parsed, 4, None, None, comas_workflow::comas::RewardSource::Comas).unwrap();
+        let b = make_step(&parsed, 4, None, comas_workflow::comas::RewardSource::Comas).unwrap();
         assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 256 * 24);
         best = best.min(t.elapsed().as_secs_f64());
     }

@@ -255,15 +255,8 @@ pub fn step_line(m: &Value) -> String {
         let r: Vec<String> = agents.iter().map(|a| format!("a{}={}", a.get("agent").and_then(Value::as_u64).unwrap_or(0), fmt(a.get("reward_mean")))).collect();
         parts.push(format!("reward {}", r.join(" ")));
     }
-    if let Some(p) = m.get("parse_failure_rate").and_then(Value::as_f64) {
-        parts.push(format!("invalid scores {:.0}%", p * 100.0));
-    }
-    if let Some(acc) = m.pointer("/accuracy/last_round").and_then(Value::as_f64) {
-        parts.push(format!("accuracy {:.0}%", acc * 100.0));
-    }
-    parts.extend(coaching(m));
-    parts.extend(sharing(m));
-    parts.extend(graph(m));
+    // The method's own figures (CoMAS's accuracy and score failures, MAPPA's coaching, ...).
+    parts.extend(comas_workflow::registry::watch(m));
     if let Some(s) = m.get("seconds") {
         let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
         parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
@@ -271,57 +264,11 @@ pub fn step_line(m: &Value) -> String {
     parts.join(" | ")
 }
 
-/// A MAPPA record's coaching: the coach score by role, the share of actions scored, tool runs
-/// that ran cleanly and the last agent's answers (logged only). Empty for other methods.
-fn coaching(m: &Value) -> Vec<String> {
-    let Some(mm) = comas_workflow::mappa::MappaMetrics::read(m) else { return Vec::new() };
-    let by_role: Vec<String> = mm.coach_score.iter().map(|(role, s)| format!("{role} {}", s.mean.map_or("-".into(), |v| format!("{v:.1}")))).collect();
-    let share = |s: comas_workflow::mappa::reward::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
-    let mut parts = vec![
-        format!("coach {}", by_role.join(" ")),
-        format!("scored {}/{}", mm.samples, mm.samples + mm.samples_dropped),
-        format!("tool runs ok {} of {}", share(mm.tool_success_rate), mm.tool_calls),
-    ];
-    if mm.ds_success_rate.count > 0 {
-        // DSBench: how many submissions could be scored, and their mean accuracy or error.
-        let mut s = format!("submissions scored {}", share(mm.ds_success_rate));
-        for (key, name) in [("accuracy", "accuracy"), ("rmse_pct_range", "RMSE % of range")] {
-            if let Some(v) = mm.ds_metrics.get(key).and_then(|m| m.mean) {
-                s.push_str(&format!(" {name} {v:.2}"));
-            }
-        }
-        parts.push(s);
-    } else {
-        parts.push(format!("answers right {}", share(mm.outcome_accuracy)));
-    }
-    parts
-}
-
-/// A CoSIR record's game: team accuracy, valid shares per game, private cells disclosed,
-/// requests answered and format violations. Empty for other methods.
-fn sharing(m: &Value) -> Vec<String> {
-    let Some(c) = comas_workflow::cosir::metrics::CosirMetrics::read(m) else { return Vec::new() };
-    let pct = |s: comas_workflow::mean::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
-    vec![
-        format!("team right {}", pct(c.team_accuracy)),
-        format!("valid shares/game {}", c.valid_shares_per_episode.mean.map_or("-".into(), |v| format!("{v:.1}"))),
-        format!("disclosed {} answered {}", pct(c.disclosure_rate), pct(c.request_fulfilment_rate)),
-        format!("format broken {}", pct(c.format_violation_rate)),
-    ]
-}
-
-/// A NeuroMAS record's rollouts: readouts right, readouts without a box, task groups whose
-/// rollouts all scored alike, and the share of messages cut per layer. Empty for other methods.
-fn graph(m: &Value) -> Vec<String> {
-    let Some(g) = comas_workflow::neuromas::metrics::NeuromasMetrics::read(m) else { return Vec::new() };
-    let pct = |s: comas_workflow::mean::Mean| s.mean.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
-    let cut: Vec<String> = g.truncation_rate.iter().map(|(layer, r)| format!("L{layer} {}", pct(*r))).collect();
-    vec![
-        format!("graph right {}", pct(g.graph_accuracy)),
-        format!("no box {}", pct(g.no_box_rate)),
-        format!("equal groups {}/{}", g.equal_groups, g.groups),
-        format!("messages cut {}", cut.join(" ")),
-    ]
+/// One line per evaluation: the method's own figures.
+pub fn eval_line(m: &Value) -> String {
+    let mut parts = vec![format!("eval after {} steps", m["after_steps"]), format!("{} episodes", m["episodes"])];
+    parts.extend(comas_workflow::registry::watch(m));
+    parts.join(" | ")
 }
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
@@ -382,20 +329,7 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
             }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
-                    // A method's own figures (MAPPA's coaching, CoSIR's sharing, NeuroMAS's
-                    // graph) when it has them, else CoMAS's accuracy and score parse failures.
-                    let coached: Vec<String> = coaching(&m).into_iter().chain(sharing(&m)).chain(graph(&m)).collect();
-                    if coached.is_empty() {
-                        let acc = m.pointer("/accuracy/last_round").and_then(Value::as_f64).map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
-                        say(&format!(
-                            "eval after {} steps | {} episodes | accuracy {acc} | invalid scores {}",
-                            m["after_steps"],
-                            m["episodes"],
-                            fmt(m.get("parse_failure_rate"))
-                        ));
-                    } else {
-                        say(&format!("eval after {} steps | {} episodes | {}", m["after_steps"], m["episodes"], coached.join(" | ")));
-                    }
+                    say(&eval_line(&m));
                 }
             } else if ev.kind == "step" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
@@ -439,24 +373,29 @@ mod tests {
             step_line(&m),
             "step 3 | reward a0=+0.250 | coach problem_solver 2.5 verifier - | scored 11/12 | tool runs ok 75% of 4 | answers right 25% | rollout 20.0s train 10.0s sync 0.5s"
         );
-        assert!(coaching(&serde_json::json!({"accuracy": {"last_round": 0.5}})).is_empty());
+        let watch = comas_workflow::registry::watch;
         let ds = serde_json::json!({
-            "coach_score": {"analyst": {"mean": 6.0, "count": 2}}, "samples": 2, "tool_calls": 2, "tool_success_rate": {"mean": 1.0, "count": 2},
+            "method": "mappa", "coach_score": {"analyst": {"mean": 6.0, "count": 2}}, "samples": 2, "tool_calls": 2, "tool_success_rate": {"mean": 1.0, "count": 2},
             "ds_success_rate": {"mean": 0.5, "count": 2}, "ds_metrics": {"accuracy": {"mean": 0.75, "count": 1}}
         });
-        assert_eq!(coaching(&ds).last().unwrap(), "submissions scored 50% accuracy 0.75");
+        assert_eq!(watch(&ds).last().unwrap(), "submissions scored 50% accuracy 0.75");
         let cosir = serde_json::json!({
             "step": 1, "method": "cosir", "team_accuracy": {"mean": 0.5, "count": 4}, "valid_shares_per_episode": {"mean": 1.25, "count": 4},
             "disclosure_rate": {"mean": 0.1, "count": 4}, "request_fulfilment_rate": {"mean": null, "count": 0}, "format_violation_rate": {"mean": 0.0, "count": 4}
         });
         assert_eq!(step_line(&cosir), "step 1 | team right 50% | valid shares/game 1.2 | disclosed 10% answered - | format broken 0%");
-        assert!(sharing(&m).is_empty());
+
         let neuromas = serde_json::json!({
             "step": 2, "method": "neuromas", "graph_accuracy": {"mean": 0.25, "count": 16}, "no_box_rate": {"mean": 0.0, "count": 16},
             "equal_groups": 3, "groups": 4, "truncation_rate": {"1": {"mean": 0.5, "count": 32}, "2": {"mean": 0.0, "count": 16}}
         });
         assert_eq!(step_line(&neuromas), "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%");
-        assert!(graph(&m).is_empty() && graph(&cosir).is_empty());
+        // A CoMAS record (with or without its method's name, as before the field): accuracy and
+        // score failures, on the step and the evaluation lines alike.
+        let comas = serde_json::json!({"step": 4, "parse_failure_rate": 0.25, "accuracy": {"last_round": 0.5}, "agents": [{"agent": 1, "reward_mean": -0.5}]});
+        assert_eq!(step_line(&comas), "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%");
+        let eval = serde_json::json!({"method": "comas", "kind": "eval", "after_steps": 2, "episodes": 8, "parse_failure_rate": 0.0, "accuracy": {"last_round": 0.125}});
+        assert_eq!(eval_line(&eval), "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::Architecture;
-use comas_workflow::mappa::MappaMetrics;
+use comas_workflow::method::{Row, Unit};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -242,57 +242,32 @@ pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
     Ok(job)
 }
 
-fn num(v: &Value, pointer: &str) -> Option<f64> {
-    v.pointer(pointer).and_then(Value::as_f64)
-}
-
-/// The first and the last held-out evaluation of a run, side by side: accuracy, score parse
-/// rate and mean reward per role. None when the run logged fewer than two evaluations.
+/// The first and the last held-out evaluation of a run, side by side: the rows of the job's
+/// method (accuracy first). None when the run logged fewer than two evaluations.
 pub fn before_after(metrics_path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(metrics_path).ok()?;
     let evals: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|v| v["kind"] == "eval").collect();
-    let (first, last) = (evals.first()?, evals.last()?);
     if evals.len() < 2 {
         return None;
     }
-    let rows: Vec<(String, String, String)> = if let (Some(a), Some(b)) = (MappaMetrics::read(first), MappaMetrics::read(last)) {
-        // MAPPA: the last agent's answers, the tools and the coach's score per role.
-        let score = |m: &MappaMetrics, r: &str| m.coach_score.get(r).and_then(|s| s.mean).map_or("-".to_string(), |x| format!("{x:.2}"));
-        [
-            ("answers right".to_string(), pct(a.outcome_accuracy.mean), pct(b.outcome_accuracy.mean)),
-            ("tool runs ok".to_string(), pct(a.tool_success_rate.mean), pct(b.tool_success_rate.mean)),
-        ]
-        .into_iter()
-        .chain(a.coach_score.keys().map(|r| (format!("coach score, {r}"), score(&a, r), score(&b, r))))
-        .collect()
-    } else {
-        comas_rows(first, last)
-    };
+    let (first, last) = (evals.first()?, evals.last()?);
+    let (a, b) = (comas_workflow::registry::summary(first)?, comas_workflow::registry::summary(last)?);
     let after = |v: &Value| v["after_steps"].as_u64().unwrap_or(0);
     let mut out = format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", after(first)), format!("after {} steps", after(last)));
-    for (name, a, b) in rows {
-        out.push_str(&format!("{name:<24} {a:>14} {b:>14}\n"));
+    for (x, y) in a.rows.iter().zip(&b.rows) {
+        out.push_str(&format!("{:<24} {:>14} {:>14}\n", x.name, shown(x), shown(y)));
     }
     Some(out)
 }
 
-fn pct(v: Option<f64>) -> String {
-    v.map_or("-".to_string(), |x| format!("{:.0} %", x * 100.0))
-}
-
-/// A CoMAS evaluation's rows: accuracy, score parse rate and mean reward per role.
-fn comas_rows(first: &Value, last: &Value) -> Vec<(String, String, String)> {
-    let signed = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:+.3}"));
-    [
-        ("held-out accuracy".to_string(), pct(num(first, "/accuracy/last_round")), pct(num(last, "/accuracy/last_round"))),
-        ("score parse rate".to_string(), pct(num(first, "/parse_failure_rate").map(|f| 1.0 - f)), pct(num(last, "/parse_failure_rate").map(|f| 1.0 - f))),
-    ]
-    .into_iter()
-    .chain(["solver", "evaluator", "scorer"].iter().map(|r| {
-        let p = format!("/reward/{r}/mean");
-        (format!("mean reward, {r}"), signed(num(first, &p)), signed(num(last, &p)))
-    }))
-    .collect()
+/// A row's value as the table shows it.
+fn shown(row: &Row) -> String {
+    match (row.value, row.unit) {
+        (None, _) => "-".to_string(),
+        (Some(x), Unit::Share) => format!("{:.0} %", x * 100.0),
+        (Some(x), Unit::Signed) => format!("{x:+.3}"),
+        (Some(x), Unit::Number) => format!("{x:.2}"),
+    }
 }
 
 #[cfg(test)]
@@ -307,7 +282,7 @@ mod tests {
         assert_eq!(spec.agents.len(), 2);
         assert!(spec.agents.iter().all(|a| a.model == Path::new("/m/smollm2") && a.train.contains_key("lora")));
         assert_eq!(
-            spec.comas.get("sampling").and_then(|s| s.get("scorer")).and_then(|s| s.get("guided_suffix")).and_then(|v| v.as_str()),
+            spec.settings.get("sampling").and_then(|s| s.get("scorer")).and_then(|s| s.get("guided_suffix")).and_then(|v| v.as_str()),
             Some(comas_workflow::GUIDED_SCORE_SUFFIX)
         );
     }
@@ -337,7 +312,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("metrics.jsonl");
         let rec = |steps: u64, right: f64, verifier: f64| {
-            serde_json::json!({"kind": "eval", "after_steps": steps, "outcome_accuracy": {"mean": right, "count": 16},
+            serde_json::json!({"kind": "eval", "method": "mappa", "after_steps": steps, "outcome_accuracy": {"mean": right, "count": 16},
                 "tool_success_rate": {"mean": 0.5, "count": 8}, "coach_score": {"verifier": {"mean": verifier, "count": 16}}})
             .to_string()
         };
@@ -346,5 +321,20 @@ mod tests {
         assert!(t.lines().any(|l| l.starts_with("answers right") && l.contains("12 %") && l.contains("25 %")), "{t}");
         assert!(t.lines().any(|l| l.starts_with("coach score, verifier") && l.contains("5.94") && l.contains("6.50")), "{t}");
         assert!(!t.contains("score parse rate"), "{t}");
+    }
+
+    /// The issue this table once had: a NeuroMAS run read CoMAS's keys and showed "-".
+    #[test]
+    fn a_neuromas_table_shows_its_held_out_accuracy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        let rec = |steps: u64, right: f64| {
+            serde_json::json!({"kind": "eval", "method": "neuromas", "after_steps": steps, "episodes": 64,
+                "graph_accuracy": {"mean": right, "count": 64}, "no_box_rate": {"mean": 0.5, "count": 64}, "reward": {"mean": right, "count": 64}})
+            .to_string()
+        };
+        std::fs::write(&p, [rec(0, 0.078125), rec(16, 0.390625)].join("\n")).unwrap();
+        let t = before_after(&p).unwrap();
+        assert!(t.lines().any(|l| l.starts_with("held-out accuracy") && l.contains("8 %") && l.contains("39 %")), "{t}");
     }
 }

@@ -6,7 +6,8 @@
 use anyhow::{bail, Context, Result};
 use comas_learner::checkpoint::{job_folder, list_checkpoints};
 use comas_workflow::job::JobSpec;
-use comas_workflow::neuromas::{Graph, Init, NeuromasConfig, ParamSharing};
+use comas_workflow::method::Method;
+use comas_workflow::neuromas::{Graph, Init, Neuromas, NeuromasConfig, ParamSharing};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -68,10 +69,10 @@ pub fn run(a: Args) -> Result<()> {
     let base = std::fs::canonicalize(&base).with_context(|| base.display().to_string())?;
     let mut spec = JobSpec::from_toml(&text).with_context(|| a.job.display().to_string())?;
     spec.resolve_paths(&base);
-    let cfg: NeuromasConfig = toml::Value::Table(spec.neuromas.clone()).try_into().context("[neuromas] of the job")?;
-    if spec.method != comas_workflow::job::Method::Neuromas {
+    if spec.method != Neuromas::NAME {
         bail!("{} is not a NeuroMAS job (method = \"neuromas\"); only a graph grows", a.job.display());
     }
+    let cfg: NeuromasConfig = toml::Value::Table(spec.settings.clone()).try_into().context("[neuromas] of the job")?;
     if cfg.param_sharing != ParamSharing::PerNode {
         bail!("growth copies each node's own adapter: the job must use neuromas.param_sharing = \"per_node\"");
     }

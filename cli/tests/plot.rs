@@ -305,7 +305,7 @@ fn an_old_log_leaves_out_panels_without_data() {
 #[test]
 fn a_requested_panel_without_data_is_an_error() {
     let m = read_log(&fixture("three_steps.jsonl")).unwrap();
-    let err = Figure::build(&m, &Options { title: "t".into(), roles: false, groups: vec![Group::Rewards, Group::Judging] }).unwrap_err();
+    let err = Figure::build(&m, &Options { title: "t".into(), roles: false, groups: vec![Group::Rewards, Group::named("judging").unwrap()] }).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("\"judging\"") && msg.contains("score_parse_rate") && msg.contains("solver_reward_by_correctness"), "{msg}");
 
@@ -336,7 +336,7 @@ fn unknown_panel_name_is_an_error() {
     let mut a = args(fixture("full.jsonl"), out.clone());
     a.panels = vec!["rewards".into(), "speed".into()];
     let msg = format!("{:#}", plot::run(a).unwrap_err());
-    assert!(msg.contains("\"speed\"") && msg.contains("rewards, training, lengths, judging, accuracy, times"), "{msg}");
+    assert!(msg.contains("\"speed\"") && msg.contains("rewards, training, lengths, judging, coaching, sharing, accuracy, times"), "{msg}");
     assert!(!out.exists());
 }
 

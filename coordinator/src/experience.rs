@@ -1,24 +1,13 @@
-//! Experience making: the CoMAS reward formulation turns each finished trajectory into one
-//! reward per turn, and each turn becomes an experience for the learner of the agent that spoke
-//! it. The step's metrics record (rewards by agent and role, scores, accuracy, lengths) is
-//! computed from the same data. Pure code, no I/O.
+//! The coordinator's side of experience making: a worker's record checked by its method, and a
+//! method's experiences turned into the wire messages the learners take. The rewards and the
+//! step's figures are the method's own (`comas_workflow::method`); this module only converts.
 use comas_proto::v1 as pb;
-use comas_workflow::comas::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist, Spread};
-use comas_workflow::comas::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, Variant};
-use comas_workflow::grade::is_correct;
-use comas_workflow::program::{PolicyTurn, Record, RecordKind};
-use comas_workflow::{FinishReason, Role, WorkflowError};
+use comas_workflow::method::{check_turn_versions, Experience, StepOutput};
+use comas_workflow::program::{MethodConfig, Record};
+use comas_workflow::{ConstrainedToken, FinishReason};
 use serde_json::Value;
-use std::collections::HashMap;
 
-/// One accepted episode.
-pub struct Finished {
-    pub episode_id: String,
-    pub trajectory: Trajectory,
-    /// The question's reference answer (logging only).
-    pub answer: String,
-}
-
+/// A step's experiences per agent, as the learners take them, and the step's figures.
 #[derive(Debug)]
 pub struct StepBatch {
     /// Experiences per agent, in (episode id, turn) order.
@@ -30,440 +19,120 @@ pub struct StepBatch {
     pub pooled_whitening: bool,
 }
 
-#[derive(Default)]
-struct Acc {
-    sum: f64,
-    sq: f64,
-    n: u64,
-}
-
-impl Acc {
-    fn push(&mut self, v: f64) {
-        self.sum += v;
-        self.sq += v * v;
-        self.n += 1;
-    }
-    fn mean(&self) -> Option<f64> {
-        (self.n > 0).then(|| self.sum / self.n as f64)
-    }
-    fn spread(&self) -> Spread {
-        let mean = self.mean();
-        let std = mean.map(|m| (self.sq / self.n as f64 - m * m).max(0.0).sqrt());
-        Spread { mean, std, count: self.n }
-    }
-}
-
-/// One value per CoMAS role from a map of accumulators; a role without turns has none.
-fn by_role<T>(m: &HashMap<Role, Acc>, f: impl Fn(&Acc) -> Option<T>) -> ByRole<T> {
-    let of = |r: Role| m.get(&r).and_then(&f);
-    ByRole { solver: of(Role::Solver), evaluator: of(Role::Evaluator), scorer: of(Role::Scorer) }
-}
-
-#[derive(Default)]
-struct Tally {
-    reward: HashMap<Role, Acc>,
-    all: Acc,
-    scores: [u64; 4],
-    len: HashMap<Role, Acc>,
-    truncated: u64,
-    turns: u64,
-    /// 1 per truncated turn, 0 otherwise, by role.
-    truncated_by_role: HashMap<Role, Acc>,
-    /// 1 per valid verdict that passes its solution (a score of 3, or "correct" under
-    /// no_scoring), 0 per other valid verdict.
-    approval: Acc,
-    /// Solver rewards split by whether the solution was right (graded for logging only).
-    solver_reward_correct: Acc,
-    solver_reward_wrong: Acc,
-    correct_first: Acc,
-    correct_last: Acc,
-    versions: std::collections::BTreeSet<u64>,
-}
-
-impl Tally {
-    fn figures(&self) -> ComasFigures {
-        let judged: u64 = self.scores.iter().sum();
-        ComasFigures {
-            reward_mean: self.all.mean(),
-            reward: by_role(&self.reward, |a| Some(a.spread())),
-            score_hist: ScoreHist { one: self.scores[1], two: self.scores[2], three: self.scores[3], invalid: self.scores[0] },
-            parse_failure_rate: (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
-            score_parse_rate: (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
-            approval_rate: self.approval.mean(),
-            solver_reward_by_correctness: ByCorrectness { correct: self.solver_reward_correct.spread(), wrong: self.solver_reward_wrong.spread() },
-            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean() },
-            completion_len: by_role(&self.len, Acc::mean),
-            truncation_rate: (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
-            truncation_rate_by_role: by_role(&self.truncated_by_role, Acc::mean),
-            policy_versions: self.versions.iter().copied().collect(),
+impl From<StepOutput> for StepBatch {
+    fn from(s: StepOutput) -> Self {
+        StepBatch {
+            per_agent: s.per_agent.into_iter().map(|exps| exps.into_iter().map(experience_to_pb).collect()).collect(),
+            metrics: s.metrics,
+            pooled_whitening: s.pooled_whitening,
         }
     }
 }
 
-/// Guided-tail positions as the learner takes them.
-fn constrained_to_pb(c: &[comas_workflow::ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
-    c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
-}
-
-/// The experience of one sampled turn with a scalar reward (CoSIR, NeuroMAS).
-pub(crate) fn scalar_experience(
-    s: &comas_workflow::turn::Sampled,
-    reward: f64,
-    group: String,
-    episode_id: &str,
-    turn_id: u32,
-    temperature: f64,
-) -> pb::Experience {
+/// One experience on the wire.
+pub fn experience_to_pb(e: Experience) -> pb::Experience {
     pb::Experience {
-        prompt_ids: s.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
-        completion_ids: s.completion_ids.iter().map(|&x| i64::from(x)).collect(),
-        reward: Some(reward),
+        prompt_ids: e.prompt_ids.into_iter().map(i64::from).collect(),
+        completion_ids: e.completion_ids.into_iter().map(i64::from).collect(),
+        reward: Some(e.reward),
         token_rewards: Vec::new(),
-        finish_reason: finish(s.finish_reason),
-        group,
-        sampling_logprobs: s.logprobs.clone(),
-        episode_id: episode_id.to_string(),
-        turn_id: u64::from(turn_id),
-        policy_version: s.policy_version,
-        constrained: constrained_to_pb(&s.constrained),
-        // A greedy turn carries none: the learner scores it at its default.
-        temperature: Some(temperature).filter(|&t| t > 0.0),
-        norm_group: String::new(),
+        finish_reason: finish_to_pb(e.finish_reason),
+        group: e.group,
+        temperature: e.temperature,
+        sampling_logprobs: e.sampling_logprobs,
+        episode_id: e.episode_id,
+        turn_id: u64::from(e.turn_id),
+        policy_version: e.policy_version,
+        constrained: constrained_to_pb(&e.constrained),
+        norm_group: e.norm_group,
     }
 }
 
-/// One agent's share of a step of a method that makes its own step record (MAPPA, CoSIR).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub(crate) struct AgentShare {
-    pub agent: u32,
-    pub samples: u64,
-    /// Turns the method left out (MAPPA: actions the coach did not score).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub samples_dropped: Option<u64>,
-    pub reward_mean: Option<f64>,
-}
-
-impl AgentShare {
-    /// A share per agent, each with `dropped` as its count of left-out turns.
-    pub(crate) fn for_agents(num_agents: u32, dropped: Option<u64>) -> Vec<AgentShare> {
-        (0..num_agents).map(|agent| AgentShare { agent, samples_dropped: dropped, ..Default::default() }).collect()
-    }
-
-    /// Sets each share's mean reward from the sum of its samples' rewards.
-    pub(crate) fn set_means(shares: &mut [AgentShare], sums: &[f64]) {
-        for (share, sum) in shares.iter_mut().zip(sums) {
-            share.reward_mean = (share.samples > 0).then(|| sum / share.samples as f64);
-        }
-    }
-}
-
-/// The step record of such a method: its typed metrics, flattened, and each agent's share.
-#[derive(serde::Serialize)]
-pub(crate) struct StepRecord<'a, M: serde::Serialize> {
-    pub method: &'static str,
-    #[serde(flatten)]
-    pub metrics: &'a M,
-    pub agents: Vec<AgentShare>,
-}
-
-fn finish(f: FinishReason) -> i32 {
+fn finish_to_pb(f: FinishReason) -> i32 {
     match f {
         FinishReason::Stop => pb::FinishReason::Stop as i32,
         FinishReason::Length => pb::FinishReason::Length as i32,
     }
 }
 
-/// The group of a turn: its question, role and round, and a hash of its exact prompt tokens.
-fn group_key(question: &str, turn: &comas_workflow::comas::TrajectoryTurn) -> String {
-    prompt_group(question, turn.role, turn.round, &turn.prompt_ids)
-}
-
-/// Turns share a group only if they answered one and the same prompt: same question, role,
-/// round and exact prompt tokens.
-pub(crate) fn prompt_group(question: &str, role: Role, round: u32, prompt_ids: &[u32]) -> String {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same prompt gives the same key in every process.
-    let mut h = std::hash::DefaultHasher::new();
-    prompt_ids.hash(&mut h);
-    format!("{question}/{}/r{round}/{:016x}", role.as_str(), h.finish())
+/// Guided-tail positions as the learner takes them.
+fn constrained_to_pb(c: &[ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
+    c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
 }
 
 /// A worker's record, parsed and checked: the method's own checks, and in synchronous mode that
 /// every trained turn was sampled with the version its agent is at (`versions[agent]`).
-pub fn check_record(kind: &RecordKind, json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Record, String> {
-    let r = kind.parse(json).map_err(|e| format!("episode {episode}: {e}"))?;
+pub fn check_record(method: &MethodConfig, json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Record, String> {
+    let r = method.parse_record(json).map_err(|e| format!("episode {episode}: {e}"))?;
     if let Some(v) = versions {
         check_turn_versions(&r.policy_turns(), episode, v)?;
     }
     Ok(r)
 }
 
-/// A CoMAS trajectory, parsed and checked as `check_record` does.
-pub fn check_trajectory(json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Trajectory, String> {
-    match check_record(&RecordKind::Comas, json, episode, versions)? {
-        Record::Comas(t) => Ok(t),
-        Record::Mappa(_) | Record::Eval(_) | Record::Cosir(_) | Record::Neuromas(_) => unreachable!("parsed as CoMAS"),
-    }
-}
-
-/// Every turn carries the policy version its agent's step expects.
-pub fn check_versions(t: &Trajectory, episode: &str, versions: &[u64]) -> Result<(), String> {
-    check_turn_versions(&t.policy_turns(), episode, versions)
-}
-
-pub(crate) fn check_turn_versions(turns: &[PolicyTurn], episode: &str, versions: &[u64]) -> Result<(), String> {
-    for turn in turns {
-        let want = versions.get(turn.agent as usize).copied();
-        if want != Some(turn.policy_version) {
-            return Err(format!(
-                "episode {episode}: turn {} ({} of agent {}) was sampled with policy version {}, but this step uses version {}",
-                turn.turn_index,
-                turn.role,
-                turn.agent,
-                turn.policy_version,
-                want.map_or("none".to_string(), |v| v.to_string())
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Rewards, experiences and metrics of one step's episodes.
-/// With `versions`, a turn sampled with any other version than its agent's is refused. With
-/// `sampling`, each experience carries its role's sampling temperature for the learner. `source`
-/// says where solver rewards come from (the judges, or the answer for the verifier control).
-pub fn make_step(
-    episodes: &[Finished],
-    num_agents: u32,
-    versions: Option<&[u64]>,
-    sampling: Option<&RoleSampling>,
-    source: RewardSource,
-) -> Result<StepBatch, WorkflowError> {
-    let mut per_agent: Vec<Vec<pb::Experience>> = vec![Vec::new(); num_agents as usize];
-    let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
-    let mut total = Tally::default();
-    let mut turn_counts: HashMap<Role, u64> = HashMap::new();
-    let mut tokens = 0u64;
-    for ep in episodes {
-        let t = &ep.trajectory;
-        if t.num_agents != num_agents {
-            return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
-        }
-        if let Some(v) = versions {
-            check_versions(t, &ep.episode_id, v).map_err(WorkflowError::MalformedTrajectory)?;
-        }
-        let turn_rewards = rewards(t, source, &ep.answer)?;
-        for (turn, r) in t.turns.iter().zip(&turn_rewards) {
-            let reward = f64::from(r.reward);
-            *turn_counts.entry(turn.role).or_default() += 1;
-            tokens += turn.completion_ids.len() as u64;
-            per_agent[turn.agent as usize].push(pb::Experience {
-                prompt_ids: turn.prompt_ids.iter().map(|&x| i64::from(x)).collect(),
-                completion_ids: turn.completion_ids.iter().map(|&x| i64::from(x)).collect(),
-                reward: Some(reward),
-                token_rewards: Vec::new(),
-                finish_reason: finish(turn.finish_reason),
-                // Group estimators compare turns that answered one and the same prompt: the
-                // question's instances in round 0, but not turns whose quoted texts differ.
-                group: group_key(&t.question_id, turn),
-                temperature: sampling.map(|s| s.for_role(turn.role).temperature).filter(|&t| t > 0.0),
-                sampling_logprobs: turn.logprobs.clone(),
-                episode_id: ep.episode_id.clone(),
-                turn_id: u64::from(turn.turn_index),
-                policy_version: turn.policy_version,
-                constrained: constrained_to_pb(&turn.constrained),
-                norm_group: String::new(),
-            });
-            for tally in [&mut agents[turn.agent as usize], &mut total] {
-                tally.reward.entry(turn.role).or_default().push(reward);
-                tally.all.push(reward);
-                tally.len.entry(turn.role).or_default().push(turn.completion_ids.len() as f64);
-                tally.turns += 1;
-                tally.versions.insert(turn.policy_version);
-                tally.truncated += u64::from(turn.finish_reason == FinishReason::Length);
-                tally.truncated_by_role.entry(turn.role).or_default().push(f64::from(u8::from(turn.finish_reason == FinishReason::Length)));
-                if turn.role == Role::Scorer {
-                    tally.scores[turn.score.map_or(0, usize::from)] += 1;
-                }
-                let verdict = match (t.variant, turn.role) {
-                    (Variant::NoScoring, Role::Evaluator) => turn.judgment.map(|j| j == Judgment::Correct),
-                    (Variant::NoScoring, _) => None,
-                    (_, Role::Scorer) => turn.score.map(|s| s == 3),
-                    _ => None,
-                };
-                if let Some(pass) = verdict {
-                    tally.approval.push(f64::from(u8::from(pass)));
-                }
-                if turn.role == Role::Solver {
-                    if let Some(ok) = is_correct(t.task, &turn.text, &ep.answer) {
-                        if ok { &mut tally.solver_reward_correct } else { &mut tally.solver_reward_wrong }.push(reward);
-                        let v = f64::from(u8::from(ok));
-                        if turn.round == 0 {
-                            tally.correct_first.push(v);
-                        }
-                        if turn.round + 1 == t.num_rounds {
-                            tally.correct_last.push(v);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let count = |r: Role| Some(turn_counts.get(&r).copied().unwrap_or(0));
-    let metrics = ComasMetrics {
-        team: total.figures(),
-        episodes: episodes.len(),
-        turns: ByRole { solver: count(Role::Solver), evaluator: count(Role::Evaluator), scorer: count(Role::Scorer) },
-        generated_tokens: tokens,
-        prompts_truncated: episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum(),
-        agents: agents.iter().enumerate().map(|(k, a)| ComasAgentFigures { figures: a.figures(), agent: k as u32 }).collect(),
-    };
-    let metrics = serde_json::to_value(&metrics).map_err(|e| WorkflowError::MalformedTrajectory(e.to_string()))?;
-    Ok(StepBatch { per_agent, metrics, pooled_whitening: false })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use comas_workflow::comas::{comas_rewards, start_batch, CoMasConfig, PlanSeed};
-    use comas_workflow::{TaskKind, TaskRecord, TurnOutput};
-    use serde_json::json;
+    use comas_workflow::comas::{start_batch, CoMasConfig};
+    use comas_workflow::method::StepContext;
+    use comas_workflow::seed::PlanSeed;
+    use comas_workflow::{Role, TaskKind, TaskRecord, TurnOutput};
 
-    /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
-    fn played(cfg: &CoMasConfig, text: impl Fn(&comas_workflow::TurnRequest) -> String) -> Trajectory {
+    /// A CoMAS game played with scripted texts at policy version 7; every turn is 3 tokens.
+    fn played(cfg: &CoMasConfig) -> String {
         let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
         let mut ep = start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
         while !ep.is_done() {
             let outs = ep
                 .next_turns()
                 .iter()
-                .map(|r| TurnOutput {
-                    turn_index: r.turn_index,
-                    text: text(r),
-                    raw_text: text(r),
-                    prompt_ids: vec![1, 2, r.turn_index],
-                    completion_ids: vec![5, 6, 7],
-                    logprobs: vec![-0.5; 3],
-                    finish_reason: FinishReason::Stop,
-                    policy_version: 7,
-                    constrained: Vec::new(),
+                .map(|r| {
+                    let text = if r.role == Role::Scorer { "<score>3</score>" } else { "\\boxed{2}" };
+                    TurnOutput {
+                        turn_index: r.turn_index,
+                        text: text.into(),
+                        raw_text: text.into(),
+                        prompt_ids: vec![1, 2, r.turn_index],
+                        completion_ids: vec![5, 6, 7],
+                        logprobs: vec![-0.5; 3],
+                        finish_reason: FinishReason::Length,
+                        policy_version: 7,
+                        constrained: vec![ConstrainedToken { position: 2, allowed: vec![7, 8] }],
+                    }
                 })
                 .collect();
             ep.submit(outs).unwrap();
         }
-        ep.into_trajectory().unwrap()
+        serde_json::to_string(&ep.into_trajectory().unwrap()).unwrap()
     }
 
     #[test]
-    fn a_group_is_one_prompt() {
+    fn records_are_checked_by_their_method_and_versions_by_turn() {
         let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
-        let t = played(&cfg, |_| "x".into());
-        let a = &t.turns[0];
-        let same = a.clone();
-        let mut other = a.clone();
-        other.prompt_ids.push(99);
-        assert_eq!(group_key("q1", a), group_key("q1", &same));
-        assert_ne!(group_key("q1", a), group_key("q1", &other), "a different prompt is another group");
-        assert_ne!(group_key("q1", a), group_key("q2", a));
+        let method = MethodConfig::CoMas(cfg.clone());
+        let json = played(&cfg);
+        assert!(check_record(&method, &json, "e1", Some(&[7, 7])).is_ok());
+        assert!(check_record(&method, &json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
+        assert!(check_record(&method, &json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
+        // A record of another method does not parse as this one's.
+        let other = MethodConfig::Neuromas(Default::default());
+        assert!(check_record(&other, &json, "e1", None).is_err());
     }
 
     #[test]
-    fn turns_go_to_their_agents_with_the_comas_rewards() {
+    fn experiences_go_on_the_wire_field_by_field() {
         let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
-        // Slot 0 scored 3 (solver 1.0, evaluator 0.0), slot 1 broken (0, 0, scorer -1).
-        let t = played(&cfg, |r| match (r.role, r.slot) {
-            (Role::Solver, 0) => "so \\boxed{2}".into(),
-            (Role::Solver, _) => "\\boxed{3}".into(),
-            (Role::Scorer, 0) => "<score>3</score>".into(),
-            (Role::Scorer, _) => "no score".into(),
-            _ => "fine".into(),
-        });
-        let speakers: Vec<(u32, Role, u32, f32)> = {
-            let rewards = comas_rewards(&t).unwrap();
-            t.turns.iter().zip(&rewards).map(|(x, r)| (x.agent, x.role, x.slot, r.reward)).collect()
-        };
-        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
-        // Sampled with version 7: a step that expects version 6 for agent 1 refuses it, by turn.
-        let err = make_step(&finished, 2, Some(&[7, 6]), None, RewardSource::Comas).err().expect("a stale turn is refused").to_string();
-        assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
-        let json = serde_json::to_string(&t).unwrap();
-        assert!(check_trajectory(&json, "e1", Some(&[7, 7])).is_ok());
-        assert!(check_trajectory(&json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
-        assert!(check_trajectory(&json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
-        let b = make_step(&finished, 2, Some(&[7, 7]), Some(&cfg.sampling), RewardSource::Comas).unwrap();
-        assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
-        for (agent, exps) in b.per_agent.iter().enumerate() {
-            let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();
-            assert_eq!(exps.len(), mine.len());
-            for (e, s) in exps.iter().zip(mine) {
-                assert_eq!(e.reward, Some(f64::from(s.3)));
-                assert_eq!(e.completion_ids, vec![5, 6, 7]);
-                assert_eq!(e.policy_version, 7);
-                assert_eq!(e.episode_id, "e1");
-                // Scripted prompts differ per turn ([1, 2, turn]), so every turn is its own group.
-                assert!(e.group.starts_with(&format!("q1/{}/r0/", s.1.as_str())), "{}", e.group);
-                assert_eq!(e.temperature, Some(cfg.sampling.for_role(s.1).temperature));
-            }
-        }
-        let by_slot = |role: Role, slot: u32| speakers.iter().find(|s| s.1 == role && s.2 == slot).unwrap().3;
-        assert_eq!((by_slot(Role::Solver, 0), by_slot(Role::Evaluator, 0), by_slot(Role::Scorer, 0)), (1.0, 0.0, 0.0));
-        assert_eq!((by_slot(Role::Solver, 1), by_slot(Role::Evaluator, 1), by_slot(Role::Scorer, 1)), (0.0, 0.0, -1.0));
-        let m = &b.metrics;
-        assert_eq!(m["score_hist"], json!({"1": 0, "2": 0, "3": 1, "invalid": 1}));
-        assert_eq!(m["parse_failure_rate"], json!(0.5));
-        // Solver of slot 0 answered 2 (right), slot 1 answered 3 (wrong).
-        assert_eq!(m["accuracy"]["last_round"], json!(0.5));
-        assert_eq!(m["turns"], json!({"solver": 2, "evaluator": 2, "scorer": 2}));
-        assert_eq!(m["reward"]["solver"]["mean"], json!(0.5));
-        assert_eq!(m["reward"]["scorer"]["mean"], json!(-0.5));
-        assert_eq!(m["agents"][0]["policy_versions"], json!([7]));
-        assert_eq!(m["generated_tokens"], json!(18));
-        assert_eq!(m["prompts_truncated"], json!(0));
-        // One valid score, a 3: the judges passed every solution they could judge.
-        assert_eq!(m["approval_rate"], json!(1.0));
-        assert_eq!(m["score_parse_rate"], json!(0.5));
-        assert_eq!(m["solver_reward_by_correctness"]["correct"], json!({"mean": 1.0, "std": 0.0, "count": 1}));
-        assert_eq!(m["solver_reward_by_correctness"]["wrong"], json!({"mean": 0.0, "std": 0.0, "count": 1}));
-        assert_eq!(m["truncation_rate_by_role"], json!({"solver": 0.0, "evaluator": 0.0, "scorer": 0.0}));
-    }
-
-    #[test]
-    fn the_verifier_control_pays_solvers_from_the_answer_only() {
-        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
-        // The judges pass the wrong solution (slot 0: 3 scored) and fail the right one (slot 1: 1).
-        let t = played(&cfg, |r| match (r.role, r.slot) {
-            (Role::Solver, 0) => "\\boxed{5}".into(),
-            (Role::Solver, _) => "\\boxed{2}".into(),
-            (Role::Scorer, 0) => "<score>3</score>".into(),
-            (Role::Scorer, _) => "<score>1</score>".into(),
-            _ => "fine".into(),
-        });
-        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
-        let by = |source: RewardSource| -> Vec<(Role, u32, f64)> {
-            let b = make_step(&finished, 2, None, None, source).unwrap();
-            b.per_agent
-                .iter()
-                .flatten()
-                .map(|e| {
-                    let turn = t.turns.iter().find(|x| u64::from(x.turn_index) == e.turn_id).unwrap();
-                    (turn.role, turn.slot, e.reward.unwrap())
-                })
-                .collect()
-        };
-        let comas = by(RewardSource::Comas);
-        let verifier = by(RewardSource::Verifier);
-        let get = |v: &[(Role, u32, f64)], role: Role, slot: u32| v.iter().find(|x| x.0 == role && x.1 == slot).unwrap().2;
-        assert_eq!((get(&comas, Role::Solver, 0), get(&comas, Role::Solver, 1)), (1.0, 0.0));
-        assert_eq!((get(&verifier, Role::Solver, 0), get(&verifier, Role::Solver, 1)), (0.0, 1.0));
-        for role in [Role::Evaluator, Role::Scorer] {
-            for slot in 0..2 {
-                assert_eq!(get(&comas, role, slot), get(&verifier, role, slot), "{role} {slot} keeps its CoMAS reward");
-            }
-        }
-        let m = make_step(&finished, 2, None, None, RewardSource::Comas).unwrap().metrics;
-        assert_eq!(m["approval_rate"], json!(0.5));
-        // The judges' reward runs against correctness here: 0 for the right answer, 1 for the wrong.
-        assert_eq!(m["solver_reward_by_correctness"]["correct"]["mean"], json!(0.0));
-        assert_eq!(m["solver_reward_by_correctness"]["wrong"]["mean"], json!(1.0));
+        let method = MethodConfig::CoMas(cfg.clone());
+        let record = method.parse_record(&played(&cfg)).unwrap();
+        let step = StepContext { agents: 2, data: &[], with_temperatures: true };
+        let out = method.experience(vec![("e1".into(), record)], &step, Some(&[7, 7])).unwrap();
+        let first = out.per_agent[0][0].clone();
+        let batch = StepBatch::from(out);
+        let e = &batch.per_agent[0][0];
+        assert_eq!((e.prompt_ids.clone(), e.completion_ids.clone(), e.reward), (vec![1, 2, 0], vec![5, 6, 7], Some(first.reward)));
+        assert_eq!((e.finish_reason, e.turn_id, e.policy_version, e.episode_id.as_str()), (pb::FinishReason::Length as i32, 0, 7, "e1"));
+        assert_eq!((e.group.as_str(), e.temperature, e.sampling_logprobs.clone()), (first.group.as_str(), first.temperature, vec![-0.5; 3]));
+        assert_eq!(e.constrained, vec![pb::ConstrainedToken { position: 2, allowed: vec![7, 8] }]);
+        assert_eq!(batch.metrics["method"], "comas");
     }
 }

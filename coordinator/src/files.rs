@@ -4,9 +4,9 @@
 //! (a shared volume in a cluster).
 use crate::error::{CoordinatorError, Result};
 use comas_service::AllowedRoots;
-use comas_workflow::job::{Job, JobSpec, Method};
+use comas_workflow::job::{Job, JobSpec};
+use comas_workflow::method::{RoomNeeds, Speaker, TaskSource};
 use comas_workflow::task::{load_dataset, location_of, TaskRecord};
-use comas_workflow::Role;
 use std::path::{Path, PathBuf};
 
 pub use comas_service::write_atomic;
@@ -54,30 +54,12 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
         .enumerate()
         .map(|(k, f)| f.model.as_ref().map(|m| check_policy(&format!("frozen[{k}]"), m, f.adapter.as_deref())).transpose())
         .collect::<Result<Vec<_>>>()?;
-    if spec.method == Method::Eval {
-        // The questions are in the file, and each call is shortened to fit its model's context.
-        let job = spec.check(0)?;
-        check_output_dir(&job.spec.output.dir)?;
-        return Ok(Loaded { job, questions: Vec::new(), eval_questions: Vec::new() });
-    }
-    if spec.method == Method::Cosir {
-        // Generated tables: check that the settings can produce one, and leave room for turns.
-        let job = spec.check(0)?;
-        if let Some(c) = &job.cosir {
-            comas_workflow::cosir::Table::generate(c, 0, "check").map_err(|e| bad("cosir", e))?;
-            if let Some(m) = models.iter().find(|m| u64::from(c.sampling.max_new_tokens) >= m.context) {
-                return Err(bad(
-                    "cosir.sampling.max_new_tokens",
-                    format!("is {}, but the model in {} holds {} tokens; leave room for the prompt", c.sampling.max_new_tokens, m.dir.display(), m.context),
-                ));
-            }
-        }
-        check_output_dir(&job.spec.output.dir)?;
-        return Ok(Loaded { job, questions: Vec::new(), eval_questions: Vec::new() });
-    }
-    let questions = load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?;
+    // A method that generates or lists its tasks has no data set to read.
+    let dataset = !spec.data.train.as_os_str().is_empty();
+    let questions =
+        if dataset { load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))? } else { Vec::new() };
     let mut eval_questions = Vec::new();
-    if let Some(e) = &spec.eval {
+    if let Some(e) = spec.eval.as_ref().filter(|e| !e.data.as_os_str().is_empty()) {
         eval_questions = load_dataset(&e.data).map_err(|err| bad("eval.data", format!("{}: {err}", e.data.display())))?;
         if e.max_questions > 0 {
             eval_questions.truncate(e.max_questions);
@@ -87,14 +69,12 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
         }
     }
     let job = spec.check(questions.len())?;
-    let room = match (&job.mappa, &job.neuromas) {
-        (Some(m), _) => check_mappa_context(m, &models, &frozen)?,
-        (None, Some(n)) => check_neuromas_context(n, &models)?,
-        (None, None) => check_context(&job, &models)?,
-    };
-    check_records(&room, &questions, "data.train", &job.spec.data.train)?;
-    if let Some(e) = &job.spec.eval {
-        check_records(&room, &eval_questions, "eval.data", &e.data)?;
+    let room = check_room(&job.method.room(), &models, &frozen)?;
+    if job.method.task_source() == TaskSource::Dataset {
+        check_records(&room, &questions, "data.train", &job.spec.data.train)?;
+        if let Some(e) = &job.spec.eval {
+            check_records(&room, &eval_questions, "eval.data", &e.data)?;
+        }
     }
     check_output_dir(&job.spec.output.dir)?;
     Ok(Loaded { job, questions, eval_questions })
@@ -124,96 +104,57 @@ struct Room<'a> {
     models: &'a [ModelRoom],
 }
 
-/// Every role's max_new_tokens must leave room for a prompt in every agent's context, and
-/// `prompt_max_len` plus it must fit there too.
-fn check_context<'a>(job: &Job, models: &'a [ModelRoom]) -> Result<Room<'a>> {
-    let Some((k, m)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
-        return Err(bad("agents", "the job lists no agents".into()));
+/// The method's replies must leave room for a prompt in their speakers' contexts, and with the
+/// job's prompt limit they must fit there too. Returns what is left for a task's prompt in the
+/// trained agents' tightest context.
+fn check_room<'a>(needs: &RoomNeeds, models: &'a [ModelRoom], frozen: &[Option<ModelRoom>]) -> Result<Room<'a>> {
+    let Some((k, tightest)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
+        // A job that trains nothing: each call is fitted to its model's context.
+        return Ok(Room { tokens: u64::MAX, why: String::new(), models });
     };
-    let held = format!("agent {k}'s model holds {} tokens (max_position_embeddings in {})", m.context, m.dir.join("config.json").display());
-    let solver_new = u64::from(job.comas.sampling.solver.max_new_tokens);
-    for role in Role::COMAS {
-        let new = u64::from(job.comas.sampling.for_role(role).max_new_tokens);
-        if new >= m.context {
-            return Err(bad(&format!("comas.sampling.{role}.max_new_tokens"), format!("is {new}, but {held}; leave room for the prompt")));
+    let held =
+        |who: String, r: &ModelRoom| format!("{who}'s model holds {} tokens (max_position_embeddings in {})", r.context, r.dir.join("config.json").display());
+    for reply in &needs.replies {
+        // A model behind an endpoint has no folder here to check.
+        let (who, room) = match reply.speaker {
+            Speaker::Agents => (format!("agent {k}"), tightest),
+            Speaker::Frozen(i) => match frozen.get(i).and_then(Option::as_ref) {
+                Some(r) => (format!("frozen[{i}]"), r),
+                None => continue,
+            },
+        };
+        let beside = reply.beside.as_ref().map_or(0, |(tokens, _)| *tokens);
+        if reply.new_tokens + beside >= room.context {
+            let what = match &reply.beside {
+                None => format!("is {}, but {}; leave room for the prompt", reply.new_tokens, held(who, room)),
+                Some((_, desc)) => {
+                    format!("{} new tokens plus {desc} is {}, but {}; lower one of them", reply.new_tokens, reply.new_tokens + beside, held(who, room))
+                }
+            };
+            return Err(bad(&reply.key, what));
         }
-        if let Some(p) = job.comas.prompt_max_len.map(u64::from) {
-            if p + new > m.context {
+        if let (Some((p, key)), Speaker::Agents) = (&needs.prompt_max_len, reply.speaker) {
+            if p + reply.new_tokens > room.context {
                 return Err(bad(
-                    "comas.prompt_max_len",
-                    format!("{p} prompt tokens plus sampling.{role}.max_new_tokens {new} is {}, but {held}; lower one of them", p + new),
+                    key,
+                    format!(
+                        "{p} prompt tokens plus {} {} is {}, but {}; lower one of them",
+                        reply.name,
+                        reply.new_tokens,
+                        p + reply.new_tokens,
+                        held(who, room)
+                    ),
                 ));
             }
         }
     }
-    Ok(match job.comas.prompt_max_len.map(u64::from) {
-        Some(p) => Room { tokens: p, why: "comas.prompt_max_len".into(), models },
-        None => Room { tokens: m.context - solver_new, why: format!("{held}, less sampling.solver.max_new_tokens {solver_new}"), models },
-    })
-}
-
-/// MAPPA's room: each agent's actions and the coach's replies must leave room for a prompt in
-/// their models' contexts; a problem must fit the agents' prompt room.
-fn check_mappa_context<'a>(m: &comas_workflow::mappa::MappaConfig, models: &'a [ModelRoom], frozen: &[Option<ModelRoom>]) -> Result<Room<'a>> {
-    let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
-        return Err(bad("agents", "the job lists no agents".into()));
-    };
-    let held =
-        |who: String, r: &ModelRoom| format!("{who}'s model holds {} tokens (max_position_embeddings in {})", r.context, r.dir.join("config.json").display());
-    let new = u64::from(m.max_new_tokens());
-    if new >= agent.context {
-        return Err(bad(
-            "mappa.sampling.max_new_tokens (the longest of any role)",
-            format!("is {new}, but {}; leave room for the prompt", held(format!("agent {k}"), agent)),
-        ));
-    }
-    let coach_new = u64::from(m.coach_sampling.max_new_tokens);
-    let coach = (m.coach_agent as usize).saturating_sub(models.len());
-    if let Some(c) = frozen.get(coach).and_then(Option::as_ref).filter(|c| coach_new >= c.context) {
-        return Err(bad(
-            "mappa.coach_sampling.max_new_tokens",
-            format!("is {coach_new}, but {}; leave room for the prompt", held(format!("frozen[{coach}]"), c)),
-        ));
-    }
-    Ok(match m.prompt_max_len.map(u64::from) {
-        Some(p) if p + new > agent.context => {
-            return Err(bad(
-                "mappa.prompt_max_len",
-                format!("{p} prompt tokens plus sampling.max_new_tokens {new} is {}, but {}; lower one of them", p + new, held(format!("agent {k}"), agent)),
-            ));
-        }
-        Some(p) => Room { tokens: p, why: "mappa.prompt_max_len".into(), models },
-        None => Room { tokens: agent.context - new, why: format!("{}, less sampling.max_new_tokens {new}", held(format!("agent {k}"), agent)), models },
-    })
-}
-
-/// NeuroMAS's room: a node's reply must leave room in every agent's context for its prompt,
-/// which holds the task and up to one message of `max_msg_tokens` from each input (the widest
-/// fan-in of the graph); a task must fit what is left.
-fn check_neuromas_context<'a>(n: &comas_workflow::neuromas::NeuromasConfig, models: &'a [ModelRoom]) -> Result<Room<'a>> {
-    let Some((k, agent)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
-        return Err(bad("agents", "the job lists no agents".into()));
-    };
-    // Once its bridges end, a grown graph's nodes read their whole input layers.
-    let graph = n.graph_at(u64::MAX).map_err(|(key, m)| bad(&format!("neuromas.{key}"), m))?;
-    let fan_in = graph.nodes().iter().map(|node| graph.inputs(node.layer, node.index).len() as u64).max().unwrap_or(0);
-    let new = u64::from(n.max_new_tokens());
-    let messages = fan_in * u64::from(n.max_msg_tokens);
-    let held = format!("agent {k}'s model holds {} tokens (max_position_embeddings in {})", agent.context, agent.dir.join("config.json").display());
-    if new + messages >= agent.context {
-        return Err(bad(
-            "neuromas.sampling.max_new_tokens (the larger of it and readout_sampling's)",
-            format!(
-                "{new} new tokens plus {fan_in} input messages of max_msg_tokens {} is {}, but {held}; lower one of them",
-                n.max_msg_tokens,
-                new + messages
-            ),
-        ));
-    }
-    Ok(Room {
-        tokens: agent.context - new - messages,
-        why: format!("{held}, less max_new_tokens {new} and {fan_in} messages of {} tokens", n.max_msg_tokens),
-        models,
+    Ok(match &needs.prompt_max_len {
+        Some((p, key)) => Room { tokens: *p, why: key.clone(), models },
+        None => Room {
+            tokens: tightest.context.saturating_sub(needs.task.tokens),
+            why: format!("{}, less {}", held(format!("agent {k}"), tightest), needs.task.why),
+            models,
+        },
     })
 }
 

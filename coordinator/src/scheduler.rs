@@ -7,7 +7,7 @@ use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use comas_service::limits::PEER_MESSAGE_BYTES;
-use comas_workflow::program::RecordKind;
+use comas_workflow::program::MethodConfig;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,7 +179,7 @@ struct Batch {
     max_attempts: u32,
     episode_timeout: Duration,
     worker_wait: Duration,
-    kind: RecordKind,
+    method: MethodConfig,
     versions: Option<Vec<u64>>,
 }
 
@@ -200,7 +200,7 @@ pub struct BatchSpec {
     /// Queued before every episode already waiting (an evaluation the job waits for).
     pub first: bool,
     pub specs: Vec<pb::EpisodeSpec>,
-    pub kind: RecordKind,
+    pub method: MethodConfig,
     pub limits: BatchLimits,
     pub versions: Option<Vec<u64>>,
 }
@@ -362,7 +362,7 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, batch: BatchSpec { tag, first, specs, kind, limits, versions }, results } => {
+            Cmd::Submit { job_id, batch: BatchSpec { tag, first, specs, method, limits, versions }, results } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 let batch = Batch {
                     results,
@@ -370,7 +370,7 @@ impl State {
                     max_attempts: limits.max_attempts,
                     episode_timeout: limits.episode_timeout.unwrap_or(self.settings.episode_timeout),
                     worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
-                    kind,
+                    method,
                     versions,
                 };
                 let key = BatchKey { job_id, tag };
@@ -521,7 +521,7 @@ impl State {
         // weights is this attempt failing: it is retried like any failed episode.
         let mut r = r;
         if r.error.is_empty() {
-            match crate::experience::check_record(&batch.kind, &r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
+            match crate::experience::check_record(&batch.method, &r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
                 Ok(record) => {
                     batch.outstanding.remove(&r.episode_id);
                     self.metrics.episodes_completed.inc();

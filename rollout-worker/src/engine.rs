@@ -5,8 +5,7 @@ use crate::models::{Models, PolicySpec};
 use crate::remote::RemoteCalls;
 use crate::tools::{SideDone, ToolPool};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
-use comas_workflow::comas::CoMasConfig;
-use comas_workflow::job::Method;
+use comas_workflow::method::PromptFit;
 use comas_workflow::program::{Program, ProgramStart, Reply, Request};
 use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TurnOutput, TurnRequest, Unmetered};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -114,16 +113,19 @@ struct Room<'a> {
     models: &'a Models,
     /// The bases of the episode's agents, each once.
     bases: Vec<usize>,
-    limit: [usize; 3],
+    /// The room of each fitted role's prompts.
+    limit: Vec<(Role, usize)>,
 }
 
-/// How an episode's prompts are fitted here: CoMAS prompts to the room of its agents; other
-/// methods' prompts are not cut (a prompt too long for the room fails at admission), but their
-/// messages may be cut to a token budget (NeuroMAS) with the speaking agent's tokenizer.
-fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, comas: Option<&CoMasConfig>) -> Box<dyn PromptMeter + 'a> {
-    match comas {
-        Some(c) => Box::new(room_for(models, settings, c)),
-        None => Box::new(Tokens { models }),
+/// How an episode's prompts are fitted here: a method that fits its prompts (CoMAS) to the
+/// room of its agents; other methods' prompts are not cut (a prompt too long for the room fails
+/// at admission), but their messages may be cut to a token budget (NeuroMAS) with the speaking
+/// agent's tokenizer.
+fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Box<dyn PromptMeter + 'a> {
+    if fit.fitted.is_empty() {
+        Box::new(Tokens { models })
+    } else {
+        Box::new(room_for(models, settings, fit))
     }
 }
 
@@ -146,27 +148,28 @@ impl PromptMeter for Tokens<'_> {
     }
 }
 
-/// The room of an episode with `config` on this worker.
-fn room_for<'a>(models: &'a Models, settings: &EngineSettings, config: &CoMasConfig) -> Room<'a> {
-    let mut bases: Vec<usize> = (0..config.num_agents).filter_map(|a| models.agents.get(&a)).map(|p| p.base).collect();
+/// The room of an episode fitted as `fit` says on this worker.
+fn room_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Room<'a> {
+    let mut bases: Vec<usize> = fit.agents.iter().filter_map(|a| models.agents.get(a)).map(|p| p.base).collect();
     bases.sort_unstable();
     bases.dedup();
     let context = bases.iter().map(|&b| models.context(b)).min().unwrap_or(0);
-    let limit = Role::COMAS.map(|role| {
-        let new = config.sampling.for_role(role).max_new_tokens as usize;
-        let job = config.prompt_max_len.map_or(usize::MAX, |n| n as usize);
-        job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new))
-    });
+    let job = fit.max_len.as_ref().map_or(usize::MAX, |(n, _)| *n as usize);
+    let limit = fit
+        .fitted
+        .iter()
+        .map(|&(role, new)| {
+            let new = new as usize;
+            (role, job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new)))
+        })
+        .collect();
     Room { models, bases, limit }
-}
-
-fn role_index(role: Role) -> usize {
-    Role::COMAS.iter().position(|&r| r == role).unwrap_or(0)
 }
 
 impl PromptMeter for Room<'_> {
     fn fits(&self, role: Role, text: &str) -> bool {
-        let limit = self.limit[role_index(role)];
+        // A role the method does not fit is not cut here; admission checks its prompt.
+        let Some(&(_, limit)) = self.limit.iter().find(|(r, _)| *r == role) else { return true };
         if text.len() + TEMPLATE_SLACK <= limit {
             return true;
         }
@@ -251,10 +254,8 @@ struct RunningEpisode {
     id: String,
     stream: u64,
     program: Program,
-    method: Method,
-    /// The CoMAS settings, for fitting its prompts; `None` for other methods.
-    comas: Option<CoMasConfig>,
-    prompt_max_len: Option<u32>,
+    /// How the method fits its prompts, and the job's prompt limit.
+    fit: PromptFit,
     replies: Vec<Reply>,
     in_flight: usize,
     tokens: u64,
@@ -412,30 +413,15 @@ impl<'m> Runtime<'m> {
         if let Some(a) = job.start.agents().into_iter().find(|a| !self.models.agents.contains_key(a) && !self.models.remote.contains_key(a)) {
             return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
         }
-        let comas = job.start.comas().cloned();
-        let meter = meter_for(self.models, self.settings, comas.as_ref());
+        let fit = job.start.prompt_fit();
+        let meter = meter_for(self.models, self.settings, &fit);
         match Program::start(&job.start, meter.as_ref()) {
             Err(e) => fail(&results, job.episode_id, format!("invalid episode: {e}")),
             Ok(program) => {
                 let key = self.next_episode;
                 self.next_episode += 1;
                 let requests = program.pending();
-                let (method, prompt_max_len) = (job.start.method(), job.start.prompt_max_len());
-                self.episodes.insert(
-                    key,
-                    RunningEpisode {
-                        id: job.episode_id,
-                        stream,
-                        program,
-                        method,
-                        comas,
-                        prompt_max_len,
-                        replies: Vec::new(),
-                        in_flight: 0,
-                        tokens: 0,
-                        results,
-                    },
-                );
+                self.episodes.insert(key, RunningEpisode { id: job.episode_id, stream, program, fit, replies: Vec::new(), in_flight: 0, tokens: 0, results });
                 self.enqueue(key, requests);
             }
         }
@@ -563,9 +549,8 @@ impl<'m> Runtime<'m> {
         let context = self.models.context(base);
         let budget = self.settings.max_batch_tokens;
         if let Some(e) = self.episodes.get(&key) {
-            if let Some(max) = e.prompt_max_len.filter(|&m| prompt > m as usize) {
-                let method = e.method.as_str();
-                return Some(format!("its prompt is {prompt} tokens{cut}, over {method}.prompt_max_len {max}; the problem text is too long for this job"));
+            if let Some((max, key)) = e.fit.max_len.as_ref().filter(|(m, _)| prompt > *m as usize) {
+                return Some(format!("its prompt is {prompt} tokens{cut}, over {key} {max}; the problem text is too long for this job"));
             }
         }
         if prompt + new > context {
@@ -660,7 +645,7 @@ impl<'m> Runtime<'m> {
             return;
         }
         let replies = std::mem::take(&mut ep.replies);
-        let meter = meter_for(self.models, self.settings, ep.comas.as_ref());
+        let meter = meter_for(self.models, self.settings, &ep.fit);
         if let Err(e) = ep.program.submit(replies, meter.as_ref()) {
             return self.fail_episode(key, format!("protocol rejected the turns: {e}"));
         }

@@ -48,8 +48,7 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
             plan_json: serde_json::to_string(p).unwrap(),
             instance: i as u32,
             seed: 1000 + i as u64,
-            // Empty: a spec from before the field names CoMAS.
-            method: String::new(),
+            method: "comas".into(),
         })
         .collect()
 }

@@ -3,6 +3,24 @@
 //! how many other draws happened before it or in which order episodes were stepped.
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// The coordinates a step's plan is seeded from. `shard` keeps the draws of different rollout
+/// shards of the same step apart (0 when there is one; `EVAL_SHARD` for evaluations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PlanSeed {
+    pub global: u64,
+    pub step: u64,
+    pub shard: u64,
+}
+
+/// Evaluation episodes draw from their own seed stream, apart from every training step's.
+pub const EVAL_SHARD: u64 = 1 << 32;
+
+/// The seed of one episode (its sampling and any draws it makes).
+pub fn episode_seed(seed: PlanSeed, instance: u32) -> u64 {
+    derive_seed(&[seed.global, seed.step, seed.shard, tag::EPISODE, u64::from(instance)])
+}
 
 /// Purpose tags keep the streams of different kinds of draws apart.
 pub(crate) mod tag {

@@ -213,7 +213,40 @@ impl Default for TrainConfig {
     }
 }
 
+/// A method's defaults for its agents' training settings: each one set applies where the
+/// agent's own table leaves the key out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainDefaults {
+    pub temperature: Option<f64>,
+    pub estimator: Option<Estimator>,
+    pub kl_coef: Option<f64>,
+    pub kl_in_loss: Option<bool>,
+    pub kl_estimator: Option<KlEstimator>,
+}
+
+impl TrainDefaults {
+    /// Sets each default whose key `given` does not name.
+    pub fn apply(&self, cfg: &mut TrainConfig, given: impl Fn(&str) -> bool) {
+        fn set<T: Copy>(slot: &mut T, default: Option<T>, given: bool) {
+            if let (Some(v), false) = (default, given) {
+                *slot = v;
+            }
+        }
+        set(&mut cfg.temperature, self.temperature, given("temperature"));
+        set(&mut cfg.estimator, self.estimator, given("estimator"));
+        set(&mut cfg.kl_coef, self.kl_coef, given("kl_coef"));
+        set(&mut cfg.kl_in_loss, self.kl_in_loss, given("kl_in_loss"));
+        set(&mut cfg.kl_estimator, self.kl_estimator, given("kl_estimator"));
+    }
+}
+
 impl TrainConfig {
+    /// The settings of a parsed table, not yet validated (a job lays its method's defaults
+    /// over them first).
+    pub fn from_table(table: toml::Table) -> Result<Self> {
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| TrainConfigError(e.message().to_string()))
+    }
+
     pub fn from_toml(text: &str) -> Result<Self> {
         let cfg: TrainConfig = toml::from_str(text).map_err(|e| TrainConfigError(e.to_string()))?;
         cfg.validate()?;
@@ -307,6 +340,16 @@ mod tests {
         assert_eq!(c.kl_estimator, KlEstimator::K3);
         assert_eq!(c.adam_betas, [0.9, 0.95]);
         assert_eq!(c.effective_gamma(), 1.0);
+    }
+
+    #[test]
+    fn method_defaults_apply_only_where_the_agent_gives_no_key() {
+        let table: toml::Table = toml::from_str("kl_coef = 0.5\n").unwrap();
+        let mut c = TrainConfig::from_table(table.clone()).unwrap();
+        let d = TrainDefaults { kl_coef: Some(0.01), kl_in_loss: Some(true), estimator: Some(Estimator::GroupNorm), ..TrainDefaults::default() };
+        d.apply(&mut c, |k| table.contains_key(k));
+        assert_eq!((c.kl_coef, c.kl_in_loss, c.estimator, c.temperature), (0.5, true, Estimator::GroupNorm, 1.0));
+        assert!(TrainConfig::from_table(toml::from_str("use_ttrl = 1\n").unwrap()).unwrap_err().0.contains("use_ttrl"));
     }
 
     #[test]

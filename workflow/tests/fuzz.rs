@@ -120,7 +120,7 @@ fn mutated_job_files_never_panic() {
                 // What a checked job promises its readers holds.
                 assert!(job.total_steps >= 1 && job.train.len() == job.spec.agents.len());
                 let _ = job.step_questions(job.total_steps - 1);
-                let _ = job.eval_comas();
+                let _ = job.eval_method_at(0.7);
             }
         }
     }

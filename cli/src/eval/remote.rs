@@ -8,8 +8,10 @@ use super::report::{self, QuestionResult, ResultsFile};
 use crate::client_cmd::{connect, finish, state_name, submit_text, Client};
 use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
+use comas_workflow::eval::Evaluation;
 use comas_workflow::eval::{BenchItem, EvalQuestion, EvalTranscript, Setup};
-use comas_workflow::job::{DataSpec, FrozenSpec, JobSpec, Method, OutputSpec, RolloutSpec, ScheduleSpec};
+use comas_workflow::job::{DataSpec, FrozenSpec, JobSpec, OutputSpec, RolloutSpec, ScheduleSpec};
+use comas_workflow::method::Method;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -64,12 +66,8 @@ impl RemoteRun<'_> {
         let spec = JobSpec {
             name: name.to_string(),
             seed: self.seed,
-            method: Method::Eval,
-            comas: toml::Table::new(),
-            mappa: toml::Table::new(),
-            cosir: toml::Table::new(),
-            neuromas: toml::Table::new(),
-            evaluate,
+            method: Evaluation::NAME.to_string(),
+            settings: evaluate,
             frozen,
             data: DataSpec::default(),
             schedule: ScheduleSpec::default(),
@@ -78,7 +76,7 @@ impl RemoteRun<'_> {
             eval: None,
             agents: Vec::new(),
         };
-        Ok(toml::to_string(&spec)?)
+        Ok(spec.to_toml()?)
     }
 
     fn pending_path(&self, setup: Setup) -> PathBuf {

@@ -2,6 +2,7 @@
 //! metrics log. Nothing here draws; `render` turns a [`Figure`] into pixels.
 use super::read::{field, num_at, number, Metrics, Record};
 use anyhow::{bail, Result};
+use comas_workflow::method::Chart;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,38 +12,45 @@ pub enum Group {
     Rewards,
     Training,
     Lengths,
-    Judging,
     Accuracy,
     Times,
-    /// MAPPA: the coach's scores and the tools.
-    Coaching,
-    /// CoSIR: team accuracy, what was shared, asked and used, and the reward terms.
-    Sharing,
+    /// A method's own panels (CoMAS's `judging`, MAPPA's `coaching`, CoSIR's `sharing`), by
+    /// the group's name and its method's.
+    Method {
+        group: &'static str,
+        method: &'static str,
+    },
 }
 
 impl Group {
-    pub const ALL: [Group; 8] =
-        [Group::Rewards, Group::Training, Group::Lengths, Group::Judging, Group::Accuracy, Group::Times, Group::Coaching, Group::Sharing];
+    /// Every group, in the order a figure shows them: the methods' own after the lengths.
+    pub fn all() -> Vec<Group> {
+        let methods = comas_workflow::registry::chart_groups().into_iter().map(|(group, method)| Group::Method { group, method });
+        [Group::Rewards, Group::Training, Group::Lengths].into_iter().chain(methods).chain([Group::Accuracy, Group::Times]).collect()
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             Group::Rewards => "rewards",
             Group::Training => "training",
             Group::Lengths => "lengths",
-            Group::Judging => "judging",
             Group::Accuracy => "accuracy",
             Group::Times => "times",
-            Group::Coaching => "coaching",
-            Group::Sharing => "sharing",
+            Group::Method { group, .. } => group,
         }
+    }
+
+    /// A group by its name (any case).
+    pub fn named(name: &str) -> Option<Group> {
+        Group::all().into_iter().find(|g| g.name().eq_ignore_ascii_case(name))
     }
 
     /// The groups named in `--panels` (comma-separated, any case), in the order given; none: all.
     pub fn parse_list(names: &[String]) -> Result<Vec<Group>> {
         let mut out = Vec::new();
         for name in names.iter().flat_map(|n| n.split(',')).map(str::trim).filter(|n| !n.is_empty()) {
-            let Some(g) = Group::ALL.into_iter().find(|g| g.name().eq_ignore_ascii_case(name)) else {
-                let known: Vec<_> = Group::ALL.iter().map(|g| g.name()).collect();
+            let Some(g) = Group::named(name) else {
+                let known: Vec<_> = Group::all().iter().map(|g| g.name()).collect();
                 bail!("unknown panel {name:?} in --panels: use some of {}, separated by commas", known.join(", "));
             };
             if !out.contains(&g) {
@@ -154,16 +162,21 @@ pub struct Figure {
 impl Figure {
     pub fn build(m: &Metrics, o: &Options) -> Result<Figure> {
         let explicit = !o.groups.is_empty();
-        // Coaching is MAPPA's and sharing CoSIR's: a log of another method does not list them as missing.
-        let has = |key: &str| m.steps.iter().any(|r| r.value.get(key).is_some());
-        let (coached, shared) = (has("coach_score"), has("team_accuracy"));
+        // A method's own panels are drawn for a log of that method only: another method's log
+        // does not list them as missing.
+        let method = m.steps.first().map(|r| comas_workflow::registry::method_of(&r.value).to_string());
         let groups = if explicit {
             o.groups.clone()
         } else {
-            Group::ALL.into_iter().filter(|&g| (g != Group::Coaching || coached) && (g != Group::Sharing || shared)).collect()
+            Group::all().into_iter().filter(|g| !matches!(g, Group::Method { method: of, .. } if Some(*of) != method.as_deref())).collect()
         };
         let mut fig = Figure { title: o.title.clone(), panels: Vec::new(), left_out: Vec::new() };
         for g in groups {
+            if let (Group::Method { group, method: of }, Some(logged)) = (g, &method) {
+                if of != logged {
+                    bail!("panel {group:?} is drawn from {of} step records; this log is of {logged}");
+                }
+            }
             let (full, empty): (Vec<Panel>, Vec<Panel>) = panels(g, m, o.roles).into_iter().partition(|p| !p.series.is_empty());
             if explicit && full.is_empty() {
                 let needs: Vec<_> = empty.iter().map(|p| p.needs).collect();
@@ -261,39 +274,16 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
                 Panel::new(g, "lengths.truncation", "Truncation rate", "truncation_rate_by_role or truncation_rate in the step records", true, truncation),
             ]
         }
-        Group::Judging => vec![
-            Panel::new(
-                g,
-                "judging.rates",
-                "Score parse and approval rates",
-                "score_parse_rate or approval_rate in the step records",
-                true,
-                vec![
-                    Series::new("score parse rate", steps, |v| num_at(v, "score_parse_rate")),
-                    Series::new("approval rate", steps, |v| num_at(v, "approval_rate")).colour(1),
-                ],
-            ),
-            Panel::new(
-                g,
-                "judging.correctness",
-                "Solver reward: correct vs wrong",
-                "solver_reward_by_correctness.{correct,wrong}.mean in the step records",
-                false,
-                vec![
-                    Series::new("correct", steps, |v| num_at(v, "solver_reward_by_correctness.correct.mean")).colour(2),
-                    Series::new("wrong", steps, |v| num_at(v, "solver_reward_by_correctness.wrong.mean")).colour(3),
-                ],
-            ),
-        ],
         Group::Accuracy => {
-            // Older eval records carry the accuracy as a plain number.
-            let held_out = |v: &Value| num_at(v, "accuracy.last_round").or_else(|| number(v.get("accuracy")));
+            // The accuracy each method reports; older eval records carry it as a plain number.
+            let accuracy = |v: &Value| comas_workflow::registry::summary(v).and_then(|s| s.accuracy);
+            let held_out = move |v: &Value| accuracy(v).or_else(|| number(v.get("accuracy")));
             let series = vec![
-                Series::new("train", steps, |v| num_at(v, "accuracy.last_round")),
+                Series::new("train", steps, accuracy),
                 Series::new("held-out sampled", &m.evals, held_out).colour(1).markers(),
-                Series::new("held-out greedy", &m.evals, |v| num_at(v, "greedy.accuracy.last_round")).colour(2).markers(),
+                Series::new("held-out greedy", &m.evals, move |v| v.get("greedy").and_then(accuracy)).colour(2).markers(),
             ];
-            vec![Panel::new(g, "accuracy", "Accuracy (last round)", "accuracy.last_round in the step or eval records", true, series)]
+            vec![Panel::new(g, "accuracy", "Accuracy", "the method's accuracy (CoMAS: accuracy.last_round) in the step or eval records", true, series)]
         }
         Group::Times => {
             let series = ["rollout", "train", "broadcast"]
@@ -303,52 +293,27 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
                 .collect();
             vec![Panel::new(g, "times", "Stage times (s)", "seconds.rollout, seconds.train or seconds.broadcast in the step records", false, series)]
         }
-        Group::Coaching => {
-            let names = role_names(steps.iter().filter_map(|r| r.value.get("coach_score")?.as_object()).flat_map(|o| o.keys().cloned()));
-            let scores = names
-                .iter()
-                .map(|role| Series::new(role.as_str(), steps, |v| num_at(v, &format!("coach_score.{role}.mean"))).colour(role_colour(role, &names)))
-                .collect();
-            let kept = |v: &Value| {
-                let (kept, dropped) = (number(v.get("samples"))?, number(v.get("samples_dropped"))?);
-                (kept + dropped > 0.0).then(|| kept / (kept + dropped))
-            };
-            let rates = vec![
-                Series::new("tool success", steps, |v| num_at(v, "tool_success_rate.mean")),
-                Series::new("answer correct (logged only)", steps, |v| num_at(v, "outcome_accuracy.mean")).colour(1),
-                Series::new("actions scored", steps, kept).colour(2),
-            ];
-            vec![
-                Panel::new(g, "coaching.score", "Coach score (0-10) by role", "coach_score.<role>.mean in the step records", false, scores),
-                Panel::new(
-                    g,
-                    "coaching.rates",
-                    "Tools, answers and scored actions",
-                    "tool_success_rate, outcome_accuracy or samples in the step records",
-                    true,
-                    rates,
-                ),
-            ]
-        }
-        Group::Sharing => {
-            let rate = |name: &str, key: &'static str, colour: usize| Series::new(name, steps, move |v| num_at(v, &format!("{key}.mean"))).colour(colour);
-            let rates = vec![
-                rate("team accuracy", "team_accuracy", 0),
-                rate("seat accuracy", "individual_accuracy", 1),
-                rate("private cells disclosed", "disclosure_rate", 2),
-                rate("requests answered", "request_fulfilment_rate", 3),
-                rate("received info used", "use_rate", 4),
-                rate("messages breaking the format", "format_violation_rate", 5),
-            ];
-            let names: BTreeSet<String> = steps.iter().filter_map(|r| r.value.get("reward_terms")?.as_object()).flat_map(|o| o.keys().cloned()).collect();
-            let terms =
-                names.iter().enumerate().map(|(i, t)| Series::new(t.as_str(), steps, |v| num_at(v, &format!("reward_terms.{t}.mean"))).colour(i)).collect();
-            vec![
-                Panel::new(g, "sharing.rates", "Team accuracy and information flow", "team_accuracy, disclosure_rate, ... in the step records", true, rates),
-                Panel::new(g, "sharing.terms", "Reward terms (unweighted mean per turn)", "reward_terms.<term>.mean in the step records", false, terms),
-            ]
+        Group::Method { group, .. } => {
+            let records: Vec<&Value> = steps.iter().map(|r| &r.value).collect();
+            let charts = comas_workflow::registry::charts(&records).into_iter().filter(|c| c.group == group);
+            charts.map(|c| chart_panel(g, c, steps)).collect()
         }
     }
+}
+
+/// A method's chart as a panel: its lines against the steps' x values.
+fn chart_panel(g: Group, c: Chart, steps: &[Record]) -> Panel {
+    let names: Vec<String> = c.lines.iter().map(|l| l.name.clone()).collect();
+    let series = c
+        .lines
+        .into_iter()
+        .map(|l| {
+            let colour = l.colour.unwrap_or_else(|| role_colour(&l.name, &names));
+            let points = steps.iter().zip(l.values).map(|(r, v)| (r.x, v)).collect();
+            Series { name: l.name, points, colour, dash: None, markers: false }
+        })
+        .collect();
+    Panel::new(g, c.key, c.title, c.needs, c.share, series)
 }
 
 /// The agent with this index in a record's `agents` list (its `agent` field, else its position).

@@ -16,9 +16,9 @@ use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use crate::tensorboard;
 use comas_proto::v1 as pb;
-use comas_workflow::comas::PlanSeed;
 use comas_workflow::job::Job;
-use comas_workflow::program::{Record, Settings};
+use comas_workflow::program::{MethodConfig, Record};
+use comas_workflow::seed::PlanSeed;
 use comas_workflow::task::TaskRecord;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -94,15 +94,15 @@ fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesReques
     generation
 }
 
-/// Plays the CoMAS game on the held-out questions with the current weights; nothing is trained.
-/// The record (accuracy, rewards and scores by agent; with `greedy`, the same for a greedy game
-/// under `greedy`) goes into the store and the metrics log.
+/// Plays the job's method on the held-out tasks with the current weights; nothing is trained.
+/// The record (the method's figures; with `greedy`, the same for a greedy game under `greedy`)
+/// goes into the store and the metrics log.
 async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
     let started = Instant::now();
     let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
-    let mut m = play_eval(ctx, job, id, after, questions, job.eval_method_at(spec.temperature).settings(), "eval", cancel).await?;
+    let mut m = play_eval(ctx, job, id, after, questions, &job.eval_method_at(spec.temperature), "eval", cancel).await?;
     if spec.greedy {
-        let greedy = play_eval(ctx, job, id, after, questions, job.eval_method_at(0.0).settings(), "eval-greedy", cancel).await?;
+        let greedy = play_eval(ctx, job, id, after, questions, &job.eval_method_at(0.0), "eval-greedy", cancel).await?;
         if let Some(o) = m.as_object_mut() {
             o.insert("greedy".into(), greedy);
         }
@@ -118,13 +118,13 @@ async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: 
     }
     let line = serde_json::to_string(&m).unwrap_or_default();
     ctx.store.record_eval(id, after, &line)?;
-    tracing::info!(job = %id, after, accuracy = ?m.pointer("/accuracy/last_round"), "evaluation recorded");
+    tracing::info!(job = %id, after, accuracy = ?comas_workflow::registry::summary(&m).and_then(|s| s.accuracy), "evaluation recorded");
     ctx.report.event("eval", line, format!("evaluation after {after} steps"));
     Ok(())
 }
 
-/// One evaluation game over every held-out question with `settings`; returns its metrics.
-/// `tag` keeps the episode ids of different games apart.
+/// One evaluation game over every held-out task with `method`; returns its metrics. `tag`
+/// keeps the episode ids of different games apart.
 #[allow(clippy::too_many_arguments)]
 async fn play_eval(
     ctx: &RunContext,
@@ -132,18 +132,14 @@ async fn play_eval(
     id: &str,
     after: u64,
     questions: &[TaskRecord],
-    settings: Settings<'_>,
+    method: &MethodConfig,
     tag: &str,
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<Value> {
-    // CoSIR's held-out set is the evaluation shard's first `max_questions` tables.
-    let count = match (settings, &job.spec.eval) {
-        (Settings::Cosir(_), Some(e)) => e.max_questions,
-        _ => questions.len(),
-    };
-    let chosen: Vec<usize> = (0..count).collect();
+    // Generated tasks: the evaluation shard's first `max_questions`.
+    let chosen: Vec<usize> = (0..job.eval_tasks(questions.len())).collect();
     let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
-    let specs = episode_specs(settings, &chosen, questions, seed, |i| {
+    let specs = episode_specs(method, &chosen, questions, seed, |i| {
         uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
     })?;
     let total = specs.len();
@@ -156,7 +152,7 @@ async fn play_eval(
         // Ahead of an async job's later steps: the loop waits for it.
         first: true,
         specs: specs.clone(),
-        kind: settings.record_kind(),
+        method: method.clone(),
         limits: BatchLimits::of(&job.spec.schedule),
         versions: Some(vec![after; job.spec.agents.len()]),
     };
@@ -180,7 +176,7 @@ async fn play_eval(
         }
     }
     let finished = in_spec_order(&specs, done)?;
-    Ok(make_batch(settings, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), false)?.metrics)
+    Ok(make_batch(method, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), false)?.metrics)
 }
 
 /// One job's run: what the stages of every step share.
@@ -313,7 +309,7 @@ async fn finish_rollout(
             tag: format!("step-{step}"),
             first: false,
             specs: remaining,
-            kind: side.job.settings().record_kind(),
+            method: side.job.method.clone(),
             limits: BatchLimits::of(&side.job.spec.schedule),
             versions: exact,
         };
@@ -491,7 +487,7 @@ impl JobRun {
         }
         let lag = self.job.spec.schedule.policy_lag();
         let exact = (lag == 0).then(|| vec![step; self.agents()]);
-        let mut batch = make_batch(self.job.settings(), records, &self.questions, self.agents() as u32, exact.as_deref(), true)?;
+        let mut batch = make_batch(&self.job.method, records, &self.questions, self.agents() as u32, exact.as_deref(), true)?;
         if lag > 0 {
             pipeline::bound_lag(&mut batch, step, lag);
         }
@@ -701,7 +697,7 @@ impl JobRun {
         }
         let line = serde_json::to_string(&metrics).unwrap_or_default();
         let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
-        self.ctx.store.commit_step(id, step, &line, &versions_now, self.job.evaluate.is_some())?;
+        self.ctx.store.commit_step(id, step, &line, &versions_now, !self.job.method.trains())?;
         refresh_metrics_log(&self.ctx, id, &self.metrics_path)?;
         self.ctx.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");

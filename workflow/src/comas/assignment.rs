@@ -12,14 +12,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-/// The coordinates the plan is seeded from. `shard` keeps the draws of different rollout shards of
-/// the same step apart; 0 when there is one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct PlanSeed {
-    pub global: u64,
-    pub step: u64,
-    pub shard: u64,
-}
+pub use crate::seed::PlanSeed;
 
 /// Judges of one round of one instance, indexed `[slot][judge_index]`. A role the variant does
 /// not have is an empty list.

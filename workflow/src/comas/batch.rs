@@ -4,13 +4,8 @@ use super::assignment::{plan_batch, PlanSeed};
 use super::config::CoMasConfig;
 use super::episode::Episode;
 use crate::error::WorkflowError;
-use crate::seed::{derive_seed, tag};
+pub use crate::seed::episode_seed;
 use crate::task::TaskRecord;
-
-/// The seed of one instance's episode (discussion sampling, sampler seeds).
-pub fn episode_seed(seed: PlanSeed, instance: u32) -> u64 {
-    derive_seed(&[seed.global, seed.step, seed.shard, tag::EPISODE, u64::from(instance)])
-}
 
 /// One episode per instance, in instance order: the copies of question q are instances
 /// `q * instances_per_question ..` `(q + 1) * instances_per_question`.

@@ -1,10 +1,12 @@
 //! The figures of a CoMAS step as typed records: what the coordinator writes into each step's
 //! metrics record (for the team and for each agent), with the same JSON as before they were
-//! typed. Each role's entry is null when the role had no turns.
+//! typed. Each role's entry is null when the role had no turns. Read back leniently: a field an
+//! older record lacks takes its default.
 use serde::{Deserialize, Serialize};
 
 /// Mean, (population) standard deviation and count of some values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Spread {
     pub mean: Option<f64>,
     pub std: Option<f64>,
@@ -13,6 +15,7 @@ pub struct Spread {
 
 /// One value per CoMAS role.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ByRole<T> {
     pub solver: Option<T>,
     pub evaluator: Option<T>,
@@ -21,6 +24,7 @@ pub struct ByRole<T> {
 
 /// Scorer turns by the score they gave; `invalid` when none could be read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ScoreHist {
     #[serde(rename = "1")]
     pub one: u64,
@@ -33,6 +37,7 @@ pub struct ScoreHist {
 
 /// Solver rewards split by whether the solution was right (graded for logging only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ByCorrectness {
     pub correct: Spread,
     pub wrong: Spread,
@@ -40,6 +45,7 @@ pub struct ByCorrectness {
 
 /// Share of graded solutions that were right, in the first and in the last round.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Accuracy {
     pub first_round: Option<f64>,
     pub last_round: Option<f64>,
@@ -47,6 +53,7 @@ pub struct Accuracy {
 
 /// The figures of some turns: the whole team's, or one agent's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ComasFigures {
     pub reward_mean: Option<f64>,
     pub reward: ByRole<Spread>,
@@ -65,6 +72,7 @@ pub struct ComasFigures {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ComasAgentFigures {
     #[serde(flatten)]
     pub figures: ComasFigures,
@@ -73,6 +81,7 @@ pub struct ComasAgentFigures {
 
 /// A CoMAS step's metrics, before the coordinator adds timings and training reports.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ComasMetrics {
     #[serde(flatten)]
     pub team: ComasFigures,

@@ -10,12 +10,16 @@
 //! - `batch`: all episodes of a step;
 //! - `trajectory`: the record of a finished episode;
 //! - `metrics`: a step's figures as typed records;
-//! - `reward`: trajectory → per-turn rewards.
+//! - `reward`: trajectory → per-turn rewards;
+//! - `experience`: a step's records → experiences per agent and the step's figures;
+//! - `method`: CoMAS on the method seam.
 pub mod assignment;
 pub mod batch;
 pub mod config;
 pub mod discussion;
 pub mod episode;
+pub mod experience;
+pub mod method;
 pub mod metrics;
 pub mod prompts;
 pub mod reward;
@@ -26,6 +30,7 @@ pub use assignment::{plan_batch, BatchPlan, InstancePlan, PlanSeed, RoundAssignm
 pub use batch::{episode_seed, start_batch};
 pub use config::{Assignment, CoMasConfig, ConfigError, DiscussionSource, JudgeReward, RewardSource, RoleSampling, Variant};
 pub use episode::Episode;
+pub use method::CoMas;
 pub use reward::{comas_rewards, rewards, TurnReward};
 pub use score::{extract_judgment, extract_score, Judgment};
 pub use trajectory::{Trajectory, TrajectoryTurn};

@@ -48,12 +48,6 @@ fn rate(num: u32, den: u32) -> Option<f64> {
 }
 
 impl CosirMetrics {
-    /// The CoSIR figures of a step or evaluation record; `None` for another method's record.
-    pub fn read(record: &serde_json::Value) -> Option<CosirMetrics> {
-        record.get("team_accuracy")?;
-        serde_json::from_value(record.clone()).ok()
-    }
-
     /// `games`: each game's replay, its table's draw count and its generated tokens.
     pub fn of(games: &[(&Replay, u32, u64)]) -> Self {
         let mut m = CosirMetrics { episodes: games.len() as u64, ..Default::default() };

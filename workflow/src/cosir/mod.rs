@@ -4,12 +4,14 @@
 pub mod config;
 pub mod episode;
 pub mod evaluator;
+pub mod method;
 pub mod prompts;
 pub mod table;
 pub mod tags;
 
 pub use config::CosirConfig;
 pub use episode::{CosirTrajectory, CosirTurn, Episode};
+pub use method::{Cosir, COSIR_KL_COEF};
 pub use table::Table;
 pub mod metrics;
 pub mod reward;

@@ -4,11 +4,13 @@
 //! calls of every question together, so all setups' calls share the engine's continuous batch.
 mod bench;
 pub mod convert;
+pub mod method;
 mod program;
 mod prompts;
 mod setup;
 mod summary;
 
+pub use method::Evaluation;
 pub use bench::{arithmetic, humaneval_query, parse_bench, BenchError, BenchItem, GraderKind};
 pub use program::{
     call_seed, no_room_error, CallRecord, EvalEpisode, EvalJobConfig, EvalQuestion, EvalRunMetrics, EvalSettings, EvalTranscript, EVAL_MAX_NEW_TOKENS,

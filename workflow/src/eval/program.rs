@@ -70,10 +70,24 @@ pub struct EvalQuestion {
 }
 
 /// The `[evaluate]` table of an evaluation job, with `members` taken from its `[[frozen]]` list.
-#[derive(Debug, Clone, PartialEq)]
+/// An episode spec carries the settings only (each episode its own question).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "EvalSettings", into = "EvalSettings")]
 pub struct EvalJobConfig {
     pub settings: EvalSettings,
     pub questions: Vec<EvalQuestion>,
+}
+
+impl From<EvalSettings> for EvalJobConfig {
+    fn from(settings: EvalSettings) -> Self {
+        EvalJobConfig { settings, questions: Vec::new() }
+    }
+}
+
+impl From<EvalJobConfig> for EvalSettings {
+    fn from(c: EvalJobConfig) -> Self {
+        c.settings
+    }
 }
 
 impl EvalJobConfig {
@@ -163,6 +177,7 @@ impl EvalTranscript {
 /// What an evaluation job's step record holds: counts over its episodes (the verdicts are the
 /// client's: it grades the transcripts).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct EvalRunMetrics {
     pub episodes: u32,
     pub calls: u32,

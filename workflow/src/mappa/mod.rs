@@ -9,11 +9,13 @@
 //! - `coach`: reading the coach's scores;
 //! - `episode`: the chain of one instance as a state machine;
 //! - `trajectory`: the record of a finished episode;
-//! - `reward`: coach verdicts → per-action rewards, and the step's metrics.
+//! - `reward`: coach verdicts → per-action rewards, and the step's metrics;
+//! - `method`: MAPPA on the method seam.
 pub mod coach;
 pub mod config;
 pub mod ds_prompts;
 pub mod episode;
+pub mod method;
 pub mod outcome;
 pub mod prompts;
 pub mod reward;
@@ -23,6 +25,7 @@ pub mod trajectory;
 pub use coach::{parse_coach, CoachReading};
 pub use config::{CoachFallback, MappaConfig, NormScope, Pipeline};
 pub use episode::Episode;
+pub use method::{Mappa, MAPPA_KL_COEF};
 pub use outcome::{DataKind, DsOutcome};
 pub use reward::{action_rewards, ActionReward, MappaMetrics};
 pub use trajectory::{Action, CoachVerdict, MappaTrajectory};

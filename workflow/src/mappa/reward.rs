@@ -72,12 +72,6 @@ pub struct MappaMetrics {
 }
 
 impl MappaMetrics {
-    /// The MAPPA figures of a step or evaluation record; `None` for another method's record.
-    pub fn read(record: &serde_json::Value) -> Option<MappaMetrics> {
-        record.get("coach_score")?;
-        serde_json::from_value(record.clone()).ok()
-    }
-
     pub fn of(config: &MappaConfig, trajectories: &[&MappaTrajectory]) -> Self {
         let mut m = MappaMetrics { episodes: trajectories.len() as u64, ..Default::default() };
         let (mut reward, mut tools, mut outcome, mut coach_outcome, mut agree) =

@@ -31,12 +31,6 @@ pub struct NeuromasMetrics {
 }
 
 impl NeuromasMetrics {
-    /// The NeuroMAS figures of a step or evaluation record; `None` for another method's.
-    pub fn read(record: &serde_json::Value) -> Option<NeuromasMetrics> {
-        record.get("graph_accuracy")?;
-        serde_json::from_value(record.clone()).ok()
-    }
-
     pub fn of(cfg: &NeuromasConfig, rollouts: &[&NeuromasTrajectory]) -> Self {
         let mut m = NeuromasMetrics { episodes: rollouts.len() as u64, ..Default::default() };
         let (mut right, mut no_box, mut rewards) = (Sum::default(), Sum::default(), Sum::default());

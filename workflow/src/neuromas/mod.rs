@@ -1,9 +1,9 @@
 //! NeuroMAS (spec neuromas.md): a multi-agent system as a layered graph of role-less nodes.
-//! Built so far, as pure code: the graph (topology, edges, positions, growth steps), the node
-//! prompts and messages, one rollout as an episode, and its reward. Not yet wired into jobs:
-//! the program seam entry, the many-adapter learner and `comas grow` are still to come.
+//! As pure code: the graph (topology, edges, positions, growth steps), the node prompts and
+//! messages, one rollout as an episode, its reward, and the method on the seam (`method`).
 pub mod config;
 pub mod episode;
+pub mod method;
 pub mod metrics;
 pub mod prompts;
 pub mod reward;
@@ -11,4 +11,5 @@ pub mod topology;
 
 pub use config::{NeuromasConfig, ParamSharing};
 pub use episode::{Episode, NeuromasTrajectory, NodeTurn};
+pub use method::{Neuromas, NEUROMAS_KL_COEF};
 pub use topology::{Graph, Init, Node, TopologySpec};

@@ -1,0 +1,329 @@
+//! CoMAS experience making: the reward formulation turns each finished trajectory into one
+//! reward per turn, and each turn becomes an experience for the agent that spoke it. The step's
+//! figures (rewards by agent and role, scores, accuracy, lengths) come from the same data.
+use super::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist, Spread};
+use super::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, TrajectoryTurn, Variant};
+use crate::error::WorkflowError;
+use crate::grade::is_correct;
+use crate::method::{prompt_group, Experience, Made};
+use crate::turn::{FinishReason, Role};
+use std::collections::HashMap;
+
+/// One finished episode with its question's reference answer (logging and the verifier control).
+pub struct Finished {
+    pub episode_id: String,
+    pub trajectory: Trajectory,
+    pub answer: String,
+}
+
+#[derive(Default)]
+struct Acc {
+    sum: f64,
+    sq: f64,
+    n: u64,
+}
+
+impl Acc {
+    fn push(&mut self, v: f64) {
+        self.sum += v;
+        self.sq += v * v;
+        self.n += 1;
+    }
+    fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+    fn spread(&self) -> Spread {
+        let mean = self.mean();
+        let std = mean.map(|m| (self.sq / self.n as f64 - m * m).max(0.0).sqrt());
+        Spread { mean, std, count: self.n }
+    }
+}
+
+/// One value per CoMAS role from a map of accumulators; a role without turns has none.
+fn by_role<T>(m: &HashMap<Role, Acc>, f: impl Fn(&Acc) -> Option<T>) -> ByRole<T> {
+    let of = |r: Role| m.get(&r).and_then(&f);
+    ByRole { solver: of(Role::Solver), evaluator: of(Role::Evaluator), scorer: of(Role::Scorer) }
+}
+
+#[derive(Default)]
+struct Tally {
+    reward: HashMap<Role, Acc>,
+    all: Acc,
+    scores: [u64; 4],
+    len: HashMap<Role, Acc>,
+    truncated: u64,
+    turns: u64,
+    /// 1 per truncated turn, 0 otherwise, by role.
+    truncated_by_role: HashMap<Role, Acc>,
+    /// 1 per valid verdict that passes its solution (a score of 3, or "correct" under
+    /// no_scoring), 0 per other valid verdict.
+    approval: Acc,
+    /// Solver rewards split by whether the solution was right (graded for logging only).
+    solver_reward_correct: Acc,
+    solver_reward_wrong: Acc,
+    correct_first: Acc,
+    correct_last: Acc,
+    versions: std::collections::BTreeSet<u64>,
+}
+
+impl Tally {
+    fn figures(&self) -> ComasFigures {
+        let judged: u64 = self.scores.iter().sum();
+        ComasFigures {
+            reward_mean: self.all.mean(),
+            reward: by_role(&self.reward, |a| Some(a.spread())),
+            score_hist: ScoreHist { one: self.scores[1], two: self.scores[2], three: self.scores[3], invalid: self.scores[0] },
+            parse_failure_rate: (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
+            score_parse_rate: (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
+            approval_rate: self.approval.mean(),
+            solver_reward_by_correctness: ByCorrectness { correct: self.solver_reward_correct.spread(), wrong: self.solver_reward_wrong.spread() },
+            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean() },
+            completion_len: by_role(&self.len, Acc::mean),
+            truncation_rate: (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
+            truncation_rate_by_role: by_role(&self.truncated_by_role, Acc::mean),
+            policy_versions: self.versions.iter().copied().collect(),
+        }
+    }
+}
+
+/// The group of a turn: its question, role and round, and a hash of its exact prompt tokens.
+fn group_key(question: &str, turn: &TrajectoryTurn) -> String {
+    prompt_group(question, turn.role, turn.round, &turn.prompt_ids)
+}
+
+/// Rewards, experiences and figures of one step's episodes. With `sampling`, each experience
+/// carries its role's sampling temperature for the learner. `source` says where solver rewards
+/// come from (the judges, or the answer for the verifier control).
+pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleSampling>, source: RewardSource) -> Result<Made<ComasMetrics>, WorkflowError> {
+    let mut per_agent: Vec<Vec<Experience>> = vec![Vec::new(); num_agents as usize];
+    let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
+    let mut total = Tally::default();
+    let mut turn_counts: HashMap<Role, u64> = HashMap::new();
+    let mut tokens = 0u64;
+    for ep in episodes {
+        let t = &ep.trajectory;
+        if t.num_agents != num_agents {
+            return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
+        }
+        let turn_rewards = rewards(t, source, &ep.answer)?;
+        for (turn, r) in t.turns.iter().zip(&turn_rewards) {
+            let reward = f64::from(r.reward);
+            *turn_counts.entry(turn.role).or_default() += 1;
+            tokens += turn.completion_ids.len() as u64;
+            per_agent[turn.agent as usize].push(Experience {
+                prompt_ids: turn.prompt_ids.clone(),
+                completion_ids: turn.completion_ids.clone(),
+                reward,
+                finish_reason: turn.finish_reason,
+                // Group estimators compare turns that answered one and the same prompt: the
+                // question's instances in round 0, but not turns whose quoted texts differ.
+                group: group_key(&t.question_id, turn),
+                norm_group: String::new(),
+                temperature: sampling.map(|s| s.for_role(turn.role).temperature).filter(|&t| t > 0.0),
+                sampling_logprobs: turn.logprobs.clone(),
+                episode_id: ep.episode_id.clone(),
+                turn_id: turn.turn_index,
+                policy_version: turn.policy_version,
+                constrained: turn.constrained.clone(),
+            });
+            for tally in [&mut agents[turn.agent as usize], &mut total] {
+                tally.reward.entry(turn.role).or_default().push(reward);
+                tally.all.push(reward);
+                tally.len.entry(turn.role).or_default().push(turn.completion_ids.len() as f64);
+                tally.turns += 1;
+                tally.versions.insert(turn.policy_version);
+                tally.truncated += u64::from(turn.finish_reason == FinishReason::Length);
+                tally.truncated_by_role.entry(turn.role).or_default().push(f64::from(u8::from(turn.finish_reason == FinishReason::Length)));
+                if turn.role == Role::Scorer {
+                    tally.scores[turn.score.map_or(0, usize::from)] += 1;
+                }
+                let verdict = match (t.variant, turn.role) {
+                    (Variant::NoScoring, Role::Evaluator) => turn.judgment.map(|j| j == Judgment::Correct),
+                    (Variant::NoScoring, _) => None,
+                    (_, Role::Scorer) => turn.score.map(|s| s == 3),
+                    _ => None,
+                };
+                if let Some(pass) = verdict {
+                    tally.approval.push(f64::from(u8::from(pass)));
+                }
+                if turn.role == Role::Solver {
+                    if let Some(ok) = is_correct(t.task, &turn.text, &ep.answer) {
+                        if ok { &mut tally.solver_reward_correct } else { &mut tally.solver_reward_wrong }.push(reward);
+                        let v = f64::from(u8::from(ok));
+                        if turn.round == 0 {
+                            tally.correct_first.push(v);
+                        }
+                        if turn.round + 1 == t.num_rounds {
+                            tally.correct_last.push(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let count = |r: Role| Some(turn_counts.get(&r).copied().unwrap_or(0));
+    let metrics = ComasMetrics {
+        team: total.figures(),
+        episodes: episodes.len(),
+        turns: ByRole { solver: count(Role::Solver), evaluator: count(Role::Evaluator), scorer: count(Role::Scorer) },
+        generated_tokens: tokens,
+        prompts_truncated: episodes.iter().map(|e| e.trajectory.truncated_prompts()).sum(),
+        agents: agents.iter().enumerate().map(|(k, a)| ComasAgentFigures { figures: a.figures(), agent: k as u32 }).collect(),
+    };
+    Ok(Made { per_agent, metrics, pooled_whitening: false })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comas::{comas_rewards, start_batch, CoMasConfig};
+    use crate::method::StepContext;
+    use crate::registry::MethodConfig;
+    use crate::seed::PlanSeed;
+    use crate::{TaskKind, TaskRecord, TurnOutput};
+    use serde_json::json;
+
+    /// Plays one instance with scripted texts; every turn is 3 tokens long at policy version 7.
+    pub(crate) fn played(cfg: &CoMasConfig, text: impl Fn(&crate::TurnRequest) -> String) -> Trajectory {
+        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
+        let mut ep = start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
+        while !ep.is_done() {
+            let outs = ep
+                .next_turns()
+                .iter()
+                .map(|r| TurnOutput {
+                    turn_index: r.turn_index,
+                    text: text(r),
+                    raw_text: text(r),
+                    prompt_ids: vec![1, 2, r.turn_index],
+                    completion_ids: vec![5, 6, 7],
+                    logprobs: vec![-0.5; 3],
+                    finish_reason: FinishReason::Stop,
+                    policy_version: 7,
+                    constrained: Vec::new(),
+                })
+                .collect();
+            ep.submit(outs).unwrap();
+        }
+        ep.into_trajectory().unwrap()
+    }
+
+    #[test]
+    fn a_group_is_one_prompt() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        let t = played(&cfg, |_| "x".into());
+        let a = &t.turns[0];
+        let same = a.clone();
+        let mut other = a.clone();
+        other.prompt_ids.push(99);
+        assert_eq!(group_key("q1", a), group_key("q1", &same));
+        assert_ne!(group_key("q1", a), group_key("q1", &other), "a different prompt is another group");
+        assert_ne!(group_key("q1", a), group_key("q2", a));
+    }
+
+    #[test]
+    fn turns_go_to_their_agents_with_the_comas_rewards() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        // Slot 0 scored 3 (solver 1.0, evaluator 0.0), slot 1 broken (0, 0, scorer -1).
+        let t = played(&cfg, |r| match (r.role, r.slot) {
+            (Role::Solver, 0) => "so \\boxed{2}".into(),
+            (Role::Solver, _) => "\\boxed{3}".into(),
+            (Role::Scorer, 0) => "<score>3</score>".into(),
+            (Role::Scorer, _) => "no score".into(),
+            _ => "fine".into(),
+        });
+        let speakers: Vec<(u32, Role, u32, f32)> = {
+            let rewards = comas_rewards(&t).unwrap();
+            t.turns.iter().zip(&rewards).map(|(x, r)| (x.agent, x.role, x.slot, r.reward)).collect()
+        };
+        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
+        // Through the seam: sampled with version 7, a step that expects version 6 for agent 1
+        // refuses it, by turn; a record cut short is not valid JSON.
+        let method = MethodConfig::CoMas(cfg.clone());
+        let json = serde_json::to_string(&t).unwrap();
+        let record = method.parse_record(&json).unwrap();
+        assert!(method.parse_record(&json[..json.len() / 2]).unwrap_err().contains("not valid JSON"));
+        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
+        let step = StepContext { agents: 2, data: std::slice::from_ref(&q), with_temperatures: true };
+        let err = method.experience(vec![("e1".into(), record.clone())], &step, Some(&[7, 6])).err().expect("a stale turn is refused").to_string();
+        assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
+        let seam = method.experience(vec![("e1".into(), record)], &step, Some(&[7, 7])).unwrap();
+        assert_eq!(seam.metrics["method"], "comas");
+        let b = make_step(&finished, 2, Some(&cfg.sampling), RewardSource::Comas).unwrap();
+        assert_eq!(seam.per_agent, b.per_agent, "the seam makes what the method makes");
+        assert_eq!(b.per_agent.iter().map(Vec::len).sum::<usize>(), 6, "l=2, R=1: 2 solutions, 2 evaluations, 2 scores");
+        for (agent, exps) in b.per_agent.iter().enumerate() {
+            let mine: Vec<&(u32, Role, u32, f32)> = speakers.iter().filter(|s| s.0 == agent as u32).collect();
+            assert_eq!(exps.len(), mine.len());
+            for (e, s) in exps.iter().zip(mine) {
+                assert_eq!(e.reward, f64::from(s.3));
+                assert_eq!(e.completion_ids, vec![5, 6, 7]);
+                assert_eq!(e.policy_version, 7);
+                assert_eq!(e.episode_id, "e1");
+                // Scripted prompts differ per turn ([1, 2, turn]), so every turn is its own group.
+                assert!(e.group.starts_with(&format!("q1/{}/r0/", s.1.as_str())), "{}", e.group);
+                assert_eq!(e.temperature, Some(cfg.sampling.for_role(s.1).temperature));
+            }
+        }
+        let by_slot = |role: Role, slot: u32| speakers.iter().find(|s| s.1 == role && s.2 == slot).unwrap().3;
+        assert_eq!((by_slot(Role::Solver, 0), by_slot(Role::Evaluator, 0), by_slot(Role::Scorer, 0)), (1.0, 0.0, 0.0));
+        assert_eq!((by_slot(Role::Solver, 1), by_slot(Role::Evaluator, 1), by_slot(Role::Scorer, 1)), (0.0, 0.0, -1.0));
+        let m = &serde_json::to_value(&b.metrics).unwrap();
+        assert_eq!(m["score_hist"], json!({"1": 0, "2": 0, "3": 1, "invalid": 1}));
+        assert_eq!(m["parse_failure_rate"], json!(0.5));
+        // Solver of slot 0 answered 2 (right), slot 1 answered 3 (wrong).
+        assert_eq!(m["accuracy"]["last_round"], json!(0.5));
+        assert_eq!(m["turns"], json!({"solver": 2, "evaluator": 2, "scorer": 2}));
+        assert_eq!(m["reward"]["solver"]["mean"], json!(0.5));
+        assert_eq!(m["reward"]["scorer"]["mean"], json!(-0.5));
+        assert_eq!(m["agents"][0]["policy_versions"], json!([7]));
+        assert_eq!(m["generated_tokens"], json!(18));
+        assert_eq!(m["prompts_truncated"], json!(0));
+        // One valid score, a 3: the judges passed every solution they could judge.
+        assert_eq!(m["approval_rate"], json!(1.0));
+        assert_eq!(m["score_parse_rate"], json!(0.5));
+        assert_eq!(m["solver_reward_by_correctness"]["correct"], json!({"mean": 1.0, "std": 0.0, "count": 1}));
+        assert_eq!(m["solver_reward_by_correctness"]["wrong"], json!({"mean": 0.0, "std": 0.0, "count": 1}));
+        assert_eq!(m["truncation_rate_by_role"], json!({"solver": 0.0, "evaluator": 0.0, "scorer": 0.0}));
+    }
+
+    #[test]
+    fn the_verifier_control_pays_solvers_from_the_answer_only() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        // The judges pass the wrong solution (slot 0: 3 scored) and fail the right one (slot 1: 1).
+        let t = played(&cfg, |r| match (r.role, r.slot) {
+            (Role::Solver, 0) => "\\boxed{5}".into(),
+            (Role::Solver, _) => "\\boxed{2}".into(),
+            (Role::Scorer, 0) => "<score>3</score>".into(),
+            (Role::Scorer, _) => "<score>1</score>".into(),
+            _ => "fine".into(),
+        });
+        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
+        let by = |source: RewardSource| -> Vec<(Role, u32, f64)> {
+            let b = make_step(&finished, 2, None, source).unwrap();
+            b.per_agent
+                .iter()
+                .flatten()
+                .map(|e| {
+                    let turn = t.turns.iter().find(|x| x.turn_index == e.turn_id).unwrap();
+                    (turn.role, turn.slot, e.reward)
+                })
+                .collect()
+        };
+        let comas = by(RewardSource::Comas);
+        let verifier = by(RewardSource::Verifier);
+        let get = |v: &[(Role, u32, f64)], role: Role, slot: u32| v.iter().find(|x| x.0 == role && x.1 == slot).unwrap().2;
+        assert_eq!((get(&comas, Role::Solver, 0), get(&comas, Role::Solver, 1)), (1.0, 0.0));
+        assert_eq!((get(&verifier, Role::Solver, 0), get(&verifier, Role::Solver, 1)), (0.0, 1.0));
+        for role in [Role::Evaluator, Role::Scorer] {
+            for slot in 0..2 {
+                assert_eq!(get(&comas, role, slot), get(&verifier, role, slot), "{role} {slot} keeps its CoMAS reward");
+            }
+        }
+        let m = serde_json::to_value(make_step(&finished, 2, None, RewardSource::Comas).unwrap().metrics).unwrap();
+        assert_eq!(m["approval_rate"], json!(0.5));
+        // The judges' reward runs against correctness here: 0 for the right answer, 1 for the wrong.
+        assert_eq!(m["solver_reward_by_correctness"]["correct"]["mean"], json!(0.0));
+        assert_eq!(m["solver_reward_by_correctness"]["wrong"]["mean"], json!(1.0));
+    }
+}
