@@ -1,0 +1,311 @@
+//! The shared cluster harness of the end-to-end tests: real `comas` processes on loopback (a
+//! coordinator, learners, rollout workers), started, watched, killed and read back.
+#![allow(dead_code)]
+use comas_proto::v1 as pb;
+use comas_proto::v1::coordinator_client::CoordinatorClient;
+use comas_proto::v1::learner_client::LearnerClient;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
+    spawn_with(dir, name, args, &[])
+}
+
+pub fn spawn_with(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+    // Appended, so a restarted service's log follows the one before it.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("COMAS_THREADS", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc { name: name.into(), child }
+}
+
+pub fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub coord_port: u16,
+    pub metrics_port: u16,
+    pub learner_ports: Vec<u16>,
+    /// Each learner's `--agent-id` (its index, unless one learner trains several agents).
+    pub learner_agents: Vec<String>,
+    pub coordinator: Option<Proc>,
+    pub coordinator_flags: Vec<String>,
+    pub learners: Vec<Option<Proc>>,
+    pub workers: Vec<Proc>,
+    pub steps: u64,
+    pub worker_flags: Vec<String>,
+    /// Environment of every service process (TLS files).
+    pub env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    /// Starts the coordinator, one learner per port and the workers for the job in `dir`.
+    pub fn launch(dir: &Path, learner_ports: Vec<u16>, workers: usize, coordinator_flags: &[&str], steps: u64, worker_flags: &[&str]) -> Self {
+        Self::launch_env(dir, learner_ports, workers, coordinator_flags, steps, worker_flags, &[])
+    }
+
+    /// As `launch`, every service with `env` set.
+    pub fn launch_env(
+        dir: &Path,
+        learner_ports: Vec<u16>,
+        workers: usize,
+        coordinator_flags: &[&str],
+        steps: u64,
+        worker_flags: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
+        let n = learner_ports.len();
+        let mut c = Cluster {
+            dir: dir.to_path_buf(),
+            coord_port: free_port(),
+            metrics_port: free_port(),
+            learner_agents: (0..n).map(|k| k.to_string()).collect(),
+            learner_ports,
+            coordinator: None,
+            coordinator_flags: s(coordinator_flags),
+            learners: (0..n).map(|_| None).collect(),
+            workers: Vec::new(),
+            steps,
+            worker_flags: s(worker_flags),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        };
+        c.start_coordinator();
+        for k in 0..n {
+            c.start_learner(k);
+        }
+        for _ in 0..workers {
+            c.add_worker();
+        }
+        c
+    }
+
+    /// As `launch`, with one learner process on `port` training all `agents`.
+    pub fn launch_one_learner(dir: &Path, port: u16, agents: usize, workers: usize, steps: u64, worker_flags: &[&str]) -> Self {
+        let mut c = Cluster {
+            dir: dir.to_path_buf(),
+            coord_port: free_port(),
+            metrics_port: free_port(),
+            learner_agents: vec![(0..agents).map(|k| k.to_string()).collect::<Vec<_>>().join(",")],
+            learner_ports: vec![port],
+            coordinator: None,
+            coordinator_flags: Vec::new(),
+            learners: vec![None],
+            workers: Vec::new(),
+            steps,
+            worker_flags: s(worker_flags),
+            env: Vec::new(),
+        };
+        c.start_coordinator();
+        c.start_learner(0);
+        for _ in 0..workers {
+            c.add_worker();
+        }
+        c
+    }
+
+    pub fn start_coordinator(&mut self) {
+        let mut args = s(&[
+            "coordinator",
+            "--listen",
+            &format!("127.0.0.1:{}", self.coord_port),
+            "--metrics-listen",
+            &format!("127.0.0.1:{}", self.metrics_port),
+            "--db",
+            &self.dir.join("jobs.sqlite").display().to_string(),
+            "--heartbeat-ms",
+            "300",
+            "--heartbeat-timeout-secs",
+            "5",
+            "--worker-wait-secs",
+            "120",
+        ]);
+        args.extend(self.coordinator_flags.iter().cloned());
+        self.coordinator = Some(spawn_with(&self.dir, "coordinator", &args, &self.env_with(&[])));
+    }
+
+    pub fn start_learner(&mut self, k: usize) {
+        self.start_learner_with(k, &[]);
+    }
+
+    pub fn start_learner_with(&mut self, k: usize, env: &[(&str, &str)]) {
+        let args = s(&[
+            "learner",
+            "serve",
+            "--job",
+            &self.dir.join("job.toml").display().to_string(),
+            "--agent-id",
+            &self.learner_agents[k],
+            "--listen",
+            &format!("127.0.0.1:{}", self.learner_ports[k]),
+            "--checkpoint-dir",
+            &self.dir.join(format!("ckpt-{k}")).display().to_string(),
+            "--resume",
+            // One checkpoint kept: a resumed learner must not depend on the one it started from.
+            "--keep-checkpoints",
+            "1",
+        ]);
+        self.learners[k] = Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, &self.env_with(env)));
+    }
+
+    pub fn add_worker(&mut self) {
+        self.add_worker_with(&[]);
+    }
+
+    pub fn add_worker_with(&mut self, env: &[(&str, &str)]) {
+        let i = self.workers.len();
+        let w = self.worker(i, env);
+        self.workers.push(w);
+    }
+
+    pub fn worker(&self, i: usize, env: &[(&str, &str)]) -> Proc {
+        let mut args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port)]);
+        args.extend(self.worker_flags.iter().cloned());
+        spawn_with(&self.dir, &format!("worker-{i}"), &args, &self.env_with(env))
+    }
+
+    /// The cluster's environment and `more`.
+    pub fn env_with<'a>(&'a self, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(more.iter().copied()).collect()
+    }
+
+    pub async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
+        let started = Instant::now();
+        loop {
+            match CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await {
+                Ok(c) => return c,
+                Err(e) if started.elapsed() > Duration::from_secs(30) => panic!("coordinator unreachable: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    pub async fn submit(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("job.toml")).unwrap();
+        let r = self.client().await.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: self.dir.display().to_string(), reuse_name: false }).await;
+        r.unwrap_or_else(|e| panic!("submit: {}", e.message())).into_inner().job_id
+    }
+
+    pub async fn status(&self, id: &str) -> Option<pb::JobStatus> {
+        let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await.ok()?;
+        c.get_job(pb::GetJobRequest { job_id: id.into() }).await.ok().map(|r| r.into_inner())
+    }
+
+    /// Polls until `pred` holds; panics with the logs' tails after `secs`.
+    pub async fn wait_for(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(st) = self.status(id).await {
+                if pred(&st) {
+                    return st;
+                }
+                if st.state == pb::JobState::Failed as i32 {
+                    panic!("job failed while waiting for {what}: {}\n{}", st.error, self.logs());
+                }
+            }
+            if started.elapsed() > Duration::from_secs(secs) {
+                panic!("timed out waiting for {what}: {:?}\n{}", self.status(id).await, self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Follows the job's event stream and returns at the first event whose status matches, so
+    /// short windows (a step's rollout) are never missed between polls.
+    pub async fn on_event(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+        let mut c = self.client().await;
+        let mut stream = c.watch_job(pb::WatchJobRequest { job_id: id.into() }).await.unwrap().into_inner();
+        let found = tokio::time::timeout(Duration::from_secs(secs), async {
+            while let Some(ev) = stream.message().await.unwrap() {
+                let st = ev.status.unwrap();
+                if pred(&st) {
+                    return Some(st);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(st)) => st,
+            other => panic!("no event for {what} ({other:?})\n{}", self.logs()),
+        }
+    }
+
+    pub async fn finished(&self, id: &str) -> pb::JobStatus {
+        let st = self.wait_for(id, 240, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32).await;
+        assert_eq!(st.state, pb::JobState::Succeeded as i32, "job ended {}: {}\n{}", st.state, st.error, self.logs());
+        st
+    }
+
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(&self.dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let t = std::fs::read_to_string(&p).unwrap_or_default();
+                let tail: String = t.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                out.push_str(&format!("--- {} ---\n{tail}\n", p.display()));
+            }
+        }
+        out
+    }
+
+    /// The metrics log's records of one kind (`step` or `eval`), in file order.
+    pub fn log_of(&self, kind: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.join("out/metrics.jsonl")).unwrap();
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|m| m["kind"] == kind).collect()
+    }
+
+    pub fn metrics_log(&self) -> Vec<Value> {
+        self.log_of("step")
+    }
+
+    pub fn prometheus(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        sock.read_to_string(&mut body).unwrap();
+        body.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap())).unwrap_or_else(|| panic!("{name} not in /metrics"))
+    }
+
+    pub async fn learner_info(&self, k: usize) -> pb::LearnerInfo {
+        let mut c = LearnerClient::connect(format!("http://127.0.0.1:{}", self.learner_ports[k])).await.unwrap();
+        c.info(pb::InfoRequest {}).await.unwrap().into_inner()
+    }
+}
