@@ -27,6 +27,7 @@ method::registry::methods! {
     cosir::Cosir,
     neuromas::Neuromas,
     eval::Evaluation,
+    grpo::Grpo,
 }
 
 /// Metrics records written before every record named its method are CoMAS's.

@@ -1,0 +1,96 @@
+//! `method = "grpo"` end to end, with real processes on loopback: two tiny agents, each with its
+//! own learner, answer every question G times on one rollout worker; every answer is graded,
+//! trains its own agent, and the step's figures are what the saved episodes say.
+mod harness;
+
+use comas_model::tiny::{write_model, TinySpec};
+use comas_model::Architecture;
+use harness::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const STEPS: u64 = 2;
+const QUESTIONS_PER_STEP: u64 = 2;
+const G: u64 = 4;
+
+/// Two tiny models, four questions whose answers are 2 or 3, and a job whose answers end in a
+/// guided `\boxed{2}` or `\boxed{3}`: about half are right, so rewards vary within a group.
+fn write_grpo_job(dir: &Path, learner_ports: &[u16]) {
+    for (k, seed) in [(0, 3), (1, 4)] {
+        write_model(&dir.join(format!("model-{k}")), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    }
+    let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
+        .iter()
+        .enumerate()
+        .map(|(i, (a, b))| format!("{{\"prompt\":\"What is {a} + {b}?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", a + b))
+        .collect();
+    std::fs::write(dir.join("train.jsonl"), data).unwrap();
+    let agent = |k: usize| {
+        format!(
+            "[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 8\nmicro_batch_size = 8\nmask_truncated = false\n",
+            learner_ports[k]
+        )
+    };
+    let job = format!(
+        "name = \"grpo-e2e\"\nseed = 5\nmethod = \"grpo\"\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {STEPS}\n\
+         learner_timeout_secs = 120\n[output]\ndir = \"out\"\nsave_episodes = true\n[grpo]\ngroup_size = {G}\nprompt_suffix = \" Box the answer.\"\n\
+         [grpo.sampling]\ntemperature = 1.0\nmax_new_tokens = 24\nguided_suffix = '''\\\\boxed\\{{[23]\\}}'''\n{}{}",
+        agent(0),
+        agent(1)
+    );
+    std::fs::write(dir.join("job.toml"), job).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_answers_each_question_g_times_and_trains_on_its_own_graded_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_grpo_job(tmp.path(), &ports);
+    let c = Cluster::launch(tmp.path(), ports, 1, &[], STEPS, &["--max-episodes", "8"]);
+    let id = c.submit().await;
+    let st = c.finished(&id).await;
+    assert!(st.agents.iter().all(|a| a.version == STEPS), "{:?}", st.agents);
+    let log = c.metrics_log();
+    assert_eq!(log.iter().map(|m| m["step"].as_u64().unwrap()).collect::<Vec<_>>(), (0..STEPS).collect::<Vec<_>>());
+    let mut seen = Vec::new();
+    for m in &log {
+        let step = m["step"].as_u64().unwrap();
+        let episodes = QUESTIONS_PER_STEP * G;
+        assert_eq!((m["method"].as_str(), m["episodes"].as_u64(), m["answers"].as_u64()), (Some("grpo"), Some(episodes), Some(2 * episodes)), "{m}");
+        // The grade of every answer, by this test: the digit in its last box against the answer.
+        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
+        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
+        assert_eq!(records.len() as u64, episodes);
+        let mut by_group: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
+        let mut by_agent = [Vec::new(), Vec::new()];
+        for r in &records {
+            let answer = r["task"]["answer"].as_str().unwrap();
+            let answers = r["answers"].as_array().unwrap();
+            assert_eq!(answers.iter().map(|a| a["agent"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1], "{r}");
+            for a in answers {
+                let text = a["text"].as_str().unwrap();
+                let boxed = text.rfind("\\boxed{").map(|i| &text[i + 7..i + 8]);
+                let reward = f64::from(u8::from(boxed == Some(answer)));
+                let agent = a["agent"].as_u64().unwrap();
+                by_group.entry((r["task"]["id"].as_str().unwrap().to_string(), agent)).or_default().push(reward);
+                by_agent[agent as usize].push(reward);
+            }
+        }
+        let all: Vec<f64> = by_agent.iter().flatten().copied().collect();
+        assert_eq!(m["accuracy"]["mean"].as_f64(), Some(all.iter().sum::<f64>() / all.len() as f64), "{m}");
+        assert_eq!(m["groups"].as_u64(), Some(QUESTIONS_PER_STEP * 2));
+        let equal = by_group.values().filter(|g| g.iter().all(|&r| r == g[0])).count() as u64;
+        assert_eq!(m["equal_groups"].as_u64(), Some(equal), "{m}");
+        for (k, rewards) in by_agent.iter().enumerate() {
+            let a = &m["agents"][k];
+            // Each agent trains on its own G answers to each of the step's questions.
+            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64(), a["version"].as_u64()), (Some(episodes), Some(episodes), Some(step + 1)), "{m}");
+            let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+            assert!((a["reward_mean"].as_f64().unwrap() - mean).abs() < 1e-12, "step {step} agent {k}: {a}");
+        }
+        seen.extend(all);
+    }
+    // Right and wrong answers both occurred: the groups had something to teach.
+    assert!(seen.contains(&1.0) && seen.contains(&0.0), "{seen:?}");
+}
