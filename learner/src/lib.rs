@@ -9,6 +9,7 @@ pub mod config {
 pub mod engine;
 pub mod error;
 pub mod experience;
+mod fault;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

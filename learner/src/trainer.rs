@@ -551,7 +551,10 @@ impl Trainer {
         let progress = Arc::clone(&self.progress);
         let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
         // 3–7. Advantages.
-        let adv = compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
+        let mut adv = compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
+        if crate::fault::flips_advantages() {
+            adv.advantages.iter_mut().flatten().for_each(|a| *a = -*a);
+        }
         let Prepared { old, behaviour, reference, use_sampler, mismatch, seconds: prepare_seconds, .. } = prepared;
         let device = self.model.device();
 

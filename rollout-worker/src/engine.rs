@@ -184,7 +184,10 @@ impl PromptMeter for Room<'_> {
 /// panics in the engine loop after step N (the thread dies and the worker with it),
 /// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version,
 /// `slow-load:S` takes S seconds longer to load policies (a big model on a slow disk),
-/// `slow-swap:S` waits S seconds between receiving a weight version and swapping it in.
+/// `slow-swap:S` waits S seconds between receiving a weight version and swapping it in,
+/// `stale-weights:1` takes every new version's number but keeps decoding with the weights it
+/// loaded (a broadcast that never reaches the models, for the test that training changes what
+/// the workers sample).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
     StepPanic(u64),
@@ -192,6 +195,7 @@ pub(crate) enum Fault {
     StaleVersion(u64),
     SlowLoad(u64),
     SlowSwap(u64),
+    StaleWeights,
 }
 
 pub(crate) fn fault_from_env() -> Option<Fault> {
@@ -204,6 +208,7 @@ pub(crate) fn fault_from_env() -> Option<Fault> {
         "stale-version" => Some(Fault::StaleVersion(n)),
         "slow-load" => Some(Fault::SlowLoad(n)),
         "slow-swap" => Some(Fault::SlowSwap(n)),
+        "stale-weights" => Some(Fault::StaleWeights),
         _ => None,
     }
 }
@@ -682,7 +687,7 @@ impl<'m> Runtime<'m> {
                 continue;
             }
             let (agent, version, tensors, reply) = self.updates.remove(i);
-            let r = self.models.apply_update(agent, &tensors);
+            let r = if self.fault == Some(Fault::StaleWeights) { Ok(()) } else { self.models.apply_update(agent, &tensors) };
             if r.is_ok() {
                 self.versions.insert(agent, version);
                 tracing::info!(agent, version, "weights swapped in");
