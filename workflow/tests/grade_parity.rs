@@ -1,9 +1,12 @@
-//! The math grader against the reference grader, `math_verify` 0.8.0, on a labelled corpus
-//! (tests/fixtures/grade/math_verify.jsonl, written by gen_math_verify.py next to it).
+//! The math grader against the reference grader, `math_verify` 0.8.0, on two labelled corpora
+//! in tests/fixtures/grade/: math_verify.jsonl (hand-written cases, gen_math_verify.py) and
+//! math_pairs.jsonl (a few thousand generated MATH-style answer pairs, gen_math_pairs.py, whose
+//! labels check-math-pairs.sh re-derives from the pinned reference).
 //!
 //! `cargo test -p comas-workflow --test grade_parity -- --nocapture` prints the agreement.
 use comas_workflow::grade::{is_correct, math};
 use comas_workflow::TaskKind;
+use std::collections::BTreeMap;
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -13,10 +16,14 @@ struct Case {
     math_verify: bool,
 }
 
-fn corpus() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/grade/math_verify.jsonl");
-    let text = std::fs::read_to_string(path).expect("the corpus is committed");
+fn load(name: &str) -> Vec<Case> {
+    let path = format!("{}/../tests/fixtures/grade/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (the corpus is committed)"));
     text.lines().map(|l| serde_json::from_str(l).expect("a corpus line")).collect()
+}
+
+fn corpus() -> Vec<Case> {
+    load("math_verify.jsonl")
 }
 
 fn describe(c: &Case) -> String {
@@ -46,4 +53,40 @@ fn math_grading_agrees_with_math_verify_on_the_corpus() {
         eprintln!("  disagrees: {}", describe(c));
     }
     assert!(agreement >= 98.0, "agreement {agreement:.2} % is below 98 %");
+}
+
+/// Agreement on the generated pairs, measured when the grader last changed and rounded down:
+/// a change that loses agreement fails here.
+const PAIRS_MIN_AGREEMENT: f64 = 100.0;
+
+/// The generated MATH-style pairs: every category holds both verdicts, and the grader agrees
+/// with the reference on at least [`PAIRS_MIN_AGREEMENT`] % of them.
+#[test]
+fn math_grading_agrees_with_math_verify_on_generated_pairs() {
+    let cases = load("math_pairs.jsonl");
+    assert!(cases.len() >= 3000, "the generated corpus has {} cases", cases.len());
+    // category -> [agree, cases, labelled true, labelled false]
+    let mut by_category: BTreeMap<&str, [usize; 4]> = BTreeMap::new();
+    let mut disagree = Vec::new();
+    for c in &cases {
+        let counts = by_category.entry(c.category.as_str()).or_default();
+        let agrees = math::is_equivalent(&c.response, &c.answer) == c.math_verify;
+        counts[0] += usize::from(agrees);
+        counts[1] += 1;
+        counts[if c.math_verify { 2 } else { 3 }] += 1;
+        if !agrees {
+            disagree.push(describe(c));
+        }
+    }
+    let agreement = 100.0 * (cases.len() - disagree.len()) as f64 / cases.len() as f64;
+    eprintln!("math grader vs math_verify 0.8.0 on generated pairs: {agreement:.2} % agreement on {} cases ({} disagree)", cases.len(), disagree.len());
+    for (category, [agree, n, yes, no]) in &by_category {
+        eprintln!("  {category:<14} {agree:>4}/{n:<4} agree ({yes} equivalent, {no} not)");
+    }
+    for d in &disagree {
+        eprintln!("  disagrees: {d}");
+    }
+    let one_sided: Vec<&&str> = by_category.iter().filter(|(_, c)| c[2] == 0 || c[3] == 0).map(|(k, _)| k).collect();
+    assert!(one_sided.is_empty(), "categories with one verdict only: {one_sided:?}");
+    assert!(agreement >= PAIRS_MIN_AGREEMENT, "agreement {agreement:.2} % is below {PAIRS_MIN_AGREEMENT} %");
 }

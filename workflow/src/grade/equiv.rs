@@ -7,7 +7,7 @@
 //! evaluates both sides at a few sample points instead.
 use super::extract::Extracted;
 use super::latex::only_symbols_value;
-use super::value::{Const, Expr, Num, Rel, RelOp, Value, C};
+use super::value::{symbol_name, Const, Expr, Num, Rel, RelOp, Value, C};
 use std::cmp::Ordering;
 
 /// `verify(gold, pred)`: the parsed values match, or the first extracted texts are the same
@@ -120,7 +120,32 @@ fn exprs_eq(a: &Expr, b: &Expr) -> bool {
             }
         }
     }
+    if let Some(same) = exact_against_decimal_arithmetic(a, b) {
+        return same;
+    }
     identically_equal(a, b)
+}
+
+/// An exact number against arithmetic on decimals without symbols (`27/14` against the reply
+/// `27/14.`): sympy works the decimal side out in binary floating point, one rounding per
+/// operation, and compares exactly, so 27·(1/14.0) is not 27/14 while 17·(1/21.0) is 17/21.
+/// The evaluation here rounds the same way; `None` where the rule does not apply.
+fn exact_against_decimal_arithmetic(a: &Expr, b: &Expr) -> Option<bool> {
+    let exact_atom = |e: &Expr| {
+        let atom = |e: &Expr| matches!(e, Expr::Num(Num::Int(_) | Num::Rat(..)));
+        atom(e) || e.percent_body().is_some_and(atom)
+    };
+    let applies = |x: &Expr, y: &Expr| exact_atom(x) && has_float(y) && !y.is_float_atom();
+    if !(applies(a, b) || applies(b, a)) {
+        return None;
+    }
+    let mut syms = Vec::new();
+    a.symbols(&mut syms);
+    b.symbols(&mut syms);
+    if !syms.is_empty() {
+        return None;
+    }
+    Some(matches!((a.value(), b.value()), (Some(x), Some(y)) if x == y))
 }
 
 fn has_float(e: &Expr) -> bool {
@@ -201,18 +226,25 @@ fn identically_equal(a: &Expr, b: &Expr) -> bool {
 /// `a·b·c`, and otherwise the printed forms must agree (`\text{5}` matches 5).
 fn symbols_eq(g: &Expr, p: &Expr) -> bool {
     let name_of = |e: &Expr| match e {
-        Expr::Sym(s) => Some(s.clone()),
+        Expr::Sym(s) => Some(symbol_name(s).to_string()),
         Expr::Const(Const::E) => Some("e".to_string()),
         _ => None,
     };
     match (g, p) {
-        (Expr::Sym(s), Expr::Const(Const::E)) | (Expr::Const(Const::E), Expr::Sym(s)) if s.to_lowercase() == "e" => return true,
+        (Expr::Sym(s), Expr::Const(Const::E)) | (Expr::Const(Const::E), Expr::Sym(s)) if symbol_name(s).to_lowercase() == "e" => return true,
         (Expr::Sym(s), Expr::Mul(args)) | (Expr::Mul(args), Expr::Sym(s)) if args.iter().all(|a| name_of(a).is_some()) => {
             let joined: String = args.iter().filter_map(name_of).collect();
-            return s.to_lowercase() == joined.to_lowercase();
+            return symbol_name(s).to_lowercase() == joined.to_lowercase();
         }
         (Expr::Sym(a), Expr::Sym(b)) => {
-            let norm = |s: &str| if s.chars().count() > 1 { s.to_lowercase() } else { s.to_string() };
+            let norm = |s: &str| {
+                let s = symbol_name(s);
+                if s.chars().count() > 1 {
+                    s.to_lowercase()
+                } else {
+                    s.to_string()
+                }
+            };
             return norm(a) == norm(b);
         }
         _ => {}
@@ -225,7 +257,7 @@ fn symbols_eq(g: &Expr, p: &Expr) -> bool {
 
 fn printed(e: &Expr) -> Option<String> {
     match e {
-        Expr::Sym(s) => Some(s.clone()),
+        Expr::Sym(s) => Some(symbol_name(s).to_string()),
         Expr::Num(n) => Some(n.to_string()),
         _ => None,
     }

@@ -39,6 +39,9 @@ enum Tok {
     Ch(char),
     /// The content of `\text{...}` and its relatives.
     Text(String),
+    /// A differential: `d` followed by a letter or a command name (`dx`, `d\theta`), which the
+    /// reference's lexer reads as one symbol, the name kept as written.
+    Diff(String),
     /// `\{` and `\}`.
     LSet,
     RSet,
@@ -53,6 +56,7 @@ impl Tok {
             Tok::Letter(c) | Tok::Ch(c) => c.to_string(),
             Tok::Cmd(c) => format!("\\{c}"),
             Tok::Text(t) => format!("\\text{{{t}}}"),
+            Tok::Diff(d) => d.clone(),
             Tok::LSet => "\\{".into(),
             Tok::RSet => "\\}".into(),
             Tok::RowSep => "\\\\".into(),
@@ -99,6 +103,59 @@ const GREEK: &[&str] = &[
     "Psi",
     "Omega",
 ];
+
+/// Symbol commands other than Greek letters (`\angle`, `\triangle`, `\prime`, ...): each reads as
+/// a symbol of its own name, so `\angle 60^\circ` is a product, not 60.
+const OTHER_SYMBOLS: &[&str] = &[
+    "Bbbk",
+    "wp",
+    "nabla",
+    "bigstar",
+    "angle",
+    "nexists",
+    "diagdown",
+    "measuredangle",
+    "eth",
+    "diagup",
+    "sphericalangle",
+    "clubsuit",
+    "varnothing",
+    "Diamond",
+    "complement",
+    "diamondsuit",
+    "imath",
+    "Finv",
+    "triangledown",
+    "heartsuit",
+    "jmath",
+    "Game",
+    "triangle",
+    "spadesuit",
+    "ell",
+    "hbar",
+    "vartriangle",
+    "hslash",
+    "blacklozenge",
+    "lozenge",
+    "blacksquare",
+    "mho",
+    "blacktriangle",
+    "sharp",
+    "prime",
+    "Im",
+    "flat",
+    "square",
+    "backprime",
+    "Re",
+    "natural",
+    "surd",
+    "circledS",
+];
+
+/// A command that reads as a symbol: a Greek letter or one of [`OTHER_SYMBOLS`].
+fn is_symbol_cmd(name: &str) -> bool {
+    GREEK.contains(&name) || OTHER_SYMBOLS.contains(&name)
+}
 
 const FUNCS: &[&str] =
     &["sin", "cos", "tan", "csc", "sec", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln", "exp", "max", "min", "gcd", "lcm"];
@@ -170,6 +227,15 @@ fn tokenize(s: &str) -> Res<Vec<Tok>> {
                 }
             }
             toks.push(Tok::Num(text));
+        } else if let Some(env) = ENV_WORDS.iter().find(|w| starts_with(&chars, i, w)) {
+            // Environment names are words of their own, whatever letters they contain.
+            toks.extend(env.chars().map(Tok::Letter));
+            i += env.chars().count();
+        } else if let Some(word) = OPERATOR_WORDS.iter().find(|w| starts_with(&chars, i, w)) {
+            return Err(LatexError::Unexpected((*word).to_string()));
+        } else if let Some((name, end)) = differential(&chars, i) {
+            toks.push(Tok::Diff(name));
+            i = end;
         } else if c.is_ascii_alphabetic() {
             toks.push(Tok::Letter(c));
             i += 1;
@@ -239,6 +305,68 @@ fn tokenize(s: &str) -> Res<Vec<Tok>> {
     Ok(drop_degrees(toks))
 }
 
+/// The names of matrix environments, read as plain words.
+const ENV_WORDS: &[&str] = &["pmatrix", "bmatrix", "Bmatrix", "vmatrix", "matrix", "array"];
+
+/// Operator names that the reference's lexer picks out of any run of letters (the `tr` in
+/// `triangle`, the `ones` in `bones`, the `orth` in `north`); outside `\operatorname{...}` they
+/// make the answer unreadable to it.
+const OPERATOR_WORDS: &[&str] = &[
+    "tr",
+    "rank",
+    "rref",
+    "eye",
+    "eig",
+    "zeros",
+    "ones",
+    "cols",
+    "rows",
+    "diag",
+    "norm",
+    "nullspace",
+    "svd",
+    "gcd",
+    "lcm",
+    "floor",
+    "ceil",
+    "hstack",
+    "vstack",
+    // The lexer commits to `orthogonalize` from its fourth letter on.
+    "orth",
+    "arsinh",
+    "arcsinh",
+    "arcosh",
+    "arccosh",
+    "artanh",
+    "arctanh",
+];
+
+fn starts_with(chars: &[char], i: usize, word: &str) -> bool {
+    let n = word.chars().count();
+    chars.len() >= i + n && chars[i..i + n].iter().copied().eq(word.chars())
+}
+
+/// `d` followed (after spaces) by a letter or a command name: the symbol `dx`, `dtheta`, ...,
+/// and the index after it.
+fn differential(chars: &[char], i: usize) -> Option<(String, usize)> {
+    if chars[i] != 'd' {
+        return None;
+    }
+    let mut j = i + 1;
+    while chars.get(j).is_some_and(|c| c.is_whitespace()) {
+        j += 1;
+    }
+    match chars.get(j)? {
+        c if c.is_ascii_alphabetic() => Some((format!("d{c}"), j + 1)),
+        '\\' => {
+            let start = j + 1;
+            let end = (start..chars.len()).find(|&k| !chars[k].is_ascii_alphabetic()).unwrap_or(chars.len());
+            (end > start).then(|| (format!("d{}", chars[start..end].iter().collect::<String>()), end))
+        }
+        _ => None,
+    }
+}
+
 /// `^\circ` and `^{\circ}` mark degrees, which the reference ignores.
 fn drop_degrees(toks: Vec<Tok>) -> Vec<Tok> {
     let is_deg = |t: &Tok| matches!(t, Tok::Cmd(c) if c == "circ" || c == "degree");
@@ -291,12 +419,40 @@ pub fn parse(s: &str) -> Res<Value> {
     }
     let toks = tokenize(s)?;
     let mut p = Parser { toks, pos: 0, abs_depth: 0, in_func_arg: 0, depth: 0 };
-    let v = p.math()?;
+    let mut v = p.math()?;
     if p.pos < p.toks.len() {
         return Err(LatexError::Unexpected(p.toks[p.pos].describe()));
     }
+    if LOOKS_COMPLEX.is_match(s) {
+        v.mark_complex();
+    }
     Ok(v)
 }
+
+/// What makes the reference read an answer's symbols as complex: a standalone `i` and a few
+/// complex-number and matrix commands.
+static LOOKS_COMPLEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+    let signs = [
+        r"\\mathbb\{C\}",
+        r"\\i\b",
+        r"\bi\b",
+        r"\\text\{i\}",
+        r"\\mathrm\{i\}",
+        r"\\imath\b",
+        r"\\det",
+        r"\\operatorname\{tr\}",
+        r"\\operatorname\{rank\}",
+        r"\\text\{rank\}",
+        r"\\arg\{",
+        r"\\Re\{",
+        r"\\Im\{",
+        r"\\operatorname\{Re\}",
+        r"\\operatorname\{Im\}",
+        r"\\text\{Re\}",
+        r"\\text\{Im\}",
+    ];
+    regex::Regex::new(&signs.join("|")).expect("valid regex")
+});
 
 /// A number literal: an integer when it has no decimal point, else a float.
 fn number(text: &str) -> Res<Num> {
@@ -407,8 +563,8 @@ impl Parser {
     fn atom_list(&mut self) -> Option<Value> {
         let single = |p: &mut Parser| -> Option<Expr> {
             match p.peek()? {
-                Tok::Letter(_) | Tok::Text(_) => {}
-                Tok::Cmd(c) if GREEK.contains(&c.as_str()) => {}
+                Tok::Letter(_) | Tok::Text(_) | Tok::Diff(_) => {}
+                Tok::Cmd(c) if is_symbol_cmd(c) => {}
                 _ => return None,
             }
             let e = p.atom().ok()?;
@@ -512,17 +668,17 @@ impl Parser {
 
     /// Set operands joined by `\cup` or `\setminus`.
     fn set_expr(&mut self) -> Res<Value> {
-        let mut left = self.set_term()?;
+        let mut left = self.set_inter()?;
         loop {
             if self.eat(&Tok::Cmd("setminus".into())) {
-                let right = self.set_term()?;
+                let right = self.set_inter()?;
                 left = set_minus(left, right).ok_or_else(|| LatexError::Command("setminus".into()))?;
                 continue;
             }
             if !self.eat(&Tok::Cmd("cup".into())) {
                 break;
             }
-            let right = self.set_term()?;
+            let right = self.set_inter()?;
             let mut parts = Vec::new();
             for v in [left, right] {
                 match v {
@@ -534,6 +690,22 @@ impl Parser {
             left = Value::Union(parts);
         }
         Ok(left)
+    }
+
+    /// Set operands joined by `\cap`, which binds tighter than `\cup`. The reference leaves an
+    /// intersection unevaluated, equal only to the same intersection, so its operands are kept
+    /// in a fixed order rather than intersected.
+    fn set_inter(&mut self) -> Res<Value> {
+        let first = self.set_term()?;
+        let mut parts = vec![first];
+        while self.eat(&Tok::Cmd("cap".into())) {
+            parts.push(self.set_term()?);
+        }
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one operand"));
+        }
+        parts.sort_by_cached_key(|p| format!("{p:?}"));
+        Ok(Value::Intersection(parts))
     }
 
     fn set_term(&mut self) -> Res<Value> {
@@ -560,6 +732,13 @@ impl Parser {
             }
             Some(Tok::Ch('(' | '[')) if self.bracket_has_comma() => self.interval_or_tuple(),
             Some(Tok::Cmd(c)) if c == "begin" => self.matrix(),
+            // `\left( \begin{array} ... \end{array} \right)`: parentheses around a matrix.
+            Some(Tok::Ch('(')) if matches!(self.peek_at(1), Some(Tok::Cmd(c)) if c == "begin") => {
+                self.pos += 1;
+                let m = self.matrix()?;
+                self.expect(&Tok::Ch(')'))?;
+                Ok(m)
+            }
             Some(Tok::Ch('{')) if self.brace_is_set() => {
                 self.pos += 1;
                 let groups = self.element_groups(true)?;
@@ -682,6 +861,10 @@ impl Parser {
         // Infinite ends are always open, and (-∞, ∞) is the real line (as in sympy).
         lo_open |= lo == Expr::Const(Const::NegInf);
         hi_open |= hi == Expr::Const(Const::Inf);
+        // `[a, a]` is the single point, as sympy builds it.
+        if !lo_open && !hi_open && end_value(&lo).is_some_and(|a| end_value(&hi) == Some(a)) {
+            return Ok(Value::Set(vec![Value::Expr(lo)]));
+        }
         if lo == Expr::Const(Const::NegInf) && hi == Expr::Const(Const::Inf) {
             return Ok(Value::Named("R".into()));
         }
@@ -759,7 +942,7 @@ impl Parser {
 
     fn starts_operand(&self) -> bool {
         match self.peek() {
-            Some(Tok::Num(_) | Tok::Letter(_) | Tok::Text(_)) => true,
+            Some(Tok::Num(_) | Tok::Letter(_) | Tok::Text(_) | Tok::Diff(_)) => true,
             Some(Tok::Ch('(' | '{')) => true,
             Some(Tok::Ch('|')) => self.abs_depth == 0,
             Some(Tok::Cmd(c)) => {
@@ -767,7 +950,7 @@ impl Parser {
                 matches!(c, "frac" | "dfrac" | "tfrac" | "cfrac" | "sqrt" | "pi" | "infty" | "binom" | "dbinom" | "tbinom" | "lfloor" | "lceil" | "exp")
                     && !(self.in_func_arg > 0 && c == "exp")
                     || FUNCS.contains(&c) && self.in_func_arg == 0
-                    || GREEK.contains(&c)
+                    || is_symbol_cmd(c)
             }
             _ => false,
         }
@@ -967,6 +1150,7 @@ impl Parser {
                     _ => Expr::Sym(raw.to_lowercase()),
                 })
             }
+            Tok::Diff(name) => Ok(Expr::Sym(name)),
             Tok::Text(text) => {
                 let name: String = text.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')').collect();
                 let sub = self.subscript()?;
@@ -978,7 +1162,7 @@ impl Parser {
             Tok::Cmd(c) => match c.as_str() {
                 "pi" => Ok(Expr::Const(Const::Pi)),
                 "infty" | "infinity" => Ok(Expr::Const(Const::Inf)),
-                g if GREEK.contains(&g) => {
+                g if is_symbol_cmd(g) => {
                     let sub = self.subscript()?;
                     Ok(Expr::Sym(format!("{}{sub}", g.to_lowercase())))
                 }
@@ -1221,5 +1405,23 @@ mod tests {
         assert!(matches!(parse("a = 2, b = 3").unwrap(), Value::Set(ref s) if s.len() == 2));
         assert!(matches!(parse("1 < x < 2").unwrap(), Value::Rel(ref r) if r.len() == 2));
         assert!(matches!(parse("(-\\infty, 3) \\cup (5, \\infty)").unwrap(), Value::Union(ref u) if u.len() == 2));
+    }
+
+    #[test]
+    fn symbols_differentials_and_operator_words() {
+        let sym = |n: &str| Expr::Sym(n.to_string());
+        assert_eq!(parse("\\angle 60^\\circ").unwrap(), Value::Expr(Expr::Mul(vec![sym("angle"), Expr::int(60)])));
+        // `d` and the letter after it make one symbol, case kept; `D` is only a letter.
+        assert_eq!(parse("rdq").unwrap(), Value::Expr(Expr::Mul(vec![sym("r"), sym("dq")])));
+        assert_eq!(parse("d X").unwrap(), Value::Expr(sym("dX")));
+        assert_eq!(parse("D x").unwrap(), Value::Expr(Expr::Mul(vec![sym("d"), sym("x")])));
+        assert!(parse("triangle").is_err());
+        assert!(parse("north").is_err());
+        assert!(parse("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}").is_ok());
+        assert!(matches!(parse("[1,3) \\cap [2,5]").unwrap(), Value::Intersection(ref p) if p.len() == 2));
+        assert_eq!(parse("[4, 4]").unwrap(), Value::Set(vec![Value::Expr(Expr::int(4))]));
+        let marked = format!("i{}", super::super::value::COMPLEX_MARK);
+        assert_eq!(parse("2 \\cdot i").unwrap(), Value::Expr(Expr::Mul(vec![Expr::int(2), sym(&marked)])));
+        assert_eq!(parse("2i").unwrap(), Value::Expr(Expr::Mul(vec![Expr::int(2), sym("i")])));
     }
 }

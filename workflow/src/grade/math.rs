@@ -72,6 +72,41 @@ mod tests {
         assert_eq!(grade("\\boxed{3}", "4"), Err(Failure::NotEqual { got: "3".into(), want: "4".into() }));
     }
 
+    /// Forms the generated corpus (tests/fixtures/grade/math_pairs.jsonl) first found the port
+    /// reading otherwise than the reference: symbol commands, intersections, differentials,
+    /// operator names inside words, a standalone `i`, a matrix in parentheses.
+    #[test]
+    fn symbol_commands_intersections_and_complex_answers() {
+        let yes = [
+            ("\\boxed{\\left(\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right)}", "$\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}$"),
+            ("\\boxed{[1,3) \\cap [2,5]}", "$[2,5] \\cap [1,3)$"),
+            ("\\boxed{\\angle 60^\\circ}", "$\\angle 60^\\circ$"),
+            ("\\boxed{\\triangle ABC}", "$\\triangle ABC$"),
+            ("\\boxed{2\\cdot i}", "$2 i$"),
+            ("\\boxed{x + i}", "$x + i$"),
+            ("\\boxed{r\\,dq}", "$rdq$"),
+        ];
+        for (response, gt) in yes {
+            assert!(is_equivalent(response, gt), "{response} vs {gt}");
+        }
+        let no = [
+            // `\angle` is a symbol: the product angle·60 is not 60.
+            ("\\boxed{\\angle 60^\\circ}", "$60$"),
+            // An intersection stays unevaluated: only the same intersection equals it.
+            ("\\boxed{[1,3) \\cap [2,5]}", "$[2,3)$"),
+            // A standalone `i` makes the symbols complex, and `2i` keeps them real.
+            ("\\boxed{2\\cdot i}", "$2i$"),
+            ("\\boxed{x + 1i}", "$x + i$"),
+            // `dq` is one symbol (a differential); `D` is not a differential.
+            ("\\boxed{rdq}", "$RDQ$"),
+            // The `tr` in `triangle` is an operator name: the reference cannot read the word.
+            ("\\boxed{\\text{triangle}}", "$triangle$"),
+        ];
+        for (response, gt) in no {
+            assert!(!is_equivalent(response, gt), "{response} vs {gt}");
+        }
+    }
+
     /// Model output can be anything: no input may panic or take long.
     #[test]
     fn arbitrary_text_never_panics() {
@@ -144,6 +179,15 @@ mod tests {
             "\\",
             "\\approx",
             "|",
+            "\\cap",
+            "\\angle",
+            "d",
+            "dx",
+            "tr",
+            "\\cdot i",
+            "\\left(\\begin{array}{cc}",
+            "\\end{array}\\right)",
+            "&",
         ];
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         for _ in 0..3000 {

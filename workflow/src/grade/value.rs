@@ -218,6 +218,17 @@ pub enum Func {
     Mod,
 }
 
+/// Appended to the name of a symbol read from an answer that looks complex (one with a
+/// standalone `i`, `\mathbb{C}`, `\det`, ...). The reference declares the symbols of such an
+/// answer not real, and sympy never equates symbols declared differently: `2\cdot i` (complex)
+/// is not `2i` (real). Comparisons by name look through the mark ([`symbol_name`]).
+pub const COMPLEX_MARK: char = '\u{e000}';
+
+/// A symbol's name without its [`COMPLEX_MARK`].
+pub fn symbol_name(s: &str) -> &str {
+    s.strip_suffix(COMPLEX_MARK).unwrap_or(s)
+}
+
 /// A scalar expression.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
@@ -268,6 +279,19 @@ impl Expr {
     }
     pub fn sub(self, o: Expr) -> Expr {
         add_flat(self, o.neg())
+    }
+
+    /// Marks every symbol as declared complex ([`COMPLEX_MARK`]).
+    pub fn mark_complex(&mut self) {
+        match self {
+            Expr::Sym(s) if !s.ends_with(COMPLEX_MARK) => s.push(COMPLEX_MARK),
+            Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => a.iter_mut().for_each(Expr::mark_complex),
+            Expr::Pow(b, e) => {
+                b.mark_complex();
+                e.mark_complex();
+            }
+            Expr::Sym(_) | Expr::Num(_) | Expr::Const(_) => {}
+        }
     }
 
     /// Every symbol name in the expression, in first-seen order.
@@ -433,6 +457,8 @@ pub enum Value {
         hi_open: bool,
     },
     Union(Vec<Value>),
+    /// `A \cap B`, unevaluated as the reference leaves it; operands in a canonical order.
+    Intersection(Vec<Value>),
     Empty,
     /// ℝ, ℤ, ... by name.
     Named(String),
@@ -441,6 +467,23 @@ pub enum Value {
 }
 
 impl Value {
+    /// Marks every symbol in the value as declared complex ([`COMPLEX_MARK`]).
+    pub fn mark_complex(&mut self) {
+        match self {
+            Value::Expr(e) => e.mark_complex(),
+            Value::Rel(chain) => chain.iter_mut().for_each(|r| {
+                r.lhs.mark_complex();
+                r.rhs.mark_complex();
+            }),
+            Value::Set(items) | Value::Tuple(items) | Value::Union(items) | Value::Intersection(items) => items.iter_mut().for_each(Value::mark_complex),
+            Value::Interval { lo, hi, .. } => {
+                lo.mark_complex();
+                hi.mark_complex();
+            }
+            Value::Matrix(rows) => rows.iter_mut().flatten().for_each(Expr::mark_complex),
+            Value::Empty | Value::Named(_) => {}
+        }
+    }
     pub fn as_expr(&self) -> Option<&Expr> {
         match self {
             Value::Expr(e) => Some(e),
@@ -449,7 +492,7 @@ impl Value {
     }
     /// A set in the reference's sense (not a tuple).
     pub fn is_set(&self) -> bool {
-        matches!(self, Value::Set(_) | Value::Interval { .. } | Value::Union(_) | Value::Empty | Value::Named(_))
+        matches!(self, Value::Set(_) | Value::Interval { .. } | Value::Union(_) | Value::Intersection(_) | Value::Empty | Value::Named(_))
     }
     pub fn is_relation(&self) -> bool {
         matches!(self, Value::Rel(r) if !r.is_empty())
