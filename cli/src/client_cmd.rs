@@ -257,6 +257,21 @@ pub fn step_line(m: &Value) -> String {
     }
     // The method's own figures (CoMAS's accuracy and score failures, MAPPA's coaching, ...).
     parts.extend(comas_workflow::registry::watch(m));
+    // Agents whose step moved nothing: every sample masked or with a zero advantage.
+    let idle: Vec<String> = m
+        .get("agents")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|a| a.pointer("/train/no_gradient").and_then(Value::as_bool) == Some(true))
+        .map(|a| {
+            let n = |k: &str| a.pointer(&format!("/train/{k}")).and_then(Value::as_u64).unwrap_or(0);
+            format!("a{} ({} masked, {} zero advantage)", a.get("agent").and_then(Value::as_u64).unwrap_or(0), n("masked_samples"), n("zero_advantage_samples"))
+        })
+        .collect();
+    if !idle.is_empty() {
+        parts.push(format!("no gradient: {}", idle.join(" ")));
+    }
     if let Some(s) = m.get("seconds") {
         let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
         parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
@@ -327,6 +342,9 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
                 eprintln!("{}: {} (step {}/{}) {progress}", s.job_id, s.stage, s.steps_done, s.total_steps);
                 last_progress = std::time::Instant::now();
             }
+            if ev.kind == "warning" {
+                say(&format!("warning: {}", ev.message));
+            }
             if ev.kind == "eval" {
                 if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
                     say(&eval_line(&m));
@@ -394,6 +412,10 @@ mod tests {
         // score failures, on the step and the evaluation lines alike.
         let comas = serde_json::json!({"step": 4, "parse_failure_rate": 0.25, "accuracy": {"last_round": 0.5}, "agents": [{"agent": 1, "reward_mean": -0.5}]});
         assert_eq!(step_line(&comas), "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%");
+        // A step that moved nothing says so.
+        let idle = serde_json::json!({"step": 5, "method": "grpo", "agents": [{"agent": 0, "reward_mean": 0.0,
+            "train": {"no_gradient": true, "masked_samples": 3, "zero_advantage_samples": 13}}]});
+        assert!(step_line(&idle).ends_with("| no gradient: a0 (3 masked, 13 zero advantage)"), "{}", step_line(&idle));
         let eval = serde_json::json!({"method": "comas", "kind": "eval", "after_steps": 2, "episodes": 8, "parse_failure_rate": 0.0, "accuracy": {"last_round": 0.125}});
         assert_eq!(eval_line(&eval), "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%");
     }

@@ -94,3 +94,42 @@ async fn every_agent_answers_each_question_g_times_and_trains_on_its_own_graded_
     // Right and wrong answers both occurred: the groups had something to teach.
     assert!(seen.contains(&1.0) && seen.contains(&0.0), "{seen:?}");
 }
+
+/// Answers all cut at `max_new_tokens` under `mask_truncated`: no step of the agent carries a
+/// gradient. Each step's record says so with its counts, and the third in a row is streamed
+/// to watchers as a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_learns_nothing_is_told_of() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_grpo_job(tmp.path(), &ports);
+    let job = std::fs::read_to_string(tmp.path().join("job.toml")).unwrap();
+    let cut = job
+        .replace("max_new_tokens = 24\nguided_suffix = '''\\\\boxed\\{[23]\\}'''\n", "max_new_tokens = 2\nmin_new_tokens = 2\n")
+        .replace("mask_truncated = false", "mask_truncated = true")
+        .replace(&format!("steps = {STEPS}\n"), "steps = 3\n");
+    assert_ne!(cut, job);
+    std::fs::write(tmp.path().join("job.toml"), cut).unwrap();
+    let c = Cluster::launch(tmp.path(), ports, 1, &[], 3, &["--max-episodes", "8"]);
+    let id = c.submit().await;
+    let mut client = c.client().await;
+    let mut stream = client.watch_job(comas_proto::v1::WatchJobRequest { job_id: id.clone() }).await.unwrap().into_inner();
+    let mut warnings = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if ev.kind == "warning" {
+            warnings.push(ev.message.clone());
+        }
+        if ev.kind == "finished" {
+            break;
+        }
+    }
+    c.finished(&id).await;
+    for m in c.metrics_log() {
+        for k in 0..2 {
+            let t = &m["agents"][k]["train"];
+            assert_eq!((t["no_gradient"].as_bool(), t["masked_samples"].as_u64(), t["samples"].as_u64()), (Some(true), Some(8), Some(8)), "{m}");
+        }
+    }
+    assert_eq!(warnings.len(), 2, "one per agent: {warnings:?}");
+    assert!(warnings[0].contains("has trained on no policy gradient for 3 steps in a row (to step 2)"), "{warnings:?}");
+}

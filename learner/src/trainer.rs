@@ -64,6 +64,14 @@ pub struct StepReport {
     pub return_std: f64,
     pub singleton_groups: usize,
     pub truncated: usize,
+    /// Samples left out of the loss (`mask_truncated`: cut at max_new_tokens).
+    pub masked_samples: usize,
+    /// Samples in the loss whose every token's advantage is 0 (a group whose rewards were all
+    /// equal, under a group estimator): they move nothing.
+    pub zero_advantage_samples: usize,
+    /// No sample carried a policy gradient: every one masked or with a zero advantage. The
+    /// weights then move only by a KL term in the loss, if there is one.
+    pub no_gradient: bool,
     /// Mean |ℓ^old − ℓ^sampler| over tokens that came with sampler log-probs (not measured
     /// when the sampler's log-probs are ℓ^old).
     pub sampler_mismatch: Option<f64>,
@@ -593,6 +601,12 @@ impl Trainer {
         report.return_mean = adv.stats.return_mean;
         report.return_std = adv.stats.return_std;
         report.truncated = batch.iter().filter(|e| e.finish_reason == Finish::Length).count();
+        report.masked_samples = adv.loss_mask.iter().filter(|m| !**m).count();
+        report.zero_advantage_samples = adv.advantages.iter().zip(&adv.loss_mask).filter(|(a, m)| **m && a.iter().all(|&x| x == 0.0)).count();
+        report.no_gradient = report.masked_samples + report.zero_advantage_samples == n;
+        if report.no_gradient {
+            tracing::warn!(samples = n, masked = report.masked_samples, "no sample of this step carries a policy gradient");
+        }
         let masked: Vec<f64> = adv.advantages.iter().zip(&adv.loss_mask).filter(|(_, m)| **m).flat_map(|(a, _)| a.iter().copied()).collect();
         report.advantage_mean = if masked.is_empty() { 0.0 } else { masked.iter().sum::<f64>() / masked.len() as f64 };
         if self.cfg.kl_coef > 0.0 && !self.cfg.kl_in_loss {
@@ -614,7 +628,7 @@ impl Trainer {
     pub fn empty_step(&mut self) -> StepReport {
         self.global_step += 1;
         tracing::info!(step = self.global_step, "a step without samples: nothing trained");
-        StepReport { global_step: self.global_step, peak_rss_bytes: peak_rss_bytes(), ..StepReport::default() }
+        StepReport { global_step: self.global_step, peak_rss_bytes: peak_rss_bytes(), no_gradient: true, ..StepReport::default() }
     }
 
     /// Drops the gradients of an optimizer step that went non-finite and counts it as skipped.

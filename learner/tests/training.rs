@@ -300,3 +300,41 @@ fn params_like(like: &[(String, Tensor)], dir: &Path, lora: bool) -> Vec<(String
     }
     params(&Trainer::new(dir, resume_cfg(), None).unwrap())
 }
+
+/// A step tells what it could not learn from: samples masked out (cut at max_new_tokens with
+/// `mask_truncated`) and samples whose group's rewards were all equal (GRPO advantage 0); a
+/// step with nothing else says it had no gradient, and (first of its job, no Adam momentum
+/// yet) its weights do not move.
+#[test]
+fn a_step_counts_masked_and_zero_advantage_samples_and_says_when_nothing_learns() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), 5);
+    let cfg = TrainConfig {
+        estimator: comas_learner::config::Estimator::GroupNorm,
+        lr: 1e-2,
+        train_batch_size: 6,
+        micro_batch_size: 6,
+        mask_truncated: true,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(dir.path(), cfg, None).unwrap();
+    // Groups g0, g1, g2 of two samples each.
+    let mut batch = random_batch(9, 6);
+    let set = |batch: &mut Vec<Experience>, rewards: [f64; 6], truncated: &[usize]| {
+        for (i, (e, r)) in batch.iter_mut().zip(rewards).enumerate() {
+            e.reward = Some(r);
+            e.finish_reason = if truncated.contains(&i) { Finish::Length } else { Finish::Stop };
+        }
+    };
+    // Every group alike, or masked: nothing to learn, and nothing moves.
+    set(&mut batch, [1.0, 1.0, 0.5, 0.5, 0.0, 1.0], &[4, 5]);
+    let before = params(&trainer);
+    let r = trainer.train_step(&batch).unwrap();
+    assert_eq!((r.masked_samples, r.zero_advantage_samples, r.no_gradient), (2, 4, true));
+    assert_eq!(max_param_diff(&before, &params(&trainer)), 0.0);
+    // g0 mixed, g1 alike, g2 with one sample masked.
+    set(&mut batch, [1.0, 0.0, 0.5, 0.5, 1.0, 0.0], &[5]);
+    let r = trainer.train_step(&batch).unwrap();
+    assert_eq!((r.masked_samples, r.no_gradient), (1, false));
+    assert!(r.zero_advantage_samples >= 2, "{r:?}");
+}

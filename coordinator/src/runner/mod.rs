@@ -194,7 +194,12 @@ struct JobRun {
     cancel: watch::Receiver<bool>,
     /// How long the job's rollouts and evaluations kept the workers busy.
     clock: RolloutClock,
+    /// Steps in a row each agent trained without a policy gradient (since this run started).
+    idle_agents: std::sync::Mutex<Vec<u64>>,
 }
+
+/// Steps in a row without a policy gradient after which an agent is reported as not learning.
+const NO_GRADIENT_WARNING_STEPS: u64 = 3;
 
 /// Seconds each stage of one step took, and the coordinator's own share.
 #[derive(Default)]
@@ -403,6 +408,7 @@ impl JobRun {
             target_versions: None,
             cancel,
             clock: RolloutClock::default(),
+            idle_agents: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -702,7 +708,28 @@ impl JobRun {
         self.ctx.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");
         self.ctx.report.event("step", line, format!("step {step} done"));
+        self.warn_of_idle_agents(step, trained);
         Ok(())
+    }
+
+    /// Counts each agent's steps in a row without a policy gradient (every sample masked or
+    /// with a zero advantage) and warns when one reaches `NO_GRADIENT_WARNING_STEPS`.
+    fn warn_of_idle_agents(&self, step: u64, trained: &Trained) {
+        let mut idle = self.idle_agents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.resize(trained.reports.len(), 0);
+        for (k, report) in trained.reports.iter().enumerate() {
+            let Some(report) = report else { continue };
+            let none = serde_json::from_str::<Value>(&report.json).ok().and_then(|r| r.get("no_gradient").and_then(Value::as_bool)).unwrap_or(false);
+            idle[k] = if none { idle[k] + 1 } else { 0 };
+            if idle[k] == NO_GRADIENT_WARNING_STEPS {
+                let message = format!(
+                    "agent {k} has trained on no policy gradient for {} steps in a row (to step {step}): every sample was masked (cut at max_new_tokens with mask_truncated) or its group's rewards were all equal; check max_new_tokens, mask_truncated and whether the rewards vary",
+                    NO_GRADIENT_WARNING_STEPS
+                );
+                tracing::warn!(job = %self.id, agent = k, step, "{message}");
+                self.ctx.report.event("warning", String::new(), message);
+            }
+        }
     }
 
     /// Stage `export`: each agent's final model or adapter into `output.dir/agent-K`.
