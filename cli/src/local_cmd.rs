@@ -36,6 +36,10 @@ pub struct Args {
     /// Device of the rollout workers (cpu, cuda, cuda:N).
     #[arg(long, env = "COMAS_LOCAL_DEVICE", default_value = "cpu")]
     device: String,
+    /// Checkpoints each learner keeps (the newest); more keep the adapters of earlier steps
+    /// for evaluating them later (`comas eval --job-dir DIR --checkpoint N`).
+    #[arg(long, env = "COMAS_LOCAL_KEEP_CHECKPOINTS", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    keep_checkpoints: u32,
     /// Print the final job status as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -438,7 +442,7 @@ pub fn run(a: Args) -> Result<()> {
             let args: Vec<String> = [
                 "learner", "serve", "--job", &patched.display().to_string(), "--agent-id", &ids.join(","), "--listen", &fd_flag(&listener),
                 "--metrics-listen", &fd_flag(&metrics),
-                "--checkpoint-dir", &ckpt.display().to_string(), "--resume", "--keep-checkpoints", "2",
+                "--checkpoint-dir", &ckpt.display().to_string(), "--resume", "--keep-checkpoints", &a.keep_checkpoints.to_string(),
             ]
             .iter()
             .map(|s| s.to_string())

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The learning study: comas `grpo` and TRL's GRPOTrainer on SmolLM2-135M-Instruct with the same
+# data, prompt, reward, group size, LoRA, optimizer and schedule (settings.json), 3 seeds each,
+# and every saved adapter evaluated by one evaluator (`comas eval`, vanilla, sampled and
+# greedy) on 240 held-out questions. Resumable: run it again and it goes on where it stopped
+# (a finished run, a finished evaluation is never redone); each heavy part runs under
+# `flock /tmp/heavy.lock`, so nothing else builds or measures beside it.
+#
+#   bash experiments/learning-vs-trl/run.sh            # everything still missing, seed by seed
+#   SEEDS="1" bash experiments/learning-vs-trl/run.sh  # one seed
+#   STEPS=2 RUNS=runs/lvt-smoke bash ...               # a smoke test of the whole pipeline
+#   SYSTEMS=comas EVAL=0 ...                           # one system's training only
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+runs=${RUNS:-runs/learning-vs-trl}
+seeds=${SEEDS:-1 2 3}
+systems=${SYSTEMS:-comas trl}
+do_eval=${EVAL:-1}
+lock=/tmp/heavy.lock
+settings="$here/settings.json"
+py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[1]])" "$1"; }
+steps=${STEPS:-$(py steps)}
+eval_every=$(py eval_every)
+mkdir -p "$runs"
+
+bash scripts/setup.sh
+bash scripts/fetch-smollm2.sh >/dev/null
+bash "$here/setup-trl.sh" >/dev/null
+model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
+flock "$lock" cargo build -q --release -p comas
+comas="$root/target/release/comas"
+[ -f "$runs/data/heldout.jsonl" ] || python3 "$here/make_data.py" "$runs/data"
+
+# The comas job of one seed, from settings.json.
+comas_job() {
+  python3 - "$settings" "$1" "$steps" "$model" "$root/$runs/data/train.jsonl" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); seed, steps, model, train = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+targets = ", ".join(f'"{t}"' for t in s["lora_targets"])
+print(f'''name = "learning-vs-trl-s{seed}"
+seed = {seed}
+method = "grpo"
+[data]
+train = "{train}"
+[schedule]
+questions_per_step = {s["questions_per_step"]}
+steps = {steps}
+checkpoint_every = {s["checkpoint_every"]}
+[grpo]
+group_size = {s["group_size"]}
+prompt_suffix = {json.dumps(s["prompt_suffix"])}
+[grpo.sampling]
+temperature = {s["temperature"]}
+top_p = 1.0
+top_k = 0
+max_new_tokens = {s["max_new_tokens"]}
+min_new_tokens = 0
+[output]
+dir = "out"
+export = false
+[[agents]]
+model = "{model}"
+[agents.train]
+estimator = "group_norm"
+kl_coef = 0.0
+lr = {s["lr"]}
+lr_schedule = "cosine"
+warmup_ratio = 0.0
+min_lr_ratio = 1.0
+adam_betas = [{s["adam_betas"][0]}, {s["adam_betas"][1]}]
+weight_decay = 0.0
+max_grad_norm = {s["max_grad_norm"]}
+mask_truncated = false
+train_batch_size = {s["questions_per_step"] * s["group_size"]}
+micro_batch_size = {s["micro_batch_size"]}
+dtype = "float32"
+[agents.train.lora]
+r = {s["lora_r"]}
+alpha = {float(s["lora_alpha"])}
+target_modules = [{targets}]''')
+PY
+}
+
+run_comas() {
+  local seed=$1 dir="$runs/comas-s$1"
+  mkdir -p "$dir"
+  if [ -f "$dir/DONE" ]; then return; fi
+  comas_job "$seed" > "$dir/job.toml"
+  echo "comas seed $seed: training ($steps steps)" >&2
+  flock "$lock" python3 "$here/tree_rss.py" --out "$dir/peak.json" -- \
+    "$comas" local --dir "$dir/local" --plaintext --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+  touch "$dir/DONE"
+}
+
+run_trl() {
+  local seed=$1 dir="$runs/trl-s$1"
+  mkdir -p "$dir"
+  if [ -f "$dir/DONE" ]; then return; fi
+  echo "TRL seed $seed: training ($steps steps)" >&2
+  flock "$lock" python3 "$here/tree_rss.py" --out "$dir/peak.json" -- \
+    "$root/.venv-trl/bin/python" "$here/trl_grpo.py" --model "$model" --data "$runs/data" --settings "$settings" --seed "$seed" --out "$dir" --steps "$steps"
+}
+
+# One evaluation of an adapter (or of the base model) on the held-out set, sampled and greedy.
+evaluate() {
+  local name=$1 adapter=$2
+  for mode in sampled greedy; do
+    local out="$runs/eval/$name-$mode"
+    [ -f "$out/summary.json" ] && continue
+    local t; t=$([ "$mode" = greedy ] && echo 0 || py temperature)
+    local extra=(); [ -n "$adapter" ] && extra=(--adapter "$adapter")
+    echo "evaluating $name ($mode)" >&2
+    flock "$lock" "$comas" eval --model "$model" "${extra[@]}" --setup vanilla --bench "$runs/data/heldout.jsonl" \
+      --temperature "$t" --seed 1 --max-new-tokens "$(py max_new_tokens)" --out "$out" > /dev/null
+  done
+}
+
+# The adapters of a finished run at every `eval_every` steps (step 0 is the base model).
+evaluate_run() {
+  local system=$1 seed=$2
+  for ((k = eval_every; k <= steps; k += eval_every)); do
+    local adapter
+    if [ "$system" = comas ]; then
+      adapter=$(ls -d "$runs/comas-s$seed"/local/checkpoints/agent-0/*/step-"$k"/adapter 2>/dev/null | head -1)
+    else
+      adapter="$runs/trl-s$seed/checkpoint-$k"
+    fi
+    [ -n "$adapter" ] && [ -e "$adapter" ] || { echo "no adapter for $system seed $seed step $k" >&2; continue; }
+    evaluate "$system-s$seed-step$k" "$adapter"
+  done
+}
+
+[ "$do_eval" = 1 ] && evaluate base ""
+for seed in $seeds; do
+  for system in $systems; do
+    "run_$system" "$seed"
+  done
+  if [ "$do_eval" = 1 ]; then
+    for system in $systems; do
+      evaluate_run "$system" "$seed"
+    done
+  fi
+done
+"$root/.venv-trl/bin/python" "$here/report.py" --runs "$runs" --settings "$settings" --out "${REPORT:-docs/experiments/learning-vs-trl.md}"
