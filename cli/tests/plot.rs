@@ -336,7 +336,7 @@ fn unknown_panel_name_is_an_error() {
     let mut a = args(fixture("full.jsonl"), out.clone());
     a.panels = vec!["rewards".into(), "speed".into()];
     let msg = format!("{:#}", plot::run(a).unwrap_err());
-    assert!(msg.contains("\"speed\"") && msg.contains("rewards, training, lengths, judging, coaching, sharing, accuracy, times"), "{msg}");
+    assert!(msg.contains("\"speed\"") && msg.contains("rewards, training, lengths, judging, coaching, sharing, grading, accuracy, times"), "{msg}");
     assert!(!out.exists());
 }
 
