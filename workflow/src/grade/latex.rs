@@ -192,6 +192,37 @@ const IGNORED: &[&str] = &[
 
 const TEXT_CMDS: &[&str] = &["text", "mbox", "textbf", "textit", "textrm", "textnormal", "textsf", "texttt", "mathrm", "mathit", "mathbf", "mathsf", "mathtt"];
 
+/// The letter-only command names the reference's lexer reads as one token (read off the lexer of
+/// latex2sympy2_extended 1.10.2, which math_verify 0.8.0 uses), space-separated.
+const LEXER_COMMANDS: &str = concat!(
+    "Bbbk Delta Diamond Finv Game Gamma Im Lambda Leftrightarrow Longrightarrow Omega Phi Pi Psi Re Rightarrow Sigma Theta Upsilon Xi ",
+    "alpha angle approx arccos arccosh arccot arccsc arcosh arcsec arcsin arcsinh arctan arctanh arsinh artanh backprime beta bigstar ",
+    "binom blacklozenge blacksquare blacktriangle boxed cap cdot ceil cfrac chi choose circledS clubsuit complement cos cosh cot csc ",
+    "cup dbinom delta det dfrac diagdown diagup diamondsuit div ell emptyset epsilon equiv eta eth exp exponentialE flat floor frac ",
+    "gamma gcd ge geq geqslant gt hbar heartsuit hfil hslash imath in infty int iota jmath kappa lambda langle lbrace lbrack lceil lcm ",
+    "le leftrightarrow leq leqslant lfloor lgroup lim llcorner ln log longrightarrow lozenge lrcorner lt lvert mathit max ",
+    "measuredangle medspace mho min mod mp mu nabla natural ne negmedspace negthickspace negthinspace neq nexists notin nu omega ",
+    "omicron operatorname over partial phantom phi pi pm prime prod psi qquad quad rangle rbrace rbrack rceil rfloor rgroup rho ",
+    "rightarrow rvert sec setminus sharp sigma sin sinh spadesuit sphericalangle sqrt square subseteq sum supseteq surd tan tanh tau ",
+    "tbinom tfrac theta thickspace thinspace times to triangle triangledown ulcorner upsilon urcorner varepsilon varnothing varphi ",
+    "varpi varrho varsigma vartheta vartriangle vbox vcenter vert vrule vskip vspace wp xRightarrow xi xrightarrow zeta",
+);
+
+/// Commands read whole although the lexer's vocabulary lacks them: the reference's normalisation
+/// rewrites them before its lexer runs.
+const READ_WHOLE: &[&str] = &["mathbb", "begin", "end", "circ", "degree", "infinity"];
+
+/// How many letters of a command name the reference's lexer takes as the command. It has a fixed
+/// vocabulary and takes the longest entry a name starts with, the rest being letters: `\angleRQB`
+/// is `\angle` R Q B, `\pix` is π·x. A name starting with no entry is kept whole (and fails).
+fn command_len(name: &str) -> usize {
+    let vocabulary = || LEXER_COMMANDS.split(' ');
+    if vocabulary().any(|c| c == name) || IGNORED.contains(&name) || TEXT_CMDS.contains(&name) || READ_WHOLE.contains(&name) {
+        return name.len();
+    }
+    vocabulary().filter(|c| name.starts_with(c)).map(str::len).max().unwrap_or(name.len())
+}
+
 fn tokenize(s: &str) -> Res<Vec<Tok>> {
     let chars: Vec<char> = s.chars().collect();
     let mut toks = Vec::new();
@@ -247,6 +278,9 @@ fn tokenize(s: &str) -> Res<Vec<Tok>> {
                 while i < chars.len() && chars[i].is_ascii_alphabetic() {
                     i += 1;
                 }
+                let whole: String = chars[start..i].iter().collect();
+                // The letters after the command are lexed again as letters.
+                i = start + command_len(&whole);
                 let name: String = chars[start..i].iter().collect();
                 if IGNORED.contains(&name.as_str()) {
                     continue;
@@ -1417,6 +1451,12 @@ mod tests {
         assert_eq!(parse("D x").unwrap(), Value::Expr(Expr::Mul(vec![sym("d"), sym("x")])));
         assert!(parse("triangle").is_err());
         assert!(parse("north").is_err());
+        // A command runs into the letters after it: the lexer takes the longest command it knows.
+        assert_eq!(parse("\\angleRQB").unwrap(), parse("\\angle RQB").unwrap());
+        assert_eq!(parse("2\\cdotx").unwrap(), parse("2 \\cdot x").unwrap());
+        assert_eq!(parse("\\pix").unwrap(), parse("\\pi x").unwrap());
+        assert_eq!(parse("\\triangleright").unwrap(), parse("\\triangle right").unwrap());
+        assert!(parse("\\foo").is_err());
         assert!(parse("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}").is_ok());
         assert!(matches!(parse("[1,3) \\cap [2,5]").unwrap(), Value::Intersection(ref p) if p.len() == 2));
         assert_eq!(parse("[4, 4]").unwrap(), Value::Set(vec![Value::Expr(Expr::int(4))]));

@@ -1,27 +1,61 @@
 //! Math answers (GSM8K, MATH-500, AMC, AIME; spec §8.3): a port of the reference grader,
-//! `math_verify` 0.8.0, called as `verify(parse(gt), parse(response))` with the raw ground truth.
+//! `math_verify` 0.8.0, called as `verify(parse(reference_text(gt)), parse(response))`.
 //!
-//! Parity includes the reference's blind spots: a raw ground truth is searched like any text, so
-//! LaTeX without `$...$` around it often reads as nothing (`\sqrt{2}`, `\frac{\sqrt{3}}{2}`) or as
-//! its first bare number (`2\sqrt{3}` reads as 2), and such items are graded as the reference
-//! grades them. Agreement is measured on tests/fixtures/grade/math_verify.jsonl.
+//! A reference answer is LaTeX written without math delimiters (MATH-500's `answer`, the training
+//! data's `answer`). The reference grader searches a raw string the way it searches a reply, so
+//! raw LaTeX often reads as nothing (`\sqrt{2}`) or as its first bare number (`2\sqrt{3}` reads as
+//! 2); inside `$...$` it reads as meant. [`reference_text`] therefore wraps a reference that has no
+//! delimiters and no box; the corpora in tests/fixtures/grade/ are labelled the same way
+//! (reference_answer.py mirrors it) and measure the agreement.
 use super::equiv;
 use super::extract::{extract, Extracted};
 use super::Failure;
+use std::borrow::Cow;
 
 /// What `math_verify.parse` gives for a text.
 pub fn parse(text: &str) -> Extracted {
     extract(text)
 }
 
-/// `verify(parse(gt), parse(response))`.
+/// The text parsed for a reference answer: the reference as written when it marks its math
+/// itself (delimiters or a box) or is blank; otherwise trimmed and inside `$...$`, with line
+/// breaks as spaces because an inline `$...$` span ends at a line break.
+pub fn reference_text(gt: &str) -> Cow<'_, str> {
+    let body = gt.trim_matches([' ', '\t', '\r', '\n']);
+    if body.is_empty() || has_delimiters(gt) {
+        return Cow::Borrowed(gt);
+    }
+    Cow::Owned(format!("${}$", body.replace('\n', " ")))
+}
+
+/// Whether a text marks its math: an unescaped `$` (or `$$`), `\(` or `\[`, or a `\boxed`. A bare
+/// ` [a, b] ` does not count, although the reference grader reads one in a reply: in a reference
+/// it is an interval, often one of several.
+fn has_delimiters(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    // The reference grader opens no span at a delimiter that follows a backslash.
+    let escaped = |i: usize| i > 0 && bytes[i - 1] == b'\\';
+    text.contains("\\boxed")
+        || bytes.iter().enumerate().any(|(i, &b)| match b {
+            b'$' => !escaped(i),
+            b'(' | b'[' => escaped(i) && !escaped(i - 1),
+            _ => false,
+        })
+}
+
+/// What the reference grader reads in a reference answer (see [`reference_text`]).
+pub fn parse_reference(gt: &str) -> Extracted {
+    parse(&reference_text(gt))
+}
+
+/// `verify(parse(reference_text(gt)), parse(response))`.
 pub fn is_equivalent(response: &str, gt: &str) -> bool {
-    equiv::verify(&parse(gt), &parse(response))
+    equiv::verify(&parse_reference(gt), &parse(response))
 }
 
 /// Grades a response against a ground truth; the failure says what was read.
 pub fn grade(response: &str, gt: &str) -> Result<(), Failure> {
-    let want = parse(gt);
+    let want = parse_reference(gt);
     let got = parse(response);
     if equiv::verify(&want, &got) {
         return Ok(());
@@ -60,7 +94,6 @@ mod tests {
             ("\\boxed{0.333}", "$\\frac{1}{3}$"),
             ("\\boxed{25\\%}", "25"),
             ("\\boxed{[1, 2)}", "$(1,2]$"),
-            ("\\boxed{\\sqrt{2}}", "\\sqrt{2}"),
             ("\\boxed{x = 5}", "$y = 5$"),
             ("no number here", "4"),
         ];
@@ -68,8 +101,49 @@ mod tests {
             assert!(!is_equivalent(response, gt), "{response} vs {gt}");
         }
         assert_eq!(grade("nothing", "4"), Err(Failure::NoAnswer));
-        assert_eq!(grade("\\boxed{3}", "\\sqrt{2}"), Err(Failure::UnreadableReference("\\sqrt{2}".into())));
+        assert_eq!(grade("\\boxed{3}", "\\text{}"), Err(Failure::UnreadableReference("\\text{}".into())));
+        assert_eq!(grade("\\boxed{3}", "\\sqrt{2}"), Err(Failure::NotEqual { got: "3".into(), want: "\\sqrt{2}".into() }));
         assert_eq!(grade("\\boxed{3}", "4"), Err(Failure::NotEqual { got: "3".into(), want: "4".into() }));
+    }
+
+    /// A reference is LaTeX: without delimiters it is read inside `$...$`, with them as written.
+    #[test]
+    fn references_are_read_as_latex() {
+        let wrapped = [("\\sqrt{7}", "$\\sqrt{7}$"), ("  (1, 2]\n", "$(1, 2]$"), ("\\$5", "$\\$5$"), ("a \\\\\nb", "$a \\\\ b$"), ("1 \\\\(2)", "$1 \\\\(2)$")];
+        for (gt, read) in wrapped {
+            assert_eq!(reference_text(gt), read, "{gt:?}");
+        }
+        for gt in ["$\\sqrt{7}$", "$$x$$", "\\(x\\)", "\\[x\\]", "\\boxed{7}", "costs $5", "", " \n"] {
+            assert_eq!(reference_text(gt), gt, "{gt:?} is read as written");
+        }
+        // The reported misreadings: raw \sqrt{7} read as nothing, 2\sqrt{7} as 2, 50\% as 50, ...
+        let yes = [
+            ("\\boxed{\\sqrt{7}}", "\\sqrt{7}"),
+            ("\\boxed{\\sqrt{28}}", "2\\sqrt{7}"),
+            ("\\boxed{\\frac{1}{2}\\sqrt{3}}", "\\frac{\\sqrt{3}}{2}"),
+            ("\\boxed{50\\%}", "50\\%"),
+            ("\\boxed{(1,2]}", "(1, 2]"),
+            ("\\boxed{[0,\\infty)}", "[0, \\infty)"),
+            ("\\boxed{\\{2, 1\\}}", "\\{1, 2\\}"),
+            ("\\boxed{(3,-1)}", "(3, -1)"),
+            ("\\boxed{1 + x^2}", "x^2 + 1"),
+            ("\\boxed{5}", "5 \\text{ cm}"),
+            ("\\boxed{\\text{(B)}}", "\\text{(B)}"),
+        ];
+        for (response, gt) in yes {
+            assert!(is_equivalent(response, gt), "{response} vs {gt}");
+        }
+        let no = [
+            ("\\boxed{2}", "2\\sqrt{7}"),
+            ("\\boxed{50}", "50\\%"),
+            ("\\boxed{2}", "(1, 2]"),
+            ("\\boxed{(-1, 3)}", "(3, -1)"),
+            ("\\boxed{1}", "x^2 + 1"),
+            ("\\boxed{\\text{(C)}}", "\\text{(B)}"),
+        ];
+        for (response, gt) in no {
+            assert!(!is_equivalent(response, gt), "{response} vs {gt}");
+        }
     }
 
     /// Forms the generated corpus (tests/fixtures/grade/math_pairs.jsonl) first found the port

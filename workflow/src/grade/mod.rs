@@ -1,7 +1,8 @@
 //! Grading final answers as pure code (spec §8.3).
 //!
-//! - `math`: symbolic equivalence, a port of `math_verify` 0.8.0 `verify(parse(gt), parse(r))`;
-//!   checked against the reference on tests/fixtures/grade/math_verify.jsonl.
+//! - `math`: symbolic equivalence, a port of `math_verify` 0.8.0 `verify(parse(gt), parse(r))`,
+//!   with a reference answer read as LaTeX (inside `$...$` when written without delimiters);
+//!   checked against the reference on the corpora in tests/fixtures/grade/.
 //! - `choice`: the last boxed letter A–D.
 //! - `numeric`: SciBench decimals within 5 %.
 //!
