@@ -163,11 +163,11 @@ max_new_tokens = 48
 min_new_tokens = 1
 guided_suffix = "<score>[123]</score>"
 
-# The same game on 4 held-out questions before training and after the last step.
+# The same game on 64 held-out questions before training and after the last step.
 [eval]
 data = "test.jsonl"
 every_steps = 2
-max_questions = 4
+max_questions = 64
 
 "#;
 
@@ -235,7 +235,7 @@ pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
                 );
             }
             write_data(&dir.join("train.jsonl"), 0..32, true)?;
-            write_data(&dir.join("test.jsonl"), 100..108, true)?;
+            write_data(&dir.join("test.jsonl"), 100..164, true)?;
             std::fs::write(&job, smollm2_job(&model, example_dtype()))?;
         }
     }
@@ -257,7 +257,36 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
     for (x, y) in a.rows.iter().zip(&b.rows) {
         out.push_str(&format!("{:<24} {:>14} {:>14}\n", x.name, shown(x), shown(y)));
     }
+    if let (Some(p1), Some(n1), Some(p2), Some(n2)) = (a.accuracy, a.graded, b.accuracy, b.graded) {
+        if let Some((lo, hi)) = difference_interval(p1, n1, p2, n2) {
+            out.push_str(&format!(
+                "accuracy changed by {:+.1} points (95 % interval {:+.1} to {:+.1}; {n1} and {n2} answers graded)\n",
+                100.0 * (p2 - p1),
+                100.0 * lo,
+                100.0 * hi
+            ));
+        }
+    }
     Some(out)
+}
+
+/// Wilson's 95 % score interval of a share `p` of `n`.
+fn wilson(p: f64, n: u64) -> (f64, f64) {
+    let (n, z) = (n as f64, 1.959_963_984_540_054_f64);
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
+    (centre - half, centre + half)
+}
+
+/// Newcombe's 95 % interval of `p2 - p1` from the two shares' Wilson intervals (it treats the
+/// two evaluations as independent, which for the same questions is conservative).
+fn difference_interval(p1: f64, n1: u64, p2: f64, n2: u64) -> Option<(f64, f64)> {
+    if n1 == 0 || n2 == 0 {
+        return None;
+    }
+    let ((l1, u1), (l2, u2)) = (wilson(p1, n1), wilson(p2, n2));
+    let d = p2 - p1;
+    Some((d - ((p2 - l2).powi(2) + (u1 - p1).powi(2)).sqrt(), d + ((u2 - p2).powi(2) + (p1 - l1).powi(2)).sqrt()))
 }
 
 /// A row's value as the table shows it.
@@ -321,6 +350,23 @@ mod tests {
         assert!(t.lines().any(|l| l.starts_with("answers right") && l.contains("12 %") && l.contains("25 %")), "{t}");
         assert!(t.lines().any(|l| l.starts_with("coach score, verifier") && l.contains("5.94") && l.contains("6.50")), "{t}");
         assert!(!t.contains("score parse rate"), "{t}");
+    }
+
+    /// Newcombe's interval (his method 10), against the same formulas worked in Python: 10/64
+    /// then 20/64 right.
+    #[test]
+    fn the_change_in_accuracy_has_its_interval() {
+        let (lo, hi) = difference_interval(10.0 / 64.0, 64, 20.0 / 64.0, 64).unwrap();
+        assert!((lo - 0.008_911_9).abs() < 1e-6 && (hi - 0.295_959_2).abs() < 1e-6, "{lo} {hi}");
+        assert!(difference_interval(0.5, 0, 0.5, 10).is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        let rec = |steps: u64, acc: f64| {
+            serde_json::json!({"kind": "eval", "method": "grpo", "after_steps": steps, "accuracy": {"mean": acc, "count": 64}}).to_string()
+        };
+        std::fs::write(&p, [rec(0, 10.0 / 64.0), rec(8, 20.0 / 64.0)].join("\n")).unwrap();
+        let t = before_after(&p).unwrap();
+        assert!(t.contains("accuracy changed by +15.6 points (95 % interval +0.9 to +29.6; 64 and 64 answers graded)"), "{t}");
     }
 
     /// The issue this table once had: a NeuroMAS run read CoMAS's keys and showed "-".

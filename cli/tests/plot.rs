@@ -172,6 +172,7 @@ fn full_log_has_every_panel_and_series() {
             "lengths.truncation",
             "judging.rates",
             "judging.correctness",
+            "judging.separation",
             "accuracy",
             "times"
         ]
@@ -294,7 +295,7 @@ fn an_old_log_leaves_out_panels_without_data() {
     let keys: Vec<_> = fig.panels.iter().map(|p| p.key).collect();
     assert_eq!(keys, ["rewards", "training.loss", "training.kl", "training.clip", "training.grad_norm", "training.lr", "accuracy", "times"]);
     let left: Vec<_> = fig.left_out.iter().map(|l| l.0).collect();
-    assert_eq!(left, ["lengths.completion", "lengths.truncation", "judging.rates", "judging.correctness"]);
+    assert_eq!(left, ["lengths.completion", "lengths.truncation", "judging.rates", "judging.correctness", "judging.separation"]);
     // Team rewards pooled from the agents by count: solver (0.4 * 16 + 0.0 * 16) / 32 at step 0.
     assert_points(series(&fig, "rewards", "solver"), &steps3([Some(0.2), Some(0.3), Some(0.65)]));
     // The old eval record has a plain accuracy number.
@@ -375,13 +376,13 @@ fn run_writes_a_png_and_an_svg_with_every_panel() {
     let bytes = std::fs::read(&png_out).unwrap();
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
     let reader = png::Decoder::new(std::io::Cursor::new(&bytes)).read_info().unwrap();
-    assert_eq!((reader.info().width, reader.info().height), (1440, 1250));
+    assert_eq!((reader.info().width, reader.info().height), (1440, 1550));
 
     a.output = dir.path().join("curves.svg");
     plot::run(a.clone()).unwrap();
     let svg = std::fs::read_to_string(&a.output).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..100]);
-    assert!(svg.contains("width=\"1440\"") && svg.contains("height=\"1250\""));
+    assert!(svg.contains("width=\"1440\"") && svg.contains("height=\"1550\""));
     let fig = full(true);
     for title in std::iter::once("full run").chain(fig.panels.iter().map(|p| p.title)) {
         assert!(svg.contains(&format!(">\n{title}\n</text>")) || svg.contains(&format!(">{title}</text>")), "no title {title:?}");

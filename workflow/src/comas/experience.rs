@@ -63,6 +63,10 @@ struct Tally {
     solver_reward_wrong: Acc,
     correct_first: Acc,
     correct_last: Acc,
+    /// The scores judges gave right and wrong solutions (a no_scoring verdict counts as 3 for
+    /// correct, 1 for incorrect): how much they tell the two apart.
+    judged_right: Acc,
+    judged_wrong: Acc,
     versions: std::collections::BTreeSet<u64>,
 }
 
@@ -77,7 +81,9 @@ impl Tally {
             score_parse_rate: (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
             approval_rate: self.approval.mean(),
             solver_reward_by_correctness: ByCorrectness { correct: self.solver_reward_correct.spread(), wrong: self.solver_reward_wrong.spread() },
-            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean() },
+            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean(), last_round_graded: self.correct_last.n },
+            judge_score_by_correctness: ByCorrectness { correct: self.judged_right.spread(), wrong: self.judged_wrong.spread() },
+            judge_separation: self.judged_right.mean().zip(self.judged_wrong.mean()).map(|(r, w)| r - w),
             completion_len: by_role(&self.len, Acc::mean),
             truncation_rate: (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
             truncation_rate_by_role: by_role(&self.truncated_by_role, Acc::mean),
@@ -106,6 +112,9 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleS
             return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
         }
         let turn_rewards = rewards(t, source, &ep.answer)?;
+        // Whether each solution is right (graded for logging only), by its turn index.
+        let right: HashMap<u32, bool> =
+            t.turns.iter().filter(|x| x.role == Role::Solver).filter_map(|x| Some((x.turn_index, is_correct(t.task, &x.text, &ep.answer)?))).collect();
         for (turn, r) in t.turns.iter().zip(&turn_rewards) {
             let reward = f64::from(r.reward);
             *turn_counts.entry(turn.role).or_default() += 1;
@@ -146,8 +155,17 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleS
                 if let Some(pass) = verdict {
                     tally.approval.push(f64::from(u8::from(pass)));
                 }
+                let judged = match (t.variant, turn.role) {
+                    (Variant::NoScoring, Role::Evaluator) => turn.judgment.map(|j| if j == Judgment::Correct { 3.0 } else { 1.0 }),
+                    (Variant::NoScoring, _) => None,
+                    (_, Role::Scorer) => turn.score.map(f64::from),
+                    _ => None,
+                };
+                if let (Some(score), Some(&ok)) = (judged, turn.about_solution.and_then(|s| right.get(&s))) {
+                    if ok { &mut tally.judged_right } else { &mut tally.judged_wrong }.push(score);
+                }
                 if turn.role == Role::Solver {
-                    if let Some(ok) = is_correct(t.task, &turn.text, &ep.answer) {
+                    if let Some(&ok) = right.get(&turn.turn_index) {
                         if ok { &mut tally.solver_reward_correct } else { &mut tally.solver_reward_wrong }.push(reward);
                         let v = f64::from(u8::from(ok));
                         if turn.round == 0 {
@@ -285,6 +303,9 @@ mod tests {
         assert_eq!(m["solver_reward_by_correctness"]["correct"], json!({"mean": 1.0, "std": 0.0, "count": 1}));
         assert_eq!(m["solver_reward_by_correctness"]["wrong"], json!({"mean": 0.0, "std": 0.0, "count": 1}));
         assert_eq!(m["truncation_rate_by_role"], json!({"solver": 0.0, "evaluator": 0.0, "scorer": 0.0}));
+        // The right solution was scored 3; the wrong one's score could not be read.
+        assert_eq!((m["accuracy"]["last_round_graded"].clone(), m["judge_separation"].clone()), (json!(2), json!(null)));
+        assert_eq!(m["judge_score_by_correctness"]["correct"], json!({"mean": 3.0, "std": 0.0, "count": 1}));
     }
 
     #[test]
@@ -325,5 +346,7 @@ mod tests {
         // The judges' reward runs against correctness here: 0 for the right answer, 1 for the wrong.
         assert_eq!(m["solver_reward_by_correctness"]["correct"]["mean"], json!(0.0));
         assert_eq!(m["solver_reward_by_correctness"]["wrong"]["mean"], json!(1.0));
+        // E[score | right] - E[score | wrong] = 1 - 3: the judges run against correctness.
+        assert_eq!(m["judge_separation"], json!(-2.0));
     }
 }

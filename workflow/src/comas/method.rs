@@ -182,6 +182,9 @@ impl Method for CoMas {
         if let Some(a) = m.team.accuracy.last_round {
             parts.push(format!("accuracy {:.0}%", a * 100.0));
         }
+        if let Some(s) = m.team.judge_separation {
+            parts.push(format!("judges separate {s:+.2}"));
+        }
         parts
     }
 
@@ -194,7 +197,7 @@ impl Method for CoMas {
         for (role, r) in [("solver", m.team.reward.solver), ("evaluator", m.team.reward.evaluator), ("scorer", m.team.reward.scorer)] {
             rows.push(Row::new(format!("mean reward, {role}"), r.and_then(|s| s.mean), Unit::Signed));
         }
-        Summary { accuracy, rows }
+        Summary { accuracy, graded: Some(m.team.accuracy.last_round_graded), rows }
     }
 
     fn charts(steps: &[ComasMetrics]) -> Vec<Chart> {
@@ -222,6 +225,14 @@ impl Method for CoMas {
                     line("correct", 2, &|m| m.team.solver_reward_by_correctness.correct.mean),
                     line("wrong", 3, &|m| m.team.solver_reward_by_correctness.wrong.mean),
                 ],
+            },
+            Chart {
+                group: "judging",
+                key: "judging.separation",
+                title: "Judge scores of right minus wrong solutions",
+                needs: "judge_separation in the step records",
+                share: false,
+                lines: vec![line("E[score | right] - E[score | wrong]", 0, &|m| m.team.judge_separation)],
             },
         ]
     }

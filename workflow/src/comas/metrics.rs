@@ -49,6 +49,8 @@ pub struct ByCorrectness {
 pub struct Accuracy {
     pub first_round: Option<f64>,
     pub last_round: Option<f64>,
+    /// Last-round solutions graded (what `last_round` is a share of).
+    pub last_round_graded: u64,
 }
 
 /// The figures of some turns: the whole team's, or one agent's.
@@ -63,6 +65,10 @@ pub struct ComasFigures {
     /// Valid verdicts that pass their solution (a score of 3, or "correct" under no_scoring).
     pub approval_rate: Option<f64>,
     pub solver_reward_by_correctness: ByCorrectness,
+    /// The judges' scores (1-3) of right and of wrong solutions, and the difference of their
+    /// means, E[score | right] - E[score | wrong]: near 0, the judges carry no signal.
+    pub judge_score_by_correctness: ByCorrectness,
+    pub judge_separation: Option<f64>,
     pub accuracy: Accuracy,
     pub completion_len: ByRole<f64>,
     pub truncation_rate: Option<f64>,

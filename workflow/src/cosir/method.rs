@@ -213,7 +213,7 @@ impl Method for Cosir {
             Row::new("requests answered", c.request_fulfilment_rate.mean, Unit::Share),
             Row::new("messages breaking the format", c.format_violation_rate.mean, Unit::Share),
         ];
-        Summary { accuracy, rows }
+        Summary { accuracy, graded: Some(c.team_accuracy.count), rows }
     }
 
     fn charts(steps: &[CosirStep]) -> Vec<Chart> {

@@ -144,6 +144,6 @@ impl Method for Evaluation {
     }
 
     fn summary(m: &EvalRunMetrics) -> Summary {
-        Summary { accuracy: None, rows: vec![Row::new("calls", Some(f64::from(m.calls)), Unit::Number)] }
+        Summary { accuracy: None, graded: None, rows: vec![Row::new("calls", Some(f64::from(m.calls)), Unit::Number)] }
     }
 }

@@ -175,7 +175,7 @@ impl Method for Grpo {
             Row::new("mean reward", g.reward.mean, Unit::Signed),
             Row::new("answer tokens", g.completion_tokens.mean, Unit::Number),
         ];
-        Summary { accuracy, rows }
+        Summary { accuracy, graded: Some(g.accuracy.count), rows }
     }
 
     fn charts(steps: &[GrpoStep]) -> Vec<Chart> {

@@ -274,7 +274,7 @@ impl Method for Mappa {
         let accuracy = mm.outcome_accuracy.mean;
         let mut rows = vec![Row::new("answers right", accuracy, Unit::Share), Row::new("tool runs ok", mm.tool_success_rate.mean, Unit::Share)];
         rows.extend(mm.coach_score.iter().map(|(r, s)| Row::new(format!("coach score, {r}"), s.mean, Unit::Number)));
-        Summary { accuracy, rows }
+        Summary { accuracy, graded: Some(mm.outcome_accuracy.count), rows }
     }
 
     fn charts(steps: &[MappaStep]) -> Vec<Chart> {

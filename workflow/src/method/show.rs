@@ -31,6 +31,8 @@ impl Row {
 pub struct Summary {
     /// The share of answers that were right, as the method grades them.
     pub accuracy: Option<f64>,
+    /// How many answers `accuracy` is a share of.
+    pub graded: Option<u64>,
     /// The rows of a before/after table, the accuracy's first.
     pub rows: Vec<Row>,
 }

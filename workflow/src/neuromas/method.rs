@@ -218,6 +218,6 @@ impl Method for Neuromas {
             Row::new("readouts without a box", g.no_box_rate.mean, Unit::Share),
             Row::new("mean reward", g.reward.mean, Unit::Signed),
         ];
-        Summary { accuracy, rows }
+        Summary { accuracy, graded: Some(g.graph_accuracy.count), rows }
     }
 }
