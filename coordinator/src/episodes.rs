@@ -87,17 +87,18 @@ pub(crate) fn in_spec_order(specs: &[pb::EpisodeSpec], mut done: HashMap<String,
         .collect()
 }
 
-/// Rewards, experiences and metrics of a step's records, by the method's own formulation. Each
-/// experience carries its turn's temperature when `with_temperatures`.
+/// Rewards, experiences and metrics of a step's records, by the method's own formulation:
+/// training step `step`'s (each experience then carries its turn's temperature), or an
+/// evaluation's (`None`).
 pub(crate) fn make_batch(
     method: &MethodConfig,
     records: Vec<(String, Record)>,
     questions: &[TaskRecord],
     num_agents: u32,
     versions: Option<&[u64]>,
-    with_temperatures: bool,
+    step: Option<u64>,
 ) -> Result<StepBatch> {
-    let step = StepContext { agents: num_agents, data: questions, with_temperatures };
+    let step = StepContext { agents: num_agents, data: questions, with_temperatures: step.is_some(), step };
     let out = method.experience(records, &step, versions).map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
     Ok(StepBatch::from(out))
 }

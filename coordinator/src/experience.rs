@@ -124,7 +124,7 @@ mod tests {
         let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
         let method = MethodConfig::CoMas(cfg.clone());
         let record = method.parse_record(&played(&cfg)).unwrap();
-        let step = StepContext { agents: 2, data: &[], with_temperatures: true };
+        let step = StepContext { agents: 2, data: &[], with_temperatures: true, step: Some(0) };
         let out = method.experience(vec![("e1".into(), record)], &step, Some(&[7, 7])).unwrap();
         let first = out.per_agent[0][0].clone();
         let batch = StepBatch::from(out);

@@ -176,7 +176,7 @@ async fn play_eval(
         }
     }
     let finished = in_spec_order(&specs, done)?;
-    Ok(make_batch(method, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), false)?.metrics)
+    Ok(make_batch(method, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None)?.metrics)
 }
 
 /// One job's run: what the stages of every step share.
@@ -493,7 +493,7 @@ impl JobRun {
         }
         let lag = self.job.spec.schedule.policy_lag();
         let exact = (lag == 0).then(|| vec![step; self.agents()]);
-        let mut batch = make_batch(&self.job.method, records, &self.questions, self.agents() as u32, exact.as_deref(), true)?;
+        let mut batch = make_batch(&self.job.method, records, &self.questions, self.agents() as u32, exact.as_deref(), Some(step))?;
         if lag > 0 {
             pipeline::bound_lag(&mut batch, step, lag);
         }

@@ -154,6 +154,9 @@ pub struct CoMasConfig {
     pub sampling: RoleSampling,
     /// Where the solver's reward comes from: the judges (CoMAS) or the data set's answer.
     pub reward: RewardSource,
+    /// Training steps in which scorers are paid for agreeing with the data set's answer
+    /// (`reward::warm_up_judges`) before the game runs on their scores alone; 0: none.
+    pub judge_warmup_steps: u64,
 }
 
 impl Default for CoMasConfig {
@@ -174,6 +177,7 @@ impl Default for CoMasConfig {
             prompt_max_len: None,
             sampling: RoleSampling::default(),
             reward: RewardSource::Comas,
+            judge_warmup_steps: 0,
         }
     }
 }

@@ -101,6 +101,18 @@ fn group_key(question: &str, turn: &TrajectoryTurn) -> String {
 /// carries its role's sampling temperature for the learner. `source` says where solver rewards
 /// come from (the judges, or the answer for the verifier control).
 pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleSampling>, source: RewardSource) -> Result<Made<ComasMetrics>, WorkflowError> {
+    make_step_with(episodes, num_agents, sampling, source, false)
+}
+
+/// As [`make_step`]; with `warm_judges`, scorers are paid for agreeing with the answer
+/// (`reward::warm_up_judges`).
+pub fn make_step_with(
+    episodes: &[Finished],
+    num_agents: u32,
+    sampling: Option<&RoleSampling>,
+    source: RewardSource,
+    warm_judges: bool,
+) -> Result<Made<ComasMetrics>, WorkflowError> {
     let mut per_agent: Vec<Vec<Experience>> = vec![Vec::new(); num_agents as usize];
     let mut agents: Vec<Tally> = (0..num_agents).map(|_| Tally::default()).collect();
     let mut total = Tally::default();
@@ -111,7 +123,10 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleS
         if t.num_agents != num_agents {
             return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
         }
-        let turn_rewards = rewards(t, source, &ep.answer)?;
+        let mut turn_rewards = rewards(t, source, &ep.answer)?;
+        if warm_judges {
+            super::warm_up_judges(t, &ep.answer, &mut turn_rewards);
+        }
         // Whether each solution is right (graded for logging only), by its turn index.
         let right: HashMap<u32, bool> =
             t.turns.iter().filter(|x| x.role == Role::Solver).filter_map(|x| Some((x.turn_index, is_correct(t.task, &x.text, &ep.answer)?))).collect();
@@ -262,7 +277,7 @@ mod tests {
         let record = method.parse_record(&json).unwrap();
         assert!(method.parse_record(&json[..json.len() / 2]).unwrap_err().contains("not valid JSON"));
         let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
-        let step = StepContext { agents: 2, data: std::slice::from_ref(&q), with_temperatures: true };
+        let step = StepContext { agents: 2, data: std::slice::from_ref(&q), with_temperatures: true, step: Some(0) };
         let err = method.experience(vec![("e1".into(), record.clone())], &step, Some(&[7, 6])).err().expect("a stale turn is refused").to_string();
         assert!(err.contains("episode e1: turn 1 (solver of agent 1) was sampled with policy version 7, but this step uses version 6"), "{err}");
         let seam = method.experience(vec![("e1".into(), record)], &step, Some(&[7, 7])).unwrap();
@@ -348,5 +363,42 @@ mod tests {
         assert_eq!(m["solver_reward_by_correctness"]["wrong"]["mean"], json!(1.0));
         // E[score | right] - E[score | wrong] = 1 - 3: the judges run against correctness.
         assert_eq!(m["judge_separation"], json!(-2.0));
+    }
+
+    /// The judges' warm-up pays each scorer for agreeing with the answer, only in the first
+    /// `judge_warmup_steps` training steps, and leaves every other turn's reward as it was.
+    #[test]
+    fn warming_judges_pays_scorers_for_agreeing_with_the_answer() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, judge_warmup_steps: 2, ..Default::default() };
+        // Slot 0: right, scored 3 (agrees); slot 1: wrong, scored 3 (disagrees).
+        let t = played(&cfg, |r| match (r.role, r.slot) {
+            (Role::Solver, 0) => "\\boxed{2}".into(),
+            (Role::Solver, _) => "\\boxed{5}".into(),
+            (Role::Scorer, _) => "<score>3</score>".into(),
+            _ => "fine".into(),
+        });
+        let reward_of = |b: &Made<ComasMetrics>, role: Role, slot: u32| {
+            let turn = t.turns.iter().find(|x| x.role == role && x.slot == slot).unwrap();
+            b.per_agent.iter().flatten().find(|e| e.turn_id == turn.turn_index).unwrap().reward
+        };
+        let finished = [Finished { episode_id: "e1".into(), trajectory: t.clone(), answer: "2".into() }];
+        let comas = make_step(&finished, 2, None, RewardSource::Comas).unwrap();
+        let warm = make_step_with(&finished, 2, None, RewardSource::Comas, true).unwrap();
+        assert_eq!((reward_of(&comas, Role::Scorer, 0), reward_of(&comas, Role::Scorer, 1)), (0.0, 0.0));
+        assert_eq!((reward_of(&warm, Role::Scorer, 0), reward_of(&warm, Role::Scorer, 1)), (1.0, 0.0));
+        for (role, slot) in [(Role::Solver, 0), (Role::Solver, 1), (Role::Evaluator, 0), (Role::Evaluator, 1)] {
+            assert_eq!(reward_of(&warm, role, slot), reward_of(&comas, role, slot), "{role} {slot}");
+        }
+        // Through the seam: steps 0 and 1 warm the judges, step 2 and evaluations do not.
+        let method = MethodConfig::CoMas(cfg);
+        let record = method.parse_record(&serde_json::to_string(&t).unwrap()).unwrap();
+        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
+        let scorer_0 = t.turns.iter().find(|x| x.role == Role::Scorer && x.slot == 0).unwrap().turn_index;
+        let paid = |step: Option<u64>| {
+            let ctx = StepContext { agents: 2, data: std::slice::from_ref(&q), with_temperatures: false, step };
+            let out = method.experience(vec![("e1".into(), record.clone())], &ctx, None).unwrap();
+            out.per_agent.iter().flatten().find(|e| e.turn_id == scorer_0).unwrap().reward
+        };
+        assert_eq!((paid(Some(0)), paid(Some(1)), paid(Some(2)), paid(None)), (1.0, 1.0, 0.0, 0.0));
     }
 }

@@ -1,6 +1,6 @@
 //! CoMAS on the method seam: its `[comas]` table, one game per question instance with the
 //! judges planned for the whole step, the zero-sum rewards, and how its figures are shown.
-use super::experience::{make_step, Finished};
+use super::experience::{make_step_with, Finished};
 use super::metrics::ComasMetrics;
 use super::{plan_batch, CoMasConfig, Episode, InstancePlan, Trajectory};
 use crate::error::WorkflowError;
@@ -171,7 +171,8 @@ impl Method for CoMas {
                 Finished { episode_id, trajectory, answer }
             })
             .collect();
-        make_step(&finished, step.agents, step.with_temperatures.then_some(&c.sampling), c.reward)
+        let warm_judges = step.step.is_some_and(|s| s < c.judge_warmup_steps);
+        make_step_with(&finished, step.agents, step.with_temperatures.then_some(&c.sampling), c.reward, warm_judges)
     }
 
     fn watch(m: &ComasMetrics) -> Vec<String> {

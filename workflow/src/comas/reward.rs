@@ -109,3 +109,24 @@ pub fn rewards(trajectory: &Trajectory, source: RewardSource, answer: &str) -> R
     }
     Ok(out)
 }
+
+/// The judges' warm-up (`judge_warmup_steps`): each scorer turn is paid for agreeing with the
+/// data set's answer instead of its CoMAS reward, (ŝ−1)/2 for a right solution and (3−ŝ)/2
+/// for a wrong one (a broken score keeps −1); a solution the grader cannot judge leaves its
+/// scorers' CoMAS rewards. Solvers and evaluators keep theirs, so the judges learn to score
+/// before the game runs on their scores alone.
+pub fn warm_up_judges(trajectory: &Trajectory, answer: &str, rewards: &mut [TurnReward]) {
+    let right: HashMap<u32, bool> = trajectory
+        .turns
+        .iter()
+        .filter(|t| t.role == Role::Solver)
+        .filter_map(|t| Some((t.turn_index, is_correct(trajectory.task, &t.text, answer)?)))
+        .collect();
+    for (r, t) in rewards.iter_mut().zip(&trajectory.turns) {
+        let (Role::Scorer, Some(score)) = (t.role, t.score) else { continue };
+        if let Some(&ok) = t.about_solution.and_then(|s| right.get(&s)) {
+            let agreement = if ok { solution_value(score) } else { 1.0 - solution_value(score) };
+            r.reward = agreement as f32;
+        }
+    }
+}

@@ -76,7 +76,7 @@ fn every_agent_answers_g_times_and_each_answer_earns_the_graders_reward() {
         _ => ("hmm".into(), 8),
     });
     assert_eq!(records.len(), 4, "2 questions x G = 2");
-    let step = StepContext { agents: 2, data: &[], with_temperatures: true };
+    let step = StepContext { agents: 2, data: &[], with_temperatures: true, step: Some(0) };
     let out = method.experience(records, &step, Some(&[4, 4])).unwrap();
     let rewards: Vec<Vec<f64>> = out.per_agent.iter().map(|e| e.iter().map(|x| x.reward).collect()).collect();
     // q1 (answer 2): agent 0 right and boxed 1.5; agent 1 right unboxed 1.0, then nothing 0.0.

@@ -67,6 +67,8 @@ pub struct StepContext<'a> {
     /// Whether each experience carries its turn's sampling temperature (training steps do;
     /// evaluations make no experiences that train).
     pub with_temperatures: bool,
+    /// The training step the records are of; `None` for an evaluation.
+    pub step: Option<u64>,
 }
 
 /// A method's experience making.
