@@ -90,7 +90,7 @@ run_comas() {
   comas_job "$seed" > "$dir/job.toml"
   echo "comas seed $seed: training ($steps steps)" >&2
   flock "$lock" python3 "$here/tree_rss.py" --out "$dir/peak.json" -- \
-    "$comas" local --dir "$dir/local" --plaintext --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+    "$comas" local --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
   touch "$dir/DONE"
 }
 
