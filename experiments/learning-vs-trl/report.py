@@ -30,7 +30,8 @@ def train_curve(runs, system, seed):
     if system == "comas":
         recs = [r for r in jsonl(runs / f"comas-s{seed}/out/metrics.jsonl") if r.get("kind") == "step"]
         return {r["step"]: (r.get("accuracy", {}).get("mean"), r.get("seconds", {}).get("total")) for r in recs}
-    return {r["step"]: (r.get("reward"), r.get("seconds")) for r in jsonl(runs / f"trl-s{seed}/steps.jsonl")}
+    # The share of right answers (the reward less the format bonus).
+    return {r["step"]: (r.get("correct", r.get("reward")), r.get("seconds")) for r in jsonl(runs / f"trl-s{seed}/steps.jsonl")}
 
 
 def passes(runs, name, mode):
@@ -117,7 +118,7 @@ def figure(path, curves, evals, seeds, steps, every):
         ys = [mean([c.get(k, (None, None))[0] for c in per_seed]) for k in xs]
         if xs:
             ax.plot(xs, ys, color=colours[system], lw=2.2, label=system)
-    ax.set_title("Training reward (right answers), per step")
+    ax.set_title("Training answers right, per step")
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
     ax.legend()

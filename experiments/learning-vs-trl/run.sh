@@ -10,6 +10,7 @@
 #   SEEDS="1" bash experiments/learning-vs-trl/run.sh  # one seed
 #   STEPS=2 RUNS=runs/lvt-smoke bash ...               # a smoke test of the whole pipeline
 #   SYSTEMS=comas EVAL=0 ...                           # one system's training only
+#   COMAS_BIN=/path/to/comas ...                       # a fixed binary (no build)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -29,8 +30,14 @@ bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
 bash "$here/setup-trl.sh" >/dev/null
 model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
-flock "$lock" cargo build -q --release -p comas
-comas="$root/target/release/comas"
+# COMAS_BIN: a comas binary to use instead of building one (a copy keeps a long study apart
+# from rebuilds of the tree).
+if [ -n "${COMAS_BIN:-}" ]; then
+  comas=$COMAS_BIN
+else
+  flock "$lock" cargo build -q --release -p comas
+  comas="$root/target/release/comas"
+fi
 [ -f "$runs/data/heldout.jsonl" ] || python3 "$here/make_data.py" "$runs/data"
 
 # The comas job of one seed, from settings.json.
@@ -51,6 +58,10 @@ checkpoint_every = {s["checkpoint_every"]}
 [grpo]
 group_size = {s["group_size"]}
 prompt_suffix = {json.dumps(s["prompt_suffix"])}
+[grpo.reward]
+correct = 1.0
+wrong = 0.0
+format = {s["format_reward"]}
 [grpo.sampling]
 temperature = {s["temperature"]}
 top_p = 1.0

@@ -10,6 +10,7 @@ seconds and peak memory to steps.jsonl.
 import argparse
 import json
 import os
+import re
 import pathlib
 import resource
 import time
@@ -49,6 +50,28 @@ def main():
         for c, gt in zip(completions, reference):
             text = c[0]["content"] if isinstance(c, list) else c
             out.append(1.0 if verify(parse(f"${gt}$"), parse(text)) else 0.0)
+        return out
+
+    def boxed(text):
+        """Whether the reply has a last \\boxed{...} with its braces closed: what comas's grader
+        reads as an answer (the format bonus)."""
+        i = text.rfind("\\boxed{")
+        if i < 0:
+            return False
+        depth = 0
+        for ch in text[i + len("\\boxed"):]:
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if depth == 0:
+                return True
+        return False
+
+    def formatted(completions, **_):
+        """`format_reward` for a reply with a boxed answer (reasoning in <think> left out)."""
+        out = []
+        for c in completions:
+            text = c[0]["content"] if isinstance(c, list) else c
+            text = re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.S)
+            out.append(s["format_reward"] if boxed(text) else 0.0)
         return out
 
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -108,6 +131,7 @@ def main():
             rec = {
                 "step": state.global_step - 1,
                 "reward": logs.get("reward"),
+                "correct": logs.get("rewards/correct/mean"),
                 "seconds": time.time() - self.started if self.started else None,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "completion_length": logs.get("completions/mean_length", logs.get("completion_length")),
@@ -116,7 +140,7 @@ def main():
             with open(out / "steps.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=cfg, train_dataset=data, processing_class=tok, peft_config=lora, callbacks=[StepLog()])
+    trainer = GRPOTrainer(model=model, reward_funcs=[correct, formatted], args=cfg, train_dataset=data, processing_class=tok, peft_config=lora, callbacks=[StepLog()])
     resume = any(p.name.startswith("checkpoint-") for p in out.iterdir())
     trainer.train(resume_from_checkpoint=True if resume else None)
     (out / "DONE").write_text(str(steps))
