@@ -72,7 +72,7 @@ pub(crate) fn save_episodes(job: &Job, step: u64, records: &[(String, Record)]) 
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| CoordinatorError::Other(e.to_string()))?;
     std::fs::create_dir_all(&dir)
-        .and_then(|()| crate::runner::write_lines(&dir.join(format!("step-{step:05}.jsonl")), &lines))
+        .and_then(|()| crate::files::write_lines(&dir.join(format!("step-{step:05}.jsonl")), &lines))
         .map_err(|e| CoordinatorError::Other(format!("cannot save the episodes of step {step} in {}: {e}", dir.display())))
 }
 

@@ -11,6 +11,17 @@ use std::path::{Path, PathBuf};
 
 pub use comas_service::write_atomic;
 
+/// Writes JSON lines atomically: the job's metrics log when a run rewrites it from the store,
+/// and saved episodes.
+pub(crate) fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for l in lines {
+        text.push_str(l);
+        text.push('\n');
+    }
+    write_atomic(path, text.as_bytes())
+}
+
 fn bad(field: &str, message: String) -> CoordinatorError {
     CoordinatorError::Files(format!("`{field}`: {message}"))
 }

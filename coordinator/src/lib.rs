@@ -11,6 +11,7 @@ pub mod learner_steps;
 pub mod learners;
 pub mod memory_check;
 pub mod metrics;
+mod metrics_log;
 pub mod progress;
 pub mod runner;
 pub mod scheduler;

@@ -132,15 +132,35 @@ pub fn encode(lines: &[String]) -> Result<Vec<u8>, serde_json::Error> {
         }
     }
     let mut out = Vec::new();
-    let first = records.first().map_or(0.0, |r| r.wall_time);
-    let version = Event { wall_time: first, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) };
-    frame(&prost::Message::encode_to_vec(&version), &mut out);
+    version_event(records.first().map_or(0.0, |r| r.wall_time), &mut out);
     for r in records {
-        let value = r.values.into_iter().map(|(tag, v)| SummaryValue { tag, value: Some(Scalar::SimpleValue(v as f32)) }).collect();
-        let event = Event { wall_time: r.wall_time, step: r.step, what: Some(What::Summary(Summary { value })) };
-        frame(&prost::Message::encode_to_vec(&event), &mut out);
+        record_event(r, &mut out);
     }
     Ok(out)
+}
+
+/// The bytes one more metrics log line adds to the event file at `path`: its event, after the
+/// version event when the file has none yet; what `encode` of the whole log would end with.
+pub fn encode_next(line: &str, path: &Path) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out = Vec::new();
+    let Some(record) = scalars_of(&serde_json::from_str::<Value>(line)?) else { return Ok(out) };
+    if std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+        version_event(record.wall_time, &mut out);
+    }
+    record_event(record, &mut out);
+    Ok(out)
+}
+
+/// The first event of a file: its format version, at the first record's time.
+fn version_event(wall_time: f64, out: &mut Vec<u8>) {
+    let version = Event { wall_time, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) };
+    frame(&prost::Message::encode_to_vec(&version), out);
+}
+
+fn record_event(r: Scalars, out: &mut Vec<u8>) {
+    let value = r.values.into_iter().map(|(tag, v)| SummaryValue { tag, value: Some(Scalar::SimpleValue(v as f32)) }).collect();
+    let event = Event { wall_time: r.wall_time, step: r.step, what: Some(What::Summary(Summary { value })) };
+    frame(&prost::Message::encode_to_vec(&event), out);
 }
 
 /// The event file of a job under `output_dir`; the name carries the job id, so the file is the

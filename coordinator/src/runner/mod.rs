@@ -14,7 +14,6 @@ use crate::progress::{RunContext, Update};
 use crate::scheduler::{BatchLimits, BatchSpec};
 use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
-use crate::tensorboard;
 use comas_proto::v1 as pb;
 use comas_workflow::job::Job;
 use comas_workflow::program::{MethodConfig, Record};
@@ -22,7 +21,6 @@ use comas_workflow::seed::PlanSeed;
 use comas_workflow::task::TaskRecord;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,32 +56,6 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
     pb::LoadPoliciesRequest { agents: trained.chain(frozen).collect(), dtype: job.spec.rollout.dtype.clone() }
 }
 
-/// Writes JSON lines atomically: the job's metrics log, rewritten from the store so it always
-/// holds each committed step exactly once whatever restarts happened, and saved episodes.
-pub(crate) fn write_lines(path: &Path, lines: &[String]) -> std::io::Result<()> {
-    let mut text = String::new();
-    for l in lines {
-        text.push_str(l);
-        text.push('\n');
-    }
-    crate::files::write_atomic(path, text.as_bytes())
-}
-
-/// Rewrites the metrics log from the store, and brings the TensorBoard event file beside it up
-/// to date; a failed write is logged, the store stays the truth.
-fn refresh_metrics_log(ctx: &RunContext, id: &str, path: &Path) -> Result<()> {
-    let lines = ctx.store.metrics_log(id)?;
-    if let Err(e) = write_lines(path, &lines) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics log");
-    }
-    let events = tensorboard::path(path.parent().unwrap_or(Path::new(".")), id);
-    let written = tensorboard::encode(&lines).map_err(std::io::Error::other).and_then(|bytes| tensorboard::sync(&events, &bytes));
-    if let Err(e) = written {
-        tracing::warn!(path = %events.display(), error = %e, "cannot write the TensorBoard event file");
-    }
-    Ok(())
-}
-
 /// Points every worker at these weight versions (agent k's from its learner); returns the new
 /// target generation to wait for.
 fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
@@ -96,8 +68,8 @@ fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesReques
 
 /// Plays the job's method on the held-out tasks with the current weights; nothing is trained.
 /// The record (the method's figures; with `greedy`, the same for a greedy game under `greedy`)
-/// goes into the store and the metrics log.
-async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<()> {
+/// goes into the store; it is returned for the metrics log.
+async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<String> {
     let started = Instant::now();
     let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
     let mut m = play_eval(ctx, job, id, after, questions, &job.eval_method_at(spec.temperature), "eval", cancel).await?;
@@ -119,8 +91,8 @@ async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: 
     let line = serde_json::to_string(&m).unwrap_or_default();
     ctx.store.record_eval(id, after, &line)?;
     tracing::info!(job = %id, after, accuracy = ?comas_workflow::registry::summary(&m).and_then(|s| s.accuracy), "evaluation recorded");
-    ctx.report.event("eval", line, format!("evaluation after {after} steps"));
-    Ok(())
+    ctx.report.event("eval", line.clone(), format!("evaluation after {after} steps"));
+    Ok(line)
 }
 
 /// One evaluation game over every held-out task with `method`; returns its metrics. `tag`
@@ -188,7 +160,8 @@ struct JobRun {
     eval_questions: Vec<TaskRecord>,
     links: Vec<LearnerLink>,
     load: pb::LoadPoliciesRequest,
-    metrics_path: PathBuf,
+    /// `metrics.jsonl` and the TensorBoard event file, appended per record.
+    log: crate::metrics_log::MetricsLog,
     /// The versions the workers were last pointed at.
     target_versions: Option<Vec<u64>>,
     cancel: watch::Receiver<bool>,
@@ -397,7 +370,7 @@ impl JobRun {
         let links = job.spec.agents.iter().enumerate().map(|(k, a)| LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)).collect();
         Ok(JobRun {
             ctx: ctx.clone(),
-            metrics_path: job.spec.output.dir.join("metrics.jsonl"),
+            log: crate::metrics_log::MetricsLog::open(&ctx.store, &id, &job.spec.output.dir.join("metrics.jsonl"))?,
             load: load_request(&job),
             // Shared with the per-learner training tasks.
             job: Arc::new(job),
@@ -450,8 +423,9 @@ impl JobRun {
         }
         // The workers are busy with the evaluation's episodes.
         let _running = self.clock.start();
-        evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel).await?;
-        refresh_metrics_log(&self.ctx, &self.id, &self.metrics_path)
+        let line = evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel).await?;
+        self.log.append(&line);
+        Ok(())
     }
 
     /// Stage `rollout`: every episode of the step with version `step` everywhere; episodes the
@@ -704,7 +678,7 @@ impl JobRun {
         let line = serde_json::to_string(&metrics).unwrap_or_default();
         let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         self.ctx.store.commit_step(id, step, &line, &versions_now, !self.job.method.trains())?;
-        refresh_metrics_log(&self.ctx, id, &self.metrics_path)?;
+        self.log.append(&line);
         self.ctx.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");
         self.ctx.report.event("step", line, format!("step {step} done"));
