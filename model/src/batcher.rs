@@ -7,7 +7,6 @@
 //! a cache of its own, so that a long prompt never stalls the decoding rows for more than a
 //! chunk's forward; when its prompt is in, its keys and values move into a row of the batch.
 use crate::error::{ModelError, Result};
-use crate::generate::{Completion, FinishReason};
 use crate::guide::{tail_reserve, Allowed, Constrained, Guide};
 use crate::kv_cache::KvCache;
 use crate::lora::{LoraAdapter, LoraBatch};
@@ -16,8 +15,30 @@ use crate::sampling::{self, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::transformer::CausalLm;
 use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
 use std::collections::VecDeque;
 use tch::Tensor;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop token or stop string ended the completion.
+    Stop,
+    /// max_new_tokens was reached.
+    Length,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub token_ids: Vec<i64>,
+    pub logprobs: Vec<f32>,
+    pub sampling_logprobs: Vec<f32>,
+    pub finish_reason: FinishReason,
+    /// The stop string that ended the completion, if one did.
+    pub stop_string: Option<String>,
+    /// Positions of a guided tail whose tokens were drawn from a restricted set.
+    pub constrained: Vec<crate::guide::Constrained>,
+}
 
 /// Where a row stands with its guided tail (`SamplingParams::guided_suffix`).
 enum Tail {

@@ -2,13 +2,12 @@
 //! ([`crate::onednn`]), the few-row kernel in f32 ([`crate::rows_linear`]), aten otherwise.
 //! Prefill, scoring and training always take aten, and so does anything that needs a gradient.
 use crate::decode_linear::DecodePath::{Aten, Packed, Rows};
-use crate::onednn::{self, rows, PackedWeight};
+use crate::onednn::{self, PackedWeight};
 use crate::rows_linear;
+use crate::shim::rows;
+pub use crate::shim::MAX_ROWS;
 use std::cell::Cell;
 use tch::{Device, Kind, Tensor};
-
-/// Rows up to which a product counts as a decode step's, not a prefill's.
-pub const MAX_ROWS: i64 = 64;
 
 /// Which product decode steps use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

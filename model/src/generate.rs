@@ -1,37 +1,16 @@
 //! Batched generation: every request admitted to a continuous batcher at once.
 use crate::batcher::{drain, Batcher};
+pub use crate::batcher::{Completion, FinishReason};
 use crate::error::Result;
 use crate::lora::LoraAdapter;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use crate::transformer::CausalLm;
-use serde::Serialize;
 
 pub struct GenerationRequest<'a> {
     pub prompt_ids: Vec<i64>,
     pub params: SamplingParams,
     pub adapter: Option<&'a LoraAdapter>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FinishReason {
-    /// A stop token or stop string ended the completion.
-    Stop,
-    /// max_new_tokens was reached.
-    Length,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Completion {
-    pub token_ids: Vec<i64>,
-    pub logprobs: Vec<f32>,
-    pub sampling_logprobs: Vec<f32>,
-    pub finish_reason: FinishReason,
-    /// The stop string that ended the completion, if one did.
-    pub stop_string: Option<String>,
-    /// Positions of a guided tail whose tokens were drawn from a restricted set.
-    pub constrained: Vec<crate::guide::Constrained>,
 }
 
 /// Generates completions for all requests in one batch and returns them in request order.

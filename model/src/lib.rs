@@ -19,15 +19,16 @@ pub mod rows_linear;
 pub mod safetensors;
 pub mod sampling;
 pub mod seeded;
+mod shim;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
-pub use batcher::Batcher;
+pub use batcher::{Batcher, Completion, FinishReason};
 pub use config::{Architecture, Config};
 pub use error::{ModelError, Result};
-pub use generate::{generate, Completion, FinishReason, GenerationRequest};
+pub use generate::{generate, GenerationRequest};
 pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraBatch, LoraConfig};
 pub use sampling::SamplingParams;

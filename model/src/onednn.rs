@@ -4,10 +4,10 @@
 //! thin products poorly; oneDNN's inner-product kernels on a weight reordered once into their
 //! blocked layout are 1.4-2.9x faster at 64 rows or fewer (measured on SmolLM2's shapes). The
 //! packed copy is kept beside the plain weight, which prefill and training keep using.
-use crate::decode_linear::MAX_ROWS;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
+use crate::shim::{rows, wrap, MAX_ROWS};
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
@@ -33,35 +33,12 @@ pub fn cpu_runs_bf16() -> bool {
     })
 }
 
-/// Takes ownership of a tensor handle from a shim in `csrc/`, or its error message.
-pub(crate) fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
-    if ptr.is_null() {
-        let message = if error.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: the shim wrote a NUL-terminated malloc'd string; it is freed once, here.
-            let m = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-            unsafe { libc::free(error.cast()) };
-            m
-        };
-        return Err(ModelError::Weights(format!("{what}: {message}")));
-    }
-    // SAFETY: the shim returns a fresh `new at::Tensor`, which tch's Tensor owns and deletes.
-    Ok(unsafe { Tensor::from_ptr(ptr) })
-}
-
 /// `weight` [out, in] reordered for oneDNN's kernels.
 pub fn pack(weight: &Tensor) -> Result<Tensor> {
     let mut error = std::ptr::null_mut();
     // SAFETY: `weight` is a live tensor for the whole call; the shim does not keep the handle.
     let ptr = unsafe { comas_onednn_pack(weight.as_ptr(), &mut error) };
     wrap(ptr, error, "oneDNN weight reorder")
-}
-
-/// Rows of `x` [.., in]: every dimension but the last.
-pub(crate) fn rows(x: &Tensor) -> i64 {
-    let size = x.size();
-    size[..size.len() - 1].iter().product()
 }
 
 /// `x` [.., in] times the packed weight (+ `bias`): [.., out].

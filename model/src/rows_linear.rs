@@ -6,7 +6,7 @@
 //! sums each output in an order that depends only on the input width, so a row's result does not
 //! depend on the rows beside it, on the tiling or on the threads.
 use crate::error::Result;
-use crate::onednn::{rows, wrap};
+use crate::shim::{rows, wrap};
 use std::ffi::c_char;
 use tch::Tensor;
 use torch_sys::C_tensor;

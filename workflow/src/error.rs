@@ -46,3 +46,17 @@ pub enum WorkflowError {
     #[error("malformed trajectory: {0}")]
     MalformedTrajectory(String),
 }
+
+/// A job that cannot run. `field` is the key path in the job file (`agents[1].train.lr`).
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum JobError {
+    #[error("job file is not valid TOML or has a wrong key: {0}")]
+    Syntax(String),
+    #[error("`{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
+/// The error of a wrong key.
+pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> JobError {
+    JobError::Invalid { field: field.into(), message: message.into() }
+}

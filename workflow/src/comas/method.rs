@@ -4,7 +4,7 @@ use super::experience::{make_step_with, Finished};
 use super::metrics::ComasMetrics;
 use super::{plan_batch, CoMasConfig, Episode, InstancePlan, Trajectory};
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::method::{dataset_task, Chart, JobView, Line, Made, Method, PromptFit, ReplyRoom, RoomNeeds, Row, Samples, Speaker, StepContext, Summary, TaskRoom, Unit};
 use crate::program::{PolicyTurn, Reply};
 use crate::seed::PlanSeed;

@@ -6,7 +6,7 @@ use super::metrics::CosirMetrics;
 use super::reward::replay;
 use super::{CosirConfig, CosirTrajectory, Episode, Table};
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::mean::Mean;
 use crate::method::{Chart, Experience, JobView, Line, Made, Method, PromptFit, RoomNeeds, Row, Samples, ShareTally, Shares, StepContext, Summary, TaskSource, Unit};
 use crate::program::{PolicyTurn, Reply, Request};

@@ -3,7 +3,7 @@
 //! question, in one step; nothing trains and the client grades the transcripts.
 use super::program::{EvalEpisode, EvalJobConfig, EvalQuestion, EvalRunMetrics, EvalTranscript};
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::method::{JobView, Made, Method, RoomNeeds, Row, Samples, StepContext, Summary, TaskRoom, TaskSource, Unit};
 use crate::program::{PolicyTurn, Reply, Request};
 use crate::seed::PlanSeed;

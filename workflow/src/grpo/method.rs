@@ -6,7 +6,7 @@ use super::episode::{Episode, GrpoRecord};
 use super::metrics::GrpoMetrics;
 use super::reward::grade;
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::mean::Mean;
 use crate::method::{
     dataset_task, temperature_or_one, Chart, Experience, JobView, Line, Made, Method, PromptFit, RoomNeeds, Row, Samples, ShareTally, Shares, StepContext,

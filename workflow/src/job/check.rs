@@ -27,7 +27,8 @@ impl JobSpec {
         if self.agents.is_empty() && crate::registry::trains(&self.method) {
             return Err(invalid("agents", "list at least one [[agents]] table"));
         }
-        let view = JobView { agents: self.agents.len() as u32, frozen: &self.frozen };
+        let frozen: Vec<&str> = self.frozen.iter().map(|f| f.name.as_str()).collect();
+        let view = JobView { agents: self.agents.len() as u32, frozen: &frozen };
         let method = MethodConfig::configure(&self.method, self.settings.clone(), &view)
             .unwrap_or_else(|| Err(invalid("method", crate::registry::unknown(&self.method))))?;
         if !method.calls_frozen() && !self.frozen.is_empty() {

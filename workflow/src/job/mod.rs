@@ -17,24 +17,10 @@ mod tests;
 pub use order::step_questions;
 pub use spec::{AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutSpec, ScheduleSpec, SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD};
 
+pub use crate::error::{invalid, JobError};
 use crate::method::{Samples, TaskSource};
 use crate::registry::MethodConfig;
 use crate::train_config::TrainConfig;
-use thiserror::Error;
-
-/// A job that cannot run. `field` is the key path in the job file (`agents[1].train.lr`).
-#[derive(Debug, Clone, PartialEq, Error)]
-pub enum JobError {
-    #[error("job file is not valid TOML or has a wrong key: {0}")]
-    Syntax(String),
-    #[error("`{field}`: {message}")]
-    Invalid { field: String, message: String },
-}
-
-/// The error of a wrong key.
-pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> JobError {
-    JobError::Invalid { field: field.into(), message: message.into() }
-}
 
 /// A checked job: the spec with its method's settings and every agent's training settings
 /// resolved.

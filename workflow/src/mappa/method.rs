@@ -3,7 +3,7 @@
 //! the agent that acted (spec 5), and its coaching figures.
 use super::{action_rewards, Episode, MappaConfig, MappaMetrics, MappaTrajectory, NormScope, Pipeline};
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::mean::Mean;
 use crate::method::{
     dataset_task, prompt_group, Chart, Experience, JobView, Line, Made, Method, ReplyRoom, RoomNeeds, Row, Samples, ShareTally, Shares, Speaker, StepContext, Summary,
@@ -86,7 +86,7 @@ impl Method for Mappa {
             Some(toml::Value::String(s)) => s,
             Some(v) => return Err(invalid("mappa.coach", format!("must be the name of a [[frozen]] model, got {v}"))),
         };
-        let Some(c) = job.frozen.iter().position(|f| f.name == coach) else {
+        let Some(c) = job.frozen.iter().position(|name| *name == coach) else {
             return Err(invalid("mappa.coach", format!("no [[frozen]] model is named {coach:?}; add one with name = {coach:?} and the coach's model folder")));
         };
         table.insert("coach_agent".into(), toml::Value::Integer(i64::from(l) + c as i64));

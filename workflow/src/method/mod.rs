@@ -18,8 +18,8 @@ pub use run::{check_turn_versions, play, PlannedEpisode, Start};
 pub(crate) use run::{decode, experience_of, plan_episodes, start_episode};
 pub use show::{Chart, Line, Row, Summary, Unit};
 
+use crate::error::JobError;
 use crate::error::WorkflowError;
-use crate::job::{FrozenSpec, JobError};
 use crate::program::{PolicyTurn, Reply, Request};
 use crate::seed::PlanSeed;
 use crate::task::TaskRecord;
@@ -60,8 +60,8 @@ pub enum TaskSource {
 pub struct JobView<'a> {
     /// Trained agents (`[[agents]]`); their ids are 0..agents.
     pub agents: u32,
-    /// Frozen models (`[[frozen]]`); frozen model i has agent id `agents + i`.
-    pub frozen: &'a [FrozenSpec],
+    /// The names of the frozen models (`[[frozen]]`); frozen model i has agent id `agents + i`.
+    pub frozen: &'a [&'a str],
 }
 
 /// How many turns an agent speaks in one step.

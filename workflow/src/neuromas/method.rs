@@ -5,7 +5,7 @@ use super::metrics::NeuromasMetrics;
 use super::reward::reward;
 use super::{Episode, Graph, NeuromasConfig, NeuromasTrajectory, ParamSharing};
 use crate::error::WorkflowError;
-use crate::job::{invalid, JobError};
+use crate::error::{invalid, JobError};
 use crate::mean::Mean;
 use crate::method::{dataset_task, Experience, JobView, Made, Method, ReplyRoom, RoomNeeds, Row, Samples, ShareTally, Shares, Speaker, StepContext, Summary, TaskRoom, Unit};
 use crate::program::{PolicyTurn, Reply, Request};

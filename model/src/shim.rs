@@ -1,0 +1,32 @@
+//! What the C++ shims in `csrc/` (oneDNN's packed linears, the few-row kernel) share: taking a
+//! tensor handle back from them, and the rows that make a product a decode step's.
+use crate::error::{ModelError, Result};
+use std::ffi::{c_char, CStr};
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+/// Rows up to which a product counts as a decode step's, not a prefill's.
+pub const MAX_ROWS: i64 = 64;
+
+/// Takes ownership of a tensor handle from a shim in `csrc/`, or its error message.
+pub(crate) fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
+    if ptr.is_null() {
+        let message = if error.is_null() {
+            "unknown error".to_string()
+        } else {
+            // SAFETY: the shim wrote a NUL-terminated malloc'd string; it is freed once, here.
+            let m = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+            unsafe { libc::free(error.cast()) };
+            m
+        };
+        return Err(ModelError::Weights(format!("{what}: {message}")));
+    }
+    // SAFETY: the shim returns a fresh `new at::Tensor`, which tch's Tensor owns and deletes.
+    Ok(unsafe { Tensor::from_ptr(ptr) })
+}
+
+/// Rows of `x` [.., in]: every dimension but the last.
+pub(crate) fn rows(x: &Tensor) -> i64 {
+    let size = x.size();
+    size[..size.len() - 1].iter().product()
+}
