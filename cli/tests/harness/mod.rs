@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod comas_job;
+#[allow(unused_imports)] // not every test file builds the CoMAS job
+pub use comas_job::*;
+
 pub struct Proc {
     pub name: String,
     pub child: Child,
