@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# CoMAS on the learning study's task, held-out set, evaluator and budget (issue 42 §4): two
+# LoRA agents on SmolLM2-135M-Instruct play CoMAS (l = 2, R = 1) on the same 1000 training
+# questions, 4 per step, 4 instances each, so each step has the 32 solver answers a GRPO step
+# has; the same optimizer, schedule and steps (experiments/learning-vs-trl/settings.json).
+# Arms:
+#   comas       the method, no verifier anywhere
+#   comas-warm  the judges learn to score first: for `judge_warmup_steps` (10) steps scorers are
+#               paid for agreeing with the data set's answer, then pure CoMAS
+# `grpo` and the untrained model are the learning study's runs (same data, held-out set and
+# evaluator); each step logs how far the judges tell right from wrong (`judge_separation`).
+# Every 10th step each agent's adapter is evaluated by `comas eval` (vanilla, sampled and
+# greedy, the 240 held-out questions). Resumable like the study; heavy parts under the flock.
+#
+#   bash experiments/comas-same-budget/run.sh
+#   ARMS=comas-warm SEEDS=1 STEPS=2 RUNS=runs/csb-smoke bash experiments/comas-same-budget/run.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+study="$root/experiments/learning-vs-trl"
+settings="$study/settings.json"
+runs=${RUNS:-runs/comas-same-budget}
+data=${DATA:-runs/learning-vs-trl/data}
+seeds=${SEEDS:-1}
+arms=${ARMS:-comas comas-warm}
+warmup=${WARMUP:-10}
+lock=/tmp/heavy.lock
+py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[1]])" "$1"; }
+steps=${STEPS:-$(py steps)}
+eval_every=$(py eval_every)
+mkdir -p "$runs"
+bash scripts/setup.sh
+bash scripts/fetch-smollm2.sh >/dev/null
+model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
+flock "$lock" cargo build -q --release -p comas
+comas="$root/target/release/comas"
+[ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data"
+
+job() {
+  local arm=$1 seed=$2 warm=0
+  [ "$arm" = comas-warm ] && warm=$warmup
+  python3 - "$settings" "$seed" "$steps" "$model" "$root/$data/train.jsonl" "$warm" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); seed, steps, model, train, warm = sys.argv[2:7]
+targets = ", ".join(f'"{t}"' for t in s["lora_targets"])
+role = lambda t, n, extra="": f'temperature = {t}\ntop_p = 1.0\ntop_k = 0\nmax_new_tokens = {n}\nmin_new_tokens = 1\n{extra}'
+agent = f'''[[agents]]
+model = "{model}"
+[agents.train]
+lr = {s["lr"]}
+lr_schedule = "cosine"
+warmup_ratio = 0.0
+min_lr_ratio = 1.0
+adam_betas = [{s["adam_betas"][0]}, {s["adam_betas"][1]}]
+weight_decay = 0.0
+max_grad_norm = {s["max_grad_norm"]}
+mask_truncated = false
+train_batch_size = 48
+micro_batch_size = {s["micro_batch_size"]}
+dtype = "float32"
+[agents.train.lora]
+r = {s["lora_r"]}
+alpha = {float(s["lora_alpha"])}
+target_modules = [{targets}]
+'''
+print(f'''name = "comas-budget-{warm}-s{seed}"
+seed = {seed}
+method = "comas"
+[data]
+train = "{train}"
+[schedule]
+questions_per_step = {s["questions_per_step"]}
+steps = {steps}
+checkpoint_every = {s["checkpoint_every"]}
+[output]
+dir = "out"
+export = false
+[comas]
+num_rounds = 1
+evals_per_solution = 1
+num_references = 2
+instances_per_question = 4
+judge_warmup_steps = {warm}
+[comas.sampling.solver]
+{role(s["temperature"], s["max_new_tokens"])}[comas.sampling.evaluator]
+{role(s["temperature"], 128)}[comas.sampling.scorer]
+{role(s["temperature"], 64, 'guided_suffix = "<score>[123]</score>"' + chr(10))}{agent}{agent}''')
+PY
+}
+
+evaluate() {
+  local name=$1 adapter=$2
+  for mode in sampled greedy; do
+    local out="$runs/eval/$name-$mode"
+    [ -f "$out/summary.json" ] && continue
+    local t; t=$([ "$mode" = greedy ] && echo 0 || py temperature)
+    echo "evaluating $name ($mode)" >&2
+    flock "$lock" "$comas" eval --model "$model" --adapter "$adapter" --setup vanilla --bench "$data/heldout.jsonl" \
+      --temperature "$t" --seed 1 --max-new-tokens "$(py max_new_tokens)" --out "$out" > /dev/null
+  done
+}
+
+for seed in $seeds; do
+  for arm in $arms; do
+    dir="$runs/$arm-s$seed"
+    mkdir -p "$dir"
+    if [ ! -f "$dir/DONE" ]; then
+      job "$arm" "$seed" > "$dir/job.toml"
+      echo "$arm seed $seed: training ($steps steps)" >&2
+      flock "$lock" python3 "$study/tree_rss.py" --out "$dir/peak.json" -- \
+        "$comas" local --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+      touch "$dir/DONE"
+    fi
+    for ((k = eval_every; k <= steps; k += eval_every)); do
+      for agent in 0 1; do
+        adapter=$(ls -d "$dir"/local/checkpoints/agent-$agent/*/step-"$k"/adapter 2>/dev/null | head -1)
+        [ -n "$adapter" ] || { echo "no adapter for $arm seed $seed agent $agent step $k" >&2; continue; }
+        evaluate "$arm-s$seed-a$agent-step$k" "$adapter"
+      done
+    done
+  done
+done
