@@ -78,7 +78,7 @@ impl LearnerLink {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let started = Instant::now();
-        let mut wait = Duration::from_millis(200);
+        let mut backoff = comas_service::backoff::Backoff::reconnect();
         loop {
             let outcome = match self.client().await {
                 Ok(c) => f(c).await.map(tonic::Response::into_inner),
@@ -89,8 +89,7 @@ impl LearnerLink {
                 Err(s) if transient(&s) && started.elapsed() < self.patience => {
                     tracing::warn!(agent = self.agent, address = %self.address, error = %s.message(), "{what}: learner unreachable; retrying");
                     self.client = None;
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(backoff.next_wait()).await;
                 }
                 Err(s) if s.code() == Code::Aborted => {
                     return Err(CoordinatorError::LearnerMoved {

@@ -124,9 +124,7 @@ impl Trainer {
                 io(&entry.path(), std::fs::remove_dir_all(entry.path()))?;
             }
         }
-        if let Ok(f) = std::fs::File::open(root) {
-            let _ = f.sync_all();
-        }
+        io(root, comas_files::sync_dir(root))?;
         let mut all = list_checkpoints(root)?;
         while all.len() > keep.max(1) {
             let (_, old) = all.remove(0);

@@ -184,27 +184,10 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)], metadata: &BTreeMap<Stri
     })
 }
 
-/// Writes a file through a temporary sibling and renames it into place, so a reader never sees
-/// a half-written file.
+/// Writes a file atomically (`comas_files`: a reader never sees a half-written file, and the
+/// rename is synced); errors name the file.
 pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
-        {
-            let mut w = std::io::BufWriter::new(&file);
-            fill(&mut w)?;
-            w.flush()?;
-        }
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ModelError::io(path, e));
-    }
-    Ok(())
+    comas_files::write_atomic_with(path, fill).map_err(|e| ModelError::io(path, e))
 }
 
 #[cfg(test)]

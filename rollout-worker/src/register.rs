@@ -34,7 +34,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
     let target = comas_service::grpc_uri(&r.coordinator);
     // One per process: re-registrations of this process carry it, a restart draws another.
     let incarnation: u64 = rand::random();
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = comas_service::backoff::Backoff::reconnect();
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
     let mut client: Option<CoordinatorClient<InterceptedService<tonic::transport::Channel, Bearer>>> = None;
@@ -76,7 +76,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
         let pause = match outcome {
             Ok(known) => {
                 registered = known;
-                backoff = Duration::from_millis(200);
+                backoff.reset();
                 if known {
                     interval
                 } else {
@@ -90,8 +90,7 @@ pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop:
                     tracing::warn!(coordinator = %target, error = %e, "coordinator unreachable; retrying");
                 }
                 registered = false;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                backoff
+                backoff.next_wait()
             }
         };
         tokio::select! {

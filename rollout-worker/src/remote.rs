@@ -4,7 +4,8 @@
 //! result does, so the engine thread never waits on the network.
 use crate::engine::Stats;
 use crate::tools::SideDone;
-use comas_service::openai::{backoff, CallError, ChatRequest, ChatResponse, Endpoint, Message};
+use comas_service::backoff::Backoff;
+use comas_service::openai::{CallError, ChatRequest, ChatResponse, Endpoint, Message};
 use comas_workflow::program::Reply;
 use comas_workflow::{FinishReason, TurnOutput, TurnRequest};
 use std::sync::atomic::Ordering;
@@ -70,11 +71,12 @@ pub fn output_of(turn: &TurnRequest, reply: Option<ChatResponse>) -> TurnOutput 
 
 async fn call(policy: &RemotePolicy, request: &ChatRequest) -> Result<ChatResponse, CallError> {
     let mut attempt = 1;
+    let mut backoff = Backoff::endpoint();
     loop {
         match policy.endpoint.chat(request, CALL_TIMEOUT).await {
             Err(e) if e.retryable() && attempt < policy.max_attempts => {
                 tracing::warn!(model = %policy.model, attempt, error = %e, "endpoint call failed; trying again");
-                tokio::time::sleep(backoff(attempt)).await;
+                tokio::time::sleep(backoff.next_wait()).await;
                 attempt += 1;
             }
             other => return other,

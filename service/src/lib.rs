@@ -3,7 +3,9 @@
 //! graceful shutdown, and the logging set-up.
 pub mod agent;
 pub mod auth;
+pub mod backoff;
 pub mod limits;
+pub mod local_ca;
 pub mod openai;
 pub mod prom;
 pub mod roots;
@@ -27,16 +29,7 @@ pub async fn weights_channel(address: &str) -> Result<tonic::transport::Channel,
     .await
 }
 
-/// Writes `bytes` so that a reader sees the old file or the whole new one: a synced temporary
-/// file in the same folder (created with mode 0600), renamed over `path`.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map(|_| ()).map_err(|e| e.error)
-}
+pub use comas_files::{write_atomic, write_private};
 
 /// A gRPC address as a URI: `host:port` gets `http://`, anything with a scheme stays as it is.
 pub fn grpc_uri(address: &str) -> String {

@@ -324,12 +324,6 @@ impl Endpoint {
     }
 }
 
-/// The wait before try `attempt` (1-based, after the first) of a call that keeps failing:
-/// min(2^attempt, 300) s, spec mappa.md §4's schedule.
-pub fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(2u64.saturating_pow(attempt).min(300))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,10 +403,6 @@ mod tests {
         assert!(CallError::Connect("x".into()).retryable());
         assert!(!CallError::Malformed("x".into()).retryable());
         assert_eq!(CallError::Status { code: 429, message: String::new() }.reason(), "rate_limited");
-        assert_eq!(
-            (backoff(1), backoff(8), backoff(9), backoff(40)),
-            (Duration::from_secs(2), Duration::from_secs(256), Duration::from_secs(300), Duration::from_secs(300))
-        );
     }
 
     #[test]

@@ -13,7 +13,6 @@ use read::{read_log, Metrics};
 use render::Grid;
 
 use anyhow::{bail, Context, Result};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Smallest and largest figure side accepted, in pixels.
@@ -113,9 +112,7 @@ fn check_side(name: &str, v: u32) -> Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` so that readers see either the old file or the whole new one: the
-/// data goes to a hidden temporary file in the same folder first (same file system, so the
-/// rename is atomic), is synced, and then renamed over the destination.
+/// Writes `bytes` to `path` atomically (`comas_files`), with errors that say what to fix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -124,19 +121,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if !dir.is_dir() {
         bail!("cannot write {}: the folder {} does not exist", path.display(), dir.display());
     }
-    let name = path.file_name().with_context(|| format!("cannot write {}: the path names no file", path.display()))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
-    let result = written.and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", path.display()));
+    if path.file_name().is_none() {
+        bail!("cannot write {}: the path names no file", path.display());
     }
-    Ok(())
+    comas_files::write_atomic(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn default_title(m: &Metrics, log: &Path) -> String {

@@ -91,13 +91,12 @@ async fn prepare_patiently(
     loaded_job: &mut Option<String>,
 ) -> Result<Vec<Pull>, String> {
     let started = Instant::now();
-    let mut wait = Duration::from_millis(200);
+    let mut backoff = comas_service::backoff::Backoff::reconnect();
     loop {
         match prepare(client, t, peer, loaded_job).await {
             Err(Failure { message, source_unreachable: true }) if started.elapsed() < t.source_patience => {
                 tracing::warn!(error = %message, "weight source unreachable; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(backoff.next_wait()).await;
             }
             other => return other.map_err(|f| f.message),
         }

@@ -1,0 +1,131 @@
+//! The one atomic writer of the workspace. A file is written to a temporary sibling (same
+//! folder, so the same file system), synced, renamed over its destination, and then the folder
+//! is synced so that the rename itself survives a power loss. A reader sees the old file or the
+//! whole new one; a crash midway leaves at most a hidden temporary file, which the next write
+//! does not trip over.
+use std::fs::{File, Permissions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// Mode of files anyone may read (the process umask still applies): models, logs, reports.
+const SHARED: u32 = 0o644;
+/// Mode of secrets: private keys.
+const PRIVATE: u32 = 0o600;
+
+/// Writes `bytes` to `path` atomically (see the crate docs); the folder must exist.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_with_mode(path, SHARED, |w| w.write_all(bytes))
+}
+
+/// Like [`write_atomic`], for a file only its owner may read (a private key).
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_with_mode(path, PRIVATE, |w| w.write_all(bytes))
+}
+
+/// Writes what `fill` writes to `path` atomically, through a buffer: for large files written
+/// in pieces (weights).
+pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    write_with_mode(path, SHARED, fill)
+}
+
+fn write_with_mode(path: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    let dir = parent(path);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").permissions(Permissions::from_mode(mode)).tempfile_in(dir)?;
+    {
+        let mut w = BufWriter::new(tmp.as_file());
+        fill(&mut w)?;
+        w.flush()?;
+    }
+    tmp.as_file().sync_all()?;
+    // On failure the temporary file is removed when `tmp` drops.
+    tmp.persist(path).map_err(|e| e.error)?;
+    sync_dir(dir)
+}
+
+/// Syncs a folder, so that renames and new entries in it are on disk. File systems that cannot
+/// sync a folder (some network ones answer EINVAL) are taken at their word: nothing to do.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    match File::open(dir)?.sync_all() {
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.kind() == std::io::ErrorKind::Unsupported => Ok(()),
+        r => r,
+    }
+}
+
+/// The folder `path` is in (`.` for a bare file name).
+fn parent(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn replaces_a_file_whole_and_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.json");
+        write_atomic(&path, b"old").unwrap();
+        write_atomic_with(&path, |w| {
+            w.write_all(b"ne")?;
+            w.write_all(b"w")
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(entries(dir.path()), ["a.json"]);
+    }
+
+    #[test]
+    fn a_failed_fill_keeps_the_old_file_and_removes_the_temporary_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bin");
+        write_atomic(&path, b"old").unwrap();
+        let err = write_atomic_with(&path, |w| {
+            w.write_all(b"half")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "disk full");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(entries(dir.path()), ["w.bin"]);
+    }
+
+    #[test]
+    fn shared_files_are_readable_by_all_and_private_ones_by_the_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (shared, private) = (dir.path().join("model.json"), dir.path().join("key.pem"));
+        write_atomic(&shared, b"{}").unwrap();
+        write_private(&private, b"secret").unwrap();
+        // The umask may take bits away from 0644, never add them.
+        assert_eq!(mode(&shared) & 0o044, 0o044 & !umask());
+        assert_eq!(mode(&private), 0o600);
+    }
+
+    #[test]
+    fn a_missing_folder_is_an_error_and_is_not_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no/such/file");
+        assert_eq!(write_atomic(&path, b"x").unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        assert!(!dir.path().join("no").exists());
+    }
+
+    /// The process umask, read from a file created with 0o777.
+    fn umask() -> u32 {
+        let dir = tempfile::tempdir().unwrap();
+        let probe = dir.path().join("probe");
+        std::fs::OpenOptions::new().write(true).create(true).mode(0o777).open(&probe).unwrap();
+        0o777 & !mode(&probe)
+    }
+}
