@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
 use comas_proto::v1::coordinator_client::CoordinatorClient;
 use comas_service::auth::Bearer;
+use comas_workflow::step_log::{AgentStep, EvalLog, Record as LogRecord, StepLog};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -210,8 +211,8 @@ pub fn cancel(a: CancelArgs) -> Result<()> {
     })
 }
 
-fn fmt(v: Option<&Value>) -> String {
-    v.and_then(Value::as_f64).map_or("-".into(), |x| format!("{x:+.3}"))
+fn fmt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x:+.3}"))
 }
 
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -249,40 +250,36 @@ pub fn stage_progress(s: &pb::JobStatus) -> String {
 }
 
 /// One line per finished step: rewards per agent, score validity, accuracy, stage times.
-pub fn step_line(m: &Value) -> String {
-    let mut parts = vec![format!("step {}", m.get("step").and_then(Value::as_u64).unwrap_or(0))];
-    if let Some(agents) = m.get("agents").and_then(Value::as_array) {
-        let r: Vec<String> = agents.iter().map(|a| format!("a{}={}", a.get("agent").and_then(Value::as_u64).unwrap_or(0), fmt(a.get("reward_mean")))).collect();
+pub fn step_line(log: &StepLog) -> String {
+    let mut parts = vec![format!("step {}", log.step)];
+    let agent = |a: &AgentStep| a.agent().unwrap_or(0);
+    if log.agents.is_some() {
+        let r: Vec<String> = log.agents().iter().map(|a| format!("a{}={}", agent(a), fmt(a.figure("reward_mean")))).collect();
         parts.push(format!("reward {}", r.join(" ")));
     }
     // The method's own figures (CoMAS's accuracy and score failures, MAPPA's coaching, ...).
-    parts.extend(comas_workflow::registry::watch(m));
+    parts.extend(comas_workflow::registry::watch(&log.to_value()));
     // Agents whose step moved nothing: every sample masked or with a zero advantage.
-    let idle: Vec<String> = m
-        .get("agents")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|a| a.pointer("/train/no_gradient").and_then(Value::as_bool) == Some(true))
-        .map(|a| {
-            let n = |k: &str| a.pointer(&format!("/train/{k}")).and_then(Value::as_u64).unwrap_or(0);
-            format!("a{} ({} masked, {} zero advantage)", a.get("agent").and_then(Value::as_u64).unwrap_or(0), n("masked_samples"), n("zero_advantage_samples"))
-        })
+    let idle: Vec<String> = log
+        .agents()
+        .iter()
+        .filter_map(|a| Some((agent(a), a.train.as_ref().filter(|t| t.no_gradient)?)))
+        .map(|(k, t)| format!("a{k} ({} masked, {} zero advantage)", t.masked_samples, t.zero_advantage_samples))
         .collect();
     if !idle.is_empty() {
         parts.push(format!("no gradient: {}", idle.join(" ")));
     }
-    if let Some(s) = m.get("seconds") {
-        let g = |k: &str| s.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-        parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", g("rollout"), g("train"), g("broadcast")));
+    if let Some(s) = &log.seconds {
+        parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", s.rollout, s.train, s.broadcast));
     }
     parts.join(" | ")
 }
 
 /// One line per evaluation: the method's own figures.
-pub fn eval_line(m: &Value) -> String {
-    let mut parts = vec![format!("eval after {} steps", m["after_steps"]), format!("{} episodes", m["episodes"])];
-    parts.extend(comas_workflow::registry::watch(m));
+pub fn eval_line(log: &EvalLog) -> String {
+    let episodes = log.figures.get("episodes").map_or("-".to_string(), Value::to_string);
+    let mut parts = vec![format!("eval after {} steps", log.after_steps), format!("{episodes} episodes")];
+    parts.extend(comas_workflow::registry::watch(&log.to_value()));
     parts.join(" | ")
 }
 
@@ -346,11 +343,11 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
                 say(&format!("warning: {}", ev.message));
             }
             if ev.kind == "eval" {
-                if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
+                if let Ok(Some(LogRecord::Eval(m))) = LogRecord::parse(&ev.metrics_json) {
                     say(&eval_line(&m));
                 }
             } else if ev.kind == "step" {
-                if let Ok(m) = serde_json::from_str::<Value>(&ev.metrics_json) {
+                if let Ok(Some(LogRecord::Step(m))) = LogRecord::parse(&ev.metrics_json) {
                     let line = step_line(&m);
                     steps.set_message(line.split(" | ").nth(1).unwrap_or("").to_string());
                     say(&line);
@@ -378,6 +375,10 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
 mod tests {
     use super::*;
 
+    fn step(v: Value) -> StepLog {
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn a_mappa_step_line_shows_its_coaching() {
         let m = serde_json::json!({
@@ -388,7 +389,7 @@ mod tests {
             "seconds": {"rollout": 20.0, "train": 10.0, "broadcast": 0.5}
         });
         assert_eq!(
-            step_line(&m),
+            step_line(&step(m.clone())),
             "step 3 | reward a0=+0.250 | coach problem_solver 2.5 verifier - | scored 11/12 | tool runs ok 75% of 4 | answers right 25% | rollout 20.0s train 10.0s sync 0.5s"
         );
         let watch = comas_workflow::registry::watch;
@@ -401,23 +402,24 @@ mod tests {
             "step": 1, "method": "cosir", "team_accuracy": {"mean": 0.5, "count": 4}, "valid_shares_per_episode": {"mean": 1.25, "count": 4},
             "disclosure_rate": {"mean": 0.1, "count": 4}, "request_fulfilment_rate": {"mean": null, "count": 0}, "format_violation_rate": {"mean": 0.0, "count": 4}
         });
-        assert_eq!(step_line(&cosir), "step 1 | team right 50% | valid shares/game 1.2 | disclosed 10% answered - | format broken 0%");
+        assert_eq!(step_line(&step(cosir)), "step 1 | team right 50% | valid shares/game 1.2 | disclosed 10% answered - | format broken 0%");
 
         let neuromas = serde_json::json!({
             "step": 2, "method": "neuromas", "graph_accuracy": {"mean": 0.25, "count": 16}, "no_box_rate": {"mean": 0.0, "count": 16},
             "equal_groups": 3, "groups": 4, "truncation_rate": {"1": {"mean": 0.5, "count": 32}, "2": {"mean": 0.0, "count": 16}}
         });
-        assert_eq!(step_line(&neuromas), "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%");
+        assert_eq!(step_line(&step(neuromas)), "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%");
         // A CoMAS record (with or without its method's name, as before the field): accuracy and
         // score failures, on the step and the evaluation lines alike.
         let comas = serde_json::json!({"step": 4, "parse_failure_rate": 0.25, "accuracy": {"last_round": 0.5}, "agents": [{"agent": 1, "reward_mean": -0.5}]});
-        assert_eq!(step_line(&comas), "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%");
+        assert_eq!(step_line(&step(comas)), "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%");
         // A step that moved nothing says so.
         let idle = serde_json::json!({"step": 5, "method": "grpo", "agents": [{"agent": 0, "reward_mean": 0.0,
             "train": {"no_gradient": true, "masked_samples": 3, "zero_advantage_samples": 13}}]});
-        assert!(step_line(&idle).ends_with("| no gradient: a0 (3 masked, 13 zero advantage)"), "{}", step_line(&idle));
+        let idle = step_line(&step(idle));
+        assert!(idle.ends_with("| no gradient: a0 (3 masked, 13 zero advantage)"), "{idle}");
         let eval = serde_json::json!({"method": "comas", "kind": "eval", "after_steps": 2, "episodes": 8, "parse_failure_rate": 0.0, "accuracy": {"last_round": 0.125}});
-        assert_eq!(eval_line(&eval), "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%");
+        assert_eq!(eval_line(&serde_json::from_value(eval).unwrap()), "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! an experiment): held-out accuracy before and after, the judges' behaviour, rewards per role,
 //! and how well the solver's reward tracks correctness.
 use anyhow::{bail, Context, Result};
+use comas_workflow::step_log::Record as LogRecord;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -24,11 +25,10 @@ fn parse_run(s: &str) -> std::result::Result<(String, PathBuf), String> {
     }
 }
 
-/// The fields of a metrics record that the comparison reads (steps and evaluations share them).
+/// The figures of a metrics record that the comparison reads (steps and evaluations share them).
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(default)]
 pub struct Record {
-    pub kind: String,
     /// A role that no turn played (the scorer under `no_scoring`) is logged as null.
     pub reward: BTreeMap<String, Option<Summary>>,
     pub parse_failure_rate: Option<f64>,
@@ -72,11 +72,13 @@ pub fn parse(text: &str, source: &str) -> Result<Run> {
         if line.trim().is_empty() {
             continue;
         }
-        let r: Record = serde_json::from_str(line).with_context(|| format!("{source}, line {}: not a metrics record", i + 1))?;
-        match r.kind.as_str() {
-            "step" => run.steps.push(r),
-            "eval" => run.evals.push(r),
-            _ => {}
+        let at = || format!("{source}, line {}", i + 1);
+        // The shared fields typed (`step_log`), then the figures the comparison reads.
+        let figures = |v: serde_json::Value| serde_json::from_value::<Record>(v).with_context(|| format!("{}: not a metrics record", at()));
+        match LogRecord::parse(line).with_context(at)? {
+            Some(LogRecord::Step(s)) => run.steps.push(figures(s.to_value())?),
+            Some(LogRecord::Eval(e)) => run.evals.push(figures(e.to_value())?),
+            None => {}
         }
     }
     if run.steps.is_empty() && run.evals.is_empty() {

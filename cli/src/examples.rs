@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use comas_model::tiny::{write_model, TinySpec};
 use comas_model::Architecture;
 use comas_workflow::method::{Row, Unit};
-use serde_json::Value;
+use comas_workflow::step_log::{EvalLog, Record as LogRecord};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -246,14 +246,20 @@ pub fn write(example: Example, dir: &Path) -> Result<PathBuf> {
 /// method (accuracy first). None when the run logged fewer than two evaluations.
 pub fn before_after(metrics_path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(metrics_path).ok()?;
-    let evals: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|v| v["kind"] == "eval").collect();
+    let evals: Vec<EvalLog> = text
+        .lines()
+        .filter_map(|l| match LogRecord::parse(l) {
+            Ok(Some(LogRecord::Eval(e))) => Some(e),
+            _ => None,
+        })
+        .collect();
     if evals.len() < 2 {
         return None;
     }
     let (first, last) = (evals.first()?, evals.last()?);
-    let (a, b) = (comas_workflow::registry::summary(first)?, comas_workflow::registry::summary(last)?);
-    let after = |v: &Value| v["after_steps"].as_u64().unwrap_or(0);
-    let mut out = format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", after(first)), format!("after {} steps", after(last)));
+    let (a, b) = (comas_workflow::registry::summary(&first.to_value())?, comas_workflow::registry::summary(&last.to_value())?);
+    let mut out =
+        format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", first.after_steps), format!("after {} steps", last.after_steps));
     for (x, y) in a.rows.iter().zip(&b.rows) {
         out.push_str(&format!("{:<24} {:>14} {:>14}\n", x.name, shown(x), shown(y)));
     }

@@ -13,11 +13,13 @@ mod fault;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod packing;
 pub mod progress;
 pub mod publish;
 pub mod rl;
 pub mod server;
 pub mod service;
+mod step_probes;
 pub mod trainer;
 
 pub use config::TrainConfig;

@@ -6,14 +6,15 @@ use crate::error::{LearnerError, Result};
 use crate::experience::{Experience, Finish};
 use crate::loss::{kl_tensor, policy_loss};
 use crate::optim::AdamW;
+use crate::packing::{by_length, micro_batches, pack, token_temperatures};
 use crate::progress::Progress;
 use crate::rl::{compute_advantages, compute_advantages_pooled, learning_rate, shuffle_order, SampleInput};
+use crate::step_probes::{adapter_norm, first_token_entropy, peak_rss_bytes, tis_weights};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
 use comas_model::transformer::Checkpointed;
-use comas_model::{mask, CausalLm, LoraAdapter, LoraBatch};
+use comas_model::{CausalLm, LoraAdapter, LoraBatch};
 use comas_workflow::moments::Moments;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -21,72 +22,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct StepReport {
-    pub global_step: u64,
-    pub optimizer_steps: u64,
-    pub samples: usize,
-    /// Prompt + completion tokens processed by the training forward passes.
-    pub tokens: usize,
-    pub completion_tokens: usize,
-    /// pg_loss + β·kl_loss, averaged over the optimizer steps.
-    pub loss: f64,
-    pub pg_loss: f64,
-    pub kl_loss: f64,
-    /// Masked mean KL estimate (in the reward or in the loss, whichever is used).
-    pub kl: f64,
-    pub clip_frac: f64,
-    /// Masked mean of ℓ^old − ℓ^θ.
-    pub approx_kl: f64,
-    pub entropy: f64,
-    /// Mean entropy of the first completion token's distribution (a cheap probe of whether
-    /// policies that start alike, such as NeuroMAS nodes, are specialising).
-    #[serde(default)]
-    pub first_token_entropy: f64,
-    /// Truncated importance sampling (`tis_cap`): the mean weight over trained tokens and the
-    /// fraction cut to the cap.
-    #[serde(default)]
-    pub tis_weight_mean: Option<f64>,
-    #[serde(default)]
-    pub tis_truncated_frac: Option<f64>,
-    /// LoRA: ‖scale·B·A‖ over every adapted projection (the Frobenius norm of the whole weight
-    /// change), after the step.
-    #[serde(default)]
-    pub adapter_norm: Option<f64>,
-    /// Global gradient norm before clipping (mean over optimizer steps), and the largest.
-    pub grad_norm: f64,
-    pub grad_norm_max: f64,
-    /// Learning rate of the last update.
-    pub lr: f64,
-    pub advantage_mean: f64,
-    pub return_mean: f64,
-    pub return_std: f64,
-    pub singleton_groups: usize,
-    pub truncated: usize,
-    /// Samples left out of the loss (`mask_truncated`: cut at max_new_tokens).
-    pub masked_samples: usize,
-    /// Samples in the loss whose every token's advantage is 0 (a group whose rewards were all
-    /// equal, under a group estimator): they move nothing.
-    pub zero_advantage_samples: usize,
-    /// No sample carried a policy gradient: every one masked or with a zero advantage. The
-    /// weights then move only by a KL term in the loss, if there is one.
-    pub no_gradient: bool,
-    /// Mean |ℓ^old − ℓ^sampler| over tokens that came with sampler log-probs (not measured
-    /// when the sampler's log-probs are ℓ^old).
-    pub sampler_mismatch: Option<f64>,
-    /// ℓ^old came from the sampler (`old_logprobs = "sampler"`), with no recompute pass.
-    pub old_logprobs_from_sampler: bool,
-    /// The process's peak resident memory so far (Linux; 0 elsewhere).
-    pub peak_rss_bytes: u64,
-    /// Optimizer steps skipped because their loss or gradient was not finite (their gradients
-    /// are dropped, as DeepSpeed and Megatron do).
-    pub skipped_steps: u64,
-    /// Moments of this learner's returns per norm group (before any pooling).
-    pub return_moments: BTreeMap<String, Moments>,
-    pub seconds: f64,
-    pub tokens_per_s: f64,
-}
+/// What the learner reports of a step: the metrics log's typed record of it.
+pub use comas_workflow::step_log::TrainReport as StepReport;
 
 pub struct Trainer {
     cfg: TrainConfig,
@@ -127,144 +64,6 @@ impl Prepared {
     pub fn samples(&self) -> usize {
         self.samples
     }
-}
-
-/// Sequence positions of a micro-batch's completion tokens, for gathering their log-probs.
-struct Packed {
-    ids: Tensor,
-    valid: Tensor,
-    /// Flat indices into [B * S] of the positions that predict each completion token.
-    gather: Tensor,
-    targets: Tensor,
-    tokens: usize,
-    /// Guided-tail tokens: their indices among the gathered positions, and the allowed ids of
-    /// each as one [C, V] mask (true = allowed).
-    constrained: Option<(Tensor, Tensor)>,
-}
-
-/// Per-token temperatures, when some experience was sampled at another than `default`.
-fn token_temperatures(batch: &[&Experience], default: f64, device: Device) -> Option<Tensor> {
-    if batch.iter().all(|e| e.temperature.is_none_or(|t| t == default)) {
-        return None;
-    }
-    let per_token: Vec<f32> = batch.iter().flat_map(|e| std::iter::repeat_n(e.temperature.unwrap_or(default) as f32, e.completion_ids.len())).collect();
-    Some(Tensor::from_slice(&per_token).to_device(device))
-}
-
-fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
-    let seqs: Vec<Vec<i64>> = batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
-    let (mut rows, mut allowed) = (Vec::new(), Vec::new());
-    let mut offset = 0i64;
-    for e in batch {
-        for c in &e.constrained {
-            rows.push(offset + c.position as i64);
-            let mut m = vec![false; vocab as usize];
-            c.allowed.iter().for_each(|&t| m[t as usize] = true);
-            allowed.extend(m);
-        }
-        offset += e.completion_ids.len() as i64;
-    }
-    let constrained = (!rows.is_empty()).then(|| {
-        let n = rows.len() as i64;
-        (Tensor::from_slice(&rows).to_device(device), Tensor::from_slice(&allowed).view([n, vocab]).to_device(device))
-    });
-    let (ids, valid) = mask::right_pad(&seqs, 0, device);
-    let width = ids.size()[1];
-    let mut gather = Vec::new();
-    let mut targets = Vec::new();
-    for (b, e) in batch.iter().enumerate() {
-        let p = e.prompt_ids.len() as i64;
-        for (t, &tok) in e.completion_ids.iter().enumerate() {
-            gather.push(b as i64 * width + p + t as i64 - 1);
-            targets.push(tok);
-        }
-    }
-    Packed {
-        ids,
-        valid,
-        gather: Tensor::from_slice(&gather).to_device(device),
-        targets: Tensor::from_slice(&targets).to_device(device),
-        tokens: seqs.iter().map(Vec::len).sum(),
-        constrained,
-    }
-}
-
-/// Truncated importance weights min(exp(ℓ^old − ℓ^behaviour), cap), without gradient.
-pub fn tis_weights(old: &Tensor, behaviour: &Tensor, cap: f64) -> Tensor {
-    tch::no_grad(|| (old - behaviour).clamp(-20.0, 20.0).exp().clamp_max(cap))
-}
-
-/// Sum and count of the entropies at each sample's first completion token (`lsm`: the
-/// log-softmax of every completion token, flat in sample order).
-fn first_token_entropy(lsm: &Tensor, batch: &[&Experience]) -> (f64, usize) {
-    let mut rows = Vec::new();
-    let mut offset = 0i64;
-    for e in batch {
-        if !e.completion_ids.is_empty() {
-            rows.push(offset);
-        }
-        offset += e.completion_ids.len() as i64;
-    }
-    if rows.is_empty() {
-        return (0.0, 0);
-    }
-    let first = lsm.index_select(0, &Tensor::from_slice(&rows).to_device(lsm.device()));
-    let h = (first.exp() * &first).sum(Kind::Float).neg().double_value(&[]);
-    (h, rows.len())
-}
-
-/// ‖scale·ΔW‖_F over every adapted projection, ΔW = B·A, from r×r products:
-/// ‖B·A‖² = tr(Aᵀ·Bᵀ·B·A) = Σ (BᵀB) ⊙ (A·Aᵀ).
-fn adapter_norm(a: &LoraAdapter) -> f64 {
-    tch::no_grad(|| {
-        let mut sq = 0.0;
-        for (_, pair) in a.pairs() {
-            let (la, lb) = (pair.0.to_kind(Kind::Float), pair.1.to_kind(Kind::Float));
-            sq += (lb.transpose(0, 1).matmul(&lb) * la.matmul(&la.transpose(0, 1))).sum(Kind::Float).double_value(&[]);
-        }
-        a.scale() * sq.max(0.0).sqrt()
-    })
-}
-
-/// The process's peak resident set size (`ru_maxrss`), for the step report.
-fn peak_rss_bytes() -> u64 {
-    // /proc keeps it in kB as VmHWM; reading it needs no unsafe code.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// `order` sorted by sample length, longest first (ties keep their order). Token-mean and
-/// sequence-mean losses do not depend on how an optimizer step's samples are grouped into
-/// micro-batches, so grouping samples of similar length cuts the padding a micro-batch computes
-/// on; a micro-batch mean does depend on it, and keeps the shuffled order.
-pub fn by_length(order: &[usize], lens: &[usize]) -> Vec<usize> {
-    let mut sorted = order.to_vec();
-    sorted.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-    sorted
-}
-
-/// Splits `order` into micro-batches of at most `max_samples` samples and `max_tokens` padded
-/// tokens (a sample longer than the budget gets a micro-batch of its own).
-pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
-    let mut longest = 0;
-    for &i in order {
-        let l = lens[i];
-        let widened = longest.max(l) * (cur.len() + 1);
-        if !cur.is_empty() && (cur.len() >= max_samples || widened > max_tokens) {
-            out.push(std::mem::take(&mut cur));
-            longest = 0;
-        }
-        longest = longest.max(l);
-        cur.push(i);
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
 }
 
 /// The frozen base models a process has loaded, shared by its LoRA trainers: a learner that
@@ -793,30 +592,5 @@ impl Trainer {
         report.grad_norm = norms.iter().sum::<f64>() / norms.len().max(1) as f64;
         report.grad_norm_max = norms.iter().copied().fold(0.0, f64::max);
         Ok(report)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn micro_batches_respect_count_and_token_budget() {
-        let lens = [10, 10, 30, 5, 5, 5, 100];
-        let order: Vec<usize> = (0..lens.len()).collect();
-        assert_eq!(micro_batches(&order, &lens, 2, 1000), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
-        // budget 40 padded tokens: [10,10] = 20, adding 30 -> 90 > 40
-        assert_eq!(micro_batches(&order, &lens, 8, 40), vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6]]);
-    }
-
-    #[test]
-    fn length_grouping_puts_similar_lengths_together() {
-        let lens = [10, 300, 12, 290, 11, 305];
-        let order = [3, 0, 5, 1, 2, 4];
-        assert_eq!(by_length(&order, &lens), vec![5, 1, 3, 2, 4, 0]);
-        // Two micro-batches of 3: 3 × 305 + 3 × 12 padded tokens instead of 2 × 3 × 305.
-        assert_eq!(micro_batches(&by_length(&order, &lens), &lens, 3, 100_000), vec![vec![5, 1, 3], vec![2, 4, 0]]);
-        // Ties keep their order.
-        assert_eq!(by_length(&[2, 0, 1], &[7, 7, 7]), vec![2, 0, 1]);
     }
 }

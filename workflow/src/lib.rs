@@ -15,6 +15,7 @@ pub mod method;
 pub mod moments;
 pub mod program;
 pub mod seed;
+pub mod step_log;
 pub mod task;
 pub mod tool;
 pub mod train_config;

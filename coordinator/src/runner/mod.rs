@@ -4,7 +4,7 @@
 //! committed to the store only when all of it is done, so a restarted coordinator repeats at
 //! most the unfinished step, and only its missing episodes.
 use crate::broadcast;
-use crate::episodes::{episode_specs, in_spec_order, make_batch, parse_record, save_episodes, step_specs, EVAL_SHARD};
+use crate::episodes::{in_spec_order, make_batch, parse_record, save_episodes, step_specs};
 use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use crate::files::{load_job, Loaded};
@@ -16,17 +16,20 @@ use crate::scheduler::{Delivery, PolicyTarget};
 use crate::store::{now, JobRow, JobState};
 use comas_proto::v1 as pb;
 use comas_workflow::job::Job;
-use comas_workflow::program::{MethodConfig, Record};
-use comas_workflow::seed::PlanSeed;
+use comas_workflow::program::Record;
+use comas_workflow::step_log::{IdleSeconds, PooledMoments, Record as LogRecord, StepLog, StepSeconds, TrainReport, WeightSync};
 use comas_workflow::task::TaskRecord;
-use serde_json::{json, Value};
-use std::collections::HashMap;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
+mod evaluation;
 mod pipeline;
+
+use evaluation::evaluate;
 
 use pipeline::RolloutClock;
 
@@ -64,91 +67,6 @@ fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesReques
     let source_patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
     ctx.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources, source_patience });
     generation
-}
-
-/// Plays the job's method on the held-out tasks with the current weights; nothing is trained.
-/// The record (the method's figures; with `greedy`, the same for a greedy game under `greedy`)
-/// goes into the store; it is returned for the metrics log.
-async fn evaluate(ctx: &RunContext, job: &Job, id: &str, after: u64, questions: &[TaskRecord], cancel: &mut watch::Receiver<bool>) -> Result<String> {
-    let started = Instant::now();
-    let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
-    let mut m = play_eval(ctx, job, id, after, questions, &job.eval_method_at(spec.temperature), "eval", cancel).await?;
-    if spec.greedy {
-        let greedy = play_eval(ctx, job, id, after, questions, &job.eval_method_at(0.0), "eval-greedy", cancel).await?;
-        if let Some(o) = m.as_object_mut() {
-            o.insert("greedy".into(), greedy);
-        }
-    }
-    if let Some(o) = m.as_object_mut() {
-        o.insert("kind".into(), json!("eval"));
-        o.insert("job_id".into(), json!(id));
-        o.insert("step".into(), json!(after));
-        o.insert("after_steps".into(), json!(after));
-        o.insert("temperature".into(), json!(spec.temperature));
-        o.insert("unix_time".into(), json!(now()));
-        o.insert("seconds".into(), json!({"total": started.elapsed().as_secs_f64()}));
-    }
-    let line = serde_json::to_string(&m).unwrap_or_default();
-    ctx.store.record_eval(id, after, &line)?;
-    tracing::info!(job = %id, after, accuracy = ?comas_workflow::registry::summary(&m).and_then(|s| s.accuracy), "evaluation recorded");
-    ctx.report.event("eval", line.clone(), format!("evaluation after {after} steps"));
-    Ok(line)
-}
-
-/// One evaluation game over every held-out task with `method`; returns its metrics. `tag`
-/// keeps the episode ids of different games apart.
-#[allow(clippy::too_many_arguments)]
-async fn play_eval(
-    ctx: &RunContext,
-    job: &Job,
-    id: &str,
-    after: u64,
-    questions: &[TaskRecord],
-    method: &MethodConfig,
-    tag: &str,
-    cancel: &mut watch::Receiver<bool>,
-) -> Result<Value> {
-    // Generated tasks: the evaluation shard's first `max_questions`.
-    let chosen: Vec<usize> = (0..job.eval_tasks(questions.len())).collect();
-    let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
-    let specs = episode_specs(method, &chosen, questions, seed, |i| {
-        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
-    })?;
-    let total = specs.len();
-    ctx.report.live(Update::Enter("eval"));
-    ctx.report.live(Update::EpisodesPlanned { done: 0, total: total as u32 });
-    ctx.report.event("stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let batch = BatchSpec {
-        tag: format!("eval-{tag}-{after}"),
-        // Ahead of an async job's later steps: the loop waits for it.
-        first: true,
-        specs: specs.clone(),
-        method: method.clone(),
-        limits: BatchLimits::of(&job.spec.schedule),
-        versions: Some(vec![after; job.spec.agents.len()]),
-    };
-    ctx.scheduler.submit(id.to_string(), batch, tx);
-    let mut done: HashMap<String, Record> = HashMap::new();
-    while done.len() < total {
-        let delivery = tokio::select! {
-            d = rx.recv() => d,
-            _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.to_string())),
-        };
-        match delivery {
-            None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
-            Some(Delivery::Done { episode_id, record, .. }) => {
-                let tokens = record.completion_tokens();
-                done.insert(episode_id, *record);
-                ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
-                ctx.report.event("episodes", String::new(), String::new());
-            }
-            Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("evaluation episode {episode_id}: {error}"))),
-            Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
-        }
-    }
-    let finished = in_spec_order(&specs, done)?;
-    Ok(make_batch(method, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None)?.metrics)
 }
 
 /// One job's run: what the stages of every step share.
@@ -197,29 +115,24 @@ struct Trained {
 
 /// The moments every agent's advantages were whitened with, per norm group ("all" for the
 /// unnamed one), for the metrics log.
-fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> Value {
-    #[derive(serde::Serialize)]
-    struct Pooled {
-        tokens: u64,
-        mean: f64,
-        std: f64,
-    }
-    let by_group: std::collections::BTreeMap<&str, Pooled> = pooled
+fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> BTreeMap<String, PooledMoments> {
+    pooled
         .iter()
         .map(|g| {
             let m = comas_workflow::moments::Moments { count: g.count, mean: g.mean, m2: g.m2 };
-            (if g.norm_group.is_empty() { "all" } else { g.norm_group.as_str() }, Pooled { tokens: g.count, mean: g.mean, std: m.variance().sqrt() })
+            let group = if g.norm_group.is_empty() { "all" } else { g.norm_group.as_str() };
+            (group.to_string(), PooledMoments { tokens: g.count, mean: g.mean, std: m.variance().sqrt() })
         })
-        .collect();
-    serde_json::to_value(by_group).unwrap_or_default()
+        .collect()
 }
 
-/// The step's idle time of the workers (no rollout or evaluation running) and of the learners (not
-/// training) within its `wall` seconds.
-fn idle_seconds(metrics: &mut Value, wall: f64, workers_busy: f64, learners_busy: f64) {
-    if let Some(m) = metrics.as_object_mut() {
-        m.insert("idle_seconds".into(), json!({"workers": (wall - workers_busy).max(0.0), "learners": (wall - learners_busy).max(0.0)}));
-    }
+/// The record of step `step` around the method's figures (`metrics`), with the step's idle
+/// time of the workers (no rollout or evaluation running) and of the learners (not training)
+/// within its `wall` seconds; `commit` fills in the rest.
+fn step_log(id: &str, step: u64, metrics: Value, wall: f64, workers_busy: f64, learners_busy: f64) -> StepLog {
+    let mut log = StepLog::new(id, step, metrics);
+    log.idle_seconds = Some(IdleSeconds { workers: (wall - workers_busy).max(0.0), learners: (wall - learners_busy).max(0.0) });
+    log
 }
 
 /// What a rollout needs of its job run.
@@ -349,9 +262,8 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         let trained = run.train(step, &batch, &at, &mut times).await?;
         let sync = run.broadcast(step, &trained, &mut times).await?;
         let coordinator = times.experience + times.store + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
-        let mut metrics = batch.metrics;
-        idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), run.clock.busy() - busy_before, times.train);
-        run.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
+        let log = step_log(&run.id, step, batch.metrics, started.elapsed().as_secs_f64(), run.clock.busy() - busy_before, times.train);
+        run.commit(log, &trained, &sync, &times, coordinator, started)?;
         step += 1;
     }
     run.export().await
@@ -631,11 +543,9 @@ impl JobRun {
 
     /// Stage `commit`: the step's record (the method's metrics, each agent's training report,
     /// versions and weight sync, the stage times) goes to the store, then to the metrics log.
-    #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
-        step: u64,
-        mut metrics: Value,
+        mut log: StepLog,
         trained: &Trained,
         sync: &crate::scheduler::SyncStats,
         times: &StepTimes,
@@ -644,38 +554,29 @@ impl JobRun {
     ) -> Result<()> {
         let commit_started = Instant::now();
         let id = &self.id;
-        let tokens = metrics.get("generated_tokens").and_then(Value::as_u64).unwrap_or(0);
-        if let Some(m) = metrics.as_object_mut() {
-            m.insert("kind".into(), json!("step"));
-            m.insert("job_id".into(), json!(id));
-            m.insert("step".into(), json!(step));
-            m.insert("unix_time".into(), json!(now()));
-            m.insert("tokens_per_s".into(), json!(if times.rollout > 0.0 { tokens as f64 / times.rollout } else { 0.0 }));
-            if let Some(agents) = m.get_mut("agents").and_then(Value::as_array_mut) {
-                for (k, a) in agents.iter_mut().enumerate() {
-                    let train = trained.reports[k].as_ref().map(|r| serde_json::from_str::<Value>(&r.json).unwrap_or(Value::Null)).unwrap_or(Value::Null);
-                    if let Some(o) = a.as_object_mut() {
-                        let s = sync.per_agent.get(&(k as u32)).copied().unwrap_or_default();
-                        // Bytes pulled by all workers, those the learner sent, the slowest worker's seconds.
-                        o.insert("weight_sync".into(), json!({"bytes": s.bytes, "learner_bytes": s.learner_bytes, "seconds": s.seconds}));
-                        o.insert("version".into(), json!(trained.versions[k]));
-                        o.insert("train".into(), train);
-                    }
-                }
-            }
-            if !trained.pooled.is_empty() {
-                m.insert("pooled_whitening".into(), pooled_whitening_record(&trained.pooled));
-            }
-            m.insert(
-                "seconds".into(),
-                json!({
-                    "rollout": times.rollout, "experience": times.experience, "train": times.train, "broadcast": times.broadcast,
-                    "coordinator": coordinator + commit_started.elapsed().as_secs_f64(),
-                    "total": started.elapsed().as_secs_f64(),
-                }),
-            );
+        let step = log.step;
+        let tokens = log.figures.get("generated_tokens").and_then(Value::as_u64).unwrap_or(0);
+        log.unix_time = now();
+        log.tokens_per_s = if times.rollout > 0.0 { tokens as f64 / times.rollout } else { 0.0 };
+        for (k, a) in log.agents.iter_mut().flatten().enumerate() {
+            // A report that does not read logs as null, like one the learner no longer keeps.
+            a.train = trained.reports.get(k).and_then(Option::as_ref).and_then(|r| serde_json::from_str(&r.json).ok());
+            let s = sync.per_agent.get(&(k as u32)).copied().unwrap_or_default();
+            a.weight_sync = WeightSync { bytes: s.bytes, learner_bytes: s.learner_bytes, seconds: s.seconds };
+            a.version = trained.versions.get(k).copied().unwrap_or_default();
         }
-        let line = serde_json::to_string(&metrics).unwrap_or_default();
+        if !trained.pooled.is_empty() {
+            log.pooled_whitening = Some(pooled_whitening_record(&trained.pooled));
+        }
+        log.seconds = Some(StepSeconds {
+            rollout: times.rollout,
+            experience: times.experience,
+            train: times.train,
+            broadcast: times.broadcast,
+            coordinator: coordinator + commit_started.elapsed().as_secs_f64(),
+            total: started.elapsed().as_secs_f64(),
+        });
+        let line = LogRecord::Step(log).line();
         let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         self.ctx.store.commit_step(id, step, &line, &versions_now, !self.job.method.trains())?;
         self.log.append(&line);
@@ -693,7 +594,7 @@ impl JobRun {
         idle.resize(trained.reports.len(), 0);
         for (k, report) in trained.reports.iter().enumerate() {
             let Some(report) = report else { continue };
-            let none = serde_json::from_str::<Value>(&report.json).ok().and_then(|r| r.get("no_gradient").and_then(Value::as_bool)).unwrap_or(false);
+            let none = serde_json::from_str::<TrainReport>(&report.json).is_ok_and(|r| r.no_gradient);
             idle[k] = if none { idle[k] + 1 } else { 0 };
             if idle[k] == NO_GRADIENT_WARNING_STEPS {
                 let message = format!(

@@ -1,6 +1,6 @@
 //! Async mode (`sync = "async"`): the rollouts of the next steps run on the workers while the
 //! learners train the current one, as deep as the job's `max_policy_lag` allows.
-use super::{finish_rollout, idle_seconds, plan_rollout, JobRun, RolloutSide, StepTimes};
+use super::{finish_rollout, plan_rollout, step_log, JobRun, RolloutSide, StepTimes};
 use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use comas_workflow::program::Record;
@@ -188,9 +188,8 @@ impl JobRun {
             let trained = self.train(step, &batch, &at, &mut times).await?;
             let sync = self.broadcast(step, &trained, &mut times).await?;
             let coordinator = times.experience + times.store + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
-            let mut metrics = batch.metrics;
-            idle_seconds(&mut metrics, started.elapsed().as_secs_f64(), self.clock.busy() - busy_before, times.train);
-            self.commit(step, metrics, &trained, &sync, &times, coordinator, started)?;
+            let log = step_log(&self.id, step, batch.metrics, started.elapsed().as_secs_f64(), self.clock.busy() - busy_before, times.train);
+            self.commit(log, &trained, &sync, &times, coordinator, started)?;
             step += 1;
         }
         self.export().await
