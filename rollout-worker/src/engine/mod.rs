@@ -1,217 +1,26 @@
 //! The engine thread: it owns the models and KV caches, drives every running episode, and
 //! decodes all pending turns that share a base model in one continuous batch. The async side
 //! talks to it over a channel; no tensor leaves this thread.
-use crate::models::{Models, PolicySpec};
+use crate::models::Models;
 use crate::remote::RemoteCalls;
 use crate::tools::{SideDone, ToolPool};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::method::PromptFit;
-use comas_workflow::program::{Program, ProgramStart, Reply, Request};
-use comas_workflow::{ConstrainedToken, FinishReason, PromptMeter, Role, TurnOutput, TurnRequest, Unmetered};
+use comas_workflow::program::{Program, Reply, Request};
+use comas_workflow::{ConstrainedToken, FinishReason, TurnOutput, TurnRequest};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use tch::Device;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-/// One finished (or failed) episode, sent back on the stream that asked for it.
-#[derive(Debug)]
-pub struct EpisodeOutcome {
-    pub episode_id: String,
-    pub result: Result<(String, u32, u64), String>,
-    /// Whether an error is this worker draining (not the episode's fault).
-    pub draining: bool,
-}
+mod commands;
+mod fault;
+mod room;
 
-pub struct EpisodeJob {
-    pub episode_id: String,
-    pub start: ProgramStart,
-}
-
-pub struct Snapshot {
-    pub versions: BTreeMap<u32, u64>,
-    pub running_episodes: usize,
-    pub running_sequences: usize,
-    pub waiting_turns: usize,
-    pub draining: bool,
-}
-
-pub enum Command {
-    Load {
-        specs: Vec<PolicySpec>,
-        dtype: String,
-        reply: oneshot::Sender<Result<(usize, usize), String>>,
-    },
-    Episode {
-        stream: u64,
-        job: EpisodeJob,
-        results: tmpsc::UnboundedSender<EpisodeOutcome>,
-    },
-    /// The stream broke: its unfinished episodes are dropped (the coordinator re-queues them).
-    CancelStream {
-        stream: u64,
-    },
-    Update {
-        agent: u32,
-        version: u64,
-        tensors: Vec<comas_proto::weights::ReceivedTensor>,
-        reply: oneshot::Sender<Result<(), String>>,
-    },
-    Info {
-        reply: oneshot::Sender<Snapshot>,
-    },
-    /// Stop taking episodes; `reply` fires once the running ones have finished.
-    Drain {
-        reply: oneshot::Sender<()>,
-    },
-}
-
-/// Counters the metrics endpoint reads (plain atomics: no locks on the hot path).
-#[derive(Default)]
-pub struct Stats {
-    pub generated_tokens: AtomicU64,
-    pub episodes_done: AtomicU64,
-    pub running_sequences: AtomicU64,
-    pub waiting_turns: AtomicU64,
-    pub running_episodes: AtomicU64,
-    pub kv_cache_bytes: AtomicU64,
-    /// Most sequences decoding at once so far, summed over the base models' batches.
-    pub peak_running_sequences: AtomicU64,
-    /// Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
-    pub prompts_truncated: AtomicU64,
-    /// Episodes failed because a prompt did not fit even with every block cut.
-    pub prompts_refused: AtomicU64,
-    /// Programs run in the sandbox for episode programs, and those that did not exit cleanly.
-    pub tool_runs: AtomicU64,
-    pub tool_failures: AtomicU64,
-    /// Turns sent to frozen models behind an endpoint, and those that failed after every try.
-    pub endpoint_calls: AtomicU64,
-    pub endpoint_failures: AtomicU64,
-}
-
-pub struct EngineSettings {
-    pub device: Device,
-    /// Most sequences decoding at once per base model; more turns wait in the queue.
-    pub max_running: usize,
-    /// KV-cache slots per base model: sequences × the widest sequence's prompt + max new tokens.
-    /// Admission keeps within it and the cache never allocates more, so it bounds KV memory. A
-    /// turn larger than the whole budget fails its episode.
-    pub max_batch_tokens: usize,
-    /// Prompts longer than this are prefilled this many tokens per step, between decode steps
-    /// of the others (0: whole).
-    pub prefill_chunk: usize,
-}
-
-/// Template tokens a tokenizer may add beyond one per byte of the message; a message this much
-/// under its limit in bytes fits without being tokenized (a token covers at least one byte).
-const TEMPLATE_SLACK: usize = 64;
-
-/// The prompt room of one episode's turns: what the job allows (`prompt_max_len`), what every
-/// agent's model holds (its context less the role's new tokens) and the worker's token budget.
-struct Room<'a> {
-    models: &'a Models,
-    /// The bases of the episode's agents, each once.
-    bases: Vec<usize>,
-    /// The room of each fitted role's prompts.
-    limit: Vec<(Role, usize)>,
-}
-
-/// How an episode's prompts are fitted here: a method that fits its prompts (CoMAS) to the
-/// room of its agents; other methods' prompts are not cut (a prompt too long for the room fails
-/// at admission), but their messages may be cut to a token budget (NeuroMAS) with the speaking
-/// agent's tokenizer.
-fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Box<dyn PromptMeter + 'a> {
-    if fit.fitted.is_empty() {
-        Box::new(Tokens { models })
-    } else {
-        Box::new(room_for(models, settings, fit))
-    }
-}
-
-/// Every prompt fits; messages are cut by the agent's own tokenizer.
-struct Tokens<'a> {
-    models: &'a Models,
-}
-
-impl PromptMeter for Tokens<'_> {
-    fn fits(&self, role: Role, text: &str) -> bool {
-        Unmetered.fits(role, text)
-    }
-
-    fn cut(&self, agent: u32, text: &str, max_tokens: u32) -> Option<String> {
-        // A model behind an endpoint has no tokenizer here: its messages go on whole.
-        let tokenizer = &self.models.bases[self.models.agents.get(&agent)?.base].tokenizer;
-        let ids = tokenizer.encode_plain(text).ok()?;
-        let keep = ids.get(..max_tokens as usize).filter(|k| k.len() < ids.len())?;
-        tokenizer.decode(keep, true).ok()
-    }
-}
-
-/// The room of an episode fitted as `fit` says on this worker.
-fn room_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Room<'a> {
-    let mut bases: Vec<usize> = fit.agents.iter().filter_map(|a| models.agents.get(a)).map(|p| p.base).collect();
-    bases.sort_unstable();
-    bases.dedup();
-    let context = bases.iter().map(|&b| models.context(b)).min().unwrap_or(0);
-    let job = fit.max_len.as_ref().map_or(usize::MAX, |(n, _)| *n as usize);
-    let limit = fit
-        .fitted
-        .iter()
-        .map(|&(role, new)| {
-            let new = new as usize;
-            (role, job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new)))
-        })
-        .collect();
-    Room { models, bases, limit }
-}
-
-impl PromptMeter for Room<'_> {
-    fn fits(&self, role: Role, text: &str) -> bool {
-        // A role the method does not fit is not cut here; admission checks its prompt.
-        let Some(&(_, limit)) = self.limit.iter().find(|(r, _)| *r == role) else { return true };
-        if text.len() + TEMPLATE_SLACK <= limit {
-            return true;
-        }
-        let msgs = [ChatMessage::new("user", text)];
-        // A prompt that cannot be tokenized is refused at admission with its own error.
-        self.bases.iter().all(|&b| self.models.bases[b].tokenizer.encode_chat(&msgs, true).is_ok_and(|ids| ids.len() <= limit))
-    }
-}
-
-/// A fault injected for tests of the failure paths, from `COMAS_WORKER_FAULT`:
-/// `step-panic:N` panics inside decode step N (caught: that batch fails), `engine-panic:N`
-/// panics in the engine loop after step N (the thread dies and the worker with it),
-/// `stale-version:N` reports the N-th finished episode's turns with a wrong policy version,
-/// `slow-load:S` takes S seconds longer to load policies (a big model on a slow disk),
-/// `slow-swap:S` waits S seconds between receiving a weight version and swapping it in,
-/// `stale-weights:1` takes every new version's number but keeps decoding with the weights it
-/// loaded (a broadcast that never reaches the models, for the test that training changes what
-/// the workers sample).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fault {
-    StepPanic(u64),
-    EnginePanic(u64),
-    StaleVersion(u64),
-    SlowLoad(u64),
-    SlowSwap(u64),
-    StaleWeights,
-}
-
-pub(crate) fn fault_from_env() -> Option<Fault> {
-    let v = std::env::var("COMAS_WORKER_FAULT").ok()?;
-    let (kind, n) = v.split_once(':')?;
-    let n = n.parse().ok()?;
-    match kind {
-        "step-panic" => Some(Fault::StepPanic(n)),
-        "engine-panic" => Some(Fault::EnginePanic(n)),
-        "stale-version" => Some(Fault::StaleVersion(n)),
-        "slow-load" => Some(Fault::SlowLoad(n)),
-        "slow-swap" => Some(Fault::SlowSwap(n)),
-        "stale-weights" => Some(Fault::StaleWeights),
-        _ => None,
-    }
-}
+pub use commands::{Command, EngineSettings, EpisodeJob, EpisodeOutcome, Snapshot, Stats};
+pub(crate) use fault::{fault_from_env, Fault};
+use room::meter_for;
 
 /// Starts the engine thread; the handle tells the server when the thread has died.
 pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {

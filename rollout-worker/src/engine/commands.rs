@@ -1,0 +1,96 @@
+//! What the async side sends the engine thread, and what it reads back: commands, episode
+//! outcomes, snapshots, the counters of the metrics endpoint and the engine's settings.
+use crate::models::PolicySpec;
+use comas_workflow::program::ProgramStart;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use tch::Device;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+/// One finished (or failed) episode, sent back on the stream that asked for it.
+#[derive(Debug)]
+pub struct EpisodeOutcome {
+    pub episode_id: String,
+    pub result: Result<(String, u32, u64), String>,
+    /// Whether an error is this worker draining (not the episode's fault).
+    pub draining: bool,
+}
+
+pub struct EpisodeJob {
+    pub episode_id: String,
+    pub start: ProgramStart,
+}
+
+pub struct Snapshot {
+    pub versions: BTreeMap<u32, u64>,
+    pub running_episodes: usize,
+    pub running_sequences: usize,
+    pub waiting_turns: usize,
+    pub draining: bool,
+}
+
+pub enum Command {
+    Load {
+        specs: Vec<PolicySpec>,
+        dtype: String,
+        reply: oneshot::Sender<Result<(usize, usize), String>>,
+    },
+    Episode {
+        stream: u64,
+        job: EpisodeJob,
+        results: tmpsc::UnboundedSender<EpisodeOutcome>,
+    },
+    /// The stream broke: its unfinished episodes are dropped (the coordinator re-queues them).
+    CancelStream {
+        stream: u64,
+    },
+    Update {
+        agent: u32,
+        version: u64,
+        tensors: Vec<comas_proto::weights::ReceivedTensor>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    Info {
+        reply: oneshot::Sender<Snapshot>,
+    },
+    /// Stop taking episodes; `reply` fires once the running ones have finished.
+    Drain {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// Counters the metrics endpoint reads (plain atomics: no locks on the hot path).
+#[derive(Default)]
+pub struct Stats {
+    pub generated_tokens: AtomicU64,
+    pub episodes_done: AtomicU64,
+    pub running_sequences: AtomicU64,
+    pub waiting_turns: AtomicU64,
+    pub running_episodes: AtomicU64,
+    pub kv_cache_bytes: AtomicU64,
+    /// Most sequences decoding at once so far, summed over the base models' batches.
+    pub peak_running_sequences: AtomicU64,
+    /// Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
+    pub prompts_truncated: AtomicU64,
+    /// Episodes failed because a prompt did not fit even with every block cut.
+    pub prompts_refused: AtomicU64,
+    /// Programs run in the sandbox for episode programs, and those that did not exit cleanly.
+    pub tool_runs: AtomicU64,
+    pub tool_failures: AtomicU64,
+    /// Turns sent to frozen models behind an endpoint, and those that failed after every try.
+    pub endpoint_calls: AtomicU64,
+    pub endpoint_failures: AtomicU64,
+}
+
+pub struct EngineSettings {
+    pub device: Device,
+    /// Most sequences decoding at once per base model; more turns wait in the queue.
+    pub max_running: usize,
+    /// KV-cache slots per base model: sequences × the widest sequence's prompt + max new tokens.
+    /// Admission keeps within it and the cache never allocates more, so it bounds KV memory. A
+    /// turn larger than the whole budget fails its episode.
+    pub max_batch_tokens: usize,
+    /// Prompts longer than this are prefilled this many tokens per step, between decode steps
+    /// of the others (0: whole).
+    pub prefill_chunk: usize,
+}
