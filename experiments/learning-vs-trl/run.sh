@@ -11,6 +11,7 @@
 #   STEPS=2 RUNS=runs/lvt-smoke bash ...               # a smoke test of the whole pipeline
 #   SYSTEMS=comas EVAL=0 ...                           # one system's training only
 #   COMAS_BIN=/path/to/comas ...                       # a fixed binary (no build)
+#   SETTINGS=pilot.json RUNS=runs/lvt-pilot ...         # other settings (a pilot)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -20,7 +21,7 @@ seeds=${SEEDS:-1 2 3}
 systems=${SYSTEMS:-comas trl}
 do_eval=${EVAL:-1}
 lock=/tmp/heavy.lock
-settings="$here/settings.json"
+settings=${SETTINGS:-$here/settings.json}
 py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[1]])" "$1"; }
 steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
@@ -83,7 +84,7 @@ min_lr_ratio = 1.0
 adam_betas = [{s["adam_betas"][0]}, {s["adam_betas"][1]}]
 weight_decay = 0.0
 max_grad_norm = {s["max_grad_norm"]}
-mask_truncated = false
+mask_truncated = {"true" if s.get("mask_truncated", False) else "false"}
 train_batch_size = {s["questions_per_step"] * s["group_size"]}
 micro_batch_size = {s["micro_batch_size"]}
 dtype = "float32"
@@ -128,10 +129,11 @@ evaluate() {
   done
 }
 
-# The adapters of a finished run at every `eval_every` steps (step 0 is the base model).
+# The adapters of a finished run at every `eval_every` steps (step 0 is the base model), the
+# last first: a study stopped midway already has the answer that matters most.
 evaluate_run() {
   local system=$1 seed=$2
-  for ((k = eval_every; k <= steps; k += eval_every)); do
+  for ((k = steps / eval_every * eval_every; k >= eval_every; k -= eval_every)); do
     local adapter
     if [ "$system" = comas ]; then
       adapter=$(ls -d "$runs/comas-s$seed"/local/checkpoints/agent-0/*/step-"$k"/adapter 2>/dev/null | head -1)

@@ -103,7 +103,7 @@ def main():
         epsilon=0.2,
         loss_type="dapo",
         scale_rewards="group",
-        mask_truncated_completions=False,
+        mask_truncated_completions=bool(s.get("mask_truncated", False)),
         logging_steps=1,
         save_strategy="steps",
         save_steps=s["checkpoint_every"],
