@@ -1,5 +1,6 @@
 //! `comas compare`: one Markdown table comparing the metrics logs of several runs (the arms of
-//! an experiment): held-out accuracy before and after, the judges' behaviour, rewards per role,
+//! an experiment): held-out accuracy before and after and training accuracy, as each record's
+//! method grades it (any method); for CoMAS runs also the judges' behaviour, rewards per role,
 //! and how well the solver's reward tracks correctness.
 use anyhow::{bail, Context, Result};
 use comas_workflow::step_log::Record as LogRecord;
@@ -37,6 +38,32 @@ pub struct Record {
     pub solver_reward_by_correctness: ByCorrectness,
     /// The greedy game of an evaluation (`[eval] greedy = true`).
     pub greedy: Option<Box<Record>>,
+    /// The share of right answers as the record's method reports it (its summary).
+    #[serde(skip)]
+    pub graded_accuracy: Option<f64>,
+}
+
+impl Record {
+    /// A record's figures: the accuracy by its method's summary, and the CoMAS columns when
+    /// they are CoMAS's (another method's records leave them empty).
+    fn of(value: serde_json::Value) -> std::result::Result<Record, serde_json::Error> {
+        let graded = comas_workflow::registry::summary(&value).and_then(|s| s.accuracy);
+        let greedy = value.get("greedy").filter(|g| g.is_object()).cloned();
+        let mut r = if comas_workflow::registry::method_of(&value) == "comas" {
+            let mut r: Record = serde_json::from_value(value)?;
+            r.greedy = None;
+            r
+        } else {
+            Record::default()
+        };
+        r.graded_accuracy = graded.or(r.accuracy.last_round);
+        r.greedy = greedy.map(Record::of).transpose()?.map(Box::new);
+        Ok(r)
+    }
+
+    fn accuracy(&self) -> Option<f64> {
+        self.graded_accuracy.or(self.accuracy.last_round)
+    }
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -74,7 +101,7 @@ pub fn parse(text: &str, source: &str) -> Result<Run> {
         }
         let at = || format!("{source}, line {}", i + 1);
         // The shared fields typed (`step_log`), then the figures the comparison reads.
-        let figures = |v: serde_json::Value| serde_json::from_value::<Record>(v).with_context(|| format!("{}: not a metrics record", at()));
+        let figures = |v: serde_json::Value| Record::of(v).with_context(|| format!("{}: not a metrics record", at()));
         match LogRecord::parse(line).with_context(at)? {
             Some(LogRecord::Step(s)) => run.steps.push(figures(s.to_value())?),
             Some(LogRecord::Eval(e)) => run.evals.push(figures(e.to_value())?),
@@ -151,9 +178,9 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
             out,
             "| {label} | {} | {} | {} | {} | {} | {} | {roles} | {} (n={}) vs {} (n={}) |",
             run.steps.len(),
-            trend(&run.evals, |r| r.accuracy.last_round, pct),
-            trend(&greedy, |r| r.accuracy.last_round, pct),
-            window_trend(&run.steps, window, |r| r.accuracy.last_round, pct),
+            trend(&run.evals, Record::accuracy, pct),
+            trend(&greedy, Record::accuracy, pct),
+            window_trend(&run.steps, window, Record::accuracy, pct),
             window_trend(&run.steps, window, |r| r.parse_failure_rate.map(|f| 1.0 - f), pct),
             window_trend(&run.steps, window, |r| r.approval_rate, pct),
             num(right.mean),
@@ -220,6 +247,23 @@ mod tests {
         let t = table(&[("no_scoring".into(), parse(log, "log").unwrap())], 1);
         let cells: Vec<&str> = t.lines().nth(2).unwrap().split('|').map(str::trim).collect();
         assert_eq!(cells[8], format!("+0.250 / +1.000 / {}", num(None)));
+    }
+
+    /// Another method's records: the accuracies its summary gives, no CoMAS columns.
+    #[test]
+    fn a_grpo_run_reads_its_own_accuracy() {
+        let log = concat!(
+            r#"{"kind":"eval","after_steps":0,"method":"grpo","accuracy":{"mean":0.25,"count":8},"reward":{"mean":0.3,"count":8},"greedy":{"method":"grpo","accuracy":{"mean":0.5,"count":8}}}"#,
+            "\n",
+            r#"{"kind":"step","step":0,"method":"grpo","accuracy":{"mean":0.125,"count":8},"reward":{"mean":0.0125,"count":8}}"#,
+            "\n",
+            r#"{"kind":"eval","after_steps":1,"method":"grpo","accuracy":{"mean":0.75,"count":8},"greedy":{"method":"grpo","accuracy":{"mean":1.0,"count":8}}}"#,
+            "\n"
+        );
+        let t = table(&[("grpo".into(), parse(log, "log").unwrap())], 1);
+        let cells: Vec<&str> = t.lines().nth(2).unwrap().split('|').map(str::trim).collect();
+        assert_eq!(cells[1..6], ["grpo", "1", "25.0% → 75.0%", "50.0% → 100.0%", "12.5% → 12.5%"]);
+        assert_eq!(cells[6..8], ["– → –", "– → –"]);
     }
 
     #[test]
