@@ -23,6 +23,8 @@ do_eval=${EVAL:-1}
 lock=/tmp/heavy.lock
 settings=${SETTINGS:-$here/settings.json}
 py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[1]])" "$1"; }
+# A setting that older settings files lack: its default.
+py_or() { python3 -c "import json,sys; print(json.load(open('$settings')).get(sys.argv[1], sys.argv[2]))" "$1" "$2"; }
 steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
 mkdir -p "$runs"
@@ -39,7 +41,7 @@ else
   flock "$lock" cargo build -q --release -p comas
   comas="$root/target/release/comas"
 fi
-[ -f "$runs/data/heldout.jsonl" ] || python3 "$here/make_data.py" "$runs/data"
+[ -f "$runs/data/heldout.jsonl" ] || python3 "$here/make_data.py" "$runs/data" --mix "$(py_or data_mix classic)"
 
 # The comas job of one seed, from settings.json.
 comas_job() {
