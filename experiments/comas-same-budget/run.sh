@@ -27,6 +27,7 @@ arms=${ARMS:-comas comas-warm}
 warmup=${WARMUP:-10}
 lock=/tmp/heavy.lock
 py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[1]])" "$1"; }
+py_or() { python3 -c "import json,sys; print(json.load(open('$settings')).get(sys.argv[1], sys.argv[2]))" "$1" "$2"; }
 steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
 mkdir -p "$runs"
@@ -35,7 +36,7 @@ bash scripts/fetch-smollm2.sh >/dev/null
 model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
 flock "$lock" cargo build -q --release -p comas
 comas="$root/target/release/comas"
-[ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data"
+[ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data" --mix "$(py_or data_mix classic)"
 
 job() {
   local arm=$1 seed=$2 warm=0
