@@ -41,7 +41,14 @@ else
   flock "$lock" cargo build -q --release -p comas
   comas="$root/target/release/comas"
 fi
-[ -f "$runs/data/heldout.jsonl" ] || python3 "$here/make_data.py" "$runs/data" --mix "$(py_or data_mix classic)"
+# The data of the settings' mix: made once, made again when the mix changed.
+mix=$(py_or data_mix classic)
+if [ ! -f "$runs/data/heldout.jsonl" ] || [ "$(cat "$runs/data/mix" 2>/dev/null || echo classic)" != "$mix" ]; then
+  [ -z "$(ls -d "$runs"/comas-s* "$runs"/trl-s* 2>/dev/null)" ] || { echo "$runs holds runs on another data mix: use another RUNS folder" >&2; exit 2; }
+  python3 "$here/make_data.py" "$runs/data" --mix "$mix"
+  echo "$mix" > "$runs/data/mix"
+  rm -rf "$runs/eval"
+fi
 
 # The comas job of one seed, from settings.json.
 comas_job() {
