@@ -41,30 +41,13 @@ comas="$root/target/release/comas"
 job() {
   local arm=$1 seed=$2 warm=0
   [ "$arm" = comas-warm ] && warm=$warmup
-  python3 - "$settings" "$seed" "$steps" "$model" "$root/$data/train.jsonl" "$warm" <<'PY'
+  python3 - "$settings" "$seed" "$steps" "$model" "$root/$data/train.jsonl" "$warm" "$study" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); seed, steps, model, train, warm = sys.argv[2:7]
-targets = ", ".join(f'"{t}"' for t in s["lora_targets"])
+sys.path.insert(0, sys.argv[7])
+from agent_table import agent_table
 role = lambda t, n, extra="": f'temperature = {t}\ntop_p = 1.0\ntop_k = 0\nmax_new_tokens = {n}\nmin_new_tokens = 1\n{extra}'
-agent = f'''[[agents]]
-model = "{model}"
-[agents.train]
-lr = {s["lr"]}
-lr_schedule = "cosine"
-warmup_ratio = 0.0
-min_lr_ratio = 1.0
-adam_betas = [{s["adam_betas"][0]}, {s["adam_betas"][1]}]
-weight_decay = 0.0
-max_grad_norm = {s["max_grad_norm"]}
-mask_truncated = false
-train_batch_size = 48
-micro_batch_size = {s["micro_batch_size"]}
-dtype = "float32"
-[agents.train.lora]
-r = {s["lora_r"]}
-alpha = {float(s["lora_alpha"])}
-target_modules = [{targets}]
-'''
+agent = agent_table(s, model, 48) + "\n"
 print(f'''name = "comas-budget-{warm}-s{seed}"
 seed = {seed}
 method = "comas"

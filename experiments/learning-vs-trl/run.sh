@@ -52,10 +52,12 @@ fi
 
 # The comas job of one seed, from settings.json.
 comas_job() {
-  python3 - "$settings" "$1" "$steps" "$model" "$root/$runs/data/train.jsonl" <<'PY'
+  python3 - "$settings" "$1" "$steps" "$model" "$root/$runs/data/train.jsonl" "$here" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); seed, steps, model, train = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-targets = ", ".join(f'"{t}"' for t in s["lora_targets"])
+sys.path.insert(0, sys.argv[6])
+from agent_table import agent_table
+agent = agent_table(s, model, s["questions_per_step"] * s["group_size"], 'estimator = "group_norm"\nkl_coef = 0.0\n')
 print(f'''name = "learning-vs-trl-s{seed}"
 seed = {seed}
 method = "grpo"
@@ -81,26 +83,7 @@ min_new_tokens = 0
 [output]
 dir = "out"
 export = false
-[[agents]]
-model = "{model}"
-[agents.train]
-estimator = "group_norm"
-kl_coef = 0.0
-lr = {s["lr"]}
-lr_schedule = "cosine"
-warmup_ratio = 0.0
-min_lr_ratio = 1.0
-adam_betas = [{s["adam_betas"][0]}, {s["adam_betas"][1]}]
-weight_decay = 0.0
-max_grad_norm = {s["max_grad_norm"]}
-mask_truncated = {"true" if s.get("mask_truncated", False) else "false"}
-train_batch_size = {s["questions_per_step"] * s["group_size"]}
-micro_batch_size = {s["micro_batch_size"]}
-dtype = "float32"
-[agents.train.lora]
-r = {s["lora_r"]}
-alpha = {float(s["lora_alpha"])}
-target_modules = [{targets}]''')
+{agent}''')
 PY
 }
 
