@@ -5,7 +5,9 @@ include!("../build-support/libtorch_link.rs");
 fn compile_shim() {
     println!("cargo:rerun-if-changed=csrc/onednn_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/rows_linear.cpp");
-    let lib = std::path::PathBuf::from(std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"));
+    let lib = std::path::PathBuf::from(
+        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"),
+    );
     let include = lib.parent().expect("libtorch's lib folder has a parent").join("include");
     cc::Build::new()
         .cpp(true)

@@ -63,31 +63,50 @@ async fn start_worker(model: &Path) -> Worker {
     let mut client = loop {
         match RolloutWorkerClient::connect(format!("http://{address}")).await {
             Ok(c) => break c,
-            Err(e) if started.elapsed() > Duration::from_secs(60) => panic!("worker {address} did not come up: {e}"),
+            Err(e) if started.elapsed() > Duration::from_secs(60) => {
+                panic!("worker {address} did not come up: {e}")
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let agents = vec![pb::AgentPolicy { agent_id: 0, model_dir: model.display().to_string(), full_weights: true, ..Default::default() }];
-    client.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.expect("load policies");
+    let agents = vec![pb::AgentPolicy {
+        agent_id: 0,
+        model_dir: model.display().to_string(),
+        full_weights: true,
+        ..Default::default()
+    }];
+    client
+        .load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() })
+        .await
+        .expect("load policies");
     Worker { address, client, child }
 }
 
 /// One training step on fixed experiences and a publish: the learner's next version.
 async fn next_version(learner: &mut LearnerClient<Channel>, step: u64) -> pb::WeightsPublished {
-    let header = pb::TrainHeader { step_id: format!("bench-{step}"), num_experiences: 4, ..Default::default() };
-    let msgs: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) })
-        .chain((0..4i64).map(|i| pb::TrainRequest {
-            item: Some(pb::train_request::Item::Experience(pb::Experience {
-                prompt_ids: vec![11, 12, 13],
-                completion_ids: vec![20 + i, 30, 40],
-                reward: Some(i as f64),
-                finish_reason: pb::FinishReason::Stop as i32,
-                ..Default::default()
-            })),
-        }))
-        .collect();
+    let header = pb::TrainHeader {
+        step_id: format!("bench-{step}"),
+        num_experiences: 4,
+        ..Default::default()
+    };
+    let msgs: Vec<pb::TrainRequest> =
+        std::iter::once(pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) })
+            .chain((0..4i64).map(|i| pb::TrainRequest {
+                item: Some(pb::train_request::Item::Experience(pb::Experience {
+                    prompt_ids: vec![11, 12, 13],
+                    completion_ids: vec![20 + i, 30, 40],
+                    reward: Some(i as f64),
+                    finish_reason: pb::FinishReason::Stop as i32,
+                    ..Default::default()
+                })),
+            }))
+            .collect();
     learner.train(tokio_stream::iter(msgs)).await.expect("train");
-    learner.publish_weights(pb::PublishWeightsRequest::default()).await.expect("publish").into_inner()
+    learner
+        .publish_weights(pb::PublishWeightsRequest::default())
+        .await
+        .expect("publish")
+        .into_inner()
 }
 
 /// Every worker takes `version` at once; returns the seconds until the last holds it.
@@ -95,9 +114,20 @@ async fn broadcast(workers: &[Worker], learner: &str, version: u64, chain: bool)
     let started = Instant::now();
     let pulls = workers.iter().enumerate().map(|(i, w)| {
         let req = if chain && i > 0 {
-            pb::UpdateWeightsRequest { agent_id: 0, version, source: workers[i - 1].address.clone(), relay: true, fallback_source: learner.to_string() }
+            pb::UpdateWeightsRequest {
+                agent_id: 0,
+                version,
+                source: workers[i - 1].address.clone(),
+                relay: true,
+                fallback_source: learner.to_string(),
+            }
         } else {
-            pb::UpdateWeightsRequest { agent_id: 0, version, source: learner.to_string(), ..Default::default() }
+            pb::UpdateWeightsRequest {
+                agent_id: 0,
+                version,
+                source: learner.to_string(),
+                ..Default::default()
+            }
         };
         let mut c = w.client.clone();
         async move {
@@ -109,7 +139,9 @@ async fn broadcast(workers: &[Worker], learner: &str, version: u64, chain: bool)
     started.elapsed().as_secs_f64()
 }
 
-async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(fs: impl Iterator<Item = F>) {
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    fs: impl Iterator<Item = F>,
+) {
     let mut set = tokio::task::JoinSet::new();
     for f in fs {
         set.spawn(f);
@@ -129,7 +161,8 @@ fn main() {
             d
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let learner_addr = listener.local_addr().unwrap().to_string();
@@ -141,7 +174,12 @@ fn main() {
                     model_dir: model.clone(),
                     adapter_dir: None,
                     reference_dir: None,
-                    config: comas_learner::TrainConfig { lr: 1e-5, train_batch_size: 4, micro_batch_size: 4, ..Default::default() },
+                    config: comas_learner::TrainConfig {
+                        lr: 1e-5,
+                        train_batch_size: 4,
+                        micro_batch_size: 4,
+                        ..Default::default()
+                    },
                     checkpoint_dir: None,
                     keep_checkpoints: 1,
                     resume: false,
@@ -169,8 +207,15 @@ fn main() {
             workers.push(start_worker(&model).await);
         }
         let sent = || scrape(metrics_port, "comas_learner_weight_bytes_sent_total");
-        println!("model {} ; learner and up to {} worker processes on loopback", model.display(), workers.len());
-        println!("{:>3} {:>7} {:>10} {:>12} {:>12} {:>10}", "W", "mode", "MB/version", "seconds", "vs W=1", "learner MB");
+        println!(
+            "model {} ; learner and up to {} worker processes on loopback",
+            model.display(),
+            workers.len()
+        );
+        println!(
+            "{:>3} {:>7} {:>10} {:>12} {:>12} {:>10}",
+            "W", "mode", "MB/version", "seconds", "vs W=1", "learner MB"
+        );
         let mut step = 0;
         for chain in [false, true] {
             let mut first = None;
@@ -182,7 +227,11 @@ fn main() {
                 let learner_mb = (sent() - before) / 1e6;
                 let base = *first.get_or_insert(secs);
                 let mode = if chain { "chain" } else { "direct" };
-                println!("{w:>3} {mode:>7} {:>10.1} {secs:>12.3} {:>11.2}× {learner_mb:>10.1}", p.total_bytes as f64 / 1e6, secs / base);
+                println!(
+                    "{w:>3} {mode:>7} {:>10.1} {secs:>12.3} {:>11.2}× {learner_mb:>10.1}",
+                    p.total_bytes as f64 / 1e6,
+                    secs / base
+                );
             }
         }
     });

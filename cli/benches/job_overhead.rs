@@ -51,26 +51,51 @@ fn real_job() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let exe = env!("CARGO_BIN_EXE_comas");
-    let st = Command::new(exe).args(["tiny-model", "--out", &d.join("model").display().to_string(), "--seed", "3"]).status().unwrap();
+    let st = Command::new(exe)
+        .args(["tiny-model", "--out", &d.join("model").display().to_string(), "--seed", "3"])
+        .status()
+        .unwrap();
     assert!(st.success());
     let data: String = (0..64).map(|i| format!("{{\"prompt\":\"What is {i} + 1?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", i + 1)).collect();
     std::fs::write(d.join("train.jsonl"), data).unwrap();
     std::fs::write(d.join("job.toml"), JOB).unwrap();
     let started = Instant::now();
     let out = Command::new(exe)
-        .args(["local", &d.join("job.toml").display().to_string(), "--dir", &d.join("run").display().to_string(), "--workers", "2", "--json"])
+        .args([
+            "local",
+            &d.join("job.toml").display().to_string(),
+            "--dir",
+            &d.join("run").display().to_string(),
+            "--workers",
+            "2",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let wall = started.elapsed().as_secs_f64();
-    let log: Vec<Value> = std::fs::read_to_string(d.join("out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let log: Vec<Value> = std::fs::read_to_string(d.join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     println!("local job: 2 agents, 2 workers, 16 episodes (192 turns of 16-32 tokens) per step, tiny models, 1 thread per process");
-    println!("{:>4} {:>9} {:>9} {:>9} {:>10} {:>12} {:>9} {:>8}", "step", "rollout", "exper.", "train", "broadcast", "coordinator", "total", "coord %");
+    println!(
+        "{:>4} {:>9} {:>9} {:>9} {:>10} {:>12} {:>9} {:>8}",
+        "step", "rollout", "exper.", "train", "broadcast", "coordinator", "total", "coord %"
+    );
     let mut sums = [0.0f64; 6];
     for m in &log {
         let s = &m["seconds"];
         let g = |k: &str| s[k].as_f64().unwrap_or(0.0);
-        let row = [g("rollout"), g("experience"), g("train"), g("broadcast"), g("coordinator"), g("total")];
+        let row = [
+            g("rollout"),
+            g("experience"),
+            g("train"),
+            g("broadcast"),
+            g("coordinator"),
+            g("total"),
+        ];
         println!(
             "{:>4} {:>8.3}s {:>8.4}s {:>8.3}s {:>9.3}s {:>11.4}s {:>8.3}s {:>7.2}%",
             m["step"],
@@ -98,11 +123,24 @@ fn real_job() {
 /// Experience making alone at the paper's shape: 64 questions x 4 instances, l = 4, R = 2
 /// (24 turns per instance, 6144 turns per step), 512-token completions.
 fn paper_scale_experience() {
-    let cfg = CoMasConfig { num_agents: 4, num_rounds: 2, instances_per_question: 4, ..Default::default() };
+    let cfg = CoMasConfig {
+        num_agents: 4,
+        num_rounds: 2,
+        instances_per_question: 4,
+        ..Default::default()
+    };
     let questions: Vec<TaskRecord> = (0..64)
-        .map(|i| TaskRecord { prompt: format!("q{i}"), answer: "1".into(), task: TaskKind::Math, id: format!("q{i}"), source: None, files: Default::default() })
+        .map(|i| TaskRecord {
+            prompt: format!("q{i}"),
+            answer: "1".into(),
+            task: TaskKind::Math,
+            id: format!("q{i}"),
+            source: None,
+            files: Default::default(),
+        })
         .collect();
-    let episodes = start_batch(&cfg, &questions, PlanSeed { global: 1, step: 0, shard: 0 }).unwrap();
+    let episodes =
+        start_batch(&cfg, &questions, PlanSeed { global: 1, step: 0, shard: 0 }).unwrap();
     let mut finished = Vec::new();
     for (i, mut ep) in episodes.into_iter().enumerate() {
         while !ep.is_done() {
@@ -110,7 +148,11 @@ fn paper_scale_experience() {
                 .next_turns()
                 .iter()
                 .map(|r| {
-                    let text = if r.role == Role::Scorer { "<score>2</score>".to_string() } else { "\\boxed{1}".to_string() };
+                    let text = if r.role == Role::Scorer {
+                        "<score>2</score>".to_string()
+                    } else {
+                        "\\boxed{1}".to_string()
+                    };
                     TurnOutput {
                         turn_index: r.turn_index,
                         raw_text: text.clone(),
@@ -126,10 +168,15 @@ fn paper_scale_experience() {
                 .collect();
             ep.submit(outs).unwrap();
         }
-        finished.push(Finished { episode_id: format!("e{i}"), trajectory: ep.into_trajectory().unwrap(), answer: "1".into() });
+        finished.push(Finished {
+            episode_id: format!("e{i}"),
+            trajectory: ep.into_trajectory().unwrap(),
+            answer: "1".into(),
+        });
     }
     // Trajectories arrive as JSON; parsing them is part of the coordinator's work.
-    let json: Vec<String> = finished.iter().map(|f| serde_json::to_string(&f.trajectory).unwrap()).collect();
+    let json: Vec<String> =
+        finished.iter().map(|f| serde_json::to_string(&f.trajectory).unwrap()).collect();
     let mut best = f64::MAX;
     for _ in 0..3 {
         let t = Instant::now();
@@ -137,7 +184,8 @@ fn paper_scale_experience() {
             .iter()
             .enumerate()
             .map(|(i, j)| {
-                let trajectory: comas_workflow::comas::Trajectory = serde_json::from_str(j).unwrap();
+                let trajectory: comas_workflow::comas::Trajectory =
+                    serde_json::from_str(j).unwrap();
                 trajectory.validate().unwrap();
                 Finished { episode_id: format!("e{i}"), trajectory, answer: "1".into() }
             })

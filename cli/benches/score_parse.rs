@@ -29,21 +29,34 @@ fn cases(tok: &Tokenizer) -> Vec<Case> {
             let (a, b) = (13 + 7 * i, 29 + 11 * i);
             let correct = i % 2 == 0;
             let shown = if correct { a + b } else { a + b + 1 + i % 9 };
-            let problem = format!("Tom has {a} apples and buys {b} more. How many apples does he have now?");
+            let problem =
+                format!("Tom has {a} apples and buys {b} more. How many apples does he have now?");
             let solution = format!("{a} + {b} = {shown}. The answer is \\boxed{{{shown}}}.");
             let evaluation = "The solution adds the two amounts.";
             let user = scorer_prompt(TaskKind::Math, &problem, &solution, evaluation);
-            Case { prompt_ids: tok.encode_chat(&[ChatMessage::new("user", user)], true).unwrap(), correct }
+            Case {
+                prompt_ids: tok.encode_chat(&[ChatMessage::new("user", user)], true).unwrap(),
+                correct,
+            }
         })
         .collect()
 }
 
 /// E[score] under the model's distribution over the digits 1, 2, 3 at the guided digit.
-fn expected_score(model: &CausalLm, tok: &Tokenizer, prompt: &[i64], completion: &[i64], digit_at: usize) -> f64 {
+fn expected_score(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    prompt: &[i64],
+    completion: &[i64],
+    digit_at: usize,
+) -> f64 {
     let ids = [prompt, &completion[..digit_at]].concat();
-    let logits = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).view([1, -1]), None, None).unwrap());
+    let logits = tch::no_grad(|| {
+        model.forward(&Tensor::from_slice(&ids).view([1, -1]), None, None).unwrap()
+    });
     let row = logits.get(0).get(ids.len() as i64 - 1).to_kind(Kind::Double);
-    let digits: Vec<i64> = ["1", "2", "3"].iter().map(|d| tok.token_to_id(d).expect("digit tokens")).collect();
+    let digits: Vec<i64> =
+        ["1", "2", "3"].iter().map(|d| tok.token_to_id(d).expect("digit tokens")).collect();
     let l: Vec<f64> = digits.iter().map(|&d| row.double_value(&[d])).collect();
     let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let w: Vec<f64> = l.iter().map(|x| (x - m).exp()).collect();
@@ -55,11 +68,18 @@ fn main() {
         return;
     }
     tch::set_num_threads(2);
-    let dir = std::env::var_os("COMAS_BENCH_MODEL").map(PathBuf::from).unwrap_or_else(comas_gguf::cache::smollm2_model);
-    let tok = Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-smollm2.sh)", dir.display()));
+    let dir = std::env::var_os("COMAS_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(comas_gguf::cache::smollm2_model);
+    let tok = Tokenizer::from_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-smollm2.sh)", dir.display()));
     let model = CausalLm::load(&dir, Kind::Float, Device::Cpu).unwrap();
     let cases = cases(&tok);
-    println!("model {}; {} scorer prompts x {SAMPLES} samples, temperature 1, <= {MAX_NEW} new tokens", dir.display(), cases.len());
+    println!(
+        "model {}; {} scorer prompts x {SAMPLES} samples, temperature 1, <= {MAX_NEW} new tokens",
+        dir.display(),
+        cases.len()
+    );
     for guided in [false, true] {
         let reqs: Vec<GenerationRequest> = cases
             .iter()
@@ -87,7 +107,8 @@ fn main() {
             parsed += usize::from(extract_score(&text).is_some());
             if let Some(digit) = out.constrained.iter().find(|c| c.allowed.len() > 1) {
                 let case = &cases[i / SAMPLES as usize];
-                let e = expected_score(&model, &tok, &case.prompt_ids, &out.token_ids, digit.position);
+                let e =
+                    expected_score(&model, &tok, &case.prompt_ids, &out.token_ids, digit.position);
                 if case.correct {
                     (exp_right, n_right) = (exp_right + e, n_right + 1);
                 } else {

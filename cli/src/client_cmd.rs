@@ -67,7 +67,8 @@ pub async fn connect(address: &str) -> Result<Client> {
     let ch = comas_service::tls::channel(address, |e| e.connect_timeout(Duration::from_secs(5)).timeout(comas_service::limits::API_CALL_DEADLINE))
         .await
         .with_context(|| format!("cannot reach the coordinator at {address} (set --coordinator or COMAS_COORDINATOR; for TLS, COMAS_TLS_CA and perhaps COMAS_TLS_CERT and COMAS_TLS_KEY)"))?;
-    Ok(CoordinatorClient::with_interceptor(ch, Bearer::from_env()?).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
+    Ok(CoordinatorClient::with_interceptor(ch, Bearer::from_env()?)
+        .max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -99,7 +100,12 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
     })
 }
 
-pub async fn submit_text(client: &mut Client, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
+pub async fn submit_text(
+    client: &mut Client,
+    text: String,
+    base_dir: String,
+    reuse_name: bool,
+) -> Result<pb::JobStatus> {
     match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir, reuse_name }).await {
         Ok(r) => {
             let status = r.into_inner();
@@ -118,8 +124,12 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
     if meta.len() > comas_service::limits::JOB_FILE_BYTES as u64 {
         bail!("{} is {} bytes; a job file must be under 1 MiB", a.job.display(), meta.len());
     }
-    let text = std::fs::read_to_string(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
-    let base = std::fs::canonicalize(&a.job)?.parent().map(|p| p.display().to_string()).unwrap_or_default();
+    let text =
+        std::fs::read_to_string(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
+    let base = std::fs::canonicalize(&a.job)?
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
         let s = submit_text(&mut c, text, base, a.reuse_name).await?;
@@ -152,14 +162,30 @@ pub fn watch_cmd(a: WatchArgs) -> Result<()> {
 pub fn list(a: ListArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let jobs = c.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?.into_inner().jobs;
+        let jobs = c
+            .list_jobs(pb::ListJobsRequest {})
+            .await
+            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .into_inner()
+            .jobs;
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&jobs.iter().map(status_json).collect::<Vec<_>>())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&jobs.iter().map(status_json).collect::<Vec<_>>())?
+            );
             return Ok(());
         }
         println!("{:<38} {:<20} {:<10} {:>9}  error", "job", "name", "state", "steps");
         for j in jobs {
-            println!("{:<38} {:<20} {:<10} {:>4}/{:<4}  {}", j.job_id, j.name, state_name(j.state), j.steps_done, j.total_steps, j.error);
+            println!(
+                "{:<38} {:<20} {:<10} {:>4}/{:<4}  {}",
+                j.job_id,
+                j.name,
+                state_name(j.state),
+                j.steps_done,
+                j.total_steps,
+                j.error
+            );
         }
         Ok(())
     })
@@ -173,7 +199,13 @@ pub fn resume(a: CancelArgs) -> Result<()> {
             .await
             .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
             .into_inner();
-        println!("{} {} from step {}/{}", s.job_id, state_name(s.state), s.steps_done, s.total_steps);
+        println!(
+            "{} {} from step {}/{}",
+            s.job_id,
+            state_name(s.state),
+            s.steps_done,
+            s.total_steps
+        );
         Ok(())
     })
 }
@@ -181,7 +213,12 @@ pub fn resume(a: CancelArgs) -> Result<()> {
 pub fn cancel(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
-        let ended = |s: &pb::JobStatus| matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+        let ended = |s: &pb::JobStatus| {
+            matches!(
+                pb::JobState::try_from(s.state),
+                Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled)
+            )
+        };
         // Follow the job's events from before the cancel: the event of the state it reaches
         // arrives even when the coordinator stops right after (as `comas local` does).
         let mut events = c
@@ -221,18 +258,26 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// experiences trained while the learners train.
 pub fn stage_progress(s: &pb::JobStatus) -> String {
     // An amount per second of the stage so far (0 before any time has passed).
-    let per_second = |amount: f64| if s.stage_seconds > 0.0 { amount / s.stage_seconds } else { 0.0 };
+    let per_second =
+        |amount: f64| if s.stage_seconds > 0.0 { amount / s.stage_seconds } else { 0.0 };
     match s.stage.as_str() {
         "rollout" | "eval" if s.episodes_total > 0 => {
             let rate = per_second(s.stage_tokens as f64);
             format!(
                 "{}/{} episodes ({} queued, {} on workers), {} tokens, {rate:.1} tok/s",
-                s.episodes_done, s.episodes_total, s.queued_episodes, s.leased_episodes, s.stage_tokens
+                s.episodes_done,
+                s.episodes_total,
+                s.queued_episodes,
+                s.leased_episodes,
+                s.stage_tokens
             )
         }
         "train" if s.train_samples_total > 0 => {
             let rate = per_second(s.stage_tokens as f64);
-            format!("{}/{} experiences, {} tokens, {rate:.1} tok/s ({:.0} s)", s.train_samples_done, s.train_samples_total, s.stage_tokens, s.stage_seconds)
+            format!(
+                "{}/{} experiences, {} tokens, {rate:.1} tok/s ({:.0} s)",
+                s.train_samples_done, s.train_samples_total, s.stage_tokens, s.stage_seconds
+            )
         }
         "broadcast" if s.broadcast_bytes_total > 0 => {
             let mb = |b: u64| b as f64 / 1e6;
@@ -254,7 +299,11 @@ pub fn step_line(log: &StepLog) -> String {
     let mut parts = vec![format!("step {}", log.step)];
     let agent = |a: &AgentStep| a.agent().unwrap_or(0);
     if log.agents.is_some() {
-        let r: Vec<String> = log.agents().iter().map(|a| format!("a{}={}", agent(a), fmt(a.figure("reward_mean")))).collect();
+        let r: Vec<String> = log
+            .agents()
+            .iter()
+            .map(|a| format!("a{}={}", agent(a), fmt(a.figure("reward_mean"))))
+            .collect();
         parts.push(format!("reward {}", r.join(" ")));
     }
     // The method's own figures (CoMAS's accuracy and score failures, MAPPA's coaching, ...).
@@ -264,13 +313,21 @@ pub fn step_line(log: &StepLog) -> String {
         .agents()
         .iter()
         .filter_map(|a| Some((agent(a), a.train.as_ref().filter(|t| t.no_gradient)?)))
-        .map(|(k, t)| format!("a{k} ({} masked, {} zero advantage)", t.masked_samples, t.zero_advantage_samples))
+        .map(|(k, t)| {
+            format!(
+                "a{k} ({} masked, {} zero advantage)",
+                t.masked_samples, t.zero_advantage_samples
+            )
+        })
         .collect();
     if !idle.is_empty() {
         parts.push(format!("no gradient: {}", idle.join(" ")));
     }
     if let Some(s) = &log.seconds {
-        parts.push(format!("rollout {:.1}s train {:.1}s sync {:.1}s", s.rollout, s.train, s.broadcast));
+        parts.push(format!(
+            "rollout {:.1}s train {:.1}s sync {:.1}s",
+            s.rollout, s.train, s.broadcast
+        ));
     }
     parts.join(" | ")
 }
@@ -278,7 +335,8 @@ pub fn step_line(log: &StepLog) -> String {
 /// One line per evaluation: the method's own figures.
 pub fn eval_line(log: &EvalLog) -> String {
     let episodes = log.figures.get("episodes").map_or("-".to_string(), Value::to_string);
-    let mut parts = vec![format!("eval after {} steps", log.after_steps), format!("{episodes} episodes")];
+    let mut parts =
+        vec![format!("eval after {} steps", log.after_steps), format!("{episodes} episodes")];
     parts.extend(comas_workflow::registry::watch(&log.to_value()));
     parts.join(" | ")
 }
@@ -291,12 +349,24 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
         .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", comas_service::tls::status_text(&s)))?
         .into_inner();
     let tty = std::io::stderr().is_terminal() && !json;
-    let multi = MultiProgress::with_draw_target(if tty { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+    let multi = MultiProgress::with_draw_target(if tty {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    });
     let steps = multi.add(ProgressBar::new(0));
-    steps.set_style(ProgressStyle::with_template("{prefix:>9} [{bar:30.cyan/blue}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    steps.set_style(
+        ProgressStyle::with_template("{prefix:>9} [{bar:30.cyan/blue}] {pos}/{len} {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
     steps.set_prefix("steps");
     let episodes = multi.add(ProgressBar::new(0));
-    episodes.set_style(ProgressStyle::with_template("{prefix:>9} [{bar:30.green/white}] {pos}/{len} {msg}").expect("template").progress_chars("=> "));
+    episodes.set_style(
+        ProgressStyle::with_template("{prefix:>9} [{bar:30.green/white}] {pos}/{len} {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
     // A permanent line: above the bars on a terminal, plain on stderr otherwise.
     let say = |line: &str| {
         if tty {
@@ -308,7 +378,11 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
     let mut last: Option<pb::JobStatus> = None;
     let mut stage = String::new();
     let mut last_progress = std::time::Instant::now();
-    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch stream: {}", comas_service::tls::status_text(&s)))? {
+    while let Some(ev) = stream
+        .message()
+        .await
+        .map_err(|s| anyhow::anyhow!("watch stream: {}", comas_service::tls::status_text(&s)))?
+    {
         let Some(s) = ev.status.clone() else { continue };
         if json {
             println!(
@@ -318,7 +392,11 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
         } else {
             steps.set_length(s.total_steps);
             steps.set_position(s.steps_done);
-            episodes.set_prefix(if s.stage.is_empty() { "idle".to_string() } else { s.stage.clone() });
+            episodes.set_prefix(if s.stage.is_empty() {
+                "idle".to_string()
+            } else {
+                s.stage.clone()
+            });
             let (done, total) = match s.stage.as_str() {
                 "train" => (u64::from(s.train_samples_done), u64::from(s.train_samples_total)),
                 "broadcast" => (s.broadcast_bytes_done, s.broadcast_bytes_total),
@@ -336,7 +414,10 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
                 && !progress.is_empty()
                 && (last_of_stage || last_progress.elapsed() >= PROGRESS_EVERY)
             {
-                eprintln!("{}: {} (step {}/{}) {progress}", s.job_id, s.stage, s.steps_done, s.total_steps);
+                eprintln!(
+                    "{}: {} (step {}/{}) {progress}",
+                    s.job_id, s.stage, s.steps_done, s.total_steps
+                );
                 last_progress = std::time::Instant::now();
             }
             if ev.kind == "warning" {
@@ -357,8 +438,11 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
             }
             stage = s.stage.clone();
         }
-        let end =
-            ev.kind == "finished" || matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled));
+        let end = ev.kind == "finished"
+            || matches!(
+                pb::JobState::try_from(s.state),
+                Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled)
+            );
         last = Some(s);
         if end {
             break;
@@ -367,7 +451,12 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
     steps.finish_and_clear();
     episodes.finish_and_clear();
     // The stream may end on a final event; read the settled status.
-    let s = client.get_job(pb::GetJobRequest { job_id: job_id.to_string() }).await.map(|r| r.into_inner()).ok().or(last);
+    let s = client
+        .get_job(pb::GetJobRequest { job_id: job_id.to_string() })
+        .await
+        .map(|r| r.into_inner())
+        .ok()
+        .or(last);
     s.ok_or_else(|| anyhow::anyhow!("the watch stream of {job_id} ended without a status"))
 }
 
@@ -408,18 +497,27 @@ mod tests {
             "step": 2, "method": "neuromas", "graph_accuracy": {"mean": 0.25, "count": 16}, "no_box_rate": {"mean": 0.0, "count": 16},
             "equal_groups": 3, "groups": 4, "truncation_rate": {"1": {"mean": 0.5, "count": 32}, "2": {"mean": 0.0, "count": 16}}
         });
-        assert_eq!(step_line(&step(neuromas)), "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%");
+        assert_eq!(
+            step_line(&step(neuromas)),
+            "step 2 | graph right 25% | no box 0% | equal groups 3/4 | messages cut L1 50% L2 0%"
+        );
         // A CoMAS record (with or without its method's name, as before the field): accuracy and
         // score failures, on the step and the evaluation lines alike.
         let comas = serde_json::json!({"step": 4, "parse_failure_rate": 0.25, "accuracy": {"last_round": 0.5}, "agents": [{"agent": 1, "reward_mean": -0.5}]});
-        assert_eq!(step_line(&step(comas)), "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%");
+        assert_eq!(
+            step_line(&step(comas)),
+            "step 4 | reward a1=-0.500 | invalid scores 25% | accuracy 50%"
+        );
         // A step that moved nothing says so.
         let idle = serde_json::json!({"step": 5, "method": "grpo", "agents": [{"agent": 0, "reward_mean": 0.0,
             "train": {"no_gradient": true, "masked_samples": 3, "zero_advantage_samples": 13}}]});
         let idle = step_line(&step(idle));
         assert!(idle.ends_with("| no gradient: a0 (3 masked, 13 zero advantage)"), "{idle}");
         let eval = serde_json::json!({"method": "comas", "kind": "eval", "after_steps": 2, "episodes": 8, "parse_failure_rate": 0.0, "accuracy": {"last_round": 0.125}});
-        assert_eq!(eval_line(&serde_json::from_value(eval).unwrap()), "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%");
+        assert_eq!(
+            eval_line(&serde_json::from_value(eval).unwrap()),
+            "eval after 2 steps | 8 episodes | invalid scores 0% | accuracy 12%"
+        );
     }
 
     #[test]
@@ -434,7 +532,10 @@ mod tests {
             stage_seconds: 10.0,
             ..Default::default()
         };
-        assert_eq!(stage_progress(&rollout), "3/8 episodes (4 queued, 1 on workers), 500 tokens, 50.0 tok/s");
+        assert_eq!(
+            stage_progress(&rollout),
+            "3/8 episodes (4 queued, 1 on workers), 500 tokens, 50.0 tok/s"
+        );
         let train = pb::JobStatus {
             stage: "train".into(),
             train_samples_done: 12,
@@ -444,7 +545,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(stage_progress(&train), "12/24 experiences, 3140 tokens, 100.0 tok/s (31 s)");
-        assert_eq!(stage_progress(&pb::JobStatus { stage: "broadcast".into(), ..Default::default() }), "");
+        assert_eq!(
+            stage_progress(&pb::JobStatus { stage: "broadcast".into(), ..Default::default() }),
+            ""
+        );
         let broadcast = pb::JobStatus {
             stage: "broadcast".into(),
             broadcast_bytes_done: 150_000_000,
@@ -453,6 +557,9 @@ mod tests {
             stage_seconds: 3.0,
             ..Default::default()
         };
-        assert_eq!(stage_progress(&broadcast), "150.0/540.0 MB of weights received by 2 worker(s), 50.0 MB/s (3 s)");
+        assert_eq!(
+            stage_progress(&broadcast),
+            "150.0/540.0 MB of weights received by 2 worker(s), 50.0 MB/s (3 s)"
+        );
     }
 }

@@ -21,7 +21,9 @@ pub struct Args {
 
 fn parse_run(s: &str) -> std::result::Result<(String, PathBuf), String> {
     match s.split_once('=') {
-        Some((label, path)) if !label.is_empty() && !path.is_empty() => Ok((label.to_string(), PathBuf::from(path))),
+        Some((label, path)) if !label.is_empty() && !path.is_empty() => {
+            Ok((label.to_string(), PathBuf::from(path)))
+        }
         _ => Err(format!("`{s}`: expected LABEL=PATH, e.g. comas=runs/comas/out/metrics.jsonl")),
     }
 }
@@ -101,7 +103,9 @@ pub fn parse(text: &str, source: &str) -> Result<Run> {
         }
         let at = || format!("{source}, line {}", i + 1);
         // The shared fields typed (`step_log`), then the figures the comparison reads.
-        let figures = |v: serde_json::Value| Record::of(v).with_context(|| format!("{}: not a metrics record", at()));
+        let figures = |v: serde_json::Value| {
+            Record::of(v).with_context(|| format!("{}: not a metrics record", at()))
+        };
         match LogRecord::parse(line).with_context(at)? {
             Some(LogRecord::Step(s)) => run.steps.push(figures(s.to_value())?),
             Some(LogRecord::Eval(e)) => run.evals.push(figures(e.to_value())?),
@@ -140,7 +144,11 @@ fn num(v: Option<f64>) -> String {
 }
 
 /// "first → last" of a quantity over a list of records.
-fn trend(records: &[Record], f: impl Fn(&Record) -> Option<f64>, fmt: fn(Option<f64>) -> String) -> String {
+fn trend(
+    records: &[Record],
+    f: impl Fn(&Record) -> Option<f64>,
+    fmt: fn(Option<f64>) -> String,
+) -> String {
     match (records.first(), records.last()) {
         (Some(a), Some(b)) if records.len() > 1 => format!("{} → {}", fmt(f(a)), fmt(f(b))),
         (Some(a), _) => fmt(f(a)),
@@ -149,7 +157,12 @@ fn trend(records: &[Record], f: impl Fn(&Record) -> Option<f64>, fmt: fn(Option<
 }
 
 /// The mean of `f` over the first and the last `window` steps, as "first → last".
-fn window_trend(steps: &[Record], window: usize, f: impl Fn(&Record) -> Option<f64>, fmt: fn(Option<f64>) -> String) -> String {
+fn window_trend(
+    steps: &[Record],
+    window: usize,
+    f: impl Fn(&Record) -> Option<f64>,
+    fmt: fn(Option<f64>) -> String,
+) -> String {
     if steps.is_empty() {
         return "–".into();
     }
@@ -167,11 +180,16 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
     );
     let _ = writeln!(out, "|---|---:|---|---|---|---|---|---|---|");
     for (label, run) in runs {
-        let greedy: Vec<Record> = run.evals.iter().filter_map(|e| e.greedy.as_deref().cloned()).collect();
-        let role = |name: &'static str| move |r: &Record| r.reward.get(name).and_then(|s| s.as_ref()?.mean);
+        let greedy: Vec<Record> =
+            run.evals.iter().filter_map(|e| e.greedy.as_deref().cloned()).collect();
+        let role = |name: &'static str| {
+            move |r: &Record| r.reward.get(name).and_then(|s| s.as_ref()?.mean)
+        };
         let k = window.clamp(1, run.steps.len().max(1));
         let last = &run.steps[run.steps.len().saturating_sub(k)..];
-        let roles = ["solver", "evaluator", "scorer"].map(|n| num(mean(last.iter().filter_map(role(n))))).join(" / ");
+        let roles = ["solver", "evaluator", "scorer"]
+            .map(|n| num(mean(last.iter().filter_map(role(n)))))
+            .join(" / ");
         let right = pooled(run.steps.iter().map(|r| &r.solver_reward_by_correctness.correct));
         let wrong = pooled(run.steps.iter().map(|r| &r.solver_reward_by_correctness.wrong));
         let _ = writeln!(
@@ -195,7 +213,9 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
 pub fn run(args: Args) -> Result<()> {
     let mut runs = Vec::with_capacity(args.runs.len());
     for (label, path) in &args.runs {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the metrics log of `{label}`: {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("cannot read the metrics log of `{label}`: {}", path.display())
+        })?;
         runs.push((label.clone(), parse(&text, &path.display().to_string())?));
     }
     print!("{}", table(&runs, args.window));
@@ -273,6 +293,9 @@ mod tests {
         let e = parse("{\"kind\":\"other\"}\n", "y.jsonl").unwrap_err().to_string();
         assert!(e.contains("no step or evaluation records"), "{e}");
         assert!(parse_run("nolabel").unwrap_err().contains("LABEL=PATH"));
-        assert_eq!(parse_run("a=b/c.jsonl").unwrap(), ("a".to_string(), PathBuf::from("b/c.jsonl")));
+        assert_eq!(
+            parse_run("a=b/c.jsonl").unwrap(),
+            ("a".to_string(), PathBuf::from("b/c.jsonl"))
+        );
     }
 }

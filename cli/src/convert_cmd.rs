@@ -37,15 +37,28 @@ pub fn run(a: Args) -> Result<()> {
     for path in &a.inputs {
         let rows = read_rows(path, a.format)?;
         for row in rows {
-            let record = convert::convert_row(a.format, row.value, records.len(), a.seed).map_err(|e| match e {
-                e @ ConvertError::MissingColumn { .. } => anyhow::anyhow!("{} {}: {e}", path.display(), row.at),
-                e => anyhow::anyhow!("{} {}: cannot convert to a {} record: {e}", path.display(), row.at, a.format),
-            })?;
+            let record =
+                convert::convert_row(a.format, row.value, records.len(), a.seed).map_err(|e| {
+                    match e {
+                        e @ ConvertError::MissingColumn { .. } => {
+                            anyhow::anyhow!("{} {}: {e}", path.display(), row.at)
+                        }
+                        e => anyhow::anyhow!(
+                            "{} {}: cannot convert to a {} record: {e}",
+                            path.display(),
+                            row.at,
+                            a.format
+                        ),
+                    }
+                })?;
             records.push(record);
         }
     }
     if records.is_empty() {
-        bail!("no rows in {}", a.inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "no rows in {}",
+            a.inputs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
     }
     // `comas eval` resumes by id, so two records must not share one.
     for (old, new) in convert::dedupe_ids(&mut records) {
@@ -57,9 +70,16 @@ pub fn run(a: Args) -> Result<()> {
         text.push('\n');
     }
     // Read the output back as `comas eval` will, so a record it would reject never gets written.
-    comas_workflow::eval::parse_bench(&text).context("the converted records do not read back as benchmark records")?;
+    comas_workflow::eval::parse_bench(&text)
+        .context("the converted records do not read back as benchmark records")?;
     std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
-    println!("{} {} records from {} file(s) written to {}", records.len(), a.format, a.inputs.len(), a.out.display());
+    println!(
+        "{} {} records from {} file(s) written to {}",
+        records.len(),
+        a.format,
+        a.inputs.len(),
+        a.out.display()
+    );
     Ok(())
 }
 
@@ -78,7 +98,10 @@ fn read_rows(path: &Path, format: Format) -> Result<Vec<Row>> {
                 json_lines(path, &text)
             }
         }
-        _ => bail!("{}: unknown file type; use a .parquet, .jsonl, .json or .csv file", path.display()),
+        _ => bail!(
+            "{}: unknown file type; use a .parquet, .jsonl, .json or .csv file",
+            path.display()
+        ),
     }
 }
 
@@ -87,21 +110,35 @@ fn read_text(path: &Path) -> Result<String> {
 }
 
 fn json_array(path: &Path, text: &str) -> Result<Vec<Row>> {
-    let rows: Vec<Value> = serde_json::from_str(text).with_context(|| format!("{}: not a JSON array of rows", path.display()))?;
-    Ok(rows.into_iter().enumerate().map(|(i, value)| Row { at: format!("row {}", i + 1), value }).collect())
+    let rows: Vec<Value> = serde_json::from_str(text)
+        .with_context(|| format!("{}: not a JSON array of rows", path.display()))?;
+    Ok(rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| Row { at: format!("row {}", i + 1), value })
+        .collect())
 }
 
 /// A CSV with a header row: each record becomes an object of its columns' text (an empty cell
 /// is an empty string). Quoted cells may span lines, as GPQA's do.
 fn csv_rows(path: &Path) -> Result<Vec<Row>> {
-    let mut reader = csv::ReaderBuilder::new().flexible(false).from_path(path).with_context(|| format!("reading {}", path.display()))?;
-    let header = reader.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(false)
+        .from_path(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let header =
+        reader.headers().with_context(|| format!("{}: no header row", path.display()))?.clone();
     let mut rows = Vec::new();
     for (i, record) in reader.records().enumerate() {
         // Line numbers from the reader's position: a quoted cell may span several lines.
-        let record = record.with_context(|| format!("{}: record {} is not valid CSV", path.display(), i + 1))?;
+        let record = record
+            .with_context(|| format!("{}: record {} is not valid CSV", path.display(), i + 1))?;
         let line = record.position().map_or(0, |p| p.line());
-        let object = header.iter().zip(record.iter()).map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
+        let object = header
+            .iter()
+            .zip(record.iter())
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
         rows.push(Row { at: format!("line {line}"), value: Value::Object(object) });
     }
     Ok(rows)
@@ -110,7 +147,8 @@ fn csv_rows(path: &Path) -> Result<Vec<Row>> {
 fn json_lines(path: &Path, text: &str) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let value = serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+        let value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
         rows.push(Row { at: format!("line {}", i + 1), value });
     }
     Ok(rows)
@@ -118,18 +156,27 @@ fn json_lines(path: &Path, text: &str) -> Result<Vec<Row>> {
 
 fn parquet_rows(path: &Path, format: Format) -> Result<Vec<Row>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let reader = SerializedFileReader::new(file).with_context(|| format!("{}: not a readable parquet file", path.display()))?;
+    let reader = SerializedFileReader::new(file)
+        .with_context(|| format!("{}: not a readable parquet file", path.display()))?;
     let root = reader.metadata().file_metadata().schema_descr().root_schema();
     let fields = root.get_fields();
-    convert::check_columns(format, fields.iter().map(|f| f.name())).with_context(|| path.display().to_string())?;
+    convert::check_columns(format, fields.iter().map(|f| f.name()))
+        .with_context(|| path.display().to_string())?;
     // Decode only the columns the converter reads: the others may be large (MBPP's code, GPQA's
     // explanations) or of types the record API does not read.
-    let wanted: Vec<_> = fields.iter().filter(|f| format.columns().any(|c| c == f.name())).map(Arc::clone).collect();
-    let projection = Type::group_type_builder(root.name()).with_fields(wanted).build().context("projecting the parquet schema")?;
-    let rows = reader.get_row_iter(Some(projection)).with_context(|| format!("{}: reading rows", path.display()))?;
+    let wanted: Vec<_> =
+        fields.iter().filter(|f| format.columns().any(|c| c == f.name())).map(Arc::clone).collect();
+    let projection = Type::group_type_builder(root.name())
+        .with_fields(wanted)
+        .build()
+        .context("projecting the parquet schema")?;
+    let rows = reader
+        .get_row_iter(Some(projection))
+        .with_context(|| format!("{}: reading rows", path.display()))?;
     rows.enumerate()
         .map(|(i, row)| {
-            let row = row.with_context(|| format!("{} row {}: cannot decode", path.display(), i + 1))?;
+            let row =
+                row.with_context(|| format!("{} row {}: cannot decode", path.display(), i + 1))?;
             Ok(Row { at: format!("row {}", i + 1), value: row.to_json_value() })
         })
         .collect()

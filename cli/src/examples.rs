@@ -173,7 +173,9 @@ max_questions = 64
 
 /// The SmolLM2 example's job file, both agents on the model folder `model`, in `dtype`.
 fn smollm2_job(model: &Path, dtype: &str) -> String {
-    format!("{SMOLLM2_JOB}{}", SMOLLM2_AGENT.repeat(2)).replace("{model}", &model.display().to_string()).replace("{dtype}", dtype)
+    format!("{SMOLLM2_JOB}{}", SMOLLM2_AGENT.repeat(2))
+        .replace("{model}", &model.display().to_string())
+        .replace("{dtype}", dtype)
 }
 
 /// The example's dtype on this machine: bf16 only where the CPU does bf16 matrix products in
@@ -195,7 +197,9 @@ fn write_data(path: &Path, range: std::ops::Range<u32>, words: bool) -> Result<(
     for i in range {
         let (a, b) = (3 + (i * 7) % 41, 5 + (i * 13) % 37);
         let prompt = if words {
-            let (who, what) = [("Mia", "marbles"), ("Omar", "stickers"), ("Lena", "books"), ("Raj", "coins")][i as usize % 4];
+            let (who, what) =
+                [("Mia", "marbles"), ("Omar", "stickers"), ("Lena", "books"), ("Raj", "coins")]
+                    [i as usize % 4];
             format!("{who} has {a} {what} and gets {b} more. How many {what} does {who} have now? Put the final number in \\boxed{{}}.")
         } else {
             format!("What is {a} + {b}? Put the final number in \\boxed{{}}.")
@@ -257,9 +261,16 @@ pub fn before_after(metrics_path: &Path) -> Option<String> {
         return None;
     }
     let (first, last) = (evals.first()?, evals.last()?);
-    let (a, b) = (comas_workflow::registry::summary(&first.to_value())?, comas_workflow::registry::summary(&last.to_value())?);
-    let mut out =
-        format!("{:<24} {:>14} {:>14}\n", "held-out evaluation", format!("after {} steps", first.after_steps), format!("after {} steps", last.after_steps));
+    let (a, b) = (
+        comas_workflow::registry::summary(&first.to_value())?,
+        comas_workflow::registry::summary(&last.to_value())?,
+    );
+    let mut out = format!(
+        "{:<24} {:>14} {:>14}\n",
+        "held-out evaluation",
+        format!("after {} steps", first.after_steps),
+        format!("after {} steps", last.after_steps)
+    );
     for (x, y) in a.rows.iter().zip(&b.rows) {
         out.push_str(&format!("{:<24} {:>14} {:>14}\n", x.name, shown(x), shown(y)));
     }
@@ -292,7 +303,10 @@ fn difference_interval(p1: f64, n1: u64, p2: f64, n2: u64) -> Option<(f64, f64)>
     }
     let ((l1, u1), (l2, u2)) = (wilson(p1, n1), wilson(p2, n2));
     let d = p2 - p1;
-    Some((d - ((p2 - l2).powi(2) + (u1 - p1).powi(2)).sqrt(), d + ((u2 - p2).powi(2) + (p1 - l1).powi(2)).sqrt()))
+    Some((
+        d - ((p2 - l2).powi(2) + (u1 - p1).powi(2)).sqrt(),
+        d + ((u2 - p2).powi(2) + (p1 - l1).powi(2)).sqrt(),
+    ))
 }
 
 /// A row's value as the table shows it.
@@ -311,13 +325,27 @@ mod tests {
 
     #[test]
     fn the_smollm2_job_is_two_lora_agents_with_guided_scorers() {
-        let spec = comas_workflow::job::JobSpec::from_toml(&smollm2_job(Path::new("/m/smollm2"), "bfloat16")).unwrap();
+        let spec = comas_workflow::job::JobSpec::from_toml(&smollm2_job(
+            Path::new("/m/smollm2"),
+            "bfloat16",
+        ))
+        .unwrap();
         assert_eq!(spec.rollout.dtype, "bfloat16");
-        assert!(spec.agents.iter().all(|a| a.train.get("dtype").and_then(|v| v.as_str()) == Some("bfloat16")));
+        assert!(spec
+            .agents
+            .iter()
+            .all(|a| a.train.get("dtype").and_then(|v| v.as_str()) == Some("bfloat16")));
         assert_eq!(spec.agents.len(), 2);
-        assert!(spec.agents.iter().all(|a| a.model == Path::new("/m/smollm2") && a.train.contains_key("lora")));
+        assert!(spec
+            .agents
+            .iter()
+            .all(|a| a.model == Path::new("/m/smollm2") && a.train.contains_key("lora")));
         assert_eq!(
-            spec.settings.get("sampling").and_then(|s| s.get("scorer")).and_then(|s| s.get("guided_suffix")).and_then(|v| v.as_str()),
+            spec.settings
+                .get("sampling")
+                .and_then(|s| s.get("scorer"))
+                .and_then(|s| s.get("guided_suffix"))
+                .and_then(|v| v.as_str()),
             Some(comas_workflow::GUIDED_SCORE_SUFFIX)
         );
     }
@@ -332,12 +360,28 @@ mod tests {
             .to_string()
         };
         let step = serde_json::json!({"kind": "step", "step": 1}).to_string();
-        std::fs::write(&p, [rec(0, 0.25, 0.5, 0.1), step, rec(2, 0.5, 0.0, 0.3)].join("\n")).unwrap();
+        std::fs::write(&p, [rec(0, 0.25, 0.5, 0.1), step, rec(2, 0.5, 0.0, 0.3)].join("\n"))
+            .unwrap();
         let t = before_after(&p).unwrap();
         assert!(t.contains("after 0 steps") && t.contains("after 2 steps"), "{t}");
-        assert!(t.lines().any(|l| l.starts_with("held-out accuracy") && l.contains("25 %") && l.contains("50 %")), "{t}");
-        assert!(t.lines().any(|l| l.starts_with("score parse rate") && l.contains("50 %") && l.contains("100 %")), "{t}");
-        assert!(t.lines().any(|l| l.starts_with("mean reward, evaluator") && l.contains("-0.100") && l.contains("-0.300")), "{t}");
+        assert!(
+            t.lines().any(|l| l.starts_with("held-out accuracy")
+                && l.contains("25 %")
+                && l.contains("50 %")),
+            "{t}"
+        );
+        assert!(
+            t.lines().any(|l| l.starts_with("score parse rate")
+                && l.contains("50 %")
+                && l.contains("100 %")),
+            "{t}"
+        );
+        assert!(
+            t.lines().any(|l| l.starts_with("mean reward, evaluator")
+                && l.contains("-0.100")
+                && l.contains("-0.300")),
+            "{t}"
+        );
         std::fs::write(&p, rec(0, 0.25, 0.5, 0.1)).unwrap();
         assert!(before_after(&p).is_none(), "one evaluation is not a comparison");
     }
@@ -353,8 +397,18 @@ mod tests {
         };
         std::fs::write(&p, [rec(0, 0.125, 5.9375), rec(10, 0.25, 6.5)].join("\n")).unwrap();
         let t = before_after(&p).unwrap();
-        assert!(t.lines().any(|l| l.starts_with("answers right") && l.contains("12 %") && l.contains("25 %")), "{t}");
-        assert!(t.lines().any(|l| l.starts_with("coach score, verifier") && l.contains("5.94") && l.contains("6.50")), "{t}");
+        assert!(
+            t.lines().any(|l| l.starts_with("answers right")
+                && l.contains("12 %")
+                && l.contains("25 %")),
+            "{t}"
+        );
+        assert!(
+            t.lines().any(|l| l.starts_with("coach score, verifier")
+                && l.contains("5.94")
+                && l.contains("6.50")),
+            "{t}"
+        );
         assert!(!t.contains("score parse rate"), "{t}");
     }
 
@@ -387,6 +441,11 @@ mod tests {
         };
         std::fs::write(&p, [rec(0, 0.078125), rec(16, 0.390625)].join("\n")).unwrap();
         let t = before_after(&p).unwrap();
-        assert!(t.lines().any(|l| l.starts_with("held-out accuracy") && l.contains("8 %") && l.contains("39 %")), "{t}");
+        assert!(
+            t.lines().any(|l| l.starts_with("held-out accuracy")
+                && l.contains("8 %")
+                && l.contains("39 %")),
+            "{t}"
+        );
     }
 }

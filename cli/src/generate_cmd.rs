@@ -1,6 +1,8 @@
 use crate::model_args::ModelArgs;
 use anyhow::{bail, Context, Result};
-use comas_model::{generate, CausalLm, ChatMessage, GenerationRequest, LoraAdapter, SamplingParams, Tokenizer};
+use comas_model::{
+    generate, CausalLm, ChatMessage, GenerationRequest, LoraAdapter, SamplingParams, Tokenizer,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -54,11 +56,15 @@ pub fn run(a: Args) -> Result<()> {
     let (_, kind, device) = a.model.resolve()?;
     let dir = &a.model.model;
     let tokenizer = Tokenizer::from_dir(dir)?;
-    let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+    let model =
+        CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
     model.pack_for_decode();
     tokenizer.check_fits(model.config())?;
     let adapter = match &a.adapter {
-        Some(dir) => Some(LoraAdapter::load(dir, model.config(), kind, device).with_context(|| format!("loading adapter {}", dir.display()))?),
+        Some(dir) => Some(
+            LoraAdapter::load(dir, model.config(), kind, device)
+                .with_context(|| format!("loading adapter {}", dir.display()))?,
+        ),
         None => None,
     };
     let prompt_ids = match (&a.prompt, &a.chat) {
@@ -87,14 +93,20 @@ pub fn run(a: Args) -> Result<()> {
         stop_strings: a.stop.clone(),
         guided_suffix: a.guided_suffix.clone(),
     };
-    let req = GenerationRequest { prompt_ids: prompt_ids.clone(), params, adapter: adapter.as_ref() };
+    let req =
+        GenerationRequest { prompt_ids: prompt_ids.clone(), params, adapter: adapter.as_ref() };
     let started = std::time::Instant::now();
     // libtorch panics where an allocation fails: an error that says what to lower instead.
-    let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generate(&model, std::slice::from_ref(&req), Some(&tokenizer))))
-        .map_err(|p| {
-            anyhow::anyhow!("libtorch failed generating: {}; lower --max-new-tokens or shorten the prompt", comas_service::panic_message(p.as_ref()))
-        })??
-        .remove(0);
+    let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        generate(&model, std::slice::from_ref(&req), Some(&tokenizer))
+    }))
+    .map_err(|p| {
+        anyhow::anyhow!(
+            "libtorch failed generating: {}; lower --max-new-tokens or shorten the prompt",
+            comas_service::panic_message(p.as_ref())
+        )
+    })??
+    .remove(0);
     let secs = started.elapsed().as_secs_f64();
     let text = tokenizer.decode(&c.token_ids, true)?;
     if a.json {

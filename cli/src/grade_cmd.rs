@@ -63,10 +63,15 @@ pub fn run(a: Args) -> Result<()> {
         "numeric" => Some(GraderKind::Numeric),
         other => bail!("--bench {other}: use humaneval, math, choice or numeric"),
     };
-    let text = std::fs::read_to_string(&a.responses).with_context(|| format!("reading {}", a.responses.display()))?;
+    let text = std::fs::read_to_string(&a.responses)
+        .with_context(|| format!("reading {}", a.responses.display()))?;
     let problems: HashMap<String, comas_sandbox::HumanEvalProblem> = if kind.is_none() {
         let path = comas_sandbox::default_humaneval_path();
-        comas_sandbox::load_humaneval(&path).context("run `bash scripts/fetch-humaneval.sh` first")?.into_iter().map(|p| (p.task_id.clone(), p)).collect()
+        comas_sandbox::load_humaneval(&path)
+            .context("run `bash scripts/fetch-humaneval.sh` first")?
+            .into_iter()
+            .map(|p| (p.task_id.clone(), p))
+            .collect()
     } else {
         HashMap::new()
     };
@@ -75,11 +80,17 @@ pub fn run(a: Args) -> Result<()> {
     let (mut graded, mut passed, mut other) = (0usize, 0usize, 0usize);
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let at = || format!("{} line {}", a.responses.display(), i + 1);
-        let r: Record = serde_json::from_str(line).with_context(|| format!("{}: expected {{id, response[, answer]}}", at()))?;
+        let r: Record = serde_json::from_str(line)
+            .with_context(|| format!("{}: expected {{id, response[, answer]}}", at()))?;
         let id = id_text(&r.id);
         let item = match &kind {
             None => {
-                let p = problems.get(&id).with_context(|| format!("{}: no HumanEval task {id:?} (ids are HumanEval/0 … HumanEval/163)", at()))?;
+                let p = problems.get(&id).with_context(|| {
+                    format!(
+                        "{}: no HumanEval task {id:?} (ids are HumanEval/0 … HumanEval/163)",
+                        at()
+                    )
+                })?;
                 BenchItem {
                     id: id.clone(),
                     query: String::new(),
@@ -89,8 +100,17 @@ pub fn run(a: Args) -> Result<()> {
                 }
             }
             Some(k) => {
-                let answer = r.answer.as_ref().with_context(|| format!("{}: a {} record needs an `answer`", at(), a.bench))?;
-                BenchItem { id: id.clone(), query: String::new(), answer: id_text(answer), grader: k.clone(), tag: a.bench.clone() }
+                let answer = r
+                    .answer
+                    .as_ref()
+                    .with_context(|| format!("{}: a {} record needs an `answer`", at(), a.bench))?;
+                BenchItem {
+                    id: id.clone(),
+                    query: String::new(),
+                    answer: id_text(answer),
+                    grader: k.clone(),
+                    tag: a.bench.clone(),
+                }
             }
         };
         let v = grader.grade(&item, &r.response)?;

@@ -64,15 +64,25 @@ pub struct GrowthStep {
 const HISTORY: &str = "growth.json";
 
 pub fn run(a: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&a.job).with_context(|| format!("reading job file {}", a.job.display()))?;
-    let base = a.job.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let text = std::fs::read_to_string(&a.job)
+        .with_context(|| format!("reading job file {}", a.job.display()))?;
+    let base = a
+        .job
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
     let base = std::fs::canonicalize(&base).with_context(|| base.display().to_string())?;
     let mut spec = JobSpec::from_toml(&text).with_context(|| a.job.display().to_string())?;
     spec.resolve_paths(&base);
     if spec.method != Neuromas::NAME {
-        bail!("{} is not a NeuroMAS job (method = \"neuromas\"); only a graph grows", a.job.display());
+        bail!(
+            "{} is not a NeuroMAS job (method = \"neuromas\"); only a graph grows",
+            a.job.display()
+        );
     }
-    let cfg: NeuromasConfig = toml::Value::Table(spec.settings.clone()).try_into().context("[neuromas] of the job")?;
+    let cfg: NeuromasConfig =
+        toml::Value::Table(spec.settings.clone()).try_into().context("[neuromas] of the job")?;
     if cfg.param_sharing != ParamSharing::PerNode {
         bail!("growth copies each node's own adapter: the job must use neuromas.param_sharing = \"per_node\"");
     }
@@ -80,10 +90,17 @@ pub fn run(a: Args) -> Result<()> {
     let mut before = cfg.graph().map_err(|(k, m)| anyhow::anyhow!("neuromas.{k}: {m}"))?;
     before.end_bridge();
     before.spec.bridge_layers.clear();
-    let grown = before.grow_to(&a.to, a.width_init == "copy_sibling", a.depth_init == "copy_prev").map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+    let grown = before
+        .grow_to(&a.to, a.width_init == "copy_sibling", a.depth_init == "copy_prev")
+        .map_err(|e| anyhow::anyhow!("--to: {e}"))?;
 
     let old_agents = spec.agents.len();
-    let dirs: Vec<PathBuf> = (0..old_agents).map(|k| PathBuf::from(a.checkpoints.replace("{agent}", &k.to_string())).join(job_folder(&spec.name))).collect();
+    let dirs: Vec<PathBuf> = (0..old_agents)
+        .map(|k| {
+            PathBuf::from(a.checkpoints.replace("{agent}", &k.to_string()))
+                .join(job_folder(&spec.name))
+        })
+        .collect();
     let step = match a.step {
         Some(s) => s,
         None => common_step(&dirs)?,
@@ -99,7 +116,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.out.join("job.toml").exists() {
         bail!("--out {} already holds a job.toml; give a new folder", a.out.display());
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating --out {}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("creating --out {}", a.out.display()))?;
     let out = std::fs::canonicalize(&a.out)?;
     let nodes = out.join("nodes");
     let staging = out.join(".nodes.tmp");
@@ -122,7 +140,11 @@ pub fn run(a: Args) -> Result<()> {
         copy_dir(&from, &to)?;
         let copied = src != node.uid;
         if copied && a.b_noise_std > 0.0 {
-            add_b_noise(&to.join("adapter"), a.b_noise_std, comas_workflow::seed::derive_seed(&[spec.seed, node.uid, 0x6120]))?;
+            add_b_noise(
+                &to.join("adapter"),
+                a.b_noise_std,
+                comas_workflow::seed::derive_seed(&[spec.seed, node.uid, 0x6120]),
+            )?;
         }
         sources.insert(node.uid, nodes.join(format!("uid-{}", node.uid)));
     }
@@ -132,12 +154,23 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::rename(&staging, &nodes)?;
 
     let name = a.name.clone().unwrap_or_else(|| format!("{}-grown", spec.name));
-    let job_text = grown_job(&text, &base, &out, &name, &grown.graph, a.bridge_steps, &agent_of_source, &sources)?;
+    let job_text = grown_job(
+        &text,
+        &base,
+        &out,
+        &name,
+        &grown.graph,
+        a.bridge_steps,
+        &agent_of_source,
+        &sources,
+    )?;
     // The new job must pass the same checks a submit makes.
     comas_learner::cli::checked_job(&job_text, &out, "the grown job does not pass the job checks")?;
 
     let mut history: Vec<GrowthStep> = match std::fs::read_to_string(base.join(HISTORY)) {
-        Ok(t) => serde_json::from_str(&t).with_context(|| format!("{}", base.join(HISTORY).display()))?,
+        Ok(t) => {
+            serde_json::from_str(&t).with_context(|| format!("{}", base.join(HISTORY).display()))?
+        }
         Err(_) => Vec::new(),
     };
     history.push(GrowthStep {
@@ -158,10 +191,19 @@ pub fn run(a: Args) -> Result<()> {
             Init::Copy(src) => format!("a copy of node {src}'s adapter and Adam moments"),
             Init::Zero => "the backbone (a fresh adapter, B = 0)".to_string(),
         };
-        let at = grown.graph.nodes().into_iter().find(|n| n.uid == *uid).map(|n| n.position()).unwrap_or_default();
+        let at = grown
+            .graph
+            .nodes()
+            .into_iter()
+            .find(|n| n.uid == *uid)
+            .map(|n| n.position())
+            .unwrap_or_default();
         eprintln!("new node {uid} at {at}: {from}");
     }
-    eprintln!("grew {} from step {step}: {:?} -> {:?}", spec.name, cfg.topology.layers, grown.graph.spec.layers);
+    eprintln!(
+        "grew {} from step {step}: {:?} -> {:?}",
+        spec.name, cfg.topology.layers, grown.graph.spec.layers
+    );
     println!("{}", out.join("job.toml").display());
     Ok(())
 }
@@ -179,7 +221,9 @@ fn common_step(dirs: &[PathBuf]) -> Result<u64> {
             Some(c) => c.into_iter().filter(|s| steps.contains(s)).collect(),
         });
     }
-    common.and_then(|c| c.into_iter().max()).context("the agents have no checkpoint of the same step; give --step")
+    common
+        .and_then(|c| c.into_iter().max())
+        .context("the agents have no checkpoint of the same step; give --step")
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -190,7 +234,9 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         if e.file_type()?.is_dir() {
             copy_dir(&e.path(), &target)?;
         } else {
-            std::fs::copy(e.path(), &target).with_context(|| format!("copying {} to {}", e.path().display(), target.display()))?;
+            std::fs::copy(e.path(), &target).with_context(|| {
+                format!("copying {} to {}", e.path().display(), target.display())
+            })?;
         }
     }
     Ok(())
@@ -233,17 +279,26 @@ fn grown_job(
     if let Some(o) = output.as_table_mut() {
         o.insert("dir".into(), out.join("out").display().to_string().into());
     }
-    let neuromas = t.get_mut("neuromas").and_then(toml::Value::as_table_mut).context("the job has no [neuromas] table")?;
+    let neuromas = t
+        .get_mut("neuromas")
+        .and_then(toml::Value::as_table_mut)
+        .context("the job has no [neuromas] table")?;
     neuromas.insert("bridge_steps".into(), toml::Value::Integer(bridge_steps as i64));
     let topology = toml::Value::try_from(&graph.spec)?;
     neuromas.insert("topology".into(), topology);
-    let old: Vec<toml::Table> =
-        t.get("agents").and_then(toml::Value::as_array).context("the job lists no [[agents]]")?.iter().filter_map(|v| v.as_table().cloned()).collect();
+    let old: Vec<toml::Table> = t
+        .get("agents")
+        .and_then(toml::Value::as_array)
+        .context("the job lists no [[agents]]")?
+        .iter()
+        .filter_map(|v| v.as_table().cloned())
+        .collect();
     let mut agents = Vec::new();
     for uid in 0..graph.next_uid {
         // A node's agent settings are its source's (a fresh node takes node 0's).
         let from = source_of.get(&uid).copied().flatten().unwrap_or(0) as usize;
-        let mut a = old.get(from).or(old.first()).cloned().context("the job lists no [[agents]]")?;
+        let mut a =
+            old.get(from).or(old.first()).cloned().context("the job lists no [[agents]]")?;
         for key in ["id", "learner", "adapter", "init_from"] {
             a.remove(key);
         }

@@ -22,13 +22,15 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dtype = OutDtype::parse(&a.dtype).ok_or_else(|| anyhow!("--dtype `{}` is not one of f32, bf16, f16", a.dtype))?;
+    let dtype = OutDtype::parse(&a.dtype)
+        .ok_or_else(|| anyhow!("--dtype `{}` is not one of f32, bf16, f16", a.dtype))?;
     let started = Instant::now();
     let report = comas_gguf::import(&a.file, &a.out, &ImportOptions { dtype, force: a.force })?;
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        let types: Vec<String> = report.source_types.iter().map(|(t, n)| format!("{n} {t}")).collect();
+        let types: Vec<String> =
+            report.source_types.iter().map(|(t, n)| format!("{n} {t}")).collect();
         eprintln!(
             "imported {} ({}, {:.1}M parameters, {} tensors: {}; {} tokens, {} merges{}) into {} as {} in {:.1} s",
             a.file.display(),

@@ -86,13 +86,35 @@ struct Children(Vec<(String, Child)>);
 impl Children {
     /// Starts `name`, handing it the listening sockets in `sockets` (its flags name them as
     /// `fd:N`); this process's copies close when they are dropped after the call.
-    fn spawn(&mut self, name: &str, args: &[String], env: &[(&str, String)], log: &Path, threads: i32, sockets: &[&std::net::TcpListener]) -> Result<()> {
+    fn spawn(
+        &mut self,
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        log: &Path,
+        threads: i32,
+        sockets: &[&std::net::TcpListener],
+    ) -> Result<()> {
         let exe = std::env::current_exe()?;
         // Appended to, so an earlier run's log (perhaps the one that says why it failed) stays.
-        let mut out = std::fs::OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        std::io::Write::write_all(&mut out, format!("==== comas local (pid {}) starts {name} at unix time {since}\n", std::process::id()).as_bytes())
-            .with_context(|| format!("writing {}", log.display()))?;
+        let mut out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        std::io::Write::write_all(
+            &mut out,
+            format!(
+                "==== comas local (pid {}) starts {name} at unix time {since}\n",
+                std::process::id()
+            )
+            .as_bytes(),
+        )
+        .with_context(|| format!("writing {}", log.display()))?;
         let parent = std::process::id() as libc::pid_t;
         let fds: Vec<i32> = sockets.iter().map(|l| l.as_raw_fd()).collect();
         let mut cmd = Command::new(exe);
@@ -117,7 +139,13 @@ impl Children {
             });
         }
         // The run's TLS settings and nothing inherited: a child never mixes them with others.
-        for var in ["COMAS_TLS_CERT", "COMAS_TLS_KEY", "COMAS_TLS_CA", "COMAS_TLS_SERVER_NAME", "COMAS_TLS_CLIENT_AUTH"] {
+        for var in [
+            "COMAS_TLS_CERT",
+            "COMAS_TLS_KEY",
+            "COMAS_TLS_CA",
+            "COMAS_TLS_SERVER_NAME",
+            "COMAS_TLS_CLIENT_AUTH",
+        ] {
             cmd.env_remove(var);
         }
         let child = cmd
@@ -129,7 +157,11 @@ impl Children {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        let metrics = sockets.get(1).and_then(|l| l.local_addr().ok()).map(|a| format!(", metrics http://{a}/metrics")).unwrap_or_default();
+        let metrics = sockets
+            .get(1)
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| format!(", metrics http://{a}/metrics"))
+            .unwrap_or_default();
         eprintln!("{name}: pid {}{metrics}, log {}", child.id(), log.display());
         self.0.push((name.to_string(), child));
         Ok(())
@@ -137,7 +169,9 @@ impl Children {
 
     /// A child that exited on its own, with its status.
     fn exited(&mut self) -> Option<String> {
-        self.0.iter_mut().find_map(|(n, c)| c.try_wait().ok().flatten().map(|s| format!("{n} exited ({s})")))
+        self.0
+            .iter_mut()
+            .find_map(|(n, c)| c.try_wait().ok().flatten().map(|s| format!("{n} exited ({s})")))
     }
 }
 
@@ -178,7 +212,11 @@ impl StopSignal {
     fn install() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         let on = |k: SignalKind| signal(k).context("installing the stop-signal handlers");
-        Ok(Self { int: on(SignalKind::interrupt())?, term: on(SignalKind::terminate())?, hup: on(SignalKind::hangup())? })
+        Ok(Self {
+            int: on(SignalKind::interrupt())?,
+            term: on(SignalKind::terminate())?,
+            hup: on(SignalKind::hangup())?,
+        })
     }
 
     async fn recv(&mut self) {
@@ -261,9 +299,16 @@ fn groups_by_address(addresses: &[String]) -> Vec<Vec<usize>> {
 /// other job has one learner per agent.
 fn learner_groups(text: &str, shards: usize) -> Result<Vec<Vec<usize>>> {
     let t: toml::Table = toml::from_str(text).context("job file is not valid TOML")?;
-    let agents: Vec<&toml::Table> =
-        t.get("agents").and_then(toml::Value::as_array).map(|a| a.iter().filter_map(toml::Value::as_table).collect()).unwrap_or_default();
-    let lora = |a: &toml::Table| a.get("train").and_then(|t| t.get("lora")).is_some() || a.get("adapter").is_some() || a.get("init_from").is_some();
+    let agents: Vec<&toml::Table> = t
+        .get("agents")
+        .and_then(toml::Value::as_array)
+        .map(|a| a.iter().filter_map(toml::Value::as_table).collect())
+        .unwrap_or_default();
+    let lora = |a: &toml::Table| {
+        a.get("train").and_then(|t| t.get("lora")).is_some()
+            || a.get("adapter").is_some()
+            || a.get("init_from").is_some()
+    };
     let one_base = agents.windows(2).all(|w| w[0].get("model") == w[1].get("model"));
     let neuromas = t.get("method").and_then(toml::Value::as_str) == Some("neuromas");
     if !(neuromas && one_base && agents.iter().all(|a| lora(a))) || agents.len() < 2 {
@@ -295,8 +340,10 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--worker-threads and --threads-per-process must be at least 1");
     }
     let logs = a.dir.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("--dir {}: cannot create {}", a.dir.display(), logs.display()))?;
-    let dir = std::fs::canonicalize(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
+    std::fs::create_dir_all(&logs)
+        .with_context(|| format!("--dir {}: cannot create {}", a.dir.display(), logs.display()))?;
+    let dir =
+        std::fs::canonicalize(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
     // One run per folder, taken before anything in it is written: two runs would share the job
     // store, the example's files and the learners' checkpoints.
     let _one_run = comas_service::exclusive_lock(&dir.join("local.lock")).map_err(|e| match e {
@@ -309,7 +356,8 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
         None => examples::write(a.example, &dir)?,
     };
-    let text = std::fs::read_to_string(&job_path).with_context(|| format!("reading {}", job_path.display()))?;
+    let text = std::fs::read_to_string(&job_path)
+        .with_context(|| format!("reading {}", job_path.display()))?;
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
@@ -518,9 +566,15 @@ mod tests {
         };
         assert_eq!(learner_groups(&job("neuromas", "m"), 1).unwrap(), vec![vec![0, 1, 2]]);
         assert_eq!(learner_groups(&job("neuromas", "m"), 2).unwrap(), vec![vec![0, 2], vec![1]]);
-        assert_eq!(learner_groups(&job("neuromas", "m"), 9).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(
+            learner_groups(&job("neuromas", "m"), 9).unwrap(),
+            vec![vec![0], vec![1], vec![2]]
+        );
         // Another base, or another method: one learner per agent.
-        assert_eq!(learner_groups(&job("neuromas", "other"), 1).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(
+            learner_groups(&job("neuromas", "other"), 1).unwrap(),
+            vec![vec![0], vec![1], vec![2]]
+        );
         assert_eq!(learner_groups(&job("comas", "m"), 1).unwrap(), vec![vec![0], vec![1], vec![2]]);
         let addresses: Vec<String> = ["a", "b", "a"].iter().map(|s| s.to_string()).collect();
         assert_eq!(groups_by_address(&addresses), vec![vec![0, 2], vec![1]]);
@@ -528,7 +582,12 @@ mod tests {
 
     #[test]
     fn patching_makes_paths_absolute_and_sets_learners() {
-        let out = patch_job(examples::TINY_JOB, Path::new("/x"), &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()]).unwrap();
+        let out = patch_job(
+            examples::TINY_JOB,
+            Path::new("/x"),
+            &["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()],
+        )
+        .unwrap();
         let spec = comas_workflow::job::JobSpec::from_toml(&out).unwrap();
         assert!(spec.relative_paths().is_empty());
         assert_eq!(spec.agents[1].model, PathBuf::from("/x/model-b"));

@@ -21,7 +21,8 @@ impl ModelArgs {
     /// The model's config and the dtype and device to load it in.
     pub fn resolve(&self) -> Result<(Config, Kind, Device)> {
         let device = parse_device(&self.device)?;
-        let config = Config::from_file(&self.model.join("config.json")).with_context(|| format!("loading model folder {}", self.model.display()))?;
+        let config = Config::from_file(&self.model.join("config.json"))
+            .with_context(|| format!("loading model folder {}", self.model.display()))?;
         let kind = match &self.dtype {
             Some(d) => parse_kind(d)?,
             None => config.dtype,

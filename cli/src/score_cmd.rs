@@ -47,7 +47,8 @@ struct Item {
 }
 
 fn parse_line(n: usize, text: &str, tok: &Tokenizer, vocab: i64) -> Result<Item> {
-    let l: Line = serde_json::from_str(text).with_context(|| format!("line {n}: not a valid record"))?;
+    let l: Line =
+        serde_json::from_str(text).with_context(|| format!("line {n}: not a valid record"))?;
     let prompt = match (l.prompt, l.prompt_ids, l.messages) {
         (Some(p), None, None) => tok.encode(&p, true)?,
         (None, Some(ids), None) => ids,
@@ -80,10 +81,13 @@ pub fn run(a: Args) -> Result<()> {
     let tok = Tokenizer::from_dir(dir)?;
     tok.check_fits(&config)?;
     // Read and check every line before loading weights, so bad input fails fast and whole.
-    let file = std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
+    let file =
+        std::fs::File::open(&a.input).with_context(|| format!("opening {}", a.input.display()))?;
     let mut items = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {} line {}: is it UTF-8 text?", a.input.display(), i + 1))?;
+        let line = line.with_context(|| {
+            format!("reading {} line {}: is it UTF-8 text?", a.input.display(), i + 1)
+        })?;
         if line.trim().is_empty() {
             continue;
         }
@@ -99,13 +103,18 @@ pub fn run(a: Args) -> Result<()> {
         items.push(item);
     }
     let model = CausalLm::load(dir, kind, device)?;
-    let adapter = a.adapter.as_ref().map(|d| LoraAdapter::load(d, model.config(), kind, device)).transpose()?;
+    let adapter = a
+        .adapter
+        .as_ref()
+        .map(|d| LoraAdapter::load(d, model.config(), kind, device))
+        .transpose()?;
     let lora = adapter.as_ref().map(LoraBatch::uniform);
     let pad = tok.pad_token_id().unwrap_or(0);
     let mut out = Vec::new();
     let _guard = tch::no_grad_guard();
     for chunk in items.chunks(a.batch_size) {
-        let seqs: Vec<Vec<i64>> = chunk.iter().map(|it| [it.prompt.as_slice(), &it.completion].concat()).collect();
+        let seqs: Vec<Vec<i64>> =
+            chunk.iter().map(|it| [it.prompt.as_slice(), &it.completion].concat()).collect();
         let (ids, valid) = mask::right_pad(&seqs, pad, device);
         // libtorch panics where an allocation fails; say which records and what to lower.
         let lp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.token_logprobs(&ids, Some(&valid), a.temperature, lora.as_ref())))
@@ -121,7 +130,11 @@ pub fn run(a: Args) -> Result<()> {
             .to_device(tch::Device::Cpu);
         for (row, it) in chunk.iter().enumerate() {
             let start = it.prompt.len() as i64 - 1;
-            let vals = Vec::<f32>::try_from(&lp.get(row as i64).narrow(0, start, it.completion.len() as i64))?;
+            let vals = Vec::<f32>::try_from(&lp.get(row as i64).narrow(
+                0,
+                start,
+                it.completion.len() as i64,
+            ))?;
             let sum: f64 = vals.iter().map(|&v| v as f64).sum();
             if !sum.is_finite() {
                 bail!("non-finite log-probability for record {:?}; check the model weights", it.id);
@@ -140,7 +153,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut text = out.join("\n");
     text.push('\n');
     match &a.output {
-        Some(path) => comas_model::safetensors::write_atomic(path, |w| w.write_all(text.as_bytes()))?,
+        Some(path) => {
+            comas_model::safetensors::write_atomic(path, |w| w.write_all(text.as_bytes()))?
+        }
         None => std::io::stdout().write_all(text.as_bytes())?,
     }
     Ok(())

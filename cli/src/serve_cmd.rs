@@ -13,8 +13,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use comas_model::{Batcher, CausalLm, ChatMessage, Completion, FinishReason, LoraAdapter, SamplingParams, Tokenizer};
-use comas_service::openai::{ChatRequest, ChatResponse, Choice, ErrorBody, ErrorDetail, Message, Usage, REQUEST_BYTES};
+use comas_model::{
+    Batcher, CausalLm, ChatMessage, Completion, FinishReason, LoraAdapter, SamplingParams,
+    Tokenizer,
+};
+use comas_service::openai::{
+    ChatRequest, ChatResponse, Choice, ErrorBody, ErrorDetail, Message, Usage, REQUEST_BYTES,
+};
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -59,9 +64,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind = if self.status.is_server_error() { "server_error" } else { "invalid_request_error" };
+        let kind =
+            if self.status.is_server_error() { "server_error" } else { "invalid_request_error" };
         let body = ErrorBody { error: ErrorDetail { message: self.message, kind: kind.into() } };
-        (self.status, [(header::CONTENT_TYPE, "application/json")], serde_json::to_string(&body).unwrap_or_default()).into_response()
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string(&body).unwrap_or_default(),
+        )
+            .into_response()
     }
 }
 
@@ -80,9 +91,21 @@ struct Metrics {
 impl Metrics {
     fn new() -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(Opts::new("comas_serve_requests_total", "chat completion requests by outcome"), &["outcome"]).expect("valid metric");
-        let prompt_tokens = IntCounter::new("comas_serve_prompt_tokens_total", "prompt tokens of answered requests").expect("valid metric");
-        let completion_tokens = IntCounter::new("comas_serve_completion_tokens_total", "tokens generated for answered requests").expect("valid metric");
+        let requests = IntCounterVec::new(
+            Opts::new("comas_serve_requests_total", "chat completion requests by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let prompt_tokens = IntCounter::new(
+            "comas_serve_prompt_tokens_total",
+            "prompt tokens of answered requests",
+        )
+        .expect("valid metric");
+        let completion_tokens = IntCounter::new(
+            "comas_serve_completion_tokens_total",
+            "tokens generated for answered requests",
+        )
+        .expect("valid metric");
         Self {
             requests: comas_service::prom::registered(&registry, requests),
             prompt_tokens: comas_service::prom::registered(&registry, prompt_tokens),
@@ -100,20 +123,33 @@ struct Served {
 
 pub fn run(a: Args) -> Result<()> {
     let (_, kind, device) = a.model.resolve()?;
-    let name = a.served_name.clone().unwrap_or_else(|| a.model.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let name = a.served_name.clone().unwrap_or_else(|| {
+        a.model
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
     let (calls, rx) = mpsc::channel::<Call>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let dir = a.model.model.clone();
-    let (adapter_dir, served, max_running, max_batch_tokens) = (a.adapter.clone(), name.clone(), a.max_running.max(1), a.max_batch_tokens);
+    let (adapter_dir, served, max_running, max_batch_tokens) =
+        (a.adapter.clone(), name.clone(), a.max_running.max(1), a.max_batch_tokens);
     let model_thread = std::thread::Builder::new().name("serve-model".into()).spawn(move || {
         let loaded = (|| -> Result<_> {
             let tokenizer = Tokenizer::from_dir(&dir)?;
-            let model = CausalLm::load(&dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+            let model = CausalLm::load(&dir, kind, device)
+                .with_context(|| format!("loading {}", dir.display()))?;
             model.pack_for_decode();
             tokenizer.check_fits(model.config())?;
-            tokenizer.check_chat_template().with_context(|| format!("{}: requests are rendered through the chat template", dir.display()))?;
+            tokenizer.check_chat_template().with_context(|| {
+                format!("{}: requests are rendered through the chat template", dir.display())
+            })?;
             let adapter = match &adapter_dir {
-                Some(d) => Some(LoraAdapter::load(d, model.config(), kind, device).with_context(|| format!("loading adapter {}", d.display()))?),
+                Some(d) => Some(
+                    LoraAdapter::load(d, model.config(), kind, device)
+                        .with_context(|| format!("loading adapter {}", d.display()))?,
+                ),
                 None => None,
             };
             Ok((tokenizer, model, adapter))
@@ -121,7 +157,17 @@ pub fn run(a: Args) -> Result<()> {
         match loaded {
             Ok((tokenizer, model, adapter)) => {
                 let _ = ready_tx.send(Ok(()));
-                serve_model(&ModelLoop { model: &model, tokenizer: &tokenizer, adapter: adapter.as_ref(), name: &served, max_running, max_batch_tokens }, rx);
+                serve_model(
+                    &ModelLoop {
+                        model: &model,
+                        tokenizer: &tokenizer,
+                        adapter: adapter.as_ref(),
+                        name: &served,
+                        max_running,
+                        max_batch_tokens,
+                    },
+                    rx,
+                );
             }
             Err(e) => {
                 let _ = ready_tx.send(Err(e));
@@ -159,17 +205,28 @@ async fn chat(State(s): State<Arc<Served>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => {
             s.metrics.requests.with_label_values(&["refused"]).inc();
-            return ApiError::bad(format!("the body is not a chat completion request: {e}")).into_response();
+            return ApiError::bad(format!("the body is not a chat completion request: {e}"))
+                .into_response();
         }
     };
     if !request.model.is_empty() && request.model != s.name {
         s.metrics.requests.with_label_values(&["refused"]).inc();
-        let e = ApiError { status: StatusCode::NOT_FOUND, message: format!("model {:?} is not served here; this server serves {:?}", request.model, s.name) };
+        let e = ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "model {:?} is not served here; this server serves {:?}",
+                request.model, s.name
+            ),
+        };
         return e.into_response();
     }
     let (reply, answer) = oneshot::channel();
     if s.calls.send(Call { request, reply }).is_err() {
-        return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "the model thread has stopped".into() }.into_response();
+        return ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the model thread has stopped".into(),
+        }
+        .into_response();
     }
     match answer.await {
         Ok(Ok(r)) => {
@@ -178,13 +235,24 @@ async fn chat(State(s): State<Arc<Served>>, body: Bytes) -> Response {
                 s.metrics.prompt_tokens.inc_by(u.prompt_tokens);
                 s.metrics.completion_tokens.inc_by(u.completion_tokens);
             }
-            ([(header::CONTENT_TYPE, "application/json")], serde_json::to_string(&r).unwrap_or_default()).into_response()
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_string(&r).unwrap_or_default(),
+            )
+                .into_response()
         }
         Ok(Err(e)) => {
-            s.metrics.requests.with_label_values(&[if e.status.is_server_error() { "failed" } else { "refused" }]).inc();
+            s.metrics
+                .requests
+                .with_label_values(&[if e.status.is_server_error() { "failed" } else { "refused" }])
+                .inc();
             e.into_response()
         }
-        Err(_) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: "the model thread stopped before answering".into() }.into_response(),
+        Err(_) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "the model thread stopped before answering".into(),
+        }
+        .into_response(),
     }
 }
 
@@ -227,14 +295,23 @@ impl ModelLoop<'_> {
         }
         let temperature = r.temperature.unwrap_or(1.0);
         if !(temperature.is_finite() && temperature >= 0.0) {
-            return Err(ApiError::bad(format!("temperature must be finite and at least 0, got {temperature}")));
+            return Err(ApiError::bad(format!(
+                "temperature must be finite and at least 0, got {temperature}"
+            )));
         }
         let top_p = r.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::bad(format!("top_p must be in (0, 1], got {top_p}")));
         }
-        let messages: Vec<ChatMessage> = r.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
-        let prompt = self.tokenizer.encode_chat(&messages, true).map_err(|e| ApiError::bad(format!("the messages cannot be rendered: {e}")))?;
+        let messages: Vec<ChatMessage> = r
+            .messages
+            .iter()
+            .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+            .collect();
+        let prompt = self
+            .tokenizer
+            .encode_chat(&messages, true)
+            .map_err(|e| ApiError::bad(format!("the messages cannot be rendered: {e}")))?;
         let context = self.model.config().max_position_embeddings.max(0) as usize;
         let room = context.saturating_sub(prompt.len());
         let max_new = r.max_new_tokens().map_or(room, |n| n as usize);
@@ -270,7 +347,9 @@ impl ModelLoop<'_> {
     /// A finished sequence as a chat completion: the text without the stop token or string.
     fn answer(&self, id: u64, prompt: usize, c: &Completion) -> ChatResponse {
         let tok = self.tokenizer;
-        let stop = c.finish_reason == FinishReason::Stop && c.stop_string.is_none() && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
+        let stop = c.finish_reason == FinishReason::Stop
+            && c.stop_string.is_none()
+            && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
         let visible = if stop { &c.token_ids[..c.token_ids.len() - 1] } else { &c.token_ids[..] };
         let mut text = tok.decode(visible, true).unwrap_or_default();
         if let Some(s) = &c.stop_string {
@@ -288,8 +367,16 @@ impl ModelLoop<'_> {
             object: "chat.completion".into(),
             created,
             model: self.name.to_string(),
-            choices: vec![Choice { index: 0, message: Message { role: "assistant".into(), content: text }, finish_reason: Some(finish.into()) }],
-            usage: Some(Usage { prompt_tokens: prompt as u64, completion_tokens: c.token_ids.len() as u64, total_tokens: (prompt + c.token_ids.len()) as u64 }),
+            choices: vec![Choice {
+                index: 0,
+                message: Message { role: "assistant".into(), content: text },
+                finish_reason: Some(finish.into()),
+            }],
+            usage: Some(Usage {
+                prompt_tokens: prompt as u64,
+                completion_tokens: c.token_ids.len() as u64,
+                total_tokens: (prompt + c.token_ids.len()) as u64,
+            }),
         }
     }
 }
@@ -304,12 +391,15 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
     };
     let mut batcher = new_batcher();
     let mut waiting: VecDeque<Admitted> = VecDeque::new();
-    let mut running: HashMap<u64, (usize, oneshot::Sender<Result<ChatResponse, ApiError>>)> = HashMap::new();
+    let mut running: HashMap<u64, (usize, oneshot::Sender<Result<ChatResponse, ApiError>>)> =
+        HashMap::new();
     let mut next_id = 0u64;
     let mut open = true;
     loop {
         let take = |call: Call, waiting: &mut VecDeque<Admitted>| match m.admit(&call.request) {
-            Ok((prompt, params)) => waiting.push_back(Admitted { prompt, params, reply: call.reply }),
+            Ok((prompt, params)) => {
+                waiting.push_back(Admitted { prompt, params, reply: call.reply })
+            }
             Err(e) => {
                 let _ = call.reply.send(Err(e));
             }
@@ -335,7 +425,9 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
         }
         while let Some(w) = waiting.front() {
             let need = w.prompt.len() + w.params.max_new_tokens;
-            if batcher.len() >= m.max_running || (!batcher.is_empty() && batcher.slots_if_added(need) > m.max_batch_tokens) {
+            if batcher.len() >= m.max_running
+                || (!batcher.is_empty() && batcher.slots_if_added(need) > m.max_batch_tokens)
+            {
                 break;
             }
             let w = waiting.pop_front().expect("front exists");
@@ -347,7 +439,8 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
                     running.insert(id, (prompt, w.reply));
                 }
                 Err(e) => {
-                    let _ = w.reply.send(Err(ApiError::bad(format!("the request cannot start: {e}"))));
+                    let _ =
+                        w.reply.send(Err(ApiError::bad(format!("the request cannot start: {e}"))));
                 }
             }
         }
@@ -355,7 +448,12 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
             continue;
         }
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batcher.step()))
-            .unwrap_or_else(|p| Err(comas_model::ModelError::Input(format!("the decode step panicked: {}", comas_service::panic_message(p.as_ref())))));
+            .unwrap_or_else(|p| {
+                Err(comas_model::ModelError::Input(format!(
+                    "the decode step panicked: {}",
+                    comas_service::panic_message(p.as_ref())
+                )))
+            });
         match step {
             Ok(done) => {
                 for (id, c) in done {
@@ -368,7 +466,10 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
                 // A failed step poisons its batch: every sequence in it fails, the server goes on.
                 tracing::error!(error = %e, "decode step failed");
                 for (_, (_, reply)) in running.drain() {
-                    let _ = reply.send(Err(ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: format!("decode failed: {e}") }));
+                    let _ = reply.send(Err(ApiError {
+                        status: StatusCode::INTERNAL_SERVER_ERROR,
+                        message: format!("decode failed: {e}"),
+                    }));
                 }
                 batcher = new_batcher();
             }

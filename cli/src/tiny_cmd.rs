@@ -37,6 +37,11 @@ pub fn run(a: Args) -> Result<()> {
     spec.dtype = parse_kind(&a.dtype)?;
     write_model(&a.out, &spec)?;
     let cfg = comas_model::Config::from_file(&a.out.join("config.json"))?;
-    eprintln!("wrote {} ({:.1}M parameters, {})", a.out.display(), cfg.num_parameters() as f64 / 1e6, a.arch);
+    eprintln!(
+        "wrote {} ({:.1}M parameters, {})",
+        a.out.display(),
+        cfg.num_parameters() as f64 / 1e6,
+        a.arch
+    );
     Ok(())
 }

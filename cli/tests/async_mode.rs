@@ -23,7 +23,10 @@ async fn an_async_job_trains_turns_at_most_two_versions_behind_and_a_killed_work
     let st = c.finished(&id).await;
     assert_eq!(st.steps_done, ASYNC_STEPS);
     check_async_run(&c, ASYNC_STEPS, 2).await;
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (ASYNC_STEPS * EPISODES) as f64);
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (ASYNC_STEPS * EPISODES) as f64
+    );
 }
 
 /// An async job whose coordinator is killed while step 2's rollout runs beside step 1's
@@ -36,7 +39,10 @@ async fn a_killed_async_coordinator_resumes_its_rollout_ahead() {
     let mut c = async_cluster(dir.path(), 24, "");
     let id = c.submit().await;
     // Step 2's rollout runs beside step 1's training and broadcast (the stage shown is theirs).
-    c.on_event(&id, 120, "step 2's first episodes", |s| s.steps_done == 1 && s.stage != "rollout" && s.episodes_done >= 1).await;
+    c.on_event(&id, 120, "step 2's first episodes", |s| {
+        s.steps_done == 1 && s.stage != "rollout" && s.episodes_done >= 1
+    })
+    .await;
     c.coordinator.as_mut().unwrap().sigkill();
     assert_eq!(c.metrics_log().len(), 1, "step 0 was committed before the kill");
     c.start_coordinator();
@@ -44,7 +50,10 @@ async fn a_killed_async_coordinator_resumes_its_rollout_ahead() {
     check_async_run(&c, ASYNC_STEPS, 1).await;
     // The new coordinator ran only what was missing: steps 0 and 1 and some of step 2 were in.
     let ran = c.prometheus("comas_coordinator_episodes_completed_total");
-    assert!(ran <= (2 * EPISODES - 1) as f64, "the restarted coordinator re-ran finished episodes: {ran}");
+    assert!(
+        ran <= (2 * EPISODES - 1) as f64,
+        "the restarted coordinator re-ran finished episodes: {ran}"
+    );
 }
 
 /// An async job whose learner is SIGKILLed during step 1's training (step 2's rollout beside
@@ -62,7 +71,10 @@ async fn an_async_job_resumes_with_a_killed_learner() {
     let st = c.finished(&id).await;
     assert_eq!(st.steps_done, ASYNC_STEPS);
     check_async_run(&c, ASYNC_STEPS, 1).await;
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (ASYNC_STEPS * EPISODES) as f64);
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (ASYNC_STEPS * EPISODES) as f64
+    );
 }
 
 const ASYNC_STEPS: u64 = 4;
@@ -73,7 +85,11 @@ fn async_cluster(dir: &Path, tokens: u32, more: &str) -> Cluster {
     let ports = vec![free_port(), free_port()];
     write_job_of(dir, &ports, tokens, false, ASYNC_STEPS);
     let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
-    std::fs::write(dir.join("job.toml"), job.replace("[schedule]\n", &format!("[schedule]\nsync = \"async\"\n{more}"))).unwrap();
+    std::fs::write(
+        dir.join("job.toml"),
+        job.replace("[schedule]\n", &format!("[schedule]\nsync = \"async\"\n{more}")),
+    )
+    .unwrap();
     Cluster::launch(dir, ports, 2, &[], ASYNC_STEPS, &["--max-episodes", "3"])
 }
 
@@ -89,7 +105,10 @@ async fn check_async_run(c: &Cluster, steps: u64, bound: u64) {
     for m in &log {
         let step = m["step"].as_u64().unwrap();
         assert_eq!(m["episodes"], EPISODES, "step {step}");
-        assert!(m["idle_seconds"]["workers"].is_number() && m["idle_seconds"]["learners"].is_number(), "{m}");
+        assert!(
+            m["idle_seconds"]["workers"].is_number() && m["idle_seconds"]["learners"].is_number(),
+            "{m}"
+        );
         assert_eq!(m["policy_lag"]["bound"], bound);
         for k in 0..2 {
             let lag = &m["policy_lag"]["agents"][k];
@@ -100,14 +119,25 @@ async fn check_async_run(c: &Cluster, steps: u64, bound: u64) {
             );
             let hist = lag["lag"].as_object().unwrap();
             let most = step.min(bound);
-            assert!(hist.keys().all(|l| l.parse::<u64>().unwrap() <= most), "step {step} agent {k}: lags {hist:?} past {most}");
+            assert!(
+                hist.keys().all(|l| l.parse::<u64>().unwrap() <= most),
+                "step {step} agent {k}: lags {hist:?} past {most}"
+            );
             assert_eq!(hist.values().map(|v| v.as_u64().unwrap()).sum::<u64>(), SAMPLES_PER_AGENT);
             at_bound += hist.get(&bound.to_string()).and_then(Value::as_u64).unwrap_or(0);
             let a = &m["agents"][k];
             assert_eq!(a["train"]["samples"], SAMPLES_PER_AGENT, "step {step} agent {k}");
             assert_eq!(a["version"], step + 1);
-            let versions: Vec<u64> = a["policy_versions"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-            assert!(versions.iter().all(|&v| v + bound >= step && v <= step), "step {step} agent {k}: versions {versions:?}");
+            let versions: Vec<u64> = a["policy_versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert!(
+                versions.iter().all(|&v| v + bound >= step && v <= step),
+                "step {step} agent {k}: versions {versions:?}"
+            );
         }
     }
     assert!(at_bound > 0, "no turn was sampled {bound} versions before its step's weights: the rollouts did not run that far ahead");

@@ -8,13 +8,23 @@ fn fixtures() -> PathBuf {
 }
 
 fn comas(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_comas")).args(args).env("COMAS_THREADS", "1").output().expect("comas runs")
+    Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(args)
+        .env("COMAS_THREADS", "1")
+        .output()
+        .expect("comas runs")
 }
 
 fn reference(name: &str) -> (serde_json::Value, comas_model::safetensors::SafeTensorsFile) {
     let dir = fixtures().join("reference");
-    let json = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    (json, comas_model::safetensors::SafeTensorsFile::open(&dir.join(format!("{name}.safetensors"))).unwrap())
+    let json =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
+    (
+        json,
+        comas_model::safetensors::SafeTensorsFile::open(&dir.join(format!("{name}.safetensors")))
+            .unwrap(),
+    )
 }
 
 fn ok_json(out: Output) -> serde_json::Value {
@@ -27,11 +37,22 @@ fn generate_json_matches_transformers_greedy() {
     let (r, t) = reference("llama3-gqa");
     let model = fixtures().join("models/llama3-gqa");
     let prompt = r["prompts"][0]["text"].as_str().unwrap();
-    let out =
-        ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--prompt", prompt, "--greedy", "--ignore-eos", "--max-new-tokens", "32", "--json"]));
+    let out = ok_json(comas(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--greedy",
+        "--ignore-eos",
+        "--max-new-tokens",
+        "32",
+        "--json",
+    ]));
     assert_eq!(out["prompt_ids"], r["prompts"][0]["ids"]);
     let want = Vec::<i64>::try_from(&t.tensor("greedy_0").unwrap()).unwrap();
-    let got: Vec<i64> = out["generated_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let got: Vec<i64> =
+        out["generated_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
     assert_eq!(got, want);
     assert_eq!(out["finish_reason"], "length");
     let want_lp = Vec::<f32>::try_from(&t.tensor("logprobs_greedy_0").unwrap()).unwrap();
@@ -44,7 +65,18 @@ fn generate_json_matches_transformers_greedy() {
 fn chat_prompt_uses_the_template() {
     let (r, _) = reference("qwen2-f32");
     let model = fixtures().join("models/qwen2-f32");
-    let out = ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--chat", "What is 12 + 7?", "--max-new-tokens", "4", "--seed", "3", "--json"]));
+    let out = ok_json(comas(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "What is 12 + 7?",
+        "--max-new-tokens",
+        "4",
+        "--seed",
+        "3",
+        "--json",
+    ]));
     assert_eq!(out["prompt_ids"], r["prompts"][2]["ids"]);
     assert!(out["generated_ids"].as_array().unwrap().len() <= 4);
 }
@@ -90,15 +122,26 @@ fn score_matches_generation_logprobs() {
     }
     std::fs::write(&input, lines).unwrap();
     let output = dir.path().join("out.jsonl");
-    let out =
-        comas(&["score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--batch-size", "2"]);
+    let out = comas(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--batch-size",
+        "2",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&output).unwrap();
-    let recs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let recs: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(recs.len(), 3);
     for (i, rec) in recs.iter().enumerate() {
         assert_eq!(rec["id"], i);
-        let want = Vec::<f32>::try_from(&t.tensor(&format!("logprobs_greedy_{i}")).unwrap()).unwrap();
+        let want =
+            Vec::<f32>::try_from(&t.tensor(&format!("logprobs_greedy_{i}")).unwrap()).unwrap();
         let got = rec["logprobs"].as_array().unwrap();
         assert_eq!(got.len(), 32);
         for (a, b) in got.iter().zip(&want) {
@@ -113,12 +156,60 @@ fn bad_input_exits_with_a_clear_message() {
     let m = model.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["generate".into(), "--model".into(), "/nonexistent".into(), "--prompt".into(), "hi".into()], "/nonexistent/config.json"),
-        (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--top-p".into(), "0".into()], "top_p"),
-        (vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--device".into(), "cuda:3".into()], "cuda:3"),
-        (vec!["tiny-model".into(), "--out".into(), dir.path().join("x").to_str().unwrap().into(), "--arch".into(), "gpt2".into()], "gpt2"),
         (
-            vec!["generate".into(), "--model".into(), m.into(), "--prompt".into(), "hi".into(), "--max-new-tokens".into(), "1000000000".into()],
+            vec![
+                "generate".into(),
+                "--model".into(),
+                "/nonexistent".into(),
+                "--prompt".into(),
+                "hi".into(),
+            ],
+            "/nonexistent/config.json",
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                m.into(),
+                "--prompt".into(),
+                "hi".into(),
+                "--top-p".into(),
+                "0".into(),
+            ],
+            "top_p",
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                m.into(),
+                "--prompt".into(),
+                "hi".into(),
+                "--device".into(),
+                "cuda:3".into(),
+            ],
+            "cuda:3",
+        ),
+        (
+            vec![
+                "tiny-model".into(),
+                "--out".into(),
+                dir.path().join("x").to_str().unwrap().into(),
+                "--arch".into(),
+                "gpt2".into(),
+            ],
+            "gpt2",
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                m.into(),
+                "--prompt".into(),
+                "hi".into(),
+                "--max-new-tokens".into(),
+                "1000000000".into(),
+            ],
             "max_new_tokens 1000000000 exceed the model's context",
         ),
     ];
@@ -131,7 +222,8 @@ fn bad_input_exits_with_a_clear_message() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
     let input = dir.path().join("bad.jsonl");
-    std::fs::write(&input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"\n").unwrap();
+    std::fs::write(&input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"\n")
+        .unwrap();
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
@@ -140,7 +232,8 @@ fn bad_input_exits_with_a_clear_message() {
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("9999"));
     // A record longer than the context is refused by line, before any allocation for it.
-    let ctx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let ctx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
     let ctx = ctx["max_position_embeddings"].as_u64().unwrap() as usize;
     let ids: Vec<String> = (0..ctx).map(|i| (1 + i % 50).to_string()).collect();
     std::fs::write(&input, format!("{{\"prompt\": \"a\", \"completion\": \"b\"}}\n{{\"prompt_ids\": [1], \"completion_ids\": [{}]}}\n", ids.join(",")))
@@ -148,11 +241,16 @@ fn bad_input_exits_with_a_clear_message() {
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains(&format!("line 2: prompt and completion are {} tokens, over the model's context of {ctx}", ctx + 1)),
+        !out.status.success()
+            && err.contains(&format!(
+                "line 2: prompt and completion are {} tokens, over the model's context of {ctx}",
+                ctx + 1
+            )),
         "{err}"
     );
     // Bytes that are not UTF-8 are named by line.
-    std::fs::write(&input, b"{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"\xff\"}\n").unwrap();
+    std::fs::write(&input, b"{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"\xff\"}\n")
+        .unwrap();
     let out = comas(&["score", "--model", m, "--input", input.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("line 2: is it UTF-8 text?"), "{err}");
@@ -162,9 +260,27 @@ fn bad_input_exits_with_a_clear_message() {
 fn tiny_model_builds_and_generates() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("tiny");
-    let o = comas(&["tiny-model", "--out", out_dir.to_str().unwrap(), "--arch", "llama", "--seed", "4"]);
+    let o = comas(&[
+        "tiny-model",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--arch",
+        "llama",
+        "--seed",
+        "4",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = ok_json(comas(&["generate", "--model", out_dir.to_str().unwrap(), "--chat", "hi", "--max-new-tokens", "5", "--ignore-eos", "--json"]));
+    let out = ok_json(comas(&[
+        "generate",
+        "--model",
+        out_dir.to_str().unwrap(),
+        "--chat",
+        "hi",
+        "--max-new-tokens",
+        "5",
+        "--ignore-eos",
+        "--json",
+    ]));
     assert_eq!(out["generated_ids"].as_array().unwrap().len(), 5);
 }
 
@@ -188,19 +304,38 @@ fn broken_tokenizer_files_are_named_and_a_broken_template_breaks_only_chat() {
     let m = model.to_str().unwrap();
     let tok = model.join("tokenizer.json");
     let good = std::fs::read_to_string(&tok).unwrap();
-    for (text, needle) in [("{\"vocab\": [1, 2]}", "is JSON but not a tokenizer"), ("{\"model\": {\"type\": \"BPE\"", "is not valid JSON")] {
+    for (text, needle) in [
+        ("{\"vocab\": [1, 2]}", "is JSON but not a tokenizer"),
+        ("{\"model\": {\"type\": \"BPE\"", "is not valid JSON"),
+    ] {
         std::fs::write(&tok, text).unwrap();
         let out = comas(&["generate", "--model", m, "--prompt", "hi", "--max-new-tokens", "2"]);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(needle) && err.contains(tok.to_str().unwrap()), "{err}");
+        assert!(
+            !out.status.success() && err.contains(needle) && err.contains(tok.to_str().unwrap()),
+            "{err}"
+        );
     }
     std::fs::write(&tok, good).unwrap();
     let jinja = model.join("chat_template.jinja");
     std::fs::write(&jinja, "{% for m in messages %}{{ m.content }").unwrap();
     let out = comas(&["generate", "--model", m, "--chat", "hi", "--max-new-tokens", "2"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("{} does not compile", jinja.display())), "{err}");
-    let out = ok_json(comas(&["generate", "--model", m, "--prompt", "hi", "--max-new-tokens", "2", "--ignore-eos", "--json"]));
+    assert!(
+        !out.status.success() && err.contains(&format!("{} does not compile", jinja.display())),
+        "{err}"
+    );
+    let out = ok_json(comas(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "2",
+        "--ignore-eos",
+        "--json",
+    ]));
     assert_eq!(out["generated_ids"].as_array().unwrap().len(), 2);
     let input = dir.path().join("score.jsonl");
     std::fs::write(&input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n").unwrap();
@@ -216,15 +351,30 @@ fn serve_answers_chat_completions_as_generate_does() {
     use comas_service::openai::{CallError, ChatRequest, Endpoint, Message};
     let model = fixtures().join("models/qwen2-f32");
     let mut server = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["serve", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0", "--served-name", "judge"])
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--served-name",
+            "judge",
+        ])
         .env("COMAS_THREADS", "1")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // The first line says where it listens (port 0: whatever was free).
     let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.take().unwrap()), &mut line).unwrap();
-    let url = line.trim().strip_prefix("comas serve: judge at ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("comas serve: judge at ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     let endpoint = Endpoint::parse(url, None).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let ask = |content: &str, seed: u64, max_tokens: u32| ChatRequest {
@@ -242,7 +392,11 @@ fn serve_answers_chat_completions_as_generate_does() {
     let questions = ["What is 12 + 7?", "Name a prime.", "Say hi.", "Count to three."];
     // All four in flight at once: the server batches them.
     let replies = rt.block_on(async {
-        let calls: Vec<_> = questions.iter().enumerate().map(|(i, q)| tokio::spawn(call(ask(q, 10 + i as u64, 12)))).collect();
+        let calls: Vec<_> = questions
+            .iter()
+            .enumerate()
+            .map(|(i, q)| tokio::spawn(call(ask(q, 10 + i as u64, 12))))
+            .collect();
         let mut out = Vec::new();
         for c in calls {
             out.push(c.await.unwrap());
@@ -251,15 +405,31 @@ fn serve_answers_chat_completions_as_generate_does() {
     });
     for (i, (q, r)) in questions.iter().zip(replies).enumerate() {
         let r = r.unwrap();
-        let alone =
-            ok_json(comas(&["generate", "--model", model.to_str().unwrap(), "--chat", q, "--max-new-tokens", "12", "--seed", &(10 + i).to_string(), "--json"]));
+        let alone = ok_json(comas(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--chat",
+            q,
+            "--max-new-tokens",
+            "12",
+            "--seed",
+            &(10 + i).to_string(),
+            "--json",
+        ]));
         assert_eq!(r.choices[0].message.content, alone["text"].as_str().unwrap(), "question {i}");
         let usage = r.usage.unwrap();
         assert_eq!(
             (usage.prompt_tokens, usage.completion_tokens),
-            (alone["prompt_ids"].as_array().unwrap().len() as u64, alone["generated_ids"].as_array().unwrap().len() as u64)
+            (
+                alone["prompt_ids"].as_array().unwrap().len() as u64,
+                alone["generated_ids"].as_array().unwrap().len() as u64
+            )
         );
-        assert_eq!(r.choices[0].finish_reason.as_deref(), Some(if alone["finish_reason"] == "length" { "length" } else { "stop" }));
+        assert_eq!(
+            r.choices[0].finish_reason.as_deref(),
+            Some(if alone["finish_reason"] == "length" { "length" } else { "stop" })
+        );
         assert_eq!(r.model, "judge");
     }
     let refused = |r: ChatRequest| match rt.block_on(call(r)) {
@@ -269,7 +439,10 @@ fn serve_answers_chat_completions_as_generate_does() {
     let (code, message) = refused(ChatRequest { n: Some(2), ..ask("a", 1, 4) });
     assert_eq!((code, message.as_str()), (400, "n must be 1: one choice per request"));
     let (code, message) = refused(ask("a", 1, 100_000));
-    assert!(code == 400 && message.contains("shorten the messages or lower max_tokens"), "{code} {message}");
+    assert!(
+        code == 400 && message.contains("shorten the messages or lower max_tokens"),
+        "{code} {message}"
+    );
     let (code, message) = refused(ChatRequest { model: "other".into(), ..ask("a", 1, 4) });
     assert!(code == 404 && message.contains("this server serves \"judge\""), "{code} {message}");
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };

@@ -12,7 +12,11 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 fn comas(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_comas")).args(args).env("COMAS_THREADS", "1").output().expect("comas runs")
+    Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(args)
+        .env("COMAS_THREADS", "1")
+        .output()
+        .expect("comas runs")
 }
 
 fn convert(format: &str, inputs: &[&Path], out: &Path, extra: &[&str]) -> Output {
@@ -47,25 +51,36 @@ fn write_parquet(path: &Path, columns: &[Column], compression: Compression) {
             Column::Int(name, _) => format!("OPTIONAL INT64 {name};"),
         })
         .collect();
-    let schema = Arc::new(parse_message_type(&format!("message schema {{ {} }}", fields.join(" "))).unwrap());
+    let schema = Arc::new(
+        parse_message_type(&format!("message schema {{ {} }}", fields.join(" "))).unwrap(),
+    );
     let props = Arc::new(WriterProperties::builder().set_compression(compression).build());
-    let mut writer = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    let mut writer =
+        SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
     let mut group = writer.next_row_group().unwrap();
     for c in columns {
         let mut col = group.next_column().unwrap().unwrap();
         match c {
             Column::Str(_, values) => {
                 let v: Vec<ByteArray> = values.iter().map(|s| ByteArray::from(*s)).collect();
-                col.typed::<ByteArrayType>().write_batch(&v, Some(&vec![1; v.len()]), None).unwrap();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&v, Some(&vec![1; v.len()]), None)
+                    .unwrap();
             }
             Column::StrList(_, lists) => {
                 // Definition level 3 = element present; repetition level 0 starts a new row.
-                let v: Vec<ByteArray> = lists.iter().flatten().map(|s| ByteArray::from(*s)).collect();
-                let rep: Vec<i16> = lists.iter().flat_map(|l| (0..l.len()).map(|i| i16::from(i > 0))).collect();
-                col.typed::<ByteArrayType>().write_batch(&v, Some(&vec![3; v.len()]), Some(&rep)).unwrap();
+                let v: Vec<ByteArray> =
+                    lists.iter().flatten().map(|s| ByteArray::from(*s)).collect();
+                let rep: Vec<i16> =
+                    lists.iter().flat_map(|l| (0..l.len()).map(|i| i16::from(i > 0))).collect();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&v, Some(&vec![3; v.len()]), Some(&rep))
+                    .unwrap();
             }
             Column::Int(_, values) => {
-                col.typed::<Int64Type>().write_batch(values, Some(&vec![1; values.len()]), None).unwrap();
+                col.typed::<Int64Type>()
+                    .write_batch(values, Some(&vec![1; values.len()]), None)
+                    .unwrap();
             }
         }
         col.close().unwrap();
@@ -100,8 +115,17 @@ fn parquet_json_and_jsonl_files_become_records_that_eval_reads() {
     let mmlu = d.join("mmlu.parquet");
     mmlu_parquet(&mmlu);
     let items = converted("mmlu", &[&mmlu, &mmlu], &d.join("mmlu.jsonl"));
-    let got: Vec<(&str, &str, &str)> = items.iter().map(|i| (i.id.as_str(), i.answer.as_str(), i.grader.name())).collect();
-    assert_eq!(got, [("mmlu-0", "B", "choice"), ("mmlu-1", "A", "choice"), ("mmlu-2", "B", "choice"), ("mmlu-3", "A", "choice")]);
+    let got: Vec<(&str, &str, &str)> =
+        items.iter().map(|i| (i.id.as_str(), i.answer.as_str(), i.grader.name())).collect();
+    assert_eq!(
+        got,
+        [
+            ("mmlu-0", "B", "choice"),
+            ("mmlu-1", "A", "choice"),
+            ("mmlu-2", "B", "choice"),
+            ("mmlu-3", "A", "choice")
+        ]
+    );
     assert_eq!(
         items[1].query,
         "The following is a multiple-choice question about abstract algebra.\n\nFind the characteristic of the ring 2Z.\n\nA) 0\nB) 3\nC) 12\nD) 30\n\nReason step by step, then put only the letter of the correct option (A, B, C or D) in \\boxed{}."
@@ -147,7 +171,12 @@ fn parquet_json_and_jsonl_files_become_records_that_eval_reads() {
     .unwrap();
     let items = converted("mbpp", &[&jsonl], &d.join("mbpp-full.jsonl"));
     assert_eq!(items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["mbpp/2", "mbpp/3"]);
-    assert_eq!(items[1].grader, GraderKind::Code { checker: "assert is_not_prime(2) == False\nassert is_not_prime(10) == True".into() });
+    assert_eq!(
+        items[1].grader,
+        GraderKind::Code {
+            checker: "assert is_not_prime(2) == False\nassert is_not_prime(10) == True".into()
+        }
+    );
 
     // GSM8K as `datasets.Dataset.to_json` writes it: JSON lines under a .json name.
     let gsm = d.join("gsm8k-test.json");
@@ -160,8 +189,13 @@ fn parquet_json_and_jsonl_files_become_records_that_eval_reads() {
     )
     .unwrap();
     let items = converted("gsm8k", &[&gsm], &d.join("gsm8k.jsonl"));
-    assert_eq!((items[0].id.as_str(), items[0].answer.as_str(), &items[0].grader), ("gsm8k-0", "18", &GraderKind::Math));
-    assert!(items[0].query.ends_with("at the farmers' market?\n\nReason step by step, then put the final answer in \\boxed{}."));
+    assert_eq!(
+        (items[0].id.as_str(), items[0].answer.as_str(), &items[0].grader),
+        ("gsm8k-0", "18", &GraderKind::Math)
+    );
+    assert!(items[0].query.ends_with(
+        "at the farmers' market?\n\nReason step by step, then put the final answer in \\boxed{}."
+    ));
 
     // SciBench as its GitHub release: a JSON array per textbook.
     let sci = d.join("atkins.json");
@@ -171,8 +205,17 @@ fn parquet_json_and_jsonl_files_become_records_that_eval_reads() {
     )
     .unwrap();
     let items = converted("scibench", &[&sci], &d.join("scibench.jsonl"));
-    assert_eq!((items[0].id.as_str(), items[0].answer.as_str(), &items[0].grader), ("scibench/atkins/e1.17(a)(a)", "50.7", &GraderKind::Numeric));
-    assert!(items[0].query.contains("from the perfect gas. The unit of the answer is $\\mathrm{atm}$.\n\n"), "{}", items[0].query);
+    assert_eq!(
+        (items[0].id.as_str(), items[0].answer.as_str(), &items[0].grader),
+        ("scibench/atkins/e1.17(a)(a)", "50.7", &GraderKind::Numeric)
+    );
+    assert!(
+        items[0]
+            .query
+            .contains("from the perfect gas. The unit of the answer is $\\mathrm{atm}$.\n\n"),
+        "{}",
+        items[0].query
+    );
 }
 
 #[test]
@@ -201,11 +244,19 @@ fn gpqa_letters_follow_the_seed() {
     };
     let (a, b, c) = (letters("1"), letters("1"), letters("2"));
     assert_eq!(a, b);
-    assert_ne!(a.iter().map(|i| &i.answer).collect::<Vec<_>>(), c.iter().map(|i| &i.answer).collect::<Vec<_>>());
+    assert_ne!(
+        a.iter().map(|i| &i.answer).collect::<Vec<_>>(),
+        c.iter().map(|i| &i.answer).collect::<Vec<_>>()
+    );
     for item in a.iter().chain(&c) {
         assert_eq!(item.grader, GraderKind::Choice);
         // The letter recorded as gt labels the correct answer in the query.
-        assert!(item.query.contains(&format!("\n{}) right\n", item.answer)), "{}: {}", item.answer, item.query);
+        assert!(
+            item.query.contains(&format!("\n{}) right\n", item.answer)),
+            "{}: {}",
+            item.answer,
+            item.query
+        );
     }
     assert_eq!(a[0].id, "rec0");
 }
@@ -225,8 +276,16 @@ fn gpqa_csv_and_medqa_jsonl_become_choice_records() {
     .unwrap();
     let items = converted("gpqa", &[&gpqa], &dir.path().join("gpqa.jsonl"));
     assert_eq!(items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["recA1", "recB2"]);
-    assert!(items[0].query.starts_with("Which gas, at STP,\nis \"noble\"?\n\n"), "{}", items[0].query);
-    assert!(items[0].query.contains(&format!("\n{}) Argon\n", items[0].answer)), "{}", items[0].query);
+    assert!(
+        items[0].query.starts_with("Which gas, at STP,\nis \"noble\"?\n\n"),
+        "{}",
+        items[0].query
+    );
+    assert!(
+        items[0].query.contains(&format!("\n{}) Argon\n", items[0].answer)),
+        "{}",
+        items[0].query
+    );
     assert!(items[1].query.contains(&format!("\n{}) 2\n", items[1].answer)), "{}", items[1].query);
     assert!(items.iter().all(|i| i.grader == GraderKind::Choice));
 
@@ -238,10 +297,17 @@ fn gpqa_csv_and_medqa_jsonl_become_choice_records() {
     std::fs::write(&medqa, format!("{}\n{}\n", row("First?", "B"), row("Second?", "D"))).unwrap();
     let items = converted("medqa", &[&medqa], &dir.path().join("medqa.jsonl"));
     assert_eq!(
-        items.iter().map(|i| (i.id.as_str(), i.answer.as_str(), i.grader.clone())).collect::<Vec<_>>(),
+        items
+            .iter()
+            .map(|i| (i.id.as_str(), i.answer.as_str(), i.grader.clone()))
+            .collect::<Vec<_>>(),
         [("medqa-0", "B", GraderKind::Choice), ("medqa-1", "D", GraderKind::Choice)]
     );
-    assert!(items[0].query.starts_with("First?\n\nA) a1\nB) b1\nC) c1\nD) d1\n\n"), "{}", items[0].query);
+    assert!(
+        items[0].query.starts_with("First?\n\nA) a1\nB) b1\nC) c1\nD) d1\n\n"),
+        "{}",
+        items[0].query
+    );
 }
 
 #[test]
@@ -268,9 +334,16 @@ fn errors_name_the_file_the_column_and_the_row() {
     assert!(e.contains(&format!("{} line 2: cannot convert to a gsm8k record: the answer has no final `#### <number>` line", gsm.display())), "{e}");
 
     let arr = d.join("math.json");
-    std::fs::write(&arr, r#"[{"problem": "p", "answer": "1"}, {"question": "q", "answer": "2"}]"#).unwrap();
+    std::fs::write(&arr, r#"[{"problem": "p", "answer": "1"}, {"question": "q", "answer": "2"}]"#)
+        .unwrap();
     let e = stderr(&convert("math500", &[&arr], &out, &[]));
-    assert!(e.contains(&format!("{} row 2: no column `problem` for math500; the columns there are: answer, question", arr.display())), "{e}");
+    assert!(
+        e.contains(&format!(
+            "{} row 2: no column `problem` for math500; the columns there are: answer, question",
+            arr.display()
+        )),
+        "{e}"
+    );
 
     let csv = d.join("gpqa_diamond.csv");
     std::fs::write(&csv, "Question,Correct Answer\nq,a\n").unwrap();
@@ -283,7 +356,10 @@ fn errors_name_the_file_the_column_and_the_row() {
     let txt = d.join("gpqa.txt");
     std::fs::write(&txt, "Question\n").unwrap();
     let e = stderr(&convert("gpqa", &[&txt], &out, &[]));
-    assert!(e.contains("gpqa.txt: unknown file type; use a .parquet, .jsonl, .json or .csv file"), "{e}");
+    assert!(
+        e.contains("gpqa.txt: unknown file type; use a .parquet, .jsonl, .json or .csv file"),
+        "{e}"
+    );
 
     let e = stderr(&convert("humaneval", &[&gsm], &out, &[]));
     assert!(e.contains("unknown benchmark format `humaneval`"), "{e}");

@@ -12,7 +12,8 @@ use std::path::Path;
 /// every final turn with a FINAL (sometimes two, sometimes none).
 fn write_cosir_job(dir: &Path, learner_ports: &[u16]) {
     for (name, seed) in [("model-0", 3), ("model-1", 4)] {
-        write_model(&dir.join(name), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+        write_model(&dir.join(name), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })
+            .unwrap();
     }
     let agent = |k: usize| {
         format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 6\nmicro_batch_size = 6\nmask_truncated = false\n", learner_ports[k])
@@ -46,8 +47,13 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
         let step = m["step"].as_u64().unwrap();
         // 2 tables x 2 games, each 2 rounds x 2 seats + 2 finals.
         assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("cosir"), Some(4)), "{m}");
-        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
-        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
+        let text =
+            std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl")))
+                .unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone())
+            .collect();
         assert_eq!(records.len(), 4);
         let mut by_seat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         let (mut step_valid, mut team_right, mut requests) = (0u32, 0u32, 0u32);
@@ -55,8 +61,10 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
         for r in &records {
             let turns = r["turns"].as_array().unwrap();
             assert_eq!(turns.len(), 6);
-            let seat_of: std::collections::BTreeMap<u64, usize> =
-                turns.iter().map(|t| (t["turn_index"].as_u64().unwrap(), t["seat"].as_u64().unwrap() as usize)).collect();
+            let seat_of: std::collections::BTreeMap<u64, usize> = turns
+                .iter()
+                .map(|t| (t["turn_index"].as_u64().unwrap(), t["seat"].as_u64().unwrap() as usize))
+                .collect();
             let g = cosir_reference::game(r);
             for (turn, reward) in g.rewards {
                 by_seat[seat_of[&turn]].push(reward);
@@ -71,37 +79,67 @@ async fn a_cosir_game_is_rewarded_as_the_spec_says_turn_by_turn() {
             for t in turns {
                 // Every message ends with its guided tag line; the tags are what the text says.
                 let tags = &t["tags"];
-                let lines = |p: &str| t["message"].as_str().unwrap().lines().filter(|l| l.starts_with(p)).count();
-                let counted =
-                    tags["shares"].as_array().unwrap().len() + tags["requests"].as_array().unwrap().len() + usize::from(tags["final_choice"].is_u64());
+                let lines = |p: &str| {
+                    t["message"].as_str().unwrap().lines().filter(|l| l.starts_with(p)).count()
+                };
+                let counted = tags["shares"].as_array().unwrap().len()
+                    + tags["requests"].as_array().unwrap().len()
+                    + usize::from(tags["final_choice"].is_u64());
                 assert!(counted <= lines("SHARE(") + lines("REQUEST(") + lines("FINAL("), "{t}");
                 violations += tags["violations"].as_array().unwrap().len() as u64;
                 tag_count += tags_of(t);
             }
         }
         valid += step_valid;
-        assert_eq!(m["valid_shares_per_episode"]["mean"].as_f64(), Some(f64::from(step_valid) / 4.0), "{m}");
+        assert_eq!(
+            m["valid_shares_per_episode"]["mean"].as_f64(),
+            Some(f64::from(step_valid) / 4.0),
+            "{m}"
+        );
         assert_eq!(m["team_accuracy"]["mean"].as_f64(), Some(f64::from(team_right) / 4.0), "{m}");
-        assert_eq!(m["requests_per_episode"]["mean"].as_f64(), Some(f64::from(requests) / 4.0), "{m}");
-        let lie_rate = (!lie_rates.is_empty()).then(|| lie_rates.iter().sum::<f64>() / lie_rates.len() as f64);
-        assert_eq!((m["false_claim_rate"]["mean"].as_f64(), m["false_claim_rate"]["count"].as_u64()), (lie_rate, Some(lie_rates.len() as u64)), "{m}");
+        assert_eq!(
+            m["requests_per_episode"]["mean"].as_f64(),
+            Some(f64::from(requests) / 4.0),
+            "{m}"
+        );
+        let lie_rate =
+            (!lie_rates.is_empty()).then(|| lie_rates.iter().sum::<f64>() / lie_rates.len() as f64);
+        assert_eq!(
+            (m["false_claim_rate"]["mean"].as_f64(), m["false_claim_rate"]["count"].as_u64()),
+            (lie_rate, Some(lie_rates.len() as u64)),
+            "{m}"
+        );
         for k in 0..2 {
             let a = &m["agents"][k];
             // Each seat's agent trains on exactly its 3 turns of each of the 4 games.
-            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64()), (Some(12), Some(12)), "step {step} agent {k}");
+            assert_eq!(
+                (a["samples"].as_u64(), a["train"]["samples"].as_u64()),
+                (Some(12), Some(12)),
+                "step {step} agent {k}"
+            );
             let want = by_seat[k].iter().sum::<f64>() / by_seat[k].len() as f64;
             let got = a["reward_mean"].as_f64().unwrap();
-            assert!((got - want).abs() < 1e-9, "step {step} agent {k}: reward mean {got}, the reference says {want}");
+            assert!(
+                (got - want).abs() < 1e-9,
+                "step {step} agent {k}: reward mean {got}, the reference says {want}"
+            );
         }
     }
-    eprintln!("tags {tag_count}, valid shares {valid}, false claims {lies}, violations {violations}");
-    assert!(tag_count > 0 && violations > 0 && lies > 0 && valid > 0, "the guided tails produced true and false shares, and violations");
+    eprintln!(
+        "tags {tag_count}, valid shares {valid}, false claims {lies}, violations {violations}"
+    );
+    assert!(
+        tag_count > 0 && violations > 0 && lies > 0 && valid > 0,
+        "the guided tails produced true and false shares, and violations"
+    );
 }
 
 /// Tags a turn's record holds.
 fn tags_of(t: &Value) -> u64 {
     let tags = &t["tags"];
-    (tags["shares"].as_array().unwrap().len() + tags["requests"].as_array().unwrap().len() + usize::from(tags["final_choice"].is_u64())) as u64
+    (tags["shares"].as_array().unwrap().len()
+        + tags["requests"].as_array().unwrap().len()
+        + usize::from(tags["final_choice"].is_u64())) as u64
 }
 
 /// The spec's rewards, written again from spec cosir.md §3.5 and §4 for this test: posteriors by
@@ -126,19 +164,29 @@ mod cosir_reference {
 
     impl Table {
         pub fn from_json(t: &Value) -> Self {
-            let nums = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+            let nums = |v: &Value| {
+                v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>()
+            };
             Table {
                 weights: nums(&t["weights"]),
                 prior: t["prior"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect(),
                 scores: t["scores"].as_array().unwrap().iter().map(nums).collect(),
                 answer: t["answer"].as_u64().unwrap() as usize,
-                views: t["views"].as_array().unwrap().iter().map(|v| v.as_array().unwrap().iter().map(cell).collect()).collect(),
+                views: t["views"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_array().unwrap().iter().map(cell).collect())
+                    .collect(),
             }
         }
 
         fn posterior(&self, known: &BTreeSet<Cell>) -> Vec<f64> {
             let (m, c) = (self.scores.len(), self.weights.len());
-            let unknown: Vec<Cell> = (0..m).flat_map(|o| (0..c).map(move |x| (o, x))).filter(|x| !known.contains(x)).collect();
+            let unknown: Vec<Cell> = (0..m)
+                .flat_map(|o| (0..c).map(move |x| (o, x)))
+                .filter(|x| !known.contains(x))
+                .collect();
             let k = self.prior.len();
             let mut p = vec![0.0; m];
             let mut values = vec![0usize; unknown.len()];
@@ -149,7 +197,10 @@ mod cosir_reference {
                     s[x.0][x.1] = v as u32;
                     w *= self.prior[v];
                 }
-                let u: Vec<u32> = s.iter().map(|row| row.iter().zip(&self.weights).map(|(a, b)| a * b).sum()).collect();
+                let u: Vec<u32> = s
+                    .iter()
+                    .map(|row| row.iter().zip(&self.weights).map(|(a, b)| a * b).sum())
+                    .collect();
                 let best = *u.iter().max().unwrap();
                 let n = u.iter().filter(|&&x| x == best).count() as f64;
                 for o in 0..m {
@@ -185,8 +236,13 @@ mod cosir_reference {
             with.insert(x);
             let after: f64 = (0..self.prior.len())
                 .map(|v| {
-                    let mut t =
-                        Table { weights: self.weights.clone(), prior: self.prior.clone(), scores: self.scores.clone(), answer: self.answer, views: Vec::new() };
+                    let mut t = Table {
+                        weights: self.weights.clone(),
+                        prior: self.prior.clone(),
+                        scores: self.scores.clone(),
+                        answer: self.answer,
+                        views: Vec::new(),
+                    };
                     t.scores[x.0][x.1] = v as u32;
                     self.prior[v] * t.entropy(&with)
                 })
@@ -244,8 +300,12 @@ mod cosir_reference {
             share_tags += turn["tags"]["shares"].as_array().unwrap().len() as u32;
             requests += turn["tags"]["requests"].as_array().unwrap().len() as u32;
             let share = (before - team(&e)).max(0.0);
-            let fmt = if turn["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
-            out.push((turn["turn_index"].as_u64().unwrap(), share + 0.5 * req - 0.5 * fmt - 0.5 * lies));
+            let fmt =
+                if turn["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
+            out.push((
+                turn["turn_index"].as_u64().unwrap(),
+                share + 0.5 * req - 0.5 * fmt - 0.5 * lies,
+            ));
         }
         let finals: Vec<&Value> = turns.iter().filter(|x| x["role"] == "voter").collect();
         let mut votes: BTreeMap<u64, u32> = BTreeMap::new();
@@ -261,9 +321,14 @@ mod cosir_reference {
             let seat = f["seat"].as_u64().unwrap() as usize;
             let p = t.posterior(&e[seat]);
             let best = p.iter().cloned().fold(0.0, f64::max);
-            let used = f["tags"]["final_choice"].as_u64().is_some_and(|o| p[o as usize] >= best - 1e-12);
-            let fmt = if f["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
-            out.push((f["turn_index"].as_u64().unwrap(), f64::from(u8::from(used)) + f64::from(u8::from(team_right)) - 0.5 * fmt));
+            let used =
+                f["tags"]["final_choice"].as_u64().is_some_and(|o| p[o as usize] >= best - 1e-12);
+            let fmt =
+                if f["tags"]["violations"].as_array().unwrap().is_empty() { 0.0 } else { 1.0 };
+            out.push((
+                f["turn_index"].as_u64().unwrap(),
+                f64::from(u8::from(used)) + f64::from(u8::from(team_right)) - 0.5 * fmt,
+            ));
         }
         Game { rewards: out, valid_shares, false_claims, share_tags, requests, team_right }
     }

@@ -31,14 +31,21 @@ async fn two_agents_two_workers_three_steps() {
         .collect();
     assert_eq!(kinds, ["eval0", "step0", "step1", "eval2", "step2", "eval3"]);
     for e in c.log_of("eval") {
-        assert_eq!((e["episodes"].as_u64(), e["turns"]["solver"].as_u64()), (Some(2), Some(8)), "{e}");
+        assert_eq!(
+            (e["episodes"].as_u64(), e["turns"]["solver"].as_u64()),
+            (Some(2), Some(8)),
+            "{e}"
+        );
         assert!(e["accuracy"]["last_round"].is_number());
         // Evaluation used the weights of the steps completed so far.
         assert_eq!(e["agents"][1]["policy_versions"], serde_json::json!([e["after_steps"]]));
     }
     assert_eq!(st.agents.iter().map(|a| a.version).collect::<Vec<_>>(), vec![STEPS, STEPS]);
     c.check_complete_run().await;
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES + 3 * 2) as f64);
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (STEPS * EPISODES + 3 * 2) as f64
+    );
     assert_eq!(c.prometheus("comas_coordinator_steps_completed_total"), STEPS as f64);
     assert_eq!(c.prometheus("comas_coordinator_pending_episodes"), 0.0);
     assert_eq!(c.prometheus("comas_coordinator_workers"), 2.0);
@@ -50,7 +57,12 @@ async fn two_agents_two_workers_three_steps() {
             let params = c.learner_info(k).await.trainable_parameters;
             let sync = &m["agents"][k]["weight_sync"];
             let want = if last { (0, 0) } else { (2 * 4 * params, 4 * params) };
-            assert_eq!((sync["bytes"].as_u64().unwrap(), sync["learner_bytes"].as_u64().unwrap()), want, "step {} agent {k}", m["step"]);
+            assert_eq!(
+                (sync["bytes"].as_u64().unwrap(), sync["learner_bytes"].as_u64().unwrap()),
+                want,
+                "step {} agent {k}",
+                m["step"]
+            );
         }
     }
 }
@@ -61,14 +73,23 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
     // Long turns, so the kill lands while the step's episodes are running.
     let mut c = Cluster::new(dir.path(), 2, 48);
     let id = c.submit().await;
-    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout" && s.episodes_total > 0).await;
+    c.on_event(&id, 120, "step 1's rollout", |s| {
+        s.steps_done == 1 && s.stage == "rollout" && s.episodes_total > 0
+    })
+    .await;
     let victim = &mut c.workers[1];
     eprintln!("killing {}", victim.name);
     victim.sigkill();
     c.finished(&id).await;
     c.check_complete_run().await;
-    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "the dead worker's leases were re-queued");
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
+    assert!(
+        c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0,
+        "the dead worker's leases were re-queued"
+    );
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (STEPS * EPISODES) as f64
+    );
     assert_eq!(c.prometheus("comas_coordinator_workers"), 1.0);
 }
 
@@ -83,9 +104,18 @@ async fn timed_out_leases_are_copied_and_only_one_result_counts() {
     let id = c.submit().await;
     c.finished(&id).await;
     c.check_complete_run().await;
-    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "late leases were copied");
-    assert!(c.prometheus("comas_coordinator_duplicate_results_total") >= 1.0, "a second result of an episode was ignored");
-    assert_eq!(c.prometheus("comas_coordinator_episodes_completed_total"), (STEPS * EPISODES) as f64);
+    assert!(
+        c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0,
+        "late leases were copied"
+    );
+    assert!(
+        c.prometheus("comas_coordinator_duplicate_results_total") >= 1.0,
+        "a second result of an episode was ignored"
+    );
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (STEPS * EPISODES) as f64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,7 +124,10 @@ async fn a_killed_coordinator_resumes_from_its_last_step() {
     let mut c = Cluster::new(dir.path(), 2, 24);
     let id = c.submit().await;
     // Kill it inside step 1's rollout, after some of its episodes came back.
-    c.on_event(&id, 120, "step 1's first episodes", |s| s.steps_done == 1 && s.stage == "rollout" && s.episodes_done >= 1).await;
+    c.on_event(&id, 120, "step 1's first episodes", |s| {
+        s.steps_done == 1 && s.stage == "rollout" && s.episodes_done >= 1
+    })
+    .await;
     c.coordinator.as_mut().unwrap().sigkill();
     let committed = c.metrics_log().len();
     assert_eq!(committed, 1, "step 0 was committed before the kill");
@@ -103,7 +136,10 @@ async fn a_killed_coordinator_resumes_from_its_last_step() {
     c.check_complete_run().await;
     // The new coordinator ran only what was missing: not step 0, nor step 1's stored episodes.
     let ran = c.prometheus("comas_coordinator_episodes_completed_total");
-    assert!(ran <= (2 * EPISODES - 1) as f64, "the restarted coordinator re-ran finished episodes: {ran}");
+    assert!(
+        ran <= (2 * EPISODES - 1) as f64,
+        "the restarted coordinator re-ran finished episodes: {ran}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,12 +162,19 @@ async fn a_killed_learner_restarts_from_its_checkpoint_and_the_job_resumes() {
 async fn a_job_waits_for_workers_as_long_as_its_schedule_says() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::new(dir.path(), 0, 8);
-    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap().replace("[schedule]\n", "[schedule]\nworker_wait_secs = 3\n");
+    let job = std::fs::read_to_string(dir.path().join("job.toml"))
+        .unwrap()
+        .replace("[schedule]\n", "[schedule]\nworker_wait_secs = 3\n");
     std::fs::write(dir.path().join("job.toml"), job).unwrap();
     let id = c.submit().await;
-    let st = c.wait_for(&id, 90, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
+    let st =
+        c.wait_for(&id, 90, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
     assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
-    assert!(st.error.contains("episodes waited 3s with no ready rollout worker (registered: none)"), "{}", st.error);
+    assert!(
+        st.error.contains("episodes waited 3s with no ready rollout worker (registered: none)"),
+        "{}",
+        st.error
+    );
 }
 
 /// A worker that reports an episode sampled with the wrong weights does not fail the job: the
@@ -151,7 +194,9 @@ async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
     // Which step the faulty worker's second episode falls in depends on how the two workers
     // shared the work: version 1000 + s against s.
     assert!(
-        log.contains("malformed trajectory") && log.contains("was sampled with policy version 100") && log.contains(", but this step uses version "),
+        log.contains("malformed trajectory")
+            && log.contains("was sampled with policy version 100")
+            && log.contains(", but this step uses version "),
         "{log}"
     );
 }
@@ -163,7 +208,9 @@ async fn a_stale_trajectory_is_refused_and_its_episode_run_again() {
 async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::new(dir.path(), 1, 24);
-    let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap().replace("learner_timeout_secs = 120", "learner_timeout_secs = 5");
+    let job = std::fs::read_to_string(dir.path().join("job.toml"))
+        .unwrap()
+        .replace("learner_timeout_secs = 120", "learner_timeout_secs = 5");
     std::fs::write(dir.path().join("job.toml"), job).unwrap();
     let id = c.submit().await;
     c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
@@ -171,13 +218,22 @@ async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     // SAFETY: kill(2) on a child this test spawned and still owns.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let stopped = Instant::now();
-    let st = c.wait_for(&id, 180, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32).await;
+    let st = c
+        .wait_for(&id, 180, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32)
+        .await;
     assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
     assert!(st.error.contains("learner of agent 1"), "{}", st.error);
-    assert!(stopped.elapsed() < Duration::from_secs(150), "failed only after {:?}", stopped.elapsed());
+    assert!(
+        stopped.elapsed() < Duration::from_secs(150),
+        "failed only after {:?}",
+        stopped.elapsed()
+    );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
-    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     c.finished(&id).await;
     c.check_complete_run().await;
@@ -222,13 +278,20 @@ async fn a_broadcast_reports_the_bytes_received_while_it_runs() {
     let mut c = Cluster::new(dir.path(), 0, 24);
     c.add_worker_with(&[("COMAS_WORKER_FAULT", "slow-swap:3")]);
     let id = c.submit().await;
-    let full = |s: &pb::JobStatus| s.stage == "broadcast" && s.broadcast_workers == 1 && s.broadcast_bytes_total > 0;
-    let st = c.on_event(&id, 180, "step 0's broadcast with every byte in", move |s| full(s) && s.broadcast_bytes_done == s.broadcast_bytes_total).await;
+    let full = |s: &pb::JobStatus| {
+        s.stage == "broadcast" && s.broadcast_workers == 1 && s.broadcast_bytes_total > 0
+    };
+    let st = c
+        .on_event(&id, 180, "step 0's broadcast with every byte in", move |s| {
+            full(s) && s.broadcast_bytes_done == s.broadcast_bytes_total
+        })
+        .await;
     assert_eq!(st.steps_done, 0);
     c.finished(&id).await;
     c.check_complete_run().await;
     let step0 = &c.metrics_log()[0];
-    let moved: u64 = (0..2).map(|k| step0["agents"][k]["weight_sync"]["bytes"].as_u64().unwrap()).sum();
+    let moved: u64 =
+        (0..2).map(|k| step0["agents"][k]["weight_sync"]["bytes"].as_u64().unwrap()).sum();
     assert_eq!(st.broadcast_bytes_total, moved, "the live total is what the broadcast moved");
 }
 
@@ -243,7 +306,11 @@ async fn a_slow_late_joiner_does_not_stall_the_broadcast() {
     c.add_worker_with(&[("COMAS_WORKER_FAULT", "slow-load:300")]);
     let joined = Instant::now();
     c.finished(&id).await;
-    assert!(joined.elapsed() < Duration::from_secs(120), "the job waited {:?} for the late joiner", joined.elapsed());
+    assert!(
+        joined.elapsed() < Duration::from_secs(120),
+        "the job waited {:?} for the late joiner",
+        joined.elapsed()
+    );
     c.check_complete_run().await;
 }
 
@@ -311,8 +378,12 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
     assert!(killed.len() >= 10, "the job ended after only {} kills: {killed:?}", killed.len());
     c.check_complete_run().await;
     for k in 0..2 {
-        let file = |d: &Path| std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap();
-        assert!(file(dir.path()) == file(calm_dir.path()), "agent {k}'s final weights differ from the undisturbed run's (kills: {killed:?})");
+        let file =
+            |d: &Path| std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap();
+        assert!(
+            file(dir.path()) == file(calm_dir.path()),
+            "agent {k}'s final weights differ from the undisturbed run's (kills: {killed:?})"
+        );
     }
 }
 
@@ -326,8 +397,15 @@ async fn submit_shows_the_memory_estimate_and_warns_of_a_learner_too_small() {
     c.start_learner_with(1, &[("COMAS_LEARNER_MEMORY_BYTES", "1000000")]);
     for k in 0..2 {
         let started = Instant::now();
-        while LearnerClient::connect(format!("http://127.0.0.1:{}", c.learner_ports[k])).await.is_err() {
-            assert!(started.elapsed() < Duration::from_secs(60), "learner {k} never came up\n{}", c.logs());
+        while LearnerClient::connect(format!("http://127.0.0.1:{}", c.learner_ports[k]))
+            .await
+            .is_err()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "learner {k} never came up\n{}",
+                c.logs()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let _ = c.learner_info(k).await;
@@ -336,21 +414,34 @@ async fn submit_shows_the_memory_estimate_and_warns_of_a_learner_too_small() {
     let st = c
         .client()
         .await
-        .submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: dir.path().display().to_string(), reuse_name: false })
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: text,
+            base_dir: dir.path().display().to_string(),
+            reuse_name: false,
+        })
         .await
         .unwrap()
         .into_inner();
     let notes = st.notes.join("\n");
     assert!(
-        st.notes[0].starts_with("agent 0's learner needs about ") && st.notes[0].contains("optimizer state) plus activations; its device (Cpu) has "),
+        st.notes[0].starts_with("agent 0's learner needs about ")
+            && st.notes[0].contains("optimizer state) plus activations; its device (Cpu) has "),
         "{notes}"
     );
-    assert!(st.notes[1].starts_with("agent 1's learner needs about ") && st.notes[1].ends_with("its device (Cpu) has 976.6 KiB"), "{notes}");
+    assert!(
+        st.notes[1].starts_with("agent 1's learner needs about ")
+            && st.notes[1].ends_with("its device (Cpu) has 976.6 KiB"),
+        "{notes}"
+    );
     assert!(
         st.notes[2].starts_with("warning: agent 1's learner needs about ")
             && st.notes[2].contains("has 976.6 KiB; train a LoRA adapter (agents[1].train.lora)"),
         "{notes}"
     );
-    assert!(st.notes[3].starts_with("each rollout worker holds about ") && st.notes[3].contains("(2 base models, float32)"), "{notes}");
+    assert!(
+        st.notes[3].starts_with("each rollout worker holds about ")
+            && st.notes[3].contains("(2 base models, float32)"),
+        "{notes}"
+    );
     assert_eq!(st.notes.len(), 4, "{notes}");
 }

@@ -18,7 +18,11 @@ const G: u64 = 4;
 /// guided `\boxed{2}` or `\boxed{3}`: about half are right, so rewards vary within a group.
 fn write_grpo_job(dir: &Path, learner_ports: &[u16]) {
     for (k, seed) in [(0, 3), (1, 4)] {
-        write_model(&dir.join(format!("model-{k}")), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+        write_model(
+            &dir.join(format!("model-{k}")),
+            &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) },
+        )
+        .unwrap();
     }
     let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
         .iter()
@@ -52,42 +56,72 @@ async fn every_agent_answers_each_question_g_times_and_trains_on_its_own_graded_
     let st = c.finished(&id).await;
     assert!(st.agents.iter().all(|a| a.version == STEPS), "{:?}", st.agents);
     let log = c.metrics_log();
-    assert_eq!(log.iter().map(|m| m["step"].as_u64().unwrap()).collect::<Vec<_>>(), (0..STEPS).collect::<Vec<_>>());
+    assert_eq!(
+        log.iter().map(|m| m["step"].as_u64().unwrap()).collect::<Vec<_>>(),
+        (0..STEPS).collect::<Vec<_>>()
+    );
     let mut seen = Vec::new();
     for m in &log {
         let step = m["step"].as_u64().unwrap();
         let episodes = QUESTIONS_PER_STEP * G;
-        assert_eq!((m["method"].as_str(), m["episodes"].as_u64(), m["answers"].as_u64()), (Some("grpo"), Some(episodes), Some(2 * episodes)), "{m}");
+        assert_eq!(
+            (m["method"].as_str(), m["episodes"].as_u64(), m["answers"].as_u64()),
+            (Some("grpo"), Some(episodes), Some(2 * episodes)),
+            "{m}"
+        );
         // The grade of every answer, by this test: the digit in its last box against the answer.
-        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
-        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
+        let text =
+            std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl")))
+                .unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone())
+            .collect();
         assert_eq!(records.len() as u64, episodes);
         let mut by_group: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
         let mut by_agent = [Vec::new(), Vec::new()];
         for r in &records {
             let answer = r["task"]["answer"].as_str().unwrap();
             let answers = r["answers"].as_array().unwrap();
-            assert_eq!(answers.iter().map(|a| a["agent"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1], "{r}");
+            assert_eq!(
+                answers.iter().map(|a| a["agent"].as_u64().unwrap()).collect::<Vec<_>>(),
+                [0, 1],
+                "{r}"
+            );
             for a in answers {
                 let text = a["text"].as_str().unwrap();
                 let boxed = text.rfind("\\boxed{").map(|i| &text[i + 7..i + 8]);
                 let reward = f64::from(u8::from(boxed == Some(answer)));
                 let agent = a["agent"].as_u64().unwrap();
-                by_group.entry((r["task"]["id"].as_str().unwrap().to_string(), agent)).or_default().push(reward);
+                by_group
+                    .entry((r["task"]["id"].as_str().unwrap().to_string(), agent))
+                    .or_default()
+                    .push(reward);
                 by_agent[agent as usize].push(reward);
             }
         }
         let all: Vec<f64> = by_agent.iter().flatten().copied().collect();
-        assert_eq!(m["accuracy"]["mean"].as_f64(), Some(all.iter().sum::<f64>() / all.len() as f64), "{m}");
+        assert_eq!(
+            m["accuracy"]["mean"].as_f64(),
+            Some(all.iter().sum::<f64>() / all.len() as f64),
+            "{m}"
+        );
         assert_eq!(m["groups"].as_u64(), Some(QUESTIONS_PER_STEP * 2));
         let equal = by_group.values().filter(|g| g.iter().all(|&r| r == g[0])).count() as u64;
         assert_eq!(m["equal_groups"].as_u64(), Some(equal), "{m}");
         for (k, rewards) in by_agent.iter().enumerate() {
             let a = &m["agents"][k];
             // Each agent trains on its own G answers to each of the step's questions.
-            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64(), a["version"].as_u64()), (Some(episodes), Some(episodes), Some(step + 1)), "{m}");
+            assert_eq!(
+                (a["samples"].as_u64(), a["train"]["samples"].as_u64(), a["version"].as_u64()),
+                (Some(episodes), Some(episodes), Some(step + 1)),
+                "{m}"
+            );
             let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-            assert!((a["reward_mean"].as_f64().unwrap() - mean).abs() < 1e-12, "step {step} agent {k}: {a}");
+            assert!(
+                (a["reward_mean"].as_f64().unwrap() - mean).abs() < 1e-12,
+                "step {step} agent {k}: {a}"
+            );
         }
         seen.extend(all);
     }
@@ -105,7 +139,10 @@ async fn an_agent_that_learns_nothing_is_told_of() {
     write_grpo_job(tmp.path(), &ports);
     let job = std::fs::read_to_string(tmp.path().join("job.toml")).unwrap();
     let cut = job
-        .replace("max_new_tokens = 24\nguided_suffix = '''\\\\boxed\\{[23]\\}'''\n", "max_new_tokens = 2\nmin_new_tokens = 2\n")
+        .replace(
+            "max_new_tokens = 24\nguided_suffix = '''\\\\boxed\\{[23]\\}'''\n",
+            "max_new_tokens = 2\nmin_new_tokens = 2\n",
+        )
         .replace("mask_truncated = false", "mask_truncated = true")
         .replace(&format!("steps = {STEPS}\n"), "steps = 3\n");
     assert_ne!(cut, job);
@@ -113,7 +150,11 @@ async fn an_agent_that_learns_nothing_is_told_of() {
     let c = Cluster::launch(tmp.path(), ports, 1, &[], 3, &["--max-episodes", "8"]);
     let id = c.submit().await;
     let mut client = c.client().await;
-    let mut stream = client.watch_job(comas_proto::v1::WatchJobRequest { job_id: id.clone() }).await.unwrap().into_inner();
+    let mut stream = client
+        .watch_job(comas_proto::v1::WatchJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
     let mut warnings = Vec::new();
     while let Some(ev) = stream.message().await.unwrap() {
         if ev.kind == "warning" {
@@ -127,9 +168,16 @@ async fn an_agent_that_learns_nothing_is_told_of() {
     for m in c.metrics_log() {
         for k in 0..2 {
             let t = &m["agents"][k]["train"];
-            assert_eq!((t["no_gradient"].as_bool(), t["masked_samples"].as_u64(), t["samples"].as_u64()), (Some(true), Some(8), Some(8)), "{m}");
+            assert_eq!(
+                (t["no_gradient"].as_bool(), t["masked_samples"].as_u64(), t["samples"].as_u64()),
+                (Some(true), Some(8), Some(8)),
+                "{m}"
+            );
         }
     }
     assert_eq!(warnings.len(), 2, "one per agent: {warnings:?}");
-    assert!(warnings[0].contains("has trained on no policy gradient for 3 steps in a row (to step 2)"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("has trained on no policy gradient for 3 steps in a row (to step 2)"),
+        "{warnings:?}"
+    );
 }

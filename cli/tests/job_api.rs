@@ -18,8 +18,17 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     let ports = [free_port(), free_port()];
     write_job(d, &ports, 8, false);
     let coord_port = free_port();
-    let _coord =
-        spawn(d, "coordinator", &s(&["coordinator", "--listen", &format!("127.0.0.1:{coord_port}"), "--db", &d.join("jobs.sqlite").display().to_string()]));
+    let _coord = spawn(
+        d,
+        "coordinator",
+        &s(&[
+            "coordinator",
+            "--listen",
+            &format!("127.0.0.1:{coord_port}"),
+            "--db",
+            &d.join("jobs.sqlite").display().to_string(),
+        ]),
+    );
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", coord_port)).is_err() {
         assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start");
@@ -29,7 +38,10 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     // A data set with a broken third line, and a model whose tokenizer outgrows its vocabulary.
     std::fs::write(d.join("broken.jsonl"), "{\"prompt\":\"a\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"a\"}\n{\"prompt\":\"b\",\"answer\":\"2\",\"task\":\"math\",\"id\":\"b\"}\n{\"prompt\": \"c\",\n").unwrap();
     let train = std::fs::read_to_string(d.join("train.jsonl")).unwrap();
-    let long = format!("{{\"prompt\":\"{}\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"long\"}}", "seven ".repeat(6000));
+    let long = format!(
+        "{{\"prompt\":\"{}\",\"answer\":\"1\",\"task\":\"math\",\"id\":\"long\"}}",
+        "seven ".repeat(6000)
+    );
     let mut lines: Vec<&str> = train.lines().collect();
     lines.insert(1, "");
     lines.insert(2, &long);
@@ -67,14 +79,22 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     for (name, text, want) in cases {
         std::fs::write(d.join("bad.toml"), &text).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_comas"))
-            .args(["submit", &d.join("bad.toml").display().to_string(), "--coordinator", &format!("http://127.0.0.1:{coord_port}")])
+            .args([
+                "submit",
+                &d.join("bad.toml").display().to_string(),
+                "--coordinator",
+                &format!("http://127.0.0.1:{coord_port}"),
+            ])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: accepted");
         assert!(err.contains(want), "{name}: message should mention `{want}`: {err}");
     }
-    let list = Command::new(env!("CARGO_BIN_EXE_comas")).args(["list", "--json", "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    let list = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["list", "--json", "--coordinator", &format!("http://127.0.0.1:{coord_port}")])
+        .output()
+        .unwrap();
     assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
     let jobs: Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(jobs.as_array().unwrap().len(), 0, "no job was stored: {jobs}");
@@ -82,25 +102,62 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
 
     // A valid job whose learners never come up waits for them, and can be cancelled meanwhile.
     let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
-    let id =
-        c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap().into_inner().job_id;
+    let id = c
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: good.clone(),
+            base_dir: d.display().to_string(),
+            reuse_name: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
     // The same name again would pick up that job's checkpoints; another name with the same
     // output folder would interleave its metrics: both are refused while it lives.
-    let again = c.submit_job(pb::SubmitJobRequest { job_toml: good.clone(), base_dir: d.display().to_string(), reuse_name: false }).await.unwrap_err();
-    assert!(again.message().contains(&format!("`name`: job {id} is already called `e2e`")) && again.message().contains("comas resume"), "{}", again.message());
+    let again = c
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: good.clone(),
+            base_dir: d.display().to_string(),
+            reuse_name: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        again.message().contains(&format!("`name`: job {id} is already called `e2e`"))
+            && again.message().contains("comas resume"),
+        "{}",
+        again.message()
+    );
     let renamed = good.replace("name = \"e2e\"", "name = \"e2e-2\"");
-    let shared = c.submit_job(pb::SubmitJobRequest { job_toml: renamed, base_dir: d.display().to_string(), reuse_name: false }).await.unwrap_err();
-    assert!(shared.message().contains(&format!("is the output folder of job {id} (`e2e`")), "{}", shared.message());
+    let shared = c
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: renamed,
+            base_dir: d.display().to_string(),
+            reuse_name: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        shared.message().contains(&format!("is the output folder of job {id} (`e2e`")),
+        "{}",
+        shared.message()
+    );
     let started = Instant::now();
-    while c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state != pb::JobState::Running as i32 {
+    while c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state
+        != pb::JobState::Running as i32
+    {
         assert!(started.elapsed() < Duration::from_secs(30), "job never started");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["cancel", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["cancel", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut state = 0;
     while started.elapsed() < Duration::from_secs(30) {
-        state = c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state;
+        state =
+            c.get_job(pb::GetJobRequest { job_id: id.clone() }).await.unwrap().into_inner().state;
         if state == pb::JobState::Cancelled as i32 {
             break;
         }
@@ -108,7 +165,10 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     }
     assert_eq!(state, pb::JobState::Cancelled as i32);
     // A cancelled job can be queued again; a finished or running one cannot be resumed twice.
-    let out = Command::new(env!("CARGO_BIN_EXE_comas")).args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{coord_port}")])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let again = c.resume_job(pb::ResumeJobRequest { job_id: id.clone() }).await.unwrap_err();
     assert!(again.message().contains("only failed or cancelled"), "{}", again.message());
@@ -133,39 +193,87 @@ fn a_tls_cluster_takes_only_clients_with_a_certificate_of_its_ca() {
         (c.display().to_string(), k.display().to_string())
     };
     let loopback = ["localhost", "127.0.0.1"];
-    let other = pem("other", Authority::new("another CA").unwrap().issue(&loopback, Validity::Current).unwrap());
+    let other = pem(
+        "other",
+        Authority::new("another CA").unwrap().issue(&loopback, Validity::Current).unwrap(),
+    );
     let expired = pem("expired", ca.issue(&loopback, Validity::Expired).unwrap());
-    let (ca_pem, cert, key) = (files.ca.display().to_string(), files.cert.display().to_string(), files.key.display().to_string());
+    let (ca_pem, cert, key) = (
+        files.ca.display().to_string(),
+        files.cert.display().to_string(),
+        files.key.display().to_string(),
+    );
     let learner_ports = vec![free_port(), free_port()];
     write_job_of(dir.path(), &learner_ports, 4, false, 2);
     let job = dir.path().join("job.toml");
-    std::fs::write(&job, std::fs::read_to_string(&job).unwrap().replace("\"http://127.0.0.1:", "\"https://127.0.0.1:")).unwrap();
-    let service_env = [("COMAS_TLS_CERT", cert.clone()), ("COMAS_TLS_KEY", key.clone()), ("COMAS_TLS_CA", ca_pem.clone())];
+    std::fs::write(
+        &job,
+        std::fs::read_to_string(&job)
+            .unwrap()
+            .replace("\"http://127.0.0.1:", "\"https://127.0.0.1:"),
+    )
+    .unwrap();
+    let service_env = [
+        ("COMAS_TLS_CERT", cert.clone()),
+        ("COMAS_TLS_KEY", key.clone()),
+        ("COMAS_TLS_CA", ca_pem.clone()),
+    ];
     let health_port = free_port();
     let health_flag = ["--health-listen".to_string(), format!("127.0.0.1:{health_port}")];
-    let cluster = Cluster::launch_env(dir.path(), learner_ports, 1, &[&health_flag[0], &health_flag[1]], 2, &["--max-episodes", "3"], &service_env);
+    let cluster = Cluster::launch_env(
+        dir.path(),
+        learner_ports,
+        1,
+        &[&health_flag[0], &health_flag[1]],
+        2,
+        &["--max-episodes", "3"],
+        &service_env,
+    );
     let url = format!("https://127.0.0.1:{}", cluster.coord_port);
     let comas = |args: &[&str], env: &[(&str, &str)]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_comas"));
         c.args(args).env("COMAS_THREADS", "1");
-        for var in ["COMAS_TLS_CERT", "COMAS_TLS_KEY", "COMAS_TLS_CA", "COMAS_TLS_SERVER_NAME", "COMAS_TOKEN"] {
+        for var in [
+            "COMAS_TLS_CERT",
+            "COMAS_TLS_KEY",
+            "COMAS_TLS_CA",
+            "COMAS_TLS_SERVER_NAME",
+            "COMAS_TOKEN",
+        ] {
             c.env_remove(var);
         }
         c.envs(env.iter().copied()).output().unwrap()
     };
-    let good = [("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", cert.as_str()), ("COMAS_TLS_KEY", key.as_str())];
-    let list = |env: &[(&str, &str)], url: &str| comas(&["list", "--json", "--coordinator", url], env);
+    let good = [
+        ("COMAS_TLS_CA", ca_pem.as_str()),
+        ("COMAS_TLS_CERT", cert.as_str()),
+        ("COMAS_TLS_KEY", key.as_str()),
+    ];
+    let list =
+        |env: &[(&str, &str)], url: &str| comas(&["list", "--json", "--coordinator", url], env);
     let started = Instant::now();
     while !list(&good, &url).status.success() {
-        assert!(started.elapsed() < Duration::from_secs(60), "coordinator did not start\n{}", cluster.logs());
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "coordinator did not start\n{}",
+            cluster.logs()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let job_arg = job.display().to_string();
     // The kubelet's probe port: plaintext, the health service alone, the same statuses.
     let serving = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}")).unwrap().connect().await.unwrap();
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         let mut c = tonic_health::pb::health_client::HealthClient::new(ch);
-        c.check(tonic_health::pb::HealthCheckRequest { service: "comas.v1.Coordinator".into() }).await.unwrap().into_inner().status
+        c.check(tonic_health::pb::HealthCheckRequest { service: "comas.v1.Coordinator".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
     });
     assert_eq!(serving, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
     // The client is told why where it can be (no TLS of its own; TLS 1.3 puts the server's
@@ -174,24 +282,38 @@ fn a_tls_cluster_takes_only_clients_with_a_certificate_of_its_ca() {
     let log = || std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
     let no_tls = comas(&["submit", &job_arg, "--coordinator", &url], &[]);
     assert!(
-        !no_tls.status.success() && String::from_utf8_lossy(&no_tls.stderr).contains("no TLS set up: set COMAS_TLS_CA"),
+        !no_tls.status.success()
+            && String::from_utf8_lossy(&no_tls.stderr).contains("no TLS set up: set COMAS_TLS_CA"),
         "{}",
         String::from_utf8_lossy(&no_tls.stderr)
     );
     let plain = format!("http://127.0.0.1:{}", cluster.coord_port);
     let cases: [(&str, &str, Vec<(&str, &str)>, &str); 4] = [
         ("plaintext", &plain, vec![], "corrupt message"),
-        ("no client certificate", &url, vec![("COMAS_TLS_CA", ca_pem.as_str())], "peer sent no certificates"),
+        (
+            "no client certificate",
+            &url,
+            vec![("COMAS_TLS_CA", ca_pem.as_str())],
+            "peer sent no certificates",
+        ),
         (
             "another CA's certificate",
             &url,
-            vec![("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", other.0.as_str()), ("COMAS_TLS_KEY", other.1.as_str())],
+            vec![
+                ("COMAS_TLS_CA", ca_pem.as_str()),
+                ("COMAS_TLS_CERT", other.0.as_str()),
+                ("COMAS_TLS_KEY", other.1.as_str()),
+            ],
             "UnknownIssuer",
         ),
         (
             "an expired certificate",
             &url,
-            vec![("COMAS_TLS_CA", ca_pem.as_str()), ("COMAS_TLS_CERT", expired.0.as_str()), ("COMAS_TLS_KEY", expired.1.as_str())],
+            vec![
+                ("COMAS_TLS_CA", ca_pem.as_str()),
+                ("COMAS_TLS_CERT", expired.0.as_str()),
+                ("COMAS_TLS_KEY", expired.1.as_str()),
+            ],
             "certificate expired",
         ),
     ];
@@ -201,7 +323,11 @@ fn a_tls_cluster_takes_only_clients_with_a_certificate_of_its_ca() {
         assert!(!o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stdout));
         let started = Instant::now();
         while !log()[before..].contains(want) {
-            assert!(started.elapsed() < Duration::from_secs(10), "{what}: the coordinator logged no refusal saying {want:?}: {}", &log()[before..]);
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what}: the coordinator logged no refusal saying {want:?}: {}",
+                &log()[before..]
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(log()[before..].contains("TLS handshake refused"), "{what}");
@@ -212,8 +338,16 @@ fn a_tls_cluster_takes_only_clients_with_a_certificate_of_its_ca() {
     let o = comas(&["submit", &job_arg, "--coordinator", &url, "--watch"], &good);
     assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), cluster.logs());
     let jobs: Value = serde_json::from_slice(&list(&good, &url).stdout).unwrap();
-    assert_eq!((jobs[0]["state"].as_str(), jobs[0]["steps_done"].as_u64()), (Some("succeeded"), Some(2)), "{jobs}");
-    assert_eq!(jobs[0]["agents"][1]["learner"].as_str(), Some(format!("https://127.0.0.1:{}", cluster.learner_ports[1]).as_str()), "{jobs}");
+    assert_eq!(
+        (jobs[0]["state"].as_str(), jobs[0]["steps_done"].as_u64()),
+        (Some("succeeded"), Some(2)),
+        "{jobs}"
+    );
+    assert_eq!(
+        jobs[0]["agents"][1]["learner"].as_str(),
+        Some(format!("https://127.0.0.1:{}", cluster.learner_ports[1]).as_str()),
+        "{jobs}"
+    );
 }
 
 /// `comas local` with its built-in tiny example, as a user runs it (the SmolLM2 example is the
@@ -223,39 +357,86 @@ fn comas_local_runs_the_builtin_example() {
     let dir = tempfile::tempdir().unwrap();
     let run = || {
         let out = Command::new(env!("CARGO_BIN_EXE_comas"))
-            .args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string(), "--json"])
+            .args([
+                "local",
+                "--example",
+                "tiny",
+                "--dir",
+                &dir.path().display().to_string(),
+                "--json",
+            ])
             .output()
             .unwrap();
-        assert!(out.status.success(), "comas local failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "comas local failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // Over mutual TLS, with this run's own CA.
-        assert!(String::from_utf8_lossy(&out.stderr).contains("coordinator https://127.0.0.1:"), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("coordinator https://127.0.0.1:"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice::<Value>(&out.stdout).expect("final status as JSON")
     };
     let first = run();
-    assert!(first["agents"][0]["learner"].as_str().unwrap().starts_with("https://127.0.0.1:"), "{first}");
-    assert!(std::fs::read_to_string(dir.path().join("tls/ca.pem")).unwrap().contains("BEGIN CERTIFICATE"));
-    assert_eq!((first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()), (Some("succeeded"), Some(5), Some(5)));
+    assert!(
+        first["agents"][0]["learner"].as_str().unwrap().starts_with("https://127.0.0.1:"),
+        "{first}"
+    );
+    assert!(std::fs::read_to_string(dir.path().join("tls/ca.pem"))
+        .unwrap()
+        .contains("BEGIN CERTIFICATE"));
+    assert_eq!(
+        (first["state"].as_str(), first["steps_done"].as_u64(), first["total_steps"].as_u64()),
+        (Some("succeeded"), Some(5), Some(5))
+    );
     assert_eq!(first["agents"][0]["version"], 5);
-    let all: Vec<Value> =
-        std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let all: Vec<Value> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let log: Vec<&Value> = all.iter().filter(|m| m["kind"] == "step").collect();
     assert_eq!(log.len(), 5);
     // Held-out evaluation of 4 questions before training, after steps 2 and 4, and at the end.
-    let evals: Vec<(u64, u64)> =
-        all.iter().filter(|m| m["kind"] == "eval").map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap())).collect();
+    let evals: Vec<(u64, u64)> = all
+        .iter()
+        .filter(|m| m["kind"] == "eval")
+        .map(|m| (m["after_steps"].as_u64().unwrap(), m["episodes"].as_u64().unwrap()))
+        .collect();
     assert_eq!(evals, vec![(0, 4), (2, 4), (4, 4), (5, 4)]);
     // The TensorBoard event file beside the log holds exactly the log's records.
-    let lines: Vec<String> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl")).unwrap().lines().map(str::to_string).collect();
-    let events = comas_coordinator::tensorboard::path(&dir.path().join("example/out"), first["job_id"].as_str().unwrap());
-    assert_eq!(std::fs::read(&events).unwrap(), comas_coordinator::tensorboard::encode(&lines).unwrap());
+    let lines: Vec<String> = std::fs::read_to_string(dir.path().join("example/out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let events = comas_coordinator::tensorboard::path(
+        &dir.path().join("example/out"),
+        first["job_id"].as_str().unwrap(),
+    );
+    assert_eq!(
+        std::fs::read(&events).unwrap(),
+        comas_coordinator::tensorboard::encode(&lines).unwrap()
+    );
     // 4 questions x 2 instances; l = 2, R = 2: 2 x 2 = 4 turns per role per episode.
     for m in log {
-        assert_eq!((m["episodes"].as_u64(), m["turns"]["scorer"].as_u64(), m["turns"]["solver"].as_u64()), (Some(8), Some(32), Some(32)), "step {}", m["step"]);
+        assert_eq!(
+            (m["episodes"].as_u64(), m["turns"]["scorer"].as_u64(), m["turns"]["solver"].as_u64()),
+            (Some(8), Some(32), Some(32)),
+            "step {}",
+            m["step"]
+        );
     }
     // Run again: a fresh job from the base models (not from the first job's checkpoints).
     let second = run();
     assert_ne!(second["job_id"], first["job_id"]);
-    assert_eq!((second["state"].as_str(), second["agents"][1]["version"].as_u64()), (Some("succeeded"), Some(5)));
+    assert_eq!(
+        (second["state"].as_str(), second["agents"][1]["version"].as_u64()),
+        (Some("succeeded"), Some(5))
+    );
 }
 
 /// A coordinator with `--allowed-roots` refuses at submit a job whose paths lead elsewhere:
@@ -269,7 +450,11 @@ async fn paths_outside_the_allowed_roots_are_refused_at_submit() {
     let ports = [free_port(), free_port()];
     write_job(&d, &ports, 8, false);
     std::os::unix::fs::symlink("/etc", d.join("etc")).unwrap();
-    std::fs::write(dir.path().join("outside.jsonl"), std::fs::read_to_string(d.join("train.jsonl")).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("outside.jsonl"),
+        std::fs::read_to_string(d.join("train.jsonl")).unwrap(),
+    )
+    .unwrap();
     let coord_port = free_port();
     let root = d.display().to_string();
     let args = s(&[
@@ -290,18 +475,53 @@ async fn paths_outside_the_allowed_roots_are_refused_at_submit() {
     let good = std::fs::read_to_string(d.join("job.toml")).unwrap();
     let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{coord_port}")).await.unwrap();
     let cases = [
-        ("shadow", good.replace("\"train.jsonl\"", "\"/etc/shadow\""), "`data.train`: /etc/shadow resolves to /etc/shadow, outside the allowed roots"),
-        ("dot-dot", good.replace("\"train.jsonl\"", "\"../outside.jsonl\""), "outside.jsonl goes up through `..`, which is refused"),
-        ("symlink", good.replace("model = \"model-1\"", "model = \"etc/ssl\""), "resolves to /etc/ssl, outside the allowed roots"),
-        ("output through a symlink", good.replace("dir = \"out\"", "dir = \"etc/comas-out\""), "resolves to /etc/comas-out, outside the allowed roots"),
+        (
+            "shadow",
+            good.replace("\"train.jsonl\"", "\"/etc/shadow\""),
+            "`data.train`: /etc/shadow resolves to /etc/shadow, outside the allowed roots",
+        ),
+        (
+            "dot-dot",
+            good.replace("\"train.jsonl\"", "\"../outside.jsonl\""),
+            "outside.jsonl goes up through `..`, which is refused",
+        ),
+        (
+            "symlink",
+            good.replace("model = \"model-1\"", "model = \"etc/ssl\""),
+            "resolves to /etc/ssl, outside the allowed roots",
+        ),
+        (
+            "output through a symlink",
+            good.replace("dir = \"out\"", "dir = \"etc/comas-out\""),
+            "resolves to /etc/comas-out, outside the allowed roots",
+        ),
     ];
     for (name, text, want) in cases {
-        let err = c.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: root.clone(), reuse_name: false }).await.unwrap_err();
+        let err = c
+            .submit_job(pb::SubmitJobRequest {
+                job_toml: text,
+                base_dir: root.clone(),
+                reuse_name: false,
+            })
+            .await
+            .unwrap_err();
         assert!(err.message().contains(want), "{name}: {}", err.message());
     }
-    assert!(c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(), "nothing was stored");
+    assert!(
+        c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty(),
+        "nothing was stored"
+    );
     assert!(!Path::new("/etc/comas-out").exists());
-    let id = c.submit_job(pb::SubmitJobRequest { job_toml: good, base_dir: root.clone(), reuse_name: false }).await.unwrap().into_inner().job_id;
+    let id = c
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: good,
+            base_dir: root.clone(),
+            reuse_name: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
     c.cancel_job(pb::CancelJobRequest { job_id: id }).await.unwrap();
 }
 
@@ -313,7 +533,10 @@ async fn paths_outside_the_allowed_roots_are_refused_at_submit() {
 async fn the_job_api_takes_only_known_tokens_with_the_right_scope() {
     let dir = tempfile::tempdir().unwrap();
     let token = |scopes: &str, name: &str| {
-        let o = Command::new(env!("CARGO_BIN_EXE_comas")).args(["token", "new", "--scopes", scopes, "--name", name]).output().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(["token", "new", "--scopes", scopes, "--name", name])
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let text = String::from_utf8(o.stdout).unwrap();
         let mut lines = text.lines();
@@ -324,7 +547,8 @@ async fn the_job_api_takes_only_known_tokens_with_the_right_scope() {
     let (worker, worker_line) = token("worker", "pool");
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("{reader_line}\n{submitter_line}\n{worker_line}\n")).unwrap();
-    let mut cluster = Cluster::launch(dir.path(), Vec::new(), 0, &["--tokens", tokens.to_str().unwrap()], 1, &[]);
+    let mut cluster =
+        Cluster::launch(dir.path(), Vec::new(), 0, &["--tokens", tokens.to_str().unwrap()], 1, &[]);
     cluster.add_worker_with(&[("COMAS_WORKER_TOKEN", worker.as_str())]);
     cluster.add_worker();
     let url = format!("http://127.0.0.1:{}", cluster.coord_port);
@@ -345,23 +569,51 @@ async fn the_job_api_takes_only_known_tokens_with_the_right_scope() {
     }
     let o = list(None);
     assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("ListJobs needs a token: set COMAS_TOKEN"),
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr)
+                .contains("ListJobs needs a token: set COMAS_TOKEN"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
     let o = list(Some("not-a-token"));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("is not one this service knows"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is not one this service knows"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // Read-only: may list, may not submit.
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
     let out = dir.path().join("eval");
-    let eval_args: Vec<String> = s(&["eval", "--model", model.to_str().unwrap(), "--setup", "vanilla", "--bench", "arithmetic", "--arithmetic-questions", "2"])
-        .into_iter()
-        .chain(s(&["--max-new-tokens", "4", "--dtype", "float32", "--coordinator", &url, "--out", out.to_str().unwrap()]))
-        .collect();
+    let eval_args: Vec<String> = s(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--setup",
+        "vanilla",
+        "--bench",
+        "arithmetic",
+        "--arithmetic-questions",
+        "2",
+    ])
+    .into_iter()
+    .chain(s(&[
+        "--max-new-tokens",
+        "4",
+        "--dtype",
+        "float32",
+        "--coordinator",
+        &url,
+        "--out",
+        out.to_str().unwrap(),
+    ]))
+    .collect();
     let eval_args: Vec<&str> = eval_args.iter().map(String::as_str).collect();
     let o = comas(&eval_args, Some(&reader));
     assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("SubmitJob needs scope `submit`; token `auditor` has read"),
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr)
+                .contains("SubmitJob needs scope `submit`; token `auditor` has read"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
@@ -379,11 +631,18 @@ async fn the_job_api_takes_only_known_tokens_with_the_right_scope() {
         r.metadata_mut().insert("authorization", bearer.clone());
         Ok(r)
     });
-    assert_eq!(c.list_workers(pb::ListWorkersRequest {}).await.unwrap().into_inner().workers.len(), 1);
+    assert_eq!(
+        c.list_workers(pb::ListWorkersRequest {}).await.unwrap().into_inner().workers.len(),
+        1
+    );
     // A token added to the file counts at once, without a restart.
     let (admin, admin_line) = token("admin", "ops");
     assert!(!list(Some(&admin)).status.success());
-    std::fs::write(&tokens, format!("{reader_line}\n{submitter_line}\n{worker_line}\n{admin_line}\n")).unwrap();
+    std::fs::write(
+        &tokens,
+        format!("{reader_line}\n{submitter_line}\n{worker_line}\n{admin_line}\n"),
+    )
+    .unwrap();
     let o = list(Some(&admin));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let jobs: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -397,28 +656,55 @@ async fn oversized_and_malformed_requests_leave_the_coordinator_serving() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::launch(dir.path(), Vec::new(), 1, &["--submit-per-minute", "0"], 1, &[]);
     let mut c = cluster.client().await;
-    let submit = |text: String| pb::SubmitJobRequest { job_toml: text, base_dir: String::new(), reuse_name: false };
+    let submit = |text: String| pb::SubmitJobRequest {
+        job_toml: text,
+        base_dir: String::new(),
+        reuse_name: false,
+    };
     let e = c.submit_job(submit("#".repeat(5 << 20))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::OutOfRange, "{}", e.message());
     assert!(e.message().contains("message length too large"), "{}", e.message());
     let e = c.submit_job(submit("#".repeat(2 << 20))).await.unwrap_err();
-    assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("the limit is 1048576"), "{}", e.message());
+    assert!(
+        e.code() == tonic::Code::InvalidArgument && e.message().contains("the limit is 1048576"),
+        "{}",
+        e.message()
+    );
     for i in 0..1000 {
         let e = c.submit_job(submit(format!("name = \"bad-{i}\"\n[[[ {i}"))).await.unwrap_err();
         assert!(e.message().contains("not valid TOML"), "{}", e.message());
     }
     assert!(c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs.is_empty());
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", cluster.coord_port)).unwrap().connect().await.unwrap();
+    let ch =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", cluster.coord_port))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
     let health = tonic_health::pb::health_client::HealthClient::new(ch)
         .check(tonic_health::pb::HealthCheckRequest { service: "comas.v1.Coordinator".into() })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(health.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        health.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     let url = format!("http://127.0.0.1:{}", cluster.coord_port);
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/qwen2-f32");
     let out = dir.path().join("after");
-    let args = ["eval", "--model", model.to_str().unwrap(), "--bench", "arithmetic", "--arithmetic-questions", "2", "--max-new-tokens", "4"];
+    let args = [
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--bench",
+        "arithmetic",
+        "--arithmetic-questions",
+        "2",
+        "--max-new-tokens",
+        "4",
+    ];
     let o = tokio::task::block_in_place(|| {
         Command::new(env!("CARGO_BIN_EXE_comas"))
             .args(args)
@@ -439,11 +725,29 @@ async fn submits_past_the_rate_limit_are_told_when_to_retry() {
     let cluster = Cluster::launch(dir.path(), Vec::new(), 0, &["--submit-per-minute", "3"], 1, &[]);
     let mut c = cluster.client().await;
     for i in 0..3 {
-        let e = c.submit_job(pb::SubmitJobRequest { job_toml: format!("[[[ {i}"), base_dir: String::new(), reuse_name: false }).await.unwrap_err();
+        let e = c
+            .submit_job(pb::SubmitJobRequest {
+                job_toml: format!("[[[ {i}"),
+                base_dir: String::new(),
+                reuse_name: false,
+            })
+            .await
+            .unwrap_err();
         assert!(e.message().contains("not valid TOML"), "{}", e.message());
     }
-    let e = c.submit_job(pb::SubmitJobRequest { job_toml: "[[[".into(), base_dir: String::new(), reuse_name: false }).await.unwrap_err();
+    let e = c
+        .submit_job(pb::SubmitJobRequest {
+            job_toml: "[[[".into(),
+            base_dir: String::new(),
+            reuse_name: false,
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{}", e.message());
-    assert!(e.message().contains("too many SubmitJob calls from 127.0.0.1; retry in 20 s"), "{}", e.message());
+    assert!(
+        e.message().contains("too many SubmitJob calls from 127.0.0.1; retry in 20 s"),
+        "{}",
+        e.message()
+    );
     assert!(c.list_jobs(pb::ListJobsRequest {}).await.is_ok());
 }

@@ -17,7 +17,8 @@ const STEPS: u64 = 10;
 /// One tiny model, 8 questions whose answer is always 2, and a GRPO job whose answer is a
 /// guided box after at most one free token.
 fn write_job(dir: &Path, learner_port: u16) {
-    write_model(&dir.join("model"), &TinySpec { seed: 11, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    write_model(&dir.join("model"), &TinySpec { seed: 11, ..TinySpec::tiny(Architecture::Qwen2) })
+        .unwrap();
     let data: String = (0..8).map(|i| format!("{{\"prompt\":\"Question {i}: pick two.\",\"answer\":\"2\",\"task\":\"math\",\"id\":\"q{i}\"}}\n")).collect();
     std::fs::write(dir.join("train.jsonl"), data).unwrap();
     let job = format!(
@@ -34,7 +35,8 @@ async fn rewards_of_a_run(env: &[(&str, String)]) -> Vec<f64> {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
     write_job(tmp.path(), port);
-    let c = Cluster::launch_env(tmp.path(), vec![port], 1, &[], STEPS, &["--max-episodes", "16"], env);
+    let c =
+        Cluster::launch_env(tmp.path(), vec![port], 1, &[], STEPS, &["--max-episodes", "16"], env);
     let id = c.submit().await;
     c.finished(&id).await;
     c.metrics_log().iter().map(|m| m["accuracy"]["mean"].as_f64().unwrap()).collect()

@@ -24,8 +24,12 @@ fn comas() -> Command {
 /// Starts the tiny example and returns it with the pids of its children and the lines it
 /// printed, once the job is submitted or resumed; later stderr lines arrive on the channel.
 fn start_local(dir: &Path) -> (Child, Vec<u32>, Vec<String>, mpsc::Receiver<String>) {
-    let mut child =
-        comas().args(["local", "--example", "tiny", "--dir", &dir.display().to_string()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = comas()
+        .args(["local", "--example", "tiny", "--dir", &dir.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let (tx, rx) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -40,8 +44,15 @@ fn start_local(dir: &Path) -> (Child, Vec<u32>, Vec<String>, mpsc::Receiver<Stri
     let mut job = false;
     let deadline = Instant::now() + Duration::from_secs(120);
     while !(job && pids.len() == 4) {
-        let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("comas local printed its children and submitted the job");
-        if let Some(pid) = line.split(": pid ").nth(1).and_then(|r| r.split(',').next()).and_then(|p| p.parse().ok()) {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("comas local printed its children and submitted the job");
+        if let Some(pid) = line
+            .split(": pid ")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|p| p.parse().ok())
+        {
             pids.push(pid);
         }
         job |= line.starts_with("submitted job") || line.starts_with("resuming job");
@@ -61,7 +72,9 @@ fn rest_of(rx: &mpsc::Receiver<String>) -> Vec<String> {
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
-        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
+        Ok(stat) => {
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z")
+        }
     }
 }
 
@@ -104,14 +117,29 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     assert!(!status.success());
     let said = rest_of(&rx);
     assert!(said.iter().any(|l| l.contains("run the same command again to resume")), "{said:?}");
-    assert_eq!(wait_gone(&pids, Duration::from_secs(5)), Vec::<u32>::new(), "children stopped by comas local itself");
+    assert_eq!(
+        wait_gone(&pids, Duration::from_secs(5)),
+        Vec::<u32>::new(),
+        "children stopped by comas local itself"
+    );
     // The job's learners get the same ports back; one that is taken is named, not a riddle.
     let job = std::fs::read_to_string(dir.path().join("job.toml")).unwrap();
-    let port0 = job.split("learner = \"https://").nth(1).and_then(|r| r.split('"').next()).expect("learner 0 address in job.toml").to_string();
+    let port0 = job
+        .split("learner = \"https://")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("learner 0 address in job.toml")
+        .to_string();
     let squatter = std::net::TcpListener::bind(&port0).unwrap();
-    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let out = comas()
+        .args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("listens on {port0}, which is in use")), "{err}");
+    assert!(
+        !out.status.success() && err.contains(&format!("listens on {port0}, which is in use")),
+        "{err}"
+    );
     drop(squatter);
     // Nothing was lost: the same command picks the job up again and finishes it.
     let (mut again, pids, _, rx) = start_local(dir.path());
@@ -134,30 +162,76 @@ fn sighup_and_sigkill_leave_no_learner_or_worker_behind() {
         signal(&child, sig);
         wait_exit(&mut child, Duration::from_secs(90));
         // SIGKILL gives comas local no chance: its children go by the parent-death signal.
-        assert_eq!(wait_gone(&pids, Duration::from_secs(60)), Vec::<u32>::new(), "orphans after signal {sig}");
+        assert_eq!(
+            wait_gone(&pids, Duration::from_secs(60)),
+            Vec::<u32>::new(),
+            "orphans after signal {sig}"
+        );
     }
 }
 
 #[test]
 fn flags_that_cannot_work_are_refused() {
-    let out = comas().args(["--threads", "0", "plot", "nothing.jsonl", "-o", "x.svg"]).output().unwrap();
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--threads (COMAS_THREADS) must be at least 1"));
-    let out = comas().env("COMAS_THREADS", "0").args(["plot", "nothing.jsonl", "-o", "x.svg"]).output().unwrap();
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("must be at least 1, got 0"));
+    let out =
+        comas().args(["--threads", "0", "plot", "nothing.jsonl", "-o", "x.svg"]).output().unwrap();
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr)
+                .contains("--threads (COMAS_THREADS) must be at least 1")
+    );
+    let out = comas()
+        .env("COMAS_THREADS", "0")
+        .args(["plot", "nothing.jsonl", "-o", "x.svg"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("must be at least 1, got 0")
+    );
     let dir = tempfile::tempdir().unwrap();
-    let out = comas().args(["local", "--example", "tiny", "--workers", "0", "--dir", &dir.path().display().to_string()]).output().unwrap();
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--workers must be at least 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = comas()
+        .args([
+            "local",
+            "--example",
+            "tiny",
+            "--workers",
+            "0",
+            "--dir",
+            &dir.path().display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("--workers must be at least 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let file = dir.path().join("f");
     std::fs::write(&file, "x").unwrap();
-    let out = comas().args(["local", "--example", "tiny", "--dir", &file.join("sub").display().to_string()]).output().unwrap();
+    let out = comas()
+        .args(["local", "--example", "tiny", "--dir", &file.join("sub").display().to_string()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("--dir") && err.contains(&file.display().to_string()), "{err}");
+    assert!(
+        !out.status.success() && err.contains("--dir") && err.contains(&file.display().to_string()),
+        "{err}"
+    );
 }
 
 /// The start of `start_local`'s output that names the in-process coordinator and the job.
 fn coordinator_and_job(lines: &[String]) -> (String, String) {
-    let addr = lines.iter().find_map(|l| l.strip_prefix("coordinator ").and_then(|r| r.split(',').next())).expect("coordinator address").to_string();
-    let job = lines.iter().find_map(|l| l.strip_prefix("submitted job ").and_then(|r| r.split(' ').next())).expect("job id").to_string();
+    let addr = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("coordinator ").and_then(|r| r.split(',').next()))
+        .expect("coordinator address")
+        .to_string();
+    let job = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("submitted job ").and_then(|r| r.split(' ').next()))
+        .expect("job id")
+        .to_string();
     (addr, job)
 }
 
@@ -196,9 +270,21 @@ fn another_job_in_the_same_dir_is_refused_until_fresh_and_checkpoints_stay() {
 
     let example = dir.path().join("example");
     let other = example.join("other.toml");
-    std::fs::write(&other, std::fs::read_to_string(example.join("job.toml")).unwrap().replace("name = \"local-example\"", "name = \"other\"")).unwrap();
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(example.join("job.toml"))
+            .unwrap()
+            .replace("name = \"local-example\"", "name = \"other\""),
+    )
+    .unwrap();
     let run_other = |fresh: bool| {
-        let mut args = vec!["local".to_string(), other.display().to_string(), "--dir".into(), dir.path().display().to_string(), "--json".into()];
+        let mut args = vec![
+            "local".to_string(),
+            other.display().to_string(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--json".into(),
+        ];
         if fresh {
             args.push("--fresh".into());
         }
@@ -206,12 +292,25 @@ fn another_job_in_the_same_dir_is_refused_until_fresh_and_checkpoints_stay() {
     };
     let out = run_other(false);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("holds the unfinished job") && err.contains("local-example") && err.contains("--fresh"), "{err}");
-    assert_eq!(files_under(&dir.path().join("checkpoints")), ckpt, "a refused run touches no checkpoint");
+    assert!(
+        !out.status.success()
+            && err.contains("holds the unfinished job")
+            && err.contains("local-example")
+            && err.contains("--fresh"),
+        "{err}"
+    );
+    assert_eq!(
+        files_under(&dir.path().join("checkpoints")),
+        ckpt,
+        "a refused run touches no checkpoint"
+    );
     let out = run_other(true);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((status["name"].as_str(), status["state"].as_str()), (Some("other"), Some("succeeded")));
+    assert_eq!(
+        (status["name"].as_str(), status["state"].as_str()),
+        (Some("other"), Some("succeeded"))
+    );
 }
 
 #[test]
@@ -239,7 +338,10 @@ fn a_cancelled_job_is_resumed_by_the_same_command() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // It reports the state the job reached, not the one it had when asked.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{job} cancelled"));
-    assert!(!wait_exit(&mut child, Duration::from_secs(90)).success(), "a cancelled job is not a success");
+    assert!(
+        !wait_exit(&mut child, Duration::from_secs(90)).success(),
+        "a cancelled job is not a success"
+    );
     // The same command queues it again from its last completed step and finishes it.
     let (mut again, _, mut said, rx) = start_local(dir.path());
     let status = wait_exit(&mut again, Duration::from_secs(300));
@@ -253,14 +355,26 @@ fn a_second_run_or_coordinator_on_the_same_store_is_refused_naming_the_first() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let (mut child, pids, _, _rx) = start_local(dir.path());
-    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let out = comas()
+        .args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("in use by another comas local (process {})", child.id())), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains(&format!("in use by another comas local (process {})", child.id())),
+        "{err}"
+    );
     // Standalone coordinators lock their database the same way.
     let db = dir.path().join("jobs.sqlite").display().to_string();
-    let out = comas().args(["coordinator", "--listen", "127.0.0.1:0", "--db", &db]).output().unwrap();
+    let out =
+        comas().args(["coordinator", "--listen", "127.0.0.1:0", "--db", &db]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains(&format!("in use by another coordinator (process {},", child.id())), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains(&format!("in use by another coordinator (process {},", child.id())),
+        "{err}"
+    );
     // The first run is untouched by either and finishes its job.
     let status = wait_exit(&mut child, Duration::from_secs(300));
     assert!(status.success());
@@ -273,16 +387,27 @@ fn a_model_that_cannot_load_fails_the_job_at_once_with_the_cause() {
     let dir = tempfile::tempdir().unwrap();
     // The example keeps a model file it finds: give it a truncated one.
     let model = dir.path().join("example").join("model-a");
-    let out = comas().args(["tiny-model", "--out", &model.display().to_string(), "--seed", "7"]).output().unwrap();
+    let out = comas()
+        .args(["tiny-model", "--out", &model.display().to_string(), "--seed", "7"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let weights = model.join("model.safetensors");
     let len = std::fs::metadata(&weights).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
     let started = Instant::now();
-    let out = comas().args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()]).output().unwrap();
+    let out = comas()
+        .args(["local", "--example", "tiny", "--dir", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("learner of agent 0") && err.contains("could not load its model") && err.contains(&weights.display().to_string()), "{err}");
+    assert!(
+        err.contains("learner of agent 0")
+            && err.contains("could not load its model")
+            && err.contains(&weights.display().to_string()),
+        "{err}"
+    );
     // Not a retry loop that waits for the learner's patience to run out.
     assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
 }

@@ -13,7 +13,8 @@ const NEUROMAS_STEPS: u64 = 2;
 /// A [2, 1] NeuroMAS graph, one LoRA adapter per node on one tiny base (three agents, three
 /// learners): 2 tasks x 2 rollouts per step, each node's reply ending in a guided `\boxed{D}`.
 fn write_neuromas_job(dir: &Path, learner_ports: &[u16]) {
-    write_model(&dir.join("model"), &TinySpec { seed: 3, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    write_model(&dir.join("model"), &TinySpec { seed: 3, ..TinySpec::tiny(Architecture::Qwen2) })
+        .unwrap();
     // Answers 2 and 3, and the guided box allows only those digits: about half the readouts
     // are right, so rewards and advantages vary.
     let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
@@ -51,7 +52,14 @@ async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_
     // One learner process trains the three adapters over one base.
     let port = free_port();
     write_neuromas_job(tmp.path(), &[port; 3]);
-    let c = Cluster::launch_one_learner(tmp.path(), port, 3, 1, NEUROMAS_STEPS, &["--max-episodes", "4"]);
+    let c = Cluster::launch_one_learner(
+        tmp.path(),
+        port,
+        3,
+        1,
+        NEUROMAS_STEPS,
+        &["--max-episodes", "4"],
+    );
     let id = c.submit().await;
     let st = c.finished(&id).await;
     assert!(st.agents.iter().all(|a| a.version == NEUROMAS_STEPS), "{:?}", st.agents);
@@ -60,16 +68,33 @@ async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_
     let mut rewards_seen = Vec::new();
     for m in &log {
         let step = m["step"].as_u64().unwrap();
-        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("neuromas"), Some(4)), "{m}");
+        assert_eq!(
+            (m["method"].as_str(), m["episodes"].as_u64()),
+            (Some("neuromas"), Some(4)),
+            "{m}"
+        );
         // Calls per layer: 2 nodes then the readout, in each of the 4 rollouts.
-        assert_eq!((m["completion_tokens"]["1"]["count"].as_u64(), m["completion_tokens"]["2"]["count"].as_u64()), (Some(8), Some(4)), "{m}");
-        let text = std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
-        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone()).collect();
+        assert_eq!(
+            (
+                m["completion_tokens"]["1"]["count"].as_u64(),
+                m["completion_tokens"]["2"]["count"].as_u64()
+            ),
+            (Some(8), Some(4)),
+            "{m}"
+        );
+        let text =
+            std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl")))
+                .unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone())
+            .collect();
         assert_eq!(records.len(), 4);
         let mut rewards = Vec::new();
         for r in &records {
             let turns = r["turns"].as_array().unwrap();
-            let layers: Vec<u64> = turns.iter().map(|t| t["node"]["layer"].as_u64().unwrap()).collect();
+            let layers: Vec<u64> =
+                turns.iter().map(|t| t["node"]["layer"].as_u64().unwrap()).collect();
             assert_eq!(layers, vec![1, 1, 2], "{r}");
             let agents: Vec<u64> = turns.iter().map(|t| t["agent"].as_u64().unwrap()).collect();
             assert_eq!(agents, vec![0, 1, 2]);
@@ -78,7 +103,10 @@ async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_
                 let reply = t["text"].as_str().unwrap().trim();
                 let message = t["message"]["text"].as_str().unwrap();
                 assert!(
-                    reply.starts_with(message) && (message.len() < reply.len()) == t["message"]["truncated"].as_bool().unwrap() || message.is_empty(),
+                    reply.starts_with(message)
+                        && (message.len() < reply.len())
+                            == t["message"]["truncated"].as_bool().unwrap()
+                        || message.is_empty(),
                     "{t}"
                 );
             }
@@ -101,9 +129,16 @@ async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_
             let a = &m["agents"][k];
             // Each node's adapter trains on its one sample of each of the 4 rollouts, each with
             // its rollout's reward: every agent's mean is the rollouts' mean.
-            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64()), (Some(4), Some(4)), "step {step} agent {k}");
+            assert_eq!(
+                (a["samples"].as_u64(), a["train"]["samples"].as_u64()),
+                (Some(4), Some(4)),
+                "step {step} agent {k}"
+            );
             let got = a["reward_mean"].as_f64().unwrap();
-            assert!((got - mean).abs() < 1e-12, "step {step} agent {k}: reward mean {got}, the rollouts' {mean}");
+            assert!(
+                (got - mean).abs() < 1e-12,
+                "step {step} agent {k}: reward mean {got}, the rollouts' {mean}"
+            );
         }
         // Only adapter bytes travel: r = 2 on q (64 -> 64) and v (64 -> 32) in 2 layers, f32,
         // is 2 x (2x64 + 64x2 + 2x64 + 32x2) x 4 = 3,584 bytes per agent to the one worker
@@ -150,33 +185,53 @@ async fn grow_the_trained_graph(dir: &Path) {
     assert!(e.contains("no complete checkpoint under") && e.contains("nowhere-0"), "{e}");
     assert!(!dir.join("bad/job.toml").exists());
     let out = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["grow", &dir.join("job.toml").display().to_string(), "--checkpoints", &format!("{}/ckpt-0/agent-{{agent}}", dir.display())])
+        .args([
+            "grow",
+            &dir.join("job.toml").display().to_string(),
+            "--checkpoints",
+            &format!("{}/ckpt-0/agent-{{agent}}", dir.display()),
+        ])
         .args(["--to", "2,2,1", "--bridge-steps", "1", "--out", &grown.display().to_string()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("new node 3 at L2N1: a copy of node 0's adapter") && stderr.contains("new node 4 at L2N2: a copy of node 1's adapter"), "{stderr}");
+    assert!(
+        stderr.contains("new node 3 at L2N1: a copy of node 0's adapter")
+            && stderr.contains("new node 4 at L2N2: a copy of node 1's adapter"),
+        "{stderr}"
+    );
     let source = |k: u64| dir.join(format!("ckpt-0/agent-{k}/neuromas-e2e/step-{NEUROMAS_STEPS}"));
     let bytes = |p: PathBuf| std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     // Old nodes keep their uids; the new ones copy nodes 0 and 1.
     for (uid, from) in [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1)] {
         for f in ["adapter/adapter_model.safetensors", "optimizer.safetensors"] {
-            assert!(bytes(grown.join(format!("nodes/uid-{uid}/{f}"))) == bytes(source(from).join(f)), "node {uid}'s {f} is not node {from}'s");
+            assert!(
+                bytes(grown.join(format!("nodes/uid-{uid}/{f}"))) == bytes(source(from).join(f)),
+                "node {uid}'s {f} is not node {from}'s"
+            );
         }
     }
-    let adam_steps =
-        |p: PathBuf| serde_json::from_str::<Value>(&std::fs::read_to_string(p.join("state.json")).unwrap()).unwrap()["adam_steps"].as_u64().unwrap();
+    let adam_steps = |p: PathBuf| {
+        serde_json::from_str::<Value>(&std::fs::read_to_string(p.join("state.json")).unwrap())
+            .unwrap()["adam_steps"]
+            .as_u64()
+            .unwrap()
+    };
     let trained = adam_steps(source(0));
     assert_eq!(trained, NEUROMAS_STEPS);
-    let history: Value = serde_json::from_str(&std::fs::read_to_string(grown.join("growth.json")).unwrap()).unwrap();
+    let history: Value =
+        serde_json::from_str(&std::fs::read_to_string(grown.join("growth.json")).unwrap()).unwrap();
     assert_eq!(history[0]["after"]["uids"], serde_json::json!([[0, 1], [3, 4], [2]]));
 
     // The grown job, with this run's learner addresses.
     let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
-    let mut job: toml::Table = toml::from_str(&std::fs::read_to_string(grown.join("job.toml")).unwrap()).unwrap();
+    let mut job: toml::Table =
+        toml::from_str(&std::fs::read_to_string(grown.join("job.toml")).unwrap()).unwrap();
     for (a, port) in job["agents"].as_array_mut().unwrap().iter_mut().zip(&ports) {
-        a.as_table_mut().unwrap().insert("learner".into(), format!("http://127.0.0.1:{port}").into());
+        a.as_table_mut()
+            .unwrap()
+            .insert("learner".into(), format!("http://127.0.0.1:{port}").into());
     }
     std::fs::write(grown.join("job.toml"), toml::to_string(&job).unwrap()).unwrap();
     let c = Cluster::launch(&grown, ports, 1, &[], NEUROMAS_STEPS, &["--max-episodes", "4"]);
@@ -184,12 +239,20 @@ async fn grow_the_trained_graph(dir: &Path) {
     c.finished(&id).await;
     for m in c.metrics_log() {
         let step = m["step"].as_u64().unwrap();
-        let calls: Vec<Option<u64>> = ["1", "2", "3"].iter().map(|l| m["completion_tokens"][l]["count"].as_u64()).collect();
+        let calls: Vec<Option<u64>> =
+            ["1", "2", "3"].iter().map(|l| m["completion_tokens"][l]["count"].as_u64()).collect();
         assert_eq!(calls, vec![Some(8), Some(8), Some(4)], "{m}");
-        let text = std::fs::read_to_string(grown.join(format!("out/episodes/step-{step:05}.jsonl"))).unwrap();
+        let text =
+            std::fs::read_to_string(grown.join(format!("out/episodes/step-{step:05}.jsonl")))
+                .unwrap();
         for l in text.lines() {
             let r = &serde_json::from_str::<Value>(l).unwrap()["record"];
-            let agents: Vec<u64> = r["turns"].as_array().unwrap().iter().map(|t| t["agent"].as_u64().unwrap()).collect();
+            let agents: Vec<u64> = r["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["agent"].as_u64().unwrap())
+                .collect();
             assert_eq!(agents, vec![0, 1, 3, 4, 2], "{r}");
             // Identity wiring in the bridge step only.
             let bridged: Vec<u64> = if step == 0 { vec![2] } else { vec![] };

@@ -16,7 +16,16 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn args(metrics: PathBuf, output: PathBuf) -> plot::Args {
-    plot::Args { inputs: vec![metrics], output, title: None, panels: Vec::new(), roles: false, width: 1440, height: None, columns: None }
+    plot::Args {
+        inputs: vec![metrics],
+        output,
+        title: None,
+        panels: Vec::new(),
+        roles: false,
+        width: 1440,
+        height: None,
+        columns: None,
+    }
 }
 
 fn build(m: &Metrics, roles: bool, groups: &[Group]) -> Figure {
@@ -28,7 +37,9 @@ fn full(roles: bool) -> Figure {
 }
 
 fn panel<'a>(fig: &'a Figure, key: &str) -> &'a Panel {
-    fig.panel(key).unwrap_or_else(|| panic!("no panel {key}; have {:?}", fig.panels.iter().map(|p| p.key).collect::<Vec<_>>()))
+    fig.panel(key).unwrap_or_else(|| {
+        panic!("no panel {key}; have {:?}", fig.panels.iter().map(|p| p.key).collect::<Vec<_>>())
+    })
 }
 
 fn series<'a>(fig: &'a Figure, key: &str, name: &str) -> &'a Series {
@@ -84,9 +95,17 @@ fn eval_records_sit_at_after_steps_else_at_step() {
         "\n",
     );
     let fig = build(&parse_log(text, "x").unwrap(), false, &[Group::Accuracy]);
-    assert_points(series(&fig, "accuracy", "held-out sampled"), &[(2.0, Some(0.75)), (5.0, Some(0.25))]);
-    let err = parse_log("{\"kind\":\"step\",\"step\":0}\n{\"kind\":\"eval\",\"accuracy\":1}\n", "log").unwrap_err();
-    assert!(format!("{err:#}").contains("line 2") && format!("{err:#}").contains("after_steps"), "{err:#}");
+    assert_points(
+        series(&fig, "accuracy", "held-out sampled"),
+        &[(2.0, Some(0.75)), (5.0, Some(0.25))],
+    );
+    let err =
+        parse_log("{\"kind\":\"step\",\"step\":0}\n{\"kind\":\"eval\",\"accuracy\":1}\n", "log")
+            .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("line 2") && format!("{err:#}").contains("after_steps"),
+        "{err:#}"
+    );
 }
 
 #[test]
@@ -110,7 +129,10 @@ fn repeated_steps_keep_the_last_record_and_sort() {
     );
     let m = parse_log(text, "x").unwrap();
     assert_eq!(m.steps.iter().map(|r| r.x).collect::<Vec<_>>(), vec![1.0, 2.0]);
-    assert_points(series(&build(&m, false, &[]), "rewards", "mean"), &[(1.0, Some(0.1)), (2.0, Some(0.9))]);
+    assert_points(
+        series(&build(&m, false, &[]), "rewards", "mean"),
+        &[(1.0, Some(0.1)), (2.0, Some(0.9))],
+    );
 }
 
 #[test]
@@ -124,7 +146,10 @@ fn malformed_line_error_names_its_line() {
     let err = parse_log("{\"kind\":\"step\",\"step\":0}\n[1,2]\n", "log").unwrap_err();
     assert!(format!("{err:#}").contains("line 2"), "{err:#}");
     let err = parse_log("{\"kind\":\"step\",\"agents\":[]}\n", "log").unwrap_err();
-    assert!(format!("{err:#}").contains("line 1") && format!("{err:#}").contains("\"step\""), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("line 1") && format!("{err:#}").contains("\"step\""),
+        "{err:#}"
+    );
 }
 
 #[test]
@@ -180,7 +205,10 @@ fn full_log_has_every_panel_and_series() {
     assert!(fig.left_out.is_empty(), "{:?}", fig.left_out);
     assert_eq!(names(panel(&fig, "rewards")), ["solver", "evaluator", "scorer", "mean"]);
     assert_eq!(names(panel(&fig, "training.loss")), ["agent 0", "agent 1"]);
-    assert_eq!(names(panel(&fig, "training.kl")), ["agent 0 kl", "agent 0 approx_kl", "agent 1 kl", "agent 1 approx_kl"]);
+    assert_eq!(
+        names(panel(&fig, "training.kl")),
+        ["agent 0 kl", "agent 0 approx_kl", "agent 1 kl", "agent 1 approx_kl"]
+    );
     assert_eq!(names(panel(&fig, "lengths.completion")), ["solver", "evaluator", "scorer"]);
     assert_eq!(names(panel(&fig, "lengths.truncation")), ["solver", "evaluator", "scorer", "all"]);
     assert_eq!(names(panel(&fig, "judging.rates")), ["score parse rate", "approval rate"]);
@@ -192,7 +220,10 @@ fn full_log_has_every_panel_and_series() {
         let colours: Vec<_> = panel(&fig, key).series.iter().map(|s| s.colour).collect();
         assert_eq!(colours[..3], [0, 1, 2], "{key}");
     }
-    assert_eq!((series(&fig, "rewards", "mean").colour, series(&fig, "lengths.truncation", "all").colour), (7, 7));
+    assert_eq!(
+        (series(&fig, "rewards", "mean").colour, series(&fig, "lengths.truncation", "all").colour),
+        (7, 7)
+    );
     // Shares keep the whole [0, 1] axis; the others follow their data.
     let unit: Vec<_> = fig.panels.iter().filter(|p| p.unit).map(|p| p.key).collect();
     assert_eq!(unit, ["lengths.truncation", "judging.rates", "accuracy"]);
@@ -205,15 +236,36 @@ fn points_are_the_logged_numbers() {
     assert_points(s("rewards", "solver"), &steps3([Some(0.125), Some(0.3125), Some(0.5)]));
     assert_points(s("rewards", "evaluator"), &steps3([Some(0.75), Some(0.625), Some(0.5)]));
     assert_points(s("rewards", "mean"), &steps3([Some(0.3125), Some(0.3125), Some(0.375)]));
-    assert_points(s("training.loss", "agent 0"), &steps3([Some(-0.0625), Some(-0.1875), Some(-0.03125)]));
-    assert_points(s("training.kl", "agent 0 approx_kl"), &steps3([Some(-0.00125), Some(0.0078125), Some(0.001953125)]));
-    assert_points(s("training.clip", "agent 1"), &steps3([Some(0.0078125), None, Some(0.00390625)]));
+    assert_points(
+        s("training.loss", "agent 0"),
+        &steps3([Some(-0.0625), Some(-0.1875), Some(-0.03125)]),
+    );
+    assert_points(
+        s("training.kl", "agent 0 approx_kl"),
+        &steps3([Some(-0.00125), Some(0.0078125), Some(0.001953125)]),
+    );
+    assert_points(
+        s("training.clip", "agent 1"),
+        &steps3([Some(0.0078125), None, Some(0.00390625)]),
+    );
     assert_points(s("training.grad_norm", "agent 1"), &steps3([Some(0.5), None, Some(0.75)]));
-    assert_points(s("training.lr", "agent 0"), &steps3([Some(0.0003), Some(0.000298), Some(0.000292)]));
-    assert_points(s("lengths.completion", "solver"), &steps3([Some(80.5), Some(86.0), Some(70.25)]));
-    assert_points(s("lengths.truncation", "evaluator"), &steps3([Some(0.5), Some(0.5625), Some(0.25)]));
+    assert_points(
+        s("training.lr", "agent 0"),
+        &steps3([Some(0.0003), Some(0.000298), Some(0.000292)]),
+    );
+    assert_points(
+        s("lengths.completion", "solver"),
+        &steps3([Some(80.5), Some(86.0), Some(70.25)]),
+    );
+    assert_points(
+        s("lengths.truncation", "evaluator"),
+        &steps3([Some(0.5), Some(0.5625), Some(0.25)]),
+    );
     assert_points(s("lengths.truncation", "all"), &steps3([Some(0.375), Some(0.4375), Some(0.25)]));
-    assert_points(s("judging.rates", "score parse rate"), &steps3([Some(1.0), Some(0.9375), Some(1.0)]));
+    assert_points(
+        s("judging.rates", "score parse rate"),
+        &steps3([Some(1.0), Some(0.9375), Some(1.0)]),
+    );
     assert_points(s("judging.correctness", "correct"), &steps3([Some(1.0), Some(1.0), Some(1.0)]));
     assert_points(s("accuracy", "train"), &steps3([Some(0.125), Some(0.3125), Some(0.5)]));
     assert_points(s("times", "rollout"), &steps3([Some(40.5), Some(33.875), Some(26.75)]));
@@ -240,7 +292,10 @@ fn nulls_and_missing_values_are_gaps() {
     let fig = build(&m, true, &[]);
     assert_points(series(&fig, "accuracy", "train"), &steps3([None, None, Some(0.5)]));
     assert_points(series(&fig, "times", "rollout"), &steps3([Some(10.2), None, Some(10.2)]));
-    assert_points(series(&fig, "training.loss", "agent 0"), &steps3([Some(0.01), None, Some(0.01)]));
+    assert_points(
+        series(&fig, "training.loss", "agent 0"),
+        &steps3([Some(0.01), None, Some(0.01)]),
+    );
     // Rewards only per agent at step 0 (pooled: 0.3, 0.2, 0.1 with equal counts), none after.
     assert_points(series(&fig, "rewards", "solver"), &steps3([Some(0.3), None, None]));
     assert_points(series(&fig, "rewards", "mean"), &steps3([Some(0.2), None, None]));
@@ -249,7 +304,10 @@ fn nulls_and_missing_values_are_gaps() {
 #[test]
 fn eval_records_land_at_their_after_steps() {
     let fig = full(false);
-    assert_points(series(&fig, "accuracy", "held-out sampled"), &[(0.0, Some(0.125)), (3.0, Some(0.375))]);
+    assert_points(
+        series(&fig, "accuracy", "held-out sampled"),
+        &[(0.0, Some(0.125)), (3.0, Some(0.375))],
+    );
     // The second eval ran without a greedy game: a gap.
     assert_points(series(&fig, "accuracy", "held-out greedy"), &[(0.0, Some(0.6875)), (3.0, None)]);
     assert!(series(&fig, "accuracy", "held-out sampled").markers);
@@ -276,10 +334,20 @@ fn roles_flag_adds_per_agent_reward_series() {
             "agent 1 scorer"
         ]
     );
-    assert_points(series(&fig, "rewards", "agent 1 solver"), &steps3([Some(0.0), Some(0.25), Some(0.5)]));
-    assert_points(series(&fig, "rewards", "agent 0 evaluator"), &steps3([Some(0.75), Some(0.6875), Some(0.5)]));
+    assert_points(
+        series(&fig, "rewards", "agent 1 solver"),
+        &steps3([Some(0.0), Some(0.25), Some(0.5)]),
+    );
+    assert_points(
+        series(&fig, "rewards", "agent 0 evaluator"),
+        &steps3([Some(0.75), Some(0.6875), Some(0.5)]),
+    );
     // Per-agent lines take their role's colour and a dash of their own.
-    let (a0, a1, team) = (series(&fig, "rewards", "agent 0 solver"), series(&fig, "rewards", "agent 1 solver"), series(&fig, "rewards", "solver"));
+    let (a0, a1, team) = (
+        series(&fig, "rewards", "agent 0 solver"),
+        series(&fig, "rewards", "agent 1 solver"),
+        series(&fig, "rewards", "solver"),
+    );
     assert_eq!((a0.colour, a1.colour), (team.colour, team.colour));
     assert_eq!((team.dash, a0.dash, a1.dash), (None, Some(0), Some(1)));
     // Without the flag the other panels are the same.
@@ -293,9 +361,30 @@ fn an_old_log_leaves_out_panels_without_data() {
     // three_steps.jsonl predates the judging, length and per-role fields at the top level.
     let fig = build(&read_log(&fixture("three_steps.jsonl")).unwrap(), false, &[]);
     let keys: Vec<_> = fig.panels.iter().map(|p| p.key).collect();
-    assert_eq!(keys, ["rewards", "training.loss", "training.kl", "training.clip", "training.grad_norm", "training.lr", "accuracy", "times"]);
+    assert_eq!(
+        keys,
+        [
+            "rewards",
+            "training.loss",
+            "training.kl",
+            "training.clip",
+            "training.grad_norm",
+            "training.lr",
+            "accuracy",
+            "times"
+        ]
+    );
     let left: Vec<_> = fig.left_out.iter().map(|l| l.0).collect();
-    assert_eq!(left, ["lengths.completion", "lengths.truncation", "judging.rates", "judging.correctness", "judging.separation"]);
+    assert_eq!(
+        left,
+        [
+            "lengths.completion",
+            "lengths.truncation",
+            "judging.rates",
+            "judging.correctness",
+            "judging.separation"
+        ]
+    );
     // Team rewards pooled from the agents by count: solver (0.4 * 16 + 0.0 * 16) / 32 at step 0.
     assert_points(series(&fig, "rewards", "solver"), &steps3([Some(0.2), Some(0.3), Some(0.65)]));
     // The old eval record has a plain accuracy number.
@@ -306,22 +395,43 @@ fn an_old_log_leaves_out_panels_without_data() {
 #[test]
 fn a_requested_panel_without_data_is_an_error() {
     let m = read_log(&fixture("three_steps.jsonl")).unwrap();
-    let err = Figure::build(&m, &Options { title: "t".into(), roles: false, groups: vec![Group::Rewards, Group::named("judging").unwrap()] }).unwrap_err();
+    let err = Figure::build(
+        &m,
+        &Options {
+            title: "t".into(),
+            roles: false,
+            groups: vec![Group::Rewards, Group::named("judging").unwrap()],
+        },
+    )
+    .unwrap_err();
     let msg = format!("{err:#}");
-    assert!(msg.contains("\"judging\"") && msg.contains("score_parse_rate") && msg.contains("solver_reward_by_correctness"), "{msg}");
+    assert!(
+        msg.contains("\"judging\"")
+            && msg.contains("score_parse_rate")
+            && msg.contains("solver_reward_by_correctness"),
+        "{msg}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x.svg");
     let mut a = args(fixture("three_steps.jsonl"), out.clone());
     a.panels = vec!["lengths".into()];
     let msg = format!("{:#}", plot::run(a).unwrap_err());
-    assert!(msg.contains("\"lengths\"") && msg.contains("completion_len") && msg.contains("three_steps.jsonl"), "{msg}");
+    assert!(
+        msg.contains("\"lengths\"")
+            && msg.contains("completion_len")
+            && msg.contains("three_steps.jsonl"),
+        "{msg}"
+    );
     assert!(!out.exists());
 }
 
 #[test]
 fn panels_flag_selects_and_orders_groups() {
-    assert_eq!(Group::parse_list(&["Times,accuracy".into(), "times".into()]).unwrap(), [Group::Times, Group::Accuracy]);
+    assert_eq!(
+        Group::parse_list(&["Times,accuracy".into(), "times".into()]).unwrap(),
+        [Group::Times, Group::Accuracy]
+    );
     assert_eq!(Group::parse_list(&[]).unwrap(), []);
     let m = read_log(&fixture("full.jsonl")).unwrap();
     let fig = build(&m, false, &[Group::Times, Group::Accuracy]);
@@ -337,7 +447,13 @@ fn unknown_panel_name_is_an_error() {
     let mut a = args(fixture("full.jsonl"), out.clone());
     a.panels = vec!["rewards".into(), "speed".into()];
     let msg = format!("{:#}", plot::run(a).unwrap_err());
-    assert!(msg.contains("\"speed\"") && msg.contains("rewards, training, lengths, judging, coaching, sharing, grading, accuracy, times"), "{msg}");
+    assert!(
+        msg.contains("\"speed\"")
+            && msg.contains(
+                "rewards, training, lengths, judging, coaching, sharing, grading, accuracy, times"
+            ),
+        "{msg}"
+    );
     assert!(!out.exists());
 }
 
@@ -351,16 +467,30 @@ fn a_single_step_gets_an_axis_of_some_width() {
 
 #[test]
 fn grid_fits_the_panels() {
-    assert_eq!(Grid::new(12, 1440, None, None).unwrap(), Grid { cols: 3, rows: 4, width: 1440, height: 1250 });
-    assert_eq!(Grid::new(3, 1440, None, None).unwrap(), Grid { cols: 2, rows: 2, width: 1440, height: 650 });
+    assert_eq!(
+        Grid::new(12, 1440, None, None).unwrap(),
+        Grid { cols: 3, rows: 4, width: 1440, height: 1250 }
+    );
+    assert_eq!(
+        Grid::new(3, 1440, None, None).unwrap(),
+        Grid { cols: 2, rows: 2, width: 1440, height: 650 }
+    );
     // One row is shorter than the smallest figure: the height is raised to it.
-    assert_eq!(Grid::new(1, 800, None, None).unwrap(), Grid { cols: 1, rows: 1, width: 800, height: 400 });
-    assert_eq!(Grid::new(12, 1440, Some(900), Some(6)).unwrap(), Grid { cols: 6, rows: 2, width: 1440, height: 900 });
+    assert_eq!(
+        Grid::new(1, 800, None, None).unwrap(),
+        Grid { cols: 1, rows: 1, width: 800, height: 400 }
+    );
+    assert_eq!(
+        Grid::new(12, 1440, Some(900), Some(6)).unwrap(),
+        Grid { cols: 6, rows: 2, width: 1440, height: 900 }
+    );
     let msg = format!("{:#}", Grid::new(12, 1440, Some(500), None).unwrap_err());
     assert!(msg.contains("--height 500") && msg.contains("690"), "{msg}");
     let msg = format!("{:#}", Grid::new(12, 600, None, Some(4)).unwrap_err());
     assert!(msg.contains("--width 600") && msg.contains("--columns"), "{msg}");
-    assert!(format!("{:#}", Grid::new(12, 1440, None, Some(0)).unwrap_err()).contains("--columns 0"));
+    assert!(
+        format!("{:#}", Grid::new(12, 1440, None, Some(0)).unwrap_err()).contains("--columns 0")
+    );
 }
 
 // ---- run: formats, files --------------------------------------------------------------------
@@ -385,7 +515,11 @@ fn run_writes_a_png_and_an_svg_with_every_panel() {
     assert!(svg.contains("width=\"1440\"") && svg.contains("height=\"1550\""));
     let fig = full(true);
     for title in std::iter::once("full run").chain(fig.panels.iter().map(|p| p.title)) {
-        assert!(svg.contains(&format!(">\n{title}\n</text>")) || svg.contains(&format!(">{title}</text>")), "no title {title:?}");
+        assert!(
+            svg.contains(&format!(">\n{title}\n</text>"))
+                || svg.contains(&format!(">{title}</text>")),
+            "no title {title:?}"
+        );
     }
     for label in ["agent 1 evaluator", "held-out greedy", "broadcast"] {
         assert!(svg.contains(label), "no legend entry {label:?}");
@@ -414,8 +548,13 @@ fn run_writes_atomically_and_replaces_old_output() {
     let svg = std::fs::read_to_string(&out).unwrap();
     // The default title names the job.
     assert!(svg.starts_with("<svg") && svg.contains("job j-fixture"), "{}", &svg[..200]);
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, vec![std::ffi::OsString::from("curves.svg")], "no temporary file left behind");
+    let names: Vec<_> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("curves.svg")],
+        "no temporary file left behind"
+    );
 }
 
 #[test]
@@ -434,11 +573,17 @@ fn unknown_or_missing_extension_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     for name in ["plot.jpg", "plot"] {
         let out = dir.path().join(name);
-        let msg = format!("{:#}", plot::run(args(fixture("three_steps.jsonl"), out.clone())).unwrap_err());
+        let msg = format!(
+            "{:#}",
+            plot::run(args(fixture("three_steps.jsonl"), out.clone())).unwrap_err()
+        );
         assert!(msg.contains(".svg") && msg.contains(".png"), "{msg}");
         assert!(!out.exists());
     }
-    let msg = format!("{:#}", plot::run(args(fixture("three_steps.jsonl"), dir.path().join("a.jpg"))).unwrap_err());
+    let msg = format!(
+        "{:#}",
+        plot::run(args(fixture("three_steps.jsonl"), dir.path().join("a.jpg"))).unwrap_err()
+    );
     assert!(msg.contains(".jpg"), "{msg}");
     // Case does not matter.
     assert_eq!(plot::Format::from_path(Path::new("A.PNG")).unwrap(), plot::Format::Png);
@@ -466,11 +611,18 @@ fn a_mappa_log_shows_the_coach_score_by_role() {
             solver / 10.0
         )
     };
-    let m = parse_log(&format!("{}\n{}\n", line(0, 6.0, 3.0), line(1, 7.0, 4.5)), "mappa.jsonl").unwrap();
+    let m = parse_log(&format!("{}\n{}\n", line(0, 6.0, 3.0), line(1, 7.0, 4.5)), "mappa.jsonl")
+        .unwrap();
     let fig = build(&m, false, &[]);
     assert_eq!(names(panel(&fig, "coaching.score")), ["code_executor", "problem_solver"]);
-    assert_points(series(&fig, "coaching.score", "problem_solver"), &[(0.0, Some(6.0)), (1.0, Some(7.0))]);
-    assert_points(series(&fig, "coaching.rates", "actions scored"), &[(0.0, Some(0.75)), (1.0, Some(0.75))]);
+    assert_points(
+        series(&fig, "coaching.score", "problem_solver"),
+        &[(0.0, Some(6.0)), (1.0, Some(7.0))],
+    );
+    assert_points(
+        series(&fig, "coaching.rates", "actions scored"),
+        &[(0.0, Some(0.75)), (1.0, Some(0.75))],
+    );
     assert_points(series(&fig, "rewards", "problem_solver"), &[(0.0, Some(0.6)), (1.0, Some(0.7))]);
     // A CoMAS log does not list the coaching panels as missing.
     assert!(full(false).left_out.iter().all(|(key, _)| !key.starts_with("coaching")));
@@ -495,8 +647,14 @@ fn a_cosir_log_shows_team_accuracy_and_the_reward_terms() {
     )
     .unwrap();
     let fig = build(&m, false, &[]);
-    assert_points(series(&fig, "sharing.rates", "team accuracy"), &[(0.0, Some(0.25)), (1.0, Some(0.5))]);
-    assert_points(series(&fig, "sharing.rates", "private cells disclosed"), &[(0.0, Some(0.25)), (1.0, Some(0.25))]);
+    assert_points(
+        series(&fig, "sharing.rates", "team accuracy"),
+        &[(0.0, Some(0.25)), (1.0, Some(0.5))],
+    );
+    assert_points(
+        series(&fig, "sharing.rates", "private cells disclosed"),
+        &[(0.0, Some(0.25)), (1.0, Some(0.25))],
+    );
     assert_eq!(names(panel(&fig, "sharing.terms")), ["share", "use"]);
     assert_points(series(&fig, "sharing.terms", "share"), &[(0.0, Some(0.1)), (1.0, Some(0.3))]);
     // Other methods' logs do not list the sharing panels as missing.

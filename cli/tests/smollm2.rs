@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn comas(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_comas")).args(args).env("COMAS_THREADS", "2").output().expect("comas runs")
+    Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(args)
+        .env("COMAS_THREADS", "2")
+        .output()
+        .expect("comas runs")
 }
 
 #[test]
@@ -19,16 +23,34 @@ fn imported_smollm2_decodes_like_transformers() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A second import into the same folder needs --force.
     let again = comas(&["import-gguf", gguf, "--out", model_s]);
-    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("pass --force"));
+    assert!(
+        !again.status.success() && String::from_utf8_lossy(&again.stderr).contains("pass --force")
+    );
 
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/smollm2/reference.json")).unwrap())
-            .unwrap();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/smollm2/reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let cases = reference["generate"].as_array().unwrap();
     assert_eq!(cases.len(), 3);
     for case in cases {
         let prompt = case["prompt"].as_str().unwrap();
-        let out = comas(&["generate", "--model", model_s, "--chat", prompt, "--greedy", "--ignore-eos", "--max-new-tokens", "32", "--json"]);
+        let out = comas(&[
+            "generate",
+            "--model",
+            model_s,
+            "--chat",
+            prompt,
+            "--greedy",
+            "--ignore-eos",
+            "--max-new-tokens",
+            "32",
+            "--json",
+        ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let got: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(got["prompt_ids"], case["prompt_ids"], "prompt ids of {prompt:?}");

@@ -48,7 +48,14 @@ pub async fn follow(scheduler: Scheduler, report: Reporter, targets: Vec<Target>
     let mut last = (0, 0);
     loop {
         tokio::time::sleep(POLL_EVERY).await;
-        let workers: Vec<String> = scheduler.snapshot().await.workers.into_iter().filter(|w| !w.draining).map(|w| w.address).collect();
+        let workers: Vec<String> = scheduler
+            .snapshot()
+            .await
+            .workers
+            .into_iter()
+            .filter(|w| !w.draining)
+            .map(|w| w.address)
+            .collect();
         let mut done = 0;
         for address in &workers {
             if !clients.contains_key(address) {
@@ -68,7 +75,11 @@ pub async fn follow(scheduler: Scheduler, report: Reporter, targets: Vec<Target>
         let now = (done, workers.len());
         if now != last {
             last = now;
-            report.live(Update::Broadcast { done, total: per_worker * workers.len() as u64, workers: workers.len() as u32 });
+            report.live(Update::Broadcast {
+                done,
+                total: per_worker * workers.len() as u64,
+                workers: workers.len() as u32,
+            });
             report.event("broadcast", String::new(), String::new());
         }
     }
@@ -84,7 +95,10 @@ mod tests {
 
     #[test]
     fn a_worker_counts_its_pulls_of_the_target_versions_only() {
-        let targets = [Target { agent: 0, version: 4, bytes: 1000 }, Target { agent: 1, version: 4, bytes: 600 }];
+        let targets = [
+            Target { agent: 0, version: 4, bytes: 1000 },
+            Target { agent: 1, version: 4, bytes: 600 },
+        ];
         assert_eq!(received(&[], &targets), 0);
         // Agent 0 half in, agent 1 still at the old version.
         assert_eq!(received(&[pull(0, 4, 500, false), pull(1, 3, 600, true)], &targets), 500);

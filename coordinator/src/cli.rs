@@ -53,7 +53,10 @@ pub struct Args {
     pub tls: comas_service::tls::TlsArgs,
 }
 
-pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run_async(
+    a: Args,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let listener = a.listen.bind().await?;
     serve(
         ServerSettings {
@@ -65,7 +68,8 @@ pub async fn run_async(a: Args, shutdown: impl std::future::Future<Output = ()> 
             episode_timeout: Duration::from_secs(a.episode_timeout_secs.max(1)),
             worker_wait: Duration::from_secs(a.worker_wait_secs.max(1)),
             relay_fanout: a.relay_fanout,
-            allowed_roots: comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?,
+            allowed_roots: comas_service::AllowedRoots::parse(&a.allowed_roots)
+                .map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?,
             tokens: a.tokens.as_deref().map(comas_service::auth::TokenFile::open).transpose()?,
             submit_per_minute: a.submit_per_minute,
             tls: a.tls.service()?,

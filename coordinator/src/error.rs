@@ -27,7 +27,9 @@ pub type Result<T, E = CoordinatorError> = std::result::Result<T, E>;
 impl From<CoordinatorError> for tonic::Status {
     fn from(e: CoordinatorError) -> Self {
         match &e {
-            CoordinatorError::Job(_) | CoordinatorError::Files(_) => tonic::Status::invalid_argument(e.to_string()),
+            CoordinatorError::Job(_) | CoordinatorError::Files(_) => {
+                tonic::Status::invalid_argument(e.to_string())
+            }
             CoordinatorError::Store(_) => tonic::Status::internal(e.to_string()),
             _ => tonic::Status::failed_precondition(e.to_string()),
         }

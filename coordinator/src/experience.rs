@@ -22,7 +22,11 @@ pub struct StepBatch {
 impl From<StepOutput> for StepBatch {
     fn from(s: StepOutput) -> Self {
         StepBatch {
-            per_agent: s.per_agent.into_iter().map(|exps| exps.into_iter().map(experience_to_pb).collect()).collect(),
+            per_agent: s
+                .per_agent
+                .into_iter()
+                .map(|exps| exps.into_iter().map(experience_to_pb).collect())
+                .collect(),
             metrics: s.metrics,
             pooled_whitening: s.pooled_whitening,
         }
@@ -57,12 +61,22 @@ fn finish_to_pb(f: FinishReason) -> i32 {
 
 /// Guided-tail positions as the learner takes them.
 fn constrained_to_pb(c: &[ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
-    c.iter().map(|c| pb::ConstrainedToken { position: c.position, allowed: c.allowed.iter().map(|&t| i64::from(t)).collect() }).collect()
+    c.iter()
+        .map(|c| pb::ConstrainedToken {
+            position: c.position,
+            allowed: c.allowed.iter().map(|&t| i64::from(t)).collect(),
+        })
+        .collect()
 }
 
 /// A worker's record, parsed and checked: the method's own checks, and in synchronous mode that
 /// every trained turn was sampled with the version its agent is at (`versions[agent]`).
-pub fn check_record(method: &MethodConfig, json: &str, episode: &str, versions: Option<&[u64]>) -> Result<Record, String> {
+pub fn check_record(
+    method: &MethodConfig,
+    json: &str,
+    episode: &str,
+    versions: Option<&[u64]>,
+) -> Result<Record, String> {
     let r = method.parse_record(json).map_err(|e| format!("episode {episode}: {e}"))?;
     if let Some(v) = versions {
         check_turn_versions(&r.policy_turns(), episode, v)?;
@@ -80,14 +94,23 @@ mod tests {
 
     /// A CoMAS game played with scripted texts at policy version 7; every turn is 3 tokens.
     fn played(cfg: &CoMasConfig) -> String {
-        let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
-        let mut ep = start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
+        let q = TaskRecord {
+            prompt: "1+1?".into(),
+            answer: "2".into(),
+            task: TaskKind::Math,
+            id: "q1".into(),
+            source: None,
+            files: Default::default(),
+        };
+        let mut ep =
+            start_batch(cfg, &[q], PlanSeed { global: 1, step: 0, shard: 0 }).unwrap().remove(0);
         while !ep.is_done() {
             let outs = ep
                 .next_turns()
                 .iter()
                 .map(|r| {
-                    let text = if r.role == Role::Scorer { "<score>3</score>" } else { "\\boxed{2}" };
+                    let text =
+                        if r.role == Role::Scorer { "<score>3</score>" } else { "\\boxed{2}" };
                     TurnOutput {
                         turn_index: r.turn_index,
                         text: text.into(),
@@ -108,12 +131,21 @@ mod tests {
 
     #[test]
     fn records_are_checked_by_their_method_and_versions_by_turn() {
-        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        let cfg = CoMasConfig {
+            num_agents: 2,
+            num_rounds: 1,
+            instances_per_question: 1,
+            ..Default::default()
+        };
         let method = MethodConfig::CoMas(cfg.clone());
         let json = played(&cfg);
         assert!(check_record(&method, &json, "e1", Some(&[7, 7])).is_ok());
-        assert!(check_record(&method, &json, "e1", Some(&[7])).unwrap_err().contains("turn 1 (solver of agent 1)"));
-        assert!(check_record(&method, &json[..json.len() / 2], "e1", None).unwrap_err().contains("episode e1: not valid JSON"));
+        assert!(check_record(&method, &json, "e1", Some(&[7]))
+            .unwrap_err()
+            .contains("turn 1 (solver of agent 1)"));
+        assert!(check_record(&method, &json[..json.len() / 2], "e1", None)
+            .unwrap_err()
+            .contains("episode e1: not valid JSON"));
         // A record of another method does not parse as this one's.
         let other = MethodConfig::Neuromas(Default::default());
         assert!(check_record(&other, &json, "e1", None).is_err());
@@ -121,7 +153,12 @@ mod tests {
 
     #[test]
     fn experiences_go_on_the_wire_field_by_field() {
-        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, ..Default::default() };
+        let cfg = CoMasConfig {
+            num_agents: 2,
+            num_rounds: 1,
+            instances_per_question: 1,
+            ..Default::default()
+        };
         let method = MethodConfig::CoMas(cfg.clone());
         let record = method.parse_record(&played(&cfg)).unwrap();
         let step = StepContext { agents: 2, data: &[], with_temperatures: true, step: Some(0) };
@@ -129,9 +166,18 @@ mod tests {
         let first = out.per_agent[0][0].clone();
         let batch = StepBatch::from(out);
         let e = &batch.per_agent[0][0];
-        assert_eq!((e.prompt_ids.clone(), e.completion_ids.clone(), e.reward), (vec![1, 2, 0], vec![5, 6, 7], Some(first.reward)));
-        assert_eq!((e.finish_reason, e.turn_id, e.policy_version, e.episode_id.as_str()), (pb::FinishReason::Length as i32, 0, 7, "e1"));
-        assert_eq!((e.group.as_str(), e.temperature, e.sampling_logprobs.clone()), (first.group.as_str(), first.temperature, vec![-0.5; 3]));
+        assert_eq!(
+            (e.prompt_ids.clone(), e.completion_ids.clone(), e.reward),
+            (vec![1, 2, 0], vec![5, 6, 7], Some(first.reward))
+        );
+        assert_eq!(
+            (e.finish_reason, e.turn_id, e.policy_version, e.episode_id.as_str()),
+            (pb::FinishReason::Length as i32, 0, 7, "e1")
+        );
+        assert_eq!(
+            (e.group.as_str(), e.temperature, e.sampling_logprobs.clone()),
+            (first.group.as_str(), first.temperature, vec![-0.5; 3])
+        );
         assert_eq!(e.constrained, vec![pb::ConstrainedToken { position: 2, allowed: vec![7, 8] }]);
         assert_eq!(batch.metrics["method"], "comas");
     }

@@ -38,7 +38,13 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
     let mut spec = JobSpec::from_toml(text)?;
     if base_dir.is_empty() {
         if let Some((field, p)) = spec.relative_paths().into_iter().next() {
-            return Err(bad(&field, format!("`{}` is relative; use absolute paths or submit with a base folder", p.display())));
+            return Err(bad(
+                &field,
+                format!(
+                    "`{}` is relative; use absolute paths or submit with a base folder",
+                    p.display()
+                ),
+            ));
         }
     } else {
         spec.resolve_paths(Path::new(base_dir));
@@ -56,22 +62,41 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
         .agents
         .iter()
         .enumerate()
-        .map(|(k, a)| check_policy(&format!("agents[{k}]"), &a.model, a.adapter.clone().or_else(|| a.init_from.as_ref().map(|c| c.join("adapter"))).as_deref()))
+        .map(|(k, a)| {
+            check_policy(
+                &format!("agents[{k}]"),
+                &a.model,
+                a.adapter
+                    .clone()
+                    .or_else(|| a.init_from.as_ref().map(|c| c.join("adapter")))
+                    .as_deref(),
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     // A model behind an endpoint has no folder here to check.
     let frozen = spec
         .frozen
         .iter()
         .enumerate()
-        .map(|(k, f)| f.model.as_ref().map(|m| check_policy(&format!("frozen[{k}]"), m, f.adapter.as_deref())).transpose())
+        .map(|(k, f)| {
+            f.model
+                .as_ref()
+                .map(|m| check_policy(&format!("frozen[{k}]"), m, f.adapter.as_deref()))
+                .transpose()
+        })
         .collect::<Result<Vec<_>>>()?;
     // A method that generates or lists its tasks has no data set to read.
     let dataset = !spec.data.train.as_os_str().is_empty();
-    let questions =
-        if dataset { load_dataset(&spec.data.train).map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))? } else { Vec::new() };
+    let questions = if dataset {
+        load_dataset(&spec.data.train)
+            .map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?
+    } else {
+        Vec::new()
+    };
     let mut eval_questions = Vec::new();
     if let Some(e) = spec.eval.as_ref().filter(|e| !e.data.as_os_str().is_empty()) {
-        eval_questions = load_dataset(&e.data).map_err(|err| bad("eval.data", format!("{}: {err}", e.data.display())))?;
+        eval_questions = load_dataset(&e.data)
+            .map_err(|err| bad("eval.data", format!("{}: {err}", e.data.display())))?;
         if e.max_questions > 0 {
             eval_questions.truncate(e.max_questions);
         }
@@ -93,9 +118,11 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
 
 /// Found now, not after the last step: the folder must take metrics and the final export.
 fn check_output_dir(out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| bad("output.dir", format!("cannot create {}: {e}", out.display())))?;
     let probe = out.join(format!(".comas-write-check-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&probe, b"").map_err(|e| bad("output.dir", format!("cannot write in {}: {e}", out.display())))?;
+    std::fs::write(&probe, b"")
+        .map_err(|e| bad("output.dir", format!("cannot write in {}: {e}", out.display())))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -118,13 +145,22 @@ struct Room<'a> {
 /// The method's replies must leave room for a prompt in their speakers' contexts, and with the
 /// job's prompt limit they must fit there too. Returns what is left for a task's prompt in the
 /// trained agents' tightest context.
-fn check_room<'a>(needs: &RoomNeeds, models: &'a [ModelRoom], frozen: &[Option<ModelRoom>]) -> Result<Room<'a>> {
+fn check_room<'a>(
+    needs: &RoomNeeds,
+    models: &'a [ModelRoom],
+    frozen: &[Option<ModelRoom>],
+) -> Result<Room<'a>> {
     let Some((k, tightest)) = models.iter().enumerate().min_by_key(|(_, m)| m.context) else {
         // A job that trains nothing: each call is fitted to its model's context.
         return Ok(Room { tokens: u64::MAX, why: String::new(), models });
     };
-    let held =
-        |who: String, r: &ModelRoom| format!("{who}'s model holds {} tokens (max_position_embeddings in {})", r.context, r.dir.join("config.json").display());
+    let held = |who: String, r: &ModelRoom| {
+        format!(
+            "{who}'s model holds {} tokens (max_position_embeddings in {})",
+            r.context,
+            r.dir.join("config.json").display()
+        )
+    };
     for reply in &needs.replies {
         // A model behind an endpoint has no folder here to check.
         let (who, room) = match reply.speaker {
@@ -137,9 +173,18 @@ fn check_room<'a>(needs: &RoomNeeds, models: &'a [ModelRoom], frozen: &[Option<M
         let beside = reply.beside.as_ref().map_or(0, |(tokens, _)| *tokens);
         if reply.new_tokens + beside >= room.context {
             let what = match &reply.beside {
-                None => format!("is {}, but {}; leave room for the prompt", reply.new_tokens, held(who, room)),
+                None => format!(
+                    "is {}, but {}; leave room for the prompt",
+                    reply.new_tokens,
+                    held(who, room)
+                ),
                 Some((_, desc)) => {
-                    format!("{} new tokens plus {desc} is {}, but {}; lower one of them", reply.new_tokens, reply.new_tokens + beside, held(who, room))
+                    format!(
+                        "{} new tokens plus {desc} is {}, but {}; lower one of them",
+                        reply.new_tokens,
+                        reply.new_tokens + beside,
+                        held(who, room)
+                    )
                 }
             };
             return Err(bad(&reply.key, what));
@@ -172,15 +217,26 @@ fn check_room<'a>(needs: &RoomNeeds, models: &'a [ModelRoom], frozen: &[Option<M
 /// A problem that alone is longer than a prompt may be can never run: refuse it, naming its
 /// line. Only problems with more bytes than the limit has tokens are tokenized, since a token
 /// covers at least one byte.
-fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &Path) -> Result<()> {
+fn check_records(
+    room: &Room<'_>,
+    questions: &[TaskRecord],
+    field: &str,
+    path: &Path,
+) -> Result<()> {
     for (i, q) in questions.iter().enumerate() {
         if (q.prompt.len() as u64) <= room.tokens {
             continue;
         }
         for m in room.models {
-            let n = m.tokenizer.encode(q.prompt.as_str(), false).map(|e| e.len() as u64).unwrap_or(u64::MAX);
+            let n = m
+                .tokenizer
+                .encode(q.prompt.as_str(), false)
+                .map(|e| e.len() as u64)
+                .unwrap_or(u64::MAX);
             if n > room.tokens {
-                let at = std::fs::read_to_string(path).map(|t| location_of(&t, i).to_string()).unwrap_or_else(|_| format!("record {}", i + 1));
+                let at = std::fs::read_to_string(path)
+                    .map(|t| location_of(&t, i).to_string())
+                    .unwrap_or_else(|_| format!("record {}", i + 1));
                 return Err(bad(
                     field,
                     format!(
@@ -202,7 +258,13 @@ fn check_records(room: &Room<'_>, questions: &[TaskRecord], field: &str, path: &
 fn check_init_checkpoint(field: &str, dir: &Path) -> Result<()> {
     for f in ["COMPLETE", "state.json", "optimizer.safetensors", "adapter/adapter_config.json"] {
         if !dir.join(f).is_file() {
-            return Err(bad(field, format!("{} has no {f}: give a complete LoRA checkpoint folder (step-N) of a learner", dir.display())));
+            return Err(bad(
+                field,
+                format!(
+                    "{} has no {f}: give a complete LoRA checkpoint folder (step-N) of a learner",
+                    dir.display()
+                ),
+            ));
         }
     }
     Ok(())
@@ -215,7 +277,10 @@ fn check_policy(field: &str, model: &Path, adapter: Option<&Path>) -> Result<Mod
     if let Some(ad) = adapter {
         for f in ["adapter_config.json", "adapter_model.safetensors"] {
             if !ad.join(f).is_file() {
-                return Err(bad(&format!("{field}.adapter"), format!("{} has no {f}", ad.display())));
+                return Err(bad(
+                    &format!("{field}.adapter"),
+                    format!("{} has no {f}", ad.display()),
+                ));
             }
         }
     }
@@ -231,19 +296,26 @@ fn check_model(field: &str, dir: &Path) -> Result<ModelRoom> {
         return Err(bad(field, format!("model folder {} does not exist", dir.display())));
     }
     let config = dir.join("config.json");
-    let text = std::fs::read_to_string(&config).map_err(|e| bad(field, format!("cannot read {}: {e}", config.display())))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(field, format!("{} is not valid JSON: {e}", config.display())))?;
+    let text = std::fs::read_to_string(&config)
+        .map_err(|e| bad(field, format!("cannot read {}: {e}", config.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| bad(field, format!("{} is not valid JSON: {e}", config.display())))?;
     let vocab = json
         .get("vocab_size")
         .or_else(|| json.get("text_config").and_then(|t| t.get("vocab_size")))
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| bad(field, format!("{} has no vocab_size", config.display())))?;
-    let has_weights = dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file();
+    let has_weights = dir.join("model.safetensors").is_file()
+        || dir.join("model.safetensors.index.json").is_file();
     if !has_weights {
-        return Err(bad(field, format!("{} has no model.safetensors or model.safetensors.index.json", dir.display())));
+        return Err(bad(
+            field,
+            format!("{} has no model.safetensors or model.safetensors.index.json", dir.display()),
+        ));
     }
     let tok_path = dir.join("tokenizer.json");
-    let tok = tokenizers::Tokenizer::from_file(&tok_path).map_err(|e| bad(field, format!("cannot load {}: {e}", tok_path.display())))?;
+    let tok = tokenizers::Tokenizer::from_file(&tok_path)
+        .map_err(|e| bad(field, format!("cannot load {}: {e}", tok_path.display())))?;
     let tok_vocab = tok.get_vocab_size(true) as u64;
     if tok_vocab > vocab {
         return Err(bad(

@@ -36,16 +36,38 @@ pub fn state_pb(s: JobState) -> pb::JobState {
 }
 
 impl Jobs {
-    pub fn new(store: Arc<Store>, scheduler: Scheduler, metrics: Arc<Metrics>, roots: comas_service::AllowedRoots) -> Arc<Self> {
+    pub fn new(
+        store: Arc<Store>,
+        scheduler: Scheduler,
+        metrics: Arc<Metrics>,
+        roots: comas_service::AllowedRoots,
+    ) -> Arc<Self> {
         let (events, _) = broadcast::channel(1024);
-        Arc::new(Self { store, scheduler, metrics, roots, events, live: Mutex::new(HashMap::new()), cancels: Mutex::new(HashMap::new()), wake: Notify::new() })
+        Arc::new(Self {
+            store,
+            scheduler,
+            metrics,
+            roots,
+            events,
+            live: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        })
     }
 
     /// Checks the job file completely (TOML, keys, files, data, counts) and queues the job.
-    pub async fn submit(&self, text: String, base_dir: String, reuse_name: bool) -> Result<pb::JobStatus> {
+    pub async fn submit(
+        &self,
+        text: String,
+        base_dir: String,
+        reuse_name: bool,
+    ) -> Result<pb::JobStatus> {
         let (t, b) = (text.clone(), base_dir.clone());
         let roots = self.roots.clone();
-        let job = tokio::task::spawn_blocking(move || load_job(&t, &b, &roots)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??.job;
+        let job = tokio::task::spawn_blocking(move || load_job(&t, &b, &roots))
+            .await
+            .map_err(|e| CoordinatorError::Other(e.to_string()))??
+            .job;
         let rows = self.store.list_jobs()?;
         if let Some(old) = rows.iter().find(|r| r.name == job.spec.name).filter(|_| !reuse_name) {
             return Err(CoordinatorError::Files(format!(
@@ -60,7 +82,11 @@ impl Jobs {
         }
         // Two live jobs writing one metrics.jsonl would interleave their steps.
         let out = &job.spec.output.dir;
-        if let Some(other) = rows.iter().filter(|r| !r.state.is_terminal()).find(|r| output_dir_of(r).as_ref() == Some(out)) {
+        if let Some(other) = rows
+            .iter()
+            .filter(|r| !r.state.is_terminal())
+            .find(|r| output_dir_of(r).as_ref() == Some(out))
+        {
             return Err(CoordinatorError::Files(format!(
                 "`output.dir`: {} is the output folder of job {} (`{}`, {}), which has not ended; give this job its own folder",
                 out.display(),
@@ -91,7 +117,10 @@ impl Jobs {
     }
 
     pub fn status(&self, id: &str) -> Result<pb::JobStatus> {
-        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        let row = self
+            .store
+            .get_job(id)?
+            .ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
         Ok(self.status_of(&row))
     }
 
@@ -113,13 +142,17 @@ impl Jobs {
                     .enumerate()
                     .map(|(k, a)| pb::AgentProgress {
                         agent_id: k as u32,
-                        version: versions.iter().find(|(x, _)| *x == k as u32).map_or(0, |(_, v)| *v),
+                        version: versions
+                            .iter()
+                            .find(|(x, _)| *x == k as u32)
+                            .map_or(0, |(_, v)| *v),
                         learner: a.learner.clone().unwrap_or_default(),
                     })
                     .collect()
             })
             .unwrap_or_default();
-        let rolling = row.state == JobState::Running && matches!(live.stage.as_str(), "rollout" | "eval");
+        let rolling =
+            row.state == JobState::Running && matches!(live.stage.as_str(), "rollout" | "eval");
         pb::JobStatus {
             job_id: row.id.clone(),
             name: row.name.clone(),
@@ -136,8 +169,16 @@ impl Jobs {
             broadcast_bytes_done: live.broadcast_bytes_done,
             broadcast_bytes_total: live.broadcast_bytes_total,
             broadcast_workers: live.broadcast_workers,
-            queued_episodes: if rolling { self.metrics.pending_episodes.get().max(0) as u32 } else { 0 },
-            leased_episodes: if rolling { self.metrics.leased_episodes.get().max(0) as u32 } else { 0 },
+            queued_episodes: if rolling {
+                self.metrics.pending_episodes.get().max(0) as u32
+            } else {
+                0
+            },
+            leased_episodes: if rolling {
+                self.metrics.leased_episodes.get().max(0) as u32
+            } else {
+                0
+            },
             error: row.error.clone(),
             created_unix: row.created,
             updated_unix: row.updated,
@@ -157,7 +198,10 @@ impl Jobs {
 
     pub fn emit(&self, id: &str, kind: &str, metrics_json: String, message: String) {
         if let Ok(status) = self.status(id) {
-            let _ = self.events.send((id.to_string(), pb::JobEvent { status: Some(status), kind: kind.into(), metrics_json, message }));
+            let _ = self.events.send((
+                id.to_string(),
+                pb::JobEvent { status: Some(status), kind: kind.into(), metrics_json, message },
+            ));
         }
     }
 
@@ -170,7 +214,9 @@ impl Jobs {
         while let Some((id, report)) = rx.recv().await {
             match report {
                 Report::Live(u) => self.apply(&id, &u),
-                Report::Event { kind, metrics_json, message } => self.emit(&id, kind, metrics_json, message),
+                Report::Event { kind, metrics_json, message } => {
+                    self.emit(&id, kind, metrics_json, message)
+                }
                 Report::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -179,7 +225,10 @@ impl Jobs {
     }
 
     pub fn cancel(&self, id: &str) -> Result<pb::JobStatus> {
-        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        let row = self
+            .store
+            .get_job(id)?
+            .ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
         match row.state {
             JobState::Queued => {
                 self.store.set_state(id, JobState::Cancelled, "cancelled before it started")?;
@@ -197,7 +246,10 @@ impl Jobs {
 
     /// Queues a failed or cancelled job again; its committed steps and stored episodes are kept.
     pub fn resume(&self, id: &str) -> Result<pb::JobStatus> {
-        let row = self.store.get_job(id)?.ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
+        let row = self
+            .store
+            .get_job(id)?
+            .ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
         match row.state {
             JobState::Failed | JobState::Cancelled => {
                 self.store.set_state(id, JobState::Queued, "")?;
@@ -205,7 +257,10 @@ impl Jobs {
                 self.wake.notify_one();
                 self.status(id)
             }
-            s => Err(CoordinatorError::Other(format!("job `{id}` is {}; only failed or cancelled jobs can be resumed", s.as_str()))),
+            s => Err(CoordinatorError::Other(format!(
+                "job `{id}` is {}; only failed or cancelled jobs can be resumed",
+                s.as_str()
+            ))),
         }
     }
 
@@ -219,7 +274,11 @@ impl Jobs {
                 return;
             }
             let next = match self.store.list_jobs() {
-                Ok(rows) => rows.iter().find(|r| r.state == JobState::Running).or_else(|| rows.iter().find(|r| r.state == JobState::Queued)).cloned(),
+                Ok(rows) => rows
+                    .iter()
+                    .find(|r| r.state == JobState::Running)
+                    .or_else(|| rows.iter().find(|r| r.state == JobState::Queued))
+                    .cloned(),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read the job store");
                     None
@@ -271,7 +330,12 @@ impl Jobs {
                 tracing::error!(job = %id, error = %e, "cannot record the job's end");
             }
             self.apply(&id, &Update::Ended);
-            self.emit(&id, "finished", String::new(), if error.is_empty() { state.as_str().to_string() } else { error });
+            self.emit(
+                &id,
+                "finished",
+                String::new(),
+                if error.is_empty() { state.as_str().to_string() } else { error },
+            );
         }
     }
 }

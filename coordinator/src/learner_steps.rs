@@ -14,9 +14,16 @@ use std::time::Duration;
 pub(crate) async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) -> Result<u64> {
     let info = link.info().await?;
     let k = link.agent as usize;
-    let bad = |m: String| CoordinatorError::Learner { agent: link.agent, address: link.address.clone(), message: m };
+    let bad = |m: String| CoordinatorError::Learner {
+        agent: link.agent,
+        address: link.address.clone(),
+        message: m,
+    };
     if info.agent_id != link.agent {
-        return Err(bad(format!("it serves agent {}, not agent {}; check agents[{k}].learner", info.agent_id, link.agent)));
+        return Err(bad(format!(
+            "it serves agent {}, not agent {}; check agents[{k}].learner",
+            info.agent_id, link.agent
+        )));
     }
     // `completed_steps` is a counter a resumed learner takes from its checkpoint, not a setting.
     let settings = |mut v: Value| {
@@ -33,11 +40,19 @@ pub(crate) async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) 
             .map(|o| {
                 o.iter()
                     .filter(|(key, v)| theirs.get(key.as_str()) != Some(v))
-                    .map(|(key, v)| format!("{key}: job {v}, learner {}", theirs.get(key.as_str()).unwrap_or(&Value::Null)))
+                    .map(|(key, v)| {
+                        format!(
+                            "{key}: job {v}, learner {}",
+                            theirs.get(key.as_str()).unwrap_or(&Value::Null)
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        return Err(bad(format!("its training settings differ from agents[{k}].train ({}); start it with this job file", diff.join(", "))));
+        return Err(bad(format!(
+            "its training settings differ from agents[{k}].train ({}); start it with this job file",
+            diff.join(", ")
+        )));
     }
     if info.global_step != step && info.global_step != step + 1 {
         return Err(bad(format!(
@@ -67,7 +82,15 @@ enum StepAnswer {
 
 /// One try of `call` on a learner at training step `at` (`step`, or `step + 1` when it has
 /// trained the step already).
-async fn attempt(link: &mut LearnerLink, call: &StepCall<'_>, step_id: &str, exps: &[pb::Experience], step: u64, at: u64, job: &Job) -> Result<StepAnswer> {
+async fn attempt(
+    link: &mut LearnerLink,
+    call: &StepCall<'_>,
+    step_id: &str,
+    exps: &[pb::Experience],
+    step: u64,
+    at: u64,
+    job: &Job,
+) -> Result<StepAnswer> {
     // Synchronous: every turn was sampled by the weights being trained. Async: turns come
     // from versions up to the lag bound behind (the coordinator dropped older ones).
     let version = (job.spec.schedule.policy_lag() == 0).then_some(step);
@@ -137,7 +160,9 @@ pub(crate) async fn train_learner(
     at: u64,
     pooled: &[pb::GroupMoments],
 ) -> Result<(Option<pb::TrainReport>, pb::WeightsPublished)> {
-    match despite_moves(link, job, StepCall::Train { pooled, checkpoint }, step_id, exps, step, at).await? {
+    match despite_moves(link, job, StepCall::Train { pooled, checkpoint }, step_id, exps, step, at)
+        .await?
+    {
         StepAnswer::Trained(done) => Ok(*done),
         StepAnswer::Moments(_) => unreachable!("a Train call answers with a report"),
     }
@@ -167,7 +192,15 @@ pub(crate) fn pool_moments(parts: &[Vec<pb::GroupMoments>]) -> Vec<pb::GroupMome
         let m = pooled.entry(g.norm_group.as_str()).or_default();
         *m = m.merge(Moments { count: g.count, mean: g.mean, m2: g.m2 });
     }
-    pooled.into_iter().map(|(g, m)| pb::GroupMoments { norm_group: g.to_string(), count: m.count, mean: m.mean, m2: m.m2 }).collect()
+    pooled
+        .into_iter()
+        .map(|(g, m)| pb::GroupMoments {
+            norm_group: g.to_string(),
+            count: m.count,
+            mean: m.mean,
+            m2: m.m2,
+        })
+        .collect()
 }
 
 /// One learner's share of the training stage, as far as the coordinator knows it.
@@ -184,7 +217,12 @@ impl TrainTally {
     }
 
     /// Learner `k` has finished with `samples` experiences and `tokens` tokens; the new sums.
-    pub(crate) fn finish(tally: &std::sync::Mutex<Vec<TrainTally>>, k: usize, samples: u32, tokens: u64) -> (u32, u64) {
+    pub(crate) fn finish(
+        tally: &std::sync::Mutex<Vec<TrainTally>>,
+        k: usize,
+        samples: u32,
+        tokens: u64,
+    ) -> (u32, u64) {
         let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
         t[k] = TrainTally { samples, tokens, finished: true };
         Self::sums(&t)
@@ -201,7 +239,8 @@ pub(crate) async fn follow_training(
     samples: Vec<u32>,
     tally: Arc<std::sync::Mutex<Vec<TrainTally>>>,
 ) {
-    let mut links: Vec<LearnerLink> = learners.iter().map(|(k, a)| LearnerLink::new(*k, a, Duration::from_secs(2))).collect();
+    let mut links: Vec<LearnerLink> =
+        learners.iter().map(|(k, a)| LearnerLink::new(*k, a, Duration::from_secs(2))).collect();
     loop {
         tokio::time::sleep(TRAIN_PROGRESS_EVERY).await;
         let mut changed = false;
@@ -211,7 +250,8 @@ pub(crate) async fn follow_training(
                 continue;
             }
             // The learner counts samples x epochs; show them as a share of this agent's samples.
-            let done = (u64::from(p.samples_done) * u64::from(samples[k]) / u64::from(p.samples_total)) as u32;
+            let done = (u64::from(p.samples_done) * u64::from(samples[k])
+                / u64::from(p.samples_total)) as u32;
             let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
             if !t[k].finished && (t[k].samples, t[k].tokens) != (done, p.tokens_done) {
                 t[k] = TrainTally { samples: done, tokens: p.tokens_done, finished: false };

@@ -44,11 +44,15 @@ impl LearnerLink {
             return Ok(c.clone());
         }
         let ch = comas_service::tls::channel(&self.address, |e| {
-            e.connect_timeout(Duration::from_secs(5)).http2_keep_alive_interval(Duration::from_secs(10)).keep_alive_timeout(Duration::from_secs(20))
+            e.connect_timeout(Duration::from_secs(5))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(20))
         })
         .await
         .map_err(|e| match e {
-            comas_service::tls::ConnectError::Address { .. } => Status::invalid_argument(format!("bad address: {e}")),
+            comas_service::tls::ConnectError::Address { .. } => {
+                Status::invalid_argument(format!("bad address: {e}"))
+            }
             e => Status::unavailable(format!("cannot connect: {e}")),
         })?;
         let c = LearnerClient::with_interceptor(ch, ForAgent(self.agent))
@@ -62,7 +66,12 @@ impl LearnerLink {
     /// in time (progress is for display; the training call itself has its own deadlines).
     pub async fn train_progress(&mut self) -> Option<pb::TrainProgressReport> {
         let mut c = self.client().await.ok()?;
-        match tokio::time::timeout(Duration::from_secs(2), c.train_progress(pb::TrainProgressRequest {})).await {
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            c.train_progress(pb::TrainProgressRequest {}),
+        )
+        .await
+        {
             Ok(Ok(r)) => Some(r.into_inner()),
             _ => {
                 self.client = None;
@@ -99,7 +108,11 @@ impl LearnerLink {
                     })
                 }
                 Err(s) => {
-                    let hint = if transient(&s) { format!(" (unreachable for {:?}; is the learner running?)", self.patience) } else { String::new() };
+                    let hint = if transient(&s) {
+                        format!(" (unreachable for {:?}; is the learner running?)", self.patience)
+                    } else {
+                        String::new()
+                    };
                     return Err(self.err(format!("{what}: {}{hint}", s.message())));
                 }
             }
@@ -153,11 +166,18 @@ impl LearnerLink {
         Ok(self.send_train("Train (moments)", header, experiences).await?.return_moments)
     }
 
-    async fn send_train(&mut self, what: &str, header: pb::TrainHeader, experiences: &[pb::Experience]) -> Result<pb::TrainReport> {
+    async fn send_train(
+        &mut self,
+        what: &str,
+        header: pb::TrainHeader,
+        experiences: &[pb::Experience],
+    ) -> Result<pb::TrainReport> {
         let header = pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) };
         self.call(what, |mut c| {
             let items: Vec<pb::TrainRequest> = std::iter::once(header.clone())
-                .chain(experiences.iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e.clone())) }))
+                .chain(experiences.iter().map(|e| pb::TrainRequest {
+                    item: Some(pb::train_request::Item::Experience(e.clone())),
+                }))
                 .collect();
             async move { c.train(tokio_stream::iter(items)).await }
         })
@@ -168,7 +188,11 @@ impl LearnerLink {
     /// restarted or the job failed); `None` when the learner keeps none (it restarted since).
     pub async fn report(&mut self, step_id: &str) -> Result<Option<pb::TrainReport>> {
         let header = pb::TrainRequest {
-            item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: step_id.to_string(), report_only: true, ..Default::default() })),
+            item: Some(pb::train_request::Item::Header(pb::TrainHeader {
+                step_id: step_id.to_string(),
+                report_only: true,
+                ..Default::default()
+            })),
         };
         self.call("Train (report)", |mut c| {
             let header = header.clone();
@@ -185,12 +209,18 @@ impl LearnerLink {
 
     /// Saves a checkpoint if the learner is at `expected_step` (`LearnerMoved` otherwise).
     pub async fn save(&mut self, expected_step: Option<u64>) -> Result<pb::CheckpointInfo> {
-        self.call("SaveCheckpoint", |mut c| async move { c.save_checkpoint(pb::SaveCheckpointRequest { expected_step }).await }).await
+        self.call("SaveCheckpoint", |mut c| async move {
+            c.save_checkpoint(pb::SaveCheckpointRequest { expected_step }).await
+        })
+        .await
     }
 
     /// Publishes the weights if they are `expected_version` (`LearnerMoved` otherwise).
     pub async fn publish(&mut self, expected_version: Option<u64>) -> Result<pb::WeightsPublished> {
-        self.call("PublishWeights", |mut c| async move { c.publish_weights(pb::PublishWeightsRequest { expected_version }).await }).await
+        self.call("PublishWeights", |mut c| async move {
+            c.publish_weights(pb::PublishWeightsRequest { expected_version }).await
+        })
+        .await
     }
 
     pub async fn export(&mut self, dir: &str) -> Result<pb::CheckpointInfo> {

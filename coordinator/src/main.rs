@@ -3,7 +3,11 @@ use clap::Parser;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "comas-coordinator", version, about = "Runs comas training jobs over rollout workers and learners")]
+#[command(
+    name = "comas-coordinator",
+    version,
+    about = "Runs comas training jobs over rollout workers and learners"
+)]
 struct Cli {
     #[command(flatten)]
     args: comas_coordinator::cli::Args,

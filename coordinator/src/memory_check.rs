@@ -18,7 +18,12 @@ fn dims_of(dir: &std::path::Path) -> Result<ModelDims, String> {
 
 fn parts(m: &LearnerMemory) -> String {
     let mut out = vec![format!("{} weights", human_bytes(m.weights))];
-    for (bytes, what) in [(m.reference, "KL reference"), (m.gradients, "gradients"), (m.optimizer, "optimizer state"), (m.snapshot, "adapter snapshot")] {
+    for (bytes, what) in [
+        (m.reference, "KL reference"),
+        (m.gradients, "gradients"),
+        (m.optimizer, "optimizer state"),
+        (m.snapshot, "adapter snapshot"),
+    ] {
         if bytes > 0 {
             out.push(format!("{} {what}", human_bytes(bytes)));
         }
@@ -35,7 +40,8 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
         let address = a.learner.clone().unwrap_or_default();
         asks.spawn(async move {
             let mut link = LearnerLink::new(k as u32, &address, Duration::ZERO);
-            let info = tokio::time::timeout(ASK_LEARNER, link.info()).await.ok().and_then(Result::ok);
+            let info =
+                tokio::time::timeout(ASK_LEARNER, link.info()).await.ok().and_then(Result::ok);
             (k, info)
         });
     }
@@ -44,7 +50,8 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
         infos[k] = info;
     }
     // Each model's config.json, read once for the learners' and the workers' estimates.
-    let dims: Vec<Result<ModelDims, String>> = job.spec.agents.iter().map(|a| dims_of(&a.model)).collect();
+    let dims: Vec<Result<ModelDims, String>> =
+        job.spec.agents.iter().map(|a| dims_of(&a.model)).collect();
     for (k, d) in dims.iter().enumerate() {
         let dims = match d {
             Ok(d) => d,
@@ -59,7 +66,11 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
             Some(i) => format!("; its device ({}) has {}", i.device, human_bytes(i.memory_total_bytes)),
             None => "; the learner did not say how much memory it has (not up yet?), so this was not checked".into(),
         };
-        notes.push(format!("agent {k}'s learner needs about {} ({}) plus activations{of}", human_bytes(m.total()), parts(&m)));
+        notes.push(format!(
+            "agent {k}'s learner needs about {} ({}) plus activations{of}",
+            human_bytes(m.total()),
+            parts(&m)
+        ));
         if let Some(i) = has.filter(|i| m.total() > i.memory_total_bytes) {
             notes.push(format!(
                 "warning: agent {k}'s learner needs about {} but its device ({}) has {}; train a LoRA adapter (agents[{k}].train.lora), use dtype = \"bfloat16\", or give it a larger device",

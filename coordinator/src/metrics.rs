@@ -21,21 +21,44 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let registry = Registry::new_custom(Some("comas_coordinator".into()), None).expect("registry");
-        let counter = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
+        let registry =
+            Registry::new_custom(Some("comas_coordinator".into()), None).expect("registry");
+        let counter =
+            |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
         let gauge = |n: &str, h: &str| registered(&registry, IntGauge::new(n, h).expect("metric"));
-        let scheduler_seconds =
-            registered(&registry, Counter::new("scheduler_seconds_total", "time the scheduler task spent handling events").expect("metric"));
+        let scheduler_seconds = registered(
+            &registry,
+            Counter::new(
+                "scheduler_seconds_total",
+                "time the scheduler task spent handling events",
+            )
+            .expect("metric"),
+        );
         Arc::new(Self {
-            pending_episodes: gauge("pending_episodes", "episodes queued and not leased to any worker"),
+            pending_episodes: gauge(
+                "pending_episodes",
+                "episodes queued and not leased to any worker",
+            ),
             leased_episodes: gauge("leased_episodes", "episodes running on workers"),
             workers: gauge("workers", "registered rollout workers"),
             ready_workers: gauge("ready_workers", "workers holding the current policies"),
             running_jobs: gauge("running_jobs", "jobs in progress"),
-            episodes_completed: counter("episodes_completed_total", "episodes accepted (once per episode id)"),
-            requeued_episodes: counter("requeued_episodes_total", "leases returned to the queue (lost worker, timeout, failure)"),
-            duplicate_results: counter("duplicate_results_total", "results ignored because the episode was already accepted or re-leased"),
-            malformed_trajectories: counter("malformed_trajectories_total", "trajectories refused (bad JSON, protocol or policy version) and retried"),
+            episodes_completed: counter(
+                "episodes_completed_total",
+                "episodes accepted (once per episode id)",
+            ),
+            requeued_episodes: counter(
+                "requeued_episodes_total",
+                "leases returned to the queue (lost worker, timeout, failure)",
+            ),
+            duplicate_results: counter(
+                "duplicate_results_total",
+                "results ignored because the episode was already accepted or re-leased",
+            ),
+            malformed_trajectories: counter(
+                "malformed_trajectories_total",
+                "trajectories refused (bad JSON, protocol or policy version) and retried",
+            ),
             steps_completed: counter("steps_completed_total", "training steps committed"),
             scheduler_seconds,
             registry,

@@ -18,16 +18,27 @@ pub(crate) struct MetricsLog {
 impl MetricsLog {
     /// The files of job `id` under `path`'s folder, rewritten from the store.
     pub(crate) fn open(store: &Store, id: &str, path: &Path) -> Result<MetricsLog> {
-        let log = MetricsLog { path: path.to_path_buf(), events: tensorboard::path(path.parent().unwrap_or(Path::new(".")), id) };
+        let log = MetricsLog {
+            path: path.to_path_buf(),
+            events: tensorboard::path(path.parent().unwrap_or(Path::new(".")), id),
+        };
         let lines = store.metrics_log(id)?;
         if let Err(e) = crate::files::write_lines(&log.path, &lines) {
             tracing::warn!(path = %log.path.display(), error = %e, "cannot write the metrics log");
         }
         // Without records there is no event file yet: its header carries the first record's time.
         let written = if lines.is_empty() {
-            std::fs::remove_file(&log.events).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            std::fs::remove_file(&log.events).or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
         } else {
-            tensorboard::encode(&lines).map_err(std::io::Error::other).and_then(|bytes| tensorboard::sync(&log.events, &bytes))
+            tensorboard::encode(&lines)
+                .map_err(std::io::Error::other)
+                .and_then(|bytes| tensorboard::sync(&log.events, &bytes))
         };
         if let Err(e) = written {
             tracing::warn!(path = %log.events.display(), error = %e, "cannot write the TensorBoard event file");
@@ -40,7 +51,9 @@ impl MetricsLog {
         if let Err(e) = append_line(&self.path, line) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot append to the metrics log");
         }
-        let written = tensorboard::encode_next(line, &self.events).map_err(std::io::Error::other).and_then(|bytes| append_bytes(&self.events, &bytes));
+        let written = tensorboard::encode_next(line, &self.events)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| append_bytes(&self.events, &bytes));
         if let Err(e) = written {
             tracing::warn!(path = %self.events.display(), error = %e, "cannot append to the TensorBoard event file");
         }
@@ -94,12 +107,19 @@ mod tests {
             store.commit_step("j", step, &l, &[(0, step + 1)], false).unwrap();
             log.append(&l);
             lines.push(l);
-            sizes.push((std::fs::metadata(&path).unwrap().len(), std::fs::metadata(&events).unwrap().len()));
+            sizes.push((
+                std::fs::metadata(&path).unwrap().len(),
+                std::fs::metadata(&events).unwrap().len(),
+            ));
         }
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), lines.iter().map(|l| format!("{l}\n")).collect::<String>());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>()
+        );
         assert_eq!(std::fs::read(&events).unwrap(), tensorboard::encode(&lines).unwrap());
         // Each step adds its own line and event: the same bytes each time (records of one size).
-        let grew: Vec<(u64, u64)> = sizes.windows(2).map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1)).collect();
+        let grew: Vec<(u64, u64)> =
+            sizes.windows(2).map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1)).collect();
         assert_eq!(grew[0], grew[1]);
         assert_eq!(grew[0].0, lines[1].len() as u64 + 1);
         // A crash after the store committed step 2's line but mid-append: torn tails.

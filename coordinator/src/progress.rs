@@ -47,16 +47,27 @@ pub enum Update {
 impl Live {
     pub fn apply(&mut self, u: &Update) {
         match *u {
-            Update::Enter(stage) => *self = Live { stage: stage.to_string(), stage_started: Some(std::time::Instant::now()), ..Live::default() },
-            Update::EpisodesPlanned { done, total } => (self.episodes_done, self.episodes_total) = (done, total),
+            Update::Enter(stage) => {
+                *self = Live {
+                    stage: stage.to_string(),
+                    stage_started: Some(std::time::Instant::now()),
+                    ..Live::default()
+                }
+            }
+            Update::EpisodesPlanned { done, total } => {
+                (self.episodes_done, self.episodes_total) = (done, total)
+            }
             Update::EpisodeDone { done, tokens } => {
                 self.episodes_done = done;
                 self.stage_tokens += tokens;
             }
             Update::TrainPlanned(total) => self.train_samples_total = total,
-            Update::Trained { done, tokens } => (self.train_samples_done, self.stage_tokens) = (done, tokens),
+            Update::Trained { done, tokens } => {
+                (self.train_samples_done, self.stage_tokens) = (done, tokens)
+            }
             Update::Broadcast { done, total, workers } => {
-                (self.broadcast_bytes_done, self.broadcast_bytes_total, self.broadcast_workers) = (done, total, workers)
+                (self.broadcast_bytes_done, self.broadcast_bytes_total, self.broadcast_workers) =
+                    (done, total, workers)
             }
             Update::Ended => self.stage = String::new(),
         }
@@ -134,11 +145,17 @@ mod tests {
         ] {
             l.apply(&u);
         }
-        assert_eq!((l.stage.as_str(), l.episodes_done, l.episodes_total, l.stage_tokens), ("rollout", 4, 8, 42));
+        assert_eq!(
+            (l.stage.as_str(), l.episodes_done, l.episodes_total, l.stage_tokens),
+            ("rollout", 4, 8, 42)
+        );
         l.apply(&Update::Enter("train"));
         l.apply(&Update::TrainPlanned(24));
         l.apply(&Update::Trained { done: 12, tokens: 900 });
-        assert_eq!((l.episodes_done, l.train_samples_done, l.train_samples_total, l.stage_tokens), (0, 12, 24, 900));
+        assert_eq!(
+            (l.episodes_done, l.train_samples_done, l.train_samples_total, l.stage_tokens),
+            (0, 12, 24, 900)
+        );
         l.apply(&Update::Ended);
         assert_eq!(l.stage, "");
     }

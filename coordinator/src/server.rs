@@ -35,7 +35,10 @@ pub struct ServerSettings {
 
 /// Serves until `shutdown` fires. A running job stays `running` in the store and continues
 /// from its last completed step when a coordinator starts on the same database.
-pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    s: ServerSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let store = Arc::new(Store::open(&s.db)?);
     let metrics = Metrics::new();
     let scheduler = Scheduler::spawn(
@@ -61,7 +64,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let stop = wait(stop_rx.clone());
         let m = Arc::clone(&metrics);
         tokio::spawn(async move {
-            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
+            if let Err(e) =
+                comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await
+            {
                 tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
@@ -83,7 +88,10 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
         .add_service(health_service)
-        .add_service(CoordinatorServer::new(service).max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES));
+        .add_service(
+            CoordinatorServer::new(service)
+                .max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES),
+        );
     comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await?;
     let _ = driver.await;
     Ok(())

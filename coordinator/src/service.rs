@@ -28,14 +28,21 @@ impl CoordinatorService {
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
 
 fn terminal(s: &pb::JobStatus) -> bool {
-    matches!(pb::JobState::try_from(s.state), Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled))
+    matches!(
+        pb::JobState::try_from(s.state),
+        Ok(pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Cancelled)
+    )
 }
 
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
-    async fn submit_job(&self, request: Request<pb::SubmitJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
         self.allow(&request, Scope::Submit, "SubmitJob")?;
-        let peer = request.remote_addr().map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
+        let peer =
+            request.remote_addr().map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
         if let Err(wait) = self.submits.take(&peer) {
             return Err(Status::resource_exhausted(format!(
                 "too many SubmitJob calls from {peer}; retry in {:.0} s (the coordinator's --submit-per-minute)",
@@ -44,24 +51,39 @@ impl Coordinator for CoordinatorService {
         }
         let r = request.into_inner();
         if r.job_toml.len() > JOB_FILE_BYTES {
-            return Err(Status::invalid_argument(format!("job file is {} bytes; the limit is {JOB_FILE_BYTES}", r.job_toml.len())));
+            return Err(Status::invalid_argument(format!(
+                "job file is {} bytes; the limit is {JOB_FILE_BYTES}",
+                r.job_toml.len()
+            )));
         }
         Ok(Response::new(self.jobs.submit(r.job_toml, r.base_dir, r.reuse_name).await?))
     }
 
-    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
         self.allow(&request, Scope::Read, "GetJob")?;
-        self.jobs.status(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
+        self.jobs
+            .status(&request.into_inner().job_id)
+            .map(Response::new)
+            .map_err(|e| Status::not_found(e.to_string()))
     }
 
-    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
         self.allow(&request, Scope::Read, "ListJobs")?;
         Ok(Response::new(pb::ListJobsResponse { jobs: self.jobs.list()? }))
     }
 
     type WatchJobStream = EventStream;
 
-    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<EventStream>, Status> {
+    async fn watch_job(
+        &self,
+        request: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<EventStream>, Status> {
         self.allow(&request, Scope::Read, "WatchJob")?;
         let id = request.into_inner().job_id;
         // Subscribe before reading the status, so no event falls between the two.
@@ -71,7 +93,16 @@ impl Coordinator for CoordinatorService {
         let jobs = Arc::clone(&self.jobs);
         tokio::spawn(async move {
             let done = terminal(&first);
-            if tx.send(Ok(pb::JobEvent { status: Some(first), kind: "status".into(), ..Default::default() })).await.is_err() || done {
+            if tx
+                .send(Ok(pb::JobEvent {
+                    status: Some(first),
+                    kind: "status".into(),
+                    ..Default::default()
+                }))
+                .await
+                .is_err()
+                || done
+            {
                 return;
             }
             loop {
@@ -88,7 +119,11 @@ impl Coordinator for CoordinatorService {
                         if let Ok(s) = jobs.status(&id) {
                             let end = terminal(&s);
                             if tx
-                                .send(Ok(pb::JobEvent { status: Some(s), kind: if end { "finished" } else { "status" }.into(), ..Default::default() }))
+                                .send(Ok(pb::JobEvent {
+                                    status: Some(s),
+                                    kind: if end { "finished" } else { "status" }.into(),
+                                    ..Default::default()
+                                }))
                                 .await
                                 .is_err()
                                 || end
@@ -104,51 +139,88 @@ impl Coordinator for CoordinatorService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
-    async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
         self.allow(&request, Scope::Submit, "CancelJob")?;
-        self.jobs.cancel(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::not_found(e.to_string()))
+        self.jobs
+            .cancel(&request.into_inner().job_id)
+            .map(Response::new)
+            .map_err(|e| Status::not_found(e.to_string()))
     }
 
-    async fn resume_job(&self, request: Request<pb::ResumeJobRequest>) -> Result<Response<pb::JobStatus>, Status> {
+    async fn resume_job(
+        &self,
+        request: Request<pb::ResumeJobRequest>,
+    ) -> Result<Response<pb::JobStatus>, Status> {
         self.allow(&request, Scope::Submit, "ResumeJob")?;
-        self.jobs.resume(&request.into_inner().job_id).map(Response::new).map_err(|e| Status::failed_precondition(e.to_string()))
+        self.jobs
+            .resume(&request.into_inner().job_id)
+            .map(Response::new)
+            .map_err(|e| Status::failed_precondition(e.to_string()))
     }
 
     type JobEpisodesStream = Pin<Box<dyn Stream<Item = Result<pb::EpisodeRecord, Status>> + Send>>;
 
-    async fn job_episodes(&self, request: Request<pb::JobEpisodesRequest>) -> Result<Response<Self::JobEpisodesStream>, Status> {
+    async fn job_episodes(
+        &self,
+        request: Request<pb::JobEpisodesRequest>,
+    ) -> Result<Response<Self::JobEpisodesStream>, Status> {
         self.allow(&request, Scope::Read, "JobEpisodes")?;
         let r = request.into_inner();
         self.jobs.status(&r.job_id).map_err(|e| Status::not_found(e.to_string()))?;
         let rows = self.jobs.store.step_episodes(&r.job_id, r.step)?;
-        let records = rows.into_iter().map(|(episode_id, record_json)| Ok(pb::EpisodeRecord { episode_id, record_json }));
+        let records = rows
+            .into_iter()
+            .map(|(episode_id, record_json)| Ok(pb::EpisodeRecord { episode_id, record_json }));
         Ok(Response::new(Box::pin(tokio_stream::iter(records))))
     }
 
-    async fn register_worker(&self, request: Request<pb::RegisterWorkerRequest>) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
+    async fn register_worker(
+        &self,
+        request: Request<pb::RegisterWorkerRequest>,
+    ) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
         self.allow(&request, Scope::Worker, "RegisterWorker")?;
         let r = request.into_inner();
         if r.worker_id.is_empty() || r.address.is_empty() {
-            return Err(Status::invalid_argument("RegisterWorker needs a worker_id and the address the coordinator can dial"));
+            return Err(Status::invalid_argument(
+                "RegisterWorker needs a worker_id and the address the coordinator can dial",
+            ));
         }
         self.jobs.scheduler.register(r.worker_id, r.address, r.max_episodes.max(1), r.incarnation);
-        Ok(Response::new(pb::RegisterWorkerResponse { heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64 }))
+        Ok(Response::new(pb::RegisterWorkerResponse {
+            heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
+        }))
     }
 
-    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.allow(&request, Scope::Worker, "Heartbeat")?;
         let r = request.into_inner();
         let known = self.jobs.scheduler.heartbeat(r.worker_id, r.draining).await;
         Ok(Response::new(pb::HeartbeatResponse { known }))
     }
 
-    async fn list_workers(&self, request: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersResponse>, Status> {
+    async fn list_workers(
+        &self,
+        request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
         self.allow(&request, Scope::Read, "ListWorkers")?;
         let s = self.jobs.scheduler.snapshot().await;
         let mut workers: Vec<pb::WorkerStatus> = s
             .workers
             .into_iter()
-            .map(|w| pb::WorkerStatus { worker_id: w.id, address: w.address, max_episodes: w.capacity, leased: w.leased, ready: w.ready, draining: w.draining })
+            .map(|w| pb::WorkerStatus {
+                worker_id: w.id,
+                address: w.address,
+                max_episodes: w.capacity,
+                leased: w.leased,
+                ready: w.ready,
+                draining: w.draining,
+            })
             .collect();
         workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         Ok(Response::new(pb::ListWorkersResponse { workers }))

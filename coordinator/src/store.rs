@@ -34,7 +34,11 @@ impl JobState {
             "succeeded" => JobState::Succeeded,
             "failed" => JobState::Failed,
             "cancelled" => JobState::Cancelled,
-            other => return Err(CoordinatorError::Store(format!("unknown job state `{other}` in the database"))),
+            other => {
+                return Err(CoordinatorError::Store(format!(
+                    "unknown job state `{other}` in the database"
+                )))
+            }
         })
     }
 
@@ -84,7 +88,10 @@ fn lock(path: &Path) -> Result<std::fs::File> {
 }
 
 pub fn now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 fn db(e: rusqlite::Error) -> CoordinatorError {
@@ -139,12 +146,17 @@ CREATE TABLE IF NOT EXISTS episodes (
 impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| CoordinatorError::Store(format!("creating {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CoordinatorError::Store(format!("creating {}: {e}", dir.display())))?;
         }
         let lock = lock(path)?;
-        let conn = Connection::open(path).map_err(|e| CoordinatorError::Store(format!("opening {}: {e}", path.display())))?;
+        let conn = Connection::open(path)
+            .map_err(|e| CoordinatorError::Store(format!("opening {}: {e}", path.display())))?;
         // WAL with full sync: a committed step survives a crash of the process or the machine.
-        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;").map_err(db)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;",
+        )
+        .map_err(db)?;
         conn.execute_batch(SCHEMA).map_err(db)?;
         Ok(Self { conn: Mutex::new(conn), _lock: Some(lock) })
     }
@@ -156,11 +168,21 @@ impl Store {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let mut c = self.conn.lock().map_err(|_| CoordinatorError::Store("database lock poisoned".into()))?;
+        let mut c = self
+            .conn
+            .lock()
+            .map_err(|_| CoordinatorError::Store("database lock poisoned".into()))?;
         f(&mut c).map_err(db)
     }
 
-    pub fn insert_job(&self, id: &str, name: &str, spec: &str, base_dir: &str, total_steps: u64) -> Result<()> {
+    pub fn insert_job(
+        &self,
+        id: &str,
+        name: &str,
+        spec: &str,
+        base_dir: &str,
+        total_steps: u64,
+    ) -> Result<()> {
         let t = now();
         self.with(|c| {
             c.execute(
@@ -172,7 +194,13 @@ impl Store {
     }
 
     pub fn set_state(&self, id: &str, state: JobState, error: &str) -> Result<()> {
-        self.with(|c| c.execute("UPDATE jobs SET state = ?2, error = ?3, updated = ?4 WHERE id = ?1", params![id, state.as_str(), error, now()]).map(|_| ()))
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = ?2, error = ?3, updated = ?4 WHERE id = ?1",
+                params![id, state.as_str(), error, now()],
+            )
+            .map(|_| ())
+        })
     }
 
     /// A row with its state still as text (a bad state is reported after the query).
@@ -197,7 +225,8 @@ impl Store {
         Ok(row)
     }
 
-    const COLUMNS: &'static str = "id, name, spec, base_dir, state, error, created, updated, steps_done, total_steps";
+    const COLUMNS: &'static str =
+        "id, name, spec, base_dir, state, error, created, updated, steps_done, total_steps";
 
     pub fn get_job(&self, id: &str) -> Result<Option<JobRow>> {
         let sql = format!("SELECT {} FROM jobs WHERE id = ?1", Self::COLUMNS);
@@ -208,12 +237,21 @@ impl Store {
     /// Every job, oldest first.
     pub fn list_jobs(&self) -> Result<Vec<JobRow>> {
         let sql = format!("SELECT {} FROM jobs ORDER BY seq", Self::COLUMNS);
-        let rows = self.with(|c| c.prepare(&sql)?.query_map([], Self::row)?.collect::<rusqlite::Result<Vec<_>>>())?;
+        let rows = self.with(|c| {
+            c.prepare(&sql)?.query_map([], Self::row)?.collect::<rusqlite::Result<Vec<_>>>()
+        })?;
         rows.into_iter().map(Self::to_job).collect()
     }
 
     /// Stores an episode's trajectory once: false when this episode id was already stored.
-    pub fn record_episode(&self, job: &str, step: u64, episode_id: &str, trajectory: &str, worker: &str) -> Result<bool> {
+    pub fn record_episode(
+        &self,
+        job: &str,
+        step: u64,
+        episode_id: &str,
+        trajectory: &str,
+        worker: &str,
+    ) -> Result<bool> {
         self.with(|c| {
             c.execute(
                 "INSERT OR IGNORE INTO episodes (job_id, step, episode_id, trajectory, worker) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -235,7 +273,14 @@ impl Store {
     /// Finishes a step atomically: its metrics and the new weight versions go in together, and
     /// its episodes are dropped (their experiences are trained) unless `keep_episodes` (an
     /// evaluation job's transcripts are its result, which the client fetches).
-    pub fn commit_step(&self, job: &str, step: u64, metrics: &str, versions: &[(u32, u64)], keep_episodes: bool) -> Result<()> {
+    pub fn commit_step(
+        &self,
+        job: &str,
+        step: u64,
+        metrics: &str,
+        versions: &[(u32, u64)],
+        keep_episodes: bool,
+    ) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             tx.execute("INSERT OR REPLACE INTO steps (job_id, step, metrics, finished) VALUES (?1, ?2, ?3, ?4)", params![job, step as i64, metrics, now()])?;
@@ -254,19 +299,31 @@ impl Store {
     }
 
     pub fn step_metrics(&self, job: &str) -> Result<Vec<String>> {
-        self.with(|c| c.prepare("SELECT metrics FROM steps WHERE job_id = ?1 ORDER BY step")?.query_map(params![job], |r| r.get(0))?.collect())
+        self.with(|c| {
+            c.prepare("SELECT metrics FROM steps WHERE job_id = ?1 ORDER BY step")?
+                .query_map(params![job], |r| r.get(0))?
+                .collect()
+        })
     }
 
     pub fn record_eval(&self, job: &str, after_steps: u64, metrics: &str) -> Result<()> {
         self.with(|c| {
-            c.execute("INSERT OR REPLACE INTO evals (job_id, after_steps, metrics) VALUES (?1, ?2, ?3)", params![job, after_steps as i64, metrics]).map(|_| ())
+            c.execute(
+                "INSERT OR REPLACE INTO evals (job_id, after_steps, metrics) VALUES (?1, ?2, ?3)",
+                params![job, after_steps as i64, metrics],
+            )
+            .map(|_| ())
         })
     }
 
     pub fn has_eval(&self, job: &str, after_steps: u64) -> Result<bool> {
         self.with(|c| {
-            c.query_row("SELECT COUNT(*) FROM evals WHERE job_id = ?1 AND after_steps = ?2", params![job, after_steps as i64], |r| r.get::<_, i64>(0))
-                .map(|n| n > 0)
+            c.query_row(
+                "SELECT COUNT(*) FROM evals WHERE job_id = ?1 AND after_steps = ?2",
+                params![job, after_steps as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
         })
     }
 
@@ -286,7 +343,9 @@ impl Store {
     pub fn versions(&self, job: &str) -> Result<Vec<(u32, u64)>> {
         self.with(|c| {
             c.prepare("SELECT agent, version FROM agent_versions WHERE job_id = ?1 ORDER BY agent")?
-                .query_map(params![job], |r| Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64)))?
+                .query_map(params![job], |r| {
+                    Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64))
+                })?
                 .collect()
         })
     }
@@ -303,7 +362,10 @@ mod tests {
         let s = Store::open(&path).unwrap();
         s.insert_job("j1", "demo", "name = 'demo'", "/tmp", 3).unwrap();
         assert!(s.record_episode("j1", 0, "e0", "{}", "w1").unwrap());
-        assert!(!s.record_episode("j1", 0, "e0", "{\"other\":1}", "w2").unwrap(), "a second copy is ignored");
+        assert!(
+            !s.record_episode("j1", 0, "e0", "{\"other\":1}", "w2").unwrap(),
+            "a second copy is ignored"
+        );
         assert!(s.record_episode("j1", 0, "e1", "{}", "w1").unwrap());
         assert_eq!(s.step_episodes("j1", 0).unwrap().len(), 2);
         s.set_state("j1", JobState::Running, "").unwrap();
@@ -319,7 +381,10 @@ mod tests {
         s.record_eval("j1", 1, "after-1").unwrap();
         s.record_eval("j1", 0, "base").unwrap();
         assert!(s.has_eval("j1", 0).unwrap() && !s.has_eval("j1", 2).unwrap());
-        assert_eq!(s.metrics_log("j1").unwrap(), vec!["base".to_string(), "{\"step\":0}".into(), "after-1".into()]);
+        assert_eq!(
+            s.metrics_log("j1").unwrap(),
+            vec!["base".to_string(), "{\"step\":0}".into(), "after-1".into()]
+        );
         assert!(s.get_job("nope").unwrap().is_none());
         assert_eq!(s.list_jobs().unwrap().len(), 1);
     }
@@ -330,7 +395,11 @@ mod tests {
         let path = dir.path().join("jobs.sqlite");
         let first = Store::open(&path).unwrap();
         let err = Store::open(&path).err().expect("the database is taken").to_string();
-        assert!(err.contains(&format!("process {}", std::process::id())) && err.contains("jobs.sqlite.lock"), "{err}");
+        assert!(
+            err.contains(&format!("process {}", std::process::id()))
+                && err.contains("jobs.sqlite.lock"),
+            "{err}"
+        );
         drop(first);
         // Released with its holder: the next coordinator opens it.
         Store::open(&path).unwrap();

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 pub const DIR: &str = "tb";
 
 /// Record keys that identify a record rather than measure anything.
-const NOT_METRICS: &[&str] = &["kind", "job_id", "step", "after_steps", "unix_time", "agent", "policy_versions"];
+const NOT_METRICS: &[&str] =
+    &["kind", "job_id", "step", "after_steps", "unix_time", "agent", "policy_versions"];
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct Event {
@@ -153,13 +154,22 @@ pub fn encode_next(line: &str, path: &Path) -> Result<Vec<u8>, serde_json::Error
 
 /// The first event of a file: its format version, at the first record's time.
 fn version_event(wall_time: f64, out: &mut Vec<u8>) {
-    let version = Event { wall_time, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) };
+    let version =
+        Event { wall_time, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) };
     frame(&prost::Message::encode_to_vec(&version), out);
 }
 
 fn record_event(r: Scalars, out: &mut Vec<u8>) {
-    let value = r.values.into_iter().map(|(tag, v)| SummaryValue { tag, value: Some(Scalar::SimpleValue(v as f32)) }).collect();
-    let event = Event { wall_time: r.wall_time, step: r.step, what: Some(What::Summary(Summary { value })) };
+    let value = r
+        .values
+        .into_iter()
+        .map(|(tag, v)| SummaryValue { tag, value: Some(Scalar::SimpleValue(v as f32)) })
+        .collect();
+    let event = Event {
+        wall_time: r.wall_time,
+        step: r.step,
+        what: Some(What::Summary(Summary { value })),
+    };
     frame(&prost::Message::encode_to_vec(&event), out);
 }
 
@@ -204,7 +214,11 @@ mod tests {
             "policy_versions": [3], "note": "text", "agents": [{"agent": 1, "train": {"loss": -0.5}}], "nan": null});
         let s = scalars_of(&r).unwrap();
         assert_eq!((s.step, s.wall_time), (3, 10.5));
-        let want = [("reward/solver/mean", 0.25), ("reward/solver/count", 4.0), ("agent1/train/loss", -0.5)];
+        let want = [
+            ("reward/solver/mean", 0.25),
+            ("reward/solver/count", 4.0),
+            ("agent1/train/loss", -0.5),
+        ];
         let mut got = s.values.clone();
         got.sort_by(|a, b| a.0.cmp(&b.0));
         let mut want: Vec<(String, f64)> = want.iter().map(|(k, v)| (k.to_string(), *v)).collect();
@@ -217,7 +231,13 @@ mod tests {
         let r = json!({"kind": "eval", "step": 4, "after_steps": 4, "accuracy": {"last_round": 0.5}, "greedy": {"accuracy": {"last_round": 0.75}}});
         let s = scalars_of(&r).unwrap();
         assert_eq!(s.step, 4);
-        assert_eq!(s.values, vec![("eval/accuracy/last_round".to_string(), 0.5), ("eval/greedy/accuracy/last_round".to_string(), 0.75)]);
+        assert_eq!(
+            s.values,
+            vec![
+                ("eval/accuracy/last_round".to_string(), 0.5),
+                ("eval/greedy/accuracy/last_round".to_string(), 0.75)
+            ]
+        );
         assert_eq!(scalars_of(&json!({"kind": "job"})), None);
     }
 
@@ -225,14 +245,19 @@ mod tests {
     fn the_masked_crc_matches_tensorflows_for_a_known_input() {
         // CRC32C("123456789") = 0xE3069283 (the standard check value), then rotated and offset.
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(masked_crc(b"123456789"), 0xE306_9283u32.rotate_right(15).wrapping_add(0xa282_ead8));
+        assert_eq!(
+            masked_crc(b"123456789"),
+            0xE306_9283u32.rotate_right(15).wrapping_add(0xa282_ead8)
+        );
     }
 
     #[test]
     fn a_longer_log_appends_and_a_different_one_replaces() {
         let dir = tempfile::tempdir().unwrap();
         let p = path(dir.path(), "job-1");
-        let line = |step: u64| json!({"kind": "step", "step": step, "unix_time": 1.0, "x": step}).to_string();
+        let line = |step: u64| {
+            json!({"kind": "step", "step": step, "unix_time": 1.0, "x": step}).to_string()
+        };
         let one = encode(&[line(0)]).unwrap();
         let two = encode(&[line(0), line(1)]).unwrap();
         sync(&p, &one).unwrap();

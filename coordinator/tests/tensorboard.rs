@@ -15,15 +15,30 @@ fn root() -> PathBuf {
 
 fn read_back(dir: &Path) -> Read {
     let python = root().join(".venv-tb/bin/python");
-    assert!(python.exists(), "{} is missing: run `bash scripts/setup-tensorboard.sh` (scripts/test.sh does)", python.display());
-    let out = Command::new(&python).arg(root().join("tests/fixtures/read_tfevents.py")).arg(dir).output().unwrap();
-    assert!(out.status.success(), "TensorBoard's reader failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash scripts/setup-tensorboard.sh` (scripts/test.sh does)",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .arg(root().join("tests/fixtures/read_tfevents.py"))
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "TensorBoard's reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let raw: BTreeMap<String, Vec<(i64, f64, f64)>> = serde_json::from_slice(&out.stdout).unwrap();
     raw
 }
 
 fn fixture() -> Vec<String> {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/metrics.jsonl")).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/metrics.jsonl"),
+    )
+    .unwrap();
     text.lines().map(str::to_string).collect()
 }
 
@@ -57,7 +72,9 @@ fn every_scalar_of_a_real_metrics_log_reads_back_at_its_step() {
 
     // Named metrics, checked against the records by hand: per role, per agent, evaluations.
     let (eval, step0, step1) = (&records[0], &records[1], &records[2]);
-    let at = |tag: &str, step: i64| read[tag].iter().find(|p| p.0 == step).unwrap_or_else(|| panic!("{tag} at {step}")).1 as f32;
+    let at = |tag: &str, step: i64| {
+        read[tag].iter().find(|p| p.0 == step).unwrap_or_else(|| panic!("{tag} at {step}")).1 as f32
+    };
     let num = |r: &Value, ptr: &str| r.pointer(ptr).unwrap().as_f64().unwrap() as f32;
     assert_eq!(at("reward/solver/mean", 0), num(step0, "/reward/solver/mean"));
     assert_eq!(at("reward/evaluator/mean", 1), num(step1, "/reward/evaluator/mean"));

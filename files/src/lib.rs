@@ -25,14 +25,25 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Writes what `fill` writes to `path` atomically, through a buffer: for large files written
 /// in pieces (weights).
-pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>) -> std::io::Result<()> {
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     write_with_mode(path, SHARED, fill)
 }
 
-fn write_with_mode(path: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>) -> std::io::Result<()> {
+fn write_with_mode(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = parent(path);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").permissions(Permissions::from_mode(mode)).tempfile_in(dir)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(Permissions::from_mode(mode))
+        .tempfile_in(dir)?;
     {
         let mut w = BufWriter::new(tmp.as_file());
         fill(&mut w)?;
@@ -48,7 +59,12 @@ fn write_with_mode(path: &Path, mode: u32, fill: impl FnOnce(&mut BufWriter<&Fil
 /// sync a folder (some network ones answer EINVAL) are taken at their word: nothing to do.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     match File::open(dir)?.sync_all() {
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.kind() == std::io::ErrorKind::Unsupported => Ok(()),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::InvalidInput
+                || e.kind() == std::io::ErrorKind::Unsupported =>
+        {
+            Ok(())
+        }
         r => r,
     }
 }
@@ -68,7 +84,10 @@ mod tests {
     }
 
     fn entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     }

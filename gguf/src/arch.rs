@@ -18,7 +18,9 @@ impl Arch {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
-            other => Err(GgufError::Unsupported(format!("general.architecture `{other}` is not supported; supported: llama, qwen2, qwen3"))),
+            other => Err(GgufError::Unsupported(format!(
+                "general.architecture `{other}` is not supported; supported: llama, qwen2, qwen3"
+            ))),
         }
     }
 
@@ -84,22 +86,36 @@ pub struct HfConfig {
 
 impl HfConfig {
     /// Reads the architecture's hyperparameters. `vocab_size` is the embedding's row count.
-    pub fn from_gguf(g: &GgufFile, arch: Arch, vocab_size: u64, tied: bool, torch_dtype: &'static str) -> Result<Self> {
+    pub fn from_gguf(
+        g: &GgufFile,
+        arch: Arch,
+        vocab_size: u64,
+        tied: bool,
+        torch_dtype: &'static str,
+    ) -> Result<Self> {
         let a = arch.name();
         let key = |k: &str| format!("{a}.{k}");
         let hidden = g.require_u64(&key("embedding_length"))?;
         let heads = g.require_u64(&key("attention.head_count"))?;
         if heads == 0 || hidden % heads != 0 && g.get(&key("attention.key_length")).is_none() {
-            return Err(GgufError::meta(&key("attention.head_count"), format!("{heads} heads do not divide the hidden size {hidden}")));
+            return Err(GgufError::meta(
+                &key("attention.head_count"),
+                format!("{heads} heads do not divide the hidden size {hidden}"),
+            ));
         }
         let kv_heads = g.get_u64(&key("attention.head_count_kv"))?.unwrap_or(heads);
         if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(GgufError::meta(&key("attention.head_count_kv"), format!("{kv_heads} kv heads do not divide {heads} heads")));
+            return Err(GgufError::meta(
+                &key("attention.head_count_kv"),
+                format!("{kv_heads} kv heads do not divide {heads} heads"),
+            ));
         }
         let head_dim = g.get_u64(&key("attention.key_length"))?.unwrap_or(hidden / heads);
         if let Some(v) = g.get_u64(&key("attention.value_length"))? {
             if v != head_dim {
-                return Err(GgufError::Unsupported(format!("{a}.attention.value_length {v} differs from key_length {head_dim}")));
+                return Err(GgufError::Unsupported(format!(
+                    "{a}.attention.value_length {v} differs from key_length {head_dim}"
+                )));
             }
         }
         let rope_theta = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
@@ -107,9 +123,15 @@ impl HfConfig {
             None | Some("none") => None,
             Some("linear") => Some(RopeScaling::Linear {
                 rope_type: "linear",
-                factor: g.get_f64(&key("rope.scaling.factor"))?.ok_or_else(|| GgufError::meta(&key("rope.scaling.factor"), "is missing"))?,
+                factor: g
+                    .get_f64(&key("rope.scaling.factor"))?
+                    .ok_or_else(|| GgufError::meta(&key("rope.scaling.factor"), "is missing"))?,
             }),
-            Some(other) => return Err(GgufError::Unsupported(format!("{a}.rope.scaling.type `{other}` is not supported (none, linear)"))),
+            Some(other) => {
+                return Err(GgufError::Unsupported(format!(
+                    "{a}.rope.scaling.type `{other}` is not supported (none, linear)"
+                )))
+            }
         };
         let token = |k: &str| g.get_u64(&format!("tokenizer.ggml.{k}"));
         Ok(Self {
@@ -138,7 +160,11 @@ impl HfConfig {
 
     /// Recognises the frequency factors llama.cpp's converter bakes into `rope_freqs.weight`
     /// from Llama 3.1's scaling parameters, and restores those parameters.
-    pub fn set_llama3_rope(&mut self, factors: &[f32], original_context: Option<u64>) -> Result<()> {
+    pub fn set_llama3_rope(
+        &mut self,
+        factors: &[f32],
+        original_context: Option<u64>,
+    ) -> Result<()> {
         let half = (self.head_dim / 2) as usize;
         if factors.len() != half {
             return Err(GgufError::Tensor {
@@ -155,7 +181,8 @@ impl HfConfig {
             original_max_position_embeddings: original_context.unwrap_or(8192),
         };
         let expected = llama3_factors(&rope, self.rope_theta, self.head_dim);
-        let worst = expected.iter().zip(factors).map(|(e, &f)| (e - f as f64).abs()).fold(0.0, f64::max);
+        let worst =
+            expected.iter().zip(factors).map(|(e, &f)| (e - f as f64).abs()).fold(0.0, f64::max);
         if worst > 1e-4 {
             return Err(GgufError::Unsupported(format!(
                 "rope_freqs.weight does not match Llama 3.1 scaling (factor {factor}, low 1, high 4, original context {}): off by {worst:.2e}; other frequency schemes are not supported",
@@ -180,7 +207,8 @@ fn llama3_factors(r: &Llama3Rope, theta: f64, head_dim: u64) -> Vec<f64> {
             } else if wavelen > low_wavelen {
                 r.factor
             } else {
-                let smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+                let smooth =
+                    (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
                 1.0 / ((1.0 - smooth) / r.factor + smooth)
             }
         })
@@ -198,9 +226,11 @@ pub enum Mapped {
 
 /// Maps a llama.cpp tensor name to its HF name.
 pub fn map_name(name: &str, arch: Arch, cfg: &HfConfig) -> Result<Mapped> {
-    let unknown = || GgufError::Tensor {
+    let unknown = || {
+        GgufError::Tensor {
         tensor: name.to_string(),
         message: format!("is not a tensor of a `{}` model; the file may be of another architecture or a newer variant", arch.name()),
+    }
     };
     let fixed = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
@@ -216,7 +246,10 @@ pub fn map_name(name: &str, arch: Arch, cfg: &HfConfig) -> Result<Mapped> {
     let (layer, part) = rest.split_once('.').ok_or_else(unknown)?;
     let layer: u64 = layer.parse().map_err(|_| unknown())?;
     if layer >= cfg.num_hidden_layers {
-        return Err(GgufError::Tensor { tensor: name.into(), message: format!("layer {layer} is beyond block_count {}", cfg.num_hidden_layers) });
+        return Err(GgufError::Tensor {
+            tensor: name.into(),
+            message: format!("layer {layer} is beyond block_count {}", cfg.num_hidden_layers),
+        });
     }
     let (module, suffix) = part.rsplit_once('.').ok_or_else(unknown)?;
     if suffix != "weight" && suffix != "bias" {
@@ -241,13 +274,20 @@ pub fn map_name(name: &str, arch: Arch, cfg: &HfConfig) -> Result<Mapped> {
         (Arch::Llama, "attn_k") => Some(cfg.num_key_value_heads),
         _ => None,
     };
-    Ok(Mapped::Tensor { hf_name: format!("model.layers.{layer}.{hf_module}.{suffix}"), unpermute_heads })
+    Ok(Mapped::Tensor {
+        hf_name: format!("model.layers.{layer}.{hf_module}.{suffix}"),
+        unpermute_heads,
+    })
 }
 
 /// Undoes llama.cpp's `permute` of a Q or K projection: within each head the converter
 /// interleaved the two rotary halves (rows `j` and `j + d/2` became `2j` and `2j + 1`).
 /// `values` is row-major `[rows, cols]`.
-pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> std::result::Result<Vec<f32>, String> {
+pub fn unpermute_rows(
+    values: &[f32],
+    rows: usize,
+    heads: usize,
+) -> std::result::Result<Vec<f32>, String> {
     if heads == 0 || rows % (2 * heads) != 0 || values.len() % rows != 0 {
         return Err(format!("{rows} rows cannot be split into {heads} heads of two rotary halves"));
     }
@@ -260,7 +300,8 @@ pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> std::result:
             for t in 0..2 {
                 let src = h * head_rows + 2 * j + t;
                 let dst = h * head_rows + t * half + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&values[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -281,7 +322,8 @@ mod tests {
                 for j in 0..half {
                     let src = h * 2 * half + t * half + j;
                     let dst = h * 2 * half + 2 * j + t;
-                    out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                    out[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&values[src * cols..(src + 1) * cols]);
                 }
             }
         }
@@ -295,7 +337,10 @@ mod tests {
         assert_eq!(unpermute_rows(&permute(&w, rows, heads), rows, heads).unwrap(), w);
         // Head 0 of 8 rows: stored rows 0,1,2,3 are original rows 0,4,1,5.
         let p = permute(&w, rows, heads);
-        assert_eq!(&p[..4 * cols].chunks(cols).map(|r| r[0] as usize / cols).collect::<Vec<_>>(), &[0, 4, 1, 5]);
+        assert_eq!(
+            &p[..4 * cols].chunks(cols).map(|r| r[0] as usize / cols).collect::<Vec<_>>(),
+            &[0, 4, 1, 5]
+        );
         assert!(unpermute_rows(&w, 10, 3).is_err());
     }
 
@@ -327,22 +372,42 @@ mod tests {
     #[test]
     fn rope_freqs_of_llama31_become_its_scaling_parameters() {
         let mut cfg = llama_config(128, 500_000.0);
-        let r = Llama3Rope { rope_type: "llama3", factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
-        let stored: Vec<f32> = llama3_factors(&r, 500_000.0, 128).iter().map(|&f| f as f32).collect();
+        let r = Llama3Rope {
+            rope_type: "llama3",
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let stored: Vec<f32> =
+            llama3_factors(&r, 500_000.0, 128).iter().map(|&f| f as f32).collect();
         cfg.set_llama3_rope(&stored, None).unwrap();
         assert_eq!(cfg.rope_scaling, Some(RopeScaling::Llama3(r)));
         let json = serde_json::to_value(&cfg).unwrap();
-        assert_eq!((json["rope_scaling"]["rope_type"].as_str(), json["rope_scaling"]["factor"].as_f64()), (Some("llama3"), Some(32.0)));
+        assert_eq!(
+            (json["rope_scaling"]["rope_type"].as_str(), json["rope_scaling"]["factor"].as_f64()),
+            (Some("llama3"), Some(32.0))
+        );
         // Factors of some other scheme are refused, not guessed.
         let mut other = stored.clone();
         other[40] *= 1.5;
-        assert!(llama_config(128, 500_000.0).set_llama3_rope(&other, None).unwrap_err().to_string().contains("does not match"));
+        assert!(llama_config(128, 500_000.0)
+            .set_llama3_rope(&other, None)
+            .unwrap_err()
+            .to_string()
+            .contains("does not match"));
         assert!(llama_config(128, 500_000.0).set_llama3_rope(&stored[..10], None).is_err());
     }
 
     #[test]
     fn llama31_factors_match_the_published_shape() {
-        let r = Llama3Rope { rope_type: "llama3", factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
+        let r = Llama3Rope {
+            rope_type: "llama3",
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
         let f = llama3_factors(&r, 500_000.0, 128);
         assert_eq!((f.len(), f[0], f[63]), (64, 1.0, 8.0));
         assert!(f.windows(2).all(|w| w[0] <= w[1]), "factors grow with wavelength");

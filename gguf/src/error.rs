@@ -7,7 +7,9 @@ pub enum GgufError {
     /// The file is not a well-formed GGUF file; `offset` is where reading failed.
     #[error("{path}: not a valid GGUF file at byte {offset}: {message}")]
     Format { path: PathBuf, offset: u64, message: String },
-    #[error("tensor `{tensor}` has type {ty}, which comas cannot dequantise; supported: {supported}")]
+    #[error(
+        "tensor `{tensor}` has type {ty}, which comas cannot dequantise; supported: {supported}"
+    )]
     UnsupportedType { tensor: String, ty: String, supported: &'static str },
     #[error("tensor `{tensor}`: {message}")]
     Tensor { tensor: String, message: String },

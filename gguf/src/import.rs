@@ -51,8 +51,12 @@ impl OutDtype {
         let mut out = Vec::with_capacity(values.len() * if self == Self::F32 { 4 } else { 2 });
         match self {
             Self::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Self::BF16 => values.iter().for_each(|&v| out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
-            Self::F16 => values.iter().for_each(|&v| out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes())),
+            Self::BF16 => values
+                .iter()
+                .for_each(|&v| out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
+            Self::F16 => values
+                .iter()
+                .for_each(|&v| out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes())),
         }
         out
     }
@@ -97,7 +101,8 @@ impl LazyTensor<'_> {
         let v = self.file.dequantize(self.info)?;
         match self.unpermute_heads {
             None => Ok(v),
-            Some(heads) => unpermute_rows(&v, self.shape[0], heads as usize).map_err(|message| GgufError::Tensor { tensor: self.info.name.clone(), message }),
+            Some(heads) => unpermute_rows(&v, self.shape[0], heads as usize)
+                .map_err(|message| GgufError::Tensor { tensor: self.info.name.clone(), message }),
         }
     }
 }
@@ -125,7 +130,8 @@ impl View for LazyTensor<'_> {
 
 /// The HF tensors a model of this configuration must have.
 fn expected_names(arch: Arch, cfg: &HfConfig) -> BTreeSet<String> {
-    let mut names: BTreeSet<String> = ["model.embed_tokens.weight", "model.norm.weight"].into_iter().map(String::from).collect();
+    let mut names: BTreeSet<String> =
+        ["model.embed_tokens.weight", "model.norm.weight"].into_iter().map(String::from).collect();
     if !cfg.tie_word_embeddings {
         names.insert("lm_head.weight".into());
     }
@@ -142,7 +148,11 @@ fn expected_names(arch: Arch, cfg: &HfConfig) -> BTreeSet<String> {
             "mlp.down_proj.weight",
         ];
         match arch {
-            Arch::Qwen2 => parts.extend(["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]),
+            Arch::Qwen2 => parts.extend([
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+            ]),
             Arch::Qwen3 => parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]),
             Arch::Llama => {}
         }
@@ -159,7 +169,8 @@ fn check_output(out: &Path, force: bool) -> Result<()> {
         Err(e) => Err(bad(e.to_string())),
         Ok(m) if !m.is_dir() => Err(bad("exists and is not a folder".into())),
         Ok(_) => {
-            let non_empty = std::fs::read_dir(out).map_err(|e| bad(e.to_string()))?.next().is_some();
+            let non_empty =
+                std::fs::read_dir(out).map_err(|e| bad(e.to_string()))?.next().is_some();
             if non_empty && !force {
                 Err(bad("is not empty; pass --force to replace it".into()))
             } else {
@@ -183,14 +194,23 @@ fn sync(path: &Path) -> Result<()> {
 pub fn import(gguf: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportReport> {
     check_output(out, opts.force)?;
     let file = GgufFile::open(gguf)?;
-    let arch_name = file.get_str("general.architecture")?.ok_or_else(|| GgufError::meta("general.architecture", "is missing"))?;
+    let arch_name = file
+        .get_str("general.architecture")?
+        .ok_or_else(|| GgufError::meta("general.architecture", "is missing"))?;
     let arch = Arch::from_name(arch_name)?;
     for t in &file.tensors {
         if !t.ty.can_dequantize() {
-            return Err(GgufError::UnsupportedType { tensor: t.name.clone(), ty: t.ty.name(), supported: crate::quant::SUPPORTED });
+            return Err(GgufError::UnsupportedType {
+                tensor: t.name.clone(),
+                ty: t.ty.name(),
+                supported: crate::quant::SUPPORTED,
+            });
         }
     }
-    let embed = file.tensor("token_embd.weight").ok_or_else(|| GgufError::Tensor { tensor: "token_embd.weight".into(), message: "is missing".into() })?;
+    let embed = file.tensor("token_embd.weight").ok_or_else(|| GgufError::Tensor {
+        tensor: "token_embd.weight".into(),
+        message: "is missing".into(),
+    })?;
     let vocab_rows = embed.shape()[0] as u64;
     let tied = file.tensor("output.weight").is_none();
     let vocab = Vocab::from_gguf(&file)?;
@@ -210,29 +230,52 @@ pub fn import(gguf: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportRep
     for t in &file.tensors {
         match map_name(&t.name, arch, &cfg)? {
             Mapped::RopeFreqs => {
-                let original = file.get_u64(&format!("{}.rope.scaling.original_context_length", arch.name()))?;
+                let original =
+                    file.get_u64(&format!("{}.rope.scaling.original_context_length", arch.name()))?;
                 cfg.set_llama3_rope(&file.dequantize(t)?, original)?;
             }
             Mapped::Tensor { hf_name, unpermute_heads } => {
                 let shape = t.shape();
                 if let Some(heads) = unpermute_heads {
                     if shape[0] as u64 % (2 * heads) != 0 {
-                        return Err(GgufError::Tensor { tensor: t.name.clone(), message: format!("{} rows do not split into {heads} rotary heads", shape[0]) });
+                        return Err(GgufError::Tensor {
+                            tensor: t.name.clone(),
+                            message: format!(
+                                "{} rows do not split into {heads} rotary heads",
+                                shape[0]
+                            ),
+                        });
                     }
                 }
                 *source_types.entry(t.ty.name()).or_insert(0) += 1;
                 parameters += t.numel();
-                lazy.push((hf_name, LazyTensor { file: &file, info: t, shape, unpermute_heads, dtype: opts.dtype, failed: &failed }));
+                lazy.push((
+                    hf_name,
+                    LazyTensor {
+                        file: &file,
+                        info: t,
+                        shape,
+                        unpermute_heads,
+                        dtype: opts.dtype,
+                        failed: &failed,
+                    },
+                ));
             }
         }
     }
     let have: BTreeSet<String> = lazy.iter().map(|(n, _)| n.clone()).collect();
     let expected = expected_names(arch, &cfg);
     if let Some(missing) = expected.difference(&have).next() {
-        return Err(GgufError::Tensor { tensor: missing.clone(), message: format!("is missing from {} (a `{arch_name}` model needs it)", gguf.display()) });
+        return Err(GgufError::Tensor {
+            tensor: missing.clone(),
+            message: format!("is missing from {} (a `{arch_name}` model needs it)", gguf.display()),
+        });
     }
     if let Some(extra) = have.difference(&expected).next() {
-        return Err(GgufError::Tensor { tensor: extra.clone(), message: format!("is not part of a `{arch_name}` model with this configuration") });
+        return Err(GgufError::Tensor {
+            tensor: extra.clone(),
+            message: format!("is not part of a `{arch_name}` model with this configuration"),
+        });
     }
 
     let parent = match out.parent() {
@@ -240,21 +283,33 @@ pub fn import(gguf: &Path, out: &Path, opts: &ImportOptions) -> Result<ImportRep
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).map_err(|e| GgufError::io(&parent, e))?;
-    let tmp = tempfile::Builder::new().prefix(".import-gguf-").tempdir_in(&parent).map_err(|e| GgufError::io(&parent, e))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".import-gguf-")
+        .tempdir_in(&parent)
+        .map_err(|e| GgufError::io(&parent, e))?;
     let dir = tmp.path();
     write_json(dir, "config.json", &cfg)?;
     write_json(dir, "generation_config.json", &vocab.generation_config())?;
     write_json(dir, "tokenizer_config.json", &vocab.tokenizer_config(cfg.max_position_embeddings))?;
     let tok_path = dir.join("tokenizer.json");
-    tokenizer.save(&tok_path, false).map_err(|e| GgufError::Tokenizer(format!("writing {}: {e}", tok_path.display())))?;
+    tokenizer
+        .save(&tok_path, false)
+        .map_err(|e| GgufError::Tokenizer(format!("writing {}: {e}", tok_path.display())))?;
     let weights = dir.join("model.safetensors");
     let meta = Some(std::collections::HashMap::from([("format".to_string(), "pt".to_string())]));
     let tensors = lazy.len();
-    safetensors::tensor::serialize_to_file(lazy, &meta, &weights).map_err(|e| GgufError::Output { path: weights.clone(), message: format!("{e:?}") })?;
+    safetensors::tensor::serialize_to_file(lazy, &meta, &weights)
+        .map_err(|e| GgufError::Output { path: weights.clone(), message: format!("{e:?}") })?;
     if let Some(e) = failed.into_inner() {
         return Err(e);
     }
-    for name in ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"] {
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "model.safetensors",
+    ] {
         sync(&dir.join(name))?;
     }
     install(tmp, out)?;
@@ -279,7 +334,8 @@ fn install(tmp: tempfile::TempDir, out: &Path) -> Result<()> {
     let new = tmp.keep();
     let old = if out.exists() {
         let aside = new.with_file_name(format!(".import-gguf-old-{}", std::process::id()));
-        std::fs::rename(out, &aside).map_err(|e| bad(format!("cannot move the old folder aside: {e}")))?;
+        std::fs::rename(out, &aside)
+            .map_err(|e| bad(format!("cannot move the old folder aside: {e}")))?;
         Some(aside)
     } else {
         None
@@ -292,7 +348,12 @@ fn install(tmp: tempfile::TempDir, out: &Path) -> Result<()> {
         return Err(bad(format!("cannot move the new folder into place: {e}")));
     }
     if let Some(aside) = old {
-        std::fs::remove_dir_all(&aside).map_err(|e| bad(format!("imported, but the old folder {} could not be removed: {e}", aside.display())))?;
+        std::fs::remove_dir_all(&aside).map_err(|e| {
+            bad(format!(
+                "imported, but the old folder {} could not be removed: {e}",
+                aside.display()
+            ))
+        })?;
     }
     Ok(())
 }

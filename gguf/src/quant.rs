@@ -128,7 +128,9 @@ impl GgmlType {
         let (per_block, block_bytes) = self.block();
         let row = dims.first().copied().unwrap_or(1);
         if row % per_block as u64 != 0 {
-            return Err(format!("its row length {row} is not a multiple of {self:?}'s block of {per_block} values"));
+            return Err(format!(
+                "its row length {row} is not a multiple of {self:?}'s block of {per_block} values"
+            ));
         }
         dims.iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
@@ -141,14 +143,19 @@ impl GgmlType {
         use GgmlType::*;
         let (per_block, block_bytes) = self.block();
         if data.len() % block_bytes != 0 {
-            return Err(GgufError::Unsupported(format!("{self:?} data of {} bytes is not whole blocks", data.len())));
+            return Err(GgufError::Unsupported(format!(
+                "{self:?} data of {} bytes is not whole blocks",
+                data.len()
+            )));
         }
         let mut out = Vec::with_capacity(data.len() / block_bytes * per_block);
         let blocks = data.chunks_exact(block_bytes);
         match self {
             F32 => out.extend(blocks.map(|b| f32::from_le_bytes(b.try_into().unwrap()))),
             F16 => out.extend(blocks.map(|b| half_at(b, 0))),
-            BF16 => out.extend(blocks.map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))),
+            BF16 => out.extend(
+                blocks.map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+            ),
             Q8_0 => blocks.for_each(|b| q8_0(b, &mut out)),
             Q4_0 => blocks.for_each(|b| q4_0(b, &mut out)),
             Q4_1 => blocks.for_each(|b| q4_1(b, &mut out)),
@@ -157,7 +164,11 @@ impl GgmlType {
             Q4_K => blocks.for_each(|b| q4_k(b, &mut out)),
             Q5_K => blocks.for_each(|b| q5_k(b, &mut out)),
             Q6_K => blocks.for_each(|b| q6_k(b, &mut out)),
-            other => return Err(GgufError::Unsupported(format!("dequantising {other:?} is not supported; supported: {SUPPORTED}"))),
+            other => {
+                return Err(GgufError::Unsupported(format!(
+                    "dequantising {other:?} is not supported; supported: {SUPPORTED}"
+                )))
+            }
         }
         Ok(out)
     }
@@ -197,7 +208,8 @@ fn q4_1(b: &[u8], out: &mut Vec<f32>) {
 /// The fifth bits of a Q5 block: bit j of `qh` belongs to value j.
 fn q5_values(qh: u32, qs: &[u8]) -> impl Iterator<Item = u8> + '_ {
     let lo = qs.iter().enumerate().map(move |(j, &q)| (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4));
-    let hi = qs.iter().enumerate().map(move |(j, &q)| (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4));
+    let hi =
+        qs.iter().enumerate().map(move |(j, &q)| (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4));
     lo.chain(hi)
 }
 
@@ -249,8 +261,16 @@ fn q5_k(b: &[u8], out: &mut Vec<f32>) {
         let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
         let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
         let (u1, u2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
-        out.extend(ql.iter().zip(qh).map(|(&l, &h)| d1 * f32::from((l & 0x0f) + if h & u1 != 0 { 16 } else { 0 }) - min1));
-        out.extend(ql.iter().zip(qh).map(|(&l, &h)| d2 * f32::from((l >> 4) + if h & u2 != 0 { 16 } else { 0 }) - min2));
+        out.extend(
+            ql.iter().zip(qh).map(|(&l, &h)| {
+                d1 * f32::from((l & 0x0f) + if h & u1 != 0 { 16 } else { 0 }) - min1
+            }),
+        );
+        out.extend(
+            ql.iter()
+                .zip(qh)
+                .map(|(&l, &h)| d2 * f32::from((l >> 4) + if h & u2 != 0 { 16 } else { 0 }) - min2),
+        );
     }
 }
 
@@ -262,7 +282,8 @@ fn q6_k(b: &[u8], out: &mut Vec<f32>) {
     out.resize(start + QK_K, 0.0);
     let y = &mut out[start..];
     for half in 0..2 {
-        let (ql, qh, sc, y) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..], &mut y[128 * half..]);
+        let (ql, qh, sc, y) =
+            (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..], &mut y[128 * half..]);
         for l in 0..32 {
             let is = l / 16;
             let q1 = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) as i8 - 32;

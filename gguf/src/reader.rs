@@ -162,13 +162,19 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err(&self, message: impl Into<String>) -> GgufError {
-        GgufError::Format { path: self.path.to_path_buf(), offset: self.pos as u64, message: message.into() }
+        GgufError::Format {
+            path: self.path.to_path_buf(),
+            offset: self.pos as u64,
+            message: message.into(),
+        }
     }
 
     fn take(&mut self, n: u64) -> Result<&'a [u8]> {
         let left = (self.buf.len() - self.pos) as u64;
         if n > left {
-            return Err(self.err(format!("needs {n} more bytes but the file has {left} left (truncated?)")));
+            return Err(
+                self.err(format!("needs {n} more bytes but the file has {left} left (truncated?)"))
+            );
         }
         let s = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -223,7 +229,9 @@ impl<'a> Cursor<'a> {
                 // and checking it first keeps the allocation bounded by the file size.
                 let left = (self.buf.len() - self.pos) as u64;
                 if count > left {
-                    return Err(self.err(format!("array claims {count} elements but only {left} bytes remain")));
+                    return Err(self.err(format!(
+                        "array claims {count} elements but only {left} bytes remain"
+                    )));
                 }
                 let mut out = Vec::with_capacity(count as usize);
                 for _ in 0..count {
@@ -246,7 +254,11 @@ impl GgufFile {
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))?;
         let mut c = Cursor { buf: &mmap, pos: 0, path };
         if c.take(4).map_err(|_| c.err("file is shorter than the 4-byte magic"))? != MAGIC {
-            return Err(GgufError::Format { path: path.into(), offset: 0, message: "magic is not `GGUF`".into() });
+            return Err(GgufError::Format {
+                path: path.into(),
+                offset: 0,
+                message: "magic is not `GGUF`".into(),
+            });
         }
         let version = c.u32()?;
         if !(2..=3).contains(&version) {
@@ -265,18 +277,24 @@ impl GgufFile {
         }
         let left = (c.buf.len() - c.pos) as u64;
         if tensor_count > left {
-            return Err(c.err(format!("{tensor_count} tensors claimed but only {left} bytes remain")));
+            return Err(
+                c.err(format!("{tensor_count} tensors claimed but only {left} bytes remain"))
+            );
         }
         let mut tensors = Vec::with_capacity(tensor_count as usize);
         for _ in 0..tensor_count {
             let name = c.string()?;
             let n_dims = c.u32()?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(c.err(format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
+                return Err(c.err(format!(
+                    "tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
+                )));
             }
             let dims = (0..n_dims).map(|_| c.u64()).collect::<Result<Vec<_>>>()?;
             let raw_ty = c.u32()?;
-            let ty = GgmlType::from_id(raw_ty).ok_or_else(|| c.err(format!("tensor `{name}` has unknown ggml type id {raw_ty}")))?;
+            let ty = GgmlType::from_id(raw_ty).ok_or_else(|| {
+                c.err(format!("tensor `{name}` has unknown ggml type id {raw_ty}"))
+            })?;
             let offset = c.u64()?;
             tensors.push(TensorInfo { name, dims, ty, offset });
         }
@@ -284,21 +302,39 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() => a,
-                _ => return Err(GgufError::meta("general.alignment", format!("must be a power of two, is {v:?}"))),
+                _ => {
+                    return Err(GgufError::meta(
+                        "general.alignment",
+                        format!("must be a power of two, is {v:?}"),
+                    ))
+                }
             },
         };
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
         if data_start > mmap.len() as u64 {
             return Err(c.err("the data section starts beyond the end of the file"));
         }
-        let file = Self { path: path.to_path_buf(), version, metadata, tensors, data_start: data_start as usize, mmap };
+        let file = Self {
+            path: path.to_path_buf(),
+            version,
+            metadata,
+            tensors,
+            data_start: data_start as usize,
+            mmap,
+        };
         let mut seen = std::collections::BTreeSet::new();
         for t in &file.tensors {
             if !seen.insert(t.name.as_str()) {
-                return Err(GgufError::Tensor { tensor: t.name.clone(), message: "appears twice".into() });
+                return Err(GgufError::Tensor {
+                    tensor: t.name.clone(),
+                    message: "appears twice".into(),
+                });
             }
             if t.offset % alignment != 0 {
-                return Err(GgufError::Tensor { tensor: t.name.clone(), message: format!("offset {} is not aligned to {alignment}", t.offset) });
+                return Err(GgufError::Tensor {
+                    tensor: t.name.clone(),
+                    message: format!("offset {} is not aligned to {alignment}", t.offset),
+                });
             }
             file.tensor_bytes(t)?;
         }
@@ -337,19 +373,34 @@ impl GgufFile {
     }
 
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
-        self.get(key).map(|v| v.as_u64().ok_or_else(|| GgufError::meta(key, format!("expected an integer, found {v:?}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_u64().ok_or_else(|| {
+                    GgufError::meta(key, format!("expected an integer, found {v:?}"))
+                })
+            })
+            .transpose()
     }
 
     pub fn get_f64(&self, key: &str) -> Result<Option<f64>> {
-        self.get(key).map(|v| v.as_f64().ok_or_else(|| GgufError::meta(key, format!("expected a number, found {v:?}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| GgufError::meta(key, format!("expected a number, found {v:?}")))
+            })
+            .transpose()
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
-        self.get(key).map(|v| v.as_str().ok_or_else(|| GgufError::meta(key, "expected a string"))).transpose()
+        self.get(key)
+            .map(|v| v.as_str().ok_or_else(|| GgufError::meta(key, "expected a string")))
+            .transpose()
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key).map(|v| v.as_bool().ok_or_else(|| GgufError::meta(key, "expected a bool"))).transpose()
+        self.get(key)
+            .map(|v| v.as_bool().ok_or_else(|| GgufError::meta(key, "expected a bool")))
+            .transpose()
     }
 
     pub fn require_u64(&self, key: &str) -> Result<u64> {

@@ -53,15 +53,26 @@ impl PreTokenizer {
 
     fn build(self) -> Result<PreTokenizerWrapper> {
         let split = |re: &str| -> Result<PreTokenizerWrapper> {
-            let s = Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| GgufError::Tokenizer(format!("split regex: {e}")))?;
+            let s =
+                Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
+                    .map_err(|e| GgufError::Tokenizer(format!("split regex: {e}")))?;
             Ok(s.into())
         };
         Ok(match self {
             Self::Gpt2 => ByteLevel::new(false, true, true).into(),
-            Self::DigitsThenGpt2 => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
-            Self::Qwen2 => Sequence::new(vec![split(QWEN2_REGEX)?, ByteLevel::new(false, false, false).into()]).into(),
-            Self::Llama3 => Sequence::new(vec![split(LLAMA3_REGEX)?, ByteLevel::new(false, true, false).into()]).into(),
+            Self::DigitsThenGpt2 => Sequence::new(vec![
+                Digits::new(true).into(),
+                ByteLevel::new(false, true, true).into(),
+            ])
+            .into(),
+            Self::Qwen2 => {
+                Sequence::new(vec![split(QWEN2_REGEX)?, ByteLevel::new(false, false, false).into()])
+                    .into()
+            }
+            Self::Llama3 => {
+                Sequence::new(vec![split(LLAMA3_REGEX)?, ByteLevel::new(false, true, false).into()])
+                    .into()
+            }
         })
     }
 }
@@ -85,12 +96,20 @@ pub struct Vocab {
 fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
     let arr = g.get(key).ok_or_else(|| GgufError::meta(key, "is missing"))?;
     let arr = arr.as_array().ok_or_else(|| GgufError::meta(key, "expected an array of strings"))?;
-    arr.iter().map(|v| v.as_str().map(String::from).ok_or_else(|| GgufError::meta(key, "expected an array of strings"))).collect()
+    arr.iter()
+        .map(|v| {
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| GgufError::meta(key, "expected an array of strings"))
+        })
+        .collect()
 }
 
 impl Vocab {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| GgufError::meta("tokenizer.ggml.model", "is missing: the file has no tokenizer"))?;
+        let model = g.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
+            GgufError::meta("tokenizer.ggml.model", "is missing: the file has no tokenizer")
+        })?;
         match model {
             "gpt2" => {}
             "llama" => {
@@ -103,7 +122,12 @@ impl Vocab {
         }
         let pre = match g.get_str("tokenizer.ggml.pre")? {
             Some(p) => PreTokenizer::from_pre(p)?,
-            None => return Err(GgufError::meta("tokenizer.ggml.pre", "is missing; without it the text splitting of this vocabulary is unknown")),
+            None => {
+                return Err(GgufError::meta(
+                    "tokenizer.ggml.pre",
+                    "is missing; without it the text splitting of this vocabulary is unknown",
+                ))
+            }
         };
         let tokens = strings(g, "tokenizer.ggml.tokens")?;
         let types = match g.get("tokenizer.ggml.token_type") {
@@ -111,24 +135,37 @@ impl Vocab {
             Some(v) => v
                 .as_array()
                 .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
-                .ok_or_else(|| GgufError::meta("tokenizer.ggml.token_type", "expected an array of integers"))?,
+                .ok_or_else(|| {
+                    GgufError::meta("tokenizer.ggml.token_type", "expected an array of integers")
+                })?,
         };
         if types.len() != tokens.len() {
-            return Err(GgufError::meta("tokenizer.ggml.token_type", format!("has {} entries for {} tokens", types.len(), tokens.len())));
+            return Err(GgufError::meta(
+                "tokenizer.ggml.token_type",
+                format!("has {} entries for {} tokens", types.len(), tokens.len()),
+            ));
         }
         let merges = strings(g, "tokenizer.ggml.merges")?
             .into_iter()
             .enumerate()
             .map(|(i, m)| match m.split_once(' ') {
-                Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
-                _ => Err(GgufError::meta("tokenizer.ggml.merges", format!("entry {i} `{m}` is not two tokens separated by one space"))),
+                Some((a, b)) if !a.is_empty() && !b.is_empty() => {
+                    Ok((a.to_string(), b.to_string()))
+                }
+                _ => Err(GgufError::meta(
+                    "tokenizer.ggml.merges",
+                    format!("entry {i} `{m}` is not two tokens separated by one space"),
+                )),
             })
             .collect::<Result<Vec<_>>>()?;
         let n = tokens.len() as u64;
         let id = |key: &str| -> Result<Option<u32>> {
             match g.get_u64(key)? {
                 Some(v) if v < n => Ok(Some(v as u32)),
-                Some(v) => Err(GgufError::meta(key, format!("token id {v} is outside the {n}-token vocabulary"))),
+                Some(v) => Err(GgufError::meta(
+                    key,
+                    format!("token id {v} is outside the {n}-token vocabulary"),
+                )),
                 None => Ok(None),
             }
         };
@@ -166,14 +203,18 @@ impl Vocab {
         for (i, t) in self.tokens.iter().enumerate() {
             // A duplicate token would silently shadow an id: refuse it.
             if vocab.insert(t.clone(), i as u32).is_some() {
-                return Err(GgufError::Tokenizer(format!("token `{t}` appears twice in tokenizer.ggml.tokens (id {i})")));
+                return Err(GgufError::Tokenizer(format!(
+                    "token `{t}` appears twice in tokenizer.ggml.tokens (id {i})"
+                )));
             }
         }
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, self.merges.clone())
             .ignore_merges(self.pre == PreTokenizer::Llama3)
             .build()
-            .map_err(|e| GgufError::Tokenizer(format!("BPE from tokenizer.ggml.tokens/merges: {e}")))?;
+            .map_err(|e| {
+                GgufError::Tokenizer(format!("BPE from tokenizer.ggml.tokens/merges: {e}"))
+            })?;
         let mut tok = Tokenizer::new(bpe);
         if self.pre == PreTokenizer::Qwen2 {
             // Qwen2's own tokenizer.json composes text to NFC first; without it "e\u{301}" splits differently.

@@ -35,7 +35,8 @@ fn check_fixture(name: &str) -> f32 {
     let got = safetensors::SafeTensors::deserialize(&got_bytes).unwrap();
     let want_cfg = read_json(&hf.join("config.json"));
     let tied = want_cfg["tie_word_embeddings"].as_bool().unwrap_or(false);
-    let mut want_names: Vec<String> = want.names().into_iter().cloned().filter(|n| !(tied && n == "lm_head.weight")).collect();
+    let mut want_names: Vec<String> =
+        want.names().into_iter().cloned().filter(|n| !(tied && n == "lm_head.weight")).collect();
     let mut got_names: Vec<String> = got.names().into_iter().cloned().collect();
     want_names.sort();
     got_names.sort();
@@ -64,12 +65,17 @@ fn check_fixture(name: &str) -> f32 {
         assert_eq!(cfg[key], want_cfg[key], "{name}: config.json `{key}`");
     }
     // transformers 5 keeps rope_theta under rope_parameters.
-    let theta = want_cfg["rope_theta"].as_f64().or(want_cfg["rope_parameters"]["rope_theta"].as_f64());
-    for (key, want) in [("rope_theta", theta), ("rms_norm_eps", want_cfg["rms_norm_eps"].as_f64())] {
+    let theta =
+        want_cfg["rope_theta"].as_f64().or(want_cfg["rope_parameters"]["rope_theta"].as_f64());
+    for (key, want) in [("rope_theta", theta), ("rms_norm_eps", want_cfg["rms_norm_eps"].as_f64())]
+    {
         let (a, b) = (cfg[key].as_f64().unwrap(), want.unwrap());
         assert!((a - b).abs() <= 1e-9 * b.abs(), "{name}: config.json `{key}` {a} != {b}");
     }
-    let head_dim = want_cfg["head_dim"].as_u64().unwrap_or(want_cfg["hidden_size"].as_u64().unwrap() / want_cfg["num_attention_heads"].as_u64().unwrap());
+    let head_dim = want_cfg["head_dim"].as_u64().unwrap_or(
+        want_cfg["hidden_size"].as_u64().unwrap()
+            / want_cfg["num_attention_heads"].as_u64().unwrap(),
+    );
     assert_eq!(cfg["head_dim"].as_u64(), Some(head_dim), "{name}: head_dim");
 
     let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
@@ -78,19 +84,27 @@ fn check_fixture(name: &str) -> f32 {
     assert!(corpus.len() >= 10);
     for (text, ids) in corpus.iter().zip(cases["ids"].as_array().unwrap()) {
         let text = text.as_str().unwrap();
-        let want: Vec<u32> = ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> =
+            ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let got = tok.encode(text, false).unwrap();
         assert_eq!(got.get_ids(), &want[..], "{name}: token ids of {text:?}");
         // Byte-level BPE decodes back to the text (Qwen's to its NFC form, which encodes alike).
         let back = tok.decode(got.get_ids(), false).unwrap();
         if name.starts_with("qwen") {
-            assert_eq!(tok.encode(back.as_str(), false).unwrap().get_ids(), &want[..], "{name}: decode of {text:?}");
+            assert_eq!(
+                tok.encode(back.as_str(), false).unwrap().get_ids(),
+                &want[..],
+                "{name}: decode of {text:?}"
+            );
         } else {
             assert_eq!(back, text, "{name}: decode");
         }
     }
     let tc = read_json(&out.join("tokenizer_config.json"));
-    assert!(tc["chat_template"].as_str().unwrap().contains("<|im_start|>"), "{name}: chat template carried over");
+    assert!(
+        tc["chat_template"].as_str().unwrap().contains("<|im_start|>"),
+        "{name}: chat template carried over"
+    );
     worst
 }
 
@@ -122,11 +136,21 @@ fn bf16_output_is_the_rounded_f32() {
     let src = fixtures().join("qwen2.gguf");
     import(&src, &a, &opts()).unwrap();
     import(&src, &b, &ImportOptions { dtype: OutDtype::BF16, force: false }).unwrap();
-    let (fa, fb) = (std::fs::read(a.join("model.safetensors")).unwrap(), std::fs::read(b.join("model.safetensors")).unwrap());
-    let (ta, tb) = (safetensors::SafeTensors::deserialize(&fa).unwrap(), safetensors::SafeTensors::deserialize(&fb).unwrap());
-    let (x, y) = (ta.tensor("model.embed_tokens.weight").unwrap(), tb.tensor("model.embed_tokens.weight").unwrap());
+    let (fa, fb) = (
+        std::fs::read(a.join("model.safetensors")).unwrap(),
+        std::fs::read(b.join("model.safetensors")).unwrap(),
+    );
+    let (ta, tb) = (
+        safetensors::SafeTensors::deserialize(&fa).unwrap(),
+        safetensors::SafeTensors::deserialize(&fb).unwrap(),
+    );
+    let (x, y) = (
+        ta.tensor("model.embed_tokens.weight").unwrap(),
+        tb.tensor("model.embed_tokens.weight").unwrap(),
+    );
     assert_eq!(y.dtype(), safetensors::Dtype::BF16);
-    let rounded: Vec<u8> = f32s(&x).iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
+    let rounded: Vec<u8> =
+        f32s(&x).iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
     assert_eq!(y.data(), &rounded[..]);
     assert_eq!(read_json(&b.join("config.json"))["torch_dtype"], "bfloat16");
 }
@@ -142,12 +166,18 @@ fn output_folder_rules() {
     assert!(err.contains("is not empty; pass --force"), "{err}");
     assert!(out.join("keep.txt").exists(), "a refused import touches nothing");
     import(&src, &out, &ImportOptions { dtype: OutDtype::F32, force: true }).unwrap();
-    assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").exists(), "--force replaces the folder");
+    assert!(
+        !out.join("keep.txt").exists() && out.join("model.safetensors").exists(),
+        "--force replaces the folder"
+    );
     let file = dir.path().join("f");
     std::fs::write(&file, "x").unwrap();
     assert!(import(&src, &file, &opts()).unwrap_err().to_string().contains("not a folder"));
     // Nothing temporary is left beside the output.
-    let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     assert!(names.iter().all(|n| !n.starts_with(".import-gguf")), "{names:?}");
 }
 

@@ -9,7 +9,8 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn reference() -> safetensors::SafeTensors<'static> {
-    let bytes: &'static [u8] = Box::leak(std::fs::read(fixture("quants.ref.safetensors")).unwrap().into_boxed_slice());
+    let bytes: &'static [u8] =
+        Box::leak(std::fs::read(fixture("quants.ref.safetensors")).unwrap().into_boxed_slice());
     safetensors::SafeTensors::deserialize(bytes).unwrap()
 }
 
@@ -21,7 +22,11 @@ fn every_supported_type_dequantises_like_gguf_py() {
     for t in &g.tensors {
         let want = reference.tensor(&t.name).unwrap();
         assert_eq!(t.shape(), want.shape(), "{}", t.name);
-        let want: Vec<f32> = want.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let want: Vec<f32> = want
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
         let got = g.dequantize(t).unwrap();
         assert_eq!(got.len(), want.len());
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
@@ -47,9 +52,17 @@ fn metadata_of_every_value_type_reads_back() {
         let got = g.get(key).unwrap_or_else(|| panic!("{key} missing"));
         assert_eq!(got.type_name(), want["type"], "{key}: type");
         if let Some(item) = want.get("item_type") {
-            assert!(got.as_array().unwrap().iter().all(|v| v.type_name() == item), "{key}: item type");
+            assert!(
+                got.as_array().unwrap().iter().all(|v| v.type_name() == item),
+                "{key}: item type"
+            );
         }
-        assert!(same(&got.to_json(), &want["value"]), "{key}: {} != {}", got.to_json(), want["value"]);
+        assert!(
+            same(&got.to_json(), &want["value"]),
+            "{key}: {} != {}",
+            got.to_json(),
+            want["value"]
+        );
     }
     assert_eq!((g.version, g.get_u64("general.alignment").unwrap()), (3, Some(64)));
     let tensors = meta["tensors"].as_object().unwrap();
@@ -59,7 +72,12 @@ fn metadata_of_every_value_type_reads_back() {
         assert_eq!(serde_json::json!(t.offset), want["offset"], "{}: offset", t.name);
         assert_eq!(serde_json::json!(t.dims), want["dims"], "{}: dims", t.name);
         assert_eq!(t.ty.name(), want["ggml_type"].as_str().unwrap(), "{}: type", t.name);
-        assert_eq!(serde_json::json!(g.tensor_bytes(t).unwrap().len()), want["n_bytes"], "{}: bytes", t.name);
+        assert_eq!(
+            serde_json::json!(g.tensor_bytes(t).unwrap().len()),
+            want["n_bytes"],
+            "{}: bytes",
+            t.name
+        );
     }
 }
 

@@ -38,13 +38,22 @@ struct Reference {
 
 #[test]
 fn smollm2_matches_transformers_gguf_loader() {
-    let reference: Reference =
-        serde_json::from_str(&std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/smollm2/reference.json")).unwrap())
-            .unwrap();
+    let reference: Reference = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/smollm2/reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smollm2");
-    let r = import(&smollm2_gguf(), &out, &ImportOptions { dtype: OutDtype::F32, force: false }).unwrap();
-    assert_eq!((r.architecture, r.tensors, r.vocab_tokens, r.merges, r.tie_word_embeddings), ("llama", 272, 49152, 48900, true));
+    let r = import(&smollm2_gguf(), &out, &ImportOptions { dtype: OutDtype::F32, force: false })
+        .unwrap();
+    assert_eq!(
+        (r.architecture, r.tensors, r.vocab_tokens, r.merges, r.tie_word_embeddings),
+        ("llama", 272, 49152, 48900, true)
+    );
 
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -53,17 +62,29 @@ fn smollm2_matches_transformers_gguf_loader() {
     for (name, want) in &reference.tensors {
         let t = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing"));
         assert_eq!(t.shape(), &want.shape[..], "{name}");
-        let v: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let v: Vec<f32> =
+            t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         for (&i, &w) in want.indices.iter().zip(&want.values) {
             worst = worst.max((v[i] - w).abs() as f64);
         }
         let sum: f64 = v.iter().map(|&x| x as f64).sum();
         let abs_sum: f64 = v.iter().map(|&x| (x as f64).abs()).sum();
         // Sums over up to 28M values: equal up to the order of f64 additions.
-        assert!((sum - want.sum).abs() <= 1e-9 * want.abs_sum.max(1.0), "{name}: sum {sum} vs {}", want.sum);
-        assert!((abs_sum - want.abs_sum).abs() <= 1e-9 * want.abs_sum.max(1.0), "{name}: abs sum {abs_sum} vs {}", want.abs_sum);
+        assert!(
+            (sum - want.sum).abs() <= 1e-9 * want.abs_sum.max(1.0),
+            "{name}: sum {sum} vs {}",
+            want.sum
+        );
+        assert!(
+            (abs_sum - want.abs_sum).abs() <= 1e-9 * want.abs_sum.max(1.0),
+            "{name}: abs sum {abs_sum} vs {}",
+            want.abs_sum
+        );
     }
-    eprintln!("{} tensors; max |comas - transformers| at the sampled values: {worst:e}", reference.tensors.len());
+    eprintln!(
+        "{} tensors; max |comas - transformers| at the sampled values: {worst:e}",
+        reference.tensors.len()
+    );
     assert!(worst <= 1e-6, "sampled values differ by {worst:e}");
 
     let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();

@@ -53,11 +53,14 @@ fn main() {
         }
     };
     std::fs::create_dir_all(&work).unwrap();
-    let vocab = comas_model::Config::from_file(&model.join("config.json")).unwrap().vocab_size.min(32000);
+    let vocab =
+        comas_model::Config::from_file(&model.join("config.json")).unwrap().vocab_size.min(32000);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let batch: Vec<Experience> = (0..samples)
         .map(|i| Experience {
-            prompt_ids: (0..rng.gen_range(prompt_min..=prompt_len)).map(|_| rng.gen_range(0..vocab)).collect(),
+            prompt_ids: (0..rng.gen_range(prompt_min..=prompt_len))
+                .map(|_| rng.gen_range(0..vocab))
+                .collect(),
             completion_ids: (0..completion_len).map(|_| rng.gen_range(0..vocab)).collect(),
             reward: Some((i % 3) as f64 / 2.0),
             token_rewards: None,
@@ -84,7 +87,10 @@ fn main() {
         toml.push_str("old_logprobs = \"sampler\"\n");
     }
     if lora_r > 0 {
-        toml.push_str(&format!("[lora]\nr = {lora_r}\nalpha = {}.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n", 2 * lora_r));
+        toml.push_str(&format!(
+            "[lora]\nr = {lora_r}\nalpha = {}.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
+            2 * lora_r
+        ));
     }
     let cfg_file = work.join("config.toml");
     std::fs::write(&cfg_file, &base).unwrap();
@@ -115,18 +121,38 @@ fn main() {
     let best = best_of(&cfg);
     let ours = tokens as f64 / best;
     // COMAS_BENCH_CHECKPOINT=1 also times comas with activation checkpointing, side by side.
-    let checkpointed =
-        std::env::var("COMAS_BENCH_CHECKPOINT").is_ok_and(|v| v == "1").then(|| best_of(&TrainConfig { gradient_checkpointing: true, ..cfg.clone() }));
+    let checkpointed = std::env::var("COMAS_BENCH_CHECKPOINT")
+        .is_ok_and(|v| v == "1")
+        .then(|| best_of(&TrainConfig { gradient_checkpointing: true, ..cfg.clone() }));
     // With varied lengths, the same step without grouping micro-batches by length.
-    let ungrouped = (prompt_min < prompt_len).then(|| best_of(&TrainConfig { group_by_length: false, ..cfg.clone() }));
-    let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
+    let ungrouped = (prompt_min < prompt_len)
+        .then(|| best_of(&TrainConfig { group_by_length: false, ..cfg.clone() }));
+    let python = std::env::var("COMAS_REF_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
     let reference = python
         .is_file()
         .then(|| {
             let out = std::process::Command::new(&python)
                 .arg(root.join("learner/benches/torch_step.py"))
-                .args(["--model", model.to_str().unwrap(), "--batch", batch_file.to_str().unwrap(), "--config", cfg_file.to_str().unwrap()])
-                .args(["--threads", &threads.to_string(), "--repeats", &repeats.to_string(), "--lora-r", &lora_r.to_string(), "--dtype", &dtype])
+                .args([
+                    "--model",
+                    model.to_str().unwrap(),
+                    "--batch",
+                    batch_file.to_str().unwrap(),
+                    "--config",
+                    cfg_file.to_str().unwrap(),
+                ])
+                .args([
+                    "--threads",
+                    &threads.to_string(),
+                    "--repeats",
+                    &repeats.to_string(),
+                    "--lora-r",
+                    &lora_r.to_string(),
+                    "--dtype",
+                    &dtype,
+                ])
                 .env("OMP_NUM_THREADS", threads.to_string())
                 .output()
                 .expect("run reference");
@@ -134,8 +160,11 @@ fn main() {
                 eprintln!("reference failed: {}", String::from_utf8_lossy(&out.stderr));
                 return None;
             }
-            let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
-            serde_json::from_str::<serde_json::Value>(&line).ok().and_then(|v| v["tokens_per_s"].as_f64())
+            let line =
+                String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
+            serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["tokens_per_s"].as_f64())
         })
         .flatten();
     println!("{:>16} {:>12} {:>10}", "", "tokens/s", "s/step");
@@ -154,6 +183,9 @@ fn main() {
             println!("ratio comas / pytorch: {:.2}x", ours / hf);
         }
         None if python.is_file() => println!("(the PyTorch reference failed; its error is above)"),
-        None => println!("(PyTorch reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display()),
+        None => println!(
+            "(PyTorch reference not run: {} not found; run tests/fixtures/setup-ref.sh)",
+            python.display()
+        ),
     }
 }

@@ -15,7 +15,13 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
 /// Files copied next to the weights so the folder is a complete model.
-const SIDECAR_FILES: [&str; 5] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "special_tokens_map.json"];
+const SIDECAR_FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+];
 const MARKER: &str = "COMPLETE";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -38,11 +44,17 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
 
 /// Writes `tensors` plus config and tokenizer files of `source` as a model folder in `dir`,
 /// with the config's dtype set to what was saved.
-pub fn write_model_folder(dir: &Path, source: &Path, tensors: &[(String, Tensor)], kind: Kind) -> Result<()> {
+pub fn write_model_folder(
+    dir: &Path,
+    source: &Path,
+    tensors: &[(String, Tensor)],
+    kind: Kind,
+) -> Result<()> {
     io(dir, std::fs::create_dir_all(dir))?;
     let cfg_path = source.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&io(&cfg_path, std::fs::read_to_string(&cfg_path))?)
-        .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", cfg_path.display())))?;
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&io(&cfg_path, std::fs::read_to_string(&cfg_path))?)
+            .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", cfg_path.display())))?;
     let key = if cfg.get("dtype").is_some() { "dtype" } else { "torch_dtype" };
     cfg[key] = kind_name(kind).into();
     let text = serde_json::to_string_pretty(&cfg).expect("json");
@@ -53,7 +65,9 @@ pub fn write_model_folder(dir: &Path, source: &Path, tensors: &[(String, Tensor)
             io(&src, std::fs::copy(&src, dir.join(f)))?;
         }
     }
-    let cpu: Vec<(String, Tensor)> = tch::no_grad(|| tensors.iter().map(|(n, t)| (n.clone(), t.detach().to_kind(kind))).collect());
+    let cpu: Vec<(String, Tensor)> = tch::no_grad(|| {
+        tensors.iter().map(|(n, t)| (n.clone(), t.detach().to_kind(kind))).collect()
+    });
     safetensors::write(&dir.join("model.safetensors"), &cpu, &BTreeMap::new())?;
     Ok(())
 }
@@ -64,7 +78,9 @@ impl Trainer {
     pub fn export(&self, dir: &Path, merge: bool) -> Result<()> {
         let kind = self.model().kind();
         match (self.adapter(), merge) {
-            (None, _) => write_model_folder(dir, self.source_dir(), &self.model().named_parameters(), kind),
+            (None, _) => {
+                write_model_folder(dir, self.source_dir(), &self.model().named_parameters(), kind)
+            }
             (Some(a), false) => Ok(a.save(dir)?),
             (Some(a), true) => {
                 let merged: Vec<(String, Tensor)> = tch::no_grad(|| {
@@ -73,7 +89,17 @@ impl Trainer {
                         .into_iter()
                         .map(|(name, w)| {
                             let target = (0..self.model().config().num_hidden_layers as usize)
-                                .find_map(|l| Proj::ALL.into_iter().find(|p| name == format!("model.layers.{l}.{}.weight", p.module_path())).map(|p| (l, p)));
+                                .find_map(|l| {
+                                    Proj::ALL
+                                        .into_iter()
+                                        .find(|p| {
+                                            name == format!(
+                                                "model.layers.{l}.{}.weight",
+                                                p.module_path()
+                                            )
+                                        })
+                                        .map(|p| (l, p))
+                                });
                             match target.and_then(|(l, p)| a.get(l, p)) {
                                 Some((la, lb)) => (name, &w + lb.matmul(la) * a.scale()),
                                 None => (name, w),
@@ -96,7 +122,11 @@ impl Trainer {
         }
         let sub = if self.adapter().is_some() { "adapter" } else { "model" };
         self.export(&tmp.join(sub), false)?;
-        safetensors::write(&tmp.join("optimizer.safetensors"), &self.optimizer().state_tensors(), &BTreeMap::new())?;
+        safetensors::write(
+            &tmp.join("optimizer.safetensors"),
+            &self.optimizer().state_tensors(),
+            &BTreeMap::new(),
+        )?;
         let state = CheckpointState {
             format: 1,
             global_step: self.global_step,
@@ -141,7 +171,12 @@ impl Trainer {
     }
 
     /// As `resume`, a LoRA trainer taking its base from `bases`.
-    pub fn resume_in(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>) -> Result<Self> {
+    pub fn resume_in(
+        bases: &mut Bases,
+        ckpt: &Path,
+        base_model: &Path,
+        cfg: Option<TrainConfig>,
+    ) -> Result<Self> {
         Self::restore(bases, ckpt, base_model, cfg, true)
     }
 
@@ -149,21 +184,39 @@ impl Trainer {
     /// what `comas grow` writes): its adapter and Adam moments, bit for bit, with this job's
     /// config and counters from zero (the schedule starts again; Adam's bias correction keeps
     /// the moments' age).
-    pub fn start_from(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: TrainConfig) -> Result<Self> {
+    pub fn start_from(
+        bases: &mut Bases,
+        ckpt: &Path,
+        base_model: &Path,
+        cfg: TrainConfig,
+    ) -> Result<Self> {
         let t = Self::restore(bases, ckpt, base_model, Some(cfg), false)?;
         if t.adapter().is_none() {
-            return Err(LearnerError::Checkpoint(format!("{} holds full weights; init_from takes a LoRA checkpoint", ckpt.display())));
+            return Err(LearnerError::Checkpoint(format!(
+                "{} holds full weights; init_from takes a LoRA checkpoint",
+                ckpt.display()
+            )));
         }
         Ok(t)
     }
 
-    fn restore(bases: &mut Bases, ckpt: &Path, base_model: &Path, cfg: Option<TrainConfig>, counters: bool) -> Result<Self> {
+    fn restore(
+        bases: &mut Bases,
+        ckpt: &Path,
+        base_model: &Path,
+        cfg: Option<TrainConfig>,
+        counters: bool,
+    ) -> Result<Self> {
         if !ckpt.join(MARKER).is_file() {
-            return Err(LearnerError::Checkpoint(format!("{} is incomplete (no {MARKER} marker); use an earlier checkpoint", ckpt.display())));
+            return Err(LearnerError::Checkpoint(format!(
+                "{} is incomplete (no {MARKER} marker); use an earlier checkpoint",
+                ckpt.display()
+            )));
         }
         let state_path = ckpt.join("state.json");
-        let state: CheckpointState = serde_json::from_str(&io(&state_path, std::fs::read_to_string(&state_path))?)
-            .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", state_path.display())))?;
+        let state: CheckpointState =
+            serde_json::from_str(&io(&state_path, std::fs::read_to_string(&state_path))?)
+                .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", state_path.display())))?;
         let mut cfg = cfg.unwrap_or_else(|| state.config.clone());
         if counters {
             cfg.completed_steps = state.optimizer_steps;
@@ -184,7 +237,9 @@ impl Trainer {
         for n in f.names() {
             tensors.insert(n.to_string(), f.tensor(n)?.to_device(device));
         }
-        t.optimizer_mut().load_state(&tensors, state.adam_steps).map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
+        t.optimizer_mut()
+            .load_state(&tensors, state.adam_steps)
+            .map_err(|e| LearnerError::Checkpoint(format!("{}: {e}", opt_path.display())))?;
         if counters {
             t.global_step = state.global_step;
             t.optimizer_steps = state.optimizer_steps;
@@ -197,7 +252,9 @@ impl Trainer {
 /// The folder under a learner's `--checkpoint-dir` that holds job `name`'s checkpoints, so a new
 /// job never resumes from another job's.
 pub fn job_folder(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect()
 }
 
 /// Complete checkpoints under `root`, oldest first.
@@ -209,13 +266,19 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut aside = Vec::new();
     for entry in io(root, std::fs::read_dir(root))? {
         let p = io(root, entry)?.path();
-        let Some(name) = p.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+        let Some(name) = p.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            continue;
+        };
         if !p.join(MARKER).is_file() {
             continue;
         }
         if let Some(s) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
             out.push((s, p));
-        } else if let Some(s) = name.strip_prefix(".step-").and_then(|r| r.split_once(".old-")).and_then(|(s, _)| s.parse::<u64>().ok()) {
+        } else if let Some(s) = name
+            .strip_prefix(".step-")
+            .and_then(|r| r.split_once(".old-"))
+            .and_then(|(s, _)| s.parse::<u64>().ok())
+        {
             aside.push((s, p));
         }
     }

@@ -93,14 +93,20 @@ pub struct ServeArgs {
 
 /// A job's text, with paths relative to `base` resolved and the checks a submit makes passed
 /// (its data set counted, unless the method generates its tasks); errors name `label`.
-pub fn checked_job(text: &str, base: &std::path::Path, label: &str) -> Result<comas_workflow::job::Job> {
+pub fn checked_job(
+    text: &str,
+    base: &std::path::Path,
+    label: &str,
+) -> Result<comas_workflow::job::Job> {
     let mut spec = JobSpec::from_toml(text).with_context(|| label.to_string())?;
     spec.resolve_paths(base);
     // A method that generates its tasks (CoSIR) has no data set to count.
     let n = if spec.data.train.as_os_str().is_empty() {
         0
     } else {
-        comas_workflow::task::load_dataset(&spec.data.train).with_context(|| format!("data.train {}", spec.data.train.display()))?.len()
+        comas_workflow::task::load_dataset(&spec.data.train)
+            .with_context(|| format!("data.train {}", spec.data.train.display()))?
+            .len()
     };
     spec.check(n).with_context(|| label.to_string())
 }
@@ -108,8 +114,13 @@ pub fn checked_job(text: &str, base: &std::path::Path, label: &str) -> Result<co
 /// The agent's model, adapter and resolved settings from a job file, exactly as the
 /// coordinator resolves them (so the coordinator's check of the learner's settings passes).
 fn from_job(path: &std::path::Path, agent: u32) -> Result<FromJob> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading job file {}", path.display()))?;
-    let job = checked_job(&text, path.parent().unwrap_or(std::path::Path::new(".")), &path.display().to_string())?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading job file {}", path.display()))?;
+    let job = checked_job(
+        &text,
+        path.parent().unwrap_or(std::path::Path::new(".")),
+        &path.display().to_string(),
+    )?;
     let Some(a) = job.spec.agents.get(agent as usize) else {
         bail!("--agent-id {agent}: the job lists only {} agents", job.spec.agents.len());
     };
@@ -135,18 +146,39 @@ fn serve(a: ServeArgs) -> Result<()> {
     let mut agents = Vec::new();
     let many = a.agent_id.len() > 1;
     for &k in &a.agent_id {
-        let (model, adapter, init_from, config, checkpoint_dir) = match (&a.job, &a.model, &a.config) {
-            (Some(job), _, _) => {
-                let j = from_job(job, k)?;
-                // One folder per agent when there are several, and one per job, so a new job
-                // never resumes from another job's checkpoint.
-                let dir = a.checkpoint_dir.as_ref().map(|d| if many { d.join(format!("agent-{k}")) } else { d.clone() });
-                (j.model, j.adapter.or(a.adapter.clone()), j.init_from, j.config, dir.map(|d| d.join(crate::checkpoint::job_folder(&j.name))))
-            }
-            (None, Some(_), Some(_)) if many => bail!("one --model and --config train one agent; give --job to train several"),
-            (None, Some(model), Some(config)) => (model.clone(), a.adapter.clone(), None, TrainConfig::from_file(config)?, a.checkpoint_dir.clone()),
-            _ => bail!("give --job (with --agent-id), or both --model and --config"),
-        };
+        let (model, adapter, init_from, config, checkpoint_dir) =
+            match (&a.job, &a.model, &a.config) {
+                (Some(job), _, _) => {
+                    let j = from_job(job, k)?;
+                    // One folder per agent when there are several, and one per job, so a new job
+                    // never resumes from another job's checkpoint.
+                    let dir = a.checkpoint_dir.as_ref().map(|d| {
+                        if many {
+                            d.join(format!("agent-{k}"))
+                        } else {
+                            d.clone()
+                        }
+                    });
+                    (
+                        j.model,
+                        j.adapter.or(a.adapter.clone()),
+                        j.init_from,
+                        j.config,
+                        dir.map(|d| d.join(crate::checkpoint::job_folder(&j.name))),
+                    )
+                }
+                (None, Some(_), Some(_)) if many => {
+                    bail!("one --model and --config train one agent; give --job to train several")
+                }
+                (None, Some(model), Some(config)) => (
+                    model.clone(),
+                    a.adapter.clone(),
+                    None,
+                    TrainConfig::from_file(config)?,
+                    a.checkpoint_dir.clone(),
+                ),
+                _ => bail!("give --job (with --agent-id), or both --model and --config"),
+            };
         agents.push((
             k,
             engine::EngineSettings {
@@ -162,12 +194,20 @@ fn serve(a: ServeArgs) -> Result<()> {
             },
         ));
     }
-    let allowed_roots = comas_service::AllowedRoots::parse(&a.allowed_roots).map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?;
+    let allowed_roots = comas_service::AllowedRoots::parse(&a.allowed_roots)
+        .map_err(|e| anyhow::anyhow!("--allowed-roots: {e}"))?;
     let tls = a.tls.service()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = a.listen.bind().await?;
-        let settings = server::ServerSettings { agents, listener, metrics_listen: a.metrics_listen, allowed_roots, tls, health_listen: a.health_listen };
+        let settings = server::ServerSettings {
+            agents,
+            listener,
+            metrics_listen: a.metrics_listen,
+            allowed_roots,
+            tls,
+            health_listen: a.health_listen,
+        };
         server::serve(settings, comas_service::shutdown_signal()).await?;
         Ok(())
     })
@@ -179,12 +219,19 @@ pub fn run(args: Args) -> Result<()> {
         Command::Step { model, batch, config, out, adapter, merge_lora, reference_model } => {
             let cfg = TrainConfig::from_file(&config)?;
             let batch = experience::read_jsonl(&batch)?;
-            let mut trainer =
-                Trainer::with_reference(&model, cfg, adapter.as_deref(), reference_model.as_deref()).with_context(|| format!("loading {}", model.display()))?;
+            let mut trainer = Trainer::with_reference(
+                &model,
+                cfg,
+                adapter.as_deref(),
+                reference_model.as_deref(),
+            )
+            .with_context(|| format!("loading {}", model.display()))?;
             let report = trainer.train_step(&batch)?;
             trainer.export(&out, merge_lora)?;
             let text = serde_json::to_string_pretty(&report)?;
-            comas_model::safetensors::write_atomic(&out.join("report.json"), |w| std::io::Write::write_all(w, text.as_bytes()))?;
+            comas_model::safetensors::write_atomic(&out.join("report.json"), |w| {
+                std::io::Write::write_all(w, text.as_bytes())
+            })?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }

@@ -122,7 +122,11 @@ pub struct AgentSetup {
 /// Starts the training thread of every agent in `agents` (one thread: LoRA agents over one base
 /// share it, and their steps run one after another); `ready` fires once every model is loaded
 /// (or one failed, and then `failure` holds the reason).
-pub fn spawn(agents: Vec<AgentSetup>, ready: oneshot::Sender<Result<()>>, failure: LoadFailure) -> mpsc::Sender<Routed> {
+pub fn spawn(
+    agents: Vec<AgentSetup>,
+    ready: oneshot::Sender<Result<()>>,
+    failure: LoadFailure,
+) -> mpsc::Sender<Routed> {
     let (tx, rx) = mpsc::channel::<Routed>();
     std::thread::Builder::new()
         .name("learner-train".into())
@@ -134,7 +138,11 @@ pub fn spawn(agents: Vec<AgentSetup>, ready: oneshot::Sender<Result<()>>, failur
                 let (mut trainer, resumed_from) = match load(&mut bases, &a.settings) {
                     Ok(t) => t,
                     Err(e) => {
-                        let e = if many { LearnerError::Config(format!("agent {}: {e}", a.agent)) } else { e };
+                        let e = if many {
+                            LearnerError::Config(format!("agent {}: {e}", a.agent))
+                        } else {
+                            e
+                        };
                         let _ = failure.set(e.to_string());
                         let _ = ready.send(Err(e));
                         return;
@@ -144,7 +152,11 @@ pub fn spawn(agents: Vec<AgentSetup>, ready: oneshot::Sender<Result<()>>, failur
                 slots.insert(a.agent, Slot::new(trainer, resumed_from, a.settings, a.versions));
             }
             if many && !bases.is_empty() {
-                tracing::info!(agents = slots.len(), bases = bases.len(), "trainers loaded; LoRA agents share their base models");
+                tracing::info!(
+                    agents = slots.len(),
+                    bases = bases.len(),
+                    "trainers loaded; LoRA agents share their base models"
+                );
             }
             let _ = ready.send(Ok(()));
             while let Ok(Routed { agent, command }) = rx.recv() {
@@ -152,7 +164,9 @@ pub fn spawn(agents: Vec<AgentSetup>, ready: oneshot::Sender<Result<()>>, failur
                     Some(slot) => slot.handle(command, &mut bases),
                     // The gRPC side only routes to agents it serves; a reply dropped here
                     // reads as a stopped thread.
-                    None => tracing::error!(agent, "command for an agent this learner does not train"),
+                    None => {
+                        tracing::error!(agent, "command for an agent this learner does not train")
+                    }
                 }
             }
             tracing::info!("training thread stops: all senders dropped");
@@ -167,16 +181,38 @@ fn load(bases: &mut Bases, s: &EngineSettings) -> Result<(Trainer, Option<PathBu
         if let Some(dir) = &s.checkpoint_dir {
             if let Some(ckpt) = latest_checkpoint(dir)? {
                 tracing::info!(checkpoint = %ckpt.display(), "resuming");
-                let t = Trainer::resume_in(bases, &ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
+                let t = Trainer::resume_in(
+                    bases,
+                    &ckpt,
+                    s.reference_dir.as_deref().unwrap_or(&s.model_dir),
+                    Some(s.config.clone()),
+                )?;
                 return Ok((t, Some(ckpt)));
             }
         }
     }
     if let Some(ckpt) = &s.init_from {
         tracing::info!(checkpoint = %ckpt.display(), "starting from another job's checkpoint");
-        return Ok((Trainer::start_from(bases, ckpt, s.reference_dir.as_deref().unwrap_or(&s.model_dir), s.config.clone())?, None));
+        return Ok((
+            Trainer::start_from(
+                bases,
+                ckpt,
+                s.reference_dir.as_deref().unwrap_or(&s.model_dir),
+                s.config.clone(),
+            )?,
+            None,
+        ));
     }
-    Ok((Trainer::in_process(bases, &s.model_dir, s.config.clone(), s.adapter_dir.as_deref(), s.reference_dir.as_deref())?, None))
+    Ok((
+        Trainer::in_process(
+            bases,
+            &s.model_dir,
+            s.config.clone(),
+            s.adapter_dir.as_deref(),
+            s.reference_dir.as_deref(),
+        )?,
+        None,
+    ))
 }
 
 fn publish(trainer: &Trainer, versions: &Versions) -> Arc<PublishedWeights> {
@@ -209,16 +245,26 @@ struct Slot {
 
 fn at(trainer: &Trainer, request: &'static str, expected: Option<u64>) -> Result<()> {
     match expected {
-        Some(e) if e != trainer.global_step => Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e }),
+        Some(e) if e != trainer.global_step => {
+            Err(LearnerError::StepMismatch { request, at: trainer.global_step, expected: e })
+        }
         _ => Ok(()),
     }
 }
 
 impl Slot {
-    fn new(trainer: Trainer, resumed_from: Option<PathBuf>, s: EngineSettings, versions: Versions) -> Self {
+    fn new(
+        trainer: Trainer,
+        resumed_from: Option<PathBuf>,
+        s: EngineSettings,
+        versions: Versions,
+    ) -> Self {
         // The starting weights are version `global_step` (0, or the resumed step).
         publish(&trainer, &versions);
-        let memory_total = s.memory_bytes.or_else(|| comas_model::memory::total_bytes(trainer.model().device())).unwrap_or(0);
+        let memory_total = s
+            .memory_bytes
+            .or_else(|| comas_model::memory::total_bytes(trainer.model().device()))
+            .unwrap_or(0);
         let saved = resumed_from.map(|p| (trainer.global_step, p));
         Self { trainer, s, versions, memory_total, saved, prepared: None }
     }
@@ -230,7 +276,11 @@ impl Slot {
             Command::Train { step_id, at_step, batch, pooled, reply } => {
                 // A retried step is answered from the reports (kept across checkpoints),
                 // without training twice.
-                if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
+                if let Some((_, r)) = trainer
+                    .recent_reports
+                    .iter()
+                    .find(|(id, _)| !step_id.is_empty() && *id == step_id)
+                {
                     let _ = reply.send(Ok(r.clone()));
                     return;
                 }
@@ -238,7 +288,12 @@ impl Slot {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                let kept = prepared.take().filter(|(id, p)| !step_id.is_empty() && *id == step_id && p.samples() == batch.len()).map(|(_, p)| p);
+                let kept = prepared
+                    .take()
+                    .filter(|(id, p)| {
+                        !step_id.is_empty() && *id == step_id && p.samples() == batch.len()
+                    })
+                    .map(|(_, p)| p);
                 // A libtorch failure outside the update itself changed no weights.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     if batch.is_empty() {
@@ -250,7 +305,9 @@ impl Slot {
                     };
                     trainer.train_prepared(&batch, p, pooled.as_ref())
                 }))
-                .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
+                .unwrap_or_else(|p| {
+                    Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref())))
+                });
                 if let Ok(rep) = &r {
                     trainer.recent_reports.push_back((step_id, rep.clone()));
                     while trainer.recent_reports.len() > KEPT_REPORTS {
@@ -261,7 +318,11 @@ impl Slot {
             }
             Command::Moments { step_id, at_step, batch, reply } => {
                 // A step already trained answers with the moments it kept in its report.
-                if let Some((_, r)) = trainer.recent_reports.iter().find(|(id, _)| !step_id.is_empty() && *id == step_id) {
+                if let Some((_, r)) = trainer
+                    .recent_reports
+                    .iter()
+                    .find(|(id, _)| !step_id.is_empty() && *id == step_id)
+                {
                     let _ = reply.send(Ok(r.return_moments.clone()));
                     return;
                 }
@@ -273,56 +334,99 @@ impl Slot {
                     let _ = reply.send(Ok(BTreeMap::new()));
                     return;
                 }
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trainer.prepare(&batch)))
-                    .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))))
-                    .map(|p| {
-                        let m = trainer.return_moments(&batch, &p);
-                        *prepared = Some((step_id, p));
-                        m
-                    });
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    trainer.prepare(&batch)
+                }))
+                .unwrap_or_else(|p| {
+                    Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref())))
+                })
+                .map(|p| {
+                    let m = trainer.return_moments(&batch, &p);
+                    *prepared = Some((step_id, p));
+                    m
+                });
                 let _ = reply.send(r);
             }
             Command::Report { step_id, reply } => {
-                let r = trainer.recent_reports.iter().find(|(id, _)| *id == step_id).map(|(_, r)| r.clone());
+                let r = trainer
+                    .recent_reports
+                    .iter()
+                    .find(|(id, _)| *id == step_id)
+                    .map(|(_, r)| r.clone());
                 let _ = reply.send(r.ok_or(LearnerError::UnknownStep(step_id)));
             }
             Command::Publish { expected, reply } => {
-                let _ = reply.send(at(trainer, "publishing these weights", expected).map(|()| publish(trainer, versions)));
+                let _ = reply.send(
+                    at(trainer, "publishing these weights", expected)
+                        .map(|()| publish(trainer, versions)),
+                );
             }
             Command::Save { expected, reply } => {
-                let summary = |path: PathBuf, t: &Trainer| CheckpointSummary { path, global_step: t.global_step, optimizer_steps: t.optimizer_steps };
+                let summary = |path: PathBuf, t: &Trainer| CheckpointSummary {
+                    path,
+                    global_step: t.global_step,
+                    optimizer_steps: t.optimizer_steps,
+                };
                 let r = match (&s.checkpoint_dir, at(trainer, "this checkpoint", expected)) {
                     (_, Err(e)) => Err(e),
-                    (None, _) => Err(LearnerError::Checkpoint("no checkpoint directory configured (--checkpoint-dir)".into())),
+                    (None, _) => Err(LearnerError::Checkpoint(
+                        "no checkpoint directory configured (--checkpoint-dir)".into(),
+                    )),
                     // Saving the same step twice (a retried save, or a step resumed from its
                     // own checkpoint) writes nothing.
-                    (Some(_), Ok(())) if saved.as_ref().is_some_and(|(g, p)| *g == trainer.global_step && p.is_dir()) => {
-                        Ok(summary(saved.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(), trainer))
+                    (Some(_), Ok(()))
+                        if saved
+                            .as_ref()
+                            .is_some_and(|(g, p)| *g == trainer.global_step && p.is_dir()) =>
+                    {
+                        Ok(summary(
+                            saved.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(),
+                            trainer,
+                        ))
                     }
-                    (Some(dir), Ok(())) => trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| {
-                        *saved = Some((trainer.global_step, path.clone()));
-                        summary(path, trainer)
-                    }),
+                    (Some(dir), Ok(())) => {
+                        trainer.save_checkpoint(dir, s.keep_checkpoints).map(|path| {
+                            *saved = Some((trainer.global_step, path.clone()));
+                            summary(path, trainer)
+                        })
+                    }
                 };
                 let _ = reply.send(r);
             }
             Command::Load { path, reply } => {
                 let target = match (path, &s.checkpoint_dir) {
                     (Some(p), _) => Ok(p),
-                    (None, Some(dir)) => latest_checkpoint(dir)
-                        .and_then(|o| o.ok_or_else(|| LearnerError::Checkpoint(format!("no complete checkpoint under {}", dir.display())))),
-                    (None, None) => Err(LearnerError::Checkpoint("no checkpoint path given and no --checkpoint-dir".into())),
+                    (None, Some(dir)) => latest_checkpoint(dir).and_then(|o| {
+                        o.ok_or_else(|| {
+                            LearnerError::Checkpoint(format!(
+                                "no complete checkpoint under {}",
+                                dir.display()
+                            ))
+                        })
+                    }),
+                    (None, None) => Err(LearnerError::Checkpoint(
+                        "no checkpoint path given and no --checkpoint-dir".into(),
+                    )),
                 };
                 *prepared = None;
                 let r = target.and_then(|p| {
-                    let t = Trainer::resume_in(bases, &p, s.reference_dir.as_deref().unwrap_or(&s.model_dir), Some(s.config.clone()))?;
+                    let t = Trainer::resume_in(
+                        bases,
+                        &p,
+                        s.reference_dir.as_deref().unwrap_or(&s.model_dir),
+                        Some(s.config.clone()),
+                    )?;
                     // The gRPC side reads this agent's progress from the one it was given.
                     let progress = Arc::clone(&trainer.progress);
                     *trainer = t;
                     trainer.progress = progress;
                     *saved = Some((trainer.global_step, p.clone()));
                     publish(trainer, versions);
-                    Ok(CheckpointSummary { path: p, global_step: trainer.global_step, optimizer_steps: trainer.optimizer_steps })
+                    Ok(CheckpointSummary {
+                        path: p,
+                        global_step: trainer.global_step,
+                        optimizer_steps: trainer.optimizer_steps,
+                    })
                 });
                 let _ = reply.send(r);
             }
@@ -336,7 +440,8 @@ impl Slot {
             }
             Command::Info { reply } => {
                 let m = trainer.model();
-                let trainable: i64 = trainer.optimizer().params().iter().map(|(_, t)| t.numel() as i64).sum();
+                let trainable: i64 =
+                    trainer.optimizer().params().iter().map(|(_, t)| t.numel() as i64).sum();
                 let _ = reply.send(EngineInfo {
                     model_type: m.config().model_type.clone(),
                     num_parameters: m.config().num_parameters() as u64,

@@ -79,7 +79,9 @@ impl Experience {
         if self.completion_ids.is_empty() {
             return bad("empty completion; drop it before training".into());
         }
-        if let Some(t) = self.prompt_ids.iter().chain(&self.completion_ids).find(|&&t| t < 0 || t >= vocab) {
+        if let Some(t) =
+            self.prompt_ids.iter().chain(&self.completion_ids).find(|&&t| t < 0 || t >= vocab)
+        {
             return bad(format!("token id {t} is outside the model's vocabulary (size {vocab})"));
         }
         match (self.reward, &self.token_rewards) {
@@ -89,7 +91,11 @@ impl Experience {
         }
         if let Some(tr) = &self.token_rewards {
             if tr.len() != self.completion_ids.len() {
-                return bad(format!("{} token rewards for {} completion tokens", tr.len(), self.completion_ids.len()));
+                return bad(format!(
+                    "{} token rewards for {} completion tokens",
+                    tr.len(),
+                    self.completion_ids.len()
+                ));
             }
             if let Some(r) = tr.iter().find(|r| !r.is_finite()) {
                 return bad(format!("token reward {r} is not finite"));
@@ -97,19 +103,32 @@ impl Experience {
         }
         if let Some(lp) = &self.sampling_logprobs {
             if lp.len() != self.completion_ids.len() {
-                return bad(format!("{} sampling logprobs for {} completion tokens", lp.len(), self.completion_ids.len()));
+                return bad(format!(
+                    "{} sampling logprobs for {} completion tokens",
+                    lp.len(),
+                    self.completion_ids.len()
+                ));
             }
         }
         let mut last = None;
         for c in &self.constrained {
             let Some(&token) = self.completion_ids.get(c.position) else {
-                return bad(format!("constrained position {} is beyond the {} completion tokens", c.position, self.completion_ids.len()));
+                return bad(format!(
+                    "constrained position {} is beyond the {} completion tokens",
+                    c.position,
+                    self.completion_ids.len()
+                ));
             };
             if last.is_some_and(|l| c.position <= l) {
                 return bad(format!("constrained positions are not ascending at {}", c.position));
             }
-            if !c.allowed.windows(2).all(|w| w[0] < w[1]) || c.allowed.binary_search(&token).is_err() {
-                return bad(format!("constrained position {}: token {token} is not in its ascending allowed set", c.position));
+            if !c.allowed.windows(2).all(|w| w[0] < w[1])
+                || c.allowed.binary_search(&token).is_err()
+            {
+                return bad(format!(
+                    "constrained position {}: token {token} is not in its ascending allowed set",
+                    c.position
+                ));
             }
             if let Some(t) = c.allowed.iter().find(|&&t| t < 0 || t >= vocab) {
                 return bad(format!("constrained position {}: allowed token {t} is outside the vocabulary (size {vocab})", c.position));
@@ -128,7 +147,8 @@ pub fn read_jsonl(path: &std::path::Path) -> Result<Vec<Experience>> {
         if line.trim().is_empty() {
             continue;
         }
-        let e: Experience = serde_json::from_str(line).map_err(|e| LearnerError::Batch(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        let e: Experience = serde_json::from_str(line)
+            .map_err(|e| LearnerError::Batch(format!("{} line {}: {e}", path.display(), i + 1)))?;
         out.push(e);
     }
     if out.is_empty() {

@@ -5,5 +5,7 @@
 /// Whether this learner negates every advantage it trains with.
 pub(crate) fn flips_advantages() -> bool {
     static FLIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FLIP.get_or_init(|| std::env::var("COMAS_LEARNER_FAULT").is_ok_and(|v| v == "flip-advantage-sign"))
+    *FLIP.get_or_init(|| {
+        std::env::var("COMAS_LEARNER_FAULT").is_ok_and(|v| v == "flip-advantage-sign")
+    })
 }

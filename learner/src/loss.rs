@@ -61,7 +61,11 @@ mod tests {
     }
 
     /// Runs the example end to end and returns (L_PG over the masked tokens, clip_frac, Â).
-    fn run(cfg: &TrainConfig, truncated: [bool; 3], micro: Option<&[&[usize]]>) -> (f64, f64, Vec<Vec<f64>>) {
+    fn run(
+        cfg: &TrainConfig,
+        truncated: [bool; 3],
+        micro: Option<&[&[usize]]>,
+    ) -> (f64, f64, Vec<Vec<f64>>) {
         let (o, rf) = (old(), reference());
         let samples: Vec<SampleInput> = (0..3)
             .map(|i| SampleInput {
@@ -77,10 +81,14 @@ mod tests {
         let adv = compute_advantages(&samples, cfg);
         let th = theta();
         let tok = policy_loss(&flat(&th), &flat(&o), &flat(&adv.advantages), cfg);
-        let mask: Vec<f64> = (0..3).flat_map(|i| vec![if adv.loss_mask[i] { 1.0 } else { 0.0 }; th[i].len()]).collect();
+        let mask: Vec<f64> = (0..3)
+            .flat_map(|i| vec![if adv.loss_mask[i] { 1.0 } else { 0.0 }; th[i].len()])
+            .collect();
         let mask = Tensor::from_slice(&mask);
         let loss = match micro {
-            None => ((&tok.pg * &mask).sum(Kind::Double) / mask.sum(Kind::Double)).double_value(&[]),
+            None => {
+                ((&tok.pg * &mask).sum(Kind::Double) / mask.sum(Kind::Double)).double_value(&[])
+            }
             Some(groups) => {
                 // microbatch_mean parity: each micro-batch's masked token mean, averaged
                 let offsets: Vec<usize> = th
@@ -106,7 +114,8 @@ mod tests {
                 total / groups.len() as f64
             }
         };
-        let clip = ((&tok.clipped * &mask).sum(Kind::Double) / mask.sum(Kind::Double)).double_value(&[]);
+        let clip =
+            ((&tok.clipped * &mask).sum(Kind::Double) / mask.sum(Kind::Double)).double_value(&[]);
         (loss, clip, adv.advantages)
     }
 
@@ -134,9 +143,14 @@ mod tests {
 
     #[test]
     fn case_b_kl_in_reward() {
-        let cfg = TrainConfig { kl_coef: 0.01, kl_estimator: KlEstimator::K1, ..Default::default() };
+        let cfg =
+            TrainConfig { kl_coef: 0.01, kl_estimator: KlEstimator::K1, ..Default::default() };
         let (l, _, adv) = run(&cfg, [false; 3], None);
-        let want = [vec![1.201839, 1.204550, 1.201839], vec![-1.509755, -1.515178], vec![-0.148535, -0.148535, -0.145823, -0.140400]];
+        let want = [
+            vec![1.201839, 1.204550, 1.201839],
+            vec![-1.509755, -1.515178],
+            vec![-0.148535, -0.148535, -0.145823, -0.140400],
+        ];
         for (a, w) in adv.iter().zip(&want) {
             for (x, y) in a.iter().zip(w) {
                 close(*x, *y);

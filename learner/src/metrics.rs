@@ -1,7 +1,9 @@
 //! Prometheus metrics of the learner, labelled by agent (one process may train several).
 use comas_service::prom::registered;
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 use std::sync::Arc;
 
 pub struct Metrics {
@@ -35,8 +37,12 @@ const AGENT: &[&str] = &["agent"];
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let registry = Registry::new_custom(Some("comas_learner".into()), None).expect("registry");
-        let c = |n: &str, h: &str| registered(&registry, IntCounterVec::new(Opts::new(n, h), AGENT).expect("metric"));
-        let g = |n: &str, h: &str| registered(&registry, GaugeVec::new(Opts::new(n, h), AGENT).expect("metric"));
+        let c = |n: &str, h: &str| {
+            registered(&registry, IntCounterVec::new(Opts::new(n, h), AGENT).expect("metric"))
+        };
+        let g = |n: &str, h: &str| {
+            registered(&registry, GaugeVec::new(Opts::new(n, h), AGENT).expect("metric"))
+        };
         let steps = c("steps_total", "training steps completed");
         let step_errors = c("step_errors_total", "training steps rejected");
         let tokens = c("tokens_total", "tokens processed by training forward passes");
@@ -44,16 +50,35 @@ impl Metrics {
         let loss = g("loss", "loss of the last step");
         let grad_norm = g("grad_norm", "gradient norm of the last step, before clipping");
         let lr = g("learning_rate", "learning rate of the last update");
-        let version = registered(&registry, IntGaugeVec::new(Opts::new("weights_version", "newest published weights version"), AGENT).expect("metric"));
-        let step_seconds = registered(
+        let version = registered(
             &registry,
-            HistogramVec::new(
-                HistogramOpts::new("step_seconds", "wall time of a training step").buckets(prometheus::exponential_buckets(0.01, 2.0, 16).expect("buckets")),
+            IntGaugeVec::new(
+                Opts::new("weights_version", "newest published weights version"),
                 AGENT,
             )
             .expect("metric"),
         );
-        Arc::new(Self { registry, steps, step_errors, tokens, step_seconds, loss, grad_norm, lr, version, weight_bytes_sent })
+        let step_seconds = registered(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new("step_seconds", "wall time of a training step")
+                    .buckets(prometheus::exponential_buckets(0.01, 2.0, 16).expect("buckets")),
+                AGENT,
+            )
+            .expect("metric"),
+        );
+        Arc::new(Self {
+            registry,
+            steps,
+            step_errors,
+            tokens,
+            step_seconds,
+            loss,
+            grad_norm,
+            lr,
+            version,
+            weight_bytes_sent,
+        })
     }
 
     /// Agent `agent`'s series (created at zero, so every served agent shows from the start).

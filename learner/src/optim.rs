@@ -19,9 +19,17 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    pub fn new(params: Vec<(String, Tensor)>, betas: (f64, f64), eps: f64, weight_decay: f64) -> Self {
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+    ) -> Self {
         let _g = tch::no_grad_guard();
-        let master = params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| p.to_kind(Kind::Float).detach())).collect();
+        let master = params
+            .iter()
+            .map(|(_, p)| (p.kind() != Kind::Float).then(|| p.to_kind(Kind::Float).detach()))
+            .collect();
         let zeros = |p: &Tensor| Tensor::zeros(p.size(), (Kind::Float, p.device()));
         let m = params.iter().map(|(_, p)| zeros(p)).collect();
         let v = params.iter().map(|(_, p)| zeros(p)).collect();
@@ -114,12 +122,20 @@ impl AdamW {
     }
 
     /// Restores moments (and master weights) saved by `state_tensors`; every tensor must be there.
-    pub fn load_state(&mut self, tensors: &BTreeMap<String, Tensor>, steps: u64) -> Result<(), String> {
+    pub fn load_state(
+        &mut self,
+        tensors: &BTreeMap<String, Tensor>,
+        steps: u64,
+    ) -> Result<(), String> {
         let _g = tch::no_grad_guard();
         let get = |key: String, like: &Tensor| -> Result<Tensor, String> {
             let t = tensors.get(&key).ok_or_else(|| format!("optimizer state lacks `{key}`"))?;
             if t.size() != like.size() {
-                return Err(format!("optimizer state `{key}` has shape {:?}, expected {:?}", t.size(), like.size()));
+                return Err(format!(
+                    "optimizer state `{key}` has shape {:?}, expected {:?}",
+                    t.size(),
+                    like.size()
+                ));
             }
             Ok(t.to_kind(Kind::Float).to_device(like.device()))
         };
@@ -180,7 +196,10 @@ mod tests {
         let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], (0.9, 0.95), 1e-8, 0.1);
         opt.step(0.01).unwrap();
         // decay then Adam: m̂ = g, v̂ = g², update = lr * g / (|g| + eps)
-        let want = [1.0 * (1.0 - 0.001) - 0.01 * 0.5 / (0.5 + 1e-8), -2.0 * (1.0 - 0.001) - 0.01 * 0.25 / (0.25 + 1e-8)];
+        let want = [
+            1.0 * (1.0 - 0.001) - 0.01 * 0.5 / (0.5 + 1e-8),
+            -2.0 * (1.0 - 0.001) - 0.01 * 0.25 / (0.25 + 1e-8),
+        ];
         let got = Vec::<f32>::try_from(&p.detach()).unwrap();
         for (a, b) in got.iter().zip(want) {
             assert!((*a as f64 - b).abs() < 1e-6, "{a} vs {b}");

@@ -19,16 +19,26 @@ pub(crate) struct Packed {
 }
 
 /// Per-token temperatures, when some experience was sampled at another than `default`.
-pub(crate) fn token_temperatures(batch: &[&Experience], default: f64, device: Device) -> Option<Tensor> {
+pub(crate) fn token_temperatures(
+    batch: &[&Experience],
+    default: f64,
+    device: Device,
+) -> Option<Tensor> {
     if batch.iter().all(|e| e.temperature.is_none_or(|t| t == default)) {
         return None;
     }
-    let per_token: Vec<f32> = batch.iter().flat_map(|e| std::iter::repeat_n(e.temperature.unwrap_or(default) as f32, e.completion_ids.len())).collect();
+    let per_token: Vec<f32> = batch
+        .iter()
+        .flat_map(|e| {
+            std::iter::repeat_n(e.temperature.unwrap_or(default) as f32, e.completion_ids.len())
+        })
+        .collect();
     Some(Tensor::from_slice(&per_token).to_device(device))
 }
 
 pub(crate) fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
-    let seqs: Vec<Vec<i64>> = batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
+    let seqs: Vec<Vec<i64>> =
+        batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
     let (mut rows, mut allowed) = (Vec::new(), Vec::new());
     let mut offset = 0i64;
     for e in batch {
@@ -42,7 +52,10 @@ pub(crate) fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed 
     }
     let constrained = (!rows.is_empty()).then(|| {
         let n = rows.len() as i64;
-        (Tensor::from_slice(&rows).to_device(device), Tensor::from_slice(&allowed).view([n, vocab]).to_device(device))
+        (
+            Tensor::from_slice(&rows).to_device(device),
+            Tensor::from_slice(&allowed).view([n, vocab]).to_device(device),
+        )
     });
     let (ids, valid) = mask::right_pad(&seqs, 0, device);
     let width = ids.size()[1];
@@ -77,7 +90,12 @@ pub fn by_length(order: &[usize], lens: &[usize]) -> Vec<usize> {
 
 /// Splits `order` into micro-batches of at most `max_samples` samples and `max_tokens` padded
 /// tokens (a sample longer than the budget gets a micro-batch of its own).
-pub fn micro_batches(order: &[usize], lens: &[usize], max_samples: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+pub fn micro_batches(
+    order: &[usize],
+    lens: &[usize],
+    max_samples: usize,
+    max_tokens: usize,
+) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
     let mut longest = 0;
@@ -105,9 +123,15 @@ mod tests {
     fn micro_batches_respect_count_and_token_budget() {
         let lens = [10, 10, 30, 5, 5, 5, 100];
         let order: Vec<usize> = (0..lens.len()).collect();
-        assert_eq!(micro_batches(&order, &lens, 2, 1000), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]);
+        assert_eq!(
+            micro_batches(&order, &lens, 2, 1000),
+            vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6]]
+        );
         // budget 40 padded tokens: [10,10] = 20, adding 30 -> 90 > 40
-        assert_eq!(micro_batches(&order, &lens, 8, 40), vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6]]);
+        assert_eq!(
+            micro_batches(&order, &lens, 8, 40),
+            vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![6]]
+        );
     }
 
     #[test]
@@ -116,7 +140,10 @@ mod tests {
         let order = [3, 0, 5, 1, 2, 4];
         assert_eq!(by_length(&order, &lens), vec![5, 1, 3, 2, 4, 0]);
         // Two micro-batches of 3: 3 × 305 + 3 × 12 padded tokens instead of 2 × 3 × 305.
-        assert_eq!(micro_batches(&by_length(&order, &lens), &lens, 3, 100_000), vec![vec![5, 1, 3], vec![2, 4, 0]]);
+        assert_eq!(
+            micro_batches(&by_length(&order, &lens), &lens, 3, 100_000),
+            vec![vec![5, 1, 3], vec![2, 4, 0]]
+        );
         // Ties keep their order.
         assert_eq!(by_length(&[2, 0, 1], &[7, 7, 7]), vec![2, 0, 1]);
     }

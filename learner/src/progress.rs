@@ -30,7 +30,15 @@ impl Progress {
 
     /// A step starts: `samples_total` forward+backward passes of samples are ahead.
     pub fn begin(&self, global_step: u64, samples_total: u32) -> Running<'_> {
-        self.with(|s| *s = State { global_step, started: Some(Instant::now()), samples_done: 0, samples_total, tokens_done: 0 });
+        self.with(|s| {
+            *s = State {
+                global_step,
+                started: Some(Instant::now()),
+                samples_done: 0,
+                samples_total,
+                tokens_done: 0,
+            }
+        });
         Running(self)
     }
 
@@ -74,7 +82,10 @@ mod tests {
             p.advance(4, 400);
             p.advance(8, 100); // clamped to the total
             let r = p.report();
-            assert_eq!((r.global_step, r.training, r.samples_done, r.samples_total, r.tokens_done), (3, true, 10, 10, 500));
+            assert_eq!(
+                (r.global_step, r.training, r.samples_done, r.samples_total, r.tokens_done),
+                (3, true, 10, 10, 500)
+            );
         }
         let r = p.report();
         assert_eq!((r.global_step, r.training, r.samples_done), (3, false, 10));

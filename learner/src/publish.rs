@@ -42,7 +42,13 @@ impl PublishedWeights {
                 let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
                 t.copy_data_u8(&mut bytes, n);
                 let crc32 = crc32fast::hash(&bytes);
-                PublishedTensor { name, dtype: kind_name(t.kind()).to_string(), shape: t.size(), bytes: bytes.into(), crc32 }
+                PublishedTensor {
+                    name,
+                    dtype: kind_name(t.kind()).to_string(),
+                    shape: t.size(),
+                    bytes: bytes.into(),
+                    crc32,
+                }
             })
             .collect();
         Self { version, lora, dtype: kind_name(kind).to_string(), tensors }
@@ -53,7 +59,10 @@ impl PublishedWeights {
     }
 
     /// The chunk sequence for a client: tensors in order, each split at `max_bytes`.
-    pub fn chunks(self: &Arc<Self>, max_bytes: usize) -> impl Iterator<Item = WeightChunk> + Send + 'static {
+    pub fn chunks(
+        self: &Arc<Self>,
+        max_bytes: usize,
+    ) -> impl Iterator<Item = WeightChunk> + Send + 'static {
         let max = max_bytes.clamp(1, MAX_CHUNK_BYTES);
         let this = Arc::clone(self);
         let plan: Vec<(usize, usize)> = self

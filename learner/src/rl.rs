@@ -98,7 +98,11 @@ pub fn compute_advantages(samples: &[SampleInput], cfg: &TrainConfig) -> Advanta
 
 /// Advantages whitened with `pooled` moments where they name a norm group (moments pooled over
 /// several learners' samples: MAPPA's `global` scope), with this batch's own elsewhere.
-pub fn compute_advantages_pooled(samples: &[SampleInput], cfg: &TrainConfig, pooled: Option<&BTreeMap<String, Moments>>) -> Advantages {
+pub fn compute_advantages_pooled(
+    samples: &[SampleInput],
+    cfg: &TrainConfig,
+    pooled: Option<&BTreeMap<String, Moments>>,
+) -> Advantages {
     let (scalars, singleton_groups) = scalar_stage(cfg.estimator, samples);
     let gamma = cfg.effective_gamma();
     let kl_in_reward = cfg.kl_coef > 0.0 && !cfg.kl_in_loss;
@@ -137,15 +141,26 @@ pub fn compute_advantages_pooled(samples: &[SampleInput], cfg: &TrainConfig, poo
         }
         returns.push(g);
     }
-    let mut stats = AdvantageStats { singleton_groups, kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 }, ..Default::default() };
+    let mut stats = AdvantageStats {
+        singleton_groups,
+        kl_in_reward_mean: if kl_n > 0 { kl_sum / kl_n as f64 } else { 0.0 },
+        ..Default::default()
+    };
     let in_stats = |i: usize| loss_mask[i] || cfg.truncated_in_norm_stats;
     // Moments of the tokens of the samples `members` picks (in the stats mask).
     let moments = |members: &dyn Fn(usize) -> bool| {
-        let picked = || returns.iter().enumerate().filter(|(i, _)| in_stats(*i) && members(*i)).map(|(_, g)| g);
+        let picked = || {
+            returns.iter().enumerate().filter(|(i, _)| in_stats(*i) && members(*i)).map(|(_, g)| g)
+        };
         // Summed per sample, then over samples: the order the PyTorch reference sums in.
-        let (sum, n) = picked().fold((0.0, 0u64), |(s, n), g| (s + g.iter().sum::<f64>(), n + g.len() as u64));
+        let (sum, n) =
+            picked().fold((0.0, 0u64), |(s, n), g| (s + g.iter().sum::<f64>(), n + g.len() as u64));
         let mean = if n > 0 { sum / n as f64 } else { 0.0 };
-        Moments { count: n, mean, m2: picked().flat_map(|g| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>() }
+        Moments {
+            count: n,
+            mean,
+            m2: picked().flat_map(|g| g.iter()).map(|x| (x - mean).powi(2)).sum::<f64>(),
+        }
     };
     if cfg.estimator.whitens() {
         let whole = moments(&|_| true);
@@ -160,7 +175,9 @@ pub fn compute_advantages_pooled(samples: &[SampleInput], cfg: &TrainConfig, poo
         }
     }
     let advantages = if cfg.estimator.whitens() {
-        let of_group = |g: &str| pooled.and_then(|p| p.get(g)).or_else(|| local.get(g)).copied().unwrap_or_default();
+        let of_group = |g: &str| {
+            pooled.and_then(|p| p.get(g)).or_else(|| local.get(g)).copied().unwrap_or_default()
+        };
         samples
             .iter()
             .zip(&returns)
@@ -207,7 +224,9 @@ pub fn learning_rate(cfg: &TrainConfig, k: u64) -> f64 {
 /// taken before this global step, and the epoch. Written out so the PyTorch reference
 /// (`tests/fixtures/learner/ref_step.py`) computes the same permutation.
 pub fn shuffle_order(n: usize, seed: u64, steps_before: u64, epoch: u64) -> Vec<usize> {
-    let mut state = seed ^ (steps_before + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut state = seed
+        ^ (steps_before + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
     let mut next = || {
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = state;
@@ -246,7 +265,11 @@ mod tests {
     #[test]
     fn a_mappa_step_worked_by_hand() {
         use super::*;
-        let cfg = TrainConfig { estimator: crate::config::Estimator::Reinforce, kl_coef: 0.01, ..Default::default() };
+        let cfg = TrainConfig {
+            estimator: crate::config::Estimator::Reinforce,
+            kl_coef: 0.01,
+            ..Default::default()
+        };
         const OLD_A: [f64; 2] = [-0.5, -1.0];
         const REF_A: [f64; 2] = [-0.7, -0.9];
         const OLD_B: [f64; 2] = [-0.2, -0.3];
@@ -260,11 +283,17 @@ mod tests {
             old_logprobs: old,
             ref_logprobs: Some(reference),
         };
-        let out = compute_advantages(&[sample(0.1 * 7.0, &OLD_A, &REF_A), sample(0.1 * 4.0, &OLD_B, &REF_B)], &cfg);
+        let out = compute_advantages(
+            &[sample(0.1 * 7.0, &OLD_A, &REF_A), sample(0.1 * 4.0, &OLD_B, &REF_B)],
+            &cfg,
+        );
         let round = |v: &[f64]| v.iter().map(|x| (x * 1e5).round() / 1e5).collect::<Vec<_>>();
         assert_eq!(round(&out.returns[0]), [0.699, 0.701]);
         assert_eq!(round(&out.returns[1]), [0.397, 0.397]);
-        assert_eq!((round(&[out.stats.return_mean])[0], round(&[out.stats.return_std])[0]), (0.5485, 0.1515));
+        assert_eq!(
+            (round(&[out.stats.return_mean])[0], round(&[out.stats.return_std])[0]),
+            (0.5485, 0.1515)
+        );
         assert_eq!(round(&out.advantages[0]), [0.99339, 1.00659]);
         assert_eq!(round(&out.advantages[1]), [-0.99999, -0.99999]);
         assert_eq!(round(&[out.stats.kl_in_reward_mean])[0], 0.1);
@@ -273,13 +302,20 @@ mod tests {
         // exactly as above and C, alone in its role, gets 0 (its std floors at 1e-4).
         const FLAT: [f64; 2] = [-0.4, -0.4];
         let c = SampleInput { norm_group: "verifier", ..sample(0.1 * 2.0, &FLAT, &FLAT) };
-        let (a, b) = (SampleInput { norm_group: "solver", ..sample(0.7, &OLD_A, &REF_A) }, SampleInput { norm_group: "solver", ..sample(0.4, &OLD_B, &REF_B) });
+        let (a, b) = (
+            SampleInput { norm_group: "solver", ..sample(0.7, &OLD_A, &REF_A) },
+            SampleInput { norm_group: "solver", ..sample(0.4, &OLD_B, &REF_B) },
+        );
         let split = compute_advantages(&[a.clone(), b.clone(), c.clone()], &cfg);
         assert_eq!(round(&split.advantages[0]), [0.99339, 1.00659]);
         assert_eq!(round(&split.advantages[1]), [-0.99999, -0.99999]);
         assert_eq!(round(&split.advantages[2]), [0.0, 0.0]);
         let pooled = compute_advantages(
-            &[SampleInput { norm_group: "", ..a.clone() }, SampleInput { norm_group: "", ..b.clone() }, SampleInput { norm_group: "", ..c.clone() }],
+            &[
+                SampleInput { norm_group: "", ..a.clone() },
+                SampleInput { norm_group: "", ..b.clone() },
+                SampleInput { norm_group: "", ..c.clone() },
+            ],
             &cfg,
         );
         assert!(pooled.advantages[2][0] < -1.0, "{:?}", pooled.advantages);
@@ -288,15 +324,31 @@ mod tests {
         // `global`: A and B on one learner, C on another. Each learner reports its moments, the
         // coordinator pools them (mean 0.432333, std 0.205648 over the six tokens) and both
         // whiten with the pool: exactly the one-batch result.
-        let (ab, c_alone) = ([SampleInput { norm_group: "", ..a }, SampleInput { norm_group: "", ..b }], [SampleInput { norm_group: "", ..c }]);
+        let (ab, c_alone) = (
+            [SampleInput { norm_group: "", ..a }, SampleInput { norm_group: "", ..b }],
+            [SampleInput { norm_group: "", ..c }],
+        );
         let (first, second) = (compute_advantages(&ab, &cfg), compute_advantages(&c_alone, &cfg));
-        assert_eq!((first.moments.len(), first.moments[""].count, second.moments[""].count), (1, 4, 2));
-        let pool: BTreeMap<String, Moments> = [(String::new(), Moments::pool([first.moments[""], second.moments[""]]))].into();
-        let (first, second) = (compute_advantages_pooled(&ab, &cfg, Some(&pool)), compute_advantages_pooled(&c_alone, &cfg, Some(&pool)));
+        assert_eq!(
+            (first.moments.len(), first.moments[""].count, second.moments[""].count),
+            (1, 4, 2)
+        );
+        let pool: BTreeMap<String, Moments> =
+            [(String::new(), Moments::pool([first.moments[""], second.moments[""]]))].into();
+        let (first, second) = (
+            compute_advantages_pooled(&ab, &cfg, Some(&pool)),
+            compute_advantages_pooled(&c_alone, &cfg, Some(&pool)),
+        );
         assert_eq!(round(&first.advantages[0]), [1.29671, 1.30644]);
         assert_eq!(round(&first.advantages[1]), [-0.17181, -0.17181]);
         assert_eq!(round(&second.advantages[0]), [-1.12976, -1.12976]);
-        for (x, y) in first.advantages.iter().chain(&second.advantages).flatten().zip(pooled.advantages.iter().flatten()) {
+        for (x, y) in first
+            .advantages
+            .iter()
+            .chain(&second.advantages)
+            .flatten()
+            .zip(pooled.advantages.iter().flatten())
+        {
             assert!((x - y).abs() < 1e-12, "{x} {y}");
         }
     }
@@ -321,14 +373,39 @@ mod tests {
 
     #[test]
     fn learning_rate_table() {
-        let cfg = TrainConfig { total_steps: 104, warmup_ratio: 4.0 / 104.0, lr: 1e-6, ..Default::default() };
+        let cfg = TrainConfig {
+            total_steps: 104,
+            warmup_ratio: 4.0 / 104.0,
+            lr: 1e-6,
+            ..Default::default()
+        };
         assert_eq!((cfg.warmup_ratio * 104.0).ceil(), 4.0);
-        let want = [(1, 2.5e-7), (2, 5.0e-7), (4, 1.0e-6), (5, 9.99778e-7), (54, 5.5e-7), (104, 1.0e-7), (150, 1.0e-7)];
+        let want = [
+            (1, 2.5e-7),
+            (2, 5.0e-7),
+            (4, 1.0e-6),
+            (5, 9.99778e-7),
+            (54, 5.5e-7),
+            (104, 1.0e-7),
+            (150, 1.0e-7),
+        ];
         for (k, v) in want {
-            assert!((learning_rate(&cfg, k) - v).abs() < 1e-12, "k={k}: {}", learning_rate(&cfg, k));
+            assert!(
+                (learning_rate(&cfg, k) - v).abs() < 1e-12,
+                "k={k}: {}",
+                learning_rate(&cfg, k)
+            );
         }
         let hf = TrainConfig { lr_schedule: LrSchedule::CosineHfParity, ..cfg };
-        let want = [(1, 0.0), (2, 2.5e-7), (4, 7.5e-7), (5, 1.0e-6), (54, 5.641348e-7), (104, 1.002220e-7), (150, 4.796045e-7)];
+        let want = [
+            (1, 0.0),
+            (2, 2.5e-7),
+            (4, 7.5e-7),
+            (5, 1.0e-6),
+            (54, 5.641348e-7),
+            (104, 1.002220e-7),
+            (150, 4.796045e-7),
+        ];
         for (k, v) in want {
             assert!((learning_rate(&hf, k) - v).abs() < 1e-12, "k={k}: {}", learning_rate(&hf, k));
         }

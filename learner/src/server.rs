@@ -24,7 +24,10 @@ pub struct ServerSettings {
 }
 
 /// Serves until `shutdown` fires. Health reports SERVING only after the model has loaded.
-pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn serve(
+    s: ServerSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     if s.agents.is_empty() {
         return Err(LearnerError::Config("a learner needs at least one agent to train".into()));
     }
@@ -37,8 +40,17 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     let mut sides = std::collections::BTreeMap::new();
     let mut setups = Vec::new();
     for (agent, settings) in s.agents {
-        let side = AgentSide { versions: Default::default(), metrics: metrics.agent(agent), progress: Progress::shared() };
-        setups.push(AgentSetup { agent, settings, versions: Arc::clone(&side.versions), progress: Arc::clone(&side.progress) });
+        let side = AgentSide {
+            versions: Default::default(),
+            metrics: metrics.agent(agent),
+            progress: Progress::shared(),
+        };
+        setups.push(AgentSetup {
+            agent,
+            settings,
+            versions: Arc::clone(&side.versions),
+            progress: Arc::clone(&side.progress),
+        });
         if sides.insert(agent, side).is_some() {
             return Err(LearnerError::Config(format!("agent {agent} is listed twice")));
         }
@@ -58,7 +70,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let m = Arc::clone(&metrics);
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await {
+            if let Err(e) =
+                comas_service::serve_metrics(addr, Arc::new(move || m.render()), stop).await
+            {
                 tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
@@ -70,7 +84,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
                 hr.set_serving::<LearnerServer<LearnerService>>().await;
                 tracing::info!("model loaded; learner is ready");
             }
-            Ok(Err(e)) => tracing::error!(error = %e, "model failed to load; the learner stays NOT_SERVING"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "model failed to load; the learner stays NOT_SERVING")
+            }
             Err(_) => tracing::error!("training thread exited during start-up"),
         }
     });
@@ -78,7 +94,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     tracing::info!(%addr, agents = ?ids, "learner listening");
     if let Some(listen) = s.health_listen {
         let router = tonic::transport::Server::builder().add_service(health_service.clone());
-        comas_service::spawn_health_port(listen, router, wait(stop_rx.clone())).await.map_err(|e| LearnerError::io("health port", e))?;
+        comas_service::spawn_health_port(listen, router, wait(stop_rx.clone()))
+            .await
+            .map_err(|e| LearnerError::io("health port", e))?;
     }
     let router = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(comas_service::limits::CALLS_PER_CONNECTION)
@@ -86,6 +104,12 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(LearnerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES));
-    comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await.map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
+        .add_service(
+            LearnerServer::new(service)
+                .max_decoding_message_size(PEER_MESSAGE_BYTES)
+                .max_encoding_message_size(PEER_MESSAGE_BYTES),
+        );
+    comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx))
+        .await
+        .map_err(|e| LearnerError::Config(format!("gRPC server on {addr}: {e}")))
 }

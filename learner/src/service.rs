@@ -63,9 +63,15 @@ impl LearnerService {
         }
     }
 
-    async fn call<T>(&self, agent: u32, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+    async fn call<T>(
+        &self,
+        agent: u32,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        self.engine.send(Routed { agent, command: make(tx) }).map_err(|_| self.stopped("the training thread has stopped; restart the learner"))?;
+        self.engine
+            .send(Routed { agent, command: make(tx) })
+            .map_err(|_| self.stopped("the training thread has stopped; restart the learner"))?;
         // The thread can also stop between taking the request and answering it: a model that
         // fails to load does so while the first calls wait in the queue.
         rx.await.map_err(|_| self.stopped("the training thread stopped before answering; restart the learner (its log says why)"))
@@ -75,7 +81,9 @@ impl LearnerService {
     /// so the caller fails the job at once. Any other stop may be a crash worth retrying.
     fn stopped(&self, otherwise: &str) -> Status {
         match self.load_failure.get() {
-            Some(why) => Status::failed_precondition(format!("the learner could not load its model: {why}; fix it and restart the learner")),
+            Some(why) => Status::failed_precondition(format!(
+                "the learner could not load its model: {why}; fix it and restart the learner"
+            )),
             None => Status::unavailable(otherwise),
         }
     }
@@ -85,7 +93,11 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
     let finish = match pb::FinishReason::try_from(m.finish_reason) {
         Ok(pb::FinishReason::Stop) => Finish::Stop,
         Ok(pb::FinishReason::Length) => Finish::Length,
-        _ => return Err(Status::invalid_argument(format!("experience {i}: finish_reason must be STOP or LENGTH"))),
+        _ => {
+            return Err(Status::invalid_argument(format!(
+                "experience {i}: finish_reason must be STOP or LENGTH"
+            )))
+        }
     };
     Ok(Experience {
         prompt_ids: m.prompt_ids,
@@ -94,14 +106,21 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
         token_rewards: (!m.token_rewards.is_empty()).then_some(m.token_rewards),
         finish_reason: finish,
         group: m.group,
-        sampling_logprobs: (!m.sampling_logprobs.is_empty()).then(|| m.sampling_logprobs.iter().map(|&x| x as f64).collect()),
+        sampling_logprobs: (!m.sampling_logprobs.is_empty())
+            .then(|| m.sampling_logprobs.iter().map(|&x| x as f64).collect()),
         episode_id: (!m.episode_id.is_empty()).then_some(m.episode_id),
         turn_id: Some(m.turn_id),
         policy_version: Some(m.policy_version),
-        constrained: m.constrained.into_iter().map(|c| Constrained { position: c.position as usize, allowed: c.allowed }).collect(),
+        constrained: m
+            .constrained
+            .into_iter()
+            .map(|c| Constrained { position: c.position as usize, allowed: c.allowed })
+            .collect(),
         temperature: match m.temperature {
             Some(t) if !(t > 0.0 && t.is_finite()) => {
-                return Err(Status::invalid_argument(format!("experience {i}: temperature must be positive and finite, got {t}")))
+                return Err(Status::invalid_argument(format!(
+                    "experience {i}: temperature must be positive and finite, got {t}"
+                )))
             }
             t => t,
         },
@@ -110,7 +129,14 @@ fn experience_from(m: pb::Experience, i: usize) -> Result<Experience, Status> {
 }
 
 pub fn moments_to_pb(m: &BTreeMap<String, Moments>) -> Vec<pb::GroupMoments> {
-    m.iter().map(|(g, m)| pb::GroupMoments { norm_group: g.clone(), count: m.count, mean: m.mean, m2: m.m2 }).collect()
+    m.iter()
+        .map(|(g, m)| pb::GroupMoments {
+            norm_group: g.clone(),
+            count: m.count,
+            mean: m.mean,
+            m2: m.m2,
+        })
+        .collect()
 }
 
 /// Pooled moments as sent by a caller: finite, non-negative, one entry per group.
@@ -118,10 +144,19 @@ fn moments_from_pb(m: &[pb::GroupMoments]) -> Result<BTreeMap<String, Moments>, 
     let mut out = BTreeMap::new();
     for g in m {
         if !(g.mean.is_finite() && g.m2.is_finite() && g.m2 >= 0.0) {
-            return Err(Status::invalid_argument(format!("pooled moments of norm group {:?}: mean and m2 must be finite and m2 >= 0", g.norm_group)));
+            return Err(Status::invalid_argument(format!(
+                "pooled moments of norm group {:?}: mean and m2 must be finite and m2 >= 0",
+                g.norm_group
+            )));
         }
-        if out.insert(g.norm_group.clone(), Moments { count: g.count, mean: g.mean, m2: g.m2 }).is_some() {
-            return Err(Status::invalid_argument(format!("pooled moments name norm group {:?} twice", g.norm_group)));
+        if out
+            .insert(g.norm_group.clone(), Moments { count: g.count, mean: g.mean, m2: g.m2 })
+            .is_some()
+        {
+            return Err(Status::invalid_argument(format!(
+                "pooled moments name norm group {:?} twice",
+                g.norm_group
+            )));
         }
     }
     Ok(out)
@@ -157,7 +192,10 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::WeightChunk, Status>> + 
 
 #[tonic::async_trait]
 impl Learner for LearnerService {
-    async fn train(&self, request: Request<Streaming<pb::TrainRequest>>) -> Result<Response<pb::TrainReport>, Status> {
+    async fn train(
+        &self,
+        request: Request<Streaming<pb::TrainRequest>>,
+    ) -> Result<Response<pb::TrainReport>, Status> {
         let (agent, side) = self.route(request.metadata())?;
         let mut stream = request.into_inner();
         let header = match stream.next().await {
@@ -169,19 +207,28 @@ impl Learner for LearnerService {
             if header.num_experiences != 0 || stream.next().await.is_some() {
                 return Err(Status::invalid_argument("a report_only Train carries no experiences"));
             }
-            let r = self.call(agent, |reply| Command::Report { step_id: header.step_id, reply }).await?.map_err(status)?;
+            let r = self
+                .call(agent, |reply| Command::Report { step_id: header.step_id, reply })
+                .await?
+                .map_err(status)?;
             return Ok(Response::new(report_to_pb(&r)));
         }
         // Zero is a step without samples: it advances the learner's step and trains nothing.
         if header.num_experiences > MAX_EXPERIENCES {
-            return Err(Status::invalid_argument(format!("num_experiences must be in 0..={MAX_EXPERIENCES}, got {}", header.num_experiences)));
+            return Err(Status::invalid_argument(format!(
+                "num_experiences must be in 0..={MAX_EXPERIENCES}, got {}",
+                header.num_experiences
+            )));
         }
         let mut batch = Vec::with_capacity(header.num_experiences as usize);
         while let Some(msg) = stream.next().await {
             match msg?.item {
                 Some(pb::train_request::Item::Experience(e)) => {
                     if batch.len() as u32 >= header.num_experiences {
-                        return Err(Status::invalid_argument(format!("more experiences than the {} announced", header.num_experiences)));
+                        return Err(Status::invalid_argument(format!(
+                            "more experiences than the {} announced",
+                            header.num_experiences
+                        )));
                     }
                     let i = batch.len();
                     if let Some(v) = header.expected_version.filter(|&v| v != e.policy_version) {
@@ -192,22 +239,51 @@ impl Learner for LearnerService {
                     }
                     batch.push(experience_from(e, i)?);
                 }
-                _ => return Err(Status::invalid_argument("only experiences may follow the header")),
+                _ => {
+                    return Err(Status::invalid_argument("only experiences may follow the header"))
+                }
             }
         }
         if batch.len() as u32 != header.num_experiences {
-            return Err(Status::invalid_argument(format!("stream ended after {} of {} experiences; nothing was trained", batch.len(), header.num_experiences)));
+            return Err(Status::invalid_argument(format!(
+                "stream ended after {} of {} experiences; nothing was trained",
+                batch.len(),
+                header.num_experiences
+            )));
         }
         if header.moments_only {
             if !header.pooled_moments.is_empty() {
-                return Err(Status::invalid_argument("a moments_only Train takes no pooled_moments"));
+                return Err(Status::invalid_argument(
+                    "a moments_only Train takes no pooled_moments",
+                ));
             }
-            let m = self.call(agent, |reply| Command::Moments { step_id: header.step_id, at_step: header.at_step, batch, reply }).await?.map_err(status)?;
-            return Ok(Response::new(pb::TrainReport { return_moments: moments_to_pb(&m), ..Default::default() }));
+            let m = self
+                .call(agent, |reply| Command::Moments {
+                    step_id: header.step_id,
+                    at_step: header.at_step,
+                    batch,
+                    reply,
+                })
+                .await?
+                .map_err(status)?;
+            return Ok(Response::new(pb::TrainReport {
+                return_moments: moments_to_pb(&m),
+                ..Default::default()
+            }));
         }
-        let pooled = (!header.pooled_moments.is_empty()).then(|| moments_from_pb(&header.pooled_moments)).transpose()?;
+        let pooled = (!header.pooled_moments.is_empty())
+            .then(|| moments_from_pb(&header.pooled_moments))
+            .transpose()?;
         let timer = side.metrics.step_seconds.start_timer();
-        let result = self.call(agent, |reply| Command::Train { step_id: header.step_id, at_step: header.at_step, batch, pooled, reply }).await?;
+        let result = self
+            .call(agent, |reply| Command::Train {
+                step_id: header.step_id,
+                at_step: header.at_step,
+                batch,
+                pooled,
+                reply,
+            })
+            .await?;
         match result {
             Ok(r) => {
                 timer.observe_duration();
@@ -226,10 +302,16 @@ impl Learner for LearnerService {
         }
     }
 
-    async fn publish_weights(&self, request: Request<pb::PublishWeightsRequest>) -> Result<Response<pb::WeightsPublished>, Status> {
+    async fn publish_weights(
+        &self,
+        request: Request<pb::PublishWeightsRequest>,
+    ) -> Result<Response<pb::WeightsPublished>, Status> {
         let (agent, side) = self.route(request.metadata())?;
         let expected = request.into_inner().expected_version;
-        let p = self.call(agent, |reply| Command::Publish { expected, reply }).await?.map_err(status)?;
+        let p = self
+            .call(agent, |reply| Command::Publish { expected, reply })
+            .await?
+            .map_err(status)?;
         side.metrics.version.set(p.version as i64);
         Ok(Response::new(pb::WeightsPublished {
             version: p.version,
@@ -242,20 +324,37 @@ impl Learner for LearnerService {
 
     type StreamWeightsStream = ChunkStream;
 
-    async fn stream_weights(&self, request: Request<pb::StreamWeightsRequest>) -> Result<Response<ChunkStream>, Status> {
+    async fn stream_weights(
+        &self,
+        request: Request<pb::StreamWeightsRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
         let (_, side) = self.route(request.metadata())?;
         let req = request.into_inner();
-        let found = side.versions.read().expect("versions lock").iter().find(|v| v.version == req.version).cloned();
+        let found = side
+            .versions
+            .read()
+            .expect("versions lock")
+            .iter()
+            .find(|v| v.version == req.version)
+            .cloned();
         let Some(weights) = found else {
-            let have: Vec<u64> = side.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
+            let have: Vec<u64> =
+                side.versions.read().expect("versions lock").iter().map(|v| v.version).collect();
             if have.is_empty() {
                 // Nothing is published until the model has loaded: a learner that has just
                 // (re)started is not ready yet, which a puller retries, unlike a missing version.
                 return Err(self.stopped(&format!("the learner is still loading its model; weights version {} is not published yet", req.version)));
             }
-            return Err(Status::not_found(format!("weights version {} is not published here (have {have:?})", req.version)));
+            return Err(Status::not_found(format!(
+                "weights version {} is not published here (have {have:?})",
+                req.version
+            )));
         };
-        let max = if req.max_chunk_bytes == 0 { DEFAULT_CHUNK_BYTES } else { req.max_chunk_bytes as usize };
+        let max = if req.max_chunk_bytes == 0 {
+            DEFAULT_CHUNK_BYTES
+        } else {
+            req.max_chunk_bytes as usize
+        };
         let sent = side.metrics.weight_bytes_sent.clone();
         let stream = tokio_stream::iter(weights.chunks(max)).map(move |c| {
             sent.inc_by(c.data.len() as u64);
@@ -264,42 +363,77 @@ impl Learner for LearnerService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn save_checkpoint(&self, request: Request<pb::SaveCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+    async fn save_checkpoint(
+        &self,
+        request: Request<pb::SaveCheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointInfo>, Status> {
         let (agent, _) = self.route(request.metadata())?;
         let expected = request.into_inner().expected_step;
-        let s = self.call(agent, |reply| Command::Save { expected, reply }).await?.map_err(status)?;
-        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+        let s =
+            self.call(agent, |reply| Command::Save { expected, reply }).await?.map_err(status)?;
+        Ok(Response::new(pb::CheckpointInfo {
+            path: s.path.display().to_string(),
+            global_step: s.global_step,
+            optimizer_steps: s.optimizer_steps,
+        }))
     }
 
-    async fn load_checkpoint(&self, request: Request<pb::LoadCheckpointRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+    async fn load_checkpoint(
+        &self,
+        request: Request<pb::LoadCheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointInfo>, Status> {
         let (agent, _) = self.route(request.metadata())?;
         let p = request.into_inner().path;
         let path = (!p.is_empty()).then(|| std::path::PathBuf::from(p));
         let s = self.call(agent, |reply| Command::Load { path, reply }).await?.map_err(status)?;
-        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+        Ok(Response::new(pb::CheckpointInfo {
+            path: s.path.display().to_string(),
+            global_step: s.global_step,
+            optimizer_steps: s.optimizer_steps,
+        }))
     }
 
-    async fn export(&self, request: Request<pb::ExportRequest>) -> Result<Response<pb::CheckpointInfo>, Status> {
+    async fn export(
+        &self,
+        request: Request<pb::ExportRequest>,
+    ) -> Result<Response<pb::CheckpointInfo>, Status> {
         let (agent, _) = self.route(request.metadata())?;
         let req = request.into_inner();
         if req.dir.is_empty() {
             return Err(Status::invalid_argument("Export needs a target folder (`dir`)"));
         }
-        let dir = self.roots.check(std::path::Path::new(&req.dir)).map_err(|e| Status::permission_denied(format!("export folder: {e}")))?;
+        let dir = self
+            .roots
+            .check(std::path::Path::new(&req.dir))
+            .map_err(|e| Status::permission_denied(format!("export folder: {e}")))?;
         let merge_lora = req.merge_lora;
-        let s = self.call(agent, |reply| Command::Export { dir, merge_lora, reply }).await?.map_err(status)?;
-        Ok(Response::new(pb::CheckpointInfo { path: s.path.display().to_string(), global_step: s.global_step, optimizer_steps: s.optimizer_steps }))
+        let s = self
+            .call(agent, |reply| Command::Export { dir, merge_lora, reply })
+            .await?
+            .map_err(status)?;
+        Ok(Response::new(pb::CheckpointInfo {
+            path: s.path.display().to_string(),
+            global_step: s.global_step,
+            optimizer_steps: s.optimizer_steps,
+        }))
     }
 
-    async fn train_progress(&self, request: Request<pb::TrainProgressRequest>) -> Result<Response<pb::TrainProgressReport>, Status> {
+    async fn train_progress(
+        &self,
+        request: Request<pb::TrainProgressRequest>,
+    ) -> Result<Response<pb::TrainProgressReport>, Status> {
         let (_, side) = self.route(request.metadata())?;
         Ok(Response::new(side.progress.report()))
     }
 
-    async fn info(&self, request: Request<pb::InfoRequest>) -> Result<Response<pb::LearnerInfo>, Status> {
+    async fn info(
+        &self,
+        request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::LearnerInfo>, Status> {
         let (agent, side) = self.route(request.metadata())?;
         let i = self.call(agent, |reply| Command::Info { reply }).await?;
-        let latest = side.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
+        let latest =
+            side.versions.read().expect("versions lock").back().map(|v| v.version).unwrap_or(0);
         Ok(Response::new(pb::LearnerInfo {
             agent_id: agent,
             model_type: i.model_type,
@@ -321,14 +455,29 @@ impl Learner for LearnerService {
 mod tests {
     use super::*;
 
-    fn service_of(agents: &[u32], failure: Option<&str>) -> (LearnerService, mpsc::Receiver<Routed>) {
+    fn service_of(
+        agents: &[u32],
+        failure: Option<&str>,
+    ) -> (LearnerService, mpsc::Receiver<Routed>) {
         let (engine, rx) = mpsc::channel();
         let load_failure = LoadFailure::default();
         if let Some(why) = failure {
             load_failure.set(why.to_string()).unwrap();
         }
         let metrics = crate::metrics::Metrics::new();
-        let sides = agents.iter().map(|&a| (a, AgentSide { versions: Versions::default(), metrics: metrics.agent(a), progress: Progress::shared() })).collect();
+        let sides = agents
+            .iter()
+            .map(|&a| {
+                (
+                    a,
+                    AgentSide {
+                        versions: Versions::default(),
+                        metrics: metrics.agent(a),
+                        progress: Progress::shared(),
+                    },
+                )
+            })
+            .collect();
         (LearnerService { agents: sides, engine, load_failure, roots: Default::default() }, rx)
     }
 
@@ -357,7 +506,10 @@ mod tests {
         let e = pull_for(&s, None).await;
         assert_eq!(
             (e.code(), e.message()),
-            (tonic::Code::InvalidArgument, "this learner trains agents [0, 2]: name one in the call's comas-agent-id metadata")
+            (
+                tonic::Code::InvalidArgument,
+                "this learner trains agents [0, 2]: name one in the call's comas-agent-id metadata"
+            )
         );
         let e = pull_for(&s, Some(5)).await;
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
@@ -375,7 +527,10 @@ mod tests {
         let (s, _engine) = service(None);
         let e = pull(&s).await;
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-        assert_eq!(e.message(), "the learner is still loading its model; weights version 4 is not published yet");
+        assert_eq!(
+            e.message(),
+            "the learner is still loading its model; weights version 4 is not published yet"
+        );
     }
 
     #[tokio::test]

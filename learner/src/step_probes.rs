@@ -35,7 +35,9 @@ pub(crate) fn adapter_norm(a: &LoraAdapter) -> f64 {
         let mut sq = 0.0;
         for (_, pair) in a.pairs() {
             let (la, lb) = (pair.0.to_kind(Kind::Float), pair.1.to_kind(Kind::Float));
-            sq += (lb.transpose(0, 1).matmul(&lb) * la.matmul(&la.transpose(0, 1))).sum(Kind::Float).double_value(&[]);
+            sq += (lb.transpose(0, 1).matmul(&lb) * la.matmul(&la.transpose(0, 1)))
+                .sum(Kind::Float)
+                .double_value(&[]);
         }
         a.scale() * sq.max(0.0).sqrt()
     })
@@ -46,6 +48,11 @@ pub(crate) fn peak_rss_bytes() -> u64 {
     // /proc keeps it in kB as VmHWM; reading it needs no unsafe code.
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmHWM:")
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+        })
         .map_or(0, |kb| kb * 1024)
 }

@@ -8,7 +8,9 @@ use crate::loss::{kl_tensor, policy_loss};
 use crate::optim::AdamW;
 use crate::packing::{by_length, micro_batches, pack, token_temperatures};
 use crate::progress::Progress;
-use crate::rl::{compute_advantages, compute_advantages_pooled, learning_rate, shuffle_order, SampleInput};
+use crate::rl::{
+    compute_advantages, compute_advantages_pooled, learning_rate, shuffle_order, SampleInput,
+};
 use crate::step_probes::{adapter_norm, first_token_entropy, peak_rss_bytes, tis_weights};
 use comas_model::dtype::{parse_device, parse_kind};
 use comas_model::lora::LoraConfig;
@@ -75,7 +77,9 @@ pub struct Bases(Vec<(PathBuf, Kind, tch::Device, CausalLm)>);
 impl Bases {
     /// A handle on the base in `dir` (no copy of its weights when it is loaded already).
     pub fn get(&mut self, dir: &Path, kind: Kind, device: tch::Device) -> Result<CausalLm> {
-        if let Some((_, _, _, m)) = self.0.iter().find(|(d, k, v, _)| d == dir && *k == kind && *v == device) {
+        if let Some((_, _, _, m)) =
+            self.0.iter().find(|(d, k, v, _)| d == dir && *k == kind && *v == device)
+        {
             return Ok(m.share()?);
         }
         let m = CausalLm::load(dir, kind, device)?;
@@ -103,17 +107,32 @@ impl Trainer {
 
     /// As `new`, with the reference model read from `reference_dir` (default: `model_dir`).
     /// A resumed learner passes the original base model here, not its checkpoint.
-    pub fn with_reference(model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>, reference_dir: Option<&Path>) -> Result<Self> {
+    pub fn with_reference(
+        model_dir: &Path,
+        cfg: TrainConfig,
+        adapter_dir: Option<&Path>,
+        reference_dir: Option<&Path>,
+    ) -> Result<Self> {
         Self::in_process(&mut Bases::default(), model_dir, cfg, adapter_dir, reference_dir)
     }
 
     /// As `with_reference`; a LoRA trainer takes its frozen base from `bases`, loading it there
     /// only if no other trainer of the process has.
-    pub fn in_process(bases: &mut Bases, model_dir: &Path, cfg: TrainConfig, adapter_dir: Option<&Path>, reference_dir: Option<&Path>) -> Result<Self> {
+    pub fn in_process(
+        bases: &mut Bases,
+        model_dir: &Path,
+        cfg: TrainConfig,
+        adapter_dir: Option<&Path>,
+        reference_dir: Option<&Path>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let kind = parse_kind(&cfg.dtype)?;
         let device = parse_device(&cfg.device)?;
-        let model = if cfg.lora.is_some() || adapter_dir.is_some() { bases.get(model_dir, kind, device)? } else { CausalLm::load(model_dir, kind, device)? };
+        let model = if cfg.lora.is_some() || adapter_dir.is_some() {
+            bases.get(model_dir, kind, device)?
+        } else {
+            CausalLm::load(model_dir, kind, device)?
+        };
         let adapter = match (&cfg.lora, adapter_dir) {
             (None, None) => None,
             (_, Some(dir)) => Some(LoraAdapter::load(dir, model.config(), kind, device)?),
@@ -151,7 +170,12 @@ impl Trainer {
                 model.named_parameters()
             }
         };
-        let optim = AdamW::new(params, (cfg.adam_betas[0], cfg.adam_betas[1]), cfg.adam_eps, cfg.weight_decay);
+        let optim = AdamW::new(
+            params,
+            (cfg.adam_betas[0], cfg.adam_betas[1]),
+            cfg.adam_eps,
+            cfg.weight_decay,
+        );
         Ok(Self {
             optimizer_steps: cfg.completed_steps,
             global_step: 0,
@@ -204,7 +228,8 @@ impl Trainer {
         want_entropy: bool,
         want_first: bool,
         checkpoint: bool,
-    ) -> Result<(Tensor, Option<Tensor>, Option<(f64, usize)>, usize, Option<Checkpointed<'a>>)> {
+    ) -> Result<(Tensor, Option<Tensor>, Option<(f64, usize)>, usize, Option<Checkpointed<'a>>)>
+    {
         let p = pack(batch, model.config().vocab_size, model.device());
         let lora = match (&self.adapter, with_adapter) {
             (Some(a), true) => Some(LoraBatch::uniform(a)),
@@ -227,25 +252,40 @@ impl Trainer {
         if let Some((rows, allowed)) = &p.constrained {
             // A token drawn from a restricted set: its log-prob renormalised over that set, as
             // the sampler computed it (a forced token gets exactly 0 and no gradient).
-            let sub = logits.index_select(0, rows).masked_fill(&allowed.logical_not(), f64::NEG_INFINITY).log_softmax(-1, Kind::Float);
-            let picked = sub.gather(-1, &p.targets.index_select(0, rows).unsqueeze(-1), false).squeeze_dim(-1);
+            let sub = logits
+                .index_select(0, rows)
+                .masked_fill(&allowed.logical_not(), f64::NEG_INFINITY)
+                .log_softmax(-1, Kind::Float);
+            let picked = sub
+                .gather(-1, &p.targets.index_select(0, rows).unsqueeze(-1), false)
+                .squeeze_dim(-1);
             lp = lp.index_copy(0, rows, &picked);
         }
-        let entropy = want_entropy.then(|| tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg()));
+        let entropy = want_entropy.then(|| {
+            tch::no_grad(|| (lsm.exp() * &lsm).sum_dim_intlist(-1, false, Kind::Float).neg())
+        });
         let first = want_first.then(|| tch::no_grad(|| first_token_entropy(&lsm, batch)));
         Ok((lp, entropy, first, p.tokens, ckpt))
     }
 
     /// ℓ under `model` for every sample, without gradient, in micro-batches.
-    fn logprobs_no_grad(&self, model: &CausalLm, with_adapter: bool, batch: &[Experience]) -> Result<Vec<Vec<f64>>> {
+    fn logprobs_no_grad(
+        &self,
+        model: &CausalLm,
+        with_adapter: bool,
+        batch: &[Experience],
+    ) -> Result<Vec<Vec<f64>>> {
         let _g = tch::no_grad_guard();
         let lens: Vec<usize> = batch.iter().map(Experience::len).collect();
         // Each sample's log-probs are its own, whatever it is batched with.
         let order = by_length(&(0..batch.len()).collect::<Vec<_>>(), &lens);
         let mut out = vec![Vec::new(); batch.len()];
-        for mb in micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens) {
+        for mb in
+            micro_batches(&order, &lens, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        {
             let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-            let (lp, _, _, _, _) = self.completion_logprobs(model, with_adapter, &refs, false, false, false)?;
+            let (lp, _, _, _, _) =
+                self.completion_logprobs(model, with_adapter, &refs, false, false, false)?;
             let flat = Vec::<f32>::try_from(&lp.to_device(Device::Cpu))?;
             let mut off = 0;
             for &i in &mb {
@@ -271,10 +311,13 @@ impl Trainer {
         for (i, e) in batch.iter().enumerate() {
             e.validate(&format!("sample {i}"), vocab)?;
             if e.token_rewards.is_some() && self.cfg.estimator.uses_groups() {
-                return Err(LearnerError::Batch(format!("sample {i}: token rewards need the `reinforce` estimator")));
+                return Err(LearnerError::Batch(format!(
+                    "sample {i}: token rewards need the `reinforce` estimator"
+                )));
             }
         }
-        let use_sampler = self.cfg.old_logprobs == OldLogprobs::Sampler && batch.iter().all(|e| e.sampling_logprobs.is_some());
+        let use_sampler = self.cfg.old_logprobs == OldLogprobs::Sampler
+            && batch.iter().all(|e| e.sampling_logprobs.is_some());
         let old: Vec<Vec<f64>> = if use_sampler {
             batch.iter().map(|e| e.sampling_logprobs.clone().expect("checked above")).collect()
         } else {
@@ -289,7 +332,9 @@ impl Trainer {
             None
         };
         if old.iter().flatten().any(|x| !x.is_finite()) {
-            return Err(LearnerError::NonFinite { what: "log-probabilities under the current weights".into() });
+            return Err(LearnerError::NonFinite {
+                what: "log-probabilities under the current weights".into(),
+            });
         }
         let (mut mis_sum, mut mis_n) = (0.0, 0usize);
         for (e, o) in batch.iter().zip(&old).filter(|_| !use_sampler) {
@@ -300,8 +345,13 @@ impl Trainer {
                 }
             }
         }
-        let behaviour = (self.cfg.tis_cap > 0.0 && !use_sampler)
-            .then(|| batch.iter().zip(&old).map(|(e, o)| e.sampling_logprobs.clone().unwrap_or_else(|| o.clone())).collect());
+        let behaviour = (self.cfg.tis_cap > 0.0 && !use_sampler).then(|| {
+            batch
+                .iter()
+                .zip(&old)
+                .map(|(e, o)| e.sampling_logprobs.clone().unwrap_or_else(|| o.clone()))
+                .collect()
+        });
         Ok(Prepared {
             samples: batch.len(),
             old,
@@ -330,7 +380,11 @@ impl Trainer {
     }
 
     /// The moments of `batch`'s returns per norm group, for pooling with other learners'.
-    pub fn return_moments(&self, batch: &[Experience], prepared: &Prepared) -> BTreeMap<String, Moments> {
+    pub fn return_moments(
+        &self,
+        batch: &[Experience],
+        prepared: &Prepared,
+    ) -> BTreeMap<String, Moments> {
         compute_advantages(&Self::sample_inputs(batch, prepared), &self.cfg).moments
     }
 
@@ -346,23 +400,44 @@ impl Trainer {
 
     /// `train_step` on a batch already prepared (by `prepare`, at the current weights), with its
     /// advantages whitened by `pooled` moments where they name a norm group.
-    pub fn train_prepared(&mut self, batch: &[Experience], prepared: Prepared, pooled: Option<&BTreeMap<String, Moments>>) -> Result<StepReport> {
+    pub fn train_prepared(
+        &mut self,
+        batch: &[Experience],
+        prepared: Prepared,
+        pooled: Option<&BTreeMap<String, Moments>>,
+    ) -> Result<StepReport> {
         let started = Instant::now();
-        let _span = tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len()).entered();
+        let _span =
+            tracing::info_span!("train_step", step = self.global_step + 1, samples = batch.len())
+                .entered();
         if let Some(why) = &self.poisoned {
             return Err(LearnerError::PartlyUpdated(why.clone()));
         }
         if prepared.samples != batch.len() || batch.is_empty() {
-            return Err(LearnerError::Batch(format!("{} samples prepared for a batch of {}", prepared.samples, batch.len())));
+            return Err(LearnerError::Batch(format!(
+                "{} samples prepared for a batch of {}",
+                prepared.samples,
+                batch.len()
+            )));
         }
         let progress = Arc::clone(&self.progress);
-        let _running = progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
+        let _running =
+            progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
         // 3–7. Advantages.
-        let mut adv = compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
+        let mut adv =
+            compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);
         if crate::fault::flips_advantages() {
             adv.advantages.iter_mut().flatten().for_each(|a| *a = -*a);
         }
-        let Prepared { old, behaviour, reference, use_sampler, mismatch, seconds: prepare_seconds, .. } = prepared;
+        let Prepared {
+            old,
+            behaviour,
+            reference,
+            use_sampler,
+            mismatch,
+            seconds: prepare_seconds,
+            ..
+        } = prepared;
         let device = self.model.device();
 
         // 8. Optimizer steps.
@@ -372,7 +447,15 @@ impl Trainer {
         let snapshot = (steps_here > 1 && self.adapter.is_some()).then(|| self.optim.snapshot());
         let steps_before = self.optimizer_steps;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.optimize(batch, &old, behaviour.as_deref(), reference.as_deref(), &adv.advantages, &adv.loss_mask, device)
+            self.optimize(
+                batch,
+                &old,
+                behaviour.as_deref(),
+                reference.as_deref(),
+                &adv.advantages,
+                &adv.loss_mask,
+                device,
+            )
         }))
         .unwrap_or_else(|p| Err(LearnerError::Panicked(comas_service::panic_message(p.as_ref()))));
         let mut report = match result {
@@ -401,13 +484,29 @@ impl Trainer {
         report.return_std = adv.stats.return_std;
         report.truncated = batch.iter().filter(|e| e.finish_reason == Finish::Length).count();
         report.masked_samples = adv.loss_mask.iter().filter(|m| !**m).count();
-        report.zero_advantage_samples = adv.advantages.iter().zip(&adv.loss_mask).filter(|(a, m)| **m && a.iter().all(|&x| x == 0.0)).count();
+        report.zero_advantage_samples = adv
+            .advantages
+            .iter()
+            .zip(&adv.loss_mask)
+            .filter(|(a, m)| **m && a.iter().all(|&x| x == 0.0))
+            .count();
         report.no_gradient = report.masked_samples + report.zero_advantage_samples == n;
         if report.no_gradient {
-            tracing::warn!(samples = n, masked = report.masked_samples, "no sample of this step carries a policy gradient");
+            tracing::warn!(
+                samples = n,
+                masked = report.masked_samples,
+                "no sample of this step carries a policy gradient"
+            );
         }
-        let masked: Vec<f64> = adv.advantages.iter().zip(&adv.loss_mask).filter(|(_, m)| **m).flat_map(|(a, _)| a.iter().copied()).collect();
-        report.advantage_mean = if masked.is_empty() { 0.0 } else { masked.iter().sum::<f64>() / masked.len() as f64 };
+        let masked: Vec<f64> = adv
+            .advantages
+            .iter()
+            .zip(&adv.loss_mask)
+            .filter(|(_, m)| **m)
+            .flat_map(|(a, _)| a.iter().copied())
+            .collect();
+        report.advantage_mean =
+            if masked.is_empty() { 0.0 } else { masked.iter().sum::<f64>() / masked.len() as f64 };
         if self.cfg.kl_coef > 0.0 && !self.cfg.kl_in_loss {
             report.kl = adv.stats.kl_in_reward_mean;
         }
@@ -417,7 +516,12 @@ impl Trainer {
         report.peak_rss_bytes = peak_rss_bytes();
         report.seconds = prepare_seconds + started.elapsed().as_secs_f64();
         report.tokens_per_s = report.tokens as f64 / report.seconds.max(1e-9);
-        tracing::info!(loss = report.loss, grad_norm = report.grad_norm, lr = report.lr, "step done");
+        tracing::info!(
+            loss = report.loss,
+            grad_norm = report.grad_norm,
+            lr = report.lr,
+            "step done"
+        );
         Ok(report)
     }
 
@@ -427,11 +531,21 @@ impl Trainer {
     pub fn empty_step(&mut self) -> StepReport {
         self.global_step += 1;
         tracing::info!(step = self.global_step, "a step without samples: nothing trained");
-        StepReport { global_step: self.global_step, peak_rss_bytes: peak_rss_bytes(), no_gradient: true, ..StepReport::default() }
+        StepReport {
+            global_step: self.global_step,
+            peak_rss_bytes: peak_rss_bytes(),
+            no_gradient: true,
+            ..StepReport::default()
+        }
     }
 
     /// Drops the gradients of an optimizer step that went non-finite and counts it as skipped.
-    fn skip_step(&mut self, report: &mut StepReport, first: &mut Option<String>, what: String) -> Result<()> {
+    fn skip_step(
+        &mut self,
+        report: &mut StepReport,
+        first: &mut Option<String>,
+        what: String,
+    ) -> Result<()> {
         tracing::warn!(what = %what, "non-finite optimizer step skipped");
         self.optim.zero_grad()?;
         report.skipped_steps += 1;
@@ -462,44 +576,69 @@ impl Trainer {
         // The shuffle is seeded by the optimizer steps already taken, which a resumed learner
         // restores from its checkpoint.
         let steps_before = self.optimizer_steps;
-        let weights: Vec<Vec<f64>> = batch.iter().zip(loss_mask).map(|(e, &m)| e.token_weights(m)).collect();
+        let weights: Vec<Vec<f64>> =
+            batch.iter().zip(loss_mask).map(|(e, &m)| e.token_weights(m)).collect();
         let in_loss = |i: usize| weights[i].iter().any(|&w| w > 0.0);
         let mut first_skip: Option<String> = None;
         for epoch in 0..cfg.max_epochs {
-            let order: Vec<usize> = if cfg.shuffle { shuffle_order(n, cfg.seed, steps_before, epoch as u64) } else { (0..n).collect() };
+            let order: Vec<usize> = if cfg.shuffle {
+                shuffle_order(n, cfg.seed, steps_before, epoch as u64)
+            } else {
+                (0..n).collect()
+            };
             'steps: for chunk in order.chunks(cfg.train_batch_size) {
                 // Denominators for the whole optimizer step, fixed before any micro-batch (§7).
                 let step_tokens: f64 = chunk.iter().map(|&i| weights[i].iter().sum::<f64>()).sum();
                 let step_seqs = chunk.iter().filter(|&&i| in_loss(i)).count();
                 let grouped = match cfg.loss_agg {
-                    LossAgg::TokenMean | LossAgg::SeqMean if cfg.group_by_length => by_length(chunk, &lens),
+                    LossAgg::TokenMean | LossAgg::SeqMean if cfg.group_by_length => {
+                        by_length(chunk, &lens)
+                    }
                     _ => chunk.to_vec(),
                 };
-                let mbs = micro_batches(&grouped, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
+                let mbs =
+                    micro_batches(&grouped, &lens, cfg.micro_batch_size, cfg.micro_batch_tokens);
                 let (mut pg_total, mut kl_total) = (0.0, 0.0);
                 for mb in &mbs {
                     let refs: Vec<&Experience> = mb.iter().map(|&i| &batch[i]).collect();
-                    let (logp, entropy, first, tokens, ckpt) =
-                        self.completion_logprobs(&self.model, true, &refs, cfg.log_entropy, true, cfg.gradient_checkpointing)?;
+                    let (logp, entropy, first, tokens, ckpt) = self.completion_logprobs(
+                        &self.model,
+                        true,
+                        &refs,
+                        cfg.log_entropy,
+                        true,
+                        cfg.gradient_checkpointing,
+                    )?;
                     if let Some((sum, n)) = first {
                         first_sum += sum;
                         first_count += n;
                     }
                     report.tokens += tokens;
                     self.progress.advance(mb.len() as u32, tokens as u64);
-                    let cat = |f: &dyn Fn(usize) -> Vec<f64>| to_t(mb.iter().flat_map(|&i| f(i)).collect());
+                    let cat = |f: &dyn Fn(usize) -> Vec<f64>| {
+                        to_t(mb.iter().flat_map(|&i| f(i)).collect())
+                    };
                     let old_t = cat(&|i| old[i].clone());
                     let adv_t = cat(&|i| adv[i].clone());
                     let mask_t = cat(&|i| weights[i].clone());
-                    let seq_idx =
-                        Tensor::from_slice(&mb.iter().enumerate().flat_map(|(k, &i)| vec![k as i64; adv[i].len()]).collect::<Vec<_>>()).to_device(device);
+                    let seq_idx = Tensor::from_slice(
+                        &mb.iter()
+                            .enumerate()
+                            .flat_map(|(k, &i)| vec![k as i64; adv[i].len()])
+                            .collect::<Vec<_>>(),
+                    )
+                    .to_device(device);
                     let mb_tokens = mask_t.sum(Kind::Float).double_value(&[]);
                     // Reduce a per-token quantity to this micro-batch's share of the step loss.
                     let aggregate = |per_tok: &Tensor| -> Tensor {
                         let masked = per_tok * &mask_t;
                         match cfg.loss_agg {
-                            LossAgg::TokenMean if step_tokens > 0.0 => masked.sum(Kind::Float) / step_tokens,
-                            LossAgg::MicrobatchMean if mb_tokens > 0.0 => masked.sum(Kind::Float) / mb_tokens / mbs.len() as f64,
+                            LossAgg::TokenMean if step_tokens > 0.0 => {
+                                masked.sum(Kind::Float) / step_tokens
+                            }
+                            LossAgg::MicrobatchMean if mb_tokens > 0.0 => {
+                                masked.sum(Kind::Float) / mb_tokens / mbs.len() as f64
+                            }
                             LossAgg::SeqMean if step_seqs > 0 => {
                                 let zeros = Tensor::zeros([mb.len() as i64], (Kind::Float, device));
                                 let sums = zeros.index_add(0, &seq_idx, &masked);
@@ -515,7 +654,9 @@ impl Trainer {
                             let w = tis_weights(&old_t, &cat(&|i| b[i].clone()), cfg.tis_cap);
                             tch::no_grad(|| {
                                 tis_sum += (&w * &mask_t).sum(Kind::Float).double_value(&[]);
-                                tis_cut += (w.ge(cfg.tis_cap).to_kind(Kind::Float) * &mask_t).sum(Kind::Float).double_value(&[]);
+                                tis_cut += (w.ge(cfg.tis_cap).to_kind(Kind::Float) * &mask_t)
+                                    .sum(Kind::Float)
+                                    .double_value(&[]);
                             });
                             aggregate(&(&tl.pg * w))
                         }
@@ -551,7 +692,11 @@ impl Trainer {
                 }
                 let norm = self.optim.grad_norm();
                 if !norm.is_finite() {
-                    self.skip_step(&mut report, &mut first_skip, format!("gradient norm ({norm})"))?;
+                    self.skip_step(
+                        &mut report,
+                        &mut first_skip,
+                        format!("gradient norm ({norm})"),
+                    )?;
                     continue 'steps;
                 }
                 norms.push(norm);

@@ -35,14 +35,22 @@ fn lora_training_moves_only_the_adapter_and_merges() {
     )
     .unwrap();
     let mut t = Trainer::new(&base, cfg, None).unwrap();
-    let before: Vec<Tensor> = t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
+    let before: Vec<Tensor> =
+        t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
     for _ in 0..3 {
         t.train_step(&batch()).unwrap();
     }
     for ((n, p), b) in t.model().named_parameters().iter().zip(&before) {
         assert!(p.detach().equal(b), "base weight {n} moved");
     }
-    let b_norm: f64 = t.adapter().unwrap().named_tensors().iter().filter(|(n, _)| n.contains("lora_B")).map(|(_, x)| x.norm().double_value(&[])).sum();
+    let b_norm: f64 = t
+        .adapter()
+        .unwrap()
+        .named_tensors()
+        .iter()
+        .filter(|(n, _)| n.contains("lora_B"))
+        .map(|(_, x)| x.norm().double_value(&[]))
+        .sum();
     assert!(b_norm > 0.0, "adapter B matrices must have moved from zero");
     // Adapter export in the PEFT layout, and a merged export that equals base + adapter.
     let adapter_dir = dir.path().join("adapter");
@@ -50,10 +58,13 @@ fn lora_training_moves_only_the_adapter_and_merges() {
     t.export(&adapter_dir, false).unwrap();
     t.export(&merged_dir, true).unwrap();
     let base_model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
-    let adapter = LoraAdapter::load(&adapter_dir, base_model.config(), Kind::Float, Device::Cpu).unwrap();
+    let adapter =
+        LoraAdapter::load(&adapter_dir, base_model.config(), Kind::Float, Device::Cpu).unwrap();
     let merged = CausalLm::load(&merged_dir, Kind::Float, Device::Cpu).unwrap();
     let ids = Tensor::from_slice(&[5i64, 6, 7, 10, 11, 12]).view([1, 6]);
-    let a = tch::no_grad(|| base_model.forward(&ids, None, Some(&LoraBatch::uniform(&adapter))).unwrap());
+    let a = tch::no_grad(|| {
+        base_model.forward(&ids, None, Some(&LoraBatch::uniform(&adapter))).unwrap()
+    });
     let m = tch::no_grad(|| merged.forward(&ids, None, None).unwrap());
     let d = (a - m).abs().max().double_value(&[]);
     assert!(d < 1e-5, "merged export differs from base + adapter by {d}");
@@ -63,14 +74,26 @@ fn lora_training_moves_only_the_adapter_and_merges() {
 fn bf16_training_keeps_f32_master_weights() {
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), &TinySpec::tiny(Architecture::Qwen2)).unwrap();
-    let cfg = TrainConfig { dtype: "bfloat16".into(), lr: 1e-3, warmup_ratio: 0.0, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
+    let cfg = TrainConfig {
+        dtype: "bfloat16".into(),
+        lr: 1e-3,
+        warmup_ratio: 0.0,
+        train_batch_size: 8,
+        micro_batch_size: 4,
+        ..Default::default()
+    };
     let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
     let w0 = t.model().named_parameters()[1].1.detach().copy();
     assert_eq!(w0.kind(), Kind::BFloat16);
     let report = t.train_step(&batch()).unwrap();
     assert!(report.loss.is_finite() && report.grad_norm > 0.0);
-    let masters = t.optimizer().state_tensors().into_iter().filter(|(n, _)| n.starts_with("master.")).count();
-    assert_eq!(masters, t.model().named_parameters().len(), "one f32 master copy per bf16 parameter");
+    let masters =
+        t.optimizer().state_tensors().into_iter().filter(|(n, _)| n.starts_with("master.")).count();
+    assert_eq!(
+        masters,
+        t.model().named_parameters().len(),
+        "one f32 master copy per bf16 parameter"
+    );
     let w1 = t.model().named_parameters()[1].1.detach();
     assert_eq!(w1.kind(), Kind::BFloat16);
     assert!(!w1.equal(&w0), "bf16 weights must be updated from the master copy");
@@ -97,8 +120,16 @@ fn lora_trainers_of_one_process_share_the_base_and_train_apart() {
     for ((n, x), (_, y)) in a.model().named_parameters().iter().zip(b.model().named_parameters()) {
         assert_eq!(x.data_ptr(), y.data_ptr(), "{n} is held twice");
     }
-    let snapshot = |t: &Trainer| t.adapter().unwrap().named_tensors().into_iter().map(|(n, x)| (n, x.detach().copy())).collect::<Vec<_>>();
-    let base_before: Vec<Tensor> = a.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
+    let snapshot = |t: &Trainer| {
+        t.adapter()
+            .unwrap()
+            .named_tensors()
+            .into_iter()
+            .map(|(n, x)| (n, x.detach().copy()))
+            .collect::<Vec<_>>()
+    };
+    let base_before: Vec<Tensor> =
+        a.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect();
     let b_before = snapshot(&b);
     let mut alone = Trainer::new(&base, cfg(1), None).unwrap();
     for _ in 0..2 {
@@ -134,20 +165,36 @@ fn the_report_gives_the_first_token_entropy_and_the_adapter_norm() {
     t.export(&dir.path().join("before"), false).unwrap();
     let r = t.train_step(&batch()).unwrap();
     let model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
-    let before = LoraAdapter::load(&dir.path().join("before"), model.config(), Kind::Float, Device::Cpu).unwrap();
+    let before =
+        LoraAdapter::load(&dir.path().join("before"), model.config(), Kind::Float, Device::Cpu)
+            .unwrap();
     let mut sum = 0.0;
     for e in batch() {
         let ids = Tensor::from_slice(&e.prompt_ids).view([1, -1]);
-        let logits = tch::no_grad(|| model.forward(&ids, None, Some(&LoraBatch::uniform(&before))).unwrap());
+        let logits =
+            tch::no_grad(|| model.forward(&ids, None, Some(&LoraBatch::uniform(&before))).unwrap());
         let lsm = logits.get(0).get(e.prompt_ids.len() as i64 - 1).log_softmax(-1, Kind::Float);
         sum += -(lsm.exp() * &lsm).sum(Kind::Float).double_value(&[]);
     }
     let want = sum / 8.0;
-    assert!((r.first_token_entropy - want).abs() < 1e-5, "first-token entropy {} against {want}", r.first_token_entropy);
+    assert!(
+        (r.first_token_entropy - want).abs() < 1e-5,
+        "first-token entropy {} against {want}",
+        r.first_token_entropy
+    );
     let a = t.adapter().unwrap();
-    let sq: f64 = a.pairs().map(|(_, (la, lb))| (lb.matmul(la) * a.scale()).pow_tensor_scalar(2).sum(Kind::Float).double_value(&[])).sum();
+    let sq: f64 = a
+        .pairs()
+        .map(|(_, (la, lb))| {
+            (lb.matmul(la) * a.scale()).pow_tensor_scalar(2).sum(Kind::Float).double_value(&[])
+        })
+        .sum();
     let got = r.adapter_norm.unwrap();
-    assert!(got > 0.0 && (got - sq.sqrt()).abs() < 1e-6 * sq.sqrt(), "adapter norm {got} against {}", sq.sqrt());
+    assert!(
+        got > 0.0 && (got - sq.sqrt()).abs() < 1e-6 * sq.sqrt(),
+        "adapter norm {got} against {}",
+        sq.sqrt()
+    );
 }
 
 /// Truncated importance sampling: each token's policy-gradient term is weighted by
@@ -162,11 +209,21 @@ fn truncated_importance_weights_scale_each_tokens_gradient() {
     let cfg = |cap: f64| {
         TrainConfig::from_toml(&format!("lr = 1e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 4\nkl_coef = 0.0\ntis_cap = {cap}\n")).unwrap()
     };
-    let far: Vec<Experience> = batch().into_iter().map(|e| Experience { sampling_logprobs: Some(vec![-100.0; e.completion_ids.len()]), ..e }).collect();
+    let far: Vec<Experience> = batch()
+        .into_iter()
+        .map(|e| Experience { sampling_logprobs: Some(vec![-100.0; e.completion_ids.len()]), ..e })
+        .collect();
     let run = |cap: f64| {
         let mut t = Trainer::new(&base, cfg(cap), None).unwrap();
         let r = t.train_step(&far).unwrap();
-        (r, t.model().named_parameters().into_iter().map(|(_, p)| p.detach().copy()).collect::<Vec<_>>())
+        (
+            r,
+            t.model()
+                .named_parameters()
+                .into_iter()
+                .map(|(_, p)| p.detach().copy())
+                .collect::<Vec<_>>(),
+        )
     };
     let (plain, plain_w) = run(0.0);
     let (one, one_w) = run(1.0);
@@ -176,8 +233,15 @@ fn truncated_importance_weights_scale_each_tokens_gradient() {
     assert_eq!(one.grad_norm, plain.grad_norm);
     assert!(one_w.iter().zip(&plain_w).all(|(a, b)| a.equal(b)), "weights of 1 changed the update");
     assert_eq!((half.tis_weight_mean, half.tis_truncated_frac), (Some(0.5), Some(1.0)));
-    assert!((half.grad_norm - plain.grad_norm / 2.0).abs() <= 1e-6 * plain.grad_norm, "{} against {}", half.grad_norm, plain.grad_norm);
+    assert!(
+        (half.grad_norm - plain.grad_norm / 2.0).abs() <= 1e-6 * plain.grad_norm,
+        "{} against {}",
+        half.grad_norm,
+        plain.grad_norm
+    );
     // With ℓ^old taken from the sampler there is nothing to weigh.
-    let e = TrainConfig::from_toml("tis_cap = 2.0\nold_logprobs = \"sampler\"\n").and_then(|c| c.validate().map(|()| c)).unwrap_err();
+    let e = TrainConfig::from_toml("tis_cap = 2.0\nold_logprobs = \"sampler\"\n")
+        .and_then(|c| c.validate().map(|()| c))
+        .unwrap_err();
     assert!(e.to_string().contains("old_logprobs = \"recompute\""), "{e}");
 }

@@ -10,7 +10,9 @@ fn root() -> PathBuf {
 
 fn run_case(name: &str) {
     let fixtures = root().join("tests/fixtures/learner");
-    let cases: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixtures.join("cases.json")).unwrap()).unwrap();
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("cases.json")).unwrap())
+            .unwrap();
     let case = &cases[name];
     let dir = fixtures.join(name);
     let cfg = TrainConfig::from_file(&dir.join("config.toml")).unwrap();
@@ -19,8 +21,12 @@ fn run_case(name: &str) {
     let reference = case["ref_model"].as_str().map(|p| root().join(p));
     let mut t = Trainer::with_reference(&model, cfg, None, reference.as_deref()).unwrap();
     let report = t.train_step(&batch).unwrap();
-    let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected/report.json")).unwrap()).unwrap();
-    let close = |what: &str, a: f64, b: f64, tol: f64| assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{name} {what}: {a} vs {b}");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected/report.json")).unwrap())
+            .unwrap();
+    let close = |what: &str, a: f64, b: f64, tol: f64| {
+        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{name} {what}: {a} vs {b}")
+    };
     close("lr", report.lr, want["lr"].as_f64().unwrap(), 1e-9);
     close("grad_norm", report.grad_norm, want["grad_norm"].as_f64().unwrap(), 1e-4);
     close("loss", report.loss, want["loss"].as_f64().unwrap(), 1e-5);
@@ -33,7 +39,9 @@ fn run_case(name: &str) {
     assert_eq!(params.len(), expected.names().count(), "{name}: tensor count");
     let mut worst: f64 = 0.0;
     let mut moved: f64 = 0.0;
-    let before = comas_model::CausalLm::load(&model, tch::Kind::Float, tch::Device::Cpu).unwrap().named_parameters();
+    let before = comas_model::CausalLm::load(&model, tch::Kind::Float, tch::Device::Cpu)
+        .unwrap()
+        .named_parameters();
     for ((n, p), (_, p0)) in params.iter().zip(&before) {
         let e = expected.tensor(n).unwrap();
         worst = worst.max((p.detach() - &e).abs().max().double_value(&[]));
@@ -80,7 +88,9 @@ fn one_shot_step_binary_matches_pytorch() {
         .output()
         .unwrap();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
     assert_eq!(report["global_step"], 1);
     let got = SafeTensorsFile::open(&out.path().join("model.safetensors")).unwrap();
     let want = SafeTensorsFile::open(&dir.join("expected/model.safetensors")).unwrap();

@@ -37,26 +37,55 @@ fn experiences(n: usize, seed: u64) -> Vec<pb::Experience> {
 
 fn train_messages(header: pb::TrainHeader, exps: Vec<pb::Experience>) -> Vec<pb::TrainRequest> {
     let mut msgs = vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) }];
-    msgs.extend(exps.into_iter().map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }));
+    msgs.extend(
+        exps.into_iter()
+            .map(|e| pb::TrainRequest { item: Some(pb::train_request::Item::Experience(e)) }),
+    );
     msgs
 }
 
-fn train_stream(step_id: &str, announced: u32, exps: Vec<pb::Experience>) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
-    tokio_stream::iter(train_messages(pb::TrainHeader { step_id: step_id.into(), num_experiences: announced, ..Default::default() }, exps))
+fn train_stream(
+    step_id: &str,
+    announced: u32,
+    exps: Vec<pb::Experience>,
+) -> impl tokio_stream::Stream<Item = pb::TrainRequest> {
+    tokio_stream::iter(train_messages(
+        pb::TrainHeader {
+            step_id: step_id.into(),
+            num_experiences: announced,
+            ..Default::default()
+        },
+        exps,
+    ))
 }
 
 async fn start(model: &Path, ckpt: &Path) -> (String, tokio::sync::oneshot::Sender<()>) {
     start_with(model, ckpt, false).await
 }
 
-async fn start_with(model: &Path, ckpt: &Path, resume: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
+async fn start_with(
+    model: &Path,
+    ckpt: &Path,
+    resume: bool,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     start_rooted(model, ckpt, resume, Default::default()).await
 }
 
-async fn start_rooted(model: &Path, ckpt: &Path, resume: bool, allowed_roots: comas_service::AllowedRoots) -> (String, tokio::sync::oneshot::Sender<()>) {
+async fn start_rooted(
+    model: &Path,
+    ckpt: &Path,
+    resume: bool,
+    allowed_roots: comas_service::AllowedRoots,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
-    let cfg = TrainConfig { lr: 1e-3, total_steps: 10, train_batch_size: 8, micro_batch_size: 4, ..Default::default() };
+    let cfg = TrainConfig {
+        lr: 1e-3,
+        total_steps: 10,
+        train_batch_size: 8,
+        micro_batch_size: 4,
+        ..Default::default()
+    };
     let settings = ServerSettings {
         agents: vec![(
             3,
@@ -124,14 +153,19 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     // The step's progress, read by the service from the training thread's counters: every
     // sample once (one epoch), the tokens the report counts, and no step running.
     let p = c.train_progress(pb::TrainProgressRequest {}).await.unwrap().into_inner();
-    assert_eq!((p.global_step, p.training, p.samples_done, p.samples_total, p.tokens_done), (1, false, 8, 8, r1.tokens));
+    assert_eq!(
+        (p.global_step, p.training, p.samples_done, p.samples_total, p.tokens_done),
+        (1, false, 8, 8, r1.tokens)
+    );
     // A retried step id is answered from the stored report, not trained again.
     let again = c.train(train_stream("step-1", 8, experiences(8, 1))).await.unwrap().into_inner();
     assert_eq!(again, r1);
     // Asked for the report alone, it answers from memory, or NOT_FOUND for a step it never trained.
     let report_only = |id: &str| {
         let h = pb::TrainHeader { step_id: id.into(), report_only: true, ..Default::default() };
-        tokio_stream::iter(vec![pb::TrainRequest { item: Some(pb::train_request::Item::Header(h)) }])
+        tokio_stream::iter(vec![pb::TrainRequest {
+            item: Some(pb::train_request::Item::Header(h)),
+        }])
     };
     assert_eq!(c.train(report_only("step-1")).await.unwrap().into_inner(), r1);
     assert_eq!(c.train(report_only("step-9")).await.unwrap_err().code(), tonic::Code::NotFound);
@@ -144,19 +178,29 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     let mut nan = experiences(4, 3);
     nan[2].reward = Some(f64::NAN);
     let err = c.train(train_stream("bad-2", 4, nan)).await.unwrap_err();
-    assert!(err.code() == tonic::Code::InvalidArgument && err.message().contains("not finite"), "{}", err.message());
+    assert!(
+        err.code() == tonic::Code::InvalidArgument && err.message().contains("not finite"),
+        "{}",
+        err.message()
+    );
     let mut oov = experiences(4, 4);
     oov[0].completion_ids.push(100_000);
     let err = c.train(train_stream("bad-3", 4, oov)).await.unwrap_err();
     assert!(err.message().contains("vocabulary"), "{}", err.message());
-    let err = c.train(tokio_stream::iter(vec![pb::TrainRequest { item: Some(pb::train_request::Item::Experience(Default::default())) }])).await.unwrap_err();
+    let err = c
+        .train(tokio_stream::iter(vec![pb::TrainRequest {
+            item: Some(pb::train_request::Item::Experience(Default::default())),
+        }]))
+        .await
+        .unwrap_err();
     assert!(err.message().contains("header"), "{}", err.message());
     // A step that says which version it trains refuses an experience sampled with another.
     let mut stale = experiences(4, 5);
     stale[1].policy_version = 7;
     stale[1].episode_id = "ep-9".into();
     stale[1].turn_id = 3;
-    let mut msgs: Vec<pb::TrainRequest> = tokio_stream::StreamExt::collect(train_stream("bad-4", 4, stale)).await;
+    let mut msgs: Vec<pb::TrainRequest> =
+        tokio_stream::StreamExt::collect(train_stream("bad-4", 4, stale)).await;
     if let Some(pb::train_request::Item::Header(h)) = &mut msgs[0].item {
         h.expected_version = Some(1);
     }
@@ -177,7 +221,11 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     // Publish version 1 and pull it in small chunks; it must equal the saved checkpoint.
     let p = c.publish_weights(pb::PublishWeightsRequest::default()).await.unwrap().into_inner();
     assert_eq!((p.version, p.lora), (1, false));
-    let mut stream = c.stream_weights(pb::StreamWeightsRequest { version: 1, max_chunk_bytes: 1000 }).await.unwrap().into_inner();
+    let mut stream = c
+        .stream_weights(pb::StreamWeightsRequest { version: 1, max_chunk_bytes: 1000 })
+        .await
+        .unwrap()
+        .into_inner();
     let mut chunks = Vec::new();
     while let Some(ch) = stream.message().await.unwrap() {
         assert!(ch.data.len() <= 1000);
@@ -189,7 +237,8 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     assert_eq!(tensors.iter().map(|t| t.bytes.len() as u64).sum::<u64>(), p.total_bytes);
     let saved = c.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
     assert_eq!(saved.global_step, 1);
-    let file = SafeTensorsFile::open(&Path::new(&saved.path).join("model/model.safetensors")).unwrap();
+    let file =
+        SafeTensorsFile::open(&Path::new(&saved.path).join("model/model.safetensors")).unwrap();
     for r in &tensors {
         let t = file.tensor(&r.name).unwrap();
         assert_eq!(t.size(), r.shape);
@@ -204,12 +253,19 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     bad[0].data = flipped.into();
     let last_of_first = bad.iter().position(|c| c.last).unwrap();
     assert!(assemble(bad[..=last_of_first].to_vec()).err().unwrap().contains("checksum"));
-    let err = c.stream_weights(pb::StreamWeightsRequest { version: 7, max_chunk_bytes: 0 }).await.unwrap_err();
+    let err = c
+        .stream_weights(pb::StreamWeightsRequest { version: 7, max_chunk_bytes: 0 })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
 
     // Train once more, then load the checkpoint back: the step counter returns to 1.
     c.train(train_stream("step-2", 8, experiences(8, 5))).await.unwrap();
-    let loaded = c.load_checkpoint(pb::LoadCheckpointRequest { path: String::new() }).await.unwrap().into_inner();
+    let loaded = c
+        .load_checkpoint(pb::LoadCheckpointRequest { path: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(loaded.global_step, 1);
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
     let _ = stop.send(());
@@ -227,31 +283,67 @@ async fn calls_planned_for_another_step_are_refused_and_reports_survive_a_restar
     assert!(wait_status(&addr, ServingStatus::Serving).await);
     let mut c = LearnerClient::connect(addr.clone()).await.unwrap();
     let planned = |id: &str, at: u64, seed: u64| {
-        let header = pb::TrainHeader { step_id: id.into(), num_experiences: 8, at_step: Some(at), ..Default::default() };
+        let header = pb::TrainHeader {
+            step_id: id.into(),
+            num_experiences: 8,
+            at_step: Some(at),
+            ..Default::default()
+        };
         tokio_stream::iter(train_messages(header, experiences(8, seed)))
     };
     let err = c.train(planned("job/1", 1, 1)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
-    assert!(err.message().contains("planned for training step 1, but this learner is at step 0"), "{}", err.message());
+    assert!(
+        err.message().contains("planned for training step 1, but this learner is at step 0"),
+        "{}",
+        err.message()
+    );
     let r0 = c.train(planned("job/0", 0, 1)).await.unwrap().into_inner();
     assert_eq!(r0.global_step, 1);
     // The same step id again is answered from the report, even though the learner moved on.
     assert_eq!(c.train(planned("job/0", 0, 1)).await.unwrap().into_inner(), r0);
     for (save, publish) in [(Some(0), None), (None, Some(0))] {
         let err = match save {
-            Some(e) => c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(e) }).await.unwrap_err(),
-            None => c.publish_weights(pb::PublishWeightsRequest { expected_version: publish }).await.unwrap_err(),
+            Some(e) => c
+                .save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(e) })
+                .await
+                .unwrap_err(),
+            None => c
+                .publish_weights(pb::PublishWeightsRequest { expected_version: publish })
+                .await
+                .unwrap_err(),
         };
         assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
     }
-    assert!(std::fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0) == 0, "a refused save wrote nothing");
-    let saved = c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) }).await.unwrap().into_inner();
+    assert!(
+        std::fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0) == 0,
+        "a refused save wrote nothing"
+    );
+    let saved = c
+        .save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) })
+        .await
+        .unwrap()
+        .into_inner();
     let weights = Path::new(&saved.path).join("model/model.safetensors");
     let written = std::fs::metadata(&weights).unwrap().modified().unwrap();
     // Saving the same step again keeps the checkpoint that is there.
-    let again = c.save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) }).await.unwrap().into_inner();
-    assert_eq!((again.path.as_str(), std::fs::metadata(&weights).unwrap().modified().unwrap()), (saved.path.as_str(), written));
-    assert_eq!(c.publish_weights(pb::PublishWeightsRequest { expected_version: Some(1) }).await.unwrap().into_inner().version, 1);
+    let again = c
+        .save_checkpoint(pb::SaveCheckpointRequest { expected_step: Some(1) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (again.path.as_str(), std::fs::metadata(&weights).unwrap().modified().unwrap()),
+        (saved.path.as_str(), written)
+    );
+    assert_eq!(
+        c.publish_weights(pb::PublishWeightsRequest { expected_version: Some(1) })
+            .await
+            .unwrap()
+            .into_inner()
+            .version,
+        1
+    );
     let _ = stop.send(());
 
     // A new learner resumed from that checkpoint knows step `job/0`: a retry is not trained again.
@@ -280,22 +372,41 @@ async fn a_step_whitened_with_pooled_moments_uses_them() {
     let mut c = LearnerClient::connect(addr).await.unwrap();
     let exps = experiences(8, 5);
     let call = |moments_only: bool, pooled: Vec<pb::GroupMoments>| {
-        let header =
-            pb::TrainHeader { step_id: "job/0".into(), num_experiences: 8, at_step: Some(0), moments_only, pooled_moments: pooled, ..Default::default() };
+        let header = pb::TrainHeader {
+            step_id: "job/0".into(),
+            num_experiences: 8,
+            at_step: Some(0),
+            moments_only,
+            pooled_moments: pooled,
+            ..Default::default()
+        };
         tokio_stream::iter(train_messages(header, exps.clone()))
     };
     let own = c.train(call(true, Vec::new())).await.unwrap().into_inner().return_moments;
-    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 0, "a moments call trains nothing");
+    assert_eq!(
+        c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step,
+        0,
+        "a moments call trains nothing"
+    );
     // No KL here and gamma 1: every completion token's return is its sample's reward.
-    let returns: Vec<f64> = exps.iter().flat_map(|e| vec![e.reward.unwrap(); e.completion_ids.len()]).collect();
+    let returns: Vec<f64> =
+        exps.iter().flat_map(|e| vec![e.reward.unwrap(); e.completion_ids.len()]).collect();
     let want = Moments::of(returns.iter());
     assert_eq!(own.len(), 1);
     assert_eq!((own[0].norm_group.as_str(), own[0].count), ("", want.count));
-    assert!((own[0].mean - want.mean).abs() < 1e-12 && (own[0].m2 - want.m2).abs() < 1e-12, "{own:?} {want:?}");
+    assert!(
+        (own[0].mean - want.mean).abs() < 1e-12 && (own[0].m2 - want.m2).abs() < 1e-12,
+        "{own:?} {want:?}"
+    );
     // Another learner's part, pooled with this one's as the coordinator does.
     let other = Moments { count: 30, mean: 2.0, m2: 12.0 };
     let pool = Moments { count: own[0].count, mean: own[0].mean, m2: own[0].m2 }.merge(other);
-    let pooled = vec![pb::GroupMoments { norm_group: String::new(), count: pool.count, mean: pool.mean, m2: pool.m2 }];
+    let pooled = vec![pb::GroupMoments {
+        norm_group: String::new(),
+        count: pool.count,
+        mean: pool.mean,
+        m2: pool.m2,
+    }];
     let bad = vec![pb::GroupMoments { mean: f64::NAN, ..pooled[0].clone() }];
     assert_eq!(c.train(call(false, bad)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     let r = c.train(call(false, pooled)).await.unwrap().into_inner();
@@ -304,8 +415,15 @@ async fn a_step_whitened_with_pooled_moments_uses_them() {
     // Every token whitened with the pool: the mean advantage is this part's offset from it.
     let expected = (own[0].mean - pool.mean) / pool.variance().sqrt();
     let got = report["advantage_mean"].as_f64().unwrap();
-    assert!((got - expected).abs() < 1e-9 && expected < -0.5, "advantage mean {got}, expected {expected}");
-    assert_eq!(c.train(call(true, Vec::new())).await.unwrap().into_inner().return_moments, own, "answered from the step's report");
+    assert!(
+        (got - expected).abs() < 1e-9 && expected < -0.5,
+        "advantage mean {got}, expected {expected}"
+    );
+    assert_eq!(
+        c.train(call(true, Vec::new())).await.unwrap().into_inner().return_moments,
+        own,
+        "answered from the step's report"
+    );
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
     let _ = stop.send(());
 }
@@ -319,7 +437,11 @@ async fn a_learner_whose_model_fails_to_load_never_reports_ready() {
     let err = c.info(pb::InfoRequest {}).await.unwrap_err();
     // Permanent, and it says what is wrong: the caller fails the job instead of retrying.
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("could not load its model") && err.message().contains("missing"), "{}", err.message());
+    assert!(
+        err.message().contains("could not load its model") && err.message().contains("missing"),
+        "{}",
+        err.message()
+    );
     let _ = stop.send(());
 }
 
@@ -331,7 +453,8 @@ fn the_binary_serves_and_stops_on_sigterm() {
     let cfg = dir.path().join("train.toml");
     std::fs::write(&cfg, "lr = 1e-4\n").unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port =
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-learner"))
         .args(["serve", "--model", model.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
         .env("COMAS_LEARNER_LISTEN", format!("127.0.0.1:{port}"))
@@ -340,7 +463,8 @@ fn the_binary_serves_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let ready = rt.block_on(wait_status(&format!("http://127.0.0.1:{port}"), ServingStatus::Serving));
+    let ready =
+        rt.block_on(wait_status(&format!("http://127.0.0.1:{port}"), ServingStatus::Serving));
     if !ready {
         let _ = child.kill();
         panic!("learner process never became ready");
@@ -380,12 +504,20 @@ async fn an_export_outside_the_allowed_roots_is_refused() {
     assert!(wait_status(&addr, ServingStatus::Serving).await, "learner never became ready");
     let mut c = LearnerClient::connect(addr.clone()).await.unwrap();
     for bad in ["/etc/comas-export", &format!("{}/../escaped", exports.display())] {
-        let e = c.export(pb::ExportRequest { dir: bad.into(), merge_lora: false }).await.unwrap_err();
+        let e =
+            c.export(pb::ExportRequest { dir: bad.into(), merge_lora: false }).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{bad}: {}", e.message());
         assert!(e.message().contains("export folder"), "{}", e.message());
     }
     assert!(!Path::new("/etc/comas-export").exists() && !dir.path().join("escaped").exists());
-    let ok = c.export(pb::ExportRequest { dir: exports.join("agent-0").display().to_string(), merge_lora: false }).await.unwrap().into_inner();
+    let ok = c
+        .export(pb::ExportRequest {
+            dir: exports.join("agent-0").display().to_string(),
+            merge_lora: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(exports.join("agent-0/config.json").is_file(), "{ok:?}");
     let _ = stop.send(());
 }

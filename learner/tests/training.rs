@@ -13,7 +13,9 @@ fn tiny_model(dir: &Path, seed: i64) {
 }
 
 fn params(t: &Trainer) -> Vec<(String, Tensor)> {
-    tch::no_grad(|| t.model().named_parameters().into_iter().map(|(n, p)| (n, p.detach().copy())).collect())
+    tch::no_grad(|| {
+        t.model().named_parameters().into_iter().map(|(n, p)| (n, p.detach().copy())).collect()
+    })
 }
 
 fn max_param_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
@@ -53,8 +55,19 @@ fn random_batch(seed: u64, n: usize) -> Vec<Experience> {
 #[test]
 fn mean_reward_rises_on_a_toy_task() {
     let dir = tempfile::tempdir().unwrap();
-    write_model(dir.path(), &TinySpec { seed: 3, vocab_size: 16, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
-    let cfg = TrainConfig { lr: 1e-2, warmup_ratio: 0.0, total_steps: 30, train_batch_size: 32, micro_batch_size: 32, ..Default::default() };
+    write_model(
+        dir.path(),
+        &TinySpec { seed: 3, vocab_size: 16, ..TinySpec::tiny(Architecture::Qwen2) },
+    )
+    .unwrap();
+    let cfg = TrainConfig {
+        lr: 1e-2,
+        warmup_ratio: 0.0,
+        total_steps: 30,
+        train_batch_size: 32,
+        micro_batch_size: 32,
+        ..Default::default()
+    };
     let mut trainer = Trainer::new(dir.path(), cfg, None).unwrap();
     let good = |t: i64| t == 3;
     let prompts: Vec<Vec<i64>> = vec![vec![5, 6, 7], vec![10, 11], vec![2, 3, 4, 5], vec![13]];
@@ -63,7 +76,11 @@ fn mean_reward_rises_on_a_toy_task() {
         let reqs: Vec<GenerationRequest> = (0..32)
             .map(|i| GenerationRequest {
                 prompt_ids: prompts[i % 4].clone(),
-                params: SamplingParams { seed: step * 100 + i as u64, max_new_tokens: 3, ..Default::default() },
+                params: SamplingParams {
+                    seed: step * 100 + i as u64,
+                    max_new_tokens: 3,
+                    ..Default::default()
+                },
                 adapter: None,
             })
             .collect();
@@ -138,7 +155,12 @@ fn resume_continues_exactly() {
     }
     let d = max_param_diff(&params(&straight), &params(&resumed));
     assert!(d < 1e-7, "resumed weights differ by {d}");
-    assert!(max_param_diff(&params(&straight), &params(&Trainer::new(dir.path(), resume_cfg(), None).unwrap())) > 1e-4);
+    assert!(
+        max_param_diff(
+            &params(&straight),
+            &params(&Trainer::new(dir.path(), resume_cfg(), None).unwrap())
+        ) > 1e-4
+    );
 }
 
 #[test]
@@ -190,7 +212,11 @@ fn an_update_whose_every_step_is_non_finite_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     tiny_model(dir.path(), 7);
     let bad_ref = dir.path().join("nan-reference");
-    write_model(&bad_ref, &TinySpec { seed: 7, init_std: f64::NAN, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
+    write_model(
+        &bad_ref,
+        &TinySpec { seed: 7, init_std: f64::NAN, ..TinySpec::tiny(Architecture::Qwen2) },
+    )
+    .unwrap();
     let cfg = TrainConfig { kl_coef: 0.1, kl_in_loss: true, ..resume_cfg() };
     let mut t = Trainer::with_reference(dir.path(), cfg, None, Some(&bad_ref)).unwrap();
     let before = params(&t);
@@ -212,14 +238,25 @@ fn checkpoint_is_a_loadable_model_folder_and_rotates() {
     }
     let all = checkpoint::list_checkpoints(&root).unwrap();
     assert_eq!(all.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 3]);
-    let m = comas_model::CausalLm::load(&all[1].1.join("model"), tch::Kind::Float, tch::Device::Cpu).unwrap();
-    let d = max_param_diff(&params(&t), &tch::no_grad(|| m.named_parameters().into_iter().map(|(n, p)| (n, p.copy())).collect::<Vec<_>>()));
+    let m =
+        comas_model::CausalLm::load(&all[1].1.join("model"), tch::Kind::Float, tch::Device::Cpu)
+            .unwrap();
+    let d = max_param_diff(
+        &params(&t),
+        &tch::no_grad(|| {
+            m.named_parameters().into_iter().map(|(n, p)| (n, p.copy())).collect::<Vec<_>>()
+        }),
+    );
     assert_eq!(d, 0.0);
     assert!(comas_model::Tokenizer::from_dir(&all[1].1.join("model")).is_ok());
     // A half-written checkpoint (no marker) is never picked.
     std::fs::create_dir_all(root.join("step-9/model")).unwrap();
     assert_eq!(checkpoint::latest_checkpoint(&root).unwrap().unwrap(), all[1].1);
-    assert!(Trainer::resume(&root.join("step-9"), dir.path(), None).err().unwrap().to_string().contains("incomplete"));
+    assert!(Trainer::resume(&root.join("step-9"), dir.path(), None)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("incomplete"));
     // A save of step 3 that crashed after moving the old step 3 aside, before the new one took
     // its name: the one moved aside is still found, and resumes.
     std::fs::remove_dir_all(root.join("step-9")).unwrap();
@@ -229,9 +266,15 @@ fn checkpoint_is_a_loadable_model_folder_and_rotates() {
     assert_eq!(Trainer::resume(&found, dir.path(), None).unwrap().global_step, 3);
     // Saving step 3 again replaces it and leaves nothing aside.
     t.save_checkpoint(&root, 2).unwrap();
-    let names: Vec<String> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     assert_eq!(names.len(), 2, "{names:?}");
-    assert!(names.contains(&"step-3".to_string()) && names.contains(&"step-2".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"step-3".to_string()) && names.contains(&"step-2".to_string()),
+        "{names:?}"
+    );
 }
 
 /// Each experience is scored at the temperature it was sampled at: a batch sampled at 0.5
@@ -241,9 +284,11 @@ fn experiences_are_scored_at_their_own_sampling_temperature() {
     let dir = tempfile::tempdir().unwrap();
     tiny_model(dir.path(), 6);
     let plain = random_batch(9, 12);
-    let tagged: Vec<Experience> = plain.iter().cloned().map(|e| Experience { temperature: Some(0.5), ..e }).collect();
+    let tagged: Vec<Experience> =
+        plain.iter().cloned().map(|e| Experience { temperature: Some(0.5), ..e }).collect();
     let at = |t: f64, batch: &[Experience]| {
-        let mut tr = Trainer::new(dir.path(), TrainConfig { temperature: t, ..resume_cfg() }, None).unwrap();
+        let mut tr =
+            Trainer::new(dir.path(), TrainConfig { temperature: t, ..resume_cfg() }, None).unwrap();
         let r = tr.train_step(batch).unwrap();
         (r.loss, params(&tr))
     };
@@ -262,16 +307,31 @@ fn experiences_are_scored_at_their_own_sampling_temperature() {
 #[test]
 fn gradient_checkpointing_gives_the_same_update() {
     let dir = tempfile::tempdir().unwrap();
-    write_model(dir.path(), &TinySpec { seed: 5, tie_word_embeddings: true, ..TinySpec::tiny(Architecture::Qwen2) }).unwrap();
-    let lora =
-        comas_learner::config::LoraSettings { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()], use_rslora: false };
+    write_model(
+        dir.path(),
+        &TinySpec { seed: 5, tie_word_embeddings: true, ..TinySpec::tiny(Architecture::Qwen2) },
+    )
+    .unwrap();
+    let lora = comas_learner::config::LoraSettings {
+        r: 4,
+        alpha: 8.0,
+        target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()],
+        use_rslora: false,
+    };
     for adapter in [None, Some(lora)] {
         let trained = |checkpointing: bool| {
-            let cfg = TrainConfig { lr: 1e-2, gradient_checkpointing: checkpointing, lora: adapter.clone(), ..resume_cfg() };
+            let cfg = TrainConfig {
+                lr: 1e-2,
+                gradient_checkpointing: checkpointing,
+                lora: adapter.clone(),
+                ..resume_cfg()
+            };
             let mut t = Trainer::new(dir.path(), cfg, None).unwrap();
             let r = t.train_step(&random_batch(11, 12)).unwrap();
             let weights: Vec<(String, Tensor)> = match t.adapter() {
-                Some(a) => a.named_tensors().into_iter().map(|(n, x)| (n, x.detach().copy())).collect(),
+                Some(a) => {
+                    a.named_tensors().into_iter().map(|(n, x)| (n, x.detach().copy())).collect()
+                }
                 None => params(&t),
             };
             (r, weights)
@@ -279,8 +339,18 @@ fn gradient_checkpointing_gives_the_same_update() {
         let ((plain, w_plain), (ckpt, w_ckpt)) = (trained(false), trained(true));
         let what = if adapter.is_some() { "LoRA" } else { "full" };
         assert_eq!(plain.optimizer_steps, 2, "{what}");
-        assert!((plain.loss - ckpt.loss).abs() < 1e-9, "{what}: loss {} vs {}", plain.loss, ckpt.loss);
-        assert!((plain.grad_norm - ckpt.grad_norm).abs() < 1e-6 * plain.grad_norm, "{what}: grad norm {} vs {}", plain.grad_norm, ckpt.grad_norm);
+        assert!(
+            (plain.loss - ckpt.loss).abs() < 1e-9,
+            "{what}: loss {} vs {}",
+            plain.loss,
+            ckpt.loss
+        );
+        assert!(
+            (plain.grad_norm - ckpt.grad_norm).abs() < 1e-6 * plain.grad_norm,
+            "{what}: grad norm {} vs {}",
+            plain.grad_norm,
+            ckpt.grad_norm
+        );
         let moved = max_param_diff(&w_plain, &params_like(&w_plain, dir.path(), adapter.is_some()));
         assert!(moved > 1e-4, "{what}: the step changed the weights ({moved})");
         // Recomputing sums in another order moves gradients by float rounding, which Adam's
@@ -288,7 +358,10 @@ fn gradient_checkpointing_gives_the_same_update() {
         // missing or doubled gradient would give (the size of the step itself).
         let diff = max_param_diff(&w_plain, &w_ckpt);
         eprintln!("{what}: the step moved weights by up to {moved:e}; checkpointing changed them by {diff:e}");
-        assert!(diff < 1e-3 * moved, "{what}: weights differ by {diff} (the step moved them by {moved})");
+        assert!(
+            diff < 1e-3 * moved,
+            "{what}: weights differ by {diff} (the step moved them by {moved})"
+        );
     }
 }
 
@@ -296,7 +369,10 @@ fn gradient_checkpointing_gives_the_same_update() {
 /// fresh adapter (B = 0) for LoRA.
 fn params_like(like: &[(String, Tensor)], dir: &Path, lora: bool) -> Vec<(String, Tensor)> {
     if lora {
-        return like.iter().map(|(n, x)| (n.clone(), if n.contains("lora_B") { x.zeros_like() } else { x.copy() })).collect();
+        return like
+            .iter()
+            .map(|(n, x)| (n.clone(), if n.contains("lora_B") { x.zeros_like() } else { x.copy() }))
+            .collect();
     }
     params(&Trainer::new(dir, resume_cfg(), None).unwrap())
 }

@@ -33,9 +33,16 @@ fn main() {
     let batches: Vec<usize> = std::env::var("COMAS_BENCH_BATCHES")
         .unwrap_or_else(|_| "1,8,32".into())
         .split(',')
-        .map(|b| b.trim().parse().expect("COMAS_BENCH_BATCHES: batch sizes separated by commas, each 1..=32"))
+        .map(|b| {
+            b.trim()
+                .parse()
+                .expect("COMAS_BENCH_BATCHES: batch sizes separated by commas, each 1..=32")
+        })
         .collect();
-    assert!(batches.iter().all(|b| (1..=32).contains(b)), "COMAS_BENCH_BATCHES: each batch size must be 1..=32");
+    assert!(
+        batches.iter().all(|b| (1..=32).contains(b)),
+        "COMAS_BENCH_BATCHES: each batch size must be 1..=32"
+    );
     tch::set_num_threads(threads);
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -52,7 +59,13 @@ fn main() {
     };
     // COMAS_BENCH_SAMPLE=1 samples at temperature 1 (the rollout path) instead of greedy.
     let sample = std::env::var("COMAS_BENCH_SAMPLE").is_ok_and(|v| v == "1");
-    let params_for = |n: usize, seed: u64| if sample { SamplingParams { max_new_tokens: n, seed, ..Default::default() } } else { SamplingParams::greedy(n) };
+    let params_for = |n: usize, seed: u64| {
+        if sample {
+            SamplingParams { max_new_tokens: n, seed, ..Default::default() }
+        } else {
+            SamplingParams::greedy(n)
+        }
+    };
     let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     let kind = comas_model::dtype::parse_kind(&dtype).expect("COMAS_BENCH_DTYPE");
     let model = CausalLm::load(&model_dir, kind, Device::Cpu).expect("load bench model");
@@ -60,8 +73,10 @@ fn main() {
     println!("decode linears: {:?}", model.pack_for_decode());
     let params = model.config().num_parameters();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let prompts: Vec<Vec<i64>> = (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
-    let prompts_file = std::env::temp_dir().join(format!("comas-bench-prompts-{}.json", std::process::id()));
+    let prompts: Vec<Vec<i64>> =
+        (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
+    let prompts_file =
+        std::env::temp_dir().join(format!("comas-bench-prompts-{}.json", std::process::id()));
     std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
 
     println!(
@@ -78,10 +93,20 @@ fn main() {
         let reqs: Vec<GenerationRequest> = prompts[..b]
             .iter()
             .enumerate()
-            .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), params: params_for(new_tokens, i as u64), adapter: None })
+            .map(|(i, p)| GenerationRequest {
+                prompt_ids: p.clone(),
+                params: params_for(new_tokens, i as u64),
+                adapter: None,
+            })
             .collect();
-        let warm: Vec<GenerationRequest> =
-            prompts[..b].iter().map(|p| GenerationRequest { prompt_ids: p.clone(), params: params_for(4, 0), adapter: None }).collect();
+        let warm: Vec<GenerationRequest> = prompts[..b]
+            .iter()
+            .map(|p| GenerationRequest {
+                prompt_ids: p.clone(),
+                params: params_for(4, 0),
+                adapter: None,
+            })
+            .collect();
         generate(&model, &warm, None).unwrap();
         let best_of = |reqs: &[GenerationRequest], n: usize| {
             let mut best = f64::INFINITY;
@@ -95,26 +120,55 @@ fn main() {
         };
         let seconds = best_of(&reqs, new_tokens);
         // One new token is the prefill alone (its logits give the first token).
-        let first: Vec<GenerationRequest> =
-            reqs.iter().map(|r| GenerationRequest { params: params_for(1, 0), prompt_ids: r.prompt_ids.clone(), adapter: None }).collect();
+        let first: Vec<GenerationRequest> = reqs
+            .iter()
+            .map(|r| GenerationRequest {
+                params: params_for(1, 0),
+                prompt_ids: r.prompt_ids.clone(),
+                adapter: None,
+            })
+            .collect();
         ours.insert(b, Timing { batch: b, seconds, prefill_seconds: best_of(&first, 1) });
     }
 
-    let python = std::env::var("COMAS_REF_PYTHON").map(PathBuf::from).unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
-    let reference = run_reference(&python, &root, &model_dir, &prompts_file, &batches, new_tokens, threads, repeats, &dtype);
+    let python = std::env::var("COMAS_REF_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
+    let reference = run_reference(
+        &python,
+        &root,
+        &model_dir,
+        &prompts_file,
+        &batches,
+        new_tokens,
+        threads,
+        repeats,
+        &dtype,
+    );
     // Whole generate calls (prefill included), then the decode steps alone: the difference
     // between the full call and a call for one token, per generated token after the first.
     println!(
         "{:>6} {:>14} {:>18} {:>8} | {:>16} {:>16} {:>8} | {:>10} {:>10}",
-        "batch", "comas tok/s", "transformers tok/s", "ratio", "comas decode t/s", "trf decode t/s", "ratio", "comas pf s", "trf pf s"
+        "batch",
+        "comas tok/s",
+        "transformers tok/s",
+        "ratio",
+        "comas decode t/s",
+        "trf decode t/s",
+        "ratio",
+        "comas pf s",
+        "trf pf s"
     );
     let na = "n/a".to_string();
     for &b in &batches {
         let o = &ours[&b];
         let (ot, od) = (o.tokens_per_s(new_tokens), o.decode_tokens_per_s(new_tokens));
         let hf = reference.as_ref().and_then(|r| r.get(&b));
-        let show = |f: &dyn Fn(&Timing) -> f64, width: usize| hf.map_or(na.clone(), |h| format!("{:>width$.1}", f(h)));
-        let ratio = |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.2}x", f(o) / f(h)));
+        let show = |f: &dyn Fn(&Timing) -> f64, width: usize| {
+            hf.map_or(na.clone(), |h| format!("{:>width$.1}", f(h)))
+        };
+        let ratio =
+            |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.2}x", f(o) / f(h)));
         println!(
             "{b:>6} {ot:>14.1} {:>18} {:>8} | {od:>16.1} {:>16} {:>8} | {:>10.2} {:>10}",
             show(&|t| t.tokens_per_s(new_tokens), 18),
@@ -140,7 +194,10 @@ fn main() {
         weight_bytes / 1e6,
     );
     if reference.is_none() {
-        println!("(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)", python.display());
+        println!(
+            "(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)",
+            python.display()
+        );
     }
 }
 
@@ -220,7 +277,16 @@ fn run_reference(
     let out = std::process::Command::new(python)
         .arg(script)
         .args(["--model", model.to_str()?, "--prompts", prompts.to_str()?, "--batches", &batches])
-        .args(["--new-tokens", &new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &repeats.to_string(), "--dtype", dtype])
+        .args([
+            "--new-tokens",
+            &new_tokens.to_string(),
+            "--threads",
+            &threads.to_string(),
+            "--repeats",
+            &repeats.to_string(),
+            "--dtype",
+            dtype,
+        ])
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .ok()?;

@@ -24,18 +24,34 @@ fn main() {
     let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     let kind = comas_model::dtype::parse_kind(&dtype).expect("COMAS_BENCH_DTYPE");
     let _g = tch::no_grad_guard();
-    let ws: Vec<Tensor> = SHAPES.iter().map(|&(o, i)| (Tensor::randn([o, i], (Kind::Float, Device::Cpu)) * 0.05).to_kind(kind)).collect();
+    let ws: Vec<Tensor> = SHAPES
+        .iter()
+        .map(|&(o, i)| (Tensor::randn([o, i], (Kind::Float, Device::Cpu)) * 0.05).to_kind(kind))
+        .collect();
     let bytes: i64 = SHAPES.iter().map(|&(o, i)| o * i * kind.elt_size_in_bytes() as i64).sum();
     // The fast path of this dtype: the few-row kernel in f32, oneDNN's packed weights in bf16.
     let (fast_name, packed): (&str, Vec<Tensor>) = match kind {
         Kind::Float => ("few-row kernel", vec![]),
-        Kind::BFloat16 => ("oneDNN packed", ws.iter().map(|w| onednn::pack(w).expect("pack")).collect()),
+        Kind::BFloat16 => {
+            ("oneDNN packed", ws.iter().map(|w| onednn::pack(w).expect("pack")).collect())
+        }
         other => panic!("COMAS_BENCH_DTYPE: float32 or bfloat16, not {other:?}"),
     };
     println!("linears benchmark: SmolLM2's decode products, {dtype}, {} threads, {:.1} MB of weights per pass", tch::get_num_threads(), bytes as f64 / 1e6);
-    println!("{:>5} {:>14} {:>14} {:>18} {:>18} {:>8}", "rows", "aten ms", "aten GB/s", format!("{fast_name} ms"), format!("{fast_name} GB/s"), "ratio");
+    println!(
+        "{:>5} {:>14} {:>14} {:>18} {:>18} {:>8}",
+        "rows",
+        "aten ms",
+        "aten GB/s",
+        format!("{fast_name} ms"),
+        format!("{fast_name} GB/s"),
+        "ratio"
+    );
     for rows in [1i64, 2, 4, 8, 16, 32, 64] {
-        let xs: Vec<Tensor> = SHAPES.iter().map(|&(_, i)| Tensor::randn([rows, i], (Kind::Float, Device::Cpu)).to_kind(kind)).collect();
+        let xs: Vec<Tensor> = SHAPES
+            .iter()
+            .map(|&(_, i)| Tensor::randn([rows, i], (Kind::Float, Device::Cpu)).to_kind(kind))
+            .collect();
         let time = |fast: bool| {
             (0..3)
                 .map(|_| {
@@ -44,8 +60,11 @@ fn main() {
                         for (n, (w, x)) in ws.iter().zip(&xs).enumerate() {
                             let _y = match (fast, kind) {
                                 (false, _) => x.linear::<Tensor>(w, None),
-                                (true, Kind::Float) => rows_linear::linear(x, w, None).expect("few-row linear"),
-                                (true, _) => onednn::linear(x, &packed[n], None, w.size()[0]).expect("oneDNN linear"),
+                                (true, Kind::Float) => {
+                                    rows_linear::linear(x, w, None).expect("few-row linear")
+                                }
+                                (true, _) => onednn::linear(x, &packed[n], None, w.size()[0])
+                                    .expect("oneDNN linear"),
                             };
                         }
                     }
@@ -55,6 +74,13 @@ fn main() {
         };
         let (aten, fast) = (time(false), time(true));
         let gbs = |t: f64| bytes as f64 / t / 1e9;
-        println!("{rows:>5} {:>14.3} {:>14.1} {:>18.3} {:>18.1} {:>7.2}x", aten * 1e3, gbs(aten), fast * 1e3, gbs(fast), aten / fast);
+        println!(
+            "{rows:>5} {:>14.3} {:>14.1} {:>18.3} {:>18.1} {:>7.2}x",
+            aten * 1e3,
+            gbs(aten),
+            fast * 1e3,
+            gbs(fast),
+            aten / fast
+        );
     }
 }

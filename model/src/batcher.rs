@@ -167,12 +167,19 @@ impl<'a> Batcher<'a> {
     /// Cache slots (rows × columns) the batch needs if one more sequence of `prompt_len +
     /// max_new_tokens = need` tokens joins: every row is as wide as the widest.
     pub fn slots_if_added(&self, need: usize) -> usize {
-        (self.rows.len() + self.queue.len() + self.long_pending().count() + 1) * self.widest_need().max(need)
+        (self.rows.len() + self.queue.len() + self.long_pending().count() + 1)
+            * self.widest_need().max(need)
     }
 
     /// Prompt plus most new tokens of the widest sequence decoding or waiting.
     fn widest_need(&self) -> usize {
-        self.rows.iter().map(|r| r.need).chain(self.queue.iter().map(Pending::need)).chain(self.long_pending().map(Pending::need)).max().unwrap_or(0)
+        self.rows
+            .iter()
+            .map(|r| r.need)
+            .chain(self.queue.iter().map(Pending::need))
+            .chain(self.long_pending().map(Pending::need))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Sequences decoding now plus those waiting to join.
@@ -205,14 +212,22 @@ impl<'a> Batcher<'a> {
 
     /// Queues a sequence; it joins the batch at the next `step`. Input is checked here, so a
     /// bad request never disturbs the running batch.
-    pub fn add(&mut self, id: u64, prompt_ids: Vec<i64>, params: SamplingParams, adapter: Option<&'a LoraAdapter>) -> Result<()> {
+    pub fn add(
+        &mut self,
+        id: u64,
+        prompt_ids: Vec<i64>,
+        params: SamplingParams,
+        adapter: Option<&'a LoraAdapter>,
+    ) -> Result<()> {
         params.validate()?;
         let vocab = self.model.config().vocab_size;
         if prompt_ids.is_empty() {
             return Err(ModelError::Input(format!("sequence {id}: empty prompt")));
         }
         if let Some(bad) = prompt_ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(ModelError::Input(format!("sequence {id}: token id {bad} outside the vocabulary (size {vocab})")));
+            return Err(ModelError::Input(format!(
+                "sequence {id}: token id {bad} outside the vocabulary (size {vocab})"
+            )));
         }
         let context = self.model.config().max_position_embeddings.max(0) as usize;
         if prompt_ids.len().saturating_add(params.max_new_tokens) > context {
@@ -226,7 +241,9 @@ impl<'a> Batcher<'a> {
             return Err(ModelError::Input(format!("sequence {id}: stop strings need a tokenizer")));
         }
         if let Some(regex) = &params.guided_suffix {
-            let tok = self.tokenizer.ok_or_else(|| ModelError::Input(format!("sequence {id}: a guided suffix needs a tokenizer")))?;
+            let tok = self.tokenizer.ok_or_else(|| {
+                ModelError::Input(format!("sequence {id}: a guided suffix needs a tokenizer"))
+            })?;
             // Compiles (and caches) the guide now, so a bad regex fails this request only.
             tok.guidance()?.start(regex)?;
         }
@@ -239,14 +256,18 @@ impl<'a> Batcher<'a> {
     }
 
     fn lora(&self, adapters: &[Option<&'a LoraAdapter>]) -> Option<LoraBatch<'a>> {
-        adapters.iter().any(Option::is_some).then(|| LoraBatch::per_row(adapters, self.model.device()))
+        adapters
+            .iter()
+            .any(Option::is_some)
+            .then(|| LoraBatch::per_row(adapters, self.model.device()))
     }
 
     /// Prefills queued prompts straight into new rows at the end of the cache, in right-padded
     /// batches of similar length (see [`prefill_groups`]).
     fn admit(&mut self) -> Result<()> {
         if let Some(c) = self.prefill_chunk {
-            let (long, short): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue).into_iter().partition(|p| p.prompt.len() > c);
+            let (long, short): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.queue).into_iter().partition(|p| p.prompt.len() > c);
             self.long.extend(long);
             self.queue = short;
         }
@@ -268,15 +289,17 @@ impl<'a> Batcher<'a> {
             let (ids, _) = mask::right_pad(&prompts, 0, device);
             let adapters: Vec<Option<&'a LoraAdapter>> = group.iter().map(|p| p.adapter).collect();
             let lora = self.lora(&adapters);
-            let logits = match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref()) {
-                Ok(l) => l,
-                Err(e) => {
-                    for _ in 0..group.len() {
-                        self.cache.swap_remove(self.cache.rows() - 1);
+            let logits =
+                match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref())
+                {
+                    Ok(l) => l,
+                    Err(e) => {
+                        for _ in 0..group.len() {
+                            self.cache.swap_remove(self.cache.rows() - 1);
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
-                }
-            };
+                };
             self.logits = Some(match self.logits.take() {
                 Some(l) => Tensor::cat(&[l, logits], 0),
                 None => logits,
@@ -294,7 +317,16 @@ impl<'a> Batcher<'a> {
         let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
         let need = p.need();
         let tail_reserve = p.params.guided_suffix.as_deref().map_or(0, tail_reserve);
-        self.rows.push(Row { id: p.id, need, params: p.params, adapter: p.adapter, rng, out: empty_completion(), tail, tail_reserve });
+        self.rows.push(Row {
+            id: p.id,
+            need,
+            params: p.params,
+            adapter: p.adapter,
+            rng,
+            out: empty_completion(),
+            tail,
+            tail_reserve,
+        });
     }
 
     /// Runs the next chunk of the long prompt under way (starting the next one if none is); a
@@ -303,22 +335,32 @@ impl<'a> Batcher<'a> {
         let Some(chunk) = self.prefill_chunk else { return Ok(()) };
         if self.prefilling.is_none() {
             let Some(pending) = self.long.pop_front() else { return Ok(()) };
-            let mut cache = KvCache::new(self.model.config(), 0, 0, self.model.kind(), self.model.device());
+            let mut cache =
+                KvCache::new(self.model.config(), 0, 0, self.model.kind(), self.model.device());
             cache.push_rows(1)?;
             self.prefilling = Some(Prefill { pending, cache, done: 0 });
         }
         let Some(p) = self.prefilling.as_mut() else { return Ok(()) };
         let end = (p.done + chunk).min(p.pending.prompt.len());
-        let ids = Tensor::from_slice(&p.pending.prompt[p.done..end]).view([1, (end - p.done) as i64]).to_device(self.model.device());
+        let ids = Tensor::from_slice(&p.pending.prompt[p.done..end])
+            .view([1, (end - p.done) as i64])
+            .to_device(self.model.device());
         let adapter = [p.pending.adapter];
         let lora = adapter[0].is_some().then(|| LoraBatch::per_row(&adapter, self.model.device()));
-        let logits = self.model.forward_cached(&ids, &[(end - p.done) as i64], 0, &mut p.cache, lora.as_ref())?;
+        let logits = self.model.forward_cached(
+            &ids,
+            &[(end - p.done) as i64],
+            0,
+            &mut p.cache,
+            lora.as_ref(),
+        )?;
         p.done = end;
         if end < p.pending.prompt.len() {
             return Ok(());
         }
         let Some(Prefill { pending, cache, .. }) = self.prefilling.take() else { return Ok(()) };
-        self.cache.reserve((self.rows.len() + 1) as i64, self.widest_need().max(pending.need()) as i64)?;
+        self.cache
+            .reserve((self.rows.len() + 1) as i64, self.widest_need().max(pending.need()) as i64)?;
         self.cache.adopt_row(&cache, 0)?;
         self.logits = Some(match self.logits.take() {
             Some(l) => Tensor::cat(&[l, logits], 0),
@@ -381,13 +423,18 @@ impl<'a> Batcher<'a> {
             self.cache.fit_columns(self.widest_need() as i64)?;
         }
         // A guided row may have replaced the sampled token: feed what each row kept.
-        let next: Vec<i64> = self.rows.iter().map(|r| *r.out.token_ids.last().expect("a running row has a token")).collect();
+        let next: Vec<i64> = self
+            .rows
+            .iter()
+            .map(|r| *r.out.token_ids.last().expect("a running row has a token"))
+            .collect();
         let device = self.model.device();
         let input = Tensor::from_slice(&next).view([next.len() as i64, 1]).to_device(device);
         let adapters: Vec<Option<&'a LoraAdapter>> = self.rows.iter().map(|r| r.adapter).collect();
         let lora = self.lora(&adapters);
         let ones = vec![1i64; next.len()];
-        self.logits = Some(self.model.forward_cached(&input, &ones, 0, &mut self.cache, lora.as_ref())?);
+        self.logits =
+            Some(self.model.forward_cached(&input, &ones, 0, &mut self.cache, lora.as_ref())?);
         Ok(finished)
     }
 }
@@ -424,7 +471,11 @@ fn would_stop(tokenizer: Option<&Tokenizer>, row: &mut Row, token: i64) -> Resul
     Ok(false)
 }
 
-fn row_unguided(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
+fn row_unguided(
+    tokenizer: Option<&Tokenizer>,
+    row: &mut Row,
+    s: sampling::Sampled,
+) -> Result<RowState> {
     push(&mut row.out, s);
     if would_stop(tokenizer, row, s.token)? {
         return Ok(RowState::Finished(FinishReason::Stop));
@@ -435,9 +486,16 @@ fn row_unguided(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampl
 /// A guided row writing freely: when it would stop, or its free budget is spent, the tail
 /// starts. A stop token is not kept: the tail's first token is drawn in its place, from the
 /// same logits, among what the guide allows.
-fn row_free(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled, logits: &Tensor, b: usize) -> Result<RowState> {
+fn row_free(
+    tokenizer: Option<&Tokenizer>,
+    row: &mut Row,
+    s: sampling::Sampled,
+    logits: &Tensor,
+    b: usize,
+) -> Result<RowState> {
     push(&mut row.out, s);
-    let stop_token = row.out.token_ids.len() >= row.params.min_new_tokens && row.params.stop_token_ids.contains(&s.token);
+    let stop_token = row.out.token_ids.len() >= row.params.min_new_tokens
+        && row.params.stop_token_ids.contains(&s.token);
     let stopped = would_stop(tokenizer, row, s.token)?;
     let budget_spent = row.out.token_ids.len() + row.tail_reserve >= row.params.max_new_tokens;
     if !stopped && !budget_spent {
@@ -455,7 +513,13 @@ fn row_free(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled, 
         row.out.token_ids.pop();
         row.out.logprobs.pop();
         row.out.sampling_logprobs.pop();
-        let redraw = sampling::sample(&logits.narrow(0, b as i64, 1), &[&row.params], std::slice::from_mut(&mut row.rng), &[&[]], &[Some(&next)])[0];
+        let redraw = sampling::sample(
+            &logits.narrow(0, b as i64, 1),
+            &[&row.params],
+            std::slice::from_mut(&mut row.rng),
+            &[&[]],
+            &[Some(&next)],
+        )[0];
         row.tail = Tail::Guided { guide, next };
         return row_guided(row, redraw);
     }
@@ -465,8 +529,12 @@ fn row_free(tokenizer: Option<&Tokenizer>, row: &mut Row, s: sampling::Sampled, 
 
 /// A row in its guided tail: the token was drawn from `next`; record that set, advance the guide.
 fn row_guided(row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
-    let Tail::Guided { guide, next } = &mut row.tail else { unreachable!("row_guided on a guided row") };
-    row.out.constrained.push(Constrained { position: row.out.token_ids.len(), allowed: std::mem::take(next) });
+    let Tail::Guided { guide, next } = &mut row.tail else {
+        unreachable!("row_guided on a guided row")
+    };
+    row.out
+        .constrained
+        .push(Constrained { position: row.out.token_ids.len(), allowed: std::mem::take(next) });
     push(&mut row.out, s);
     guide.commit(s.token)?;
     match guide.allowed()? {
@@ -529,7 +597,8 @@ mod tests {
         let mut at = 0;
         for g in groups {
             let batch = &lens[at..at + g];
-            let (padded, real) = (batch.len() * batch[batch.len() - 1], batch.iter().sum::<usize>());
+            let (padded, real) =
+                (batch.len() * batch[batch.len() - 1], batch.iter().sum::<usize>());
             assert!(padded as f64 <= PREFILL_PADDING * real as f64, "{batch:?}");
             at += g;
         }

@@ -21,7 +21,9 @@ impl Architecture {
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
             "llama" => Ok(Self::Llama),
-            other => Err(ModelError::Config(format!("model_type `{other}` is not supported; supported: qwen2, qwen3, llama"))),
+            other => Err(ModelError::Config(format!(
+                "model_type `{other}` is not supported; supported: qwen2, qwen3, llama"
+            ))),
         }
     }
 }
@@ -30,8 +32,15 @@ impl Architecture {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     Default,
-    Linear { factor: f64 },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -125,7 +134,8 @@ impl Config {
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("invalid config.json: {e}")))?;
         Self::from_raw(raw)
     }
 
@@ -140,7 +150,10 @@ impl Config {
         };
         let hidden_size = positive("hidden_size", raw.hidden_size)?;
         let num_attention_heads = positive("num_attention_heads", raw.num_attention_heads)?;
-        let num_key_value_heads = positive("num_key_value_heads", raw.num_key_value_heads.unwrap_or(num_attention_heads))?;
+        let num_key_value_heads = positive(
+            "num_key_value_heads",
+            raw.num_key_value_heads.unwrap_or(num_attention_heads),
+        )?;
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(ModelError::Config(format!(
                 "num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads ({num_key_value_heads})"
@@ -156,26 +169,35 @@ impl Config {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(ModelError::Config(format!("head_dim must be even for rotary embeddings, got {head_dim}")));
+            return Err(ModelError::Config(format!(
+                "head_dim must be even for rotary embeddings, got {head_dim}"
+            )));
         }
         if let Some(act) = raw.hidden_act.as_deref() {
             if act != "silu" {
-                return Err(ModelError::Config(format!("hidden_act `{act}` is not supported; only silu")));
+                return Err(ModelError::Config(format!(
+                    "hidden_act `{act}` is not supported; only silu"
+                )));
             }
         }
         if raw.use_sliding_window == Some(true) {
-            return Err(ModelError::Config("use_sliding_window=true is not supported; set it to false (full attention)".into()));
+            return Err(ModelError::Config(
+                "use_sliding_window=true is not supported; set it to false (full attention)".into(),
+            ));
         }
         if let Some(f) = raw.partial_rotary_factor {
             if f != 1.0 {
-                return Err(ModelError::Config(format!("partial_rotary_factor {f} is not supported; only 1.0")));
+                return Err(ModelError::Config(format!(
+                    "partial_rotary_factor {f} is not supported; only 1.0"
+                )));
             }
         }
         let dtype = match raw.dtype.as_deref().or(raw.torch_dtype.as_deref()) {
             Some(name) => parse_kind(name)?,
             None => Kind::Float,
         };
-        let rope = parse_rope(raw.rope_theta, raw.rope_scaling.as_ref(), raw.rope_parameters.as_ref())?;
+        let rope =
+            parse_rope(raw.rope_theta, raw.rope_scaling.as_ref(), raw.rope_parameters.as_ref())?;
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias, qk_norm) = match architecture {
             Architecture::Qwen2 => (true, false, false),
@@ -239,18 +261,28 @@ impl Config {
 }
 
 fn get_f64(obj: &Value, key: &str, what: &str) -> Result<f64> {
-    obj.get(key).and_then(Value::as_f64).ok_or_else(|| ModelError::Config(format!("{what} needs a numeric `{key}`")))
+    obj.get(key)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| ModelError::Config(format!("{what} needs a numeric `{key}`")))
 }
 
 /// Resolves rotary settings from either key style. `rope_parameters` (transformers 5) carries the
 /// theta itself; `rope_scaling` (classic) sits next to a top-level `rope_theta`.
-fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parameters: Option<&Value>) -> Result<RopeConfig> {
+fn parse_rope(
+    rope_theta: Option<f64>,
+    rope_scaling: Option<&Value>,
+    rope_parameters: Option<&Value>,
+) -> Result<RopeConfig> {
     let mut params = rope_parameters.filter(|v| !v.is_null());
     // Models with several attention types nest one entry per type; these architectures use full attention.
     if let Some(full) = params.and_then(|p| p.get("full_attention")) {
         params = Some(full);
     }
-    let theta = params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).or(rope_theta).unwrap_or(10_000.0);
+    let theta = params
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(Value::as_f64)
+        .or(rope_theta)
+        .unwrap_or(10_000.0);
     if theta <= 0.0 {
         return Err(ModelError::Config(format!("rope_theta must be positive, got {theta}")));
     }
@@ -261,17 +293,27 @@ fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parame
     let scaling = match scaling_obj {
         None => RopeScaling::Default,
         Some(obj) => {
-            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
+            let kind = obj
+                .get("rope_type")
+                .or_else(|| obj.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
             match kind {
                 "default" => RopeScaling::Default,
-                "linear" => RopeScaling::Linear { factor: get_f64(obj, "factor", "linear rope scaling")? },
+                "linear" => {
+                    RopeScaling::Linear { factor: get_f64(obj, "factor", "linear rope scaling")? }
+                }
                 "llama3" => {
                     let what = "llama3 rope scaling";
                     let s = RopeScaling::Llama3 {
                         factor: get_f64(obj, "factor", what)?,
                         low_freq_factor: get_f64(obj, "low_freq_factor", what)?,
                         high_freq_factor: get_f64(obj, "high_freq_factor", what)?,
-                        original_max_position_embeddings: get_f64(obj, "original_max_position_embeddings", what)?,
+                        original_max_position_embeddings: get_f64(
+                            obj,
+                            "original_max_position_embeddings",
+                            what,
+                        )?,
                     };
                     if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = s {
                         if high_freq_factor <= low_freq_factor {
@@ -282,7 +324,11 @@ fn parse_rope(rope_theta: Option<f64>, rope_scaling: Option<&Value>, rope_parame
                     }
                     s
                 }
-                other => return Err(ModelError::Config(format!("rope type `{other}` is not supported; supported: default, linear, llama3"))),
+                other => {
+                    return Err(ModelError::Config(format!(
+                        "rope type `{other}` is not supported; supported: default, linear, llama3"
+                    )))
+                }
             }
         }
     };
@@ -337,10 +383,14 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         let bad = QWEN2.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3");
-        assert!(Config::from_json_str(&bad).unwrap_err().to_string().contains("multiple of num_key_value_heads"));
+        assert!(Config::from_json_str(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of num_key_value_heads"));
         let bad = QWEN2.replace("qwen2", "gpt2");
         assert!(Config::from_json_str(&bad).unwrap_err().to_string().contains("gpt2"));
-        let bad = QWEN2.replace("\"rope_theta\":10000.0", "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}");
+        let bad = QWEN2
+            .replace("\"rope_theta\":10000.0", "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}");
         assert!(Config::from_json_str(&bad).unwrap_err().to_string().contains("yarn"));
     }
 

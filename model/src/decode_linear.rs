@@ -27,7 +27,9 @@ pub fn choose(kind: Kind, device: Device) -> DecodePath {
     match std::env::var("COMAS_DECODE_LINEAR").as_deref() {
         Ok("aten") => return Aten,
         Ok("auto" | "onednn") | Err(_) => {}
-        Ok(other) => tracing::warn!(value = other, "COMAS_DECODE_LINEAR is `auto` or `aten`; using `auto`"),
+        Ok(other) => {
+            tracing::warn!(value = other, "COMAS_DECODE_LINEAR is `auto` or `aten`; using `auto`")
+        }
     }
     if onednn::applies(kind, device) {
         Packed
@@ -87,11 +89,20 @@ mod tests {
         let x = Tensor::ones([2, 4], (Kind::Float, Device::Cpu));
         assert!(d.forward(&x, &w, None).is_none(), "aten by default");
         d.set(Rows, &w);
-        assert_eq!(Vec::<f32>::try_from(d.forward(&x, &w, None).unwrap().flatten(0, -1)).unwrap(), vec![4.0; 16]);
-        assert!(d.forward(&Tensor::ones([MAX_ROWS + 1, 4], (Kind::Float, Device::Cpu)), &w, None).is_none(), "prefill rows go to aten");
+        assert_eq!(
+            Vec::<f32>::try_from(d.forward(&x, &w, None).unwrap().flatten(0, -1)).unwrap(),
+            vec![4.0; 16]
+        );
+        assert!(
+            d.forward(&Tensor::ones([MAX_ROWS + 1, 4], (Kind::Float, Device::Cpu)), &w, None)
+                .is_none(),
+            "prefill rows go to aten"
+        );
         assert!(d.forward(&x.set_requires_grad(true), &w, None).is_none(), "gradients go to aten");
         // A failure (here a bf16 input) falls back to aten for good.
-        assert!(d.forward(&Tensor::ones([2, 4], (Kind::BFloat16, Device::Cpu)), &w, None).is_none());
+        assert!(d
+            .forward(&Tensor::ones([2, 4], (Kind::BFloat16, Device::Cpu)), &w, None)
+            .is_none());
         assert!(d.forward(&Tensor::ones([2, 4], (Kind::Float, Device::Cpu)), &w, None).is_none());
     }
 }

@@ -8,7 +8,9 @@ pub fn parse_kind(name: &str) -> Result<Kind> {
         "float32" | "f32" | "float" | "fp32" => Ok(Kind::Float),
         "bfloat16" | "bf16" => Ok(Kind::BFloat16),
         "float16" | "f16" | "half" | "fp16" => Ok(Kind::Half),
-        other => Err(ModelError::Config(format!("unsupported dtype `{other}`; use one of float32, bfloat16, float16"))),
+        other => Err(ModelError::Config(format!(
+            "unsupported dtype `{other}`; use one of float32, bfloat16, float16"
+        ))),
     }
 }
 
@@ -16,8 +18,12 @@ pub fn parse_kind(name: &str) -> Result<Kind> {
 /// bf16 runs matrix products several times faster than f32; elsewhere bf16 on the CPU is
 /// emulated and slower. Reads the CPU flags Linux reports; false anywhere else.
 pub fn cpu_has_fast_bf16() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .is_ok_and(|info| info.lines().filter(|l| l.starts_with("flags")).take(1).any(|l| l.split_whitespace().any(|f| f == "amx_bf16" || f == "avx512_bf16")))
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
+        info.lines()
+            .filter(|l| l.starts_with("flags"))
+            .take(1)
+            .any(|l| l.split_whitespace().any(|f| f == "amx_bf16" || f == "avx512_bf16"))
+    })
 }
 
 pub fn kind_name(kind: Kind) -> &'static str {
@@ -42,7 +48,11 @@ pub fn parse_device(name: &str) -> Result<Device> {
         "cuda" => Device::Cuda(0),
         _ => match name.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
             Some(i) => Device::Cuda(i),
-            None => return Err(ModelError::Config(format!("unknown device `{name}`; use cpu, cuda or cuda:N"))),
+            None => {
+                return Err(ModelError::Config(format!(
+                    "unknown device `{name}`; use cpu, cuda or cuda:N"
+                )))
+            }
         },
     };
     if let Device::Cuda(i) = device {

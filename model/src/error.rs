@@ -13,7 +13,9 @@ pub enum ModelError {
     Config(String),
     #[error("model folder {folder}: {what}")]
     Folder { folder: PathBuf, what: String },
-    #[error("weights: tensor `{name}` is missing from the checkpoint (expected shape {expected:?})")]
+    #[error(
+        "weights: tensor `{name}` is missing from the checkpoint (expected shape {expected:?})"
+    )]
     MissingTensor { name: String, expected: Vec<i64> },
     #[error("weights: tensor `{name}` has shape {found:?} in the checkpoint but the config implies {expected:?}")]
     ShapeMismatch { name: String, expected: Vec<i64>, found: Vec<i64> },

@@ -14,7 +14,11 @@ pub struct GenerationRequest<'a> {
 }
 
 /// Generates completions for all requests in one batch and returns them in request order.
-pub fn generate(model: &CausalLm, requests: &[GenerationRequest], tokenizer: Option<&Tokenizer>) -> Result<Vec<Completion>> {
+pub fn generate(
+    model: &CausalLm,
+    requests: &[GenerationRequest],
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Vec<Completion>> {
     let mut batcher = Batcher::new(model, tokenizer);
     for (i, r) in requests.iter().enumerate() {
         batcher.add(i as u64, r.prompt_ids.clone(), r.params.clone(), r.adapter)?;

@@ -52,7 +52,10 @@ impl TokenizerEnv for Env {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         let text = String::from_utf8_lossy(s);
-        self.tokenizer.encode(text.as_ref(), false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+        self.tokenizer
+            .encode(text.as_ref(), false)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
     }
 }
 
@@ -67,8 +70,11 @@ pub struct Guidance {
 impl Guidance {
     pub fn new(tokenizer: &tokenizers::Tokenizer, eos: Option<i64>) -> Result<Self> {
         let bad = |m: String| ModelError::Tokenizer(format!("guided decoding: {m}"));
-        let json: serde_json::Value = serde_json::from_str(&tokenizer.to_string(false).map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
-        let words = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| bad(format!("reading token bytes: {e}")))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&tokenizer.to_string(false).map_err(|e| bad(e.to_string()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        let words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| bad(format!("reading token bytes: {e}")))?;
         let eos = eos.and_then(|e| u32::try_from(e).ok()).unwrap_or(0);
         let info = TokRxInfo::new(words.len() as u32, eos);
         let env = Env { trie: TokTrie::from(&info, &words), tokenizer: tokenizer.clone() };
@@ -87,7 +93,9 @@ impl Guidance {
         let parser = self.factory.create_parser(TopLevelGrammar::from_regex(regex));
         let matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
-            return Err(ModelError::Input(format!("guided suffix `{regex}` does not compile: {e}")));
+            return Err(ModelError::Input(format!(
+                "guided suffix `{regex}` does not compile: {e}"
+            )));
         }
         compiled.insert(regex.to_string(), matcher.deep_clone());
         Ok(Guide { matcher, regex: regex.to_string() })
@@ -126,7 +134,8 @@ impl Guide {
         if let Some(&t) = forced.first() {
             return Ok(Allowed::Tokens(vec![i64::from(t)]));
         }
-        let mask = self.matcher.compute_mask().map_err(|e| self.failed("computing the token mask", e))?;
+        let mask =
+            self.matcher.compute_mask().map_err(|e| self.failed("computing the token mask", e))?;
         let eos = self.matcher.tok_env().map(|env| env.tok_trie().eos_token()).ok();
         let mut ids = Vec::new();
         mask.iter_set_entries(|i| {
@@ -150,7 +159,9 @@ impl Guide {
 
     pub fn commit(&mut self, token: i64) -> Result<()> {
         let t = u32::try_from(token).map_err(|e| self.failed("token id", e))?;
-        self.matcher.consume_token(t).map_err(|e| self.failed(&format!("token {token} was not allowed"), e))
+        self.matcher
+            .consume_token(t)
+            .map_err(|e| self.failed(&format!("token {token} was not allowed"), e))
     }
 }
 
@@ -159,7 +170,8 @@ mod tests {
     use super::*;
 
     fn tokenizer() -> tokenizers::Tokenizer {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers/chatml/tokenizer.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tokenizers/chatml/tokenizer.json");
         tokenizers::Tokenizer::from_file(path).unwrap()
     }
 
@@ -185,7 +197,11 @@ mod tests {
                     // Take the largest id, so the walk is deterministic and not always the first.
                     let pick = *ids.last().unwrap();
                     if ids.len() > 1 {
-                        choices.push(ids.iter().map(|&i| tok.decode(&[i as u32], false).unwrap()).collect::<Vec<_>>());
+                        choices.push(
+                            ids.iter()
+                                .map(|&i| tok.decode(&[i as u32], false).unwrap())
+                                .collect::<Vec<_>>(),
+                        );
                     }
                     guide.commit(pick).unwrap();
                     text.push_str(&tok.decode(&[pick as u32], false).unwrap());
@@ -204,6 +220,9 @@ mod tests {
     }
 
     fn regex_lite_match(s: &str) -> bool {
-        s.len() == 16 && s.starts_with("<score>") && s.ends_with("</score>") && matches!(&s[7..8], "1" | "2" | "3")
+        s.len() == 16
+            && s.starts_with("<score>")
+            && s.ends_with("</score>")
+            && matches!(&s[7..8], "1" | "2" | "3")
     }
 }

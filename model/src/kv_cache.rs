@@ -136,7 +136,8 @@ impl KvCache {
         let used_rows = self.lens.len() as i64;
         let used_cols = self.lens.iter().copied().max().unwrap_or(0);
         let (need_rows, need_cols) = (rows.max(used_rows), cols.max(used_cols));
-        let mut new_rows = if rows > self.row_cap { rows.max(self.row_cap * 2) } else { self.row_cap };
+        let mut new_rows =
+            if rows > self.row_cap { rows.max(self.row_cap * 2) } else { self.row_cap };
         let mut new_cols = if cols > self.col_cap { align(cols, COL_ALIGN) } else { self.col_cap };
         if let Some(limit) = self.limit {
             if new_rows * new_cols > limit {
@@ -169,10 +170,22 @@ impl KvCache {
 
     /// New tensors of `new_rows` × `new_cols` holding the first `used_rows` rows' first
     /// `used_cols` columns. On failure the cache is left as it was.
-    fn reallocate(&mut self, new_rows: i64, new_cols: i64, used_rows: i64, used_cols: i64) -> Result<()> {
+    fn reallocate(
+        &mut self,
+        new_rows: i64,
+        new_cols: i64,
+        used_rows: i64,
+        used_cols: i64,
+    ) -> Result<()> {
         let shape = [new_rows, self.kv_heads, new_cols, self.head_dim];
         let failed = |e: tch::TchError| {
-            let bytes = new_rows * new_cols * self.kv_heads * self.head_dim * self.kind.elt_size_in_bytes() as i64 * 2 * self.keys.len() as i64;
+            let bytes = new_rows
+                * new_cols
+                * self.kv_heads
+                * self.head_dim
+                * self.kind.elt_size_in_bytes() as i64
+                * 2
+                * self.keys.len() as i64;
             ModelError::Input(format!(
                 "the KV cache for {new_rows} sequences of {new_cols} tokens ({:.2} GiB) could not be allocated on {:?}: {e}; lower the worker's --max-batch-tokens or --max-running",
                 bytes as f64 / (1u64 << 30) as f64,
@@ -183,7 +196,10 @@ impl KvCache {
         for t in self.keys.iter().chain(self.values.iter()) {
             let g = Tensor::f_zeros(shape, (self.kind, self.device)).map_err(failed)?;
             if used_rows > 0 && used_cols > 0 {
-                g.narrow(0, 0, used_rows).narrow(2, 0, used_cols).f_copy_(&t.narrow(0, 0, used_rows).narrow(2, 0, used_cols)).map_err(failed)?;
+                g.narrow(0, 0, used_rows)
+                    .narrow(2, 0, used_cols)
+                    .f_copy_(&t.narrow(0, 0, used_rows).narrow(2, 0, used_cols))
+                    .map_err(failed)?;
             }
             grown.push(g);
         }
@@ -205,15 +221,26 @@ impl KvCache {
     /// Appends a copy of row `row` of `other` (a cache of the same model): its keys, values and
     /// length. Returns the new row.
     pub fn adopt_row(&mut self, other: &KvCache, row: usize) -> Result<i64> {
-        let len = other.lens.get(row).copied().ok_or_else(|| ModelError::Input(format!("the other cache has no row {row}")))?;
-        if other.keys.len() != self.keys.len() || other.kv_heads != self.kv_heads || other.head_dim != self.head_dim {
+        let len = other
+            .lens
+            .get(row)
+            .copied()
+            .ok_or_else(|| ModelError::Input(format!("the other cache has no row {row}")))?;
+        if other.keys.len() != self.keys.len()
+            || other.kv_heads != self.kv_heads
+            || other.head_dim != self.head_dim
+        {
             return Err(ModelError::Input("the other cache belongs to another model".into()));
         }
         let first = self.lens.len() as i64;
         self.reserve(first + 1, len)?;
         if len > 0 {
-            for (mine, theirs) in self.keys.iter().zip(&other.keys).chain(self.values.iter().zip(&other.values)) {
-                mine.narrow(0, first, 1).narrow(2, 0, len).f_copy_(&theirs.narrow(0, row as i64, 1).narrow(2, 0, len))?;
+            for (mine, theirs) in
+                self.keys.iter().zip(&other.keys).chain(self.values.iter().zip(&other.values))
+            {
+                mine.narrow(0, first, 1)
+                    .narrow(2, 0, len)
+                    .f_copy_(&theirs.narrow(0, row as i64, 1).narrow(2, 0, len))?;
             }
         }
         self.lens.push(len);
@@ -228,7 +255,9 @@ impl KvCache {
             let len = self.lens[last];
             if len > 0 {
                 for t in self.keys.iter().chain(self.values.iter()) {
-                    t.narrow(0, row as i64, 1).narrow(2, 0, len).copy_(&t.narrow(0, last as i64, 1).narrow(2, 0, len));
+                    t.narrow(0, row as i64, 1)
+                        .narrow(2, 0, len)
+                        .copy_(&t.narrow(0, last as i64, 1).narrow(2, 0, len));
                 }
             }
         }
@@ -241,10 +270,16 @@ impl KvCache {
     pub fn begin(&mut self, first_row: i64, new_lens: &[i64], width: i64) -> Result<CacheStep> {
         let n = new_lens.len() as i64;
         if first_row < 0 || first_row + n > self.lens.len() as i64 {
-            return Err(ModelError::Input(format!("cache holds {} rows; the step covers rows {first_row}..{}", self.lens.len(), first_row + n)));
+            return Err(ModelError::Input(format!(
+                "cache holds {} rows; the step covers rows {first_row}..{}",
+                self.lens.len(),
+                first_row + n
+            )));
         }
         if let Some(bad) = new_lens.iter().find(|&&l| l < 1 || l > width) {
-            return Err(ModelError::Input(format!("a row of the step has {bad} new tokens; each needs 1..={width}")));
+            return Err(ModelError::Input(format!(
+                "a row of the step has {bad} new tokens; each needs 1..={width}"
+            )));
         }
         let starts: Vec<i64> = self.lens[first_row as usize..(first_row + n) as usize].to_vec();
         let needed = starts.iter().map(|s| s + width).max().unwrap_or(0);
@@ -261,7 +296,12 @@ impl KvCache {
         let same_start = starts.windows(2).all(|w| w[0] == w[1]);
         Ok(CacheStep {
             first_row,
-            scatter: (!same_start).then(|| (Tensor::arange(n, (Kind::Int64, device)).view([n, 1]).expand([n, width], false), query_cols.shallow_clone())),
+            scatter: (!same_start).then(|| {
+                (
+                    Tensor::arange(n, (Kind::Int64, device)).view([n, 1]).expand([n, width], false),
+                    query_cols.shallow_clone(),
+                )
+            }),
             start: starts.first().copied().unwrap_or(0),
             width: end,
             new_lens: new_lens.to_vec(),
@@ -274,7 +314,13 @@ impl KvCache {
 
     /// Writes a layer's new keys/values [n, kv_heads, S, D] into the step's rows and returns
     /// views of the columns its queries may read, [n, kv_heads, width, D].
-    pub fn store(&mut self, layer: usize, step: &CacheStep, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+    pub fn store(
+        &mut self,
+        layer: usize,
+        step: &CacheStep,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> (Tensor, Tensor) {
         let (n, s) = (k.size()[0], k.size()[2]);
         for (cache, new) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
             let mut rows = cache.narrow(0, step.first_row, n);
@@ -283,7 +329,11 @@ impl KvCache {
                     rows.narrow(2, step.start, s).copy_(new);
                 }
                 Some((row_idx, cols)) => {
-                    let _ = rows.index_put_(&[Some(row_idx), None, Some(cols)], &new.transpose(1, 2), false);
+                    let _ = rows.index_put_(
+                        &[Some(row_idx), None, Some(cols)],
+                        &new.transpose(1, 2),
+                        false,
+                    );
                 }
             }
         }
@@ -306,7 +356,8 @@ mod tests {
     use crate::tiny::TinySpec;
 
     fn cfg() -> Config {
-        Config::from_json_str(&TinySpec::tiny(Architecture::Qwen2).config_json().to_string()).unwrap()
+        Config::from_json_str(&TinySpec::tiny(Architecture::Qwen2).config_json().to_string())
+            .unwrap()
     }
 
     fn bools(t: &Tensor) -> Vec<bool> {
@@ -326,9 +377,15 @@ mod tests {
             true, false, false,  true, true, false,  true, true, true, // row 1's padding queries are ignored
         ];
         assert_eq!(bools(&step.mask.narrow(3, 0, 3)), want);
-        assert!(bools(&step.mask.narrow(3, 3, 61)).iter().all(|&m| !m), "columns past the step are never seen");
+        assert!(
+            bools(&step.mask.narrow(3, 3, 61)).iter().all(|&m| !m),
+            "columns past the step are never seen"
+        );
         assert_eq!(bools(step.dense.as_ref().unwrap()), bools(&step.mask.logical_not()));
-        assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(
+            Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(),
+            vec![0, 1, 2, 0, 1, 2]
+        );
         c.commit(&step);
         assert_eq!(c.lens(), &[3, 1]);
     }
@@ -342,7 +399,10 @@ mod tests {
         let step = c.begin(0, &[1, 1], 1).unwrap();
         assert_eq!(Vec::<i64>::try_from(step.positions.flatten(0, -1)).unwrap(), vec![3, 1]);
         assert_eq!(step.mask.size(), vec![2, 1, 1, 64]);
-        assert_eq!(bools(&step.mask.narrow(3, 0, 4)), vec![true, true, true, true, true, true, false, false]);
+        assert_eq!(
+            bools(&step.mask.narrow(3, 0, 4)),
+            vec![true, true, true, true, true, true, false, false]
+        );
         assert!(bools(&step.mask.narrow(3, 4, 60)).iter().all(|&m| !m));
         assert!(step.scatter.is_some(), "rows at different columns scatter");
     }
@@ -373,7 +433,10 @@ mod tests {
         let _ = c.store(0, &s, &k, &k);
         c.commit(&s);
         let step = c.begin(0, &[1, 1], 1).unwrap();
-        let k = Tensor::from_slice(&[5.0f32, 7.0]).view([2, 1, 1, 1]).expand([2, kv, 1, d], false).contiguous();
+        let k = Tensor::from_slice(&[5.0f32, 7.0])
+            .view([2, 1, 1, 1])
+            .expand([2, kv, 1, d], false)
+            .contiguous();
         let (keys, _) = c.store(0, &step, &k, &k);
         assert_eq!(keys.size(), vec![2, kv, 64, d]);
         assert!(keys.is_contiguous(), "a decode step's keys are one block");
@@ -389,14 +452,26 @@ mod tests {
         let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
         c.push_rows(3).unwrap();
         let s = c.begin(0, &[1, 2, 3], 3).unwrap();
-        let k = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([3, 1, 1, 1]).expand([3, kv, 3, d], false).contiguous();
+        let k = Tensor::from_slice(&[1.0f32, 2.0, 3.0])
+            .view([3, 1, 1, 1])
+            .expand([3, kv, 3, d], false)
+            .contiguous();
         let _ = c.store(0, &s, &k, &k);
         c.commit(&s);
         c.swap_remove(0);
         assert_eq!(c.lens(), &[3, 2]);
         let step = c.begin(0, &[1, 1], 1).unwrap();
-        let (keys, _) = c.store(0, &step, &k.narrow(0, 0, 2).narrow(2, 0, 1), &k.narrow(0, 0, 2).narrow(2, 0, 1));
-        assert_eq!(keys.get(0).get(0).get(2).get(0).double_value(&[]), 3.0, "row 2 moved into row 0");
+        let (keys, _) = c.store(
+            0,
+            &step,
+            &k.narrow(0, 0, 2).narrow(2, 0, 1),
+            &k.narrow(0, 0, 2).narrow(2, 0, 1),
+        );
+        assert_eq!(
+            keys.get(0).get(0).get(2).get(0).double_value(&[]),
+            3.0,
+            "row 2 moved into row 0"
+        );
         assert_eq!(keys.get(1).get(0).get(1).get(0).double_value(&[]), 2.0, "row 1 untouched");
     }
 
@@ -429,7 +504,10 @@ mod tests {
         c.reserve(2, 330).unwrap();
         assert_eq!(c.col_cap, 384);
         let s = c.begin(0, &[3, 2], 3).unwrap();
-        let k = Tensor::from_slice(&[4.0f32, 6.0]).view([2, 1, 1, 1]).expand([2, kv, 3, d], false).contiguous();
+        let k = Tensor::from_slice(&[4.0f32, 6.0])
+            .view([2, 1, 1, 1])
+            .expand([2, kv, 3, d], false)
+            .contiguous();
         let _ = c.store(0, &s, &k, &k);
         c.commit(&s);
         assert!(!c.fit_columns(200).unwrap(), "a slack of 128 columns is kept");
@@ -437,7 +515,8 @@ mod tests {
         assert!(c.fit_columns(40).unwrap());
         assert_eq!(c.col_cap, 64);
         assert_eq!(c.lens(), &[3, 2]);
-        let col = |c: &KvCache, r: i64, j: i64| c.keys[0].get(r).get(0).get(j).get(0).double_value(&[]);
+        let col =
+            |c: &KvCache, r: i64, j: i64| c.keys[0].get(r).get(0).get(j).get(0).double_value(&[]);
         assert_eq!((col(&c, 0, 2), col(&c, 1, 1)), (4.0, 6.0), "the tokens held survive the move");
         c.reserve(2, 400).unwrap();
         assert!(c.fit_columns(1).unwrap());
@@ -453,7 +532,10 @@ mod tests {
         let before = (c.capacity_slots(), c.rows());
         // Terabytes: refused by the allocator, not by a check of ours.
         let err = c.reserve(1 << 20, 1 << 20).unwrap_err().to_string();
-        assert!(err.contains("could not be allocated") && err.contains("--max-batch-tokens"), "{err}");
+        assert!(
+            err.contains("could not be allocated") && err.contains("--max-batch-tokens"),
+            "{err}"
+        );
         assert_eq!((c.capacity_slots(), c.rows()), before);
         assert!(c.begin(0, &[2], 2).is_ok(), "the cache still works");
     }

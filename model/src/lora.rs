@@ -24,7 +24,8 @@ pub enum Proj {
 }
 
 impl Proj {
-    pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
+    pub const ALL: [Proj; 7] =
+        [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -82,7 +83,14 @@ pub struct LoraConfig {
 impl LoraConfig {
     /// A plain LoRA (no dropout) from a training config's `[lora]` settings.
     pub fn new(r: i64, lora_alpha: f64, target_modules: Vec<String>, use_rslora: bool) -> Self {
-        Self { r, lora_alpha, target_modules, use_rslora, lora_dropout: 0.0, base_model_name_or_path: None }
+        Self {
+            r,
+            lora_alpha,
+            target_modules,
+            use_rslora,
+            lora_dropout: 0.0,
+            base_model_name_or_path: None,
+        }
     }
 
     pub fn scale(&self) -> f64 {
@@ -142,8 +150,14 @@ fn parse_peft_config(path: &Path) -> Result<LoraConfig> {
     }
     let target_modules = match raw.get("target_modules") {
         Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(String::from).collect(),
-        Some(Value::String(s)) if s == "all-linear" => Proj::ALL.iter().map(|p| p.name().to_string()).collect(),
-        Some(Value::String(s)) => return Err(bad(format!("target_modules pattern `{s}` is not supported; list the module names"))),
+        Some(Value::String(s)) if s == "all-linear" => {
+            Proj::ALL.iter().map(|p| p.name().to_string()).collect()
+        }
+        Some(Value::String(s)) => {
+            return Err(bad(format!(
+                "target_modules pattern `{s}` is not supported; list the module names"
+            )))
+        }
         _ => return Err(bad("target_modules is missing".into())),
     };
     let r = raw.get("r").and_then(Value::as_i64).ok_or_else(|| bad("`r` is missing".into()))?;
@@ -156,7 +170,10 @@ fn parse_peft_config(path: &Path) -> Result<LoraConfig> {
         target_modules,
         use_rslora: raw.get("use_rslora").and_then(Value::as_bool).unwrap_or(false),
         lora_dropout: raw.get("lora_dropout").and_then(Value::as_f64).unwrap_or(0.0),
-        base_model_name_or_path: raw.get("base_model_name_or_path").and_then(Value::as_str).map(String::from),
+        base_model_name_or_path: raw
+            .get("base_model_name_or_path")
+            .and_then(Value::as_str)
+            .map(String::from),
     })
 }
 
@@ -178,7 +195,10 @@ impl LoraAdapter {
         let targets = config.targets()?;
         let file_path = dir.join("adapter_model.safetensors");
         if !file_path.is_file() {
-            return Err(ModelError::Lora(format!("{} is missing (adapter_model.bin is not supported)", file_path.display())));
+            return Err(ModelError::Lora(format!(
+                "{} is missing (adapter_model.bin is not supported)",
+                file_path.display()
+            )));
         }
         let file = SafeTensorsFile::open(&file_path)?;
         let mut weights = HashMap::new();
@@ -188,9 +208,16 @@ impl LoraAdapter {
                 let (fan_in, fan_out) = proj.dims(cfg);
                 let mut get = |ab: &str, shape: [i64; 2]| -> Result<Tensor> {
                     let name = tensor_name(layer, proj, ab);
-                    let info = file.info(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone(), expected: shape.to_vec() })?;
+                    let info = file.info(&name).ok_or_else(|| ModelError::MissingTensor {
+                        name: name.clone(),
+                        expected: shape.to_vec(),
+                    })?;
                     if info.shape != shape {
-                        return Err(ModelError::ShapeMismatch { name, expected: shape.to_vec(), found: info.shape.clone() });
+                        return Err(ModelError::ShapeMismatch {
+                            name,
+                            expected: shape.to_vec(),
+                            found: info.shape.clone(),
+                        });
                     }
                     used += 1;
                     Ok(file.tensor(&name)?.to_kind(kind).to_device(device))
@@ -202,8 +229,15 @@ impl LoraAdapter {
         }
         let total = file.names().count();
         if used != total {
-            let extra: Vec<&str> =
-                file.names().filter(|n| !weights.keys().any(|(l, p)| *n == tensor_name(*l, *p, "A") || *n == tensor_name(*l, *p, "B"))).take(3).collect();
+            let extra: Vec<&str> = file
+                .names()
+                .filter(|n| {
+                    !weights.keys().any(|(l, p)| {
+                        *n == tensor_name(*l, *p, "A") || *n == tensor_name(*l, *p, "B")
+                    })
+                })
+                .take(3)
+                .collect();
             return Err(ModelError::Lora(format!(
                 "{}: {} tensors do not belong to the configured targets (e.g. {extra:?})",
                 file_path.display(),
@@ -215,7 +249,13 @@ impl LoraAdapter {
 
     /// A fresh adapter as PEFT initialises one: A Kaiming-uniform (a = sqrt(5)), B zero, so the
     /// adapter starts as the identity. Seeded for reproducibility.
-    pub fn init(cfg: &Config, config: LoraConfig, seed: i64, kind: Kind, device: Device) -> Result<Self> {
+    pub fn init(
+        cfg: &Config,
+        config: LoraConfig,
+        seed: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Self> {
         let targets = config.targets()?;
         if config.r <= 0 {
             return Err(ModelError::Lora(format!("`r` must be positive, got {}", config.r)));
@@ -227,9 +267,13 @@ impl LoraAdapter {
                     let (fan_in, fan_out) = proj.dims(cfg);
                     // kaiming_uniform with a = sqrt(5): bound = 1 / sqrt(fan_in)
                     let bound = 1.0 / (fan_in as f64).sqrt();
-                    let a = Tensor::empty([config.r, fan_in], (Kind::Float, Device::Cpu)).uniform_(-bound, bound);
+                    let a = Tensor::empty([config.r, fan_in], (Kind::Float, Device::Cpu))
+                        .uniform_(-bound, bound);
                     let b = Tensor::zeros([fan_out, config.r], (Kind::Float, Device::Cpu));
-                    weights.insert((layer, proj), (a.to_kind(kind).to_device(device), b.to_kind(kind).to_device(device)));
+                    weights.insert(
+                        (layer, proj),
+                        (a.to_kind(kind).to_device(device), b.to_kind(kind).to_device(device)),
+                    );
                 }
             }
             weights
@@ -263,7 +307,12 @@ impl LoraAdapter {
         let mut out: Vec<(String, Tensor)> = self
             .weights
             .iter()
-            .flat_map(|((l, p), (a, b))| [(tensor_name(*l, *p, "A"), a.shallow_clone()), (tensor_name(*l, *p, "B"), b.shallow_clone())])
+            .flat_map(|((l, p), (a, b))| {
+                [
+                    (tensor_name(*l, *p, "A"), a.shallow_clone()),
+                    (tensor_name(*l, *p, "B"), b.shallow_clone()),
+                ]
+            })
             .collect();
         out.sort_by(|x, y| x.0.cmp(&y.0));
         out
@@ -286,8 +335,14 @@ impl LoraAdapter {
             "base_model_name_or_path": self.config.base_model_name_or_path,
         });
         let text = serde_json::to_string_pretty(&cfg).expect("json");
-        safetensors::write_atomic(&dir.join("adapter_config.json"), |w| std::io::Write::write_all(w, text.as_bytes()))?;
-        safetensors::write(&dir.join("adapter_model.safetensors"), &self.named_tensors(), &BTreeMap::new())
+        safetensors::write_atomic(&dir.join("adapter_config.json"), |w| {
+            std::io::Write::write_all(w, text.as_bytes())
+        })?;
+        safetensors::write(
+            &dir.join("adapter_model.safetensors"),
+            &self.named_tensors(),
+            &BTreeMap::new(),
+        )
     }
 }
 
@@ -316,7 +371,12 @@ impl<'a> LoraBatch<'a> {
         if groups.len() == 1 && groups[0].1.len() == per_row.len() {
             return Self::uniform(groups[0].0);
         }
-        Self { groups: groups.into_iter().map(|(a, rows)| (a, Some(Tensor::from_slice(&rows).to_device(device)))).collect() }
+        Self {
+            groups: groups
+                .into_iter()
+                .map(|(a, rows)| (a, Some(Tensor::from_slice(&rows).to_device(device))))
+                .collect(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -329,9 +389,13 @@ impl<'a> LoraBatch<'a> {
         for (adapter, rows) in &self.groups {
             let Some((a, b)) = adapter.get(layer, proj) else { continue };
             match rows {
-                None => y = y + x.linear::<Tensor>(a, None).linear::<Tensor>(b, None) * adapter.scale,
+                None => {
+                    y = y + x.linear::<Tensor>(a, None).linear::<Tensor>(b, None) * adapter.scale
+                }
                 Some(rows) => {
-                    let delta = x.index_select(0, rows).linear::<Tensor>(a, None).linear::<Tensor>(b, None) * adapter.scale;
+                    let delta =
+                        x.index_select(0, rows).linear::<Tensor>(a, None).linear::<Tensor>(b, None)
+                            * adapter.scale;
                     y = y.index_add(0, rows, &delta);
                 }
             }

@@ -27,7 +27,8 @@ pub fn is_right_padded(valid: &Tensor) -> bool {
         return true;
     }
     let valid = valid.to_kind(Kind::Bool);
-    let gap_then_token = valid.narrow(1, 1, s - 1).logical_and(&valid.narrow(1, 0, s - 1).logical_not());
+    let gap_then_token =
+        valid.narrow(1, 1, s - 1).logical_and(&valid.narrow(1, 0, s - 1).logical_not());
     gap_then_token.any().int64_value(&[]) == 0
 }
 
@@ -50,7 +51,10 @@ pub fn right_pad(seqs: &[Vec<i64>], pad_id: i64, device: Device) -> (Tensor, Ten
         valid.extend(std::iter::repeat_n(true, s.len()).chain(std::iter::repeat_n(false, pad)));
     }
     let shape = [seqs.len() as i64, width as i64];
-    (Tensor::from_slice(&ids).view(shape).to_device(device), Tensor::from_slice(&valid).view(shape).to_device(device))
+    (
+        Tensor::from_slice(&ids).view(shape).to_device(device),
+        Tensor::from_slice(&valid).view(shape).to_device(device),
+    )
 }
 
 #[cfg(test)]

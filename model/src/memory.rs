@@ -14,7 +14,14 @@ pub fn total_bytes(device: Device) -> Option<u64> {
 
 fn cpu_total() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     let machine = kib * 1024;
     // cgroup v2, then v1; "max" or an absurd v1 value means no limit.
     let limit = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
@@ -35,8 +42,10 @@ fn cuda_total(index: usize) -> Option<u64> {
         if get.is_null() || set.is_null() {
             return None;
         }
-        let (get, set): (MemGetInfo, SetDevice) =
-            (std::mem::transmute::<*mut libc::c_void, MemGetInfo>(get), std::mem::transmute::<*mut libc::c_void, SetDevice>(set));
+        let (get, set): (MemGetInfo, SetDevice) = (
+            std::mem::transmute::<*mut libc::c_void, MemGetInfo>(get),
+            std::mem::transmute::<*mut libc::c_void, SetDevice>(set),
+        );
         if set(index as i32) != 0 {
             return None;
         }

@@ -13,7 +13,12 @@ use torch_sys::C_tensor;
 
 extern "C" {
     fn comas_onednn_pack(weight: *const C_tensor, error: *mut *mut c_char) -> *mut C_tensor;
-    fn comas_onednn_linear(x: *const C_tensor, packed: *const C_tensor, bias: *const C_tensor, error: *mut *mut c_char) -> *mut C_tensor;
+    fn comas_onednn_linear(
+        x: *const C_tensor,
+        packed: *const C_tensor,
+        bias: *const C_tensor,
+        error: *mut *mut c_char,
+    ) -> *mut C_tensor;
 }
 
 /// Whether weights of this dtype on this device are worth packing: bf16 on a CPU whose oneDNN
@@ -27,7 +32,11 @@ pub fn cpu_runs_bf16() -> bool {
     static RUNS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *RUNS.get_or_init(|| {
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let flags: Vec<&str> = info.lines().find(|l| l.starts_with("flags")).map(|l| l.split_whitespace().collect()).unwrap_or_default();
+        let flags: Vec<&str> = info
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .map(|l| l.split_whitespace().collect())
+            .unwrap_or_default();
         let has = |f: &str| flags.contains(&f);
         has("avx_ne_convert") || (has("avx512bw") && has("avx512vl") && has("avx512dq"))
     })
@@ -42,7 +51,12 @@ pub fn pack(weight: &Tensor) -> Result<Tensor> {
 }
 
 /// `x` [.., in] times the packed weight (+ `bias`): [.., out].
-pub fn linear(x: &Tensor, packed: &Tensor, bias: Option<&Tensor>, out_features: i64) -> Result<Tensor> {
+pub fn linear(
+    x: &Tensor,
+    packed: &Tensor,
+    bias: Option<&Tensor>,
+    out_features: i64,
+) -> Result<Tensor> {
     let mut shape = x.size();
     let x2 = x.reshape([rows(x), -1]);
     let mut error = std::ptr::null_mut();
@@ -121,7 +135,9 @@ mod tests {
     #[test]
     fn a_packed_linear_matches_aten_and_a_row_does_not_depend_on_its_batch() {
         if !cpu_runs_bf16() {
-            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            eprintln!(
+                "skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
+            );
             return;
         }
         // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
@@ -137,7 +153,9 @@ mod tests {
         let got = linear(&x, &packed, Some(&b), 96).unwrap();
         assert_eq!(got.size(), vec![2, 5, 96]);
         let want = x.linear(&w, Some(&b));
-        let diff = f64::try_from((got.to_kind(Kind::Float) - want.to_kind(Kind::Float)).abs().max()).unwrap();
+        let diff =
+            f64::try_from((got.to_kind(Kind::Float) - want.to_kind(Kind::Float)).abs().max())
+                .unwrap();
         // Both accumulate in f32 and round once to bf16: at most one bf16 step apart.
         assert!(diff <= 0.02, "max difference {diff}");
         let alone = linear(&x.narrow(0, 1, 1).narrow(1, 2, 1), &packed, Some(&b), 96).unwrap();
@@ -147,7 +165,9 @@ mod tests {
     #[test]
     fn a_packed_weight_is_made_again_after_the_weight_changes_in_place() {
         if !cpu_runs_bf16() {
-            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            eprintln!(
+                "skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
+            );
             return;
         }
         let mut w = Tensor::ones([8, 4], (Kind::BFloat16, Device::Cpu));
@@ -155,24 +175,41 @@ mod tests {
         let p = PackedWeight::default();
         assert!(p.forward(&x, &w, None).is_none(), "off by default");
         p.set_enabled(true, &w);
-        assert_eq!(Vec::<f32>::try_from(p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)).unwrap(), vec![4.0; 16]);
+        assert_eq!(
+            Vec::<f32>::try_from(
+                p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)
+            )
+            .unwrap(),
+            vec![4.0; 16]
+        );
         tch::no_grad(|| {
             let _ = w.fill_(2.0);
         });
-        assert_eq!(Vec::<f32>::try_from(p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)).unwrap(), vec![8.0; 16]);
+        assert_eq!(
+            Vec::<f32>::try_from(
+                p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)
+            )
+            .unwrap(),
+            vec![8.0; 16]
+        );
         // Prefill-sized inputs go to aten.
-        assert!(p.forward(&Tensor::ones([MAX_ROWS + 1, 4], (Kind::BFloat16, Device::Cpu)), &w, None).is_none());
+        assert!(p
+            .forward(&Tensor::ones([MAX_ROWS + 1, 4], (Kind::BFloat16, Device::Cpu)), &w, None)
+            .is_none());
     }
 
     #[test]
     fn a_bad_input_is_an_error_not_a_crash() {
         if !cpu_runs_bf16() {
-            eprintln!("skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)");
+            eprintln!(
+                "skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
+            );
             return;
         }
         let w = Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu));
         let packed = pack(&w).unwrap();
-        let err = linear(&Tensor::zeros([3, 5], (Kind::BFloat16, Device::Cpu)), &packed, None, 8).unwrap_err();
+        let err = linear(&Tensor::zeros([3, 5], (Kind::BFloat16, Device::Cpu)), &packed, None, 8)
+            .unwrap_err();
         assert!(err.to_string().starts_with("weights: oneDNN linear: "), "{err}");
     }
 }

@@ -27,11 +27,18 @@ pub const MALLOC_CONF: &[u8] = b"oversize_threshold:0,dirty_decay_ms:-1,muzzy_de
 /// other vendors' CPUs (as MKL's own function does) and 1 on Intel's.
 pub fn mkl_intel_cpu_answer() -> i32 {
     static ANSWER: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *ANSWER.get_or_init(|| if std::env::var("COMAS_MKL_VENDOR_CHECK").is_ok_and(|v| v == "1") { i32::from(cpu_vendor_is_intel()) } else { 1 })
+    *ANSWER.get_or_init(|| {
+        if std::env::var("COMAS_MKL_VENDOR_CHECK").is_ok_and(|v| v == "1") {
+            i32::from(cpu_vendor_is_intel())
+        } else {
+            1
+        }
+    })
 }
 
 fn cpu_vendor_is_intel() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.lines().any(|l| l.starts_with("vendor_id") && l.contains("GenuineIntel")))
+    std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.lines().any(|l| l.starts_with("vendor_id") && l.contains("GenuineIntel")))
 }
 
 /// Installs jemalloc with [`MALLOC_CONF`] and MKL's instruction-set dispatch (see the module

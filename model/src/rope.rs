@@ -10,7 +10,8 @@ pub struct Rope {
 
 /// `1 / theta^(2i/d)` for i in 0..d/2, in f32.
 fn default_inv_freq(theta: f64, dim: i64, device: Device) -> Tensor {
-    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
+    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float)
+        / dim as f64;
     Tensor::pow_scalar(theta, &exponent).reciprocal()
 }
 
@@ -24,7 +25,10 @@ fn llama3_inv_freq(inv_freq: &Tensor, factor: f64, low: f64, high: f64, old_ctx:
     let inv_llama = scaled.where_self(&wavelen.gt(low_freq_wavelen), inv_freq);
     let smooth = (wavelen.reciprocal() * old_ctx - low) / (high - low);
     let smoothed = (smooth.ones_like() - &smooth) * &inv_llama / factor + &smooth * &inv_llama;
-    let is_medium = wavelen.lt(high_freq_wavelen).logical_not().logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
+    let is_medium = wavelen
+        .lt(high_freq_wavelen)
+        .logical_not()
+        .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
     smoothed.where_self(&is_medium, &inv_llama)
 }
 
@@ -34,9 +38,18 @@ impl Rope {
         let inv_freq = match cfg.scaling {
             RopeScaling::Default => base,
             RopeScaling::Linear { factor } => base / factor,
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
-                llama3_inv_freq(&base, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
-            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => llama3_inv_freq(
+                &base,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            ),
         };
         Self { inv_freq }
     }
@@ -76,7 +89,11 @@ mod tests {
 
     #[test]
     fn default_frequencies() {
-        let r = Rope::new(&RopeConfig { rope_theta: 10000.0, scaling: RopeScaling::Default }, 8, Device::Cpu);
+        let r = Rope::new(
+            &RopeConfig { rope_theta: 10000.0, scaling: RopeScaling::Default },
+            8,
+            Device::Cpu,
+        );
         let f = vec(r.inv_freq());
         let want = [1.0, 0.1, 0.01, 0.001];
         for (a, b) in f.iter().zip(want) {
@@ -89,7 +106,12 @@ mod tests {
         // theta 10000, dim 8 -> wavelengths 2pi*[1, 10, 100, 1000]; old ctx 64, low 1 -> 64, high 4 -> 16
         let cfg = RopeConfig {
             rope_theta: 10000.0,
-            scaling: RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64.0 },
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 64.0,
+            },
         };
         let f = vec(Rope::new(&cfg, 8, Device::Cpu).inv_freq());
         assert!((f[0] - 1.0).abs() < 1e-6, "high frequency kept");
@@ -103,7 +125,11 @@ mod tests {
 
     #[test]
     fn rotation_at_position_zero_is_identity_and_offsets_match() {
-        let r = Rope::new(&RopeConfig { rope_theta: 10000.0, scaling: RopeScaling::Default }, 4, Device::Cpu);
+        let r = Rope::new(
+            &RopeConfig { rope_theta: 10000.0, scaling: RopeScaling::Default },
+            4,
+            Device::Cpu,
+        );
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 1, 1, 4]);
         let (c, s) = r.cos_sin(&Tensor::from_slice(&[0i64]).view([1, 1]), Kind::Float);
         assert_eq!(vec(&apply(&x, &c, &s)), vec![1.0, 2.0, 3.0, 4.0]);

@@ -13,7 +13,13 @@ use torch_sys::C_tensor;
 
 extern "C" {
     fn comas_rows_linear_available() -> bool;
-    fn comas_rows_linear(x: *const C_tensor, weight: *const C_tensor, bias: *const C_tensor, isa: i32, error: *mut *mut c_char) -> *mut C_tensor;
+    fn comas_rows_linear(
+        x: *const C_tensor,
+        weight: *const C_tensor,
+        bias: *const C_tensor,
+        isa: i32,
+        error: *mut *mut c_char,
+    ) -> *mut C_tensor;
 }
 
 /// Whether this CPU has the kernel (AVX-512F, or AVX2 with FMA).
@@ -44,7 +50,9 @@ pub fn linear_on(isa: Isa, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -
     let mut error = std::ptr::null_mut();
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: every handle is a live tensor for the whole call; the shim keeps none of them.
-    let ptr = unsafe { comas_rows_linear(x2.as_ptr(), weight.as_ptr(), bias_ptr, isa as i32, &mut error) };
+    let ptr = unsafe {
+        comas_rows_linear(x2.as_ptr(), weight.as_ptr(), bias_ptr, isa as i32, &mut error)
+    };
     let y = wrap(ptr, error, "few-row linear")?;
     *shape.last_mut().expect("x has a last dimension") = weight.size()[0];
     Ok(y.reshape(shape))
@@ -59,7 +67,11 @@ mod tests {
         // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
         crate::seeded::with_torch_seed(7, || {
             let opts = (Kind::Float, Device::Cpu);
-            (Tensor::randn([out, inp], opts) * 0.1, Tensor::randn([out], opts), Tensor::randn([rows, inp], opts))
+            (
+                Tensor::randn([out, inp], opts) * 0.1,
+                Tensor::randn([out], opts),
+                Tensor::randn([rows, inp], opts),
+            )
         })
     }
 
@@ -91,8 +103,14 @@ mod tests {
                     assert_eq!(got.size(), vec![rows, out]);
                     let d = max_diff(&got, &x.linear(&w, Some(&b)));
                     assert!(d < 1e-5, "{isa:?} out {out} in {inp} rows {rows}: max difference {d}");
-                    let d = max_diff(&linear_on(isa, &x, &w, None).unwrap(), &x.linear::<Tensor>(&w, None));
-                    assert!(d < 1e-5, "{isa:?} without bias, out {out} in {inp} rows {rows}: max difference {d}");
+                    let d = max_diff(
+                        &linear_on(isa, &x, &w, None).unwrap(),
+                        &x.linear::<Tensor>(&w, None),
+                    );
+                    assert!(
+                        d < 1e-5,
+                        "{isa:?} without bias, out {out} in {inp} rows {rows}: max difference {d}"
+                    );
                 }
             }
         }
@@ -109,7 +127,11 @@ mod tests {
             let x = x.reshape([64, 577]);
             for (start, len) in [(0, 1), (37, 1), (5, 3), (10, 7), (63, 1), (1, 63)] {
                 let part = linear_on(isa, &x.narrow(0, start, len), &w, Some(&b)).unwrap();
-                assert!(part.equal(&flat.narrow(0, start, len)), "{isa:?}: rows {start}..{} differ from the 64-row call", start + len);
+                assert!(
+                    part.equal(&flat.narrow(0, start, len)),
+                    "{isa:?}: rows {start}..{} differ from the 64-row call",
+                    start + len
+                );
             }
         }
     }
@@ -119,9 +141,15 @@ mod tests {
         let w = Tensor::zeros([8, 4], (Kind::Float, Device::Cpu));
         let err = linear(&Tensor::zeros([3, 5], (Kind::Float, Device::Cpu)), &w, None).unwrap_err();
         assert!(err.to_string().contains("x has 5 features but the weight takes 4"), "{err}");
-        let err = linear(&Tensor::zeros([3, 4], (Kind::BFloat16, Device::Cpu)), &w, None).unwrap_err();
+        let err =
+            linear(&Tensor::zeros([3, 4], (Kind::BFloat16, Device::Cpu)), &w, None).unwrap_err();
         assert!(err.to_string().contains("float32"), "{err}");
-        let err = linear(&Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)), &w, Some(&Tensor::zeros([7], (Kind::Float, Device::Cpu)))).unwrap_err();
+        let err = linear(
+            &Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)),
+            &w,
+            Some(&Tensor::zeros([7], (Kind::Float, Device::Cpu))),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("bias must be float32 [8]"), "{err}");
     }
 }

@@ -70,10 +70,14 @@ impl SafeTensorsFile {
         }
         let header_len = u64::from_le_bytes(mmap[..8].try_into().unwrap());
         if header_len > MAX_HEADER_BYTES || 8 + header_len > mmap.len() as u64 {
-            return Err(bad(format!("header length {header_len} does not fit the file ({} bytes)", mmap.len())));
+            return Err(bad(format!(
+                "header length {header_len} does not fit the file ({} bytes)",
+                mmap.len()
+            )));
         }
         let data_start = 8 + header_len as usize;
-        let header: Map<String, Value> = serde_json::from_slice(&mmap[8..data_start]).map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+        let header: Map<String, Value> = serde_json::from_slice(&mmap[8..data_start])
+            .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
         let data_len = mmap.len() - data_start;
         let mut tensors = BTreeMap::new();
         let mut metadata = BTreeMap::new();
@@ -89,20 +93,26 @@ impl SafeTensorsFile {
                 continue;
             }
             let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("?");
-            let kind = kind_from_dtype(dtype).ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {dtype}")))?;
+            let kind = kind_from_dtype(dtype)
+                .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {dtype}")))?;
             let shape: Vec<i64> = entry
                 .get("shape")
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_i64).collect())
                 .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?;
-            let offsets: Vec<u64> =
-                entry.get("data_offsets").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+            let offsets: Vec<u64> = entry
+                .get("data_offsets")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
             let (start, end) = match offsets[..] {
                 [s, e] if s <= e && e <= data_len as u64 => (s as usize, e as usize),
                 _ => return Err(bad(format!("tensor `{name}` has data offsets {offsets:?} outside the {data_len}-byte data section"))),
             };
             let numel: i64 = shape.iter().product();
-            if shape.iter().any(|&d| d < 0) || numel as usize * kind.elt_size_in_bytes() != end - start {
+            if shape.iter().any(|&d| d < 0)
+                || numel as usize * kind.elt_size_in_bytes() != end - start
+            {
                 return Err(bad(format!(
                     "tensor `{name}` of shape {shape:?} and dtype {dtype} needs {} bytes but has {}",
                     numel.max(0) as usize * kind.elt_size_in_bytes(),
@@ -132,7 +142,10 @@ impl SafeTensorsFile {
 
     /// Copies one tensor out of the mapping onto the CPU in its stored dtype.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        let info = self.tensors.get(name).ok_or_else(|| ModelError::SafeTensors { path: self.path.clone(), message: format!("no tensor named `{name}`") })?;
+        let info = self.tensors.get(name).ok_or_else(|| ModelError::SafeTensors {
+            path: self.path.clone(),
+            message: format!("no tensor named `{name}`"),
+        })?;
         let bytes = &self.mmap[self.data_start + info.start..self.data_start + info.end];
         Ok(Tensor::f_from_data_size(bytes, &info.shape, info.kind)?)
     }
@@ -141,7 +154,11 @@ impl SafeTensorsFile {
 /// Writes tensors to `path` atomically (temporary file in the same folder, fsync, rename).
 /// Tensors are moved to the CPU and made contiguous; the header carries `format: pt` as
 /// `transformers` expects.
-pub fn write(path: &Path, tensors: &[(String, Tensor)], metadata: &BTreeMap<String, String>) -> Result<()> {
+pub fn write(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let mut header = Map::new();
     let mut meta = Map::new();
     meta.insert("format".into(), Value::String("pt".into()));
@@ -154,7 +171,9 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)], metadata: &BTreeMap<Stri
     for (name, t) in tensors {
         let t = t.to_device(tch::Device::Cpu).contiguous();
         let kind = t.kind();
-        let dtype = dtype_from_kind(kind).ok_or_else(|| ModelError::Weights(format!("cannot save tensor `{name}` of kind {kind:?}")))?;
+        let dtype = dtype_from_kind(kind).ok_or_else(|| {
+            ModelError::Weights(format!("cannot save tensor `{name}` of kind {kind:?}"))
+        })?;
         let nbytes = t.numel() * kind.elt_size_in_bytes();
         let mut entry = Map::new();
         entry.insert("dtype".into(), Value::String(dtype.into()));
@@ -186,7 +205,10 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)], metadata: &BTreeMap<Stri
 
 /// Writes a file atomically (`comas_files`: a reader never sees a half-written file, and the
 /// rename is synced); errors name the file.
-pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>) -> Result<()> {
+pub fn write_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
     comas_files::write_atomic_with(path, fill).map_err(|e| ModelError::io(path, e))
 }
 
@@ -200,7 +222,12 @@ mod tests {
         let path = dir.path().join("t.safetensors");
         let a = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).reshape([2, 3]);
         let b = Tensor::from_slice(&[1.5f32, -2.0]).to_kind(Kind::BFloat16);
-        write(&path, &[("a".into(), a.shallow_clone()), ("b".into(), b.shallow_clone())], &BTreeMap::new()).unwrap();
+        write(
+            &path,
+            &[("a".into(), a.shallow_clone()), ("b".into(), b.shallow_clone())],
+            &BTreeMap::new(),
+        )
+        .unwrap();
         let f = SafeTensorsFile::open(&path).unwrap();
         assert_eq!(f.metadata().get("format").map(String::as_str), Some("pt"));
         assert_eq!(f.info("a").unwrap().shape, vec![2, 3]);
@@ -217,7 +244,12 @@ mod tests {
     fn truncated_file_is_rejected() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.safetensors");
-        write(&path, &[("a".into(), Tensor::zeros([4, 4], (Kind::Float, tch::Device::Cpu)))], &BTreeMap::new()).unwrap();
+        write(
+            &path,
+            &[("a".into(), Tensor::zeros([4, 4], (Kind::Float, tch::Device::Cpu)))],
+            &BTreeMap::new(),
+        )
+        .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
         let err = SafeTensorsFile::open(&path).err().unwrap().to_string();

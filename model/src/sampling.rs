@@ -62,7 +62,10 @@ impl SamplingParams {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if self.min_new_tokens > self.max_new_tokens {
-            return bad(format!("min_new_tokens ({}) exceeds max_new_tokens ({})", self.min_new_tokens, self.max_new_tokens));
+            return bad(format!(
+                "min_new_tokens ({}) exceeds max_new_tokens ({})",
+                self.min_new_tokens, self.max_new_tokens
+            ));
         }
         if self.stop_strings.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());
@@ -70,8 +73,16 @@ impl SamplingParams {
         if self.guided_suffix.as_deref() == Some("") {
             return bad("guided_suffix must not be empty".into());
         }
-        if let Some(reserve) = self.guided_suffix.as_deref().map(crate::guide::tail_reserve).filter(|&r| self.max_new_tokens <= r) {
-            return bad(format!("a guided reply needs max_new_tokens above {reserve} (the tail's reserve), got {}", self.max_new_tokens));
+        if let Some(reserve) = self
+            .guided_suffix
+            .as_deref()
+            .map(crate::guide::tail_reserve)
+            .filter(|&r| self.max_new_tokens <= r)
+        {
+            return bad(format!(
+                "a guided reply needs max_new_tokens above {reserve} (the tail's reserve), got {}",
+                self.max_new_tokens
+            ));
         }
         Ok(())
     }
@@ -97,7 +108,13 @@ pub struct Sampled {
 /// only ids row b may produce (a guided tail). `logprob` is what a learner recomputes: over the
 /// whole vocabulary, or renormalised over the allowed set of a guided token; suppression only
 /// shapes what is drawn (and `sampling_logprob`).
-pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rngs: &mut [R], suppress: &[&[i64]], allow: &[Option<&[i64]>]) -> Vec<Sampled> {
+pub fn sample<R: rand::RngCore>(
+    logits: &Tensor,
+    params: &[&SamplingParams],
+    rngs: &mut [R],
+    suppress: &[&[i64]],
+    allow: &[Option<&[i64]>],
+) -> Vec<Sampled> {
     let (b, v) = (logits.size()[0], logits.size()[1]);
     assert_eq!(params.len() as i64, b, "one SamplingParams per row");
     assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");
@@ -114,18 +131,29 @@ pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rng
         let m = mask(&|row, r| {
             if let Some(ids) = allow[row] {
                 r.fill(true);
-                ids.iter().filter(|&&id| (0..v).contains(&id)).for_each(|&id| r[id as usize] = false);
+                ids.iter()
+                    .filter(|&&id| (0..v).contains(&id))
+                    .for_each(|&id| r[id as usize] = false);
             }
         });
         logits = logits.masked_fill(&m, f64::NEG_INFINITY);
     }
     let greedy: Vec<bool> = params.iter().map(|p| p.is_greedy()).collect();
-    let temps: Vec<f32> = params.iter().zip(&greedy).map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 }).collect();
+    let temps: Vec<f32> = params
+        .iter()
+        .zip(&greedy)
+        .map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 })
+        .collect();
     let temps = Tensor::from_slice(&temps).view([b, 1]).to_device(device);
     // The learner's quantity, before suppression.
     let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
     if suppress.iter().any(|s| !s.is_empty()) {
-        let m = mask(&|row, r| suppress[row].iter().filter(|&&id| (0..v).contains(&id)).for_each(|&id| r[id as usize] = true));
+        let m = mask(&|row, r| {
+            suppress[row]
+                .iter()
+                .filter(|&&id| (0..v).contains(&id))
+                .for_each(|&id| r[id as usize] = true)
+        });
         logits = logits.masked_fill(&m, f64::NEG_INFINITY);
     }
     let scaled = logits / temps;
@@ -137,12 +165,21 @@ pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rng
     let (tokens, sampling_lp) = if greedy.iter().all(|&g| g) {
         (argmax, Tensor::zeros([b], (Kind::Float, device)))
     } else {
-        let u: Vec<f32> = rngs.iter_mut().zip(&greedy).map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() }).collect();
+        let u: Vec<f32> = rngs
+            .iter_mut()
+            .zip(&greedy)
+            .map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() })
+            .collect();
         let u = Tensor::from_slice(&u).view([b, 1]).to_device(device);
-        let truncating = |p: &SamplingParams| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0;
+        let truncating =
+            |p: &SamplingParams| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0;
         let scaled = if params.iter().zip(&greedy).any(|(p, &g)| !g && truncating(p)) {
             let probs = scaled.softmax(-1, Kind::Float);
-            let cuts = if device == Device::Cpu { cuts_by_selection(&probs, params, &greedy) } else { cuts_by_sort(&probs, params, &greedy) };
+            let cuts = if device == Device::Cpu {
+                cuts_by_selection(&probs, params, &greedy)
+            } else {
+                cuts_by_sort(&probs, params, &greedy)
+            };
             scaled.masked_fill(&probs.lt_tensor(&cuts), f64::NEG_INFINITY)
         } else {
             scaled
@@ -152,10 +189,13 @@ pub fn sample<R: rand::RngCore>(logits: &Tensor, params: &[&SamplingParams], rng
         (argmax.where_self(&greedy_t, &tokens), slp.masked_fill(&greedy_t, 0.0))
     };
     let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
-    let to_vec_f = |t: &Tensor| Vec::<f32>::try_from(&t.to_device(Device::Cpu)).expect("f32 vector");
+    let to_vec_f =
+        |t: &Tensor| Vec::<f32>::try_from(&t.to_device(Device::Cpu)).expect("f32 vector");
     let tokens = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu)).expect("i64 vector");
     let (lp, slp) = (to_vec_f(&lp), to_vec_f(&sampling_lp));
-    (0..b as usize).map(|i| Sampled { token: tokens[i], logprob: lp[i], sampling_logprob: slp[i] }).collect()
+    (0..b as usize)
+        .map(|i| Sampled { token: tokens[i], logprob: lp[i], sampling_logprob: slp[i] })
+        .collect()
 }
 
 /// Inverse-CDF draws over the whole (masked) vocabulary: tokens [B] and their log-probs [B].
@@ -165,7 +205,8 @@ fn draw_full(scaled: &Tensor, u: &Tensor) -> (Tensor, Tensor) {
     let cdf = final_lp.exp().cumsum(-1, Kind::Float);
     // The last token with any mass, in case rounding leaves the CDF below u.
     let positions = Tensor::arange(v, (Kind::Int64, scaled.device())).view([1, v]);
-    let last = positions.masked_fill(&final_lp.isfinite().logical_not(), -1).amax([-1].as_slice(), false);
+    let last =
+        positions.masked_fill(&final_lp.isfinite().logical_not(), -1).amax([-1].as_slice(), false);
     let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&last);
     let lp = final_lp.gather(-1, &pick.unsqueeze(-1), false).squeeze_dim(-1);
     (pick, lp)
@@ -202,17 +243,28 @@ fn cuts_by_selection(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]
 fn cuts_by_sort(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]) -> Tensor {
     let (b, v) = (probs.size()[0], probs.size()[1]);
     let device = probs.device();
-    let settings: Vec<(usize, Option<f64>)> = params.iter().zip(greedy).map(|(p, &g)| cut_settings(p, g, v as usize)).collect();
+    let settings: Vec<(usize, Option<f64>)> =
+        params.iter().zip(greedy).map(|(p, &g)| cut_settings(p, g, v as usize)).collect();
     let (sorted, _) = probs.sort(-1, true);
     let ranks = Tensor::arange(v, (Kind::Int64, device)).view([1, v]);
-    let ks = Tensor::from_slice(&settings.iter().map(|&(k, _)| k as i64).collect::<Vec<_>>()).view([b, 1]).to_device(device);
+    let ks = Tensor::from_slice(&settings.iter().map(|&(k, _)| k as i64).collect::<Vec<_>>())
+        .view([b, 1])
+        .to_device(device);
     let in_k = ranks.lt_tensor(&ks);
     let sorted_k = sorted.masked_fill(&in_k.logical_not(), 0.0);
     // Rows without top-p get a share no mass can reach, so they keep their k tokens.
-    let ps = Tensor::from_slice(&settings.iter().map(|&(_, p)| p.map_or(2.0, |p| p as f32)).collect::<Vec<_>>()).view([b, 1]).to_device(device);
+    let ps = Tensor::from_slice(
+        &settings.iter().map(|&(_, p)| p.map_or(2.0, |p| p as f32)).collect::<Vec<_>>(),
+    )
+    .view([b, 1])
+    .to_device(device);
     let target = sorted_k.sum_dim_intlist(-1, true, Kind::Float) * ps;
     let before = sorted_k.cumsum(-1, Kind::Float) - &sorted_k;
-    let kept = before.lt_tensor(&target).logical_and(&in_k).sum_dim_intlist(-1, true, Kind::Int64).clamp_min(1);
+    let kept = before
+        .lt_tensor(&target)
+        .logical_and(&in_k)
+        .sum_dim_intlist(-1, true, Kind::Int64)
+        .clamp_min(1);
     sorted.gather(-1, &(kept - 1), false)
 }
 
@@ -321,7 +373,8 @@ mod tests {
         let p = SamplingParams { top_p: 0.5, seed: 7, ..Default::default() };
         let mut rng = p.rng();
         for _ in 0..50 {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+            let s =
+                sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             // mass of token 0 alone is ~0.52 >= 0.5, so only token 0 survives
             assert_eq!(s.token, 0);
             assert!(s.sampling_logprob.abs() < 1e-6);
@@ -330,7 +383,8 @@ mod tests {
         let mut rng = p.rng();
         let mut seen = [0usize; 4];
         for _ in 0..200 {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+            let s =
+                sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             seen[s.token as usize] += 1;
             // renormalised over two tokens
             let z = (3f32.exp() + 2.9f32.exp()).ln();
@@ -348,7 +402,8 @@ mod tests {
         let n = 4000;
         let mut zeros = 0;
         for _ in 0..n {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+            let s =
+                sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
             let z = (2f32.exp() + 1.0).ln();
             let want = if s.token == 0 { 2.0 - z } else { -z };
             assert!((s.logprob - want).abs() < 1e-5);
@@ -370,9 +425,12 @@ mod tests {
         let mut ra = a.rng();
         let mut rb = b.rng();
         for _ in 0..20 {
-            let x = sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]], &[None])[0];
+            let x =
+                sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]], &[None])
+                    [0];
             let mut pair = [ra, rb];
-            let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]], &[None, None]);
+            let y =
+                sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]], &[None, None]);
             [ra, rb] = pair;
             assert_eq!(x.token, y[0].token);
         }
@@ -387,14 +445,26 @@ mod tests {
         let z = (0.5f32.exp() + 1f32.exp()).ln();
         let mut seen = [0usize; 4];
         for _ in 0..400 {
-            let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(allowed)])[0];
+            let s = sample(
+                &logits(&[row]),
+                &[&p],
+                std::slice::from_mut(&mut rng),
+                &[&[]],
+                &[Some(allowed)],
+            )[0];
             seen[s.token as usize] += 1;
             let want = row[s.token as usize] - z;
             assert!((s.logprob - want).abs() < 1e-5 && (s.sampling_logprob - want).abs() < 1e-5);
         }
         assert!(seen[1] == 0 && seen[3] == 0 && seen[0] > 60 && seen[2] > 160, "{seen:?}");
         // A single allowed id is forced, with log-prob 0 under the restricted distribution.
-        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(&[3][..])])[0];
+        let s = sample(
+            &logits(&[row]),
+            &[&p],
+            std::slice::from_mut(&mut rng),
+            &[&[]],
+            &[Some(&[3][..])],
+        )[0];
         assert_eq!((s.token, s.logprob), (3, 0.0));
     }
 
@@ -430,9 +500,15 @@ mod tests {
         // Peaked and flat rows, and a row of many exact ties (quantised logits).
         let mut rows = Vec::new();
         for t in [0.3, 0.5, 1.0, 2.0] {
-            rows.extend(softmax_rows(&(Tensor::randn([6, v], (Kind::Float, Device::Cpu)) * 4.0), t));
+            rows.extend(softmax_rows(
+                &(Tensor::randn([6, v], (Kind::Float, Device::Cpu)) * 4.0),
+                t,
+            ));
         }
-        rows.extend(softmax_rows(&(Tensor::randn([4, v], (Kind::Float, Device::Cpu)) * 2.0).round(), 1.0));
+        rows.extend(softmax_rows(
+            &(Tensor::randn([4, v], (Kind::Float, Device::Cpu)) * 2.0).round(),
+            1.0,
+        ));
         let mut scratch = Vec::new();
         for (i, row) in rows.iter().enumerate() {
             for (k, top_p) in [
@@ -453,7 +529,8 @@ mod tests {
     #[test]
     fn the_sorted_cuts_equal_the_selected_ones_per_row() {
         tch::manual_seed(3);
-        let probs = (Tensor::randn([5, 300], (Kind::Float, Device::Cpu)) * 3.0).softmax(-1, Kind::Float);
+        let probs =
+            (Tensor::randn([5, 300], (Kind::Float, Device::Cpu)) * 3.0).softmax(-1, Kind::Float);
         let ps = [
             SamplingParams { top_p: 0.9, ..Default::default() },
             SamplingParams { top_k: 7, ..Default::default() },
@@ -463,7 +540,8 @@ mod tests {
         ];
         let params: Vec<&SamplingParams> = ps.iter().collect();
         let greedy: Vec<bool> = ps.iter().map(SamplingParams::is_greedy).collect();
-        let a = Vec::<f32>::try_from(&cuts_by_selection(&probs, &params, &greedy).view([-1])).unwrap();
+        let a =
+            Vec::<f32>::try_from(&cuts_by_selection(&probs, &params, &greedy).view([-1])).unwrap();
         let b = Vec::<f32>::try_from(&cuts_by_sort(&probs, &params, &greedy).view([-1])).unwrap();
         for row in [0, 1, 2] {
             assert!((a[row] - b[row]).abs() <= 1e-7, "row {row}: {} vs {}", a[row], b[row]);
@@ -487,7 +565,13 @@ mod tests {
             let mut seen = [0usize; 4];
             let n = 2000;
             for _ in 0..n {
-                let s = sample(&logits(&[&row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+                let s = sample(
+                    &logits(&[&row]),
+                    &[&p],
+                    std::slice::from_mut(&mut rng),
+                    &[&[]],
+                    &[None],
+                )[0];
                 seen[s.token as usize] += 1;
             }
             let mass: f32 = probs[..kept].iter().sum();
@@ -502,6 +586,8 @@ mod tests {
     fn invalid_params_are_rejected() {
         assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
         assert!(SamplingParams { temperature: f64::NAN, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { min_new_tokens: 5, max_new_tokens: 2, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { min_new_tokens: 5, max_new_tokens: 2, ..Default::default() }
+            .validate()
+            .is_err());
     }
 }

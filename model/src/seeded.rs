@@ -22,16 +22,30 @@ mod tests {
     use tch::{Device, Kind, Tensor};
 
     fn draws(seed: i64) -> Vec<f32> {
-        with_torch_seed(seed, || (0..200).flat_map(|_| Vec::<f32>::try_from(Tensor::randn([16], (Kind::Float, Device::Cpu))).unwrap()).collect())
+        with_torch_seed(seed, || {
+            (0..200)
+                .flat_map(|_| {
+                    Vec::<f32>::try_from(Tensor::randn([16], (Kind::Float, Device::Cpu))).unwrap()
+                })
+                .collect()
+        })
     }
 
     #[test]
     fn concurrent_seeded_draws_match_the_sequential_ones() {
         let alone = [draws(1), draws(2)];
-        let threads: Vec<_> = (0..4).map(|i| std::thread::spawn(move || (0..5).map(|_| draws(1 + i % 2)).collect::<Vec<_>>())).collect();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                std::thread::spawn(move || (0..5).map(|_| draws(1 + i % 2)).collect::<Vec<_>>())
+            })
+            .collect();
         for (i, t) in threads.into_iter().enumerate() {
             for got in t.join().unwrap() {
-                assert!(got == alone[i % 2], "thread {i}'s draws with seed {} differ from the same seed's draws alone", 1 + i % 2);
+                assert!(
+                    got == alone[i % 2],
+                    "thread {i}'s draws with seed {} differ from the same seed's draws alone",
+                    1 + i % 2
+                );
             }
         }
     }

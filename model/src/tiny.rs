@@ -12,7 +12,8 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 const TOKENIZER_JSON: &str = include_str!("../../tests/fixtures/tokenizers/chatml/tokenizer.json");
-const TOKENIZER_CONFIG: &str = include_str!("../../tests/fixtures/tokenizers/chatml/tokenizer_config.json");
+const TOKENIZER_CONFIG: &str =
+    include_str!("../../tests/fixtures/tokenizers/chatml/tokenizer_config.json");
 /// `<|endoftext|>` and `<|im_end|>` in the committed tokenizer.
 pub const ENDOFTEXT_ID: i64 = 420;
 pub const IM_END_ID: i64 = 422;
@@ -163,9 +164,15 @@ pub fn write_model(dir: &Path, spec: &TinySpec) -> Result<()> {
             .collect()
     });
     safetensors::write(&dir.join("model.safetensors"), &tensors, &BTreeMap::new())?;
-    write_text(&dir.join("config.json"), &serde_json::to_string_pretty(&config_json).expect("json"))?;
+    write_text(
+        &dir.join("config.json"),
+        &serde_json::to_string_pretty(&config_json).expect("json"),
+    )?;
     let gen = serde_json::json!({"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID], "pad_token_id": ENDOFTEXT_ID});
-    write_text(&dir.join("generation_config.json"), &serde_json::to_string_pretty(&gen).expect("json"))?;
+    write_text(
+        &dir.join("generation_config.json"),
+        &serde_json::to_string_pretty(&gen).expect("json"),
+    )?;
     write_text(&dir.join("tokenizer.json"), TOKENIZER_JSON)?;
     write_text(&dir.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
     Ok(())

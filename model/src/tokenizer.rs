@@ -78,7 +78,10 @@ struct EosOnly {
 fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-        return Err(ModelError::Tokenizer(format!("{} is not valid JSON ({e}); the file is damaged or was cut short", path.display())));
+        return Err(ModelError::Tokenizer(format!(
+            "{} is not valid JSON ({e}); the file is damaged or was cut short",
+            path.display()
+        )));
     }
     tokenizers::Tokenizer::from_str(&text).map_err(|e| {
         ModelError::Tokenizer(format!(
@@ -93,7 +96,10 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
-            return Err(ModelError::Folder { folder: dir.into(), what: "tokenizer.json is missing".into() });
+            return Err(ModelError::Folder {
+                folder: dir.into(),
+                what: "tokenizer.json is missing".into(),
+            });
         }
         let inner = load_tokenizer_json(&path)?;
         let cfg_path = dir.join("tokenizer_config.json");
@@ -101,7 +107,10 @@ impl Tokenizer {
         // transformers 5 writes the template to its own file; older versions keep it in the config.
         let jinja_path = dir.join("chat_template.jinja");
         let source = if jinja_path.is_file() {
-            Some((jinja_path.display().to_string(), std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?))
+            Some((
+                jinja_path.display().to_string(),
+                std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?,
+            ))
         } else {
             let origin = format!("the chat_template of {}", cfg_path.display());
             match cfg.get("chat_template") {
@@ -115,11 +124,17 @@ impl Tokenizer {
                 _ => None,
             }
         };
-        let template = source.map(|(origin, text)| ChatTemplate { origin, env: template_env(text) });
+        let template =
+            source.map(|(origin, text)| ChatTemplate { origin, env: template_env(text) });
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
         let vocab_size = inner.get_vocab_size(true);
-        let special_texts = inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        let special_texts = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special)
+            .map(|t| t.content)
+            .collect();
         let mut tok = Self {
             inner,
             plain,
@@ -153,7 +168,10 @@ impl Tokenizer {
 
     /// The guided-decoding tables of this tokenizer.
     pub fn guidance(&self) -> Result<&crate::guide::Guidance> {
-        let g = self.guidance.get_or_init(|| crate::guide::Guidance::new(&self.inner, self.eos_token_ids.first().copied()).map_err(|e| e.to_string()));
+        let g = self.guidance.get_or_init(|| {
+            crate::guide::Guidance::new(&self.inner, self.eos_token_ids.first().copied())
+                .map_err(|e| e.to_string())
+        });
         g.as_ref().map_err(|e| ModelError::Tokenizer(e.clone()))
     }
 
@@ -199,28 +217,48 @@ impl Tokenizer {
     /// The compiled chat template and the file it came from.
     fn chat_env(&self) -> Result<(&str, &minijinja::Environment<'static>)> {
         match &self.template {
-            None => Err(ModelError::ChatTemplate("this model has no chat template (tokenizer_config.json has no chat_template)".into())),
-            Some(ChatTemplate { origin, env: Err(e) }) => Err(ModelError::ChatTemplate(format!("{origin} does not compile: {e}; fix it, or give raw prompts"))),
+            None => Err(ModelError::ChatTemplate(
+                "this model has no chat template (tokenizer_config.json has no chat_template)"
+                    .into(),
+            )),
+            Some(ChatTemplate { origin, env: Err(e) }) => Err(ModelError::ChatTemplate(format!(
+                "{origin} does not compile: {e}; fix it, or give raw prompts"
+            ))),
             Some(ChatTemplate { origin, env: Ok(env) }) => Ok((origin, env)),
         }
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
     /// Decodes ids; ids outside the tokenizer's vocabulary (padded embedding rows) are skipped.
     pub fn decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
         let vocab = self.vocab_size;
-        let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).filter(|&i| (i as usize) < vocab).collect();
-        self.inner.decode(&ids, skip_special_tokens).map_err(|e| ModelError::Tokenizer(e.to_string()))
+        let ids: Vec<u32> = ids
+            .iter()
+            .filter_map(|&i| u32::try_from(i).ok())
+            .filter(|&i| (i as usize) < vocab)
+            .collect();
+        self.inner
+            .decode(&ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
     /// Renders `messages` with the model's chat template.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let (origin, env) = self.chat_env()?;
-        let tmpl = env.get_template("chat").map_err(|e| ModelError::ChatTemplate(format!("{origin}: {e}")))?;
+        let tmpl = env
+            .get_template("chat")
+            .map_err(|e| ModelError::ChatTemplate(format!("{origin}: {e}")))?;
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -229,12 +267,14 @@ impl Tokenizer {
             pad_token => self.pad_token.clone().unwrap_or_default(),
             tools => minijinja::Value::from(()),
         };
-        tmpl.render(ctx).map_err(|e| ModelError::ChatTemplate(format!("{origin} failed to render: {e}")))
+        tmpl.render(ctx)
+            .map_err(|e| ModelError::ChatTemplate(format!("{origin} failed to render: {e}")))
     }
 
     /// Encodes text with special-token strings treated as ordinary text.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<i64>> {
-        let enc = self.plain.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let enc =
+            self.plain.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
@@ -245,14 +285,25 @@ impl Tokenizer {
     /// token (a quoted completion may), the template's own text and the contents are encoded
     /// separately, the contents as plain text. Other prompts are encoded whole, exactly as
     /// `transformers` does.
-    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<i64>> {
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<i64>> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
-        let spells_special = messages.iter().any(|m| self.special_texts.iter().any(|s| m.content.contains(s.as_str())));
+        let spells_special = messages
+            .iter()
+            .any(|m| self.special_texts.iter().any(|s| m.content.contains(s.as_str())));
         if !spells_special {
             return self.encode(&text, false);
         }
-        let markers: Vec<String> = (0..messages.len()).map(|i| format!("\u{1}comas-content-{i}\u{1}")).collect();
-        let masked: Vec<ChatMessage> = messages.iter().zip(&markers).map(|(m, k)| ChatMessage::new(m.role.clone(), k.clone())).collect();
+        let markers: Vec<String> =
+            (0..messages.len()).map(|i| format!("\u{1}comas-content-{i}\u{1}")).collect();
+        let masked: Vec<ChatMessage> = messages
+            .iter()
+            .zip(&markers)
+            .map(|(m, k)| ChatMessage::new(m.role.clone(), k.clone()))
+            .collect();
         let skeleton = self.apply_chat_template(&masked, add_generation_prompt)?;
         let mut rebuilt = skeleton.clone();
         for (m, k) in messages.iter().zip(&markers) {
@@ -267,7 +318,9 @@ impl Tokenizer {
         let mut rest = skeleton.as_str();
         for (m, k) in messages.iter().zip(&markers) {
             let Some(pos) = rest.find(k.as_str()) else {
-                return Err(ModelError::ChatTemplate("the template dropped or reordered a message".into()));
+                return Err(ModelError::ChatTemplate(
+                    "the template dropped or reordered a message".into(),
+                ));
             };
             out.extend(self.encode(&rest[..pos], false)?);
             out.extend(self.encode_plain(&m.content)?);

@@ -19,14 +19,23 @@ struct Linear {
 }
 
 impl Linear {
-    fn load(ckpt: &mut Checkpoint, prefix: &str, in_dim: i64, out_dim: i64, bias: bool) -> Result<Self> {
+    fn load(
+        ckpt: &mut Checkpoint,
+        prefix: &str,
+        in_dim: i64,
+        out_dim: i64,
+        bias: bool,
+    ) -> Result<Self> {
         let weight = ckpt.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
-        let bias = if bias { Some(ckpt.take(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
+        let bias =
+            if bias { Some(ckpt.take(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
         Ok(Self { weight, bias, decode: DecodeLinear::default() })
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        self.decode.forward(x, &self.weight, self.bias.as_ref()).unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
+        self.decode
+            .forward(x, &self.weight, self.bias.as_ref())
+            .unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
     }
 }
 
@@ -98,7 +107,13 @@ impl Attention {
         })
     }
 
-    fn forward(&self, layer: usize, x: &Tensor, ctx: &LayerCtx, cache: Option<&mut KvCache>) -> Tensor {
+    fn forward(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        ctx: &LayerCtx,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
         let proj = |lin: &Linear, which: Proj| {
             let y = lin.forward(x);
@@ -125,11 +140,24 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = match ctx.step.and_then(|st| st.dense.as_ref()).filter(|_| blocked_decode_attention()) {
+        let out = match ctx
+            .step
+            .and_then(|st| st.dense.as_ref())
+            .filter(|_| blocked_decode_attention())
+        {
             Some(blocked) => attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads),
             None => {
                 let gqa = self.num_heads != self.num_kv_heads;
-                Tensor::scaled_dot_product_attention(&q, &k, &v, ctx.mask, 0.0, ctx.mask.is_none(), scale, gqa)
+                Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    ctx.mask,
+                    0.0,
+                    ctx.mask.is_none(),
+                    scale,
+                    gqa,
+                )
             }
         };
         let out = out.transpose(1, 2).reshape([b, s, self.num_heads * self.head_dim]);
@@ -150,7 +178,10 @@ pub fn blocked_decode_attention() -> bool {
         Ok("blocked") => true,
         Ok("exact") | Err(_) => false,
         Ok(other) => {
-            tracing::warn!(value = other, "COMAS_DECODE_ATTENTION is `blocked` or `exact`; using `exact`");
+            tracing::warn!(
+                value = other,
+                "COMAS_DECODE_ATTENTION is `blocked` or `exact`; using `exact`"
+            );
             false
         }
     })
@@ -167,26 +198,43 @@ pub fn blocked_decode_attention() -> bool {
 /// and the blocks are then added in order, one after another. Blocks past a row's tokens add
 /// exact zeros. Query heads are grouped by the key/value head they share, so no key or value is
 /// repeated.
-fn attend_few(q: &Tensor, k: &Tensor, v: &Tensor, blocked: &Tensor, scale: f64, kv_heads: i64) -> Tensor {
+fn attend_few(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    blocked: &Tensor,
+    scale: f64,
+    kv_heads: i64,
+) -> Tensor {
     let (b, h, s, d) = q.size4().expect("q is [B, H, S, D]");
     let (g, w) = (h / kv_heads, k.size()[2]);
     let gs = g * s;
     // Row j of a group is query head j / S at position j % S.
-    let blocked = if s == 1 { blocked.shallow_clone() } else { blocked.unsqueeze(2).expand([b, 1, g, s, w], false).reshape([b, 1, gs, w]) };
+    let blocked = if s == 1 {
+        blocked.shallow_clone()
+    } else {
+        blocked.unsqueeze(2).expand([b, 1, g, s, w], false).reshape([b, 1, gs, w])
+    };
     // A cache under a memory limit may hold a width that is not whole blocks: pad it.
     let pad = (ATTEND_BLOCK - w % ATTEND_BLOCK) % ATTEND_BLOCK;
     let (k, v, blocked) = if pad == 0 {
         (k.shallow_clone(), v.shallow_clone(), blocked)
     } else {
-        (k.constant_pad_nd([0, 0, 0, pad]), v.constant_pad_nd([0, 0, 0, pad]), blocked.logical_not().constant_pad_nd([0, pad]).logical_not())
+        (
+            k.constant_pad_nd([0, 0, 0, pad]),
+            v.constant_pad_nd([0, 0, 0, pad]),
+            blocked.logical_not().constant_pad_nd([0, pad]).logical_not(),
+        )
     };
     let n = (w + pad) / ATTEND_BLOCK;
     let k = k.reshape([b, kv_heads, n, ATTEND_BLOCK, d]);
     let v = v.reshape([b, kv_heads, n, ATTEND_BLOCK, d]);
-    let blocked = blocked.reshape([b, 1, blocked.size()[2], n, ATTEND_BLOCK]).permute([0, 1, 3, 2, 4]);
+    let blocked =
+        blocked.reshape([b, 1, blocked.size()[2], n, ATTEND_BLOCK]).permute([0, 1, 3, 2, 4]);
     let q = q.reshape([b, kv_heads, 1, gs, d]);
     // [B, KV, n, GS, BLOCK]
-    let scores = (q.matmul(&k.transpose(-1, -2)).to_kind(Kind::Float) * scale).masked_fill(&blocked, f64::NEG_INFINITY);
+    let scores = (q.matmul(&k.transpose(-1, -2)).to_kind(Kind::Float) * scale)
+        .masked_fill(&blocked, f64::NEG_INFINITY);
     let top = scores.amax([2, 4].as_slice(), true);
     let weights = exp_by_position(&(scores - top));
     let sums = weights.sum_dim_intlist([-1].as_slice(), false, Kind::Float); // [B, KV, n, GS]
@@ -254,7 +302,13 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn forward(&self, layer: usize, x: &Tensor, ctx: &LayerCtx, cache: Option<&mut KvCache>) -> Tensor {
+    fn forward(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        ctx: &LayerCtx,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
         let h = x + self.self_attn.forward(layer, &self.input_layernorm.forward(x), ctx, cache);
         let m = self.mlp.forward(layer, &self.post_attention_layernorm.forward(&h), ctx.lora);
         h + m
@@ -286,7 +340,13 @@ impl Checkpointed<'_> {
         if !grad.defined() {
             return;
         }
-        let ctx = LayerCtx { cos: &self.cos, sin: &self.sin, mask: self.mask.as_ref(), lora: self.lora.as_ref(), step: None };
+        let ctx = LayerCtx {
+            cos: &self.cos,
+            sin: &self.sin,
+            mask: self.mask.as_ref(),
+            lora: self.lora.as_ref(),
+            step: None,
+        };
         for (i, layer) in self.model.layers.iter().enumerate().rev() {
             let x = self.inputs[i].detach().set_requires_grad(true);
             let out = layer.forward(i, &x, &ctx, None);
@@ -323,12 +383,21 @@ impl CausalLm {
         let model = Self::from_checkpoint(config, &mut ckpt, kind, device)?;
         let unused = ckpt.unused();
         if !unused.is_empty() {
-            tracing::warn!(count = unused.len(), first = unused[0], "checkpoint tensors not used by the model");
+            tracing::warn!(
+                count = unused.len(),
+                first = unused[0],
+                "checkpoint tensors not used by the model"
+            );
         }
         Ok(model)
     }
 
-    fn from_checkpoint(config: Config, ckpt: &mut Checkpoint, kind: Kind, device: Device) -> Result<Self> {
+    fn from_checkpoint(
+        config: Config,
+        ckpt: &mut Checkpoint,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Self> {
         let (v, h) = (config.vocab_size, config.hidden_size);
         let embed_tokens = ckpt.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers as usize);
@@ -337,14 +406,38 @@ impl CausalLm {
             layers.push(DecoderLayer {
                 self_attn: Attention::load(ckpt, &format!("{p}.self_attn"), &config)?,
                 mlp: Mlp::load(ckpt, &format!("{p}.mlp"), &config)?,
-                input_layernorm: RmsNorm::load(ckpt, &format!("{p}.input_layernorm.weight"), h, config.rms_norm_eps)?,
-                post_attention_layernorm: RmsNorm::load(ckpt, &format!("{p}.post_attention_layernorm.weight"), h, config.rms_norm_eps)?,
+                input_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    h,
+                    config.rms_norm_eps,
+                )?,
+                post_attention_layernorm: RmsNorm::load(
+                    ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    h,
+                    config.rms_norm_eps,
+                )?,
             });
         }
         let norm = RmsNorm::load(ckpt, "model.norm.weight", h, config.rms_norm_eps)?;
-        let lm_head = if config.tie_word_embeddings { embed_tokens.shallow_clone() } else { ckpt.take("lm_head.weight", &[v, h])? };
+        let lm_head = if config.tie_word_embeddings {
+            embed_tokens.shallow_clone()
+        } else {
+            ckpt.take("lm_head.weight", &[v, h])?
+        };
         let rope = Rope::new(&config.rope, config.head_dim, device);
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, lm_head_decode: DecodeLinear::default(), rope, kind, device })
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            lm_head_decode: DecodeLinear::default(),
+            rope,
+            kind,
+            device,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -370,11 +463,17 @@ impl CausalLm {
     /// Parameters by checkpoint name (shallow clones sharing storage). With tied embeddings
     /// `lm_head.weight` is not listed, as in the checkpoint.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed_tokens.shallow_clone())];
+        let mut out =
+            vec![("model.embed_tokens.weight".to_string(), self.embed_tokens.shallow_clone())];
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let a = &l.self_attn;
-            for (name, lin) in [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)] {
+            for (name, lin) in [
+                ("q_proj", &a.q_proj),
+                ("k_proj", &a.k_proj),
+                ("v_proj", &a.v_proj),
+                ("o_proj", &a.o_proj),
+            ] {
                 out.push((format!("{p}.self_attn.{name}.weight"), lin.weight.shallow_clone()));
                 if let Some(b) = &lin.bias {
                     out.push((format!("{p}.self_attn.{name}.bias"), b.shallow_clone()));
@@ -386,14 +485,22 @@ impl CausalLm {
                 }
             }
             let m = &l.mlp;
-            for (name, lin) in [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)] {
+            for (name, lin) in
+                [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)]
+            {
                 out.push((format!("{p}.mlp.{name}.weight"), lin.weight.shallow_clone()));
                 if let Some(b) = &lin.bias {
                     out.push((format!("{p}.mlp.{name}.bias"), b.shallow_clone()));
                 }
             }
-            out.push((format!("{p}.input_layernorm.weight"), l.input_layernorm.weight.shallow_clone()));
-            out.push((format!("{p}.post_attention_layernorm.weight"), l.post_attention_layernorm.weight.shallow_clone()));
+            out.push((
+                format!("{p}.input_layernorm.weight"),
+                l.input_layernorm.weight.shallow_clone(),
+            ));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                l.post_attention_layernorm.weight.shallow_clone(),
+            ));
         }
         out.push(("model.norm.weight".to_string(), self.norm.weight.shallow_clone()));
         if !self.config.tie_word_embeddings {
@@ -412,12 +519,18 @@ impl CausalLm {
 
     fn check_ids(&self, input_ids: &Tensor) -> Result<()> {
         if input_ids.dim() != 2 {
-            return Err(ModelError::Input(format!("input ids must be [batch, seq], got {:?}", input_ids.size())));
+            return Err(ModelError::Input(format!(
+                "input ids must be [batch, seq], got {:?}",
+                input_ids.size()
+            )));
         }
         if input_ids.numel() > 0 {
             let (lo, hi) = (input_ids.min().int64_value(&[]), input_ids.max().int64_value(&[]));
             if lo < 0 || hi >= self.config.vocab_size {
-                return Err(ModelError::Input(format!("token id out of range [{lo}, {hi}]; the model's vocabulary has {} entries", self.config.vocab_size)));
+                return Err(ModelError::Input(format!(
+                    "token id out of range [{lo}, {hi}]; the model's vocabulary has {} entries",
+                    self.config.vocab_size
+                )));
             }
         }
         Ok(())
@@ -432,7 +545,9 @@ impl CausalLm {
         step: Option<&CacheStep>,
         lora: Option<&LoraBatch>,
     ) -> Tensor {
-        let _span = tracing::trace_span!("forward", batch = input_ids.size()[0], seq = input_ids.size()[1]).entered();
+        let _span =
+            tracing::trace_span!("forward", batch = input_ids.size()[0], seq = input_ids.size()[1])
+                .entered();
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = self.rope.cos_sin(positions, self.kind);
         let lora = lora.filter(|l| !l.is_empty());
@@ -445,7 +560,9 @@ impl CausalLm {
 
     /// Projects final hidden states to vocabulary logits.
     pub fn lm_head(&self, hidden: &Tensor) -> Tensor {
-        self.lm_head_decode.forward(hidden, &self.lm_head, None).unwrap_or_else(|| hidden.linear::<Tensor>(&self.lm_head, None))
+        self.lm_head_decode
+            .forward(hidden, &self.lm_head, None)
+            .unwrap_or_else(|| hidden.linear::<Tensor>(&self.lm_head, None))
     }
 
     /// Lets decode steps (at most [`decode_linear::MAX_ROWS`] rows) take the fast product for
@@ -456,7 +573,9 @@ impl CausalLm {
         let path = decode_linear::choose(self.kind, self.device);
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
-            for lin in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj] {
+            for lin in
+                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
+            {
                 lin.decode.set(path, &lin.weight);
             }
         }
@@ -466,12 +585,22 @@ impl CausalLm {
 
     /// Full-sequence forward: logits [B, S, V] for every position. `attention_mask` [B, S]
     /// (1 = token, 0 = padding) may pad on either side; positions count real tokens only.
-    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        lora: Option<&LoraBatch>,
+    ) -> Result<Tensor> {
         Ok(self.lm_head(&self.forward_hidden(input_ids, attention_mask, lora)?))
     }
 
     /// As `forward` but stops before the vocabulary projection: final hidden states [B, S, H].
-    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, lora: Option<&LoraBatch>) -> Result<Tensor> {
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        lora: Option<&LoraBatch>,
+    ) -> Result<Tensor> {
         let (input_ids, positions, attn) = self.full_sequence(input_ids, attention_mask)?;
         Ok(self.run_layers(&input_ids, &positions, attn.as_ref(), None, None, lora))
     }
@@ -492,7 +621,13 @@ impl CausalLm {
         let lora = lora.filter(|l| !l.is_empty());
         let mut inputs = Vec::with_capacity(self.layers.len());
         let last = tch::no_grad(|| {
-            let ctx = LayerCtx { cos: &cos, sin: &sin, mask: mask.as_ref(), lora: lora.as_ref(), step: None };
+            let ctx = LayerCtx {
+                cos: &cos,
+                sin: &sin,
+                mask: mask.as_ref(),
+                lora: lora.as_ref(),
+                step: None,
+            };
             let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
             for (i, layer) in self.layers.iter().enumerate() {
                 inputs.push(x.shallow_clone());
@@ -509,14 +644,22 @@ impl CausalLm {
     /// `None` (plain causal) when no row has padding before a real token, as in the
     /// right-padded batches of training and scoring. A padding query then also sees earlier
     /// padding, which changes only outputs nobody reads.
-    fn full_sequence(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    fn full_sequence(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         self.check_ids(input_ids)?;
         let input_ids = input_ids.to_device(self.device);
         let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
         let valid = match attention_mask {
             Some(m) => {
                 if m.size() != [b, s] {
-                    return Err(ModelError::Input(format!("attention mask {:?} does not match ids {:?}", m.size(), [b, s])));
+                    return Err(ModelError::Input(format!(
+                        "attention mask {:?} does not match ids {:?}",
+                        m.size(),
+                        [b, s]
+                    )));
                 }
                 m.to_device(self.device).to_kind(Kind::Bool)
             }
@@ -530,31 +673,53 @@ impl CausalLm {
     /// Forward over new tokens appended to rows `first_row..first_row + n` of `cache`. The
     /// input [n, S] is right-padded: row j has `new_lens[j]` real tokens. Returns the logits after
     /// each row's last real token, [n, V]: what decoding needs.
-    pub fn forward_cached(&self, input_ids: &Tensor, new_lens: &[i64], first_row: i64, cache: &mut KvCache, lora: Option<&LoraBatch>) -> Result<Tensor> {
+    pub fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        new_lens: &[i64],
+        first_row: i64,
+        cache: &mut KvCache,
+        lora: Option<&LoraBatch>,
+    ) -> Result<Tensor> {
         self.check_ids(input_ids)?;
         let (n, s) = (input_ids.size()[0], input_ids.size()[1]);
         if n != new_lens.len() as i64 {
-            return Err(ModelError::Input(format!("{n} input rows but {} row lengths", new_lens.len())));
+            return Err(ModelError::Input(format!(
+                "{n} input rows but {} row lengths",
+                new_lens.len()
+            )));
         }
         let input_ids = input_ids.to_device(self.device);
         let step = cache.begin(first_row, new_lens, s)?;
         let mask = (!step.causal).then_some(&step.mask);
-        let hidden = self.run_layers(&input_ids, &step.positions, mask, Some(cache), Some(&step), lora);
+        let hidden =
+            self.run_layers(&input_ids, &step.positions, mask, Some(cache), Some(&step), lora);
         cache.commit(&step);
         let last = if s == 1 {
             hidden.squeeze_dim(1)
         } else {
-            let idx: Vec<i64> = new_lens.iter().enumerate().map(|(j, l)| j as i64 * s + l - 1).collect();
-            hidden.view([n * s, -1]).index_select(0, &Tensor::from_slice(&idx).to_device(self.device))
+            let idx: Vec<i64> =
+                new_lens.iter().enumerate().map(|(j, l)| j as i64 * s + l - 1).collect();
+            hidden
+                .view([n * s, -1])
+                .index_select(0, &Tensor::from_slice(&idx).to_device(self.device))
         };
         Ok(self.lm_head(&last))
     }
 
     /// Log-probabilities (f32) of `input_ids[:, 1:]` under the model: [B, S-1]. Logits are divided
     /// by `temperature` first, as a sampler at that temperature would. Padding positions hold 0.
-    pub fn token_logprobs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, temperature: f64, lora: Option<&LoraBatch>) -> Result<Tensor> {
+    pub fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        temperature: f64,
+        lora: Option<&LoraBatch>,
+    ) -> Result<Tensor> {
         if !(temperature > 0.0 && temperature.is_finite()) {
-            return Err(ModelError::Input(format!("temperature must be positive and finite, got {temperature}")));
+            return Err(ModelError::Input(format!(
+                "temperature must be positive and finite, got {temperature}"
+            )));
         }
         let s = input_ids.size().get(1).copied().unwrap_or(0);
         if s < 2 {
@@ -563,7 +728,10 @@ impl CausalLm {
         let hidden = self.forward_hidden(input_ids, attention_mask, lora)?;
         let logits = self.lm_head(&hidden.narrow(1, 0, s - 1)).to_kind(Kind::Float) / temperature;
         let targets = input_ids.to_device(self.device).narrow(1, 1, s - 1);
-        let lp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+        let lp = logits
+            .log_softmax(-1, Kind::Float)
+            .gather(-1, &targets.unsqueeze(-1), false)
+            .squeeze_dim(-1);
         Ok(match attention_mask {
             Some(m) => lp * m.to_device(self.device).narrow(1, 1, s - 1).to_kind(Kind::Float),
             None => lp,
@@ -582,7 +750,14 @@ mod tests {
     #[test]
     fn a_shared_model_holds_no_copy_and_computes_the_same() {
         let dir = tempfile::tempdir().unwrap();
-        crate::tiny::write_model(dir.path(), &crate::tiny::TinySpec { seed: 2, ..crate::tiny::TinySpec::tiny(crate::Architecture::Qwen2) }).unwrap();
+        crate::tiny::write_model(
+            dir.path(),
+            &crate::tiny::TinySpec {
+                seed: 2,
+                ..crate::tiny::TinySpec::tiny(crate::Architecture::Qwen2)
+            },
+        )
+        .unwrap();
         let m = CausalLm::load(dir.path(), Kind::Float, Device::Cpu).unwrap();
         let shared = m.share().unwrap();
         let (a, b) = (m.named_parameters(), shared.named_parameters());
@@ -602,14 +777,27 @@ mod tests {
             // Drawn under the generator's lock, so concurrent seeded tests keep their draws.
             let (q, k, v) = crate::seeded::with_torch_seed(3 + s, || {
                 let opts = (Kind::Float, Device::Cpu);
-                (Tensor::randn([b, kv * g, s, d], opts), Tensor::randn([b, kv, w, d], opts), Tensor::randn([b, kv, w, d], opts))
+                (
+                    Tensor::randn([b, kv * g, s, d], opts),
+                    Tensor::randn([b, kv, w, d], opts),
+                    Tensor::randn([b, kv, w, d], opts),
+                )
             });
             // Row r holds 5 + 2r tokens before this step's queries; the rest is padding.
             let lens = Tensor::from_slice(&[5i64, 7, 2]).view([b, 1, 1, 1]);
             let cols = Tensor::arange(w, (Kind::Int64, Device::Cpu)).view([1, 1, 1, w]);
             let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).view([1, 1, s, 1]);
             let mask = cols.le_tensor(&(lens + pos));
-            let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, 0.3, true);
+            let want = Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                Some(&mask),
+                0.0,
+                false,
+                0.3,
+                true,
+            );
             let got = attend_few(&q, &k, &v, &mask.logical_not(), 0.3, kv);
             assert_eq!(got.size(), want.size());
             assert!(max_diff(&got, &want) < 1e-5, "s = {s}: {}", max_diff(&got, &want));
@@ -645,19 +833,41 @@ mod tests {
                     // Row 0 with `others` of the batch's other rows after it, in a narrower cache
                     // (710 columns is not whole blocks: padded).
                     let rows = Tensor::from_slice(&[0i64, 3, 1][..=others]);
-                    let narrow = |t: &Tensor| t.index_select(0, &rows).narrow(t.dim() as i64 - 2, 0, w).contiguous();
+                    let narrow = |t: &Tensor| {
+                        t.index_select(0, &rows).narrow(t.dim() as i64 - 2, 0, w).contiguous()
+                    };
                     let small = |t: &Tensor| t.index_select(0, &rows).narrow(3, 0, w).contiguous();
-                    let alone = attend_few(&q.index_select(0, &rows), &narrow(&k), &narrow(&v), &small(&blocked), 0.25, 2).get(0);
+                    let alone = attend_few(
+                        &q.index_select(0, &rows),
+                        &narrow(&k),
+                        &narrow(&v),
+                        &small(&blocked),
+                        0.25,
+                        2,
+                    )
+                    .get(0);
                     assert!(
                         alone.equal(&batched),
                         "{kind:?}, s = {s}, width {w}, {others} other rows: {}",
                         max_diff(&alone.to_kind(Kind::Float), &batched.to_kind(Kind::Float))
                     );
                 }
-                let want = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&blocked.logical_not()), 0.0, false, 0.25, true);
+                let want = Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    Some(&blocked.logical_not()),
+                    0.0,
+                    false,
+                    0.25,
+                    true,
+                );
                 let tol = if kind == Kind::Float { 1e-5 } else { 3e-2 };
                 let got = attend_few(&q, &k, &v, &blocked, 0.25, 2);
-                assert!(max_diff(&got.to_kind(Kind::Float), &want.to_kind(Kind::Float)) < tol, "{kind:?} s = {s}");
+                assert!(
+                    max_diff(&got.to_kind(Kind::Float), &want.to_kind(Kind::Float)) < tol,
+                    "{kind:?} s = {s}"
+                );
             }
         }
     }

@@ -40,15 +40,24 @@ impl Checkpoint {
         } else if index_path.is_file() {
             let shard_index: ShardIndex = read_json(&index_path)?;
             let mut by_file: HashMap<String, usize> = HashMap::new();
-            let mut shard_names: Vec<&String> = shard_index.weight_map.values().collect::<BTreeSet<_>>().into_iter().collect();
+            let mut shard_names: Vec<&String> =
+                shard_index.weight_map.values().collect::<BTreeSet<_>>().into_iter().collect();
             shard_names.sort();
             for shard in shard_names {
                 if shard.contains('/') || shard.contains("..") {
-                    return Err(ModelError::Folder { folder: dir.into(), what: format!("shard name `{shard}` must be a plain file name") });
+                    return Err(ModelError::Folder {
+                        folder: dir.into(),
+                        what: format!("shard name `{shard}` must be a plain file name"),
+                    });
                 }
                 let path = dir.join(shard);
                 if !path.is_file() {
-                    return Err(ModelError::Folder { folder: dir.into(), what: format!("shard `{shard}` listed in model.safetensors.index.json is missing") });
+                    return Err(ModelError::Folder {
+                        folder: dir.into(),
+                        what: format!(
+                            "shard `{shard}` listed in model.safetensors.index.json is missing"
+                        ),
+                    });
                 }
                 by_file.insert(shard.clone(), files.len());
                 files.push(SafeTensorsFile::open(&path)?);
@@ -69,7 +78,10 @@ impl Checkpoint {
                 what: "only pytorch_model.bin found; re-save the model with save_pretrained(safe_serialization=True)".into(),
             });
         } else {
-            return Err(ModelError::Folder { folder: dir.into(), what: "no model.safetensors or model.safetensors.index.json".into() });
+            return Err(ModelError::Folder {
+                folder: dir.into(),
+                what: "no model.safetensors or model.safetensors.index.json".into(),
+            });
         }
         Ok(Self { files, index, taken: BTreeSet::new(), held: HashMap::new(), kind, device })
     }
@@ -77,7 +89,14 @@ impl Checkpoint {
     /// A checkpoint of tensors already loaded (`kind` on `device`): taking one gives a tensor
     /// sharing its storage, so a model built from it shares the weights.
     pub fn held(tensors: Vec<(String, Tensor)>, kind: Kind, device: Device) -> Self {
-        Self { files: Vec::new(), index: HashMap::new(), taken: BTreeSet::new(), held: tensors.into_iter().collect(), kind, device }
+        Self {
+            files: Vec::new(),
+            index: HashMap::new(),
+            taken: BTreeSet::new(),
+            held: tensors.into_iter().collect(),
+            kind,
+            device,
+        }
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -88,18 +107,32 @@ impl Checkpoint {
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
         if let Some(t) = self.held.get(name) {
             if t.size() != shape {
-                return Err(ModelError::ShapeMismatch { name: name.into(), expected: shape.to_vec(), found: t.size() });
+                return Err(ModelError::ShapeMismatch {
+                    name: name.into(),
+                    expected: shape.to_vec(),
+                    found: t.size(),
+                });
             }
             self.taken.insert(name.to_string());
             return Ok(t.shallow_clone());
         }
-        let fi = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.into(), expected: shape.to_vec() })?;
+        let fi = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.into(),
+            expected: shape.to_vec(),
+        })?;
         let info = self.files[fi].info(name).expect("indexed tensor exists");
         if info.shape != shape {
-            return Err(ModelError::ShapeMismatch { name: name.into(), expected: shape.to_vec(), found: info.shape.clone() });
+            return Err(ModelError::ShapeMismatch {
+                name: name.into(),
+                expected: shape.to_vec(),
+                found: info.shape.clone(),
+            });
         }
         if !matches!(info.kind, Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double) {
-            return Err(ModelError::Weights(format!("tensor `{name}` has non-float dtype {:?}", info.kind)));
+            return Err(ModelError::Weights(format!(
+                "tensor `{name}` has non-float dtype {:?}",
+                info.kind
+            )));
         }
         let t = self.files[fi].tensor(name)?;
         self.taken.insert(name.to_string());
@@ -108,7 +141,13 @@ impl Checkpoint {
 
     /// Names in the checkpoint that the model did not use (e.g. rotary buffers of old exports).
     pub fn unused(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.index.keys().chain(self.held.keys()).map(String::as_str).filter(|n| !self.taken.contains(*n)).collect();
+        let mut v: Vec<&str> = self
+            .index
+            .keys()
+            .chain(self.held.keys())
+            .map(String::as_str)
+            .filter(|n| !self.taken.contains(*n))
+            .collect();
         v.sort();
         v
     }

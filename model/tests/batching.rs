@@ -4,7 +4,9 @@ mod common;
 
 use comas_model::batcher::drain;
 use comas_model::decode_linear::DecodePath;
-use comas_model::{generate, Batcher, CausalLm, Completion, GenerationRequest, LoraAdapter, SamplingParams};
+use comas_model::{
+    generate, Batcher, CausalLm, Completion, GenerationRequest, LoraAdapter, SamplingParams,
+};
 use common::*;
 use tch::{Device, Kind};
 
@@ -79,7 +81,11 @@ fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
             prompt.truncate(prompt.len() - i % 4);
             GenerationRequest {
                 prompt_ids: prompt,
-                params: SamplingParams { seed: i as u64, max_new_tokens: 4 + 5 * (i % 3), ..Default::default() },
+                params: SamplingParams {
+                    seed: i as u64,
+                    max_new_tokens: 4 + 5 * (i % 3),
+                    ..Default::default()
+                },
                 adapter: None,
             }
         })
@@ -92,7 +98,9 @@ fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
     while next < reqs.len() || !b.is_empty() {
         while next < reqs.len() {
             let q = &reqs[next];
-            if !b.is_empty() && b.slots_if_added(q.prompt_ids.len() + q.params.max_new_tokens) > limit {
+            if !b.is_empty()
+                && b.slots_if_added(q.prompt_ids.len() + q.params.max_new_tokens) > limit
+            {
                 break;
             }
             b.add(next as u64, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
@@ -102,7 +110,11 @@ fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
             got[id as usize] = Some(c);
         }
         most_running = most_running.max(b.running());
-        assert!(b.cache_slots() <= limit as i64, "{} slots allocated, limit {limit}", b.cache_slots());
+        assert!(
+            b.cache_slots() <= limit as i64,
+            "{} slots allocated, limit {limit}",
+            b.cache_slots()
+        );
         assert!(b.cached_tokens() <= b.cache_slots());
     }
     assert!(most_running >= 2, "the limit left room for {most_running} sequence(s) at a time");
@@ -114,10 +126,16 @@ fn a_cache_limit_bounds_the_allocation_and_changes_nothing() {
 #[test]
 fn adapters_per_row_in_a_continuous_batch() {
     let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();
-    let adapter = LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu).unwrap();
+    let adapter =
+        LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu)
+            .unwrap();
     let r = Reference::load("qwen2-f32");
     let reqs: Vec<GenerationRequest> = (0..4)
-        .map(|i| GenerationRequest { prompt_ids: r.prompt_ids(i % 3), params: SamplingParams::greedy(12), adapter: (i % 2 == 1).then_some(&adapter) })
+        .map(|i| GenerationRequest {
+            prompt_ids: r.prompt_ids(i % 3),
+            params: SamplingParams::greedy(12),
+            adapter: (i % 2 == 1).then_some(&adapter),
+        })
         .collect();
     let mut b = Batcher::new(&model, None);
     b.add(0, reqs[0].prompt_ids.clone(), reqs[0].params.clone(), reqs[0].adapter).unwrap();
@@ -139,8 +157,19 @@ fn bad_sequences_are_refused_without_disturbing_the_batch() {
     let mut b = Batcher::new(&model, None);
     b.add(1, vec![1, 2, 3], SamplingParams::greedy(4), None).unwrap();
     assert!(b.add(2, vec![], SamplingParams::greedy(4), None).is_err());
-    assert!(b.add(3, vec![1, 9999], SamplingParams::greedy(4), None).unwrap_err().to_string().contains("9999"));
-    assert!(b.add(4, vec![1], SamplingParams { stop_strings: vec!["x".into()], ..SamplingParams::greedy(2) }, None).is_err());
+    assert!(b
+        .add(3, vec![1, 9999], SamplingParams::greedy(4), None)
+        .unwrap_err()
+        .to_string()
+        .contains("9999"));
+    assert!(b
+        .add(
+            4,
+            vec![1],
+            SamplingParams { stop_strings: vec!["x".into()], ..SamplingParams::greedy(2) },
+            None
+        )
+        .is_err());
     b.add(5, vec![4], SamplingParams::greedy(0), None).unwrap();
     let done = drain(&mut b).unwrap();
     let ids: Vec<u64> = done.iter().map(|(i, _)| *i).collect();
@@ -160,15 +189,25 @@ fn long_prompts_prefill_in_chunks_beside_decoding_rows_and_change_nothing() {
     let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
     let long: Vec<i64> = (0..3).flat_map(|i| r.prompt_ids(i)).collect();
     let short = r.prompt_ids(0)[..2].to_vec();
-    let reqs: Vec<GenerationRequest> = [(short.clone(), 0.0, 40), (long.clone(), 0.9, 6), (long[..7].to_vec(), 0.0, 5), (short, 0.8, 40)]
-        .into_iter()
-        .enumerate()
-        .map(|(i, (prompt_ids, temperature, max_new_tokens))| GenerationRequest {
-            prompt_ids,
-            params: SamplingParams { temperature, seed: 40 + i as u64, max_new_tokens, ..Default::default() },
-            adapter: None,
-        })
-        .collect();
+    let reqs: Vec<GenerationRequest> = [
+        (short.clone(), 0.0, 40),
+        (long.clone(), 0.9, 6),
+        (long[..7].to_vec(), 0.0, 5),
+        (short, 0.8, 40),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (prompt_ids, temperature, max_new_tokens))| GenerationRequest {
+        prompt_ids,
+        params: SamplingParams {
+            temperature,
+            seed: 40 + i as u64,
+            max_new_tokens,
+            ..Default::default()
+        },
+        adapter: None,
+    })
+    .collect();
     assert!(long.len() > 3 * 4, "the long prompt takes several chunks");
     let mut b = Batcher::new(&model, None);
     b.set_prefill_chunk(Some(3));
@@ -188,7 +227,11 @@ fn long_prompts_prefill_in_chunks_beside_decoding_rows_and_change_nothing() {
         }
         steps += 1;
         if steps < long.len() / 3 {
-            assert_eq!(b.running(), 2, "step {steps}: only the short rows decode while the long prompt is prefilled");
+            assert_eq!(
+                b.running(),
+                2,
+                "step {steps}: only the short rows decode while the long prompt is prefilled"
+            );
         }
         assert!(steps < 200);
     }
@@ -199,5 +242,9 @@ fn long_prompts_prefill_in_chunks_beside_decoding_rows_and_change_nothing() {
     let mut whole = Batcher::new(&model, None);
     whole.set_prefill_chunk(Some(10_000));
     whole.add(1, reqs[1].prompt_ids.clone(), reqs[1].params.clone(), None).unwrap();
-    same(&drain(&mut whole).unwrap().remove(0).1, got[1].as_ref().unwrap(), "a chunk longer than the prompt");
+    same(
+        &drain(&mut whole).unwrap().remove(0).1,
+        got[1].as_ref().unwrap(),
+        "a chunk longer than the prompt",
+    );
 }

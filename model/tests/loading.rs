@@ -26,7 +26,8 @@ fn load_err(dir: &Path) -> String {
 fn edit_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, tch::Tensor)>)) {
     let path = dir.join("model.safetensors");
     let f = SafeTensorsFile::open(&path).unwrap();
-    let mut tensors: Vec<(String, tch::Tensor)> = f.names().map(|n| (n.to_string(), f.tensor(n).unwrap())).collect();
+    let mut tensors: Vec<(String, tch::Tensor)> =
+        f.names().map(|n| (n.to_string(), f.tensor(n).unwrap())).collect();
     drop(f);
     edit(&mut tensors);
     safetensors::write(&path, &tensors, &BTreeMap::new()).unwrap();
@@ -38,7 +39,10 @@ fn missing_tensor_is_named() {
     copy_model("qwen2-f32", dir.path());
     edit_weights(dir.path(), |t| t.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight"));
     let err = load_err(dir.path());
-    assert!(err.contains("`model.layers.1.mlp.up_proj.weight` is missing") && err.contains("[128, 64]"), "{err}");
+    assert!(
+        err.contains("`model.layers.1.mlp.up_proj.weight` is missing") && err.contains("[128, 64]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -53,7 +57,12 @@ fn shape_mismatch_names_tensor_and_shapes() {
         }
     });
     let err = load_err(dir.path());
-    assert!(err.contains("model.layers.0.self_attn.k_proj.weight") && err.contains("[16, 64]") && err.contains("[32, 64]"), "{err}");
+    assert!(
+        err.contains("model.layers.0.self_attn.k_proj.weight")
+            && err.contains("[16, 64]")
+            && err.contains("[32, 64]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -73,7 +82,8 @@ fn missing_shard_and_missing_weights_are_reported() {
     assert!(err.contains("model-00002-of-00003.safetensors") && err.contains("missing"), "{err}");
 
     let empty = tempfile::tempdir().unwrap();
-    std::fs::copy(model_dir("qwen2-f32").join("config.json"), empty.path().join("config.json")).unwrap();
+    std::fs::copy(model_dir("qwen2-f32").join("config.json"), empty.path().join("config.json"))
+        .unwrap();
     assert!(load_err(empty.path()).contains("no model.safetensors"));
     assert!(load_err(Path::new("/nonexistent/model")).contains("config.json"));
 }
@@ -106,7 +116,8 @@ fn tokenizer_mismatch_is_detected() {
     let dir = tempfile::tempdir().unwrap();
     copy_model("llama3-gqa", dir.path());
     let cfg_path = dir.path().join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["vocab_size"] = 400.into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let tok = Tokenizer::from_dir(dir.path()).unwrap();
@@ -118,7 +129,10 @@ fn tokenizer_mismatch_is_detected() {
 #[test]
 fn lora_adapter_for_another_shape_is_rejected() {
     let qwen3 = comas_model::Config::from_file(&model_dir("qwen3").join("config.json")).unwrap();
-    let err = LoraAdapter::load(&model_dir("qwen2-f32-lora"), &qwen3, Kind::Float, Device::Cpu).err().unwrap().to_string();
+    let err = LoraAdapter::load(&model_dir("qwen2-f32-lora"), &qwen3, Kind::Float, Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("q_proj.lora_B.weight") || err.contains("q_proj.lora_A.weight"), "{err}");
 }
 
@@ -128,7 +142,10 @@ fn lora_adapter_for_another_shape_is_rejected() {
 fn the_memory_estimate_counts_exactly_the_parameters_that_load() {
     for name in ["llama3-gqa", "qwen2-f32", "qwen2-tied-bf16", "qwen3", "qwen2-sharded"] {
         let dir = model_dir(name);
-        let dims = comas_workflow::memory::ModelDims::from_config_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let dims = comas_workflow::memory::ModelDims::from_config_json(
+            &std::fs::read_to_string(dir.join("config.json")).unwrap(),
+        )
+        .unwrap();
         let m = CausalLm::load(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
         let loaded: i64 = m.named_parameters().iter().map(|(_, t)| t.numel() as i64).sum();
         assert_eq!(dims.parameters() as i64, loaded, "{name}");

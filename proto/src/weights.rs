@@ -28,12 +28,20 @@ impl Assembler {
             // The announced size only sizes the first allocation, capped: memory grows with the
             // bytes that really arrive, never with what a peer claims.
             let reserve = c.tensor_bytes.min(MAX_RESERVE) as usize;
-            let t = ReceivedTensor { name: c.tensor_name.clone(), dtype: c.dtype.clone(), shape: c.shape.clone(), bytes: Vec::with_capacity(reserve) };
+            let t = ReceivedTensor {
+                name: c.tensor_name.clone(),
+                dtype: c.dtype.clone(),
+                shape: c.shape.clone(),
+                bytes: Vec::with_capacity(reserve),
+            };
             self.open = Some((t, c.tensor_bytes));
         }
         let (cur, total) = self.open.as_mut().expect("open tensor");
         if cur.name != c.tensor_name || c.offset as usize != cur.bytes.len() {
-            return Err(format!("chunk of `{}` at offset {} out of order", c.tensor_name, c.offset));
+            return Err(format!(
+                "chunk of `{}` at offset {} out of order",
+                c.tensor_name, c.offset
+            ));
         }
         cur.bytes.extend_from_slice(&c.data);
         if cur.bytes.len() as u64 > *total {
@@ -58,7 +66,9 @@ impl Assembler {
 }
 
 /// Reassembles a whole chunk sequence.
-pub fn assemble(chunks: impl IntoIterator<Item = WeightChunk>) -> Result<Vec<ReceivedTensor>, String> {
+pub fn assemble(
+    chunks: impl IntoIterator<Item = WeightChunk>,
+) -> Result<Vec<ReceivedTensor>, String> {
     let mut a = Assembler::default();
     for c in chunks {
         a.push(&c)?;

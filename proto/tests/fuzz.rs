@@ -70,7 +70,8 @@ fn damaged_chunk_streams_are_refused_and_whole_ones_reassemble_exactly() {
                 // Accepted: whole tensors, each exactly as sent (the order may differ when two
                 // one-chunk tensors swapped; readers go by name).
                 for t in &got {
-                    let sent = tensors.iter().find(|(n, _)| *n == t.name).expect("a tensor that was sent");
+                    let sent =
+                        tensors.iter().find(|(n, _)| *n == t.name).expect("a tensor that was sent");
                     assert_eq!(t.bytes, sent.1, "an accepted stream changed `{}`", t.name);
                 }
                 assert!(damaged || got.len() == tensors.len());

@@ -59,13 +59,17 @@ fn specs(cfg: &CoMasConfig, n: usize, tag: &str) -> Vec<pb::EpisodeSpec> {
 }
 
 /// Runs the specs on one stream; returns (generated tokens, prompt tokens).
-async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, s: Vec<pb::EpisodeSpec>) -> (u64, u64) {
+async fn run(
+    c: &mut RolloutWorkerClient<tonic::transport::Channel>,
+    s: Vec<pb::EpisodeSpec>,
+) -> (u64, u64) {
     let mut out = c.run_episodes(tokio_stream::iter(s)).await.unwrap().into_inner();
     let (mut tokens, mut prompt) = (0, 0);
     while let Some(r) = out.message().await.unwrap() {
         assert!(r.error.is_empty(), "{}", r.error);
         tokens += r.generated_tokens;
-        let t: comas_workflow::comas::Trajectory = serde_json::from_str(&r.trajectory_json).unwrap();
+        let t: comas_workflow::comas::Trajectory =
+            serde_json::from_str(&r.trajectory_json).unwrap();
         prompt += t.turns.iter().map(|x| x.prompt_ids.len() as u64).sum::<u64>();
     }
     (tokens, prompt)
@@ -91,15 +95,31 @@ fn main() {
             dir
         }
     };
-    let params = comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters();
+    let params =
+        comas_model::Config::from_file(&model.join("config.json")).unwrap().num_parameters();
     // l = 2 agents on one base, one round: 2 solutions, 2 evaluations, 2 scores per episode.
     // Every turn generates exactly `per_turn` tokens, so both modes do the same work.
-    let fixed = SamplingSpec { temperature, top_p, top_k: 0, max_new_tokens: per_turn, min_new_tokens: per_turn, guided_suffix: None, fit_context: false };
-    let mut cfg = CoMasConfig { num_agents: 2, num_rounds: 1, num_references: 1, instances_per_question: 1, ..Default::default() };
+    let fixed = SamplingSpec {
+        temperature,
+        top_p,
+        top_k: 0,
+        max_new_tokens: per_turn,
+        min_new_tokens: per_turn,
+        guided_suffix: None,
+        fit_context: false,
+    };
+    let mut cfg = CoMasConfig {
+        num_agents: 2,
+        num_rounds: 1,
+        num_references: 1,
+        instances_per_question: 1,
+        ..Default::default()
+    };
     cfg.sampling.solver = fixed.clone();
     cfg.sampling.evaluator = fixed.clone();
     cfg.sampling.scorer = fixed;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());

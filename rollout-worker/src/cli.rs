@@ -72,10 +72,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if let Some(coordinator) = a.coordinator.clone() {
             let reg = Registration {
                 coordinator,
-                worker_id: a.worker_id.clone().unwrap_or_else(|| format!("worker-{}-{}", std::process::id(), bound.port())),
+                worker_id: a
+                    .worker_id
+                    .clone()
+                    .unwrap_or_else(|| format!("worker-{}-{}", std::process::id(), bound.port())),
                 advertise: a.advertise.clone().unwrap_or_else(|| bound.to_string()),
                 max_episodes: a.max_episodes.max(1),
-                bearer: comas_service::auth::Bearer::new(a.token.as_deref()).map_err(|e| anyhow::anyhow!("COMAS_WORKER_TOKEN: {e}"))?,
+                bearer: comas_service::auth::Bearer::new(a.token.as_deref())
+                    .map_err(|e| anyhow::anyhow!("COMAS_WORKER_TOKEN: {e}"))?,
             };
             tokio::spawn(register::run(reg, drain_rx, stop_rx));
         }

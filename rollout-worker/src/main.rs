@@ -5,7 +5,11 @@ use clap::Parser;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "comas-rollout-worker", version, about = "Runs discussion episodes for comas jobs")]
+#[command(
+    name = "comas-rollout-worker",
+    version,
+    about = "Runs discussion episodes for comas jobs"
+)]
 struct Cli {
     #[arg(long, env = "COMAS_THREADS")]
     threads: Option<i32>,

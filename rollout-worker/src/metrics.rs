@@ -28,21 +28,52 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(stats: Arc<Stats>) -> Arc<Self> {
         let registry = Registry::new_custom(Some("comas_worker".into()), None).expect("registry");
-        let counter = |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
+        let counter =
+            |n: &str, h: &str| registered(&registry, IntCounter::new(n, h).expect("metric"));
         let gauge = |n: &str, h: &str| registered(&registry, IntGauge::new(n, h).expect("metric"));
         Arc::new(Self {
-            generated_tokens: counter("generated_tokens_total", "tokens generated (rate = tokens/s)"),
+            generated_tokens: counter(
+                "generated_tokens_total",
+                "tokens generated (rate = tokens/s)",
+            ),
             episodes_done: counter("episodes_total", "episodes finished"),
-            prompts_truncated: counter("prompt_truncated_total", "turns whose prompt lost quoted discussion blocks to fit"),
-            prompts_refused: counter("prompt_refused_total", "episodes failed by a prompt that did not fit with every block cut"),
-            tool_runs: counter("tool_runs_total", "programs run in the sandbox for episode tool calls"),
-            tool_failures: counter("tool_failures_total", "tool runs that did not exit cleanly (timeout, error, limit)"),
-            endpoint_calls: counter("endpoint_calls_total", "turns of frozen models sent to an OpenAI-compatible endpoint"),
-            endpoint_failures: counter("endpoint_failures_total", "endpoint turns that failed after every try (answered empty)"),
-            weight_bytes_received: counter("weight_bytes_received_total", "weight bytes pulled from sources"),
-            weight_bytes_relayed: counter("weight_bytes_relayed_total", "weight bytes relayed to other workers"),
+            prompts_truncated: counter(
+                "prompt_truncated_total",
+                "turns whose prompt lost quoted discussion blocks to fit",
+            ),
+            prompts_refused: counter(
+                "prompt_refused_total",
+                "episodes failed by a prompt that did not fit with every block cut",
+            ),
+            tool_runs: counter(
+                "tool_runs_total",
+                "programs run in the sandbox for episode tool calls",
+            ),
+            tool_failures: counter(
+                "tool_failures_total",
+                "tool runs that did not exit cleanly (timeout, error, limit)",
+            ),
+            endpoint_calls: counter(
+                "endpoint_calls_total",
+                "turns of frozen models sent to an OpenAI-compatible endpoint",
+            ),
+            endpoint_failures: counter(
+                "endpoint_failures_total",
+                "endpoint turns that failed after every try (answered empty)",
+            ),
+            weight_bytes_received: counter(
+                "weight_bytes_received_total",
+                "weight bytes pulled from sources",
+            ),
+            weight_bytes_relayed: counter(
+                "weight_bytes_relayed_total",
+                "weight bytes relayed to other workers",
+            ),
             running_sequences: gauge("running_sequences", "sequences in the decode batches"),
-            peak_running_sequences: gauge("peak_running_sequences", "most sequences in the decode batches at once since start"),
+            peak_running_sequences: gauge(
+                "peak_running_sequences",
+                "most sequences in the decode batches at once since start",
+            ),
             waiting_turns: gauge("queue_depth", "turns waiting to join a batch"),
             running_episodes: gauge("running_episodes", "episodes in progress"),
             kv_cache_bytes: gauge("kv_cache_bytes", "bytes held by KV caches"),

@@ -69,9 +69,12 @@ impl Models {
                     tokenizer.check_fits(model.config())?;
                     // Agents speak through the chat template: one that is missing or broken is
                     // refused at load, not at the first turn.
-                    tokenizer
-                        .check_chat_template()
-                        .map_err(|e| ModelError::ChatTemplate(format!("{}: {e}; agents speak through it", s.model_dir.display())))?;
+                    tokenizer.check_chat_template().map_err(|e| {
+                        ModelError::ChatTemplate(format!(
+                            "{}: {e}; agents speak through it",
+                            s.model_dir.display()
+                        ))
+                    })?;
                     bases.push(Base { model, tokenizer });
                     if !own {
                         shared.insert(s.model_dir.clone(), bases.len() - 1);
@@ -80,11 +83,14 @@ impl Models {
                 }
             };
             let adapter = match &s.adapter_dir {
-                Some(dir) => Some(LoraAdapter::load(dir, bases[base].model.config(), kind, device)?),
+                Some(dir) => {
+                    Some(LoraAdapter::load(dir, bases[base].model.config(), kind, device)?)
+                }
                 // init leaves B = 0, so the adapter adds nothing until the learner's first version.
                 None => match &s.lora {
                     Some(l) => {
-                        let lc = LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora);
+                        let lc =
+                            LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora);
                         Some(LoraAdapter::init(bases[base].model.config(), lc, 0, kind, device)?)
                     }
                     None => None,
@@ -107,8 +113,13 @@ impl Models {
         self.bases[b].model.config().max_position_embeddings.max(0) as usize
     }
 
-    pub fn apply_update(&self, agent: u32, tensors: &[comas_proto::weights::ReceivedTensor]) -> Result<(), String> {
-        let a = self.agents.get(&agent).ok_or_else(|| format!("agent {agent} is not loaded here"))?;
+    pub fn apply_update(
+        &self,
+        agent: u32,
+        tensors: &[comas_proto::weights::ReceivedTensor],
+    ) -> Result<(), String> {
+        let a =
+            self.agents.get(&agent).ok_or_else(|| format!("agent {agent} is not loaded here"))?;
         let targets: Vec<(String, Tensor)> = match &a.adapter {
             Some(ad) => ad.named_tensors(),
             None => {
@@ -119,24 +130,37 @@ impl Models {
             }
         };
         if targets.len() != tensors.len() {
-            return Err(format!("update for agent {agent} has {} tensors, the policy has {}", tensors.len(), targets.len()));
+            return Err(format!(
+                "update for agent {agent} has {} tensors, the policy has {}",
+                tensors.len(),
+                targets.len()
+            ));
         }
-        let by_name: BTreeMap<&str, &comas_proto::weights::ReceivedTensor> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let by_name: BTreeMap<&str, &comas_proto::weights::ReceivedTensor> =
+            tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         // Check everything before writing anything, so a bad update changes nothing.
         let mut staged = Vec::with_capacity(targets.len());
         for (name, dst) in &targets {
-            let src = by_name.get(name.as_str()).ok_or_else(|| format!("update for agent {agent} lacks tensor `{name}`"))?;
+            let src = by_name
+                .get(name.as_str())
+                .ok_or_else(|| format!("update for agent {agent} lacks tensor `{name}`"))?;
             if src.shape != dst.size() {
-                return Err(format!("tensor `{name}`: update has shape {:?}, policy has {:?}", src.shape, dst.size()));
+                return Err(format!(
+                    "tensor `{name}`: update has shape {:?}, policy has {:?}",
+                    src.shape,
+                    dst.size()
+                ));
             }
             let kind = parse_kind(&src.dtype).map_err(|e| format!("tensor `{name}`: {e}"))?;
-            let t = Tensor::f_from_data_size(&src.bytes, &src.shape, kind).map_err(|e| format!("tensor `{name}`: {e}"))?;
+            let t = Tensor::f_from_data_size(&src.bytes, &src.shape, kind)
+                .map_err(|e| format!("tensor `{name}`: {e}"))?;
             staged.push((dst.shallow_clone(), t));
         }
         tch::no_grad(|| {
             for (mut dst, src) in staged {
                 // Every shape and dtype was checked above; a failure here is libtorch's.
-                dst.f_copy_(&src.to_kind(dst.kind()).to_device(dst.device())).map_err(|e| format!("update for agent {agent}: {e}"))?;
+                dst.f_copy_(&src.to_kind(dst.kind()).to_device(dst.device()))
+                    .map_err(|e| format!("update for agent {agent}: {e}"))?;
             }
             Ok::<(), String>(())
         })?;

@@ -37,7 +37,15 @@ impl PullMeter {
     }
 
     pub fn report(&self) -> Vec<pb::WeightPull> {
-        self.lock().iter().map(|(&agent_id, p)| pb::WeightPull { agent_id, version: p.version, bytes_received: p.bytes, done: p.done }).collect()
+        self.lock()
+            .iter()
+            .map(|(&agent_id, p)| pb::WeightPull {
+                agent_id,
+                version: p.version,
+                bytes_received: p.bytes,
+                done: p.done,
+            })
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Pull>> {
@@ -67,6 +75,9 @@ mod tests {
         m.begin(0, 3); // the relay peer failed: pulled again from the learner
         m.add(0, 3, 40);
         m.finish(0, 3);
-        assert_eq!(m.report()[0], pb::WeightPull { agent_id: 0, version: 3, bytes_received: 40, done: true });
+        assert_eq!(
+            m.report()[0],
+            pb::WeightPull { agent_id: 0, version: 3, bytes_received: 40, done: true }
+        );
     }
 }

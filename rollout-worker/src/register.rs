@@ -23,21 +23,29 @@ const REFUSED: &str = "refused: ";
 /// it is logged every time rather than taken for a coordinator that is not up yet.
 fn refusal(e: tonic::Status) -> String {
     match e.code() {
-        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => format!("{REFUSED}{}", e.message()),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+            format!("{REFUSED}{}", e.message())
+        }
         _ => e.message().to_string(),
     }
 }
 
 /// Runs until `stop` fires. When `draining` turns true, one heartbeat says so at once, so the
 /// coordinator stops leasing to this worker before it goes away.
-pub async fn run(r: Registration, mut draining: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    r: Registration,
+    mut draining: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
     let target = comas_service::grpc_uri(&r.coordinator);
     // One per process: re-registrations of this process carry it, a restart draws another.
     let incarnation: u64 = rand::random();
     let mut backoff = comas_service::backoff::Backoff::reconnect();
     let mut interval = Duration::from_secs(2);
     let mut registered = false;
-    let mut client: Option<CoordinatorClient<InterceptedService<tonic::transport::Channel, Bearer>>> = None;
+    let mut client: Option<
+        CoordinatorClient<InterceptedService<tonic::transport::Channel, Bearer>>,
+    > = None;
     loop {
         if *stop.borrow() {
             return;

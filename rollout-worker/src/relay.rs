@@ -33,7 +33,12 @@ pub struct Transfer {
 
 impl Transfer {
     fn new(version: u64, record: bool) -> Self {
-        Self { version, record, chunks: RwLock::new(Vec::new()), progress: watch::channel(Progress::Receiving(0)).0 }
+        Self {
+            version,
+            record,
+            chunks: RwLock::new(Vec::new()),
+            progress: watch::channel(Progress::Receiving(0)).0,
+        }
     }
 
     pub fn push(&self, chunk: WeightChunk) {
@@ -66,10 +71,17 @@ impl Transfer {
         loop {
             let progress = rx.borrow_and_update().clone();
             match progress {
-                Progress::Failed(why) => return Err(Status::aborted(format!("the relay's own pull of version {} failed: {why}", self.version))),
+                Progress::Failed(why) => {
+                    return Err(Status::aborted(format!(
+                        "the relay's own pull of version {} failed: {why}",
+                        self.version
+                    )))
+                }
                 Progress::Complete(n) if from >= n => return Ok(None),
                 Progress::Receiving(n) | Progress::Complete(n) if from < n => {
-                    return Ok(Some(self.chunks.read().expect("relay chunks lock")[from..n].to_vec()));
+                    return Ok(Some(
+                        self.chunks.read().expect("relay chunks lock")[from..n].to_vec(),
+                    ));
                 }
                 Progress::Receiving(_) => {
                     if rx.changed().await.is_err() {
@@ -96,7 +108,13 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(enabled: bool, wait: Duration) -> Self {
-        Self { enabled, wait, transfers: Mutex::default(), held: Mutex::default(), started: watch::channel(0).0 }
+        Self {
+            enabled,
+            wait,
+            transfers: Mutex::default(),
+            held: Mutex::default(),
+            started: watch::channel(0).0,
+        }
     }
 
     /// Starts recording a transfer; it replaces the agent's previous one (streams already
@@ -118,13 +136,21 @@ impl Relay {
     /// The transfer of `version` of `agent`, waiting a while for one that has not started yet.
     pub async fn find(&self, agent: u32, version: u64) -> Result<Arc<Transfer>, Status> {
         if !self.enabled {
-            return Err(Status::not_found("this worker does not relay weights (started with --relay false)"));
+            return Err(Status::not_found(
+                "this worker does not relay weights (started with --relay false)",
+            ));
         }
         let mut started = self.started.subscribe();
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             started.borrow_and_update();
-            if let Some(t) = self.transfers.lock().expect("relay lock").get(&agent).filter(|t| t.version == version && !t.failed()) {
+            if let Some(t) = self
+                .transfers
+                .lock()
+                .expect("relay lock")
+                .get(&agent)
+                .filter(|t| t.version == version && !t.failed())
+            {
                 return Ok(Arc::clone(t));
             }
             let holds = self.held.lock().expect("relay lock").get(&agent).copied();
@@ -135,7 +161,10 @@ impl Relay {
                 )));
             }
             if tokio::time::timeout_at(deadline, started.changed()).await.is_err() {
-                return Err(Status::not_found(format!("this worker has not received version {version} of agent {agent} within {:?}", self.wait)));
+                return Err(Status::not_found(format!(
+                    "this worker has not received version {version} of agent {agent} within {:?}",
+                    self.wait
+                )));
             }
         }
     }
@@ -182,9 +211,21 @@ mod tests {
         t.push(chunk(0));
         t.fail("tensor `w` failed its checksum");
         let e = read_all(&t).await.unwrap_err();
-        assert_eq!((e.code(), e.message()), (tonic::Code::Aborted, "the relay's own pull of version 3 failed: tensor `w` failed its checksum"));
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::Aborted,
+                "the relay's own pull of version 3 failed: tensor `w` failed its checksum"
+            )
+        );
         let e = relay.find(1, 3).await.err().expect("refused");
-        assert_eq!((e.code(), e.message()), (tonic::Code::NotFound, "this worker has not received version 3 of agent 1 within 50ms"));
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::NotFound,
+                "this worker has not received version 3 of agent 1 within 50ms"
+            )
+        );
     }
 
     #[tokio::test]
@@ -192,10 +233,19 @@ mod tests {
         let relay = Relay::new(true, Duration::from_secs(60));
         relay.held(0, 4);
         let e = relay.find(0, 4).await.err().expect("refused");
-        assert_eq!(e.message(), "this worker holds version 4 of agent 0 but has no transfer of version 4 to relay");
+        assert_eq!(
+            e.message(),
+            "this worker holds version 4 of agent 0 but has no transfer of version 4 to relay"
+        );
         let off = Relay::new(false, Duration::from_secs(60));
         off.begin(0, 5).complete();
         let e = off.find(0, 5).await.err().expect("refused");
-        assert_eq!((e.code(), e.message()), (tonic::Code::NotFound, "this worker does not relay weights (started with --relay false)"));
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::NotFound,
+                "this worker does not relay weights (started with --relay false)"
+            )
+        );
     }
 }

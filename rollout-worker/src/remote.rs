@@ -37,7 +37,11 @@ pub fn request_of(turn: &TurnRequest, model: &str) -> ChatRequest {
     let s = &turn.sampling;
     ChatRequest {
         model: model.to_string(),
-        messages: turn.messages.iter().map(|m| Message { role: m.role.clone(), content: m.content.clone() }).collect(),
+        messages: turn
+            .messages
+            .iter()
+            .map(|m| Message { role: m.role.clone(), content: m.content.clone() })
+            .collect(),
         temperature: Some(s.temperature),
         top_p: Some(s.top_p),
         top_k: (s.top_k > 0).then_some(s.top_k),
@@ -53,7 +57,14 @@ pub fn request_of(turn: &TurnRequest, model: &str) -> ChatRequest {
 /// method then treats it as a reply without content (a coach's: no score).
 pub fn output_of(turn: &TurnRequest, reply: Option<ChatResponse>) -> TurnOutput {
     let (text, finish) = match reply.and_then(|r| r.choices.into_iter().next()) {
-        Some(c) => (c.message.content, if c.finish_reason.as_deref() == Some("length") { FinishReason::Length } else { FinishReason::Stop }),
+        Some(c) => (
+            c.message.content,
+            if c.finish_reason.as_deref() == Some("length") {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            },
+        ),
         None => (String::new(), FinishReason::Length),
     };
     TurnOutput {
@@ -93,12 +104,19 @@ impl RemoteCalls {
     pub fn submit(&mut self, episode: u64, turn: TurnRequest, policy: &RemotePolicy) {
         let runtime = match &self.runtime {
             Some(r) => r,
-            None => match tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("worker-endpoint").enable_all().build() {
+            None => match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("worker-endpoint")
+                .enable_all()
+                .build()
+            {
                 Ok(r) => self.runtime.insert(r),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the endpoint runtime");
                     self.stats.endpoint_failures.fetch_add(1, Ordering::Relaxed);
-                    let _ = self.done.send(SideDone { episode, reply: Reply::Turn(output_of(&turn, None)) });
+                    let _ = self
+                        .done
+                        .send(SideDone { episode, reply: Reply::Turn(output_of(&turn, None)) });
                     return;
                 }
             },
@@ -137,7 +155,14 @@ mod tests {
             about_solution: None,
             about_evaluation: None,
             messages: vec![ChatMessage::user("Score this.")],
-            sampling: SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: 24, min_new_tokens: 0, ..Default::default() },
+            sampling: SamplingSpec {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                max_new_tokens: 24,
+                min_new_tokens: 0,
+                ..Default::default()
+            },
             seed: 99,
             blocks_cut: 0,
         }
@@ -152,7 +177,12 @@ mod tests {
         );
         // Extensions other servers may refuse stay out unless the turn needs them.
         let json = serde_json::to_string(&r).unwrap();
-        assert!(!json.contains("top_k") && !json.contains("min_tokens") && !json.contains("guided_suffix"), "{json}");
+        assert!(
+            !json.contains("top_k")
+                && !json.contains("min_tokens")
+                && !json.contains("guided_suffix"),
+            "{json}"
+        );
         let reply = |finish: &str| ChatResponse {
             id: "x".into(),
             object: "chat.completion".into(),
@@ -166,7 +196,10 @@ mod tests {
             usage: None,
         };
         let out = output_of(&turn(), Some(reply("stop")));
-        assert_eq!((out.turn_index, out.text.as_str(), out.finish_reason, out.completion_ids.len()), (7, "PROCESS_SCORE: 7", FinishReason::Stop, 0));
+        assert_eq!(
+            (out.turn_index, out.text.as_str(), out.finish_reason, out.completion_ids.len()),
+            (7, "PROCESS_SCORE: 7", FinishReason::Stop, 0)
+        );
         assert_eq!(output_of(&turn(), Some(reply("length"))).finish_reason, FinishReason::Length);
         // Every try failed: an empty reply, which a coach reads as no score.
         let failed = output_of(&turn(), None);

@@ -31,7 +31,10 @@ const RELAY_WAIT: Duration = Duration::from_secs(30);
 
 /// Serves until `shutdown` fires, then stops taking episodes, lets the running ones finish
 /// (up to `drain_timeout`) and returns.
-pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    s: ServerSettings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
     let (engine, engine_thread) = engine::spawn(s.engine, Arc::clone(&stats));
     let metrics = Metrics::new(stats);
@@ -91,7 +94,10 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         let (tx, rx) = oneshot::channel();
         if engine.send(Command::Drain { reply: tx }).is_ok() {
             if tokio::time::timeout(drain_timeout, rx).await.is_err() {
-                tracing::warn!(?drain_timeout, "episodes still running at the drain deadline; the coordinator re-queues them");
+                tracing::warn!(
+                    ?drain_timeout,
+                    "episodes still running at the drain deadline; the coordinator re-queues them"
+                );
             }
         }
         let _ = stop_tx.send(true);
@@ -102,7 +108,9 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
     if let Some(addr) = s.metrics_listen {
         let stop = wait(stop_rx.clone());
         tokio::spawn(async move {
-            if let Err(e) = comas_service::serve_metrics(addr, Arc::new(move || metrics.render()), stop).await {
+            if let Err(e) =
+                comas_service::serve_metrics(addr, Arc::new(move || metrics.render()), stop).await
+            {
                 tracing::error!(listen = %addr, error = %e, "metrics server failed");
             }
         });
@@ -119,7 +127,11 @@ pub async fn serve(s: ServerSettings, shutdown: impl std::future::Future<Output 
         .initial_connection_window_size(comas_service::HTTP2_CONNECTION_WINDOW)
         .max_frame_size(comas_service::HTTP2_MAX_FRAME)
         .add_service(health_service)
-        .add_service(RolloutWorkerServer::new(service).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES));
+        .add_service(
+            RolloutWorkerServer::new(service)
+                .max_decoding_message_size(PEER_MESSAGE_BYTES)
+                .max_encoding_message_size(PEER_MESSAGE_BYTES),
+        );
     comas_service::tls::serve(router, s.listener, s.tls, wait(stop_rx)).await?;
     if let Some(why) = engine_failed.borrow().clone() {
         anyhow::bail!("the engine thread died ({why}); restart the worker");

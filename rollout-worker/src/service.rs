@@ -54,19 +54,39 @@ fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
     if spec.episode_id.is_empty() {
         return Err("an episode spec needs an episode_id".into());
     }
-    let start = ProgramStart::parse(&spec.method, &spec.config_json, &spec.question_json, &spec.plan_json, spec.instance, spec.seed)
-        .map_err(|e| format!("episode {}: {e}", spec.episode_id))?;
+    let start = ProgramStart::parse(
+        &spec.method,
+        &spec.config_json,
+        &spec.question_json,
+        &spec.plan_json,
+        spec.instance,
+        spec.seed,
+    )
+    .map_err(|e| format!("episode {}: {e}", spec.episode_id))?;
     Ok(EpisodeJob { start, episode_id: spec.episode_id })
 }
 
 fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
     match o.result {
-        Ok((json, turns, tokens)) => {
-            pb::EpisodeResult { episode_id: o.episode_id, trajectory_json: json, turns, generated_tokens: tokens, ..Default::default() }
-        }
+        Ok((json, turns, tokens)) => pb::EpisodeResult {
+            episode_id: o.episode_id,
+            trajectory_json: json,
+            turns,
+            generated_tokens: tokens,
+            ..Default::default()
+        },
         Err(e) => {
-            let kind = if o.draining { pb::EpisodeErrorKind::Draining } else { pb::EpisodeErrorKind::Failed };
-            pb::EpisodeResult { episode_id: o.episode_id, error: e, error_kind: kind as i32, ..Default::default() }
+            let kind = if o.draining {
+                pb::EpisodeErrorKind::Draining
+            } else {
+                pb::EpisodeErrorKind::Failed
+            };
+            pb::EpisodeResult {
+                episode_id: o.episode_id,
+                error: e,
+                error_kind: kind as i32,
+                ..Default::default()
+            }
         }
     }
 }
@@ -80,12 +100,25 @@ impl WorkerService {
     /// Pulls one version from `source` (a learner, or with `relay` a peer worker), recording
     /// the chunks for the workers that relay from here. The tensors come back only when every
     /// one arrived whole and passed its checksum.
-    async fn pull(&self, req: &pb::UpdateWeightsRequest, source: &str, relay: bool) -> Result<(Vec<ReceivedTensor>, u64), Status> {
+    async fn pull(
+        &self,
+        req: &pb::UpdateWeightsRequest,
+        source: &str,
+        relay: bool,
+    ) -> Result<(Vec<ReceivedTensor>, u64), Status> {
         let source = comas_service::grpc_uri(source);
         let transfer = self.relay.begin(req.agent_id, req.version);
         self.pulls.begin(req.agent_id, req.version);
-        let result = tokio::time::timeout(self.weight_timeout, receive(req, &source, relay, &transfer, &self.pulls)).await.unwrap_or_else(|_| {
-            Err(Status::deadline_exceeded(format!("pulling version {} from {source} took longer than {:?}", req.version, self.weight_timeout)))
+        let result = tokio::time::timeout(
+            self.weight_timeout,
+            receive(req, &source, relay, &transfer, &self.pulls),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "pulling version {} from {source} took longer than {:?}",
+                req.version, self.weight_timeout
+            )))
         });
         match &result {
             Ok(_) => transfer.complete(),
@@ -103,21 +136,36 @@ async fn receive(
     pulls: &crate::pulls::PullMeter,
 ) -> Result<(Vec<ReceivedTensor>, u64), Status> {
     let broken = |e: Status| source_status(source, e);
-    let unreachable = |e: comas_service::tls::ConnectError| Status::unavailable(format!("cannot reach weight source {source}: {e}"));
+    let unreachable = |e: comas_service::tls::ConnectError| {
+        Status::unavailable(format!("cannot reach weight source {source}: {e}"))
+    };
     let channel = comas_service::weights_channel(source).await.map_err(unreachable)?;
     let mut stream = if relay {
-        let mut client = RolloutWorkerClient::new(channel).max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
-        client.relay_weights(pb::RelayWeightsRequest { agent_id: req.agent_id, version: req.version }).await.map_err(broken)?.into_inner()
-    } else {
-        let mut client = LearnerClient::with_interceptor(channel, comas_service::agent::ForAgent(req.agent_id))
+        let mut client = RolloutWorkerClient::new(channel)
             .max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
-        client.stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 }).await.map_err(broken)?.into_inner()
+        client
+            .relay_weights(pb::RelayWeightsRequest { agent_id: req.agent_id, version: req.version })
+            .await
+            .map_err(broken)?
+            .into_inner()
+    } else {
+        let mut client =
+            LearnerClient::with_interceptor(channel, comas_service::agent::ForAgent(req.agent_id))
+                .max_decoding_message_size(comas_service::limits::WEIGHT_MESSAGE_BYTES);
+        client
+            .stream_weights(pb::StreamWeightsRequest { version: req.version, max_chunk_bytes: 0 })
+            .await
+            .map_err(broken)?
+            .into_inner()
     };
     let mut asm = Assembler::default();
     let mut bytes = 0u64;
     while let Some(chunk) = stream.message().await.map_err(broken)? {
         if chunk.version != req.version {
-            return Err(Status::data_loss(format!("source sent version {} while {} was asked for", chunk.version, req.version)));
+            return Err(Status::data_loss(format!(
+                "source sent version {} while {} was asked for",
+                chunk.version, req.version
+            )));
         }
         bytes += chunk.data.len() as u64;
         pulls.add(req.agent_id, req.version, chunk.data.len() as u64);
@@ -147,7 +195,9 @@ fn remote_policy(a: &pb::AgentPolicy) -> Result<Option<RemotePolicy>, Status> {
     }
     let bad = |m: String| Status::invalid_argument(format!("agent {}: {m}", a.agent_id));
     if !a.model_dir.is_empty() || !a.adapter_dir.is_empty() || a.full_weights {
-        return Err(bad("an endpoint model has no model folder, adapter or weights to load".into()));
+        return Err(
+            bad("an endpoint model has no model folder, adapter or weights to load".into()),
+        );
     }
     let api_key = match a.api_key_env.as_str() {
         "" => None,
@@ -160,7 +210,9 @@ fn remote_policy(a: &pb::AgentPolicy) -> Result<Option<RemotePolicy>, Status> {
     };
     let endpoint = Endpoint::parse(&a.endpoint, api_key).map_err(|e| bad(e.to_string()))?;
     if a.endpoint_model.is_empty() {
-        return Err(bad("an endpoint model needs the name the endpoint serves it under (endpoint_model)".into()));
+        return Err(bad(
+            "an endpoint model needs the name the endpoint serves it under (endpoint_model)".into(),
+        ));
     }
     let max_attempts = if a.max_attempts == 0 { DEFAULT_ATTEMPTS } else { a.max_attempts };
     Ok(Some(RemotePolicy { endpoint, model: a.endpoint_model.clone(), max_attempts }))
@@ -168,7 +220,10 @@ fn remote_policy(a: &pb::AgentPolicy) -> Result<Option<RemotePolicy>, Status> {
 
 #[tonic::async_trait]
 impl RolloutWorker for WorkerService {
-    async fn load_policies(&self, request: Request<pb::LoadPoliciesRequest>) -> Result<Response<pb::LoadPoliciesResponse>, Status> {
+    async fn load_policies(
+        &self,
+        request: Request<pb::LoadPoliciesRequest>,
+    ) -> Result<Response<pb::LoadPoliciesResponse>, Status> {
         let req = request.into_inner();
         if req.agents.is_empty() {
             return Err(Status::invalid_argument("LoadPolicies needs at least one agent"));
@@ -180,10 +235,12 @@ impl RolloutWorker for WorkerService {
                 let lora = if a.lora_json.is_empty() {
                     None
                 } else {
-                    Some(
-                        serde_json::from_str(&a.lora_json)
-                            .map_err(|e| Status::invalid_argument(format!("agent {}: `lora_json` is not valid: {e}", a.agent_id)))?,
-                    )
+                    Some(serde_json::from_str(&a.lora_json).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "agent {}: `lora_json` is not valid: {e}",
+                            a.agent_id
+                        ))
+                    })?)
                 };
                 Ok(PolicySpec {
                     agent: a.agent_id,
@@ -196,15 +253,24 @@ impl RolloutWorker for WorkerService {
             })
             .collect::<Result<Vec<_>, Status>>()?;
         let (tx, rx) = oneshot::channel();
-        self.engine.send(Command::Load { specs, dtype: req.dtype, reply: tx }).map_err(|_| engine_gone())?;
-        let (agents, models) = rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
+        self.engine
+            .send(Command::Load { specs, dtype: req.dtype, reply: tx })
+            .map_err(|_| engine_gone())?;
+        let (agents, models) =
+            rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
         let _ = self.loaded.send(true);
-        Ok(Response::new(pb::LoadPoliciesResponse { num_agents: agents as u32, num_models: models as u32 }))
+        Ok(Response::new(pb::LoadPoliciesResponse {
+            num_agents: agents as u32,
+            num_models: models as u32,
+        }))
     }
 
     type RunEpisodesStream = ResultStream;
 
-    async fn run_episodes(&self, request: Request<Streaming<pb::EpisodeSpec>>) -> Result<Response<ResultStream>, Status> {
+    async fn run_episodes(
+        &self,
+        request: Request<Streaming<pb::EpisodeSpec>>,
+    ) -> Result<Response<ResultStream>, Status> {
         let mut incoming = request.into_inner();
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let engine = self.engine.clone();
@@ -271,10 +337,16 @@ impl RolloutWorker for WorkerService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx))))
     }
 
-    async fn update_weights(&self, request: Request<pb::UpdateWeightsRequest>) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
+    async fn update_weights(
+        &self,
+        request: Request<pb::UpdateWeightsRequest>,
+    ) -> Result<Response<pb::UpdateWeightsResponse>, Status> {
         let req = request.into_inner();
         let started = Instant::now();
-        let (tensors, bytes, served_by, relayed) = match self.pull(&req, &req.source, req.relay).await {
+        let (tensors, bytes, served_by, relayed) = match self
+            .pull(&req, &req.source, req.relay)
+            .await
+        {
             Ok((t, b)) => (t, b, req.source.clone(), req.relay),
             Err(e) if !req.fallback_source.is_empty() => {
                 tracing::warn!(agent = req.agent_id, version = req.version, source = %req.source, error = %e.message(), "weight pull failed; pulling from the learner instead");
@@ -288,16 +360,27 @@ impl RolloutWorker for WorkerService {
             tokio::time::sleep(Duration::from_secs(secs)).await;
         }
         let (tx, rx) = oneshot::channel();
-        self.engine.send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx }).map_err(|_| engine_gone())?;
+        self.engine
+            .send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx })
+            .map_err(|_| engine_gone())?;
         rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
         self.relay.held(req.agent_id, req.version);
         self.pulls.finish(req.agent_id, req.version);
-        Ok(Response::new(pb::UpdateWeightsResponse { version: req.version, bytes, seconds: started.elapsed().as_secs_f64(), served_by, relayed }))
+        Ok(Response::new(pb::UpdateWeightsResponse {
+            version: req.version,
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            served_by,
+            relayed,
+        }))
     }
 
     type RelayWeightsStream = Pin<Box<dyn Stream<Item = Result<pb::WeightChunk, Status>> + Send>>;
 
-    async fn relay_weights(&self, request: Request<pb::RelayWeightsRequest>) -> Result<Response<Self::RelayWeightsStream>, Status> {
+    async fn relay_weights(
+        &self,
+        request: Request<pb::RelayWeightsRequest>,
+    ) -> Result<Response<Self::RelayWeightsStream>, Status> {
         let req = request.into_inner();
         let transfer = self.relay.find(req.agent_id, req.version).await?;
         let metrics = Arc::clone(&self.metrics);
@@ -326,12 +409,19 @@ impl RolloutWorker for WorkerService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
-    async fn info(&self, _: Request<pb::WorkerInfoRequest>) -> Result<Response<pb::WorkerInfo>, Status> {
+    async fn info(
+        &self,
+        _: Request<pb::WorkerInfoRequest>,
+    ) -> Result<Response<pb::WorkerInfo>, Status> {
         let (tx, rx) = oneshot::channel();
         self.engine.send(Command::Info { reply: tx }).map_err(|_| engine_gone())?;
         let s = rx.await.map_err(|_| engine_gone())?;
         Ok(Response::new(pb::WorkerInfo {
-            agents: s.versions.into_iter().map(|(agent_id, version)| pb::AgentVersion { agent_id, version }).collect(),
+            agents: s
+                .versions
+                .into_iter()
+                .map(|(agent_id, version)| pb::AgentVersion { agent_id, version })
+                .collect(),
             running_episodes: s.running_episodes as u32,
             running_sequences: s.running_sequences as u32,
             waiting_turns: s.waiting_turns as u32,
@@ -347,12 +437,21 @@ mod tests {
 
     #[test]
     fn a_transfer_cut_off_is_retried_and_the_sources_answers_are_kept() {
-        let cut = source_status("http://l:1", Status::unknown("h2 protocol error: error reading a body from connection"));
+        let cut = source_status(
+            "http://l:1",
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+        );
         assert_eq!(
             (cut.code(), cut.message()),
             (tonic::Code::Unavailable, "weight source http://l:1 broke off: h2 protocol error: error reading a body from connection")
         );
-        let missing = source_status("http://l:1", Status::not_found("weights version 3 is not published here (have [4])"));
-        assert_eq!((missing.code(), missing.message()), (tonic::Code::NotFound, "weights version 3 is not published here (have [4])"));
+        let missing = source_status(
+            "http://l:1",
+            Status::not_found("weights version 3 is not published here (have [4])"),
+        );
+        assert_eq!(
+            (missing.code(), missing.message()),
+            (tonic::Code::NotFound, "weights version 3 is not published here (have [4])")
+        );
     }
 }

@@ -78,14 +78,24 @@ fn run(request: &ToolRequest) -> ToolResult {
         Err(e) => return result_of(request.call_index, Err(e.clone())),
     };
     if request.files.is_empty() && request.fetch.is_empty() {
-        return result_of(request.call_index, s.run_with_timeout(&request.code, timeout).map_err(|e| e.to_string()));
+        return result_of(
+            request.call_index,
+            s.run_with_timeout(&request.code, timeout).map_err(|e| e.to_string()),
+        );
     }
-    let files =
-        RunFiles { inputs: request.files.iter().map(|f| RunFile { name: f.name.clone(), bytes: f.bytes.clone() }).collect(), fetch: request.fetch.clone() };
+    let files = RunFiles {
+        inputs: request
+            .files
+            .iter()
+            .map(|f| RunFile { name: f.name.clone(), bytes: f.bytes.clone() })
+            .collect(),
+        fetch: request.fetch.clone(),
+    };
     match s.run_with_files(&request.code, timeout, &files) {
         Ok((outcome, out, note)) => {
             let mut r = result_of(request.call_index, Ok(outcome));
-            r.files = out.into_iter().map(|f| WorkspaceFile { name: f.name, bytes: f.bytes }).collect();
+            r.files =
+                out.into_iter().map(|f| WorkspaceFile { name: f.name, bytes: f.bytes }).collect();
             if let Some(note) = note {
                 // The agent and its coach should know a saved file did not reach the workspace.
                 r.stderr.push_str(&format!("\n[workspace] {note}"));
@@ -108,22 +118,34 @@ impl ToolPool {
             let (tx, rx) = mpsc::channel::<Job>();
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..TOOL_THREADS {
-                let (rx, done, stats) = (Arc::clone(&rx), self.done.clone(), Arc::clone(&self.stats));
-                let spawned = std::thread::Builder::new().name(format!("worker-tool-{i}")).spawn(move || loop {
-                    let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
-                    };
-                    let _span = tracing::debug_span!("tool_run", episode = job.episode, call = job.request.call_index).entered();
-                    let result = run(&job.request);
-                    stats.tool_runs.fetch_add(1, Ordering::Relaxed);
-                    if !result.ran() {
-                        stats.tool_failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if done.send(SideDone { episode: job.episode, reply: Reply::Tool(result) }).is_err() {
-                        return;
-                    }
-                });
+                let (rx, done, stats) =
+                    (Arc::clone(&rx), self.done.clone(), Arc::clone(&self.stats));
+                let spawned =
+                    std::thread::Builder::new().name(format!("worker-tool-{i}")).spawn(move || {
+                        loop {
+                            let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                                Ok(j) => j,
+                                Err(_) => return,
+                            };
+                            let _span = tracing::debug_span!(
+                                "tool_run",
+                                episode = job.episode,
+                                call = job.request.call_index
+                            )
+                            .entered();
+                            let result = run(&job.request);
+                            stats.tool_runs.fetch_add(1, Ordering::Relaxed);
+                            if !result.ran() {
+                                stats.tool_failures.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if done
+                                .send(SideDone { episode: job.episode, reply: Reply::Tool(result) })
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot start a tool thread");
                 }

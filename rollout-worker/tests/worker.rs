@@ -17,8 +17,22 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 fn config(max_new: u32) -> CoMasConfig {
-    let greedy = SamplingSpec { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens: max_new, min_new_tokens: 0, guided_suffix: None, fit_context: false };
-    let mut c = CoMasConfig { num_agents: 2, num_rounds: 2, num_references: 1, instances_per_question: 1, ..Default::default() };
+    let greedy = SamplingSpec {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_new_tokens: max_new,
+        min_new_tokens: 0,
+        guided_suffix: None,
+        fit_context: false,
+    };
+    let mut c = CoMasConfig {
+        num_agents: 2,
+        num_rounds: 2,
+        num_references: 1,
+        instances_per_question: 1,
+        ..Default::default()
+    };
     c.sampling.solver = greedy.clone();
     c.sampling.evaluator = greedy.clone();
     c.sampling.scorer = greedy;
@@ -59,7 +73,12 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
     let settings = ServerSettings {
         listener,
         metrics_listen: None,
-        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens: 1 << 20, prefill_chunk: 64 },
+        engine: EngineSettings {
+            device: Device::Cpu,
+            max_running: 256,
+            max_batch_tokens: 1 << 20,
+            prefill_chunk: 64,
+        },
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
         relay: true,
@@ -91,15 +110,29 @@ async fn load(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Pa
     load_agents(c, model, full, 2).await
 }
 
-async fn load_agents(c: &mut RolloutWorkerClient<tonic::transport::Channel>, model: &Path, full: bool, n: u32) {
+async fn load_agents(
+    c: &mut RolloutWorkerClient<tonic::transport::Channel>,
+    model: &Path,
+    full: bool,
+    n: u32,
+) {
     let agents = (0..n)
-        .map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), adapter_dir: String::new(), full_weights: full, ..Default::default() })
+        .map(|a| pb::AgentPolicy {
+            agent_id: a,
+            model_dir: model.display().to_string(),
+            adapter_dir: String::new(),
+            full_weights: full,
+            ..Default::default()
+        })
         .collect();
     c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
 }
 
 /// Sends `specs` on one stream and collects every result by episode id.
-async fn run(c: &mut RolloutWorkerClient<tonic::transport::Channel>, specs: Vec<pb::EpisodeSpec>) -> BTreeMap<String, Trajectory> {
+async fn run(
+    c: &mut RolloutWorkerClient<tonic::transport::Channel>,
+    specs: Vec<pb::EpisodeSpec>,
+) -> BTreeMap<String, Trajectory> {
     let n = specs.len();
     let mut out = c.run_episodes(tokio_stream::iter(specs)).await.unwrap().into_inner();
     let mut got = BTreeMap::new();
@@ -117,7 +150,11 @@ type Learner = LearnerClient<tonic::transport::Channel>;
 
 /// Starts a real learner for agent 0 on loopback; returns its address, a ready client and the
 /// stop switch.
-async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckpt: &Path) -> (String, Learner, tokio::sync::oneshot::Sender<()>) {
+async fn start_learner(
+    model_dir: &Path,
+    config: comas_learner::TrainConfig,
+    ckpt: &Path,
+) -> (String, Learner, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let settings = comas_learner::server::ServerSettings {
@@ -158,7 +195,11 @@ async fn start_learner(model_dir: &Path, config: comas_learner::TrainConfig, ckp
 /// One training step on four fixed experiences, then publish: the learner's version 1.
 async fn train_and_publish(learner: &mut Learner) -> pb::WeightsPublished {
     let exps: Vec<pb::TrainRequest> = std::iter::once(pb::TrainRequest {
-        item: Some(pb::train_request::Item::Header(pb::TrainHeader { step_id: "s1".into(), num_experiences: 4, ..Default::default() })),
+        item: Some(pb::train_request::Item::Header(pb::TrainHeader {
+            step_id: "s1".into(),
+            num_experiences: 4,
+            ..Default::default()
+        })),
     })
     .chain((0..4).map(|i| pb::TrainRequest {
         item: Some(pb::train_request::Item::Experience(pb::Experience {
@@ -171,7 +212,8 @@ async fn train_and_publish(learner: &mut Learner) -> pb::WeightsPublished {
     }))
     .collect();
     learner.train(tokio_stream::iter(exps)).await.unwrap();
-    let p = learner.publish_weights(pb::PublishWeightsRequest::default()).await.unwrap().into_inner();
+    let p =
+        learner.publish_weights(pb::PublishWeightsRequest::default()).await.unwrap().into_inner();
     assert_eq!(p.version, 1);
     p
 }
@@ -197,7 +239,11 @@ async fn greedy_episodes_match_at_1_and_64_concurrent_and_logprobs_match_scoring
             assert_eq!(t.turns.iter().filter(|x| x.role == role).count(), 4, "{id} {role:?}");
         }
         for a in 0..2 {
-            assert_eq!(t.turns.iter().filter(|x| x.role == Role::Solver && x.agent == a).count(), 2, "each agent solves once per round");
+            assert_eq!(
+                t.turns.iter().filter(|x| x.role == Role::Solver && x.agent == a).count(),
+                2,
+                "each agent solves once per round"
+            );
         }
         assert!(t.turns.iter().all(|x| x.policy_version == 0 && !x.completion_ids.is_empty()));
     }
@@ -205,7 +251,11 @@ async fn greedy_episodes_match_at_1_and_64_concurrent_and_logprobs_match_scoring
         let alone = run(&mut c, vec![spec.clone()]).await;
         let (a, b) = (&alone[&spec.episode_id], &together[&spec.episode_id]);
         for (x, y) in a.turns.iter().zip(&b.turns) {
-            assert_eq!(x.completion_ids, y.completion_ids, "{} turn {}", spec.episode_id, x.turn_index);
+            assert_eq!(
+                x.completion_ids, y.completion_ids,
+                "{} turn {}",
+                spec.episode_id, x.turn_index
+            );
             assert_eq!(x.prompt_ids, y.prompt_ids);
         }
     }
@@ -214,10 +264,22 @@ async fn greedy_episodes_match_at_1_and_64_concurrent_and_logprobs_match_scoring
     let mut worst: f64 = 0.0;
     for t in together.values().take(8) {
         for turn in &t.turns {
-            let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
-            let lp = tch::no_grad(|| model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, None).unwrap());
+            let ids: Vec<i64> =
+                turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+            let lp = tch::no_grad(|| {
+                model
+                    .token_logprobs(
+                        &Tensor::from_slice(&ids).view([1, ids.len() as i64]),
+                        None,
+                        1.0,
+                        None,
+                    )
+                    .unwrap()
+            });
             let start = turn.prompt_ids.len() as i64 - 1;
-            let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, start, turn.completion_ids.len() as i64)).unwrap();
+            let want =
+                Vec::<f32>::try_from(&lp.get(0).narrow(0, start, turn.completion_ids.len() as i64))
+                    .unwrap();
             for (a, b) in turn.logprobs.iter().zip(&want) {
                 worst = worst.max((a - b).abs() as f64);
             }
@@ -236,27 +298,43 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
     tiny(&model_dir);
     // A real learner for agent 0: train one step, publish version 1.
     let ckpt = dir.path().join("ckpt");
-    let cfg = comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() };
+    let cfg = comas_learner::TrainConfig {
+        lr: 5e-2,
+        warmup_ratio: 0.0,
+        train_batch_size: 4,
+        micro_batch_size: 4,
+        ..Default::default()
+    };
     let (learner_addr, mut learner, lstop_tx) = start_learner(&model_dir, cfg, &ckpt).await;
     let (addr, stop, handle) = start_worker().await;
     let mut c = client(&addr).await;
     load(&mut c, &model_dir, true).await;
     train_and_publish(&mut learner).await;
-    let saved = learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
+    let saved =
+        learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
 
     // Start a long run, update agent 0 while it decodes, then send more episodes.
     let cfg = config(12);
     let first = specs(&cfg, 16, "a");
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::EpisodeSpec>(64);
-    let mut out = c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let mut out =
+        c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     for s in &first {
         tx.send(s.clone()).await.unwrap();
     }
     let mut got: BTreeMap<String, Trajectory> = BTreeMap::new();
     let r = out.message().await.unwrap().unwrap();
     got.insert(r.episode_id.clone(), serde_json::from_str(&r.trajectory_json).unwrap());
-    let upd =
-        c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone(), ..Default::default() }).await.unwrap().into_inner();
+    let upd = c
+        .update_weights(pb::UpdateWeightsRequest {
+            agent_id: 0,
+            version: 1,
+            source: learner_addr.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(upd.version, 1);
     assert!(upd.bytes > 0);
     let later = specs(&cfg, 4, "b");
@@ -270,31 +348,57 @@ async fn a_weight_update_mid_run_changes_only_later_turns() {
     }
     assert_eq!(got.len(), 20);
     let info = c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
-    assert_eq!(info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(), vec![(0, 1), (1, 0)]);
+    assert_eq!(
+        info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(),
+        vec![(0, 1), (1, 0)]
+    );
     let (mut v0, mut v1) = (0, 0);
     for (id, t) in &got {
         // Agent 1 was never updated; agent 0's versions never go back within an episode.
         assert!(t.turns.iter().filter(|x| x.agent == 1).all(|x| x.policy_version == 0), "{id}");
-        let versions: Vec<u64> = t.turns.iter().filter(|x| x.agent == 0).map(|x| x.policy_version).collect();
+        let versions: Vec<u64> =
+            t.turns.iter().filter(|x| x.agent == 0).map(|x| x.policy_version).collect();
         assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{id}: {versions:?}");
         if id.starts_with("b-") {
-            assert!(versions.iter().all(|&v| v == 1), "episodes sent after the update use version 1: {id}");
+            assert!(
+                versions.iter().all(|&v| v == 1),
+                "episodes sent after the update use version 1: {id}"
+            );
         }
         v0 += versions.iter().filter(|&&v| v == 0).count();
         v1 += versions.iter().filter(|&&v| v == 1).count();
     }
     assert!(v0 > 0 && v1 > 0, "both versions appear ({v0} / {v1})");
     // Version-1 turns were produced by exactly the learner's weights.
-    let trained = CausalLm::load(&Path::new(&saved.path).join("model"), Kind::Float, Device::Cpu).unwrap();
+    let trained =
+        CausalLm::load(&Path::new(&saved.path).join("model"), Kind::Float, Device::Cpu).unwrap();
     let turn = got["b-0"].turns.iter().find(|x| x.agent == 0).unwrap();
-    let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
-    let lp = tch::no_grad(|| trained.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, None).unwrap());
-    let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, turn.prompt_ids.len() as i64 - 1, turn.completion_ids.len() as i64)).unwrap();
+    let ids: Vec<i64> =
+        turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+    let lp = tch::no_grad(|| {
+        trained
+            .token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, None)
+            .unwrap()
+    });
+    let want = Vec::<f32>::try_from(&lp.get(0).narrow(
+        0,
+        turn.prompt_ids.len() as i64 - 1,
+        turn.completion_ids.len() as i64,
+    ))
+    .unwrap();
     for (a, b) in turn.logprobs.iter().zip(&want) {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }
     // A version the learner does not have is refused without touching the policy.
-    let err = c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 9, source: learner_addr.clone(), ..Default::default() }).await.unwrap_err();
+    let err = c
+        .update_weights(pb::UpdateWeightsRequest {
+            agent_id: 0,
+            version: 9,
+            source: learner_addr.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     let _ = stop.send(());
     handle.await.unwrap();
@@ -310,8 +414,15 @@ async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
     tiny(&model_dir);
-    let cfg = comas_learner::TrainConfig { lr: 5e-2, warmup_ratio: 0.0, train_batch_size: 4, micro_batch_size: 4, ..Default::default() };
-    let (learner_addr, mut learner, lstop) = start_learner(&model_dir, cfg, &dir.path().join("ckpt")).await;
+    let cfg = comas_learner::TrainConfig {
+        lr: 5e-2,
+        warmup_ratio: 0.0,
+        train_batch_size: 4,
+        micro_batch_size: 4,
+        ..Default::default()
+    };
+    let (learner_addr, mut learner, lstop) =
+        start_learner(&model_dir, cfg, &dir.path().join("ckpt")).await;
     let published = train_and_publish(&mut learner).await;
     let mut workers = Vec::new();
     for _ in 0..4 {
@@ -331,8 +442,13 @@ async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls
         };
         async move { c.update_weights(req).await.unwrap().into_inner() }
     };
-    let (a, b, c) = tokio::join!(ask(&workers[2].1, &workers[1].0, true), ask(&workers[1].1, &workers[0].0, true), ask(&workers[0].1, &learner_addr, false));
-    let served: Vec<(&str, bool, u64)> = [&c, &b, &a].iter().map(|r| (r.served_by.as_str(), r.relayed, r.bytes)).collect();
+    let (a, b, c) = tokio::join!(
+        ask(&workers[2].1, &workers[1].0, true),
+        ask(&workers[1].1, &workers[0].0, true),
+        ask(&workers[0].1, &learner_addr, false)
+    );
+    let served: Vec<(&str, bool, u64)> =
+        [&c, &b, &a].iter().map(|r| (r.served_by.as_str(), r.relayed, r.bytes)).collect();
     assert_eq!(
         served,
         vec![
@@ -342,25 +458,47 @@ async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls
         ]
     );
     // The fourth worker is sent to a peer that is gone.
-    let dead = { std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string() };
+    let dead =
+        { std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string() };
     let d = ask(&workers[3].1, &dead, true).await;
-    assert_eq!((d.served_by.as_str(), d.relayed, d.bytes), (learner_addr.as_str(), false, published.total_bytes));
+    assert_eq!(
+        (d.served_by.as_str(), d.relayed, d.bytes),
+        (learner_addr.as_str(), false, published.total_bytes)
+    );
     // All four generate exactly alike with the new version.
     let episode = specs(&config(8), 1, "relay");
     let mut first: Option<Trajectory> = None;
     for (i, w) in workers.iter_mut().enumerate() {
         let info = w.1.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
-        assert_eq!(info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(), vec![(0, 1), (1, 0)], "worker {i}");
+        assert_eq!(
+            info.agents.iter().map(|a| (a.agent_id, a.version)).collect::<Vec<_>>(),
+            vec![(0, 1), (1, 0)],
+            "worker {i}"
+        );
         // The live pull count: one whole copy, also on the worker whose relay peer was dead
         // (its count restarted with the pull from the learner).
-        assert_eq!(info.pulls, vec![pb::WeightPull { agent_id: 0, version: 1, bytes_received: published.total_bytes, done: true }], "worker {i}");
+        assert_eq!(
+            info.pulls,
+            vec![pb::WeightPull {
+                agent_id: 0,
+                version: 1,
+                bytes_received: published.total_bytes,
+                done: true
+            }],
+            "worker {i}"
+        );
         let t = run(&mut w.1, episode.clone()).await.remove("relay-0").unwrap();
         assert!(t.turns.iter().any(|x| x.agent == 0 && x.policy_version == 1));
         match &first {
             None => first = Some(t),
             Some(f) => {
                 for (x, y) in f.turns.iter().zip(&t.turns) {
-                    assert_eq!((&x.completion_ids, &x.logprobs), (&y.completion_ids, &y.logprobs), "worker {i} turn {}", x.turn_index);
+                    assert_eq!(
+                        (&x.completion_ids, &x.logprobs),
+                        (&y.completion_ids, &y.logprobs),
+                        "worker {i} turn {}",
+                        x.turn_index
+                    );
                 }
             }
         }
@@ -386,7 +524,11 @@ async fn bad_input_and_draining() {
     assert!(r.error.contains("not loaded"), "{}", r.error);
     let err = c
         .load_policies(pb::LoadPoliciesRequest {
-            agents: vec![pb::AgentPolicy { agent_id: 0, model_dir: "/nonexistent".into(), ..Default::default() }],
+            agents: vec![pb::AgentPolicy {
+                agent_id: 0,
+                model_dir: "/nonexistent".into(),
+                ..Default::default()
+            }],
             dtype: String::new(),
         })
         .await
@@ -400,7 +542,8 @@ async fn bad_input_and_draining() {
     // Shutdown while episodes run: they still finish and come back, then the server exits.
     let many = specs(&config(8), 8, "d");
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::EpisodeSpec>(16);
-    let mut out = c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let mut out =
+        c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     for s in &many {
         tx.send(s.clone()).await.unwrap();
     }
@@ -411,20 +554,34 @@ async fn bad_input_and_draining() {
     while !c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner().draining {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut late = c.run_episodes(tokio_stream::iter(specs(&config(8), 1, "late"))).await.unwrap().into_inner();
+    let mut late = c
+        .run_episodes(tokio_stream::iter(specs(&config(8), 1, "late")))
+        .await
+        .unwrap()
+        .into_inner();
     let r = late.message().await.unwrap().unwrap();
-    assert_eq!((r.error_kind, r.error.contains("draining")), (pb::EpisodeErrorKind::Draining as i32, true), "{r:?}");
+    assert_eq!(
+        (r.error_kind, r.error.contains("draining")),
+        (pb::EpisodeErrorKind::Draining as i32, true),
+        "{r:?}"
+    );
     let mut n = 0;
     while let Ok(Some(r)) = out.message().await {
         assert!(r.error.is_empty(), "{}", r.error);
         n += 1;
     }
     assert_eq!(n, 8, "draining finishes the running episodes");
-    tokio::time::timeout(Duration::from_secs(30), handle).await.expect("server stops after draining").unwrap();
+    tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .expect("server stops after draining")
+        .unwrap();
 }
 
 /// A worker on loopback with the given token budget, its /metrics on a socket bound here.
-async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+async fn start_budgeted(
+    max_batch_tokens: usize,
+) -> (String, String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>)
+{
     use std::os::fd::IntoRawFd;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
@@ -433,7 +590,12 @@ async fn start_budgeted(max_batch_tokens: usize) -> (String, String, tokio::sync
     let settings = ServerSettings {
         listener,
         metrics_listen: Some(comas_service::Listen::Fd(metrics.into_raw_fd())),
-        engine: EngineSettings { device: Device::Cpu, max_running: 256, max_batch_tokens, prefill_chunk: 64 },
+        engine: EngineSettings {
+            device: Device::Cpu,
+            max_running: 256,
+            max_batch_tokens,
+            prefill_chunk: 64,
+        },
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
         relay: true,
@@ -453,7 +615,10 @@ async fn metric(addr: &str, name: &str) -> f64 {
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
-    let line = out.lines().find(|l| l.starts_with(&format!("comas_worker_{name} "))).unwrap_or_else(|| panic!("no {name} in {out}"));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("comas_worker_{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {out}"));
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
@@ -468,7 +633,8 @@ async fn a_small_token_budget_only_queues_work() {
     let mut c = client(&addr).await;
     load(&mut c, dir.path(), false).await;
     let roomy = run(&mut c, s.clone()).await;
-    let needs: Vec<usize> = roomy.values().flat_map(|t| t.turns.iter().map(|x| x.prompt_ids.len() + 5)).collect();
+    let needs: Vec<usize> =
+        roomy.values().flat_map(|t| t.turns.iter().map(|x| x.prompt_ids.len() + 5)).collect();
     let (least, most) = (*needs.iter().min().unwrap(), *needs.iter().max().unwrap());
     // With room for everything, the 8 solver turns of round 0 decode together.
     assert!(metric(&roomy_metrics, "peak_running_sequences").await >= 8.0);
@@ -479,7 +645,10 @@ async fn a_small_token_budget_only_queues_work() {
     let tight = run(&mut c2, s).await;
     let peak = metric(&tight_metrics, "peak_running_sequences").await as usize;
     // Every row is as wide as the widest, so at most budget / least rows fit.
-    assert!(peak >= 1 && peak <= budget / least && peak < 8, "peak {peak}, budget {budget}, needs {least}..{most}");
+    assert!(
+        peak >= 1 && peak <= budget / least && peak < 8,
+        "peak {peak}, budget {budget}, needs {least}..{most}"
+    );
     for (id, t) in &tight {
         let ids: Vec<&Vec<u32>> = t.turns.iter().map(|x| &x.completion_ids).collect();
         let ids2: Vec<&Vec<u32>> = roomy[id].turns.iter().map(|x| &x.completion_ids).collect();
@@ -509,33 +678,67 @@ async fn prompts_over_the_limit_are_cut_then_refused() {
     cfg.sampling.solver.min_new_tokens = 120;
     let full = run(&mut c, specs(&cfg, 2, "full")).await;
     let longest = |pick: &dyn Fn(&comas_workflow::comas::TrajectoryTurn) -> bool| {
-        full.values().flat_map(|t| t.turns.iter().filter(|x| pick(x)).map(|x| x.prompt_ids.len())).max().unwrap()
+        full.values()
+            .flat_map(|t| t.turns.iter().filter(|x| pick(x)).map(|x| x.prompt_ids.len()))
+            .max()
+            .unwrap()
     };
     let bare = longest(&|x| x.role == Role::Solver && x.round == 0);
     let others = longest(&|x| x.role != Role::Solver);
-    let quoting = full.values().flat_map(|t| t.turns.iter().filter(|x| x.role == Role::Solver && x.round == 1).map(|x| x.prompt_ids.len())).min().unwrap();
+    let quoting = full
+        .values()
+        .flat_map(|t| {
+            t.turns
+                .iter()
+                .filter(|x| x.role == Role::Solver && x.round == 1)
+                .map(|x| x.prompt_ids.len())
+        })
+        .min()
+        .unwrap();
     let limit = bare.max(others);
-    assert!(limit < quoting, "the set-up needs round-1 solver prompts ({quoting}) above every other ({limit})");
+    assert!(
+        limit < quoting,
+        "the set-up needs round-1 solver prompts ({quoting}) above every other ({limit})"
+    );
 
-    let cut = run(&mut c, specs(&CoMasConfig { prompt_max_len: Some(limit as u32), ..cfg.clone() }, 2, "cut")).await;
+    let cut = run(
+        &mut c,
+        specs(&CoMasConfig { prompt_max_len: Some(limit as u32), ..cfg.clone() }, 2, "cut"),
+    )
+    .await;
     for t in cut.values() {
         for x in t.turns.iter().filter(|x| x.role == Role::Solver && x.round == 1) {
-            assert!(x.blocks_cut >= 1 && x.prompt_ids.len() <= limit, "{} blocks cut, {} tokens", x.blocks_cut, x.prompt_ids.len());
+            assert!(
+                x.blocks_cut >= 1 && x.prompt_ids.len() <= limit,
+                "{} blocks cut, {} tokens",
+                x.blocks_cut,
+                x.prompt_ids.len()
+            );
             // Whole blocks go: the rest are numbered from 1 again.
             let blocks = (4 - x.blocks_cut) as usize;
             assert_eq!(x.prompt.matches("=== Discussion ").count(), blocks, "{}", x.prompt);
             assert_eq!(t.discussions[1].matches("\nEvaluation: ").count(), blocks);
         }
-        assert!(t.turns.iter().filter(|x| x.blocks_cut > 0).all(|x| x.role == Role::Solver && x.round == 1));
+        assert!(t
+            .turns
+            .iter()
+            .filter(|x| x.blocks_cut > 0)
+            .all(|x| x.role == Role::Solver && x.round == 1));
         assert_eq!(t.truncated_prompts(), 4);
     }
     assert_eq!(metric(&metrics, "prompt_truncated_total").await, 8.0);
 
     // Room for no round-0 prompt: refused with the turn and the limit named.
     let tight = CoMasConfig { prompt_max_len: Some(bare as u32 - 1), ..cfg.clone() };
-    let mut out = c.run_episodes(tokio_stream::iter(specs(&tight, 1, "refused"))).await.unwrap().into_inner();
+    let mut out =
+        c.run_episodes(tokio_stream::iter(specs(&tight, 1, "refused"))).await.unwrap().into_inner();
     let r = out.message().await.unwrap().unwrap();
-    assert!(r.error.contains("(solver, round 0, agent") && r.error.contains(&format!("over comas.prompt_max_len {}", bare - 1)), "{}", r.error);
+    assert!(
+        r.error.contains("(solver, round 0, agent")
+            && r.error.contains(&format!("over comas.prompt_max_len {}", bare - 1)),
+        "{}",
+        r.error
+    );
 
     // A problem longer than the tiny model's 4096-token context.
     let mut huge = specs(&cfg, 1, "huge");
@@ -561,11 +764,22 @@ async fn evaluation_calls_fit_the_context_instead_of_failing() {
     let (addr, _metrics, stop, h) = start_budgeted(1 << 20).await;
     let mut c = client(&addr).await;
     load_agents(&mut c, dir.path(), false, 1).await;
-    let settings = EvalSettings { setup: Setup::Vanilla, members: 1, temperature: 0.0, max_new_tokens: 100_000, seed: 3 };
+    let settings = EvalSettings {
+        setup: Setup::Vanilla,
+        members: 1,
+        temperature: 0.0,
+        max_new_tokens: 100_000,
+        seed: 3,
+    };
     let spec = |i: u32, query: String| pb::EpisodeSpec {
         episode_id: format!("e{i}"),
         config_json: serde_json::to_string(&settings).unwrap(),
-        question_json: serde_json::to_string(&EvalQuestion { index: i, id: format!("q{i}"), query }).unwrap(),
+        question_json: serde_json::to_string(&EvalQuestion {
+            index: i,
+            id: format!("q{i}"),
+            query,
+        })
+        .unwrap(),
         plan_json: String::new(),
         instance: i,
         seed: 0,
@@ -581,11 +795,19 @@ async fn evaluation_calls_fit_the_context_instead_of_failing() {
     }
     // max_new_tokens far over the 4096-token context: cut to the room left, not refused.
     let short = &got["e0"].calls[0];
-    assert!(short.prompt_tokens + short.new_tokens <= 4096 && short.new_tokens > 0 && short.error.is_none(), "{short:?}");
+    assert!(
+        short.prompt_tokens + short.new_tokens <= 4096
+            && short.new_tokens > 0
+            && short.error.is_none(),
+        "{short:?}"
+    );
     // No room at all: an empty reply that grades wrong, and the episode still ends.
     let long = &got["e1"].calls[0];
     assert!(long.prompt_tokens > 4096, "{}", long.prompt_tokens);
-    assert_eq!((long.new_tokens, long.finish.as_str(), got["e1"].output.as_str()), (0, "error", ""));
+    assert_eq!(
+        (long.new_tokens, long.finish.as_str(), got["e1"].output.as_str()),
+        (0, "error", "")
+    );
     let _ = stop.send(());
     h.await.unwrap().unwrap();
 }
@@ -593,7 +815,8 @@ async fn evaluation_calls_fit_the_context_instead_of_failing() {
 #[test]
 fn the_binary_exposes_metrics_and_stops_on_sigterm() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics_port =
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
         .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
         .env("COMAS_WORKER_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
@@ -616,7 +839,10 @@ fn the_binary_exposes_metrics_and_stops_on_sigterm() {
     });
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert!(body.contains("comas_worker_queue_depth") && body.contains("comas_worker_kv_cache_bytes"), "{body}");
+    assert!(
+        body.contains("comas_worker_queue_depth") && body.contains("comas_worker_kv_cache_bytes"),
+        "{body}"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -639,7 +865,8 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
         "lr = 5e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 4\nmicro_batch_size = 4\n[lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
     )
     .unwrap();
-    let (learner_addr, mut learner, lstop) = start_learner(&base, cfg, &dir.path().join("ckpt")).await;
+    let (learner_addr, mut learner, lstop) =
+        start_learner(&base, cfg, &dir.path().join("ckpt")).await;
     let (addr, stop, handle) = start_worker().await;
     let mut c = client(&addr).await;
     let agents = vec![
@@ -653,30 +880,71 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
             lora_json: r#"{"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}"#.into(),
             ..Default::default()
         },
-        pb::AgentPolicy { agent_id: 1, model_dir: base.display().to_string(), ..Default::default() },
+        pb::AgentPolicy {
+            agent_id: 1,
+            model_dir: base.display().to_string(),
+            ..Default::default()
+        },
     ];
-    let loaded = c.load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() }).await.unwrap().into_inner();
+    let loaded = c
+        .load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((loaded.num_agents, loaded.num_models), (2, 1), "both agents share one base model");
     let p = train_and_publish(&mut learner).await;
     assert!(p.lora);
-    let trained = learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
-    let upd =
-        c.update_weights(pb::UpdateWeightsRequest { agent_id: 0, version: 1, source: learner_addr.clone(), ..Default::default() }).await.unwrap().into_inner();
+    let trained =
+        learner.save_checkpoint(pb::SaveCheckpointRequest::default()).await.unwrap().into_inner();
+    let upd = c
+        .update_weights(pb::UpdateWeightsRequest {
+            agent_id: 0,
+            version: 1,
+            source: learner_addr.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(upd.bytes, p.total_bytes, "only the adapter travels");
     let got = run(&mut c, specs(&config(6), 2, "l")).await;
     let base_model = CausalLm::load(&base, Kind::Float, Device::Cpu).unwrap();
-    let adapter = comas_model::LoraAdapter::load(&Path::new(&trained.path).join("adapter"), base_model.config(), Kind::Float, Device::Cpu).unwrap();
+    let adapter = comas_model::LoraAdapter::load(
+        &Path::new(&trained.path).join("adapter"),
+        base_model.config(),
+        Kind::Float,
+        Device::Cpu,
+    )
+    .unwrap();
     for t in got.values() {
         for turn in &t.turns {
             assert_eq!(turn.policy_version, if turn.agent == 0 { 1 } else { 0 });
-            let ids: Vec<i64> = turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
+            let ids: Vec<i64> =
+                turn.prompt_ids.iter().chain(&turn.completion_ids).map(|&x| x as i64).collect();
             let lora = comas_model::LoraBatch::uniform(&adapter);
             let lp = tch::no_grad(|| {
-                base_model.token_logprobs(&Tensor::from_slice(&ids).view([1, ids.len() as i64]), None, 1.0, (turn.agent == 0).then_some(&lora)).unwrap()
+                base_model
+                    .token_logprobs(
+                        &Tensor::from_slice(&ids).view([1, ids.len() as i64]),
+                        None,
+                        1.0,
+                        (turn.agent == 0).then_some(&lora),
+                    )
+                    .unwrap()
             });
-            let want = Vec::<f32>::try_from(&lp.get(0).narrow(0, turn.prompt_ids.len() as i64 - 1, turn.completion_ids.len() as i64)).unwrap();
+            let want = Vec::<f32>::try_from(&lp.get(0).narrow(
+                0,
+                turn.prompt_ids.len() as i64 - 1,
+                turn.completion_ids.len() as i64,
+            ))
+            .unwrap();
             for (a, b) in turn.logprobs.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-4, "agent {} turn {}: {a} vs {b}", turn.agent, turn.turn_index);
+                assert!(
+                    (a - b).abs() < 1e-4,
+                    "agent {} turn {}: {a} vs {b}",
+                    turn.agent,
+                    turn.turn_index
+                );
             }
         }
     }
@@ -686,7 +954,10 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
 }
 
 /// The worker binary with a fault injected (`COMAS_WORKER_FAULT`), its models loaded.
-async fn faulty_worker(model: &Path, fault: &str) -> (std::process::Child, RolloutWorkerClient<tonic::transport::Channel>) {
+async fn faulty_worker(
+    model: &Path,
+    fault: &str,
+) -> (std::process::Child, RolloutWorkerClient<tonic::transport::Channel>) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
         .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
@@ -707,13 +978,19 @@ async fn a_panicking_decode_step_fails_its_episodes_and_the_worker_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
     let (mut child, mut c) = faulty_worker(dir.path(), "step-panic:3").await;
-    let mut out = c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "p"))).await.unwrap().into_inner();
+    let mut out =
+        c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "p"))).await.unwrap().into_inner();
     let mut errors = Vec::new();
     while let Some(r) = out.message().await.unwrap() {
         errors.push(r.error);
     }
     assert_eq!(errors.len(), 2);
-    assert!(errors.iter().all(|e| e.contains("the decode step panicked: injected by COMAS_WORKER_FAULT")), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("the decode step panicked: injected by COMAS_WORKER_FAULT")),
+        "{errors:?}"
+    );
     assert_eq!(run(&mut c, specs(&config(5), 2, "after")).await.len(), 2);
     child.kill().unwrap();
     child.wait().unwrap();
@@ -726,7 +1003,8 @@ async fn a_dead_engine_thread_takes_the_worker_down() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
     let (mut child, mut c) = faulty_worker(dir.path(), "engine-panic:3").await;
-    let mut out = c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "d"))).await.unwrap().into_inner();
+    let mut out =
+        c.run_episodes(tokio_stream::iter(specs(&config(5), 2, "d"))).await.unwrap().into_inner();
     let mut finished = 0;
     while let Ok(Some(r)) = out.message().await {
         assert!(r.error.is_empty(), "{}", r.error);
@@ -744,5 +1022,8 @@ async fn a_dead_engine_thread_takes_the_worker_down() {
     assert!(!status.success());
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(err.contains("the engine thread died (injected by COMAS_WORKER_FAULT after step 3)"), "{err}");
+    assert!(
+        err.contains("the engine thread died (injected by COMAS_WORKER_FAULT after step 3)"),
+        "{err}"
+    );
 }

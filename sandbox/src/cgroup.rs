@@ -36,7 +36,11 @@ impl Parent {
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
             if controllers.split(',').any(|c| c == controller) {
                 let (mount, root) = mount_of(&mountinfo, "cgroup", Some(controller))?;
-                return Some(Parent { dir: join_cgroup(&mount, &root, path), version: Version::V1, controller });
+                return Some(Parent {
+                    dir: join_cgroup(&mount, &root, path),
+                    version: Version::V1,
+                    controller,
+                });
             }
         }
         // v2: the unified hierarchy, "0::/path".
@@ -44,7 +48,11 @@ impl Parent {
         let (mount, root) = mount_of(&mountinfo, "cgroup2", None)?;
         let dir = join_cgroup(&mount, &root, path);
         let enabled = fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
-        enabled.split_whitespace().any(|c| c == controller).then_some(Parent { dir, version: Version::V2, controller })
+        enabled.split_whitespace().any(|c| c == controller).then_some(Parent {
+            dir,
+            version: Version::V2,
+            controller,
+        })
     }
 
     /// Removes run cgroups that crashed sandboxes left behind (their owner's pid is gone).
@@ -52,7 +60,13 @@ impl Parent {
         let Ok(entries) = fs::read_dir(&self.dir) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(owner) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|r| r.split('-').next()?.parse::<u32>().ok()) else { continue };
+            let Some(owner) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(PREFIX))
+                .and_then(|r| r.split('-').next()?.parse::<u32>().ok())
+            else {
+                continue;
+            };
             if !Path::new(&format!("/proc/{owner}")).exists() {
                 kill_all_and_remove(&entry.path(), Duration::from_millis(200));
             }
@@ -95,8 +109,13 @@ pub(crate) struct RunCgroups {
 impl RunCgroups {
     /// Creates one cgroup per parent with its limit: `pids.max` = `max_processes`, memory =
     /// `memory_bytes` (swap included where the kernel lets us say so).
-    pub fn create(parents: &[&Parent], max_processes: u64, memory_bytes: u64) -> io::Result<RunCgroups> {
-        let name = format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    pub fn create(
+        parents: &[&Parent],
+        max_processes: u64,
+        memory_bytes: u64,
+    ) -> io::Result<RunCgroups> {
+        let name =
+            format!("{PREFIX}{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let mut run = RunCgroups { groups: Vec::new() };
         for parent in parents {
             let dir = parent.dir.join(&name);
@@ -115,7 +134,10 @@ impl RunCgroups {
                 ("pids", _) => fs::write(dir.join("pids.max"), max_processes.to_string())?,
                 ("memory", Version::V1) => {
                     fs::write(dir.join("memory.limit_in_bytes"), memory_bytes.to_string())?;
-                    let _ = fs::write(dir.join("memory.memsw.limit_in_bytes"), memory_bytes.to_string());
+                    let _ = fs::write(
+                        dir.join("memory.memsw.limit_in_bytes"),
+                        memory_bytes.to_string(),
+                    );
                 }
                 ("memory", Version::V2) => {
                     fs::write(dir.join("memory.max"), memory_bytes.to_string())?;
@@ -137,7 +159,13 @@ impl RunCgroups {
         self.groups.iter().filter(|g| g.2 == "memory").any(|(dir, version, _, _)| {
             let file = if *version == Version::V1 { "memory.oom_control" } else { "memory.events" };
             fs::read_to_string(dir.join(file))
-                .map(|s| s.lines().any(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)))
+                .map(|s| {
+                    s.lines().any(|l| {
+                        l.strip_prefix("oom_kill ")
+                            .and_then(|n| n.trim().parse::<u64>().ok())
+                            .is_some_and(|n| n > 0)
+                    })
+                })
                 .unwrap_or(false)
         })
     }
@@ -146,7 +174,13 @@ impl RunCgroups {
     pub fn process_limit_hit(&self) -> bool {
         self.groups.iter().filter(|g| g.2 == "pids").any(|(dir, ..)| {
             fs::read_to_string(dir.join("pids.events"))
-                .map(|s| s.lines().any(|l| l.strip_prefix("max ").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > 0)))
+                .map(|s| {
+                    s.lines().any(|l| {
+                        l.strip_prefix("max ")
+                            .and_then(|n| n.trim().parse::<u64>().ok())
+                            .is_some_and(|n| n > 0)
+                    })
+                })
                 .unwrap_or(false)
         })
     }
@@ -170,7 +204,9 @@ impl Drop for RunCgroups {
 }
 
 fn members(dir: &Path) -> Vec<libc::pid_t> {
-    fs::read_to_string(dir.join("cgroup.procs")).map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect()).unwrap_or_default()
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// Kills the cgroup's processes until it is empty, then removes it (a cgroup with members cannot
@@ -202,12 +238,27 @@ mod tests {
 
     #[test]
     fn cgroup_paths_are_joined_below_the_mount_root() {
-        assert_eq!(join_cgroup(Path::new("/sys/fs/cgroup/pids"), "/", "/a/b"), PathBuf::from("/sys/fs/cgroup/pids/a/b"));
-        assert_eq!(join_cgroup(Path::new("/sys/fs/cgroup"), "/", "/"), PathBuf::from("/sys/fs/cgroup/"));
-        assert_eq!(join_cgroup(Path::new("/sys/fs/cgroup"), "/docker/x", "/docker/x/y"), PathBuf::from("/sys/fs/cgroup/y"));
+        assert_eq!(
+            join_cgroup(Path::new("/sys/fs/cgroup/pids"), "/", "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/pids/a/b")
+        );
+        assert_eq!(
+            join_cgroup(Path::new("/sys/fs/cgroup"), "/", "/"),
+            PathBuf::from("/sys/fs/cgroup/")
+        );
+        assert_eq!(
+            join_cgroup(Path::new("/sys/fs/cgroup"), "/docker/x", "/docker/x/y"),
+            PathBuf::from("/sys/fs/cgroup/y")
+        );
         let mountinfo = "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(mount_of(mountinfo, "cgroup", Some("pids")), Some((PathBuf::from("/sys/fs/cgroup/pids"), "/".to_string())));
+        assert_eq!(
+            mount_of(mountinfo, "cgroup", Some("pids")),
+            Some((PathBuf::from("/sys/fs/cgroup/pids"), "/".to_string()))
+        );
         assert_eq!(mount_of(mountinfo, "cgroup", Some("memory")), None);
-        assert_eq!(mount_of(mountinfo, "cgroup2", None), Some((PathBuf::from("/sys/fs/cgroup/unified"), "/".to_string())));
+        assert_eq!(
+            mount_of(mountinfo, "cgroup2", None),
+            Some((PathBuf::from("/sys/fs/cgroup/unified"), "/".to_string()))
+        );
     }
 }

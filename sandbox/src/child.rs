@@ -117,7 +117,13 @@ unsafe fn close_from(from: RawFd, to: RawFd) {
     if from > to {
         return;
     }
-    if libc::syscall(libc::SYS_close_range, from as libc::c_uint, to as libc::c_uint, 0 as libc::c_uint) != 0 {
+    if libc::syscall(
+        libc::SYS_close_range,
+        from as libc::c_uint,
+        to as libc::c_uint,
+        0 as libc::c_uint,
+    ) != 0
+    {
         let mut fd = from;
         while fd <= to.min(65535) {
             libc::close(fd);
@@ -186,7 +192,9 @@ unsafe fn supervise(status_fd: RawFd) -> io::Result<()> {
         let _ = write_all(status_fd, &record(b'C', init, 0));
         close_from(3, RawFd::MAX);
         let mut status = 0;
-        while libc::waitpid(init, &mut status, 0) < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {}
+        while libc::waitpid(init, &mut status, 0) < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
         libc::_exit(0);
     }
     // P. If this fork fails, returning the error lets the spawner report it.

@@ -26,7 +26,11 @@ pub struct RunFiles {
 
 /// A name a run's folder may hold: one path component, not hidden, not the program itself.
 pub fn check_name(name: &str) -> Result<(), SandboxError> {
-    let ok = !name.is_empty() && name != "main.py" && !name.starts_with('.') && !name.contains(['/', '\\', '\0']) && name.len() <= 255;
+    let ok = !name.is_empty()
+        && name != "main.py"
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\', '\0'])
+        && name.len() <= 255;
     if ok {
         Ok(())
     } else {
@@ -52,7 +56,8 @@ pub fn name_matches(pattern: &str, name: &str) -> bool {
 pub(crate) fn write_inputs(dir: &Path, files: &RunFiles) -> Result<(), SandboxError> {
     for f in &files.inputs {
         check_name(&f.name)?;
-        std::fs::write(dir.join(&f.name), &f.bytes).map_err(|source| SandboxError::Setup { what: "writing an input file", source })?;
+        std::fs::write(dir.join(&f.name), &f.bytes)
+            .map_err(|source| SandboxError::Setup { what: "writing an input file", source })?;
     }
     Ok(())
 }
@@ -64,8 +69,9 @@ pub(crate) fn fetch(dir: &Path, patterns: &[String]) -> (Vec<RunFile>, Option<St
     if patterns.is_empty() {
         return (Vec::new(), None);
     }
-    let mut names: Vec<String> =
-        std::fs::read_dir(dir).map(|entries| entries.flatten().filter_map(|e| e.file_name().into_string().ok()).collect()).unwrap_or_default();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
     names.sort();
     let (mut out, mut total, mut skipped) = (Vec::new(), 0u64, Vec::new());
     for name in names {
@@ -86,7 +92,9 @@ pub(crate) fn fetch(dir: &Path, patterns: &[String]) -> (Vec<RunFile>, Option<St
             out.push(RunFile { name, bytes });
         }
     }
-    let note = (!skipped.is_empty()).then(|| format!("not handed back (over {MAX_FETCH_BYTES} bytes in all): {}", skipped.join(", ")));
+    let note = (!skipped.is_empty()).then(|| {
+        format!("not handed back (over {MAX_FETCH_BYTES} bytes in all): {}", skipped.join(", "))
+    });
     (out, note)
 }
 
@@ -97,7 +105,10 @@ mod tests {
     #[test]
     fn patterns_and_names() {
         assert!(name_matches("*.pkl", "X_train.pkl") && !name_matches("*.pkl", "X_train.pkl.bak"));
-        assert!(name_matches("submission.csv", "submission.csv") && !name_matches("submission.csv", "submission.csv2"));
+        assert!(
+            name_matches("submission.csv", "submission.csv")
+                && !name_matches("submission.csv", "submission.csv2")
+        );
         assert!(name_matches("model?.joblib", "model1.joblib") && name_matches("*", "a"));
         for bad in ["", "main.py", ".hidden", "a/b", "../x"] {
             assert!(check_name(bad).is_err(), "{bad}");

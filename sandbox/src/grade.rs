@@ -10,7 +10,8 @@ use std::time::Duration;
 /// The benchmark timeout of the spec (3.0 s).
 pub const CODE_TIMEOUT: Duration = Duration::from_millis((code::EVAL_TIMEOUT_SECS * 1000.0) as u64);
 /// The training-time `is_correct` timeout of the spec (1.0 s).
-pub const TRAINING_CODE_TIMEOUT: Duration = Duration::from_millis((code::TRAINING_TIMEOUT_SECS * 1000.0) as u64);
+pub const TRAINING_CODE_TIMEOUT: Duration =
+    Duration::from_millis((code::TRAINING_TIMEOUT_SECS * 1000.0) as u64);
 
 /// Why a response was graded wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,11 +43,14 @@ impl fmt::Display for Verdict {
         match (&self.failure, self.correct) {
             (_, true) => {
                 // any_block runs blocks in order, last_block only the last one.
-                let passing = if self.mode == CodeGrading::LastBlock { self.blocks } else { self.runs.len() };
+                let passing =
+                    if self.mode == CodeGrading::LastBlock { self.blocks } else { self.runs.len() };
                 write!(f, "correct ({}, block {passing} of {} passed)", self.mode, self.blocks)?
             }
             (Some(Failure::NoCodeBlock), _) => write!(f, "wrong: no ```python block")?,
-            (Some(Failure::Run(r)), _) => write!(f, "wrong ({}, {} block(s) run): {r}", self.mode, self.runs.len())?,
+            (Some(Failure::Run(r)), _) => {
+                write!(f, "wrong ({}, {} block(s) run): {r}", self.mode, self.runs.len())?
+            }
             (None, false) => write!(f, "wrong")?,
         }
         if !self.unprotected.is_empty() {
@@ -58,12 +62,23 @@ impl fmt::Display for Verdict {
 
 /// Grades `response` against `checker` (see `comas_workflow::code` for the checkers) with the
 /// spec's 3.0 s timeout per program.
-pub fn grade_code(sandbox: &Sandbox, response: &str, checker: &str, mode: CodeGrading) -> Result<Verdict, SandboxError> {
+pub fn grade_code(
+    sandbox: &Sandbox,
+    response: &str,
+    checker: &str,
+    mode: CodeGrading,
+) -> Result<Verdict, SandboxError> {
     grade_code_with_timeout(sandbox, response, checker, mode, CODE_TIMEOUT)
 }
 
 /// [`grade_code`] with another timeout (e.g. [`TRAINING_CODE_TIMEOUT`]).
-pub fn grade_code_with_timeout(sandbox: &Sandbox, response: &str, checker: &str, mode: CodeGrading, timeout: Duration) -> Result<Verdict, SandboxError> {
+pub fn grade_code_with_timeout(
+    sandbox: &Sandbox,
+    response: &str,
+    checker: &str,
+    mode: CodeGrading,
+    timeout: Duration,
+) -> Result<Verdict, SandboxError> {
     let blocks = code::python_blocks(response).len();
     let unprotected = sandbox.protections().gaps();
     let mut runs = Vec::new();

@@ -39,10 +39,15 @@ pub fn default_humaneval_path() -> PathBuf {
     if let Some(p) = std::env::var_os("COMAS_HUMANEVAL").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    let cache = std::env::var_os("COMAS_CACHE").filter(|p| !p.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-        home.join(".cache/comas")
-    });
+    let cache = std::env::var_os("COMAS_CACHE")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"));
+            home.join(".cache/comas")
+        });
     cache.join("humaneval/HumanEval.jsonl.gz")
 }
 
@@ -52,14 +57,22 @@ pub fn load_humaneval(path: &Path) -> Result<Vec<HumanEvalProblem>, DataError> {
         std::io::ErrorKind::NotFound => DataError::Missing { path: path.to_path_buf() },
         _ => DataError::Io { path: path.to_path_buf(), source },
     })?;
-    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") { Box::new(GzDecoder::new(file)) } else { Box::new(file) };
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
     let mut problems = Vec::new();
     for (i, line) in BufReader::new(reader).lines().enumerate() {
         let line = line.map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
         if line.trim().is_empty() {
             continue;
         }
-        problems.push(serde_json::from_str(&line).map_err(|source| DataError::Json { path: path.to_path_buf(), line: i + 1, source })?);
+        problems.push(serde_json::from_str(&line).map_err(|source| DataError::Json {
+            path: path.to_path_buf(),
+            line: i + 1,
+            source,
+        })?);
     }
     Ok(problems)
 }
@@ -80,7 +93,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.jsonl.gz");
         let rec = r#"{"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}"#;
-        let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(&path).unwrap(), flate2::Compression::default());
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::default(),
+        );
         std::io::Write::write_all(&mut gz, format!("{rec}\n\n").as_bytes()).unwrap();
         gz.finish().unwrap();
         let problems = load_humaneval(&path).unwrap();

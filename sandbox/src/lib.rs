@@ -29,7 +29,9 @@ mod sandbox;
 pub use comas_workflow::code::CodeGrading;
 pub use error::{DataError, SandboxError};
 pub use files::{name_matches, RunFile, RunFiles, MAX_FETCH_BYTES};
-pub use grade::{grade_code, grade_code_with_timeout, Failure, Verdict, CODE_TIMEOUT, TRAINING_CODE_TIMEOUT};
+pub use grade::{
+    grade_code, grade_code_with_timeout, Failure, Verdict, CODE_TIMEOUT, TRAINING_CODE_TIMEOUT,
+};
 pub use humaneval::{default_humaneval_path, load_humaneval, HumanEvalProblem, HUMANEVAL_PROBLEMS};
 pub use outcome::{Denied, Outcome, Reason, Status};
 pub use protect::Protections;

@@ -45,7 +45,9 @@ impl fmt::Display for Reason {
             Reason::ProcessLimit => f.write_str("process limit"),
             Reason::FileSizeLimit => f.write_str("file size limit"),
             Reason::Denied(Denied::Network) => f.write_str("denied: network access"),
-            Reason::Denied(Denied::Filesystem) => f.write_str("denied: file-system write outside the sandbox directory"),
+            Reason::Denied(Denied::Filesystem) => {
+                f.write_str("denied: file-system write outside the sandbox directory")
+            }
             Reason::Denied(Denied::Operation) => f.write_str("denied: operation not permitted"),
             Reason::Signal(s) => write!(f, "killed by signal {s}"),
             Reason::ExitCode(c) => write!(f, "exit code {c}"),
@@ -117,7 +119,11 @@ pub(crate) fn classify(o: &Observed<'_>) -> Status {
     }
     let reason = match o.exit {
         Some(RawExit::Code(0)) => return Status::Passed,
-        Some(RawExit::Code(code)) => from_exception(o.stderr).unwrap_or(if o.process_limit_hit { Reason::ProcessLimit } else { Reason::ExitCode(code) }),
+        Some(RawExit::Code(code)) => from_exception(o.stderr).unwrap_or(if o.process_limit_hit {
+            Reason::ProcessLimit
+        } else {
+            Reason::ExitCode(code)
+        }),
         Some(RawExit::Signal(sig)) => from_signal(sig, o),
         // The status never arrived: the supervising process was killed from outside.
         None => Reason::Signal(libc::SIGKILL),
@@ -132,7 +138,9 @@ fn from_signal(sig: i32, o: &Observed<'_>) -> Reason {
         // The hard CPU limit kills with SIGKILL; so does the memory cgroup's OOM killer.
         libc::SIGKILL if o.cpu_time + Duration::from_millis(50) >= o.cpu_limit => Reason::CpuLimit,
         libc::SIGKILL if o.oom_killed => Reason::MemoryLimit,
-        libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS if mentions_memory(o.stderr) => Reason::MemoryLimit,
+        libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS if mentions_memory(o.stderr) => {
+            Reason::MemoryLimit
+        }
         _ => Reason::Signal(sig),
     }
 }
@@ -150,14 +158,24 @@ fn last_exception_line(stderr: &str) -> Option<&str> {
 /// The exception line and the source line of the frame that raised it (empty if none).
 fn last_exception(stderr: &str) -> Option<(&str, &str)> {
     let mut lines = stderr.lines().rev().map(str::trim_end);
-    let line = lines.find(|l| !l.is_empty() && !l.starts_with(char::is_whitespace) && !l.starts_with("Traceback (most recent call last)"))?;
+    let line = lines.find(|l| {
+        !l.is_empty()
+            && !l.starts_with(char::is_whitespace)
+            && !l.starts_with("Traceback (most recent call last)")
+    })?;
     let source = lines
-        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('^') && !l.trim_start().starts_with('~'))
+        .find(|l| {
+            !l.trim().is_empty()
+                && !l.trim_start().starts_with('^')
+                && !l.trim_start().starts_with('~')
+        })
         .filter(|l| l.starts_with("    "))
         .unwrap_or("");
     // `Type` or `Type: message`, where Type is a (dotted) identifier.
     let ty = line.split(':').next().unwrap_or("");
-    let is_type = !ty.is_empty() && ty.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') && !ty.starts_with(|c: char| c.is_ascii_digit());
+    let is_type = !ty.is_empty()
+        && ty.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+        && !ty.starts_with(|c: char| c.is_ascii_digit());
     is_type.then_some((line, source))
 }
 
@@ -178,12 +196,25 @@ fn from_exception(stderr: &str) -> Option<Reason> {
     }
     // EAFNOSUPPORT is what the seccomp filter answers to an internet socket; the others are what
     // a network namespace without interfaces gives connect, bind and name lookups.
-    let network_errnos = [libc::EAFNOSUPPORT, libc::ENETUNREACH, libc::EADDRNOTAVAIL, libc::ECONNREFUSED, -2, -3, -5];
-    if network_errnos.iter().any(|&n| errno(n)) || ty.ends_with("gaierror") || ty.ends_with("URLError") {
+    let network_errnos = [
+        libc::EAFNOSUPPORT,
+        libc::ENETUNREACH,
+        libc::EADDRNOTAVAIL,
+        libc::ECONNREFUSED,
+        -2,
+        -3,
+        -5,
+    ];
+    if network_errnos.iter().any(|&n| errno(n))
+        || ty.ends_with("gaierror")
+        || ty.ends_with("URLError")
+    {
         return Some(Reason::Denied(Denied::Network));
     }
     // Landlock answers EACCES to a TCP connect or bind as well as to a file write.
-    let socket_call = ["connect", "bind", "socket", "urlopen", "sendto", "listen"].iter().any(|c| source.contains(c));
+    let socket_call = ["connect", "bind", "socket", "urlopen", "sendto", "listen"]
+        .iter()
+        .any(|c| source.contains(c));
     if socket_call && (errno(libc::EACCES) || errno(libc::EPERM)) {
         return Some(Reason::Denied(Denied::Network));
     }
@@ -215,27 +246,61 @@ mod tests {
 
     #[test]
     fn exceptions_name_the_reason() {
-        let tb = |last: &str| format!("Traceback (most recent call last):\n  File \"main.py\", line 2, in <module>\n{last}\n");
+        let tb = |last: &str| {
+            format!("Traceback (most recent call last):\n  File \"main.py\", line 2, in <module>\n{last}\n")
+        };
         assert_eq!(code(0, &tb("MemoryError")), Status::Passed);
         assert_eq!(code(1, &tb("MemoryError")), Status::Failed(Reason::MemoryLimit));
-        assert_eq!(code(1, &tb("BlockingIOError: [Errno 11] Resource temporarily unavailable")), Status::Failed(Reason::ProcessLimit));
-        assert_eq!(code(1, &tb("RuntimeError: can't start new thread")), Status::Failed(Reason::ProcessLimit));
-        assert_eq!(code(1, &tb("OSError: [Errno 97] Address family not supported by protocol")), Status::Failed(Reason::Denied(Denied::Network)));
-        assert_eq!(code(1, &tb("OSError: [Errno 101] Network is unreachable")), Status::Failed(Reason::Denied(Denied::Network)));
-        assert_eq!(code(1, &tb("socket.gaierror: [Errno -3] Temporary failure in name resolution")), Status::Failed(Reason::Denied(Denied::Network)));
-        assert_eq!(code(1, &tb("PermissionError: [Errno 13] Permission denied: '/etc/x'")), Status::Failed(Reason::Denied(Denied::Filesystem)));
+        assert_eq!(
+            code(1, &tb("BlockingIOError: [Errno 11] Resource temporarily unavailable")),
+            Status::Failed(Reason::ProcessLimit)
+        );
+        assert_eq!(
+            code(1, &tb("RuntimeError: can't start new thread")),
+            Status::Failed(Reason::ProcessLimit)
+        );
+        assert_eq!(
+            code(1, &tb("OSError: [Errno 97] Address family not supported by protocol")),
+            Status::Failed(Reason::Denied(Denied::Network))
+        );
+        assert_eq!(
+            code(1, &tb("OSError: [Errno 101] Network is unreachable")),
+            Status::Failed(Reason::Denied(Denied::Network))
+        );
+        assert_eq!(
+            code(1, &tb("socket.gaierror: [Errno -3] Temporary failure in name resolution")),
+            Status::Failed(Reason::Denied(Denied::Network))
+        );
+        assert_eq!(
+            code(1, &tb("PermissionError: [Errno 13] Permission denied: '/etc/x'")),
+            Status::Failed(Reason::Denied(Denied::Filesystem))
+        );
         // Landlock's TCP rule gives the same errno; the failing source line tells them apart.
         let connect = "Traceback (most recent call last):\n  File \"main.py\", line 4, in <module>\n    s.connect(('1.1.1.1', 80))\nPermissionError: [Errno 13] Permission denied\n";
         assert_eq!(code(1, connect), Status::Failed(Reason::Denied(Denied::Network)));
-        assert_eq!(code(1, &tb("PermissionError: [Errno 1] Operation not permitted")), Status::Failed(Reason::Denied(Denied::Operation)));
-        assert_eq!(code(1, &tb("OSError: [Errno 27] File too large")), Status::Failed(Reason::FileSizeLimit));
+        assert_eq!(
+            code(1, &tb("PermissionError: [Errno 1] Operation not permitted")),
+            Status::Failed(Reason::Denied(Denied::Operation))
+        );
+        assert_eq!(
+            code(1, &tb("OSError: [Errno 27] File too large")),
+            Status::Failed(Reason::FileSizeLimit)
+        );
         assert_eq!(code(1, &tb("AssertionError")), Status::Failed(Reason::ExitCode(1)));
-        assert_eq!(code(1, &tb("NameError: name 'x' is not defined")), Status::Failed(Reason::ExitCode(1)));
+        assert_eq!(
+            code(1, &tb("NameError: name 'x' is not defined")),
+            Status::Failed(Reason::ExitCode(1))
+        );
         assert_eq!(code(3, "some output\n"), Status::Failed(Reason::ExitCode(3)));
-        assert_eq!(last_exception_line(&tb("ValueError: bad: value")), Some("ValueError: bad: value"));
+        assert_eq!(
+            last_exception_line(&tb("ValueError: bad: value")),
+            Some("ValueError: bad: value")
+        );
         // A forked process may start a traceback after the program's own one ended.
-        let interleaved =
-            format!("{}Traceback (most recent call last):\n  File \"main.py\", line 3\n", tb("BlockingIOError: [Errno 11] Resource temporarily unavailable"));
+        let interleaved = format!(
+            "{}Traceback (most recent call last):\n  File \"main.py\", line 3\n",
+            tb("BlockingIOError: [Errno 11] Resource temporarily unavailable")
+        );
         assert_eq!(code(1, &interleaved), Status::Failed(Reason::ProcessLimit));
         assert_eq!(last_exception_line("  File \"x\", line 1\n"), None);
         assert_eq!(last_exception_line(""), None);

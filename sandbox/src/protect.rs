@@ -1,8 +1,12 @@
 //! The protections a run can get, how each is built, and which ones this machine allows.
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
 };
-use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,9 +38,11 @@ impl Protections {
         let mut gaps = Vec::new();
         if !self.network_namespace {
             gaps.push(if self.seccomp {
-                "no network namespace: the network is blocked by the seccomp socket filter only".to_string()
+                "no network namespace: the network is blocked by the seccomp socket filter only"
+                    .to_string()
             } else {
-                "NO NETWORK ISOLATION: neither a network namespace nor seccomp is available".to_string()
+                "NO NETWORK ISOLATION: neither a network namespace nor seccomp is available"
+                    .to_string()
             });
         }
         if !self.pid_namespace {
@@ -64,20 +70,37 @@ pub(crate) const SOCKET_ERRNO: i32 = libc::EAFNOSUPPORT;
 pub(crate) fn seccomp_program() -> Result<BpfProgram, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))?;
     let family = |f: i32| -> Result<SeccompRule, String> {
-        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, f as u64).map_err(|e| e.to_string())?;
+        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, f as u64)
+            .map_err(|e| e.to_string())?;
         SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    rules.insert(libc::SYS_socket, vec![family(libc::AF_INET)?, family(libc::AF_INET6)?, family(libc::AF_PACKET)?]);
+    rules.insert(
+        libc::SYS_socket,
+        vec![family(libc::AF_INET)?, family(libc::AF_INET6)?, family(libc::AF_PACKET)?],
+    );
     rules.insert(libc::SYS_io_uring_setup, vec![]);
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(SOCKET_ERRNO as u32), arch).map_err(|e| format!("seccomp: {e}"))?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(SOCKET_ERRNO as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
     filter.try_into().map_err(|e: seccompiler::BackendError| format!("seccomp: {e}"))
 }
 
 /// The Landlock ABI of the running kernel, None where Landlock is missing or disabled.
 pub(crate) fn landlock_abi() -> Option<i32> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<libc::c_void>(), 0usize, LANDLOCK_CREATE_RULESET_VERSION) };
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
     (v > 0).then_some(v as i32)
 }
 
@@ -89,7 +112,10 @@ pub(crate) fn landlock_ruleset(abi: i32, dir: &Path) -> Result<RulesetCreated, S
     let abi = ABI::from(abi);
     let write = AccessFs::from_write(abi);
     let err = |e: landlock::RulesetError| format!("landlock: {e}");
-    let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::HardRequirement).handle_access(write).map_err(err)?;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(write)
+        .map_err(err)?;
     if abi >= ABI::V4 {
         ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(err)?;
     }

@@ -73,7 +73,13 @@ struct Plan {
     memory_cgroup: bool,
 }
 
-const NOTHING: Plan = Plan { namespaces: Namespaces::None, landlock: false, seccomp: false, pids_cgroup: false, memory_cgroup: false };
+const NOTHING: Plan = Plan {
+    namespaces: Namespaces::None,
+    landlock: false,
+    seccomp: false,
+    pids_cgroup: false,
+    memory_cgroup: false,
+};
 
 /// Runs Python programs one process tree each, confined (see the crate docs). Shareable between
 /// threads; at most `max_concurrent` runs go at once.
@@ -93,7 +99,10 @@ pub struct Sandbox {
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox").field("python", &self.python).field("protections", &self.protections).finish_non_exhaustive()
+        f.debug_struct("Sandbox")
+            .field("python", &self.python)
+            .field("protections", &self.protections)
+            .finish_non_exhaustive()
     }
 }
 
@@ -101,8 +110,13 @@ impl Sandbox {
     /// Finds Python and probes which protections this machine allows. Fails when there is no
     /// working interpreter; a missing protection is logged and listed in [`Sandbox::protections`].
     pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
-        let requested =
-            config.python.clone().or_else(|| std::env::var_os("COMAS_PYTHON").filter(|s| !s.is_empty()).map(PathBuf::from)).unwrap_or_else(|| "python3".into());
+        let requested = config
+            .python
+            .clone()
+            .or_else(|| {
+                std::env::var_os("COMAS_PYTHON").filter(|s| !s.is_empty()).map(PathBuf::from)
+            })
+            .unwrap_or_else(|| "python3".into());
         let (python, python_version) = resolve_python(&requested)?;
         let work_dir = config.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         let seccomp = if config.seccomp {
@@ -156,21 +170,42 @@ impl Sandbox {
     /// Tries each protection alone (the child exits right before exec), keeps those that work,
     /// then checks that Python runs under all of them together.
     fn probe(&mut self) -> Result<(), SandboxError> {
-        let works = |s: &Sandbox, plan: Plan| s.execute("", s.config.timeout, plan, true, None).map(|(o, _)| o.passed()).unwrap_or(false);
+        let works = |s: &Sandbox, plan: Plan| {
+            s.execute("", s.config.timeout, plan, true, None)
+                .map(|(o, _)| o.passed())
+                .unwrap_or(false)
+        };
         let mut plan = NOTHING;
         if self.config.namespaces {
-            let candidates: &[Namespaces] = if unsafe { libc::geteuid() } == 0 { &[Namespaces::Privileged, Namespaces::User] } else { &[Namespaces::User] };
-            plan.namespaces = candidates.iter().copied().find(|&ns| works(self, Plan { namespaces: ns, ..NOTHING })).unwrap_or(Namespaces::None);
+            let candidates: &[Namespaces] = if unsafe { libc::geteuid() } == 0 {
+                &[Namespaces::Privileged, Namespaces::User]
+            } else {
+                &[Namespaces::User]
+            };
+            plan.namespaces = candidates
+                .iter()
+                .copied()
+                .find(|&ns| works(self, Plan { namespaces: ns, ..NOTHING }))
+                .unwrap_or(Namespaces::None);
         }
-        plan.landlock = self.landlock_abi.is_some() && works(self, Plan { landlock: true, ..NOTHING });
+        plan.landlock =
+            self.landlock_abi.is_some() && works(self, Plan { landlock: true, ..NOTHING });
         plan.seccomp = self.seccomp.is_some() && works(self, Plan { seccomp: true, ..NOTHING });
-        plan.pids_cgroup = self.pids_parent.is_some() && works(self, Plan { pids_cgroup: true, ..NOTHING });
-        plan.memory_cgroup = self.memory_parent.is_some() && works(self, Plan { memory_cgroup: true, ..NOTHING });
-        let outcome = self.execute("import sys\nsys.exit(0)\n", Duration::from_secs(30), plan, false, None)?.0;
+        plan.pids_cgroup =
+            self.pids_parent.is_some() && works(self, Plan { pids_cgroup: true, ..NOTHING });
+        plan.memory_cgroup =
+            self.memory_parent.is_some() && works(self, Plan { memory_cgroup: true, ..NOTHING });
+        let outcome = self
+            .execute("import sys\nsys.exit(0)\n", Duration::from_secs(30), plan, false, None)?
+            .0;
         if !outcome.passed() {
             return Err(SandboxError::PythonBroken {
                 python: self.python.clone(),
-                detail: format!("a trivial program failed in the sandbox ({:?}): {}", outcome.status, outcome.stderr.trim()),
+                detail: format!(
+                    "a trivial program failed in the sandbox ({:?}): {}",
+                    outcome.status,
+                    outcome.stderr.trim()
+                ),
             });
         }
         self.plan = plan;
@@ -213,37 +248,57 @@ impl Sandbox {
     }
 
     /// Runs `program` with a wall-clock limit of `timeout`.
-    pub fn run_with_timeout(&self, program: &str, timeout: Duration) -> Result<Outcome, SandboxError> {
+    pub fn run_with_timeout(
+        &self,
+        program: &str,
+        timeout: Duration,
+    ) -> Result<Outcome, SandboxError> {
         self.execute(program, timeout, self.plan, false, None).map(|(o, _)| o)
     }
 
     /// Runs `program` in a folder that starts with `files.inputs`, and hands back the files it
     /// leaves there that match `files.fetch` (with a note when some were too large to return).
-    pub fn run_with_files(&self, program: &str, timeout: Duration, files: &RunFiles) -> Result<(Outcome, Vec<RunFile>, Option<String>), SandboxError> {
+    pub fn run_with_files(
+        &self,
+        program: &str,
+        timeout: Duration,
+        files: &RunFiles,
+    ) -> Result<(Outcome, Vec<RunFile>, Option<String>), SandboxError> {
         let (outcome, fetched) = self.execute(program, timeout, self.plan, false, Some(files))?;
         let (out, note) = fetched.unwrap_or_default();
         Ok((outcome, out, note))
     }
 
     /// Runs every program, up to `max_concurrent` at once; results in input order.
-    pub fn run_many<S: AsRef<str> + Sync>(&self, programs: &[S]) -> Vec<Result<Outcome, SandboxError>> {
+    pub fn run_many<S: AsRef<str> + Sync>(
+        &self,
+        programs: &[S],
+    ) -> Vec<Result<Outcome, SandboxError>> {
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Result<Outcome, SandboxError>>>> = programs.iter().map(|_| Mutex::new(None)).collect();
+        let results: Vec<Mutex<Option<Result<Outcome, SandboxError>>>> =
+            programs.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..self.config.max_concurrent.max(1).min(programs.len()) {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(program) = programs.get(i) else { break };
-                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(self.run(program.as_ref()));
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(self.run(program.as_ref()));
                 });
             }
         });
-        results.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every program was run")).collect()
+        results
+            .into_iter()
+            .map(|m| {
+                m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every program was run")
+            })
+            .collect()
     }
 
     fn cpu_limit(&self, timeout: Duration) -> Duration {
         let t = self.config.cpu_time.unwrap_or(timeout + Duration::from_secs(1));
-        Duration::from_secs(t.as_secs() + u64::from(t.subsec_nanos() > 0)).max(Duration::from_secs(1))
+        Duration::from_secs(t.as_secs() + u64::from(t.subsec_nanos() > 0))
+            .max(Duration::from_secs(1))
     }
 
     #[allow(clippy::type_complexity)]
@@ -257,27 +312,45 @@ impl Sandbox {
     ) -> Result<(Outcome, Option<(Vec<RunFile>, Option<String>)>), SandboxError> {
         let _slot = self.slots.acquire();
         let setup = |what| move |source| SandboxError::Setup { what, source };
-        let dir = tempfile::Builder::new().prefix("comas-sandbox-").tempdir_in(&self.work_dir).map_err(setup("creating the run directory"))?;
-        std::fs::write(dir.path().join("main.py"), program).map_err(setup("writing the program"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("comas-sandbox-")
+            .tempdir_in(&self.work_dir)
+            .map_err(setup("creating the run directory"))?;
+        std::fs::write(dir.path().join("main.py"), program)
+            .map_err(setup("writing the program"))?;
         if let Some(f) = files {
             crate::files::write_inputs(dir.path(), f)?;
         }
 
-        let parents: Vec<&Parent> = [(plan.pids_cgroup, &self.pids_parent), (plan.memory_cgroup, &self.memory_parent)]
-            .into_iter()
-            .filter_map(|(on, p)| if on { p.as_ref() } else { None })
-            .collect();
+        let parents: Vec<&Parent> =
+            [(plan.pids_cgroup, &self.pids_parent), (plan.memory_cgroup, &self.memory_parent)]
+                .into_iter()
+                .filter_map(|(on, p)| if on { p.as_ref() } else { None })
+                .collect();
         // Two processes of the namespace setup (C and P) count too.
         let cgroups = if parents.is_empty() {
             None
         } else {
-            Some(RunCgroups::create(&parents, self.config.max_processes + 2, self.config.memory_bytes).map_err(setup("creating the run cgroups"))?)
+            Some(
+                RunCgroups::create(
+                    &parents,
+                    self.config.max_processes + 2,
+                    self.config.memory_bytes,
+                )
+                .map_err(setup("creating the run cgroups"))?,
+            )
         };
         let landlock = match (plan.landlock, self.landlock_abi) {
-            (true, Some(abi)) => Some(protect::landlock_ruleset(abi, dir.path()).map_err(SandboxError::Protection)?),
+            (true, Some(abi)) => {
+                Some(protect::landlock_ruleset(abi, dir.path()).map_err(SandboxError::Protection)?)
+            }
             _ => None,
         };
-        let status_pipe = if plan.namespaces.isolated() { Some(pipe().map_err(setup("creating the status pipe"))?) } else { None };
+        let status_pipe = if plan.namespaces.isolated() {
+            Some(pipe().map_err(setup("creating the status pipe"))?)
+        } else {
+            None
+        };
 
         let cpu_limit = self.cpu_limit(timeout);
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -345,13 +418,37 @@ impl Sandbox {
         drop(cgroups);
         let (stdout, stdout_truncated) = out.finish();
         let (stderr, stderr_truncated) = err.finish();
-        let status = classify(&Observed { exit, timed_out: watched.timed_out, cpu_time, cpu_limit, oom_killed, process_limit_hit, stderr: &stderr });
+        let status = classify(&Observed {
+            exit,
+            timed_out: watched.timed_out,
+            cpu_time,
+            cpu_limit,
+            oom_killed,
+            process_limit_hit,
+            stderr: &stderr,
+        });
         let fetched = files.map(|f| crate::files::fetch(dir.path(), &f.fetch));
         remove_dir(dir);
         if !probe_exit {
-            tracing::debug!(?status, wall_ms = wall_time.as_millis() as u64, cpu_ms = cpu_time.as_millis() as u64, "sandbox run");
+            tracing::debug!(
+                ?status,
+                wall_ms = wall_time.as_millis() as u64,
+                cpu_ms = cpu_time.as_millis() as u64,
+                "sandbox run"
+            );
         }
-        Ok((Outcome { status, stdout, stderr, stdout_truncated, stderr_truncated, wall_time, cpu_time }, fetched))
+        Ok((
+            Outcome {
+                status,
+                stdout,
+                stderr,
+                stdout_truncated,
+                stderr_truncated,
+                wall_time,
+                cpu_time,
+            },
+            fetched,
+        ))
     }
 
     fn child_env(&self, dir: &Path) -> Vec<(&'static str, OsString)> {
@@ -387,7 +484,8 @@ fn resolve_python(requested: &Path) -> Result<(PathBuf, String), SandboxError> {
         .map_err(|source| SandboxError::PythonMissing { python: requested.to_path_buf(), source })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();
-    let (exe, version) = (lines.next().unwrap_or("").trim(), lines.next().unwrap_or("").trim().to_string());
+    let (exe, version) =
+        (lines.next().unwrap_or("").trim(), lines.next().unwrap_or("").trim().to_string());
     if !out.status.success() {
         let detail = if out.status.code() == Some(3) {
             format!("Python {version} is too old, 3.8 or newer is needed")
@@ -427,7 +525,8 @@ impl StatusPipe {
     fn read(&mut self) {
         let mut chunk = [0u8; 4 * STATUS_RECORD];
         loop {
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+            let n =
+                unsafe { libc::read(self.fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
             if n <= 0 {
                 break;
             }
@@ -436,7 +535,9 @@ impl StatusPipe {
         while self.buf.len() >= STATUS_RECORD {
             match child::parse_record(&self.buf[..STATUS_RECORD]) {
                 (b'C', pid, _) => self.init = Some(pid),
-                (b'P', status, cpu) => self.program = Some((raw_exit(status), Duration::from_micros(cpu))),
+                (b'P', status, cpu) => {
+                    self.program = Some((raw_exit(status), Duration::from_micros(cpu)))
+                }
                 _ => {}
             }
             self.buf.drain(..STATUS_RECORD);
@@ -454,11 +555,21 @@ fn kill_init(init: libc::pid_t, supervisor: libc::pid_t) -> bool {
     }
     let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
     let stat = std::fs::read_to_string(format!("/proc/{init}/stat")).unwrap_or_default();
-    let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<libc::pid_t>().ok());
+    let parent = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<libc::pid_t>().ok());
     if parent != Some(supervisor) {
         return false;
     }
-    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
 }
 
 fn raw_exit(status: i32) -> RawExit {
@@ -479,14 +590,27 @@ struct Watched {
 /// Waits for the child while reading its output. At the deadline it kills the namespace's init
 /// (C then exits once the namespace is empty) or, without one, the process group. Leftovers in
 /// the group are killed before the child is reaped, so the group id cannot be reused by then.
-fn watch(pid: libc::pid_t, deadline: Instant, out: &mut Capture, err: &mut Capture, mut status: Option<&mut StatusPipe>) -> Watched {
+fn watch(
+    pid: libc::pid_t,
+    deadline: Instant,
+    out: &mut Capture,
+    err: &mut Capture,
+    mut status: Option<&mut StatusPipe>,
+) -> Watched {
     // A pidfd wakes poll the moment the child exits; without one, poll in short steps.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) });
     let (mut timed_out, mut forced) = (false, false);
     loop {
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
         if rc < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
             continue;
         }
@@ -499,13 +623,22 @@ fn watch(pid: libc::pid_t, deadline: Instant, out: &mut Capture, err: &mut Captu
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
             let reaped = loop {
                 let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-                if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                if r >= 0
+                    || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
                     break r == pid;
                 }
             };
-            let micros = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+            let micros = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+            };
             let exit = if timed_out || !reaped { None } else { Some(raw_exit(status)) };
-            return Watched { exit, timed_out, cpu_time: micros(usage.ru_utime) + micros(usage.ru_stime), exited_at };
+            return Watched {
+                exit,
+                timed_out,
+                cpu_time: micros(usage.ru_utime) + micros(usage.ru_stime),
+                exited_at,
+            };
         }
         let now = Instant::now();
         if now >= deadline && !timed_out {
@@ -524,7 +657,11 @@ fn watch(pid: libc::pid_t, deadline: Instant, out: &mut Capture, err: &mut Captu
             forced = true;
             unsafe { libc::killpg(pid, libc::SIGKILL) };
         }
-        let step = if pidfd.is_some() { deadline.saturating_duration_since(now).min(Duration::from_millis(100)) } else { Duration::from_millis(5) };
+        let step = if pidfd.is_some() {
+            deadline.saturating_duration_since(now).min(Duration::from_millis(100))
+        } else {
+            Duration::from_millis(5)
+        };
         poll_once(out, err, pidfd.as_ref(), step);
     }
 }

@@ -3,7 +3,10 @@
 //!
 //! The data comes from `$COMAS_HUMANEVAL` or the cache `scripts/fetch-humaneval.sh` fills; when
 //! it is missing the test fails and says to run that script.
-use comas_sandbox::{default_humaneval_path, grade_code, load_humaneval, CodeGrading, HumanEvalProblem, Sandbox, Verdict, HUMANEVAL_PROBLEMS};
+use comas_sandbox::{
+    default_humaneval_path, grade_code, load_humaneval, CodeGrading, HumanEvalProblem, Sandbox,
+    Verdict, HUMANEVAL_PROBLEMS,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -25,7 +28,8 @@ fn grade_all(sandbox: &Sandbox, jobs: &[(String, String)]) -> Vec<Verdict> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((response, checker)) = jobs.get(i) else { break };
-                let verdict = grade_code(sandbox, response, checker, CodeGrading::AnyBlock).expect("the sandbox works");
+                let verdict = grade_code(sandbox, response, checker, CodeGrading::AnyBlock)
+                    .expect("the sandbox works");
                 *results[i].lock().unwrap() = Some(verdict);
             });
         }
@@ -34,7 +38,11 @@ fn grade_all(sandbox: &Sandbox, jobs: &[(String, String)]) -> Vec<Verdict> {
 }
 
 fn describe(p: &HumanEvalProblem, v: &Verdict) -> String {
-    let stderr = v.runs.last().map(|o| o.stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ")).unwrap_or_default();
+    let stderr = v
+        .runs
+        .last()
+        .map(|o| o.stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | "))
+        .unwrap_or_default();
     format!("{}: {v} [{stderr}]", p.task_id)
 }
 
@@ -48,26 +56,62 @@ fn humaneval_canonical_solutions_pass_and_broken_ones_fail() {
     }
     let start = Instant::now();
     let sandbox = Sandbox::with_defaults().expect("sandbox starts");
-    eprintln!("sandbox ready in {:?}: {:?}, python {:?}; gaps: {:?}", start.elapsed(), sandbox.protections(), sandbox.python(), sandbox.protections().gaps());
+    eprintln!(
+        "sandbox ready in {:?}: {:?}, python {:?}; gaps: {:?}",
+        start.elapsed(),
+        sandbox.protections(),
+        sandbox.python(),
+        sandbox.protections().gaps()
+    );
 
     let start = Instant::now();
-    let canonical: Vec<(String, String)> = problems.iter().map(|p| (p.canonical_response(), p.checker())).collect();
+    let canonical: Vec<(String, String)> =
+        problems.iter().map(|p| (p.canonical_response(), p.checker())).collect();
     let verdicts = grade_all(&sandbox, &canonical);
-    let failed: Vec<String> = problems.iter().zip(&verdicts).filter(|(_, v)| !v.correct).map(|(p, v)| describe(p, v)).collect();
-    let slowest = verdicts.iter().flat_map(|v| &v.runs).map(|o| o.wall_time).max().unwrap_or_default();
-    eprintln!("canonical: {} of {} pass in {:?} (slowest run {slowest:?})", verdicts.len() - failed.len(), verdicts.len(), start.elapsed());
+    let failed: Vec<String> = problems
+        .iter()
+        .zip(&verdicts)
+        .filter(|(_, v)| !v.correct)
+        .map(|(p, v)| describe(p, v))
+        .collect();
+    let slowest =
+        verdicts.iter().flat_map(|v| &v.runs).map(|o| o.wall_time).max().unwrap_or_default();
+    eprintln!(
+        "canonical: {} of {} pass in {:?} (slowest run {slowest:?})",
+        verdicts.len() - failed.len(),
+        verdicts.len(),
+        start.elapsed()
+    );
     assert!(failed.is_empty(), "canonical solutions that failed:\n{}", failed.join("\n"));
 
     // The entry point's body replaced: the prompt ends with its signature and docstring.
     let start = Instant::now();
-    let broken: Vec<(String, String)> = problems.iter().map(|p| (format!("```python\n{}    return None\n```", p.prompt), p.checker())).collect();
+    let broken: Vec<(String, String)> = problems
+        .iter()
+        .map(|p| (format!("```python\n{}    return None\n```", p.prompt), p.checker()))
+        .collect();
     let verdicts = grade_all(&sandbox, &broken);
-    let passed: Vec<String> = problems.iter().zip(&verdicts).filter(|(_, v)| v.correct).map(|(p, v)| describe(p, v)).collect();
+    let passed: Vec<String> = problems
+        .iter()
+        .zip(&verdicts)
+        .filter(|(_, v)| v.correct)
+        .map(|(p, v)| describe(p, v))
+        .collect();
     let mut reasons = std::collections::BTreeMap::<String, usize>::new();
     for v in &verdicts {
-        let why = v.runs.last().and_then(|o| o.exception()).map(|e| e.split(':').next().unwrap_or(e).to_string()).unwrap_or_else(|| format!("{:?}", v.failure));
+        let why = v
+            .runs
+            .last()
+            .and_then(|o| o.exception())
+            .map(|e| e.split(':').next().unwrap_or(e).to_string())
+            .unwrap_or_else(|| format!("{:?}", v.failure));
         *reasons.entry(why).or_default() += 1;
     }
-    eprintln!("broken: {} of {} fail in {:?}; by exception: {reasons:?}", verdicts.len() - passed.len(), verdicts.len(), start.elapsed());
+    eprintln!(
+        "broken: {} of {} fail in {:?}; by exception: {reasons:?}",
+        verdicts.len() - passed.len(),
+        verdicts.len(),
+        start.elapsed()
+    );
     assert!(passed.is_empty(), "broken solutions that passed:\n{}", passed.join("\n"));
 }

@@ -4,7 +4,10 @@
 //!
 //! A protection the machine lacks fails its test, unless COMAS_SANDBOX_ALLOW_GAPS=1 is set
 //! (then the test says what it could not check).
-use comas_sandbox::{grade_code, CodeGrading, Denied, Failure, Outcome, Reason, Sandbox, SandboxConfig, SandboxError, Status};
+use comas_sandbox::{
+    grade_code, CodeGrading, Denied, Failure, Outcome, Reason, Sandbox, SandboxConfig,
+    SandboxError, Status,
+};
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -36,13 +39,16 @@ fn require(present: bool, what: &str) -> bool {
 fn failed(o: &Outcome) -> Reason {
     match o.status {
         Status::Failed(r) => r,
-        Status::Passed => panic!("expected a failure, got a pass: stdout {:?} stderr {:?}", o.stdout, o.stderr),
+        Status::Passed => {
+            panic!("expected a failure, got a pass: stdout {:?} stderr {:?}", o.stdout, o.stderr)
+        }
     }
 }
 
 /// A name (at most 15 bytes, the kernel's `comm` size) that marks a test's processes.
 fn token(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     format!("cx{tag}{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
 }
 
@@ -110,7 +116,12 @@ fn an_exception_fails_with_its_exit_code() {
 fn an_infinite_loop_times_out() {
     let t = token("loop");
     let start = Instant::now();
-    let o = sandbox().run_with_timeout(&format!("{}while True:\n    pass\n", set_name(&t)), Duration::from_secs(1)).unwrap();
+    let o = sandbox()
+        .run_with_timeout(
+            &format!("{}while True:\n    pass\n", set_name(&t)),
+            Duration::from_secs(1),
+        )
+        .unwrap();
     assert_eq!(failed(&o), Reason::Timeout, "{o:?}");
     assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
     assert_no_process_left(&t);
@@ -118,14 +129,20 @@ fn an_infinite_loop_times_out() {
 
 #[test]
 fn a_sleeping_program_times_out_too() {
-    let o = sandbox().run_with_timeout("import time\ntime.sleep(60)\n", Duration::from_millis(500)).unwrap();
+    let o = sandbox()
+        .run_with_timeout("import time\ntime.sleep(60)\n", Duration::from_millis(500))
+        .unwrap();
     assert_eq!(failed(&o), Reason::Timeout);
     assert!(o.wall_time < Duration::from_secs(3), "{:?}", o.wall_time);
 }
 
 #[test]
 fn a_busy_program_hits_the_cpu_limit() {
-    let s = with(SandboxConfig { timeout: Duration::from_secs(20), cpu_time: Some(Duration::from_secs(1)), ..SandboxConfig::default() });
+    let s = with(SandboxConfig {
+        timeout: Duration::from_secs(20),
+        cpu_time: Some(Duration::from_secs(1)),
+        ..SandboxConfig::default()
+    });
     let o = s.run("while True:\n    pass\n").unwrap();
     assert_eq!(failed(&o), Reason::CpuLimit, "{o:?}");
     assert!(o.wall_time < Duration::from_secs(15), "{:?}", o.wall_time);
@@ -222,7 +239,10 @@ while True:
     assert_eq!(failed(&o), Reason::Timeout, "{o:?}");
     assert_no_process_left(&t);
     // A child that leaves the process group is caught only by the pids cgroup.
-    if require(s.protections().pids_cgroup, "a pids cgroup (to catch setsid escapees without a PID namespace)") {
+    if require(
+        s.protections().pids_cgroup,
+        "a pids cgroup (to catch setsid escapees without a PID namespace)",
+    ) {
         let t = token("sess");
         let program = format!("{}import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\n    os._exit(0)\ntime.sleep(0.2)\n", set_name(&t));
         assert!(s.run(&program).unwrap().passed());
@@ -241,7 +261,8 @@ fn writing_outside_the_run_directory_is_denied() {
     std::fs::write(&keep, "host data").unwrap();
     let target = host.path().join("new.txt");
 
-    let o = s.run(&format!("open({:?}, 'w').write('escaped')\n", target.to_str().unwrap())).unwrap();
+    let o =
+        s.run(&format!("open({:?}, 'w').write('escaped')\n", target.to_str().unwrap())).unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Filesystem), "{o:?}");
     assert!(!target.exists());
 
@@ -279,15 +300,22 @@ fn the_run_directory_is_private_writable_and_removed() {
 #[test]
 fn sockets_are_denied() {
     let s = sandbox();
-    assert!(s.protections().seccomp || s.protections().network_namespace, "no network isolation at all");
+    assert!(
+        s.protections().seccomp || s.protections().network_namespace,
+        "no network isolation at all"
+    );
     let o = s.run("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\n").unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
     let o = s.run("import socket\nsocket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n").unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
-    let o = s.run("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)\n").unwrap();
+    let o = s
+        .run("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)\n")
+        .unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
     // Local UNIX sockets are not the network and keep working.
-    let o = s.run("import socket\na, b = socket.socketpair()\na.send(b'x')\nassert b.recv(1) == b'x'\n").unwrap();
+    let o = s
+        .run("import socket\na, b = socket.socketpair()\na.send(b'x')\nassert b.recv(1) == b'x'\n")
+        .unwrap();
     assert_eq!(o.status, Status::Passed, "{o:?}");
 }
 
@@ -310,12 +338,16 @@ fn the_network_namespace_alone_blocks_connections() {
         return;
     }
     // The socket opens, but there is no interface to reach anything with, not even loopback.
-    let o = s.run("import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\n").unwrap();
+    let o = s
+        .run("import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\n")
+        .unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
     assert!(o.stderr.contains("Network is unreachable"), "{}", o.stderr);
     let o = s.run("import socket\nsocket.getaddrinfo('example.com', 80)\n").unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
-    let o = s.run("import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', 22))\n").unwrap();
+    let o = s
+        .run("import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', 22))\n")
+        .unwrap();
     assert_eq!(failed(&o), Reason::Denied(Denied::Network), "{o:?}");
 }
 
@@ -348,7 +380,8 @@ fn large_files_hit_the_file_size_limit() {
 #[test]
 fn many_programs_run_at_once() {
     let s = with(SandboxConfig { max_concurrent: 8, ..SandboxConfig::default() });
-    let programs: Vec<String> = (0..8).map(|i| format!("import time\ntime.sleep(1)\nprint({i})\n")).collect();
+    let programs: Vec<String> =
+        (0..8).map(|i| format!("import time\ntime.sleep(1)\nprint({i})\n")).collect();
     let start = Instant::now();
     let outcomes = s.run_many(&programs);
     let elapsed = start.elapsed();
@@ -356,7 +389,10 @@ fn many_programs_run_at_once() {
         let o = o.unwrap();
         assert_eq!(o.stdout, format!("{i}\n"), "{o:?}");
     }
-    assert!(elapsed < Duration::from_secs(6), "8 one-second programs took {elapsed:?}: not concurrent");
+    assert!(
+        elapsed < Duration::from_secs(6),
+        "8 one-second programs took {elapsed:?}: not concurrent"
+    );
 }
 
 #[test]
@@ -364,7 +400,14 @@ fn a_parent_with_a_large_address_space_can_run_programs() {
     // Like a rollout worker holding libtorch: far more address space than a program may have.
     let size = 16usize << 30;
     let addr = unsafe {
-        libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
     };
     if addr == libc::MAP_FAILED {
         eprintln!("NOT CHECKED: this machine refuses a 16 GiB reservation (strict overcommit)");
@@ -378,7 +421,11 @@ fn a_parent_with_a_large_address_space_can_run_programs() {
 
 #[test]
 fn a_missing_python_is_a_clear_error() {
-    let err = Sandbox::new(SandboxConfig { python: Some("/nonexistent/python3".into()), ..SandboxConfig::default() }).unwrap_err();
+    let err = Sandbox::new(SandboxConfig {
+        python: Some("/nonexistent/python3".into()),
+        ..SandboxConfig::default()
+    })
+    .unwrap_err();
     assert!(matches!(err, SandboxError::PythonMissing { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("install Python 3") && msg.contains("COMAS_PYTHON"), "{msg}");
@@ -424,13 +471,17 @@ fn code_grading_runs_blocks_against_the_checker() {
 fn a_run_starts_with_its_files_and_hands_back_what_it_saves() {
     use comas_sandbox::{RunFile, RunFiles};
     let files = RunFiles {
-        inputs: vec![RunFile { name: "train.csv".into(), bytes: b"x,y\n1,2\n".to_vec() }, RunFile { name: "X_train.pkl".into(), bytes: vec![0, 1, 2] }],
+        inputs: vec![
+            RunFile { name: "train.csv".into(), bytes: b"x,y\n1,2\n".to_vec() },
+            RunFile { name: "X_train.pkl".into(), bytes: vec![0, 1, 2] },
+        ],
         fetch: vec!["*.pkl".into(), "submission.csv".into()],
     };
     let program = "import os\nprint(sorted(os.listdir('.')))\nprint(open('train.csv').read().splitlines()[1])\n\
                    open('model.pkl', 'wb').write(b'M' * 10)\nopen('submission.csv', 'w').write('id,y\\n1,3\\n')\nopen('notes.txt', 'w').write('kept here')\n\
                    os.symlink('/etc/hostname', 'stolen.pkl')\n";
-    let (o, out, note) = sandbox().run_with_files(program, Duration::from_secs(30), &files).unwrap();
+    let (o, out, note) =
+        sandbox().run_with_files(program, Duration::from_secs(30), &files).unwrap();
     assert_eq!(o.status, Status::Passed, "{o:?}");
     assert_eq!(o.stdout, "['X_train.pkl', 'main.py', 'train.csv']\n1,2\n");
     let names: Vec<&str> = out.iter().map(|f| f.name.as_str()).collect();
@@ -439,6 +490,12 @@ fn a_run_starts_with_its_files_and_hands_back_what_it_saves() {
     assert_eq!(out[1].bytes, vec![b'M'; 10]);
     assert_eq!(out[2].bytes, b"id,y\n1,3\n");
     assert!(note.is_none());
-    let bad = RunFiles { inputs: vec![RunFile { name: "../escape".into(), bytes: Vec::new() }], fetch: Vec::new() };
-    assert!(matches!(sandbox().run_with_files("pass", Duration::from_secs(5), &bad), Err(SandboxError::BadFileName(_))));
+    let bad = RunFiles {
+        inputs: vec![RunFile { name: "../escape".into(), bytes: Vec::new() }],
+        fetch: Vec::new(),
+    };
+    assert!(matches!(
+        sandbox().run_with_files("pass", Duration::from_secs(5), &bad),
+        Err(SandboxError::BadFileName(_))
+    ));
 }

@@ -19,11 +19,11 @@ impl tonic::service::Interceptor for ForAgent {
 /// The agent a call names, if it names one.
 pub fn agent_of(m: &MetadataMap) -> Result<Option<u32>, Status> {
     let Some(v) = m.get(AGENT_METADATA) else { return Ok(None) };
-    v.to_str()
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Some)
-        .ok_or_else(|| Status::invalid_argument(format!("metadata {AGENT_METADATA} must be an agent number, got {v:?}")))
+    v.to_str().ok().and_then(|s| s.parse().ok()).map(Some).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "metadata {AGENT_METADATA} must be an agent number, got {v:?}"
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -95,17 +95,27 @@ fn parse(path: &Path, text: &str) -> Result<HashMap<String, Entry>, AuthError> {
         }
         let bad = |message: String| AuthError::Line { path: shown.clone(), line: i + 1, message };
         let mut parts = line.split_whitespace();
-        let (hash, scopes, name) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or("unnamed"));
+        let (hash, scopes, name) = (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or("unnamed"),
+        );
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad("the first field must be a token's SHA-256 as 64 hex digits (`comas token new` prints the line)".into()));
         }
         let scopes = scopes
             .split(',')
             .filter(|s| !s.is_empty())
-            .map(|s| Scope::parse(s).ok_or_else(|| bad(format!("unknown scope `{s}`: use read, submit, worker or admin"))))
+            .map(|s| {
+                Scope::parse(s).ok_or_else(|| {
+                    bad(format!("unknown scope `{s}`: use read, submit, worker or admin"))
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if scopes.is_empty() {
-            return Err(bad("give the token's scopes after its hash (read, submit, worker, admin)".into()));
+            return Err(bad(
+                "give the token's scopes after its hash (read, submit, worker, admin)".into(),
+            ));
         }
         tokens.insert(hash.to_ascii_lowercase(), Entry { name: name.to_string(), scopes });
     }
@@ -126,9 +136,13 @@ fn modified(path: &Path) -> Option<SystemTime> {
 impl TokenFile {
     /// Reads the file; a missing or malformed one is an error at start-up.
     pub fn open(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|e| AuthError::File(path.display().to_string(), e.to_string()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| AuthError::File(path.display().to_string(), e.to_string()))?;
         let tokens = parse(path, &text)?;
-        Ok(Self { path: path.to_path_buf(), state: Mutex::new(Loaded { modified: modified(path), tokens }) })
+        Ok(Self {
+            path: path.to_path_buf(),
+            state: Mutex::new(Loaded { modified: modified(path), tokens }),
+        })
     }
 
     /// Picks up an edited file. One that no longer parses keeps the tokens that were in force.
@@ -146,7 +160,9 @@ impl TokenFile {
                 tracing::info!(path = %self.path.display(), tokens = tokens.len(), "token file reloaded");
                 state.tokens = tokens;
             }
-            Err(e) => tracing::error!(error = %e, "the edited token file is not valid; the previous tokens stay in force"),
+            Err(e) => {
+                tracing::error!(error = %e, "the edited token file is not valid; the previous tokens stay in force")
+            }
         }
     }
 
@@ -167,12 +183,22 @@ impl TokenFile {
             return Ok(());
         }
         let has: Vec<&str> = entry.scopes.iter().map(|s| s.as_str()).collect();
-        Err(Status::permission_denied(format!("{what} needs scope `{}`; token `{}` has {}", need.as_str(), entry.name, has.join(", "))))
+        Err(Status::permission_denied(format!(
+            "{what} needs scope `{}`; token `{}` has {}",
+            need.as_str(),
+            entry.name,
+            has.join(", ")
+        )))
     }
 }
 
 /// The service's token check: `None` when it runs without a token file (open).
-pub fn check<T>(tokens: Option<&TokenFile>, request: &Request<T>, need: Scope, what: &str) -> Result<(), Status> {
+pub fn check<T>(
+    tokens: Option<&TokenFile>,
+    request: &Request<T>,
+    need: Scope,
+    what: &str,
+) -> Result<(), Status> {
     tokens.map_or(Ok(()), |t| t.check(request, need, what))
 }
 
@@ -184,10 +210,11 @@ impl Bearer {
     pub fn new(token: Option<&str>) -> Result<Self, AuthError> {
         match token.map(str::trim).filter(|t| !t.is_empty()) {
             None => Ok(Self(None)),
-            Some(t) => format!("Bearer {t}")
-                .parse()
-                .map(|v| Self(Some(v)))
-                .map_err(|e: tonic::metadata::errors::InvalidMetadataValue| AuthError::BadToken(e.to_string())),
+            Some(t) => format!("Bearer {t}").parse().map(|v| Self(Some(v))).map_err(
+                |e: tonic::metadata::errors::InvalidMetadataValue| {
+                    AuthError::BadToken(e.to_string())
+                },
+            ),
         }
     }
 
@@ -220,28 +247,56 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
         let (reader, submitter) = (new_token(), new_token());
-        std::fs::write(&path, format!("# who may do what\n{} read alice\n{} submit ci\n", hash_token(&reader), hash_token(&submitter))).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "# who may do what\n{} read alice\n{} submit ci\n",
+                hash_token(&reader),
+                hash_token(&submitter)
+            ),
+        )
+        .unwrap();
         let t = TokenFile::open(&path).unwrap();
         assert!(t.check(&with(Some(&reader)), Scope::Read, "ListJobs").is_ok());
         let e = t.check(&with(Some(&reader)), Scope::Submit, "SubmitJob").unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
-        assert!(e.message().contains("needs scope `submit`; token `alice` has read"), "{}", e.message());
+        assert!(
+            e.message().contains("needs scope `submit`; token `alice` has read"),
+            "{}",
+            e.message()
+        );
         assert!(t.check(&with(Some(&submitter)), Scope::Read, "GetJob").is_ok());
-        assert_eq!(t.check(&with(Some(&submitter)), Scope::Worker, "RegisterWorker").unwrap_err().code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            t.check(&with(Some(&submitter)), Scope::Worker, "RegisterWorker").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
         let e = t.check(&with(None), Scope::Read, "ListJobs").unwrap_err();
-        assert!(e.code() == tonic::Code::Unauthenticated && e.message().contains("set COMAS_TOKEN"), "{}", e.message());
-        assert_eq!(t.check(&with(Some("guess")), Scope::Read, "ListJobs").unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(
+            e.code() == tonic::Code::Unauthenticated && e.message().contains("set COMAS_TOKEN"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(
+            t.check(&with(Some("guess")), Scope::Read, "ListJobs").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
         // Revoked by editing the file: no restart. A later broken edit keeps what was in force.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&path, format!("{} admin ops\n", hash_token(&submitter))).unwrap();
-        assert_eq!(t.check(&with(Some(&reader)), Scope::Read, "ListJobs").unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            t.check(&with(Some(&reader)), Scope::Read, "ListJobs").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
         assert!(t.check(&with(Some(&submitter)), Scope::Worker, "RegisterWorker").is_ok());
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&path, "not a token line\n").unwrap();
         assert!(t.check(&with(Some(&submitter)), Scope::Submit, "SubmitJob").is_ok());
         // Malformed files are refused at start with the line named.
         std::fs::write(&path, format!("{} write\n", hash_token("x"))).unwrap();
-        assert!(TokenFile::open(&path).unwrap_err().to_string().contains("line 1: unknown scope `write`"));
+        assert!(TokenFile::open(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("line 1: unknown scope `write`"));
         assert!(check(None, &with(None), Scope::Admin, "anything").is_ok(), "no file: open");
     }
 }

@@ -52,7 +52,10 @@ mod tests {
     #[test]
     fn reconnect_waits_double_from_200_ms_to_5_s_and_reset_starts_over() {
         let ms = Duration::from_millis;
-        assert_eq!(waits(Backoff::reconnect(), 7), [ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]);
+        assert_eq!(
+            waits(Backoff::reconnect(), 7),
+            [ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]
+        );
         let mut b = Backoff::reconnect();
         b.next_wait();
         b.next_wait();
@@ -64,7 +67,8 @@ mod tests {
     #[test]
     fn endpoint_waits_are_the_specs_schedule() {
         let got = waits(Backoff::endpoint(), 40);
-        let want: Vec<Duration> = (1..=40u32).map(|k| Duration::from_secs(2u64.saturating_pow(k).min(300))).collect();
+        let want: Vec<Duration> =
+            (1..=40u32).map(|k| Duration::from_secs(2u64.saturating_pow(k).min(300))).collect();
         assert_eq!(got, want);
     }
 }

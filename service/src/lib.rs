@@ -22,9 +22,13 @@ pub const HTTP2_CONNECTION_WINDOW: u32 = 32 << 20;
 pub const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
 /// A channel for weight transfers from `address`: wide flow-control windows.
-pub async fn weights_channel(address: &str) -> Result<tonic::transport::Channel, tls::ConnectError> {
+pub async fn weights_channel(
+    address: &str,
+) -> Result<tonic::transport::Channel, tls::ConnectError> {
     tls::channel(address, |e| {
-        e.initial_stream_window_size(HTTP2_STREAM_WINDOW).initial_connection_window_size(HTTP2_CONNECTION_WINDOW).max_frame_size(HTTP2_MAX_FRAME)
+        e.initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .max_frame_size(HTTP2_MAX_FRAME)
     })
     .await
 }
@@ -58,8 +62,15 @@ impl std::str::FromStr for Listen {
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s.strip_prefix("fd:") {
-            Some(n) => n.parse::<i32>().ok().filter(|&n| n > 2).map(Listen::Fd).ok_or_else(|| format!("`{s}`: an inherited socket is fd:N with N at least 3")),
-            None => s.parse().map(Listen::Addr).map_err(|e| format!("`{s}`: {e} (give host:port, or fd:N for an inherited socket)")),
+            Some(n) => n
+                .parse::<i32>()
+                .ok()
+                .filter(|&n| n > 2)
+                .map(Listen::Fd)
+                .ok_or_else(|| format!("`{s}`: an inherited socket is fd:N with N at least 3")),
+            None => s.parse().map(Listen::Addr).map_err(|e| {
+                format!("`{s}`: {e} (give host:port, or fd:N for an inherited socket)")
+            }),
         }
     }
 }
@@ -77,14 +88,24 @@ impl Listen {
     /// The listening socket, inside a tokio runtime.
     pub async fn bind(self) -> std::io::Result<tokio::net::TcpListener> {
         match self {
-            Listen::Addr(a) => tokio::net::TcpListener::bind(a).await.map_err(|e| std::io::Error::new(e.kind(), format!("binding {a}: {e}"))),
+            Listen::Addr(a) => tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("binding {a}: {e}"))),
             Listen::Fd(n) => {
                 use std::os::fd::FromRawFd;
                 // SAFETY: `fd:N` is a contract with the parent process: N is an open listening
                 // TCP socket it passed to this process alone. A wrong N fails the checks below.
                 let l = unsafe { std::net::TcpListener::from_raw_fd(n) };
-                let checked = l.local_addr().and_then(|_| l.set_nonblocking(true)).and_then(|_| tokio::net::TcpListener::from_std(l));
-                checked.map_err(|e| std::io::Error::new(e.kind(), format!("fd:{n} is not a listening socket passed to this process: {e}")))
+                let checked = l
+                    .local_addr()
+                    .and_then(|_| l.set_nonblocking(true))
+                    .and_then(|_| tokio::net::TcpListener::from_std(l));
+                checked.map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("fd:{n} is not a listening socket passed to this process: {e}"),
+                    )
+                })
             }
         }
     }
@@ -104,7 +125,13 @@ pub enum LockError {
 pub fn exclusive_lock(path: &std::path::Path) -> Result<std::fs::File, LockError> {
     use std::io::{Read, Seek, Write};
     let io = |err: std::io::Error| LockError::Io { path: path.to_path_buf(), err };
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io)?;
     match f.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -193,7 +220,8 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 pub fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COMAS_LOG").unwrap_or_else(|_| "warn".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("COMAS_LOG").unwrap_or_else(|_| "warn".into());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -208,7 +236,10 @@ mod tests {
 
     #[test]
     fn listen_takes_an_address_or_an_inherited_fd() {
-        assert_eq!("127.0.0.1:7".parse::<Listen>().unwrap(), Listen::Addr("127.0.0.1:7".parse().unwrap()));
+        assert_eq!(
+            "127.0.0.1:7".parse::<Listen>().unwrap(),
+            Listen::Addr("127.0.0.1:7".parse().unwrap())
+        );
         assert_eq!("fd:5".parse::<Listen>().unwrap(), Listen::Fd(5));
         assert!("fd:1".parse::<Listen>().unwrap_err().contains("at least 3"));
         assert!("localhost".parse::<Listen>().unwrap_err().contains("fd:N"));

@@ -36,7 +36,11 @@ impl Authority {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(rcgen::DnType::CommonName, name);
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
         let key = rcgen::KeyPair::generate()?;
         let pem = params.self_signed(&key)?.pem();
         Ok(Self { issuer: rcgen::Issuer::new(params, key), pem })
@@ -50,9 +54,15 @@ impl Authority {
     /// A certificate for `names` (DNS names or IP addresses), good for both serving and
     /// dialling: (certificate PEM, private key PEM).
     pub fn issue(&self, names: &[&str], validity: Validity) -> Result<(String, String), TlsError> {
-        let mut params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, names.first().copied().unwrap_or("comas"));
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names.first().copied().unwrap_or("comas"));
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         let day = time_day();
         let now = std::time::SystemTime::now();
         let (from, to) = match validity {
@@ -69,13 +79,20 @@ impl Authority {
 
     /// Writes the CA and a certificate for this machine's loopback names into `dir`.
     pub fn write_local(&self, dir: &Path) -> Result<LocalFiles, TlsError> {
-        std::fs::create_dir_all(dir).map_err(|err| TlsError::Io { path: dir.to_path_buf(), err })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|err| TlsError::Io { path: dir.to_path_buf(), err })?;
         let (cert, key) = self.issue(&["localhost", "127.0.0.1", "::1"], Validity::Current)?;
-        let files = LocalFiles { ca: dir.join("ca.pem"), cert: dir.join("service.pem"), key: dir.join("service-key.pem") };
+        let files = LocalFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("service.pem"),
+            key: dir.join("service-key.pem"),
+        };
         for (path, text) in [(&files.ca, self.pem.as_str()), (&files.cert, cert.as_str())] {
-            crate::write_atomic(path, text.as_bytes()).map_err(|err| TlsError::Io { path: path.clone(), err })?;
+            crate::write_atomic(path, text.as_bytes())
+                .map_err(|err| TlsError::Io { path: path.clone(), err })?;
         }
-        crate::write_private(&files.key, key.as_bytes()).map_err(|err| TlsError::Io { path: files.key.clone(), err })?;
+        crate::write_private(&files.key, key.as_bytes())
+            .map_err(|err| TlsError::Io { path: files.key.clone(), err })?;
         Ok(files)
     }
 }

@@ -188,15 +188,20 @@ pub enum Roots {
 }
 
 /// System CA bundles, in the order looked for (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
-const SYSTEM_BUNDLES: [&str; 3] = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"];
+const SYSTEM_BUNDLES: [&str; 3] =
+    ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"];
 
 impl Roots {
     fn files(&self) -> Result<Vec<std::path::PathBuf>, CallError> {
         match self {
             Roots::File(p) => Ok(vec![p.clone()]),
             Roots::System => {
-                let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
-                let system = env("SSL_CERT_FILE").or_else(|| SYSTEM_BUNDLES.iter().map(std::path::PathBuf::from).find(|p| p.is_file()));
+                let env = |k: &str| {
+                    std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from)
+                };
+                let system = env("SSL_CERT_FILE").or_else(|| {
+                    SYSTEM_BUNDLES.iter().map(std::path::PathBuf::from).find(|p| p.is_file())
+                });
                 let files: Vec<_> = system.into_iter().chain(env("COMAS_TLS_CA")).collect();
                 if files.is_empty() {
                     return Err(CallError::Connect(format!(
@@ -211,14 +216,16 @@ impl Roots {
 
     /// A client set-up for these roots, made once per process.
     fn config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, CallError> {
-        static MADE: std::sync::Mutex<Vec<(Roots, std::sync::Arc<rustls::ClientConfig>)>> = std::sync::Mutex::new(Vec::new());
+        static MADE: std::sync::Mutex<Vec<(Roots, std::sync::Arc<rustls::ClientConfig>)>> =
+            std::sync::Mutex::new(Vec::new());
         let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, c)) = made.iter().find(|(r, _)| r == self) {
             return Ok(std::sync::Arc::clone(c));
         }
         let mut store = rustls::RootCertStore::empty();
         for f in self.files()? {
-            let pem = std::fs::read(&f).map_err(|e| CallError::Connect(format!("{}: {e}", f.display())))?;
+            let pem = std::fs::read(&f)
+                .map_err(|e| CallError::Connect(format!("{}: {e}", f.display())))?;
             use rustls::pki_types::pem::PemObject;
             for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
                 let c = c.map_err(|e| CallError::Connect(format!("{}: {e}", f.display())))?;
@@ -227,13 +234,17 @@ impl Roots {
             }
         }
         if store.is_empty() {
-            return Err(CallError::Connect("the CA bundle for https endpoints holds no usable certificate".into()));
+            return Err(CallError::Connect(
+                "the CA bundle for https endpoints holds no usable certificate".into(),
+            ));
         }
-        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| CallError::Connect(e.to_string()))?
-            .with_root_certificates(store)
-            .with_no_client_auth();
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CallError::Connect(e.to_string()))?
+        .with_root_certificates(store)
+        .with_no_client_auth();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let config = std::sync::Arc::new(config);
         made.push((self.clone(), std::sync::Arc::clone(&config)));
@@ -244,7 +255,8 @@ impl Roots {
 impl Endpoint {
     pub fn parse(url: &str, api_key: Option<String>) -> Result<Self, CallError> {
         let bad = |why: &str| CallError::BadUrl { url: url.to_string(), why: why.to_string() };
-        let uri: hyper::Uri = url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&e.to_string()))?;
+        let uri: hyper::Uri =
+            url.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&e.to_string()))?;
         let (tls, default_port) = match uri.scheme_str() {
             Some("http") => (None, 80),
             Some("https") => (Some(Roots::System), 443),
@@ -253,7 +265,14 @@ impl Endpoint {
         let authority = uri.authority().ok_or_else(|| bad("no host"))?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
         let path = format!("{}/chat/completions", uri.path().trim_end_matches('/'));
-        Ok(Self { authority: authority.to_string(), host, port: authority.port_u16().unwrap_or(default_port), path, api_key, tls })
+        Ok(Self {
+            authority: authority.to_string(),
+            host,
+            port: authority.port_u16().unwrap_or(default_port),
+            path,
+            api_key,
+            tls,
+        })
     }
 
     /// An https endpoint verified against `ca` alone (a private CA) instead of the system's.
@@ -265,19 +284,31 @@ impl Endpoint {
     }
 
     /// One call, with `timeout` for all of it (connect, send, read).
-    pub async fn chat(&self, request: &ChatRequest, timeout: Duration) -> Result<ChatResponse, CallError> {
-        tokio::time::timeout(timeout, self.chat_once(request)).await.map_err(|_| CallError::Timeout(timeout))?
+    pub async fn chat(
+        &self,
+        request: &ChatRequest,
+        timeout: Duration,
+    ) -> Result<ChatResponse, CallError> {
+        tokio::time::timeout(timeout, self.chat_once(request))
+            .await
+            .map_err(|_| CallError::Timeout(timeout))?
     }
 
     async fn chat_once(&self, request: &ChatRequest) -> Result<ChatResponse, CallError> {
         let body = serde_json::to_vec(request).map_err(|e| CallError::Malformed(e.to_string()))?;
         let connect = |e: std::io::Error| CallError::Connect(format!("{}: {e}", self.authority));
-        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await.map_err(connect)?;
+        let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(connect)?;
         match &self.tls {
             None => self.exchange(stream, body).await,
             Some(roots) => {
-                let name = rustls::pki_types::ServerName::try_from(self.host.clone()).map_err(|e| CallError::Connect(format!("{}: {e}", self.host)))?;
-                let tls = tokio_rustls::TlsConnector::from(roots.config()?).connect(name, stream).await.map_err(connect)?;
+                let name = rustls::pki_types::ServerName::try_from(self.host.clone())
+                    .map_err(|e| CallError::Connect(format!("{}: {e}", self.host)))?;
+                let tls = tokio_rustls::TlsConnector::from(roots.config()?)
+                    .connect(name, stream)
+                    .await
+                    .map_err(connect)?;
                 self.exchange(tls, body).await
             }
         }
@@ -288,9 +319,10 @@ impl Endpoint {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
-            .await
-            .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+                .await
+                .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
         // The connection is driven beside the request and ends with it.
         let driver = tokio::spawn(conn);
         let mut req = hyper::Request::post(&self.path)
@@ -300,13 +332,22 @@ impl Endpoint {
         if let Some(key) = &self.api_key {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
         }
-        let req = req.body(Full::new(Bytes::from(body))).map_err(|e| CallError::Malformed(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| CallError::Malformed(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
         let status = resp.status();
         let bytes = Limited::new(resp.into_body(), RESPONSE_BYTES)
             .collect()
             .await
-            .map_err(|e| CallError::Malformed(format!("reading the body (at most {RESPONSE_BYTES} bytes): {e}")))?
+            .map_err(|e| {
+                CallError::Malformed(format!(
+                    "reading the body (at most {RESPONSE_BYTES} bytes): {e}"
+                ))
+            })?
             .to_bytes();
         driver.abort();
         if !status.is_success() {
@@ -316,7 +357,8 @@ impl Endpoint {
             };
             return Err(CallError::Status { code: status.as_u16(), message });
         }
-        let r: ChatResponse = serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))?;
+        let r: ChatResponse =
+            serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))?;
         if r.choices.is_empty() {
             return Err(CallError::Malformed("no choices".into()));
         }
@@ -331,7 +373,10 @@ mod tests {
     #[test]
     fn endpoints_parse_to_a_chat_completions_path() {
         let e = Endpoint::parse("http://judge:8000/v1/", None).unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.path.as_str(), e.authority.as_str()), ("judge", 8000, "/v1/chat/completions", "judge:8000"));
+        assert_eq!(
+            (e.host.as_str(), e.port, e.path.as_str(), e.authority.as_str()),
+            ("judge", 8000, "/v1/chat/completions", "judge:8000")
+        );
         let e = Endpoint::parse("http://127.0.0.1", Some("k".into())).unwrap();
         assert_eq!((e.port, e.path.as_str()), (80, "/chat/completions"));
         let e = Endpoint::parse("https://api.openai.com/v1", None).unwrap();
@@ -352,7 +397,10 @@ mod tests {
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(crate::tls::certs(&files.cert).unwrap(), crate::tls::key(&files.key).unwrap())
+            .with_single_cert(
+                crate::tls::certs(&files.cert).unwrap(),
+                crate::tls::key(&files.key).unwrap(),
+            )
             .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -372,8 +420,14 @@ mod tests {
                 }
                 let text = String::from_utf8_lossy(&seen).to_string();
                 let head = text.split("\r\n\r\n").next().unwrap().to_string();
-                let length: usize =
-                    head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap();
                 while seen.len() < head.len() + 4 + length {
                     let n = tls.read(&mut buf).await.unwrap();
                     seen.extend_from_slice(&buf[..n]);
@@ -383,14 +437,23 @@ mod tests {
                 tls.flush().await.unwrap();
             }
         });
-        let request =
-            ChatRequest { model: "coach".into(), messages: vec![Message { role: "user".into(), content: "3 + 4?".into() }], ..ChatRequest::default() };
+        let request = ChatRequest {
+            model: "coach".into(),
+            messages: vec![Message { role: "user".into(), content: "3 + 4?".into() }],
+            ..ChatRequest::default()
+        };
         let url = format!("https://localhost:{port}/v1");
         let e = Endpoint::parse(&url, Some("k".into())).unwrap().with_ca(files.ca.clone());
         let r = e.chat(&request, Duration::from_secs(10)).await.unwrap();
         assert_eq!(r.choices[0].message.content, "7");
-        let other = Authority::new("another CA").unwrap().write_local(&dir.path().join("other")).unwrap();
-        let err = Endpoint::parse(&url, None).unwrap().with_ca(other.ca).chat(&request, Duration::from_secs(10)).await.unwrap_err();
+        let other =
+            Authority::new("another CA").unwrap().write_local(&dir.path().join("other")).unwrap();
+        let err = Endpoint::parse(&url, None)
+            .unwrap()
+            .with_ca(other.ca)
+            .chat(&request, Duration::from_secs(10))
+            .await
+            .unwrap_err();
         assert!(matches!(&err, CallError::Connect(m) if m.contains("UnknownIssuer")), "{err}");
         assert!(err.retryable());
     }
@@ -402,7 +465,10 @@ mod tests {
         assert!(!CallError::Status { code: 400, message: String::new() }.retryable());
         assert!(CallError::Connect("x".into()).retryable());
         assert!(!CallError::Malformed("x".into()).retryable());
-        assert_eq!(CallError::Status { code: 429, message: String::new() }.reason(), "rate_limited");
+        assert_eq!(
+            CallError::Status { code: 429, message: String::new() }.reason(),
+            "rate_limited"
+        );
     }
 
     #[test]
@@ -412,8 +478,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.choices[0].message.content, "");
-        let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":"\n","max_tokens":5}"#).unwrap();
-        assert_eq!((q.stop.as_ref().unwrap().strings(), q.max_new_tokens()), (vec!["\n".to_string()], Some(5)));
+        let q: ChatRequest =
+            serde_json::from_str(r#"{"model":"m","messages":[],"stop":"\n","max_tokens":5}"#)
+                .unwrap();
+        assert_eq!(
+            (q.stop.as_ref().unwrap().strings(), q.max_new_tokens()),
+            (vec!["\n".to_string()], Some(5))
+        );
         let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":["a","b"],"max_completion_tokens":7,"max_tokens":5}"#).unwrap();
         assert_eq!((q.stop.as_ref().unwrap().strings().len(), q.max_new_tokens()), (2, Some(7)));
     }

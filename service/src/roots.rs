@@ -28,7 +28,8 @@ impl AllowedRoots {
         let mut roots = Vec::new();
         for part in list.split([',', ':']).map(str::trim).filter(|p| !p.is_empty()) {
             let p = Path::new(part);
-            let canonical = std::fs::canonicalize(p).map_err(|e| RootsError::BadRoot(part.to_string(), e.to_string()))?;
+            let canonical = std::fs::canonicalize(p)
+                .map_err(|e| RootsError::BadRoot(part.to_string(), e.to_string()))?;
             if !canonical.is_dir() {
                 return Err(RootsError::BadRoot(part.to_string(), "is not a folder".into()));
             }
@@ -61,13 +62,24 @@ impl AllowedRoots {
             match std::fs::canonicalize(existing) {
                 Ok(c) => break c,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-                        return Err(RootsError::Unresolvable { path: shown, at: existing.display().to_string(), message: e.to_string() });
+                    let (Some(parent), Some(name)) = (existing.parent(), existing.file_name())
+                    else {
+                        return Err(RootsError::Unresolvable {
+                            path: shown,
+                            at: existing.display().to_string(),
+                            message: e.to_string(),
+                        });
                     };
                     rest.push(name.to_os_string());
                     existing = parent;
                 }
-                Err(e) => return Err(RootsError::Unresolvable { path: shown, at: existing.display().to_string(), message: e.to_string() }),
+                Err(e) => {
+                    return Err(RootsError::Unresolvable {
+                        path: shown,
+                        at: existing.display().to_string(),
+                        message: e.to_string(),
+                    })
+                }
             }
         };
         let full = rest.iter().rev().fold(resolved, |p, name| p.join(name));
@@ -89,21 +101,35 @@ mod tests {
         let root = dir.path().join("root");
         std::fs::create_dir_all(root.join("models/m")).unwrap();
         std::os::unix::fs::symlink("/etc", root.join("etc-link")).unwrap();
-        let roots = AllowedRoots::parse(&format!("{}, {}", root.display(), root.join("models").display())).unwrap();
+        let roots =
+            AllowedRoots::parse(&format!("{}, {}", root.display(), root.join("models").display()))
+                .unwrap();
         let canonical_root = std::fs::canonicalize(&root).unwrap();
         assert_eq!(roots.check(&root.join("models/m")).unwrap(), canonical_root.join("models/m"));
         // An output folder that does not exist yet, under the root.
         assert_eq!(roots.check(&root.join("out/run-1")).unwrap(), canonical_root.join("out/run-1"));
         assert!(matches!(roots.check(Path::new("/etc/shadow")), Err(RootsError::Outside { .. })));
-        assert!(matches!(roots.check(&root.join("models/../../x")), Err(RootsError::DotDot { .. })));
+        assert!(matches!(
+            roots.check(&root.join("models/../../x")),
+            Err(RootsError::DotDot { .. })
+        ));
         assert!(matches!(roots.check(Path::new("models/m")), Err(RootsError::Relative { .. })));
         // Through a symlink inside the root, to a file or to a folder not yet made.
         let e = roots.check(&root.join("etc-link/shadow")).unwrap_err();
-        assert!(matches!(&e, RootsError::Outside { resolved, .. } if resolved == "/etc/shadow"), "{e}");
-        assert!(matches!(roots.check(&root.join("etc-link/new/out")), Err(RootsError::Outside { .. })));
+        assert!(
+            matches!(&e, RootsError::Outside { resolved, .. } if resolved == "/etc/shadow"),
+            "{e}"
+        );
+        assert!(matches!(
+            roots.check(&root.join("etc-link/new/out")),
+            Err(RootsError::Outside { .. })
+        ));
         assert!(e.to_string().contains("--allowed-roots"));
         // No roots: everything, as before.
-        assert_eq!(AllowedRoots::default().check(Path::new("/etc/shadow")).unwrap(), PathBuf::from("/etc/shadow"));
+        assert_eq!(
+            AllowedRoots::default().check(Path::new("/etc/shadow")).unwrap(),
+            PathBuf::from("/etc/shadow")
+        );
         assert!(matches!(AllowedRoots::parse("/no/such/root"), Err(RootsError::BadRoot(..))));
     }
 }

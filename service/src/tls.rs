@@ -65,7 +65,12 @@ pub enum TlsError {
 impl TlsArgs {
     /// The files of a process with a local CA set-up (`comas local`, tests).
     pub fn from_files(files: &LocalFiles) -> Self {
-        Self { cert: Some(files.cert.clone()), key: Some(files.key.clone()), ca: Some(files.ca.clone()), ..Self::default() }
+        Self {
+            cert: Some(files.cert.clone()),
+            key: Some(files.key.clone()),
+            ca: Some(files.ca.clone()),
+            ..Self::default()
+        }
     }
 
     /// The same settings as `COMAS_TLS_*` variables, for a child process.
@@ -92,7 +97,11 @@ impl TlsArgs {
         let client_auth = match std::env::var("COMAS_TLS_CLIENT_AUTH").as_deref() {
             Err(_) | Ok("") | Ok("required") => ClientAuth::Required,
             Ok("optional") => ClientAuth::Optional,
-            Ok(other) => return Err(TlsError::Config(format!("COMAS_TLS_CLIENT_AUTH={other:?}: use required or optional"))),
+            Ok(other) => {
+                return Err(TlsError::Config(format!(
+                    "COMAS_TLS_CLIENT_AUTH={other:?}: use required or optional"
+                )))
+            }
         };
         Ok(Self {
             cert: path("COMAS_TLS_CERT"),
@@ -159,7 +168,9 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 pub(crate) fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = |what: String| TlsError::Pem { path: path.to_path_buf(), what };
-    let certs = CertificateDer::pem_slice_iter(&read(path)?).collect::<Result<Vec<_>, _>>().map_err(|e| pem(format!("not a PEM certificate file: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&read(path)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem(format!("not a PEM certificate file: {e}")))?;
     if certs.is_empty() {
         return Err(pem("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into()));
     }
@@ -167,13 +178,19 @@ pub(crate) fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsErro
 }
 
 pub(crate) fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_slice(&read(path)?).map_err(|e| TlsError::Pem { path: path.to_path_buf(), what: format!("no PEM private key in it: {e}") })
+    PrivateKeyDer::from_pem_slice(&read(path)?).map_err(|e| TlsError::Pem {
+        path: path.to_path_buf(),
+        what: format!("no PEM private key in it: {e}"),
+    })
 }
 
 fn roots(path: &Path) -> Result<Arc<rustls::RootCertStore>, TlsError> {
     let mut store = rustls::RootCertStore::empty();
     for c in certs(path)? {
-        store.add(c).map_err(|e| TlsError::Pem { path: path.to_path_buf(), what: format!("not a usable CA certificate: {e}") })?;
+        store.add(c).map_err(|e| TlsError::Pem {
+            path: path.to_path_buf(),
+            what: format!("not a usable CA certificate: {e}"),
+        })?;
     }
     Ok(Arc::new(store))
 }
@@ -207,7 +224,10 @@ fn stamp(path: &Path) -> Option<Stamp> {
 }
 
 impl<T> Watched<T> {
-    fn new(files: Vec<PathBuf>, build: impl Fn() -> Result<T, TlsError> + Send + Sync + 'static) -> Result<Self, TlsError> {
+    fn new(
+        files: Vec<PathBuf>,
+        build: impl Fn() -> Result<T, TlsError> + Send + Sync + 'static,
+    ) -> Result<Self, TlsError> {
         let stamps = files.iter().map(|f| stamp(f)).collect();
         let value = Arc::new(build()?);
         Ok(Self { files, build: Box::new(build), state: Mutex::new((stamps, value)) })
@@ -222,7 +242,9 @@ impl<T> Watched<T> {
                     tracing::info!(files = ?self.files, "TLS files changed: new connections use them");
                     *state = (now, Arc::new(v));
                 }
-                Err(e) => tracing::warn!(error = %e, "TLS files changed but cannot be used; keeping the previous ones"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS files changed but cannot be used; keeping the previous ones")
+                }
             }
         }
         Arc::clone(&state.1)
@@ -235,14 +257,30 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    pub fn new(cert: &Path, key_path: &Path, ca: Option<&Path>, client_auth: ClientAuth) -> Result<Self, TlsError> {
-        let (cert, key_path, ca) = (cert.to_path_buf(), key_path.to_path_buf(), ca.map(Path::to_path_buf));
-        let files = [Some(cert.clone()), Some(key_path.clone()), ca.clone()].into_iter().flatten().collect();
+    pub fn new(
+        cert: &Path,
+        key_path: &Path,
+        ca: Option<&Path>,
+        client_auth: ClientAuth,
+    ) -> Result<Self, TlsError> {
+        let (cert, key_path, ca) =
+            (cert.to_path_buf(), key_path.to_path_buf(), ca.map(Path::to_path_buf));
+        let files = [Some(cert.clone()), Some(key_path.clone()), ca.clone()]
+            .into_iter()
+            .flatten()
+            .collect();
         let build = move || {
             let verifier = match &ca {
                 Some(ca) => {
-                    let b = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider());
-                    let b = if client_auth == ClientAuth::Optional { b.allow_unauthenticated() } else { b };
+                    let b = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        roots(ca)?,
+                        provider(),
+                    );
+                    let b = if client_auth == ClientAuth::Optional {
+                        b.allow_unauthenticated()
+                    } else {
+                        b
+                    };
                     b.build().map_err(|e| TlsError::Config(format!("{}: {e}", ca.display())))?
                 }
                 None => rustls::server::WebPkiClientVerifier::no_client_auth(),
@@ -252,7 +290,13 @@ impl ServerTls {
                 .map_err(rustls_err("TLS versions"))?
                 .with_client_cert_verifier(verifier)
                 .with_single_cert(certs(&cert)?, key(&key_path)?)
-                .map_err(|e| TlsError::Config(format!("{} and {}: {e} (is the key the certificate's?)", cert.display(), key_path.display())))?;
+                .map_err(|e| {
+                    TlsError::Config(format!(
+                        "{} and {}: {e} (is the key the certificate's?)",
+                        cert.display(),
+                        key_path.display()
+                    ))
+                })?;
             config.alpn_protocols = vec![ALPN_H2.to_vec()];
             Ok(config)
         };
@@ -271,13 +315,18 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    pub fn new(ca: &Path, identity: Option<(&Path, &Path)>, server_name: Option<String>) -> Result<Self, TlsError> {
+    pub fn new(
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
+        server_name: Option<String>,
+    ) -> Result<Self, TlsError> {
         let ca = ca.to_path_buf();
         let identity = identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf()));
         let mut files = vec![ca.clone()];
         files.extend(identity.iter().flat_map(|(c, k)| [c.clone(), k.clone()]));
         if let Some(name) = &server_name {
-            ServerName::try_from(name.as_str()).map_err(|e| TlsError::Config(format!("--tls-server-name {name:?}: {e}")))?;
+            ServerName::try_from(name.as_str())
+                .map_err(|e| TlsError::Config(format!("--tls-server-name {name:?}: {e}")))?;
         }
         let build = move || {
             let b = rustls::ClientConfig::builder_with_provider(provider())
@@ -285,9 +334,13 @@ impl ClientTls {
                 .map_err(rustls_err("TLS versions"))?
                 .with_root_certificates(roots(&ca)?);
             let mut config = match &identity {
-                Some((c, k)) => b
-                    .with_client_auth_cert(certs(c)?, key(k)?)
-                    .map_err(|e| TlsError::Config(format!("{} and {}: {e} (is the key the certificate's?)", c.display(), k.display())))?,
+                Some((c, k)) => b.with_client_auth_cert(certs(c)?, key(k)?).map_err(|e| {
+                    TlsError::Config(format!(
+                        "{} and {}: {e} (is the key the certificate's?)",
+                        c.display(),
+                        k.display()
+                    ))
+                })?,
                 None => b.with_no_client_auth(),
             };
             config.alpn_protocols = vec![ALPN_H2.to_vec()];
@@ -296,17 +349,24 @@ impl ClientTls {
         Ok(Self { config: Watched::new(files, build)?, server_name })
     }
 
-    async fn connect(&self, uri: &Uri) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    async fn connect(
+        &self,
+        uri: &Uri,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
         let host = uri.host().ok_or_else(|| invalid(format!("{uri}: no host")))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port = uri.port_u16().ok_or_else(|| invalid(format!("{uri}: no port")))?;
         let name = self.server_name.as_deref().unwrap_or(host);
-        let name = ServerName::try_from(name.to_string()).map_err(|e| invalid(format!("{name:?} is not a name a certificate can hold: {e}")))?;
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| invalid(format!("{name:?} is not a name a certificate can hold: {e}")))?;
         let tcp = tokio::net::TcpStream::connect((host, port)).await?;
         tcp.set_nodelay(true)?;
         let connector = tokio_rustls::TlsConnector::from(self.config.current());
-        connector.connect(name, tcp).await.map_err(|e| std::io::Error::new(e.kind(), format!("TLS with {host}:{port}: {e}")))
+        connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("TLS with {host}:{port}: {e}")))
     }
 }
 
@@ -392,8 +452,8 @@ pub async fn channel(
         }
         None => crate::grpc_uri(address),
     };
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(uri.clone()).map_err(|e| ConnectError::Address { address: address.into(), message: error_chain(&e) })?;
+    let endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
+        .map_err(|e| ConnectError::Address { address: address.into(), message: error_chain(&e) })?;
     let endpoint = tune(endpoint);
     let connected = match tls {
         None => endpoint.connect().await,
@@ -425,7 +485,10 @@ where
     type Error = std::io::Error;
     type Future = Fut;
 
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -449,9 +512,15 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let Some(tls) = tls else {
-        return router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown).await;
+        return router
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                shutdown,
+            )
+            .await;
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>(64);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>(64);
     let accept = tokio::spawn(async move {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
         loop {
@@ -483,7 +552,10 @@ pub async fn serve(
             });
         }
     });
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::io::Error>);
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, std::io::Error>,
+    );
     let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
     accept.abort();
     served
@@ -500,9 +572,14 @@ mod tests {
     }
 
     async fn health(address: &str) -> Result<(), String> {
-        let ch = channel(address, |e| e.connect_timeout(Duration::from_secs(5))).await.map_err(|e| e.to_string())?;
+        let ch = channel(address, |e| e.connect_timeout(Duration::from_secs(5)))
+            .await
+            .map_err(|e| e.to_string())?;
         let mut c = tonic_health::pb::health_client::HealthClient::new(ch);
-        c.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.map(|_| ()).map_err(|s| s.to_string())
+        c.check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+            .await
+            .map(|_| ())
+            .map_err(|s| s.to_string())
     }
 
     #[tokio::test]
@@ -510,7 +587,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = Authority::new("test CA").unwrap();
         let files = ca.write_local(dir.path()).unwrap();
-        let server = Arc::new(ServerTls::new(&files.cert, &files.key, Some(&files.ca), ClientAuth::Required).unwrap());
+        let server = Arc::new(
+            ServerTls::new(&files.cert, &files.key, Some(&files.ca), ClientAuth::Required).unwrap(),
+        );
         let (_reporter, health_service) = tonic_health::server::health_reporter();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
@@ -518,7 +597,9 @@ mod tests {
         tokio::spawn(serve(router, listener, Some(Arc::clone(&server)), std::future::pending()));
 
         // The one process-wide client set-up, changed between the cases.
-        install_client(Some(ClientTls::new(&files.ca, Some((&files.cert, &files.key)), None).unwrap()));
+        install_client(Some(
+            ClientTls::new(&files.ca, Some((&files.cert, &files.key)), None).unwrap(),
+        ));
         health(&address).await.unwrap();
 
         install_client(Some(ClientTls::new(&files.ca, None, None).unwrap()));
@@ -533,21 +614,27 @@ mod tests {
         assert!(err.contains("UnknownCA"), "{err}");
 
         let (c, k) = ca.issue(&["localhost"], Validity::Expired).unwrap();
-        let (ec, ek) = (write(dir.path(), "expired.pem", &c), write(dir.path(), "expired-key.pem", &k));
+        let (ec, ek) =
+            (write(dir.path(), "expired.pem", &c), write(dir.path(), "expired-key.pem", &k));
         install_client(Some(ClientTls::new(&files.ca, Some((&ec, &ek)), None).unwrap()));
         let err = health(&address).await.unwrap_err();
         assert!(err.contains("CertificateExpired"), "{err}");
 
         // A server certificate for another name fails the client's check unless the name is given.
-        install_client(Some(ClientTls::new(&files.ca, Some((&files.cert, &files.key)), None).unwrap()));
+        install_client(Some(
+            ClientTls::new(&files.ca, Some((&files.cert, &files.key)), None).unwrap(),
+        ));
         let (c, k) = ca.issue(&["coordinator.comas"], Validity::Current).unwrap();
         std::fs::write(&files.key, k).unwrap();
         std::fs::write(&files.cert, c).unwrap();
         let err = health(&address).await.unwrap_err();
         assert!(err.contains("NotValidForName") || err.contains("not valid for name"), "{err}");
         let (c, k) = ca.issue(&["localhost"], Validity::Current).unwrap();
-        let (lc, lk) = (write(dir.path(), "client.pem", &c), write(dir.path(), "client-key.pem", &k));
-        install_client(Some(ClientTls::new(&files.ca, Some((&lc, &lk)), Some("coordinator.comas".into())).unwrap()));
+        let (lc, lk) =
+            (write(dir.path(), "client.pem", &c), write(dir.path(), "client-key.pem", &k));
+        install_client(Some(
+            ClientTls::new(&files.ca, Some((&lc, &lk)), Some("coordinator.comas".into())).unwrap(),
+        ));
         health(&address).await.unwrap();
 
         install_client(None);
@@ -561,11 +648,26 @@ mod tests {
         assert!(a.service().err().unwrap().to_string().contains("--tls-key"));
         let a = TlsArgs { ca: Some("ca.pem".into()), ..TlsArgs::default() };
         assert!(a.service().err().unwrap().to_string().contains("without --tls-cert"));
-        let a = TlsArgs { cert: Some("/nonexistent/c.pem".into()), key: Some("k.pem".into()), ca: Some("/nonexistent/ca.pem".into()), ..TlsArgs::default() };
-        assert!(a.service().err().unwrap().to_string().contains("/nonexistent/ca.pem: No such file"));
+        let a = TlsArgs {
+            cert: Some("/nonexistent/c.pem".into()),
+            key: Some("k.pem".into()),
+            ca: Some("/nonexistent/ca.pem".into()),
+            ..TlsArgs::default()
+        };
+        assert!(a
+            .service()
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("/nonexistent/ca.pem: No such file"));
         let dir = tempfile::tempdir().unwrap();
         let junk = write(dir.path(), "junk.pem", "hello");
-        let a = TlsArgs { cert: Some(junk.clone()), key: Some(junk.clone()), ca: Some(junk), ..TlsArgs::default() };
+        let a = TlsArgs {
+            cert: Some(junk.clone()),
+            key: Some(junk.clone()),
+            ca: Some(junk),
+            ..TlsArgs::default()
+        };
         assert!(a.service().err().unwrap().to_string().contains("no PEM certificate"));
     }
 }

@@ -10,7 +10,9 @@ use thiserror::Error;
 
 /// The reference rule, kept verbatim for parity: no newline is required after the fence, so
 /// whatever follows `python` on the fence line (e.g. `3` of "```python3") is part of the block.
-static PYTHON_BLOCK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?s)```python(.*?)```").expect("constant block pattern compiles"));
+static PYTHON_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?s)```python(.*?)```").expect("constant block pattern compiles")
+});
 
 /// The line every program starts with: model code often uses `List`, `Dict`, ... without importing.
 pub const PROGRAM_PRELUDE: &str = "from typing import *";
@@ -54,7 +56,10 @@ pub struct UnknownCodeGrading(pub String);
 impl FromStr for CodeGrading {
     type Err = UnknownCodeGrading;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [CodeGrading::AnyBlock, CodeGrading::LastBlock].into_iter().find(|m| m.as_str() == s).ok_or_else(|| UnknownCodeGrading(s.to_string()))
+        [CodeGrading::AnyBlock, CodeGrading::LastBlock]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| UnknownCodeGrading(s.to_string()))
     }
 }
 
@@ -111,7 +116,10 @@ pub fn checker_from_gt(gt: &serde_json::Value) -> Result<String, CheckerError> {
             let asserts: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
             asserts.map(|a| mbpp_checker(&a)).ok_or_else(shape)
         }
-        Value::Object(map) => match (map.get("test").and_then(Value::as_str), map.get("entry_point").and_then(Value::as_str)) {
+        Value::Object(map) => match (
+            map.get("test").and_then(Value::as_str),
+            map.get("entry_point").and_then(Value::as_str),
+        ) {
             (Some(test), Some(entry_point)) => Ok(humaneval_checker(test, entry_point)),
             _ => Err(shape()),
         },
@@ -134,7 +142,10 @@ mod tests {
     #[test]
     fn blocks_follow_the_reference_regex() {
         let text = "Here:\n```python\ndef f():\n    return 1\n```\nand\n```python\ndef f():\n    return 2\n```";
-        assert_eq!(python_blocks(text), vec!["\ndef f():\n    return 1\n", "\ndef f():\n    return 2\n"]);
+        assert_eq!(
+            python_blocks(text),
+            vec!["\ndef f():\n    return 1\n", "\ndef f():\n    return 2\n"]
+        );
         // No newline is needed after the fence, and the rest of the fence line stays in the block.
         assert_eq!(python_blocks("```pythonx = 1```"), vec!["x = 1"]);
         assert_eq!(python_blocks("```python3\nx = 1\n```"), vec!["3\nx = 1\n"]);
@@ -144,7 +155,10 @@ mod tests {
         assert!(python_blocks("```python\nx = 1\n").is_empty());
         assert!(python_blocks("no code").is_empty());
         // Lazy match: a plain fence closes the block, and the next block starts after it.
-        assert_eq!(python_blocks("```python\na\n```\n```\nplain\n```\n```python\nb\n```"), vec!["\na\n", "\nb\n"]);
+        assert_eq!(
+            python_blocks("```python\na\n```\n```\nplain\n```\n```python\nb\n```"),
+            vec!["\na\n", "\nb\n"]
+        );
         // An empty block is still a block.
         assert_eq!(python_blocks("``````python``````"), vec![""]);
     }
@@ -160,23 +174,51 @@ mod tests {
 
     #[test]
     fn programs_are_prelude_block_checker() {
-        assert_eq!(program("\ndef f(): return 1\n", "assert f() == 1"), "from typing import *\n\ndef f(): return 1\n\nassert f() == 1");
-        let checker = humaneval_checker("def check(candidate):\n    assert candidate() == 1\n", "f");
+        assert_eq!(
+            program("\ndef f(): return 1\n", "assert f() == 1"),
+            "from typing import *\n\ndef f(): return 1\n\nassert f() == 1"
+        );
+        let checker =
+            humaneval_checker("def check(candidate):\n    assert candidate() == 1\n", "f");
         assert_eq!(checker, "def check(candidate):\n    assert candidate() == 1\n\ncheck(f)");
-        assert_eq!(mbpp_checker(&["assert f(1) == 2", "assert f(2) == 3"]), "assert f(1) == 2\nassert f(2) == 3");
+        assert_eq!(
+            mbpp_checker(&["assert f(1) == 2", "assert f(2) == 3"]),
+            "assert f(1) == 2\nassert f(2) == 3"
+        );
         assert_eq!(mbpp_checker::<&str>(&[]), "");
         let text = "```python\nA\n```\n```python\nB\n```";
-        assert_eq!(programs(text, "C", CodeGrading::AnyBlock), vec!["from typing import *\n\nA\n\nC", "from typing import *\n\nB\n\nC"]);
-        assert_eq!(programs(text, "C", CodeGrading::LastBlock), vec!["from typing import *\n\nB\n\nC"]);
+        assert_eq!(
+            programs(text, "C", CodeGrading::AnyBlock),
+            vec!["from typing import *\n\nA\n\nC", "from typing import *\n\nB\n\nC"]
+        );
+        assert_eq!(
+            programs(text, "C", CodeGrading::LastBlock),
+            vec!["from typing import *\n\nB\n\nC"]
+        );
     }
 
     #[test]
     fn checkers_come_from_every_gt_shape() {
         let he = json!({"test": "def check(c):\n    assert c(1) == 2\n", "entry_point": "inc"});
-        assert_eq!(checker_from_gt(&he).unwrap(), "def check(c):\n    assert c(1) == 2\n\ncheck(inc)");
-        assert_eq!(checker_from_gt(&json!(["assert inc(1) == 2", "assert inc(2) == 3"])).unwrap(), "assert inc(1) == 2\nassert inc(2) == 3");
-        assert_eq!(checker_from_gt(&json!("def test_a():\n    pass\ntest_a()")).unwrap(), "def test_a():\n    pass\ntest_a()");
-        for bad in [json!(3), json!(null), json!({"test": "x"}), json!([1, 2]), json!({"entry_point": "f"})] {
+        assert_eq!(
+            checker_from_gt(&he).unwrap(),
+            "def check(c):\n    assert c(1) == 2\n\ncheck(inc)"
+        );
+        assert_eq!(
+            checker_from_gt(&json!(["assert inc(1) == 2", "assert inc(2) == 3"])).unwrap(),
+            "assert inc(1) == 2\nassert inc(2) == 3"
+        );
+        assert_eq!(
+            checker_from_gt(&json!("def test_a():\n    pass\ntest_a()")).unwrap(),
+            "def test_a():\n    pass\ntest_a()"
+        );
+        for bad in [
+            json!(3),
+            json!(null),
+            json!({"test": "x"}),
+            json!([1, 2]),
+            json!({"entry_point": "f"}),
+        ] {
             assert!(matches!(checker_from_gt(&bad), Err(CheckerError::Shape(_))), "{bad}");
         }
     }
@@ -188,7 +230,10 @@ mod tests {
         assert!("last".parse::<CodeGrading>().is_err());
         assert_eq!(CodeGrading::default(), CodeGrading::AnyBlock);
         assert_eq!(serde_json::to_string(&CodeGrading::LastBlock).unwrap(), "\"last_block\"");
-        assert_eq!(serde_json::from_str::<CodeGrading>("\"any_block\"").unwrap(), CodeGrading::AnyBlock);
+        assert_eq!(
+            serde_json::from_str::<CodeGrading>("\"any_block\"").unwrap(),
+            CodeGrading::AnyBlock
+        );
         assert_eq!(CodeGrading::LastBlock.to_string(), "last_block");
     }
 }

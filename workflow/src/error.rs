@@ -31,7 +31,9 @@ pub enum WorkflowError {
     BatchTooLarge(String),
     #[error("the episode is finished; it expects no more turn outputs")]
     EpisodeFinished,
-    #[error("the episode is not finished: {pending} {role} turn(s) of round {round} are still pending")]
+    #[error(
+        "the episode is not finished: {pending} {role} turn(s) of round {round} are still pending"
+    )]
     EpisodeNotFinished { round: u32, role: Role, pending: usize },
     #[error("turn {turn_index} is not pending (the pending turns are {first}..{end})")]
     UnknownTurn { turn_index: u32, first: u32, end: u32 },

@@ -37,4 +37,7 @@ pub const UNNAMED_RECORDS: &str = "comas";
 pub use error::WorkflowError;
 pub use task::{DatasetError, TaskKind, TaskRecord};
 pub use train_config::{TrainConfig, TrainConfigError};
-pub use turn::{ChatMessage, ConstrainedToken, FinishReason, PromptMeter, Role, SamplingSpec, TurnOutput, TurnRequest, Unmetered, GUIDED_SCORE_SUFFIX};
+pub use turn::{
+    ChatMessage, ConstrainedToken, FinishReason, PromptMeter, Role, SamplingSpec, TurnOutput,
+    TurnRequest, Unmetered, GUIDED_SCORE_SUFFIX,
+};

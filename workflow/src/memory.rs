@@ -44,7 +44,8 @@ impl ModelDims {
     /// (in, out) features of a decoder layer's projection.
     fn projection(&self, name: &str) -> Option<(u64, u64)> {
         let (h, i) = (self.hidden_size, self.intermediate_size);
-        let (q, kv) = (self.num_attention_heads * self.head_dim(), self.kv_heads() * self.head_dim());
+        let (q, kv) =
+            (self.num_attention_heads * self.head_dim(), self.kv_heads() * self.head_dim());
         Some(match name {
             "q_proj" => (h, q),
             "k_proj" | "v_proj" => (h, kv),
@@ -59,7 +60,11 @@ impl ModelDims {
     pub fn parameters(&self) -> u64 {
         let (h, v) = (self.hidden_size, self.vocab_size);
         let projections = self.projection_parameters();
-        let biases = if self.model_type == "qwen2" { (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim() } else { 0 };
+        let biases = if self.model_type == "qwen2" {
+            (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
+        } else {
+            0
+        };
         let qk_norm = if self.model_type == "qwen3" { 2 * self.head_dim() } else { 0 };
         let layer = projections + biases + qk_norm + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
@@ -74,12 +79,17 @@ impl ModelDims {
 
     /// Weights of one decoder layer's seven projections.
     fn projection_parameters(&self) -> u64 {
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].iter().filter_map(|p| self.projection(p)).map(|(a, b)| a * b).sum()
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .filter_map(|p| self.projection(p))
+            .map(|(a, b)| a * b)
+            .sum()
     }
 
     /// Parameters of a rank-`r` LoRA adapter on `targets`.
     pub fn lora_parameters(&self, r: u64, targets: &[String]) -> u64 {
-        let per_layer: u64 = targets.iter().filter_map(|t| self.projection(t)).map(|(a, b)| r * (a + b)).sum();
+        let per_layer: u64 =
+            targets.iter().filter_map(|t| self.projection(t)).map(|(a, b)| r * (a + b)).sum();
         self.num_hidden_layers * per_layer
     }
 
@@ -131,7 +141,13 @@ pub fn learner_memory(dims: &ModelDims, train: &TrainConfig) -> LearnerMemory {
     let reference = if train.kl_coef > 0.0 && train.lora.is_none() { base * b } else { 0 };
     // A LoRA step with more than one update copies the adapter's state to undo a failure.
     let snapshot = if train.lora.is_some() { adapter * (b + per_trainable) } else { 0 };
-    LearnerMemory { weights: (base + adapter) * b, reference, gradients: trainable * b, optimizer: trainable * per_trainable, snapshot }
+    LearnerMemory {
+        weights: (base + adapter) * b,
+        reference,
+        gradients: trainable * b,
+        optimizer: trainable * per_trainable,
+        snapshot,
+    }
 }
 
 /// Bytes as people read them: `1.50 GiB`, `12.0 MiB`, `512 B`.
@@ -177,10 +193,22 @@ mod tests {
         let n = d.parameters();
         let t = TrainConfig { dtype: "bfloat16".into(), kl_coef: 0.0, ..TrainConfig::default() };
         let m = learner_memory(&d, &t);
-        assert_eq!(m, LearnerMemory { weights: 2 * n, reference: 0, gradients: 2 * n, optimizer: 12 * n, snapshot: 0 });
+        assert_eq!(
+            m,
+            LearnerMemory {
+                weights: 2 * n,
+                reference: 0,
+                gradients: 2 * n,
+                optimizer: 12 * n,
+                snapshot: 0
+            }
+        );
         assert_eq!(m.total(), 16 * n);
         // A KL term adds a frozen bf16 copy.
-        assert_eq!(learner_memory(&d, &TrainConfig { kl_coef: 0.01, ..t.clone() }).reference, 2 * n);
+        assert_eq!(
+            learner_memory(&d, &TrainConfig { kl_coef: 0.01, ..t.clone() }).reference,
+            2 * n
+        );
     }
 
     #[test]
@@ -190,10 +218,24 @@ mod tests {
         // Per layer: r·(3584 + 3584) for q, r·(3584 + 512) for v.
         assert_eq!(d.lora_parameters(8, &targets), 28 * 8 * (3584 + 3584 + 3584 + 512));
         let lora = LoraSettings { r: 8, alpha: 16.0, target_modules: targets, use_rslora: false };
-        let t = TrainConfig { dtype: "float32".into(), kl_coef: 0.05, lora: Some(lora), ..TrainConfig::default() };
+        let t = TrainConfig {
+            dtype: "float32".into(),
+            kl_coef: 0.05,
+            lora: Some(lora),
+            ..TrainConfig::default()
+        };
         let m = learner_memory(&d, &t);
         let a = d.lora_parameters(8, &t.lora.as_ref().unwrap().target_modules);
-        assert_eq!(m, LearnerMemory { weights: (d.parameters() + a) * 4, reference: 0, gradients: a * 4, optimizer: a * 8, snapshot: a * 12 });
+        assert_eq!(
+            m,
+            LearnerMemory {
+                weights: (d.parameters() + a) * 4,
+                reference: 0,
+                gradients: a * 4,
+                optimizer: a * 8,
+                snapshot: a * 12
+            }
+        );
     }
 
     #[test]

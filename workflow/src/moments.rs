@@ -43,7 +43,9 @@ impl Moments {
         let n = self.count + other.count;
         let delta = other.mean - self.mean;
         let mean = self.mean + delta * other.count as f64 / n as f64;
-        let m2 = self.m2 + other.m2 + delta * delta * (self.count as f64 * other.count as f64) / n as f64;
+        let m2 = self.m2
+            + other.m2
+            + delta * delta * (self.count as f64 * other.count as f64) / n as f64;
         Self { count: n, mean, m2 }
     }
 
@@ -63,7 +65,8 @@ mod tests {
         let b = [0.2, 0.2];
         let c: [f64; 0] = [];
         let all: Vec<f64> = a.iter().chain(&b).copied().collect();
-        let pooled = Moments::pool([Moments::of(a.iter()), Moments::of(c.iter()), Moments::of(b.iter())]);
+        let pooled =
+            Moments::pool([Moments::of(a.iter()), Moments::of(c.iter()), Moments::of(b.iter())]);
         let whole = Moments::of(all.iter());
         assert_eq!(pooled.count, 6);
         assert!((pooled.mean - whole.mean).abs() < 1e-15, "{pooled:?} {whole:?}");

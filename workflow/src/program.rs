@@ -53,7 +53,10 @@ pub fn take_replies(pending: &[Request], replies: Vec<Reply>) -> Result<Vec<Repl
         let Some(i) = pending.iter().position(|r| r.key() == key) else {
             return Err(WorkflowError::MalformedTurn {
                 turn_index: key.1,
-                message: format!("no pending {} has this index", if key.0 { "turn" } else { "tool call" }),
+                message: format!(
+                    "no pending {} has this index",
+                    if key.0 { "turn" } else { "tool call" }
+                ),
             });
         };
         if slots[i].is_some() {
@@ -61,13 +64,20 @@ pub fn take_replies(pending: &[Request], replies: Vec<Reply>) -> Result<Vec<Repl
         }
         if let Reply::Turn(out) = &reply {
             if out.logprobs.len() != out.completion_ids.len() {
-                return Err(WorkflowError::LogprobCount { turn_index: out.turn_index, logprobs: out.logprobs.len(), tokens: out.completion_ids.len() });
+                return Err(WorkflowError::LogprobCount {
+                    turn_index: out.turn_index,
+                    logprobs: out.logprobs.len(),
+                    tokens: out.completion_ids.len(),
+                });
             }
-            check_constrained(&out.constrained, &out.completion_ids).map_err(|message| WorkflowError::MalformedTurn { turn_index: out.turn_index, message })?;
+            check_constrained(&out.constrained, &out.completion_ids).map_err(|message| {
+                WorkflowError::MalformedTurn { turn_index: out.turn_index, message }
+            })?;
         }
         slots[i] = Some(reply);
     }
-    let missing: Vec<u32> = pending.iter().zip(&slots).filter(|(_, s)| s.is_none()).map(|(r, _)| r.key().1).collect();
+    let missing: Vec<u32> =
+        pending.iter().zip(&slots).filter(|(_, s)| s.is_none()).map(|(r, _)| r.key().1).collect();
     if !missing.is_empty() {
         return Err(WorkflowError::MissingTurns(missing));
     }

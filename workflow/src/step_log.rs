@@ -231,11 +231,15 @@ impl Record {
     /// [`Record::parse`] of a line already read as JSON.
     pub fn from_value(value: Value) -> Result<Option<Record>, LineError> {
         let kind = match &value {
-            Value::Object(o) => o.get("kind").and_then(Value::as_str).unwrap_or_default().to_string(),
+            Value::Object(o) => {
+                o.get("kind").and_then(Value::as_str).unwrap_or_default().to_string()
+            }
             other => return Err(LineError::NotAnObject(crate::error::json_kind(other))),
         };
         match kind.as_str() {
-            "step" | "eval" => serde_json::from_value(value).map(Some).map_err(|source| LineError::Record { kind, source }),
+            "step" | "eval" => serde_json::from_value(value)
+                .map(Some)
+                .map_err(|source| LineError::Record { kind, source }),
             _ => Ok(None),
         }
     }
@@ -262,7 +266,11 @@ impl StepLog {
     pub fn new(job_id: &str, step: u64, figures: Value) -> StepLog {
         let mut figures = object(figures, STEP_FIELDS);
         let agents = match figures.remove("agents") {
-            Some(Value::Array(list)) => Some(list.into_iter().map(|a| AgentStep { figures: object(a, AGENT_FIELDS), ..AgentStep::default() }).collect()),
+            Some(Value::Array(list)) => Some(
+                list.into_iter()
+                    .map(|a| AgentStep { figures: object(a, AGENT_FIELDS), ..AgentStep::default() })
+                    .collect(),
+            ),
             Some(other) => {
                 // Not a list: kept as the method gave it.
                 figures.insert("agents".into(), other);
@@ -286,9 +294,19 @@ impl StepLog {
 
 /// The keys a step record's shared fields own: a method's figure of the same name gives way
 /// (the record always said the machinery's value).
-const STEP_FIELDS: &[&str] = &["kind", "job_id", "step", "unix_time", "tokens_per_s", "seconds", "idle_seconds", "pooled_whitening"];
+const STEP_FIELDS: &[&str] = &[
+    "kind",
+    "job_id",
+    "step",
+    "unix_time",
+    "tokens_per_s",
+    "seconds",
+    "idle_seconds",
+    "pooled_whitening",
+];
 const AGENT_FIELDS: &[&str] = &["weight_sync", "version", "train"];
-const EVAL_FIELDS: &[&str] = &["kind", "job_id", "step", "after_steps", "temperature", "unix_time", "seconds", "greedy"];
+const EVAL_FIELDS: &[&str] =
+    &["kind", "job_id", "step", "after_steps", "temperature", "unix_time", "seconds", "greedy"];
 
 /// `v`'s entries less the `owned` keys; nothing when `v` is not an object.
 fn object(v: Value, owned: &[&str]) -> Map<String, Value> {
@@ -316,7 +334,13 @@ impl AgentStep {
 impl EvalLog {
     /// An evaluation record around the method's figures of the sampled game, and of the greedy
     /// one when it was played.
-    pub fn new(job_id: &str, after_steps: u64, temperature: f64, figures: Value, greedy: Option<Value>) -> EvalLog {
+    pub fn new(
+        job_id: &str,
+        after_steps: u64,
+        temperature: f64,
+        figures: Value,
+        greedy: Option<Value>,
+    ) -> EvalLog {
         EvalLog {
             job_id: job_id.to_string(),
             after_steps,
@@ -355,17 +379,34 @@ mod tests {
     #[test]
     fn a_step_reads_typed_and_writes_back_the_same_fields() {
         let v = untyped_step();
-        let Some(Record::Step(s)) = Record::from_value(v.clone()).unwrap() else { panic!("a step") };
-        assert_eq!((s.job_id.as_str(), s.step, s.seconds.unwrap().train, s.idle_seconds.unwrap().workers), ("j", 3, 7.0, 1.5));
+        let Some(Record::Step(s)) = Record::from_value(v.clone()).unwrap() else {
+            panic!("a step")
+        };
+        assert_eq!(
+            (s.job_id.as_str(), s.step, s.seconds.unwrap().train, s.idle_seconds.unwrap().workers),
+            ("j", 3, 7.0, 1.5)
+        );
         let a = &s.agents()[0];
-        assert_eq!((a.agent(), a.figure("reward_mean"), a.version, a.weight_sync.learner_bytes), (Some(0), Some(0.125), 4, 512));
+        assert_eq!(
+            (a.agent(), a.figure("reward_mean"), a.version, a.weight_sync.learner_bytes),
+            (Some(0), Some(0.125), 4, 512)
+        );
         let train = a.train.as_ref().unwrap();
-        assert_eq!((train.masked_samples, train.no_gradient, train.return_moments["all"].count), (2, false, 3));
+        assert_eq!(
+            (train.masked_samples, train.no_gradient, train.return_moments["all"].count),
+            (2, false, 3)
+        );
         assert_eq!(s.figures["method"], "grpo");
         // Written back: every field of the original, the report's defaults filled in.
         let back: Value = serde_json::from_str(&Record::Step(s).line()).unwrap();
         let mut want = v;
-        let full = serde_json::to_value(TrainReport { loss: -0.01, masked_samples: 2, return_moments: train_moments(), ..TrainReport::default() }).unwrap();
+        let full = serde_json::to_value(TrainReport {
+            loss: -0.01,
+            masked_samples: 2,
+            return_moments: train_moments(),
+            ..TrainReport::default()
+        })
+        .unwrap();
         want["agents"][0]["train"] = full;
         assert_eq!(back, want);
     }
@@ -384,15 +425,31 @@ mod tests {
 
     #[test]
     fn the_shared_fields_win_over_a_figure_of_the_same_name() {
-        let mut s = StepLog::new("j", 2, json!({"step": 9, "seconds": 1, "x": 1, "agents": [{"agent": 0, "version": 7}]}));
+        let mut s = StepLog::new(
+            "j",
+            2,
+            json!({"step": 9, "seconds": 1, "x": 1, "agents": [{"agent": 0, "version": 7}]}),
+        );
         s.seconds = Some(StepSeconds { total: 5.0, ..StepSeconds::default() });
         s.agents.as_mut().unwrap()[0].version = 3;
         let v: Value = serde_json::from_str(&Record::Step(s).line()).unwrap();
-        assert_eq!((v["step"].as_u64(), v["seconds"]["total"].as_f64(), v["x"].as_u64()), (Some(2), Some(5.0), Some(1)));
+        assert_eq!(
+            (v["step"].as_u64(), v["seconds"]["total"].as_f64(), v["x"].as_u64()),
+            (Some(2), Some(5.0), Some(1))
+        );
         assert_eq!(v["agents"][0]["version"], 3);
-        let e = EvalLog::new("j", 4, 0.0, json!({"after_steps": 1, "accuracy": 0.5}), Some(json!({"accuracy": 0.75})));
+        let e = EvalLog::new(
+            "j",
+            4,
+            0.0,
+            json!({"after_steps": 1, "accuracy": 0.5}),
+            Some(json!({"accuracy": 0.75})),
+        );
         let v = e.to_value();
-        assert_eq!((v["after_steps"].as_u64(), v["step"].as_u64(), v["kind"].as_str()), (Some(4), Some(4), Some("eval")));
+        assert_eq!(
+            (v["after_steps"].as_u64(), v["step"].as_u64(), v["kind"].as_str()),
+            (Some(4), Some(4), Some("eval"))
+        );
         assert_eq!(v["greedy"]["accuracy"], 0.75);
     }
 
@@ -400,12 +457,20 @@ mod tests {
     fn an_eval_keeps_its_greedy_game_and_other_kinds_are_skipped() {
         let v = json!({"kind": "eval", "job_id": "j", "step": 4, "after_steps": 4, "temperature": 0.7, "unix_time": 1.0,
                        "seconds": {"total": 3.0}, "method": "grpo", "accuracy": 0.5, "greedy": {"method": "grpo", "accuracy": 0.75}});
-        let Some(Record::Eval(e)) = Record::from_value(v.clone()).unwrap() else { panic!("an eval") };
-        assert_eq!((e.after_steps, e.temperature, e.greedy.as_ref().unwrap()["accuracy"].as_f64()), (4, 0.7, Some(0.75)));
+        let Some(Record::Eval(e)) = Record::from_value(v.clone()).unwrap() else {
+            panic!("an eval")
+        };
+        assert_eq!(
+            (e.after_steps, e.temperature, e.greedy.as_ref().unwrap()["accuracy"].as_f64()),
+            (4, 0.7, Some(0.75))
+        );
         assert_eq!(e.to_value(), v);
         assert!(Record::parse(r#"{"kind":"note","text":"x"}"#).unwrap().is_none());
         assert!(Record::parse(r#"{"text":"x"}"#).unwrap().is_none());
-        assert_eq!(Record::parse("[1]").unwrap_err().to_string(), "expected a JSON object, found an array");
+        assert_eq!(
+            Record::parse("[1]").unwrap_err().to_string(),
+            "expected a JSON object, found an array"
+        );
         let err = Record::parse(r#"{"kind":"step","job_id":"j"}"#).unwrap_err().to_string();
         assert!(err.starts_with("a step record that does not read: missing field `step`"), "{err}");
     }

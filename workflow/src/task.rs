@@ -17,7 +17,8 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
-    pub const ALL: [TaskKind; 4] = [TaskKind::Math, TaskKind::Coding, TaskKind::Science, TaskKind::DataScience];
+    pub const ALL: [TaskKind; 4] =
+        [TaskKind::Math, TaskKind::Coding, TaskKind::Science, TaskKind::DataScience];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -42,7 +43,10 @@ pub struct UnknownTask(pub String);
 impl FromStr for TaskKind {
     type Err = UnknownTask;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        TaskKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownTask(s.to_string()))
+        TaskKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownTask(s.to_string()))
     }
 }
 
@@ -80,7 +84,14 @@ struct RawRecord {
 impl TryFrom<RawRecord> for TaskRecord {
     type Error = UnknownTask;
     fn try_from(raw: RawRecord) -> Result<Self, UnknownTask> {
-        Ok(TaskRecord { prompt: raw.prompt, answer: raw.answer, task: raw.task.parse()?, id: raw.id, source: raw.source, files: raw.files })
+        Ok(TaskRecord {
+            prompt: raw.prompt,
+            answer: raw.answer,
+            task: raw.task.parse()?,
+            id: raw.id,
+            source: raw.source,
+            files: raw.files,
+        })
     }
 }
 
@@ -167,7 +178,8 @@ pub fn parse_jsonl(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
 
 /// Parses a JSON array of records (the layout of `blended/{train,test}.json`).
 pub fn parse_json_array(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
-    let values: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
+    let values: Vec<serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
     let mut records = Vec::with_capacity(values.len());
     for (i, v) in values.into_iter().enumerate() {
         let at = Location::Element(i + 1);
@@ -193,17 +205,26 @@ pub fn location_of(text: &str, index: usize) -> Location {
     if text.trim_start().starts_with('[') {
         return Location::Element(index + 1);
     }
-    let line = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).nth(index).map_or(index + 1, |(i, _)| i + 1);
+    let line = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .nth(index)
+        .map_or(index + 1, |(i, _)| i + 1);
     Location::Line(line)
 }
 
 /// Reads and parses a data set file in either layout.
 pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
+    let bytes =
+        std::fs::read(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
-        DatasetError::NotUtf8 { path: path.to_path_buf(), line: 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() }
+        DatasetError::NotUtf8 {
+            path: path.to_path_buf(),
+            line: 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count(),
+        }
     })?;
     parse_dataset(&text)
 }
@@ -216,7 +237,10 @@ mod tests {
 
     #[test]
     fn parses_jsonl_and_skips_blank_lines() {
-        let text = format!("{GOOD}\n\n{}\n", r#"{"prompt":"p","answer":"1.4e+24","task":"science","id":"s-1"}"#);
+        let text = format!(
+            "{GOOD}\n\n{}\n",
+            r#"{"prompt":"p","answer":"1.4e+24","task":"science","id":"s-1"}"#
+        );
         let recs = parse_jsonl(&text).unwrap();
         assert_eq!(recs.len(), 2);
         assert_eq!(recs[0].task, TaskKind::Math);
@@ -236,9 +260,12 @@ mod tests {
 
     #[test]
     fn unknown_task_names_the_line() {
-        let text = format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
+        let text =
+            format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
         let err = parse_jsonl(&text).unwrap_err();
-        assert!(matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry"));
+        assert!(
+            matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry")
+        );
         assert_eq!(err.to_string(), "line 2: unknown task \"poetry\": expected one of \"math\", \"coding\", \"science\", \"data_science\"");
     }
 
@@ -254,14 +281,21 @@ mod tests {
     #[test]
     fn duplicate_ids_are_rejected() {
         let err = parse_jsonl(&format!("{GOOD}\n{GOOD}\n")).unwrap_err();
-        assert_eq!(err.to_string(), "line 2: duplicate id \"math-math-00001\" (first used at line 1)");
+        assert_eq!(
+            err.to_string(),
+            "line 2: duplicate id \"math-math-00001\" (first used at line 1)"
+        );
     }
 
     #[test]
     fn json_array_layout_and_autodetect() {
-        let text = format!("  [{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"coding","id":"c"}"#);
+        let text =
+            format!("  [{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"coding","id":"c"}"#);
         let recs = parse_dataset(&text).unwrap();
-        assert_eq!(recs.iter().map(|r| r.task).collect::<Vec<_>>(), vec![TaskKind::Math, TaskKind::Coding]);
+        assert_eq!(
+            recs.iter().map(|r| r.task).collect::<Vec<_>>(),
+            vec![TaskKind::Math, TaskKind::Coding]
+        );
         let bad = format!("[{GOOD}, {}]", r#"{"prompt":"p","answer":"a","task":"art","id":"c"}"#);
         assert_eq!(
             parse_dataset(&bad).unwrap_err().to_string(),
@@ -274,7 +308,10 @@ mod tests {
         let rec: TaskRecord = serde_json::from_str(GOOD).unwrap();
         let back: TaskRecord = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
         assert_eq!(rec, back);
-        assert!(serde_json::from_str::<TaskRecord>(r#"{"prompt":"p","answer":"a","task":"Math","id":"x"}"#).is_err());
+        assert!(serde_json::from_str::<TaskRecord>(
+            r#"{"prompt":"p","answer":"a","task":"Math","id":"x"}"#
+        )
+        .is_err());
     }
 
     #[test]

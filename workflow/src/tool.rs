@@ -90,9 +90,18 @@ mod tests {
         assert_eq!(result(None, "", "4\n", "").observation(), "4\n");
         assert_eq!(result(None, "", "4\n", "warn").observation(), "4\n\n[stderr]: warn");
         assert_eq!(
-            result(Some("exit_code"), "exit code 1", "partial", "ZeroDivisionError: division by zero").observation(),
+            result(
+                Some("exit_code"),
+                "exit code 1",
+                "partial",
+                "ZeroDivisionError: division by zero"
+            )
+            .observation(),
             "[Execution failed: exit code 1]\npartial\nZeroDivisionError: division by zero"
         );
-        assert_eq!(result(Some("timeout"), "wall-clock timeout", "", "").observation(), "[Execution failed: wall-clock timeout]");
+        assert_eq!(
+            result(Some("timeout"), "wall-clock timeout", "", "").observation(),
+            "[Execution failed: wall-clock timeout]"
+        );
     }
 }

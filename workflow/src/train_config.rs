@@ -24,7 +24,10 @@ pub fn canonical_dtype(name: &str) -> Option<&'static str> {
 pub fn check_dtype(name: &str) -> Result<()> {
     match canonical_dtype(name) {
         Some(_) => Ok(()),
-        None => Err(TrainConfigError(format!("unsupported dtype `{}`; use one of float32, bfloat16, float16", name.trim()))),
+        None => Err(TrainConfigError(format!(
+            "unsupported dtype `{}`; use one of float32, bfloat16, float16",
+            name.trim()
+        ))),
     }
 }
 
@@ -244,7 +247,9 @@ impl TrainConfig {
     /// The settings of a parsed table, not yet validated (a job lays its method's defaults
     /// over them first).
     pub fn from_table(table: toml::Table) -> Result<Self> {
-        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| TrainConfigError(e.message().to_string()))
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| TrainConfigError(e.message().to_string()))
     }
 
     pub fn from_toml(text: &str) -> Result<Self> {
@@ -254,7 +259,8 @@ impl TrainConfig {
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainConfigError(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TrainConfigError(format!("{}: {e}", path.display())))?;
         Self::from_toml(&text).map_err(|e| TrainConfigError(format!("{}: {e}", path.display())))
     }
 
@@ -280,8 +286,13 @@ impl TrainConfig {
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
             return bad(format!("`temperature` must be positive, got {}", self.temperature));
         }
-        if !(0.0..1.0).contains(&self.clip_eps_low) || !(self.clip_eps_high >= 0.0 && self.clip_eps_high.is_finite()) {
-            return bad(format!("clip range must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {} / {}", self.clip_eps_low, self.clip_eps_high));
+        if !(0.0..1.0).contains(&self.clip_eps_low)
+            || !(self.clip_eps_high >= 0.0 && self.clip_eps_high.is_finite())
+        {
+            return bad(format!(
+                "clip range must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {} / {}",
+                self.clip_eps_low, self.clip_eps_high
+            ));
         }
         if self.dual_clip != 0.0 && self.dual_clip <= 1.0 {
             return bad(format!("`dual_clip` must be 0 (off) or > 1, got {}", self.dual_clip));
@@ -300,7 +311,11 @@ impl TrainConfig {
         if self.total_steps == 0 {
             return bad("`total_steps` must be at least 1".into());
         }
-        if self.train_batch_size == 0 || self.micro_batch_size == 0 || self.micro_batch_tokens == 0 || self.max_epochs == 0 {
+        if self.train_batch_size == 0
+            || self.micro_batch_size == 0
+            || self.micro_batch_tokens == 0
+            || self.max_epochs == 0
+        {
             return bad("`train_batch_size`, `micro_batch_size`, `micro_batch_tokens` and `max_epochs` must be at least 1".into());
         }
         if self.kl_in_loss && self.kl_estimator == KlEstimator::K1 && self.kl_coef > 0.0 {
@@ -346,10 +361,21 @@ mod tests {
     fn method_defaults_apply_only_where_the_agent_gives_no_key() {
         let table: toml::Table = toml::from_str("kl_coef = 0.5\n").unwrap();
         let mut c = TrainConfig::from_table(table.clone()).unwrap();
-        let d = TrainDefaults { kl_coef: Some(0.01), kl_in_loss: Some(true), estimator: Some(Estimator::GroupNorm), ..TrainDefaults::default() };
+        let d = TrainDefaults {
+            kl_coef: Some(0.01),
+            kl_in_loss: Some(true),
+            estimator: Some(Estimator::GroupNorm),
+            ..TrainDefaults::default()
+        };
         d.apply(&mut c, |k| table.contains_key(k));
-        assert_eq!((c.kl_coef, c.kl_in_loss, c.estimator, c.temperature), (0.5, true, Estimator::GroupNorm, 1.0));
-        assert!(TrainConfig::from_table(toml::from_str("use_ttrl = 1\n").unwrap()).unwrap_err().0.contains("use_ttrl"));
+        assert_eq!(
+            (c.kl_coef, c.kl_in_loss, c.estimator, c.temperature),
+            (0.5, true, Estimator::GroupNorm, 1.0)
+        );
+        assert!(TrainConfig::from_table(toml::from_str("use_ttrl = 1\n").unwrap())
+            .unwrap_err()
+            .0
+            .contains("use_ttrl"));
     }
 
     #[test]

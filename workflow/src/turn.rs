@@ -112,7 +112,15 @@ pub struct SamplingSpec {
 impl Default for SamplingSpec {
     /// The rollout settings of the CoMAS main run (spec 6.1).
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 4096, min_new_tokens: 16, guided_suffix: None, fit_context: false }
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 4096,
+            min_new_tokens: 16,
+            guided_suffix: None,
+            fit_context: false,
+        }
     }
 }
 
@@ -142,7 +150,10 @@ impl SamplingSpec {
             }
         }
         if self.min_new_tokens > self.max_new_tokens {
-            return Err(format!("min_new_tokens ({}) exceeds max_new_tokens ({})", self.min_new_tokens, self.max_new_tokens));
+            return Err(format!(
+                "min_new_tokens ({}) exceeds max_new_tokens ({})",
+                self.min_new_tokens, self.max_new_tokens
+            ));
         }
         Ok(())
     }
@@ -229,7 +240,11 @@ impl Sampled {
     /// What a worker could get wrong: a log-prob per token, constrained positions in range.
     pub fn check(&self) -> Result<(), String> {
         if self.logprobs.len() != self.completion_ids.len() {
-            return Err(format!("{} logprobs for {} completion tokens", self.logprobs.len(), self.completion_ids.len()));
+            return Err(format!(
+                "{} logprobs for {} completion tokens",
+                self.logprobs.len(),
+                self.completion_ids.len()
+            ));
         }
         check_constrained(&self.constrained, &self.completion_ids)
     }
@@ -268,17 +283,27 @@ pub struct ConstrainedToken {
 
 /// Checks constrained positions against their completion: in range, ascending, each allowed
 /// set non-empty and containing the sampled token.
-pub fn check_constrained(constrained: &[ConstrainedToken], completion_ids: &[u32]) -> Result<(), String> {
+pub fn check_constrained(
+    constrained: &[ConstrainedToken],
+    completion_ids: &[u32],
+) -> Result<(), String> {
     let mut last = None;
     for c in constrained {
         let Some(&token) = completion_ids.get(c.position as usize) else {
-            return Err(format!("constrained position {} is beyond the {} completion tokens", c.position, completion_ids.len()));
+            return Err(format!(
+                "constrained position {} is beyond the {} completion tokens",
+                c.position,
+                completion_ids.len()
+            ));
         };
         if last.is_some_and(|l| c.position <= l) {
             return Err(format!("constrained positions are not ascending at {}", c.position));
         }
         if c.allowed.binary_search(&token).is_err() || !c.allowed.windows(2).all(|w| w[0] < w[1]) {
-            return Err(format!("position {}: token {token} is not in its ascending allowed set", c.position));
+            return Err(format!(
+                "position {}: token {token} is not in its ascending allowed set",
+                c.position
+            ));
         }
         last = Some(c.position);
     }

@@ -4,7 +4,9 @@
 //! (a validated trajectory gets rewards without an index out of range).
 mod common;
 
-use comas_workflow::comas::{comas_rewards, extract_judgment, extract_score, CoMasConfig, Trajectory};
+use comas_workflow::comas::{
+    comas_rewards, extract_judgment, extract_score, CoMasConfig, Trajectory,
+};
 use comas_workflow::job::JobSpec;
 use comas_workflow::TaskKind;
 use rand::{Rng, SeedableRng};
@@ -98,7 +100,8 @@ fn mutate(rng: &mut ChaCha8Rng, text: &str) -> String {
             }
             _ => {
                 // Replace a number-like run with an extreme value.
-                let end = s[at..].iter().position(|c| !c.is_ascii_digit()).map_or(s.len(), |p| at + p);
+                let end =
+                    s[at..].iter().position(|c| !c.is_ascii_digit()).map_or(s.len(), |p| at + p);
                 let piece = PIECES[rng.gen_range(0..4)];
                 s.splice(at..end, piece.chars());
             }
@@ -130,9 +133,16 @@ fn mutated_job_files_never_panic() {
 
 /// A real trajectory of the main protocol, scripted.
 fn trajectory(seed: u64) -> Trajectory {
-    let config = CoMasConfig { num_agents: 3, num_rounds: 2, evals_per_solution: 2, ..Default::default() };
+    let config =
+        CoMasConfig { num_agents: 3, num_rounds: 2, evals_per_solution: 2, ..Default::default() };
     let mut ep = common::single(&config, TaskKind::Math, seed);
-    common::run(&mut ep, |r| if r.role == comas_workflow::Role::Scorer { "<score>2</score>".into() } else { common::tag(r) });
+    common::run(&mut ep, |r| {
+        if r.role == comas_workflow::Role::Scorer {
+            "<score>2</score>".into()
+        } else {
+            common::tag(r)
+        }
+    });
     ep.into_trajectory().unwrap()
 }
 
@@ -183,7 +193,9 @@ fn edit_json(rng: &mut ChaCha8Rng, v: &mut serde_json::Value) {
     }
     let node = v.pointer_mut(&path).unwrap();
     match node {
-        Value::Number(_) => *node = [0u64, 1, 2, 3, 7, u32::MAX as u64, u64::MAX][rng.gen_range(0..7)].into(),
+        Value::Number(_) => {
+            *node = [0u64, 1, 2, 3, 7, u32::MAX as u64, u64::MAX][rng.gen_range(0..7)].into()
+        }
         Value::Array(a) if !a.is_empty() && rng.gen_bool(0.5) => {
             a.remove(rng.gen_range(0..a.len()));
         }
@@ -200,9 +212,13 @@ fn edit_json(rng: &mut ChaCha8Rng, v: &mut serde_json::Value) {
 #[test]
 fn score_extraction_on_random_text_is_total_and_exact() {
     let mut rng = ChaCha8Rng::seed_from_u64(13);
-    let parts = ["<score>", "</score>", "<SCORE>", "</Score>", "1", "2", "3", "4", " ", "\n", "2.0", "-1", "x", "\u{0130}", "ß", "<", ">", "/"];
+    let parts = [
+        "<score>", "</score>", "<SCORE>", "</Score>", "1", "2", "3", "4", " ", "\n", "2.0", "-1",
+        "x", "\u{0130}", "ß", "<", ">", "/",
+    ];
     for _ in 0..20000 {
-        let text: String = (0..rng.gen_range(0..12)).map(|_| parts[rng.gen_range(0..parts.len())]).collect();
+        let text: String =
+            (0..rng.gen_range(0..12)).map(|_| parts[rng.gen_range(0..parts.len())]).collect();
         let score = extract_score(&text);
         let _ = extract_judgment(&text);
         if let Some(s) = score {

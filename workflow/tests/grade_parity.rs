@@ -20,7 +20,8 @@ struct Case {
 
 fn load(name: &str) -> Vec<Case> {
     let path = format!("{}/../tests/fixtures/grade/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (the corpus is committed)"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (the corpus is committed)"));
     text.lines().map(|l| serde_json::from_str(l).expect("a corpus line")).collect()
 }
 
@@ -29,7 +30,10 @@ fn corpus() -> Vec<Case> {
 }
 
 fn describe(c: &Case) -> String {
-    format!("[{}] {:?} vs {:?}: math_verify says {}", c.category, c.response, c.answer, c.math_verify)
+    format!(
+        "[{}] {:?} vs {:?}: math_verify says {}",
+        c.category, c.response, c.answer, c.math_verify
+    )
 }
 
 /// What one corpus measured: the agreement in percent, and the categories holding one verdict.
@@ -61,7 +65,11 @@ fn measure(name: &str, cases: &[Case]) -> Measured {
     for d in &disagree {
         eprintln!("  disagrees: {d}");
     }
-    let one_sided = by_category.iter().filter(|(_, c)| c[2] == 0 || c[3] == 0).map(|(k, _)| k.to_string()).collect();
+    let one_sided = by_category
+        .iter()
+        .filter(|(_, c)| c[2] == 0 || c[3] == 0)
+        .map(|(k, _)| k.to_string())
+        .collect();
     Measured { agreement, one_sided }
 }
 
@@ -70,7 +78,11 @@ fn measure(name: &str, cases: &[Case]) -> Measured {
 fn small_model_replies_agree_exactly() {
     let cases: Vec<Case> = corpus().into_iter().filter(|c| c.category == "smollm2").collect();
     assert_eq!(cases.len(), 25);
-    let disagree: Vec<String> = cases.iter().filter(|c| is_correct(TaskKind::Math, &c.response, &c.answer) != Some(c.math_verify)).map(describe).collect();
+    let disagree: Vec<String> = cases
+        .iter()
+        .filter(|c| is_correct(TaskKind::Math, &c.response, &c.answer) != Some(c.math_verify))
+        .map(describe)
+        .collect();
     assert!(disagree.is_empty(), "{disagree:#?}");
 }
 
@@ -87,7 +99,11 @@ fn math_grading_agrees_with_math_verify_on_the_corpus() {
     assert!(cases.len() >= 300, "the corpus has {} cases", cases.len());
     assert!(cases.iter().any(|c| c.math_verify) && cases.iter().any(|c| !c.math_verify));
     let m = measure("math_verify.jsonl", &cases);
-    assert!(m.agreement >= CORPUS_MIN_AGREEMENT, "agreement {:.2} % is below {CORPUS_MIN_AGREEMENT} %", m.agreement);
+    assert!(
+        m.agreement >= CORPUS_MIN_AGREEMENT,
+        "agreement {:.2} % is below {CORPUS_MIN_AGREEMENT} %",
+        m.agreement
+    );
 }
 
 /// Agreement on the generated pairs, measured when the grader last changed and rounded down:
@@ -102,7 +118,11 @@ fn math_grading_agrees_with_math_verify_on_generated_pairs() {
     assert!(cases.len() >= 3000, "the generated corpus has {} cases", cases.len());
     let m = measure("math_pairs.jsonl", &cases);
     assert!(m.one_sided.is_empty(), "categories with one verdict only: {:?}", m.one_sided);
-    assert!(m.agreement >= PAIRS_MIN_AGREEMENT, "agreement {:.2} % is below {PAIRS_MIN_AGREEMENT} %", m.agreement);
+    assert!(
+        m.agreement >= PAIRS_MIN_AGREEMENT,
+        "agreement {:.2} % is below {PAIRS_MIN_AGREEMENT} %",
+        m.agreement
+    );
 }
 
 /// The reported misreadings, graded through every entry point: the benchmark grade, the
@@ -110,16 +130,31 @@ fn math_grading_agrees_with_math_verify_on_generated_pairs() {
 /// as MATH-500 stores it, and has a right and a wrong reply in the generated corpus.
 #[test]
 fn raw_references_from_the_issue_are_read_as_latex() {
-    let cases: Vec<Case> = load("math_pairs.jsonl").into_iter().filter(|c| c.category == "issue").collect();
-    let references: std::collections::BTreeSet<&str> = cases.iter().map(|c| c.answer.as_str()).collect();
+    let cases: Vec<Case> =
+        load("math_pairs.jsonl").into_iter().filter(|c| c.category == "issue").collect();
+    let references: std::collections::BTreeSet<&str> =
+        cases.iter().map(|c| c.answer.as_str()).collect();
     assert_eq!(references.len(), 11, "{references:?}");
     for gt in &references {
         let mine = || cases.iter().filter(|c| c.answer == *gt);
-        assert!(mine().any(|c| c.math_verify) && mine().any(|c| !c.math_verify), "{gt:?} needs a right and a wrong reply");
+        assert!(
+            mine().any(|c| c.math_verify) && mine().any(|c| !c.math_verify),
+            "{gt:?} needs a right and a wrong reply"
+        );
     }
     for c in &cases {
-        let bench = comas_workflow::grade::grade(comas_workflow::grade::AnswerKind::Math, &c.response, &c.answer).passed();
+        let bench = comas_workflow::grade::grade(
+            comas_workflow::grade::AnswerKind::Math,
+            &c.response,
+            &c.answer,
+        )
+        .passed();
         let training = is_correct(TaskKind::Math, &c.response, &c.answer);
-        assert_eq!((bench, training, math::is_equivalent(&c.response, &c.answer)), (c.math_verify, Some(c.math_verify), c.math_verify), "{}", describe(c));
+        assert_eq!(
+            (bench, training, math::is_equivalent(&c.response, &c.answer)),
+            (c.math_verify, Some(c.math_verify), c.math_verify),
+            "{}",
+            describe(c)
+        );
     }
 }

@@ -1,7 +1,10 @@
 //! The CoMAS protocol driven end to end by a scripted worker.
 mod common;
 
-use comas_workflow::comas::{plan_batch, start_batch, Assignment, CoMasConfig, DiscussionSource, Episode, JudgeReward, PlanSeed, Trajectory, Variant};
+use comas_workflow::comas::{
+    plan_batch, start_batch, Assignment, CoMasConfig, DiscussionSource, Episode, JudgeReward,
+    PlanSeed, Trajectory, Variant,
+};
 use comas_workflow::{PromptMeter, Role, SamplingSpec, TaskKind, TurnRequest, WorkflowError};
 use common::{output, question, run, single, tag};
 use std::collections::HashSet;
@@ -16,20 +19,32 @@ fn count(t: &Trajectory, role: Role) -> usize {
 
 #[test]
 fn main_run_turn_counts_and_barrier_order() {
-    let config = CoMasConfig { num_agents: 4, num_rounds: 2, evals_per_solution: 1, ..Default::default() };
+    let config =
+        CoMasConfig { num_agents: 4, num_rounds: 2, evals_per_solution: 1, ..Default::default() };
     let mut ep = single(&config, TaskKind::Math, 1);
     let groups = run(&mut ep, tag);
-    let order: Vec<(Role, u32, usize)> = groups.iter().map(|g| (g[0].role, g[0].round, g.len())).collect();
+    let order: Vec<(Role, u32, usize)> =
+        groups.iter().map(|g| (g[0].role, g[0].round, g.len())).collect();
     assert_eq!(
         order,
-        vec![(Role::Solver, 0, 4), (Role::Evaluator, 0, 4), (Role::Scorer, 0, 4), (Role::Solver, 1, 4), (Role::Evaluator, 1, 4), (Role::Scorer, 1, 4),]
+        vec![
+            (Role::Solver, 0, 4),
+            (Role::Evaluator, 0, 4),
+            (Role::Scorer, 0, 4),
+            (Role::Solver, 1, 4),
+            (Role::Evaluator, 1, 4),
+            (Role::Scorer, 1, 4),
+        ]
     );
     assert!(groups.iter().all(|g| roles(g).len() == 1));
     let indices: Vec<u32> = groups.iter().flatten().map(|r| r.turn_index).collect();
     assert_eq!(indices, (0..24).collect::<Vec<_>>());
 
     let t = ep.into_trajectory().unwrap();
-    assert_eq!((count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)), (8, 8, 8));
+    assert_eq!(
+        (count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)),
+        (8, 8, 8)
+    );
     for agent in 0..4 {
         assert_eq!(t.turns_of(Role::Solver).filter(|x| x.agent == agent).count(), 2);
     }
@@ -44,10 +59,16 @@ fn main_run_turn_counts_and_barrier_order() {
     }
     for c in t.turns_of(Role::Scorer) {
         let e = &t.turns[c.about_evaluation.unwrap() as usize];
-        assert_eq!((e.role, e.round, e.slot, e.about_solution), (Role::Evaluator, c.round, c.slot, c.about_solution));
+        assert_eq!(
+            (e.role, e.round, e.slot, e.about_solution),
+            (Role::Evaluator, c.round, c.slot, c.about_solution)
+        );
     }
     let first = &t.turns[0];
-    assert_eq!((first.prompt_ids.clone(), first.policy_version, first.text.as_str()), (vec![1, 2, 0], 3, "S r0 d0"));
+    assert_eq!(
+        (first.prompt_ids.clone(), first.policy_version, first.text.as_str()),
+        (vec![1, 2, 0], 3, "S r0 d0")
+    );
 }
 
 #[test]
@@ -76,8 +97,10 @@ fn every_request_is_one_user_message_with_role_sampling_and_distinct_seeds() {
 #[test]
 fn balanced_assignment_across_a_batch() {
     let config = CoMasConfig::default();
-    let questions: Vec<_> = ["a", "b", "c"].iter().map(|id| question(id, TaskKind::Coding)).collect();
-    let mut episodes = start_batch(&config, &questions, PlanSeed { global: 42, step: 5, shard: 0 }).unwrap();
+    let questions: Vec<_> =
+        ["a", "b", "c"].iter().map(|id| question(id, TaskKind::Coding)).collect();
+    let mut episodes =
+        start_batch(&config, &questions, PlanSeed { global: 42, step: 5, shard: 0 }).unwrap();
     assert_eq!(episodes.len(), 12);
     let ids: Vec<&str> = episodes.iter().map(|e| e.question().id.as_str()).collect();
     assert_eq!(ids, ["a", "a", "a", "a", "b", "b", "b", "b", "c", "c", "c", "c"]);
@@ -97,14 +120,25 @@ fn balanced_assignment_across_a_batch() {
     }
     // The copies of one question are independent discussions: their sampler seeds differ.
     assert_eq!(first_seeds.iter().collect::<HashSet<_>>().len(), 12);
-    let trajectories: Vec<Trajectory> = episodes.into_iter().map(|e| e.into_trajectory().unwrap()).collect();
-    assert_eq!(trajectories.iter().map(|t| t.instance).collect::<Vec<_>>(), (0..12).collect::<Vec<_>>());
+    let trajectories: Vec<Trajectory> =
+        episodes.into_iter().map(|e| e.into_trajectory().unwrap()).collect();
+    assert_eq!(
+        trajectories.iter().map(|t| t.instance).collect::<Vec<_>>(),
+        (0..12).collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn episodes_follow_their_plan_and_exclude_self() {
-    let config = CoMasConfig { exclude_self: true, assignment: Assignment::IidUniform, ..Default::default() };
-    let plan = plan_batch(&config, 1, PlanSeed { global: 3, step: 1, shard: 0 }).unwrap().instances.remove(0);
+    let config = CoMasConfig {
+        exclude_self: true,
+        assignment: Assignment::IidUniform,
+        ..Default::default()
+    };
+    let plan = plan_batch(&config, 1, PlanSeed { global: 3, step: 1, shard: 0 })
+        .unwrap()
+        .instances
+        .remove(0);
     let mut ep = Episode::new(&config, &question("q", TaskKind::Math), 0, plan.clone(), 9).unwrap();
     for r in run(&mut ep, tag).iter().flatten() {
         let (round, slot) = (r.round as usize, r.slot as usize);
@@ -127,7 +161,11 @@ const MATH_TAIL: &str = "\n\nSolve the problem step by step. Write your final an
 
 #[test]
 fn round_zero_and_chronological_discussion_render_exactly() {
-    let config = CoMasConfig { num_agents: 2, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
+    let config = CoMasConfig {
+        num_agents: 2,
+        discussion_source: DiscussionSource::LastKPairsChronological,
+        ..Default::default()
+    };
     let mut ep = single(&config, TaskKind::Math, 4);
     let groups = run(&mut ep, padded);
     assert_eq!(groups[0][0].messages[0].content, format!("{HEAD}(Empty discussion){MATH_TAIL}"));
@@ -135,7 +173,10 @@ fn round_zero_and_chronological_discussion_render_exactly() {
                     === Discussion 2 ===\nSolution: S r0 d1\nEvaluation: E r0 d1 k0";
     assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}{expected}{MATH_TAIL}"));
     // Evaluators and scorers quote stripped text and see no discussion by default.
-    assert_eq!(groups[1][1].messages[0].content.split("\n\n").take(2).collect::<Vec<_>>(), ["Problem:\nQuestion q?", "Solution to check:\nS r0 d1"]);
+    assert_eq!(
+        groups[1][1].messages[0].content.split("\n\n").take(2).collect::<Vec<_>>(),
+        ["Problem:\nQuestion q?", "Solution to check:\nS r0 d1"]
+    );
     assert!(groups[2][1].messages[0]
         .content
         .starts_with("Problem:\nQuestion q?\n\nSolution:\nS r0 d1\n\nEvaluation of the solution:\nE r0 d1 k0\n\nDecide whether"));
@@ -145,7 +186,8 @@ fn round_zero_and_chronological_discussion_render_exactly() {
 
 #[test]
 fn sampled_discussion_uses_previous_round_without_replacement() {
-    let config = CoMasConfig { num_agents: 4, num_rounds: 3, num_references: 2, ..Default::default() };
+    let config =
+        CoMasConfig { num_agents: 4, num_rounds: 3, num_references: 2, ..Default::default() };
     let mut orders = HashSet::new();
     for seed in 0..40 {
         let mut ep = single(&config, TaskKind::Math, seed);
@@ -160,7 +202,11 @@ fn sampled_discussion_uses_previous_round_without_replacement() {
                 assert_eq!(lines[0], format!("=== Discussion {} ===", i + 1));
                 let sol = lines[1].strip_prefix("Solution: S r").unwrap();
                 let (r, d) = sol.split_once(" d").unwrap();
-                assert_eq!(r.parse::<u32>().unwrap(), round - 1, "only the previous round is quoted");
+                assert_eq!(
+                    r.parse::<u32>().unwrap(),
+                    round - 1,
+                    "only the previous round is quoted"
+                );
                 // The evaluation shown is the one written about that very solution.
                 assert_eq!(lines[2], format!("Evaluation: E r{} d{d} k0", round - 1));
                 slots.push(d.parse::<u32>().unwrap());
@@ -191,14 +237,25 @@ fn prev_round_sample_of_two_pairs_renders_one_of_two_orders() {
 
 #[test]
 fn quoting_options() {
-    let raw = CoMasConfig { num_agents: 1, quote_raw_completion: true, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
+    let raw = CoMasConfig {
+        num_agents: 1,
+        quote_raw_completion: true,
+        discussion_source: DiscussionSource::LastKPairsChronological,
+        ..Default::default()
+    };
     let mut ep = single(&raw, TaskKind::Math, 0);
     let groups = run(&mut ep, tag);
     assert!(groups[1][0].messages[0].content.contains("Solution to check:\nS r0 d0<|im_end|>\n\n"));
-    assert!(groups[3][0].messages[0].content.contains("Solution: S r0 d0<|im_end|>\nEvaluation: E r0 d0 k0<|im_end|>\n\nSolve"));
+    assert!(groups[3][0].messages[0]
+        .content
+        .contains("Solution: S r0 d0<|im_end|>\nEvaluation: E r0 d0 k0<|im_end|>\n\nSolve"));
 
-    let sees =
-        CoMasConfig { num_agents: 1, evaluator_sees_discussion: true, discussion_source: DiscussionSource::LastKPairsChronological, ..Default::default() };
+    let sees = CoMasConfig {
+        num_agents: 1,
+        evaluator_sees_discussion: true,
+        discussion_source: DiscussionSource::LastKPairsChronological,
+        ..Default::default()
+    };
     let mut ep = single(&sees, TaskKind::Coding, 0);
     let groups = run(&mut ep, tag);
     assert!(groups[1][0].messages[0].content.starts_with(
@@ -227,47 +284,71 @@ fn same_seed_same_plan_and_prompts_other_seed_differs() {
     assert_eq!(a, drive(s));
     let b = drive(PlanSeed { step: 4, ..s });
     assert_ne!(a, b);
-    let agents = |g: &Vec<Vec<TurnRequest>>| g.iter().flatten().map(|r| r.agent).collect::<Vec<_>>();
-    let prompts = |g: &Vec<Vec<TurnRequest>>| g.iter().flatten().map(|r| r.messages.clone()).collect::<Vec<_>>();
+    let agents =
+        |g: &Vec<Vec<TurnRequest>>| g.iter().flatten().map(|r| r.agent).collect::<Vec<_>>();
+    let prompts = |g: &Vec<Vec<TurnRequest>>| {
+        g.iter().flatten().map(|r| r.messages.clone()).collect::<Vec<_>>()
+    };
     assert_ne!(agents(&a), agents(&b), "assignment changes with the seed");
     assert_ne!(prompts(&a), prompts(&b), "discussion draws change with the seed");
 }
 
 #[test]
 fn no_evaluation_variant_turns() {
-    let config = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }, ..Default::default() };
+    let config = CoMasConfig {
+        variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum },
+        ..Default::default()
+    };
     let mut ep = single(&config, TaskKind::Math, 5);
     let groups = run(&mut ep, padded);
     let order: Vec<(Role, usize)> = groups.iter().map(|g| (g[0].role, g.len())).collect();
-    assert_eq!(order, vec![(Role::Solver, 4), (Role::Scorer, 4), (Role::Solver, 4), (Role::Scorer, 4)]);
+    assert_eq!(
+        order,
+        vec![(Role::Solver, 4), (Role::Scorer, 4), (Role::Solver, 4), (Role::Scorer, 4)]
+    );
     let judge = &groups[1][2];
     assert_eq!((judge.about_solution, judge.about_evaluation), (Some(2), None));
-    assert!(judge.messages[0].content.starts_with("Problem:\nQuestion q?\n\nSolution:\nS r0 d2\n\nDecide whether the solution is correct"));
+    assert!(judge.messages[0].content.starts_with(
+        "Problem:\nQuestion q?\n\nSolution:\nS r0 d2\n\nDecide whether the solution is correct"
+    ));
     // Solvers of round 1 see solutions without evaluations.
     assert!(groups[2][0].messages[0].content.contains("=== Discussion 2 ===\nSolution: S r0 d"));
     assert!(!groups[2][0].messages[0].content.contains("Evaluation:"));
     let t = ep.into_trajectory().unwrap();
-    assert_eq!((count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)), (8, 0, 8));
+    assert_eq!(
+        (count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)),
+        (8, 0, 8)
+    );
 }
 
 #[test]
 fn no_scoring_variant_turns() {
-    let config = CoMasConfig { variant: Variant::NoScoring, evals_per_solution: 2, ..Default::default() };
+    let config =
+        CoMasConfig { variant: Variant::NoScoring, evals_per_solution: 2, ..Default::default() };
     let mut ep = single(&config, TaskKind::Coding, 6);
     let groups = run(&mut ep, |r| format!("{} <judgment>correct</judgment>", tag(r)));
     let order: Vec<(Role, usize)> = groups.iter().map(|g| (g[0].role, g.len())).collect();
-    assert_eq!(order, vec![(Role::Solver, 4), (Role::Evaluator, 8), (Role::Solver, 4), (Role::Evaluator, 8)]);
+    assert_eq!(
+        order,
+        vec![(Role::Solver, 4), (Role::Evaluator, 8), (Role::Solver, 4), (Role::Evaluator, 8)]
+    );
     let e = &groups[1][3];
     assert_eq!((e.slot, e.judge_index, e.about_solution), (1, 1, Some(1)));
-    assert!(e.messages[0].content.contains("<judgment>correct</judgment> or <judgment>incorrect</judgment>"));
+    assert!(e.messages[0]
+        .content
+        .contains("<judgment>correct</judgment> or <judgment>incorrect</judgment>"));
     let t = ep.into_trajectory().unwrap();
-    assert_eq!((count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)), (8, 16, 0));
+    assert_eq!(
+        (count(&t, Role::Solver), count(&t, Role::Evaluator), count(&t, Role::Scorer)),
+        (8, 16, 0)
+    );
     assert!(t.turns_of(Role::Evaluator).all(|e| e.judgment.is_some()));
 }
 
 #[test]
 fn several_evaluations_per_solution_in_the_full_variant() {
-    let config = CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 2, ..Default::default() };
+    let config =
+        CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 2, ..Default::default() };
     let mut ep = single(&config, TaskKind::Math, 7);
     let groups = run(&mut ep, tag);
     assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 6, 6]);
@@ -275,7 +356,10 @@ fn several_evaluations_per_solution_in_the_full_variant() {
     for c in &groups[2] {
         let e = groups[1].iter().find(|e| Some(e.turn_index) == c.about_evaluation).unwrap();
         assert_eq!((e.slot, e.judge_index), (c.slot, c.judge_index));
-        assert!(c.messages[0].content.contains(&format!("Evaluation of the solution:\nE r0 d{} k{}\n", c.slot, c.judge_index)));
+        assert!(c.messages[0].content.contains(&format!(
+            "Evaluation of the solution:\nE r0 d{} k{}\n",
+            c.slot, c.judge_index
+        )));
     }
 }
 
@@ -326,7 +410,10 @@ fn submit_rejects_bad_groups_without_changing_state() {
     assert!(ep.turns().is_empty());
     assert_eq!(ep.next_turns(), group);
     let err = ep.clone().into_trajectory().unwrap_err();
-    assert_eq!(err.to_string(), "the episode is not finished: 2 solver turn(s) of round 0 are still pending");
+    assert_eq!(
+        err.to_string(),
+        "the episode is not finished: 2 solver turn(s) of round 0 are still pending"
+    );
 
     // Out-of-order submission is fine.
     ep.submit(vec![output(&group[1], "b"), output(&group[0], "a")]).unwrap();
@@ -349,8 +436,14 @@ fn episode_rejects_bad_config_and_plan() {
     assert!(err.to_string().contains("evals_per_solution >= 2"));
     let three = CoMasConfig { num_agents: 3, ..Default::default() };
     let err = Episode::new(&three, &q, 0, plan.clone(), 0).unwrap_err();
-    assert_eq!(err.to_string(), "assignment plan does not fit the config: round 0: 4 slots of evaluators, expected 3");
-    let no_eval = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral }, ..Default::default() };
+    assert_eq!(
+        err.to_string(),
+        "assignment plan does not fit the config: round 0: 4 slots of evaluators, expected 3"
+    );
+    let no_eval = CoMasConfig {
+        variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral },
+        ..Default::default()
+    };
     assert!(matches!(Episode::new(&no_eval, &q, 0, plan, 0), Err(WorkflowError::PlanMismatch(_))));
 }
 
@@ -364,16 +457,30 @@ fn tampered_trajectories_are_rejected() {
 
     let mut x = t.clone();
     x.turns[4].score = Some(3);
-    assert_eq!(x.validate().unwrap_err().to_string(), "malformed trajectory: turn 4: stored score Some(3) but the text gives Some(2)");
+    assert_eq!(
+        x.validate().unwrap_err().to_string(),
+        "malformed trajectory: turn 4: stored score Some(3) but the text gives Some(2)"
+    );
     let mut x = t.clone();
     x.turns.pop();
-    assert_eq!(x.validate().unwrap_err().to_string(), "malformed trajectory: round 0 has 1 scorer turns, expected 2");
+    assert_eq!(
+        x.validate().unwrap_err().to_string(),
+        "malformed trajectory: round 0 has 1 scorer turns, expected 2"
+    );
     let mut x = t.clone();
     x.turns[2].about_solution = Some(1);
-    assert!(x.validate().unwrap_err().to_string().contains("about_solution 1 is not the solution of round 0 slot 0"));
+    assert!(x
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("about_solution 1 is not the solution of round 0 slot 0"));
     let mut x = t.clone();
     x.turns[5].about_evaluation = Some(2);
-    assert!(x.validate().unwrap_err().to_string().contains("about_evaluation 2 is not evaluation 0"));
+    assert!(x
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("about_evaluation 2 is not evaluation 0"));
     let mut x = t;
     x.turns[3].agent = 9;
     assert!(x.validate().unwrap_err().to_string().contains("agent 9"));
@@ -392,12 +499,22 @@ impl PromptMeter for CharLimit {
 }
 
 fn run_metered(config: &CoMasConfig, meter: &CharLimit) -> (Vec<Vec<TurnRequest>>, Trajectory) {
-    let plan = comas_workflow::comas::plan_batch(config, 1, comas_workflow::comas::PlanSeed { global: 4, step: 0, shard: 0 }).unwrap().instances.remove(0);
-    let mut ep = Episode::new_metered(config, &common::question("q", TaskKind::Math), 0, plan, 4, meter).unwrap();
+    let plan = comas_workflow::comas::plan_batch(
+        config,
+        1,
+        comas_workflow::comas::PlanSeed { global: 4, step: 0, shard: 0 },
+    )
+    .unwrap()
+    .instances
+    .remove(0);
+    let mut ep =
+        Episode::new_metered(config, &common::question("q", TaskKind::Math), 0, plan, 4, meter)
+            .unwrap();
     let mut groups = Vec::new();
     while !ep.is_done() {
         let group = ep.next_turns();
-        ep.submit_metered(group.iter().map(|r| common::output(r, &padded(r))).collect(), meter).unwrap();
+        ep.submit_metered(group.iter().map(|r| common::output(r, &padded(r))).collect(), meter)
+            .unwrap();
         groups.push(group);
     }
     (groups, ep.into_trajectory().unwrap())
@@ -405,8 +522,12 @@ fn run_metered(config: &CoMasConfig, meter: &CharLimit) -> (Vec<Vec<TurnRequest>
 
 #[test]
 fn a_prompt_too_long_loses_whole_discussion_blocks_oldest_first() {
-    let config =
-        CoMasConfig { num_agents: 2, discussion_source: DiscussionSource::LastKPairsChronological, evaluator_sees_discussion: true, ..Default::default() };
+    let config = CoMasConfig {
+        num_agents: 2,
+        discussion_source: DiscussionSource::LastKPairsChronological,
+        evaluator_sees_discussion: true,
+        ..Default::default()
+    };
     let unlimited = CharLimit { solver: usize::MAX, evaluator: usize::MAX };
     let (groups, t) = run_metered(&config, &unlimited);
     let full = groups[3][0].messages[0].content.len();
@@ -418,17 +539,29 @@ fn a_prompt_too_long_loses_whole_discussion_blocks_oldest_first() {
     let newer = "=== Discussion 1 ===\nSolution: S r0 d1\nEvaluation: E r0 d1 k0";
     assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}{newer}{MATH_TAIL}"));
     assert_eq!(t.discussions[1], newer);
-    let cut: Vec<(Role, u32, u32)> = t.turns.iter().filter(|t| t.blocks_cut > 0).map(|t| (t.role, t.round, t.blocks_cut)).collect();
+    let cut: Vec<(Role, u32, u32)> = t
+        .turns
+        .iter()
+        .filter(|t| t.blocks_cut > 0)
+        .map(|t| (t.role, t.round, t.blocks_cut))
+        .collect();
     assert_eq!(cut, vec![(Role::Solver, 1, 1), (Role::Solver, 1, 1)]);
     // Evaluators that see the discussion see the block the solvers saw.
-    assert!(groups[4][0].messages[0].content.contains(newer) && !groups[4][0].messages[0].content.contains("S r0 d0\n"));
+    assert!(
+        groups[4][0].messages[0].content.contains(newer)
+            && !groups[4][0].messages[0].content.contains("S r0 d0\n")
+    );
 
     // Nothing fits: every block is cut, the rest of the prompt stays (the worker refuses it).
     let (groups, t) = run_metered(&config, &CharLimit { solver: 1, evaluator: 1 });
     assert_eq!(groups[3][0].messages[0].content, format!("{HEAD}(Empty discussion){MATH_TAIL}"));
     assert_eq!(t.discussions[1], "(Empty discussion)");
     assert_eq!(t.truncated_prompts(), 2);
-    assert!(t.turns.iter().filter(|t| t.role == Role::Solver && t.round == 1).all(|t| t.blocks_cut == 2));
+    assert!(t
+        .turns
+        .iter()
+        .filter(|t| t.role == Role::Solver && t.round == 1)
+        .all(|t| t.blocks_cut == 2));
     // The solution under review is never cut from an evaluator's prompt.
     assert!(groups[4][1].messages[0].content.contains("Solution to check:\nS r1 d1"));
 }

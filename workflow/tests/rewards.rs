@@ -2,7 +2,9 @@
 //! worked out by hand.
 mod common;
 
-use comas_workflow::comas::{comas_rewards, CoMasConfig, JudgeReward, Trajectory, TurnReward, Variant};
+use comas_workflow::comas::{
+    comas_rewards, CoMasConfig, JudgeReward, Trajectory, TurnReward, Variant,
+};
 use comas_workflow::{Role, TaskKind, TurnRequest};
 use common::{run, single, tag};
 
@@ -14,8 +16,13 @@ fn play(config: &CoMasConfig, text: impl FnMut(&TurnRequest) -> String) -> Traje
 
 /// Rewards of one role in (round, slot, judge) order.
 fn of(rewards: &[TurnReward], t: &Trajectory, role: Role) -> Vec<f32> {
-    let mut picked: Vec<(u32, u32, u32, f32)> =
-        t.turns.iter().zip(rewards).filter(|(turn, _)| turn.role == role).map(|(turn, r)| (turn.round, turn.slot, turn.judge_index, r.reward)).collect();
+    let mut picked: Vec<(u32, u32, u32, f32)> = t
+        .turns
+        .iter()
+        .zip(rewards)
+        .filter(|(turn, _)| turn.role == role)
+        .map(|(turn, r)| (turn.round, turn.slot, turn.judge_index, r.reward))
+        .collect();
     picked.sort_by_key(|p| (p.0, p.1, p.2));
     picked.into_iter().map(|p| p.3).collect()
 }
@@ -33,7 +40,10 @@ fn full_variant_single_evaluation() {
     });
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(rewards.len(), 12);
-    assert_eq!(rewards.iter().map(|r| r.turn_index).collect::<Vec<_>>(), (0..12).collect::<Vec<_>>());
+    assert_eq!(
+        rewards.iter().map(|r| r.turn_index).collect::<Vec<_>>(),
+        (0..12).collect::<Vec<_>>()
+    );
     assert_eq!(of(&rewards, &t, Role::Solver), vec![1.0, 0.5, 0.0, 0.0]);
     assert_eq!(of(&rewards, &t, Role::Evaluator), vec![0.0, 0.5, 1.0, 0.0]);
     assert_eq!(of(&rewards, &t, Role::Scorer), vec![0.0, 0.0, 0.0, -1.0]);
@@ -46,7 +56,13 @@ fn full_variant_single_evaluation() {
 #[test]
 fn full_variant_zero_sum_per_slot() {
     let config = CoMasConfig::default();
-    let t = play(&config, |r| if r.role == Role::Scorer { format!("<score>{}</score>", 1 + (r.turn_index % 3)) } else { tag(r) });
+    let t = play(&config, |r| {
+        if r.role == Role::Scorer {
+            format!("<score>{}</score>", 1 + (r.turn_index % 3))
+        } else {
+            tag(r)
+        }
+    });
     let rewards = comas_rewards(&t).unwrap();
     for s in t.turns_of(Role::Scorer) {
         let sol = rewards[s.about_solution.unwrap() as usize].reward;
@@ -59,7 +75,8 @@ fn full_variant_zero_sum_per_slot() {
 #[test]
 fn full_variant_averages_valid_scores_when_n_is_two() {
     // Slot 0 gets scores [3, 2]; slot 1 gets [broken, 2]; slot 2 gets [broken, broken].
-    let config = CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 2, ..Default::default() };
+    let config =
+        CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 2, ..Default::default() };
     let t = play(&config, |r| match (r.role, r.slot, r.judge_index) {
         (Role::Scorer, 0, 0) => "<score>3</score>".into(),
         (Role::Scorer, 0, _) => "<score>2</score>".into(),
@@ -85,14 +102,21 @@ fn no_evaluation_variant_judge_rewards() {
         (Role::Scorer, _) => "<score></score>".to_string(),
         _ => tag(r),
     };
-    let zero_sum = CoMasConfig { num_rounds: 1, variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum }, ..Default::default() };
+    let zero_sum = CoMasConfig {
+        num_rounds: 1,
+        variant: Variant::NoEvaluation { judge_reward: JudgeReward::ZeroSum },
+        ..Default::default()
+    };
     let t = play(&zero_sum, script);
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(rewards.len(), 8);
     assert_eq!(of(&rewards, &t, Role::Solver), vec![1.0, 0.5, 0.0, 0.0]);
     assert_eq!(of(&rewards, &t, Role::Scorer), vec![0.0, 0.5, 1.0, -1.0]);
 
-    let neutral = CoMasConfig { variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral }, ..zero_sum };
+    let neutral = CoMasConfig {
+        variant: Variant::NoEvaluation { judge_reward: JudgeReward::Neutral },
+        ..zero_sum
+    };
     let t = play(&neutral, script);
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(of(&rewards, &t, Role::Solver), vec![1.0, 0.5, 0.0, 0.0]);
@@ -105,8 +129,18 @@ fn no_scoring_variant_agreement_rewards() {
     //   slot 0: correct, correct, incorrect → solver 2/3; evaluators 1/2, 1/2, 0
     //   slot 1: correct, broken, incorrect  → solver 1/2; evaluators 0, −1, 0
     //   slot 2: correct, broken, broken     → solver 1;   evaluators 0 (nobody to agree with), −1, −1
-    let config = CoMasConfig { num_agents: 3, num_rounds: 1, evals_per_solution: 3, variant: Variant::NoScoring, ..Default::default() };
-    let verdicts = [["correct", "correct", "incorrect"], ["correct", "maybe", "incorrect"], ["Correct", "", ""]];
+    let config = CoMasConfig {
+        num_agents: 3,
+        num_rounds: 1,
+        evals_per_solution: 3,
+        variant: Variant::NoScoring,
+        ..Default::default()
+    };
+    let verdicts = [
+        ["correct", "correct", "incorrect"],
+        ["correct", "maybe", "incorrect"],
+        ["Correct", "", ""],
+    ];
     let t = play(&config, |r| match r.role {
         Role::Evaluator => {
             let v = verdicts[r.slot as usize][r.judge_index as usize];
@@ -116,13 +150,22 @@ fn no_scoring_variant_agreement_rewards() {
     });
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(of(&rewards, &t, Role::Solver), vec![2.0 / 3.0, 0.5, 1.0]);
-    assert_eq!(of(&rewards, &t, Role::Evaluator), vec![0.5, 0.5, 0.0, 0.0, -1.0, 0.0, 0.0, -1.0, -1.0]);
+    assert_eq!(
+        of(&rewards, &t, Role::Evaluator),
+        vec![0.5, 0.5, 0.0, 0.0, -1.0, 0.0, 0.0, -1.0, -1.0]
+    );
     assert_eq!(of(&rewards, &t, Role::Scorer), Vec::<f32>::new());
 }
 
 #[test]
 fn no_scoring_with_no_valid_verdict_gives_the_solver_zero() {
-    let config = CoMasConfig { num_agents: 1, num_rounds: 1, evals_per_solution: 2, variant: Variant::NoScoring, ..Default::default() };
+    let config = CoMasConfig {
+        num_agents: 1,
+        num_rounds: 1,
+        evals_per_solution: 2,
+        variant: Variant::NoScoring,
+        ..Default::default()
+    };
     let t = play(&config, tag);
     let rewards = comas_rewards(&t).unwrap();
     assert_eq!(rewards.iter().map(|r| r.reward).collect::<Vec<_>>(), vec![0.0, -1.0, -1.0]);
@@ -136,5 +179,8 @@ fn malformed_trajectory_gets_no_rewards() {
     assert!(comas_rewards(&t).is_err());
     t.turns[4].score = None;
     t.variant = Variant::NoScoring;
-    assert!(comas_rewards(&t).unwrap_err().to_string().contains("scorer turn in a variant without scoring"));
+    assert!(comas_rewards(&t)
+        .unwrap_err()
+        .to_string()
+        .contains("scorer turn in a variant without scoring"));
 }

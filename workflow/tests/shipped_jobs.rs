@@ -27,7 +27,12 @@ fn shipped_job_files_are_valid() {
         let job = spec.check(2000).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         assert!(job.total_steps >= 1);
         for (k, a) in job.spec.agents.iter().enumerate() {
-            assert_eq!(a.learner.as_deref(), Some(format!("http://learner-{k}.learner:50061").as_str()), "{}", f.display());
+            assert_eq!(
+                a.learner.as_deref(),
+                Some(format!("http://learner-{k}.learner:50061").as_str()),
+                "{}",
+                f.display()
+            );
         }
     }
 }

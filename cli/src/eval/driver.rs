@@ -53,7 +53,9 @@ pub fn run(
     let mut queues: Vec<VecDeque<(usize, Call)>> = vec![VecDeque::new(); n];
     let mut remaining = 0usize;
     // Opens questions into free slots until `max_open` are open or none are left.
-    let mut admit = |open: &mut Vec<Option<Open>>, queues: &mut Vec<VecDeque<(usize, Call)>>, remaining: &mut usize| {
+    let mut admit = |open: &mut Vec<Option<Open>>,
+                     queues: &mut Vec<VecDeque<(usize, Call)>>,
+                     remaining: &mut usize| {
         while *remaining < max_open.max(1) {
             let Some((o, calls)) = questions.next() else { break };
             let slot = match open.iter().position(Option::is_none) {
@@ -71,7 +73,8 @@ pub fn run(
         }
     };
     admit(&mut open, &mut queues, &mut remaining);
-    let mut batchers: Vec<Batcher> = members.iter().map(|m| Batcher::new(&m.model, Some(&m.tokenizer))).collect();
+    let mut batchers: Vec<Batcher> =
+        members.iter().map(|m| Batcher::new(&m.model, Some(&m.tokenizer))).collect();
     // Sequence id -> (open slot, call, prompt tokens).
     let mut flying: std::collections::HashMap<u64, (usize, Call, usize)> = Default::default();
     let mut next_id = 0u64;
@@ -82,14 +85,25 @@ pub fn run(
             while batchers[m].len() < max_running.max(1) {
                 let Some((slot, call)) = queues[m].pop_front() else { break };
                 let q = open[slot].as_ref().map_or(0, |o| o.index);
-                let msgs: Vec<ChatMessage> = call.messages.iter().map(|x| ChatMessage::new(x.role.clone(), x.content.clone())).collect();
-                let ids = member.tokenizer.encode_chat(&msgs, true).with_context(|| format!("rendering call {} of question {q}", call.id))?;
+                let msgs: Vec<ChatMessage> = call
+                    .messages
+                    .iter()
+                    .map(|x| ChatMessage::new(x.role.clone(), x.content.clone()))
+                    .collect();
+                let ids = member
+                    .tokenizer
+                    .encode_chat(&msgs, true)
+                    .with_context(|| format!("rendering call {} of question {q}", call.id))?;
                 let context = member.model.config().max_position_embeddings.max(0) as usize;
                 let room = context.saturating_sub(ids.len()).min(sampling.max_new_tokens);
                 if room < 1 {
                     // Spec §8.1: a call that cannot be served answers empty, which grades wrong.
                     let error = Some(no_room_error(ids.len(), context));
-                    replies.push((slot, call.clone(), record(&call, member, ids.len(), 0, "error", String::new(), error)));
+                    replies.push((
+                        slot,
+                        call.clone(),
+                        record(&call, member, ids.len(), 0, "error", String::new(), error),
+                    ));
                     continue;
                 }
                 let params = SamplingParams {
@@ -103,24 +117,41 @@ pub fn run(
                 next_id += 1;
                 flying.insert(id, (slot, call, ids.len()));
                 let prompt_len = ids.len();
-                batchers[m].add(id, ids, params, member.adapter.as_ref()).map_err(|e| anyhow!("queueing a call of {prompt_len} tokens: {e}"))?;
+                batchers[m]
+                    .add(id, ids, params, member.adapter.as_ref())
+                    .map_err(|e| anyhow!("queueing a call of {prompt_len} tokens: {e}"))?;
             }
             if batchers[m].is_empty() {
                 continue;
             }
-            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batchers[m].step())).map_err(|p| {
-                anyhow!("libtorch failed in a decode step: {}; lower --max-running or --max-new-tokens", comas_service::panic_message(p.as_ref()))
+            let step = std::panic::AssertUnwindSafe(|| batchers[m].step());
+            let done = std::panic::catch_unwind(step).map_err(|p| {
+                let cause = comas_service::panic_message(p.as_ref());
+                anyhow!(
+                    "libtorch failed in a decode step: {cause}; \
+                     lower --max-running or --max-new-tokens"
+                )
             })??;
             for (id, c) in done {
-                let (slot, call, prompt_tokens) = flying.remove(&id).expect("a finished sequence was queued by this loop");
+                let (slot, call, prompt_tokens) =
+                    flying.remove(&id).expect("a finished sequence was queued by this loop");
                 let text = member.tokenizer.decode(&c.token_ids, true)?;
                 let finish = format!("{:?}", c.finish_reason).to_lowercase();
                 progress.tokens += c.token_ids.len() as u64;
-                replies.push((slot, call.clone(), record(&call, member, prompt_tokens, c.token_ids.len(), &finish, text, None)));
+                replies.push((
+                    slot,
+                    call.clone(),
+                    record(&call, member, prompt_tokens, c.token_ids.len(), &finish, text, None),
+                ));
             }
         }
-        if replies.is_empty() && batchers.iter().all(Batcher::is_empty) && queues.iter().all(VecDeque::is_empty) {
-            return Err(anyhow!("{remaining} questions neither ended nor asked for a call (a setup bug)"));
+        if replies.is_empty()
+            && batchers.iter().all(Batcher::is_empty)
+            && queues.iter().all(VecDeque::is_empty)
+        {
+            return Err(anyhow!(
+                "{remaining} questions neither ended nor asked for a call (a setup bug)"
+            ));
         }
         for (slot, call, rec) in replies {
             progress.calls_done += 1;
@@ -133,7 +164,10 @@ pub fn run(
             if o.dialogue.output().is_some() {
                 // Its slot is reused next: no call of it may still be out.
                 if o.dialogue.transcript().any(|(_, reply)| reply.is_none()) {
-                    return Err(anyhow!("question {} ended with calls still unanswered (a setup bug)", o.index));
+                    return Err(anyhow!(
+                        "question {} ended with calls still unanswered (a setup bug)",
+                        o.index
+                    ));
                 }
                 let o = open[slot].take().expect("just checked");
                 remaining -= 1;
@@ -145,7 +179,15 @@ pub fn run(
     Ok(progress)
 }
 
-fn record(call: &Call, member: &Member, prompt_tokens: usize, new_tokens: usize, finish: &str, response: String, error: Option<String>) -> CallRecord {
+fn record(
+    call: &Call,
+    member: &Member,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    finish: &str,
+    response: String,
+    error: Option<String>,
+) -> CallRecord {
     CallRecord {
         call: call.id,
         label: call.label.clone(),

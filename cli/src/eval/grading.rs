@@ -27,8 +27,14 @@ pub struct Grader {
 impl Grader {
     /// `code`: whether any item runs code (then the sandbox must start, or this is an error).
     pub fn new(code: bool, mode: CodeGrading) -> Result<Self> {
-        let sandbox = if code { Some(Sandbox::with_defaults().context("code grading needs the sandbox")?) } else { None };
-        if let Some(gaps) = sandbox.as_ref().map(|s| s.protections().gaps()).filter(|g| !g.is_empty()) {
+        let sandbox = if code {
+            Some(Sandbox::with_defaults().context("code grading needs the sandbox")?)
+        } else {
+            None
+        };
+        if let Some(gaps) =
+            sandbox.as_ref().map(|s| s.protections().gaps()).filter(|g| !g.is_empty())
+        {
             tracing::warn!(missing = ?gaps, "the code sandbox runs without some protections on this machine");
         }
         Ok(Self { sandbox, mode })
@@ -45,13 +51,21 @@ impl Grader {
                 };
                 let other = grade_code(sandbox, output, checker, other_mode)?;
                 let reason = (!main.correct).then(|| main.to_string());
-                return Ok(Verdict { passed: main.correct, reason, passed_other_mode: Some(other.correct) });
+                return Ok(Verdict {
+                    passed: main.correct,
+                    reason,
+                    passed_other_mode: Some(other.correct),
+                });
             }
             GraderKind::Math => AnswerKind::Math,
             GraderKind::Choice => AnswerKind::Choice,
             GraderKind::Numeric => AnswerKind::Numeric,
         };
         let v = grade::grade(kind, output, &item.answer);
-        Ok(Verdict { passed: v.passed(), reason: v.reason().map(str::to_string), passed_other_mode: None })
+        Ok(Verdict {
+            passed: v.passed(),
+            reason: v.reason().map(str::to_string),
+            passed_other_mode: None,
+        })
     }
 }

@@ -95,7 +95,8 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, 
     let agent_dir = dir.join("checkpoints").join(format!("agent-{agent}"));
     let mut roots = vec![agent_dir.clone()];
     if let Ok(entries) = std::fs::read_dir(&agent_dir) {
-        let mut jobs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+        let mut jobs: Vec<PathBuf> =
+            entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
         jobs.sort();
         roots.extend(jobs);
     }
@@ -111,12 +112,19 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, 
         1 => found.remove(0),
         _ => {
             let names: Vec<String> = found.iter().map(|(r, _)| r.display().to_string()).collect();
-            bail!("agent {agent} has checkpoints of several jobs ({}); move the others away", names.join(", "))
+            bail!(
+                "agent {agent} has checkpoints of several jobs ({}); move the others away",
+                names.join(", ")
+            )
         }
     };
     let step = match which {
-        "final" | "latest" => all.last().map(|(s, _)| *s).expect("found holds only non-empty step lists"),
-        s => s.parse::<u64>().with_context(|| format!("--checkpoint {s}: give a step number or `final`"))?,
+        "final" | "latest" => {
+            all.last().map(|(s, _)| *s).expect("found holds only non-empty step lists")
+        }
+        s => s
+            .parse::<u64>()
+            .with_context(|| format!("--checkpoint {s}: give a step number or `final`"))?,
     };
     let (_, at) = all.iter().find(|(s, _)| *s == step).with_context(|| {
         let have: Vec<String> = all.iter().map(|(s, _)| s.to_string()).collect();
@@ -136,9 +144,13 @@ fn job_checkpoint(dir: &Path, agent: u32, which: &str) -> Result<(u64, PathBuf, 
         base_model_name_or_path: Option<String>,
     }
     let path = adapter.join("adapter_config.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let base: Base = serde_json::from_str(&text).with_context(|| format!("{} is not an adapter config", path.display()))?;
-    let base = base.base_model_name_or_path.with_context(|| format!("{}: the adapter does not name its base model", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let base: Base = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not an adapter config", path.display()))?;
+    let base = base
+        .base_model_name_or_path
+        .with_context(|| format!("{}: the adapter does not name its base model", path.display()))?;
     Ok((step, PathBuf::from(base), Some(adapter.display().to_string())))
 }
 
@@ -184,20 +196,27 @@ fn load_members(a: &Args, team: &[TeamModel]) -> Result<Vec<Member>> {
     let mut members = Vec::new();
     for t in team {
         let (dir, adapter) = (&t.model, t.adapter.as_ref().map(|p| p.display().to_string()));
-        let config = Config::from_file(&dir.join("config.json")).with_context(|| format!("loading model folder {}", dir.display()))?;
+        let config = Config::from_file(&dir.join("config.json"))
+            .with_context(|| format!("loading model folder {}", dir.display()))?;
         let kind = match &a.dtype {
             Some(d) => parse_kind(d)?,
             None => config.dtype,
         };
         let tokenizer = Tokenizer::from_dir(dir)?;
-        tokenizer.check_chat_template().with_context(|| format!("{} cannot render chat calls", dir.display()))?;
-        let model = CausalLm::load(dir, kind, device).with_context(|| format!("loading {}", dir.display()))?;
+        tokenizer
+            .check_chat_template()
+            .with_context(|| format!("{} cannot render chat calls", dir.display()))?;
+        let model = CausalLm::load(dir, kind, device)
+            .with_context(|| format!("loading {}", dir.display()))?;
         model.pack_for_decode();
         tokenizer.check_fits(model.config())?;
         let name = t.name.clone();
         let adapter = match adapter {
             None => None,
-            Some(p) => Some(LoraAdapter::load(Path::new(&p), model.config(), kind, device).with_context(|| format!("loading adapter {p}"))?),
+            Some(p) => Some(
+                LoraAdapter::load(Path::new(&p), model.config(), kind, device)
+                    .with_context(|| format!("loading adapter {p}"))?,
+            ),
         };
         members.push(Member { name, model, tokenizer, adapter });
     }
@@ -209,7 +228,8 @@ fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
         "arithmetic" => ("arithmetic".to_string(), eval::arithmetic(a.arithmetic_questions, 0)),
         "humaneval" => {
             let path = comas_sandbox::default_humaneval_path();
-            let problems = comas_sandbox::load_humaneval(&path).with_context(|| "run `bash scripts/fetch-humaneval.sh` first".to_string())?;
+            let problems = comas_sandbox::load_humaneval(&path)
+                .with_context(|| "run `bash scripts/fetch-humaneval.sh` first".to_string())?;
             let items = problems
                 .iter()
                 .map(|p| BenchItem {
@@ -223,9 +243,12 @@ fn load_bench(a: &Args) -> Result<(String, Vec<BenchItem>)> {
             ("humaneval".to_string(), items)
         }
         file => {
-            let text = std::fs::read_to_string(file).with_context(|| format!("reading benchmark {file}"))?;
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading benchmark {file}"))?;
             let items = eval::parse_bench(&text).with_context(|| format!("benchmark {file}"))?;
-            let name = std::path::Path::new(file).file_stem().map_or(file.to_string(), |s| s.to_string_lossy().into_owned());
+            let name = std::path::Path::new(file)
+                .file_stem()
+                .map_or(file.to_string(), |s| s.to_string_lossy().into_owned());
             (name, items)
         }
     };
@@ -253,7 +276,8 @@ impl RunSettings {
         let path = dir.join("run.json");
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                let before: RunSettings = serde_json::from_str(&text).with_context(|| format!("{} is not a comas eval run file", path.display()))?;
+                let before: RunSettings = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not a comas eval run file", path.display()))?;
                 if &before != self {
                     bail!(
                         "{} holds results of another run ({}); give another --out, or the same model, benchmark, temperature, max new tokens, seed and step",
@@ -263,7 +287,9 @@ impl RunSettings {
                 }
                 Ok(())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::plot::write_atomic(&path, serde_json::to_string_pretty(self)?.as_bytes()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                crate::plot::write_atomic(&path, serde_json::to_string_pretty(self)?.as_bytes())
+            }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
     }
@@ -308,11 +334,19 @@ pub fn run(a: Args) -> Result<()> {
     let mut results = ResultsFile::open(&a.out)?;
     let started = Instant::now();
     let (total_calls, total_tokens) = match &a.coordinator {
-        Some(url) => run_remote(&a, url, &team, &setups, &bench_name, &items, &mut results, &grader)?,
+        Some(url) => {
+            run_remote(&a, url, &team, &setups, &bench_name, &items, &mut results, &grader)?
+        }
         None => run_local(&a, &load_members(&a, &team)?, &setups, &items, &mut results, &grader)?,
     };
     let secs = started.elapsed().as_secs_f64();
-    let summary = report::summarize(&bench_name, &names, checkpoint_step, &results.load_all()?, a.code_grading);
+    let summary = report::summarize(
+        &bench_name,
+        &names,
+        checkpoint_step,
+        &results.load_all()?,
+        a.code_grading,
+    );
     report::write_summary(&a.out, &summary)?;
     println!("{}", serde_json::to_string(&summary)?);
     eprintln!(
@@ -340,8 +374,18 @@ fn run_remote(
         None => std::fs::canonicalize(&a.out)?.join("jobs"),
     };
     let dtype = a.dtype.clone().unwrap_or_else(|| "float32".into());
-    let max_new_tokens = u32::try_from(a.max_new_tokens).context("--max-new-tokens is too large")?;
-    let run = RemoteRun { coordinator: url, team, dtype: &dtype, temperature: a.temperature, max_new_tokens, seed: a.seed, jobs_dir: &jobs_dir, out: &a.out };
+    let max_new_tokens =
+        u32::try_from(a.max_new_tokens).context("--max-new-tokens is too large")?;
+    let run = RemoteRun {
+        coordinator: url,
+        team,
+        dtype: &dtype,
+        temperature: a.temperature,
+        max_new_tokens,
+        seed: a.seed,
+        jobs_dir: &jobs_dir,
+        out: &a.out,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut totals = (0, 0);
     for &setup in setups {
@@ -352,12 +396,21 @@ fn run_remote(
 }
 
 /// Every setup's calls in this process, one continuous batch per model; returns (calls, tokens).
-fn run_local(a: &Args, members: &[Member], setups: &[Setup], items: &[BenchItem], results: &mut ResultsFile, grader: &grading::Grader) -> Result<(u64, u64)> {
-    let sampling = CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
+fn run_local(
+    a: &Args,
+    members: &[Member],
+    setups: &[Setup],
+    items: &[BenchItem],
+    results: &mut ResultsFile,
+    grader: &grading::Grader,
+) -> Result<(u64, u64)> {
+    let sampling =
+        CallSampling { temperature: a.temperature, max_new_tokens: a.max_new_tokens, seed: a.seed };
     let mut total_tokens = 0u64;
     let mut total_calls = 0u64;
     for &setup in setups {
-        let todo: Vec<(usize, &BenchItem)> = items.iter().enumerate().filter(|(_, it)| !results.has(setup, &it.id)).collect();
+        let todo: Vec<(usize, &BenchItem)> =
+            items.iter().enumerate().filter(|(_, it)| !results.has(setup, &it.id)).collect();
         let skipped = items.len() - todo.len();
         let bar = report::progress_bar(setup, items.len(), skipped);
         let setup_started = Instant::now();
@@ -366,16 +419,21 @@ fn run_local(a: &Args, members: &[Member], setups: &[Setup], items: &[BenchItem]
             let first = dialogue.start();
             (Open { index, dialogue, calls: Vec::new() }, first)
         });
-        let progress = driver::run(members, &sampling, a.max_running, a.max_open, questions, |o, p| {
-            let item = &items[o.index];
-            let output = o.dialogue.output().unwrap_or_default().to_string();
-            let verdict = grader.grade(item, &output)?;
-            results.append(&QuestionResult::new(setup, item, output, verdict, o.calls))?;
-            bar.inc(1);
-            let secs = setup_started.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!("{} calls, {:.1} tok/s", p.calls_done, p.tokens as f64 / secs));
-            Ok(())
-        })?;
+        let progress =
+            driver::run(members, &sampling, a.max_running, a.max_open, questions, |o, p| {
+                let item = &items[o.index];
+                let output = o.dialogue.output().unwrap_or_default().to_string();
+                let verdict = grader.grade(item, &output)?;
+                results.append(&QuestionResult::new(setup, item, output, verdict, o.calls))?;
+                bar.inc(1);
+                let secs = setup_started.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!(
+                    "{} calls, {:.1} tok/s",
+                    p.calls_done,
+                    p.tokens as f64 / secs
+                ));
+                Ok(())
+            })?;
         total_calls += progress.calls_done;
         total_tokens += progress.tokens;
         bar.finish();

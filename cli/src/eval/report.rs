@@ -27,7 +27,13 @@ pub struct QuestionResult {
 }
 
 impl QuestionResult {
-    pub fn new(setup: Setup, item: &BenchItem, output: String, verdict: Verdict, calls: Vec<CallRecord>) -> Self {
+    pub fn new(
+        setup: Setup,
+        item: &BenchItem,
+        output: String,
+        verdict: Verdict,
+        calls: Vec<CallRecord>,
+    ) -> Self {
         let mut calls = calls;
         calls.sort_by_key(|c| c.call);
         Self {
@@ -39,7 +45,10 @@ impl QuestionResult {
             output,
             verdict,
             new_tokens: calls.iter().map(|c| c.new_tokens as u64).sum(),
-            calls: calls.iter().map(|c| serde_json::to_value(c).expect("a call record serializes")).collect(),
+            calls: calls
+                .iter()
+                .map(|c| serde_json::to_value(c).expect("a call record serializes"))
+                .collect(),
         }
     }
 }
@@ -69,7 +78,11 @@ impl ResultsFile {
     pub fn append(&mut self, r: &QuestionResult) -> Result<()> {
         let mut line = serde_json::to_string(r)?;
         line.push('\n');
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path).with_context(|| format!("opening {}", self.path.display()))?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
         f.write_all(line.as_bytes())?;
         f.sync_data()?;
         self.done.insert((r.setup, r.id.clone()));
@@ -89,14 +102,28 @@ impl ResultsFile {
                 Ok(r) => out.push(r),
                 // Only the last line can be torn by a crash; anything else is a foreign file.
                 Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
-                Err(e) => return Err(e).with_context(|| format!("{} line {}: not a result written by comas eval", self.path.display(), i + 1)),
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "{} line {}: not a result written by comas eval",
+                            self.path.display(),
+                            i + 1
+                        )
+                    })
+                }
             }
         }
         Ok(out)
     }
 }
 
-pub fn summarize(bench: &str, models: &[String], checkpoint_step: Option<u64>, results: &[QuestionResult], mode: CodeGrading) -> EvalSummary {
+pub fn summarize(
+    bench: &str,
+    models: &[String],
+    checkpoint_step: Option<u64>,
+    results: &[QuestionResult],
+    mode: CodeGrading,
+) -> EvalSummary {
     let mut cells: BTreeMap<(String, Setup), Vec<&QuestionResult>> = BTreeMap::new();
     for r in results {
         cells.entry((r.tag.clone(), r.setup)).or_default().push(r);
@@ -105,8 +132,10 @@ pub fn summarize(bench: &str, models: &[String], checkpoint_step: Option<u64>, r
         .into_iter()
         .map(|((tag, setup), rs)| {
             let passed = rs.iter().filter(|r| r.verdict.passed).count();
-            let other =
-                rs.iter().any(|r| r.verdict.passed_other_mode.is_some()).then(|| rs.iter().filter(|r| r.verdict.passed_other_mode == Some(true)).count());
+            let other = rs
+                .iter()
+                .any(|r| r.verdict.passed_other_mode.is_some())
+                .then(|| rs.iter().filter(|r| r.verdict.passed_other_mode == Some(true)).count());
             EvalCell {
                 tag,
                 setup,
@@ -114,7 +143,8 @@ pub fn summarize(bench: &str, models: &[String], checkpoint_step: Option<u64>, r
                 passed,
                 accuracy: passed as f64 / rs.len().max(1) as f64,
                 passed_other_mode: other,
-                mean_new_tokens: rs.iter().map(|r| r.new_tokens as f64).sum::<f64>() / rs.len().max(1) as f64,
+                mean_new_tokens: rs.iter().map(|r| r.new_tokens as f64).sum::<f64>()
+                    / rs.len().max(1) as f64,
             }
         })
         .collect();
@@ -150,8 +180,18 @@ pub fn markdown(s: &EvalSummary) -> String {
         for st in &setups {
             match s.cells.iter().find(|c| c.tag == tag && c.setup == *st) {
                 Some(c) => {
-                    let other = c.passed_other_mode.map_or(String::new(), |p| format!("; other block mode {:.1} %", 100.0 * p as f64 / c.graded.max(1) as f64));
-                    out.push_str(&format!(" {:.1} % ({}/{}{other}) |", 100.0 * c.accuracy, c.passed, c.graded));
+                    let other = c.passed_other_mode.map_or(String::new(), |p| {
+                        format!(
+                            "; other block mode {:.1} %",
+                            100.0 * p as f64 / c.graded.max(1) as f64
+                        )
+                    });
+                    out.push_str(&format!(
+                        " {:.1} % ({}/{}{other}) |",
+                        100.0 * c.accuracy,
+                        c.passed,
+                        c.graded
+                    ));
                 }
                 None => out.push_str(" - |"),
             }
@@ -159,20 +199,30 @@ pub fn markdown(s: &EvalSummary) -> String {
         out.push('\n');
     }
     if s.cells.iter().any(|c| c.passed_other_mode.is_some()) {
-        out.push_str(&format!("\nCode graded with `{}` (the other mode in brackets).\n", s.code_grading));
+        out.push_str(&format!(
+            "\nCode graded with `{}` (the other mode in brackets).\n",
+            s.code_grading
+        ));
     }
     out
 }
 
 pub fn write_summary(dir: &Path, s: &EvalSummary) -> Result<()> {
-    crate::plot::write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(s)?.as_bytes())?;
+    crate::plot::write_atomic(
+        &dir.join("summary.json"),
+        serde_json::to_string_pretty(s)?.as_bytes(),
+    )?;
     crate::plot::write_atomic(&dir.join("summary.md"), markdown(s).as_bytes())
 }
 
 pub fn progress_bar(setup: Setup, total: usize, done: usize) -> ProgressBar {
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>11} [{bar:30.cyan/blue}] {pos}/{len} questions {msg} ({elapsed})").expect("template").progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>11} [{bar:30.cyan/blue}] {pos}/{len} questions {msg} ({elapsed})",
+        )
+        .expect("template")
+        .progress_chars("=> "),
     );
     bar.set_prefix(setup.to_string());
     bar.set_position(done as u64);

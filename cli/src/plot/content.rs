@@ -25,8 +25,14 @@ pub enum Group {
 impl Group {
     /// Every group, in the order a figure shows them: the methods' own after the lengths.
     pub fn all() -> Vec<Group> {
-        let methods = comas_workflow::registry::chart_groups().into_iter().map(|(group, method)| Group::Method { group, method });
-        [Group::Rewards, Group::Training, Group::Lengths].into_iter().chain(methods).chain([Group::Accuracy, Group::Times]).collect()
+        let methods = comas_workflow::registry::chart_groups()
+            .into_iter()
+            .map(|(group, method)| Group::Method { group, method });
+        [Group::Rewards, Group::Training, Group::Lengths]
+            .into_iter()
+            .chain(methods)
+            .chain([Group::Accuracy, Group::Times])
+            .collect()
     }
 
     pub fn name(self) -> &'static str {
@@ -48,10 +54,14 @@ impl Group {
     /// The groups named in `--panels` (comma-separated, any case), in the order given; none: all.
     pub fn parse_list(names: &[String]) -> Result<Vec<Group>> {
         let mut out = Vec::new();
-        for name in names.iter().flat_map(|n| n.split(',')).map(str::trim).filter(|n| !n.is_empty()) {
+        for name in names.iter().flat_map(|n| n.split(',')).map(str::trim).filter(|n| !n.is_empty())
+        {
             let Some(g) = Group::named(name) else {
                 let known: Vec<_> = Group::all().iter().map(|g| g.name()).collect();
-                bail!("unknown panel {name:?} in --panels: use some of {}, separated by commas", known.join(", "));
+                bail!(
+                    "unknown panel {name:?} in --panels: use some of {}, separated by commas",
+                    known.join(", ")
+                );
             };
             if !out.contains(&g) {
                 out.push(g);
@@ -84,7 +94,11 @@ pub struct Series {
 }
 
 impl Series {
-    fn new(name: impl Into<String>, records: &[Record], value: impl Fn(&Value) -> Option<f64>) -> Series {
+    fn new(
+        name: impl Into<String>,
+        records: &[Record],
+        value: impl Fn(&Value) -> Option<f64>,
+    ) -> Series {
         let points = records.iter().map(|r| (r.x, value(&r.value))).collect();
         Series { name: name.into(), points, colour: 0, dash: None, markers: false }
     }
@@ -140,8 +154,16 @@ pub struct Panel {
 }
 
 impl Panel {
-    fn new(group: Group, key: &'static str, title: &'static str, needs: &'static str, unit: bool, series: Vec<Series>) -> Panel {
-        let series = series.into_iter().filter(|s| s.points.iter().any(|p| p.1.is_some())).collect();
+    fn new(
+        group: Group,
+        key: &'static str,
+        title: &'static str,
+        needs: &'static str,
+        unit: bool,
+        series: Vec<Series>,
+    ) -> Panel {
+        let series =
+            series.into_iter().filter(|s| s.points.iter().any(|p| p.1.is_some())).collect();
         Panel { group, key, title, needs, unit, series }
     }
 
@@ -164,7 +186,8 @@ impl Figure {
         let explicit = !o.groups.is_empty();
         // A method's own panels are drawn for a log of that method only: another method's log
         // does not list them as missing.
-        let method = m.steps.first().map(|r| comas_workflow::registry::method_of(&r.value).to_string());
+        let method =
+            m.steps.first().map(|r| comas_workflow::registry::method_of(&r.value).to_string());
         let groups = if explicit {
             o.groups.clone()
         } else {
@@ -174,13 +197,20 @@ impl Figure {
         for g in groups {
             if let (Group::Method { group, method: of }, Some(logged)) = (g, &method) {
                 if of != logged {
-                    bail!("panel {group:?} is drawn from {of} step records; this log is of {logged}");
+                    bail!(
+                        "panel {group:?} is drawn from {of} step records; this log is of {logged}"
+                    );
                 }
             }
-            let (full, empty): (Vec<Panel>, Vec<Panel>) = panels(g, m, o.roles).into_iter().partition(|p| !p.series.is_empty());
+            let (full, empty): (Vec<Panel>, Vec<Panel>) =
+                panels(g, m, o.roles).into_iter().partition(|p| !p.series.is_empty());
             if explicit && full.is_empty() {
                 let needs: Vec<_> = empty.iter().map(|p| p.needs).collect();
-                bail!("panel {:?} has no data in this log: it needs {}", g.name(), needs.join("; or "));
+                bail!(
+                    "panel {:?} has no data in this log: it needs {}",
+                    g.name(),
+                    needs.join("; or ")
+                );
             }
             fig.left_out.extend(empty.iter().map(|p| (p.key, p.needs)));
             fig.panels.extend(full);
@@ -198,8 +228,15 @@ impl Figure {
 
     /// The x range shared by all panels, widened around a single step so that it has a width.
     pub fn x_range(&self) -> (f64, f64) {
-        let xs = self.panels.iter().flat_map(|p| &p.series).flat_map(|s| &s.points).filter(|p| p.1.is_some()).map(|p| p.0);
-        let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        let xs = self
+            .panels
+            .iter()
+            .flat_map(|p| &p.series)
+            .flat_map(|s| &s.points)
+            .filter(|p| p.1.is_some())
+            .map(|p| p.0);
+        let (lo, hi) =
+            xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
         if lo > hi {
             (0.0, 1.0)
         } else if lo == hi {
@@ -220,48 +257,126 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
             let team = role_names(steps.iter().flat_map(|r| team_rewards(&r.value).into_keys()));
             let mut series: Vec<Series> = team
                 .iter()
-                .map(|role| Series::new(role.as_str(), steps, |v| team_rewards(v).get(role).map(|r| r.0)).colour(role_colour(role, &team)))
+                .map(|role| {
+                    Series::new(role.as_str(), steps, |v| team_rewards(v).get(role).map(|r| r.0))
+                        .colour(role_colour(role, &team))
+                })
                 .collect();
             series.push(Series::new("mean", steps, team_mean).colour(GREY));
             if roles {
                 for (k, id) in agent_ids(m).into_iter().enumerate() {
-                    let mine = role_names(steps.iter().filter_map(|r| agent(&r.value, id)).flat_map(|a| role_rewards(a.get("reward")).into_keys()));
+                    let mine = role_names(
+                        steps
+                            .iter()
+                            .filter_map(|r| agent(&r.value, id))
+                            .flat_map(|a| role_rewards(a.get("reward")).into_keys()),
+                    );
                     for role in mine {
                         let s = Series::new(format!("agent {id} {role}"), steps, |v| {
-                            agent(v, id).and_then(|a| role_rewards(a.get("reward")).get(&role).map(|r| r.0))
+                            agent(v, id)
+                                .and_then(|a| role_rewards(a.get("reward")).get(&role).map(|r| r.0))
                         });
                         series.push(s.colour(role_colour(&role, &team)).dash(k));
                     }
                 }
             }
-            vec![Panel::new(g, "rewards", "Reward by role", "reward.<role>.mean or reward_mean in the step records", false, series)]
+            vec![Panel::new(
+                g,
+                "rewards",
+                "Reward by role",
+                "reward.<role>.mean or reward_mean in the step records",
+                false,
+                series,
+            )]
         }
         Group::Training => {
             let ids = agent_ids(m);
             let per_agent = |key: &str| -> Vec<Series> {
                 let path = format!("train.{key}");
-                ids.iter().enumerate().map(|(c, &id)| Series::new(format!("agent {id}"), steps, |v| agent_num(v, id, &path)).colour(c)).collect()
+                ids.iter()
+                    .enumerate()
+                    .map(|(c, &id)| {
+                        Series::new(format!("agent {id}"), steps, |v| agent_num(v, id, &path))
+                            .colour(c)
+                    })
+                    .collect()
             };
             let mut kl = Vec::new();
             for (c, &id) in ids.iter().enumerate() {
-                kl.push(Series::new(format!("agent {id} kl"), steps, |v| agent_num(v, id, "train.kl")).colour(c));
-                kl.push(Series::new(format!("agent {id} approx_kl"), steps, |v| agent_num(v, id, "train.approx_kl")).colour(c).dash(0));
+                kl.push(
+                    Series::new(format!("agent {id} kl"), steps, |v| agent_num(v, id, "train.kl"))
+                        .colour(c),
+                );
+                kl.push(
+                    Series::new(format!("agent {id} approx_kl"), steps, |v| {
+                        agent_num(v, id, "train.approx_kl")
+                    })
+                    .colour(c)
+                    .dash(0),
+                );
             }
             vec![
-                Panel::new(g, "training.loss", "Training loss", "agents[].train.loss", false, per_agent("loss")),
-                Panel::new(g, "training.kl", "KL divergence", "agents[].train.kl or approx_kl", false, kl),
-                Panel::new(g, "training.clip", "Clip fraction", "agents[].train.clip_frac", false, per_agent("clip_frac")),
-                Panel::new(g, "training.grad_norm", "Gradient norm", "agents[].train.grad_norm", false, per_agent("grad_norm")),
-                Panel::new(g, "training.lr", "Learning rate", "agents[].train.lr", false, per_agent("lr")),
+                Panel::new(
+                    g,
+                    "training.loss",
+                    "Training loss",
+                    "agents[].train.loss",
+                    false,
+                    per_agent("loss"),
+                ),
+                Panel::new(
+                    g,
+                    "training.kl",
+                    "KL divergence",
+                    "agents[].train.kl or approx_kl",
+                    false,
+                    kl,
+                ),
+                Panel::new(
+                    g,
+                    "training.clip",
+                    "Clip fraction",
+                    "agents[].train.clip_frac",
+                    false,
+                    per_agent("clip_frac"),
+                ),
+                Panel::new(
+                    g,
+                    "training.grad_norm",
+                    "Gradient norm",
+                    "agents[].train.grad_norm",
+                    false,
+                    per_agent("grad_norm"),
+                ),
+                Panel::new(
+                    g,
+                    "training.lr",
+                    "Learning rate",
+                    "agents[].train.lr",
+                    false,
+                    per_agent("lr"),
+                ),
             ]
         }
         Group::Lengths => {
             let per_role = |path: &str| -> Vec<Series> {
-                let names = role_names(steps.iter().filter_map(|r| field(&r.value, path)?.as_object()).flat_map(|o| o.keys().cloned()));
-                names.iter().map(|role| Series::new(role.as_str(), steps, |v| num_at(v, &format!("{path}.{role}"))).colour(role_colour(role, &names))).collect()
+                let names = role_names(
+                    steps
+                        .iter()
+                        .filter_map(|r| field(&r.value, path)?.as_object())
+                        .flat_map(|o| o.keys().cloned()),
+                );
+                names
+                    .iter()
+                    .map(|role| {
+                        Series::new(role.as_str(), steps, |v| num_at(v, &format!("{path}.{role}")))
+                            .colour(role_colour(role, &names))
+                    })
+                    .collect()
             };
             let mut truncation = per_role("truncation_rate_by_role");
-            truncation.push(Series::new("all", steps, |v| num_at(v, "truncation_rate")).colour(GREY));
+            truncation
+                .push(Series::new("all", steps, |v| num_at(v, "truncation_rate")).colour(GREY));
             vec![
                 Panel::new(
                     g,
@@ -271,31 +386,60 @@ fn panels(g: Group, m: &Metrics, roles: bool) -> Vec<Panel> {
                     false,
                     per_role("completion_len"),
                 ),
-                Panel::new(g, "lengths.truncation", "Truncation rate", "truncation_rate_by_role or truncation_rate in the step records", true, truncation),
+                Panel::new(
+                    g,
+                    "lengths.truncation",
+                    "Truncation rate",
+                    "truncation_rate_by_role or truncation_rate in the step records",
+                    true,
+                    truncation,
+                ),
             ]
         }
         Group::Accuracy => {
             // The accuracy each method reports; older eval records carry it as a plain number.
-            let accuracy = |v: &Value| comas_workflow::registry::summary(v).and_then(|s| s.accuracy);
+            let accuracy =
+                |v: &Value| comas_workflow::registry::summary(v).and_then(|s| s.accuracy);
             let held_out = move |v: &Value| accuracy(v).or_else(|| number(v.get("accuracy")));
             let series = vec![
                 Series::new("train", steps, accuracy),
                 Series::new("held-out sampled", &m.evals, held_out).colour(1).markers(),
-                Series::new("held-out greedy", &m.evals, move |v| v.get("greedy").and_then(accuracy)).colour(2).markers(),
+                Series::new("held-out greedy", &m.evals, move |v| {
+                    v.get("greedy").and_then(accuracy)
+                })
+                .colour(2)
+                .markers(),
             ];
-            vec![Panel::new(g, "accuracy", "Accuracy", "the method's accuracy (CoMAS: accuracy.last_round) in the step or eval records", true, series)]
+            vec![Panel::new(
+                g,
+                "accuracy",
+                "Accuracy",
+                "the method's accuracy (CoMAS: accuracy.last_round) in the step or eval records",
+                true,
+                series,
+            )]
         }
         Group::Times => {
             let series = ["rollout", "train", "broadcast"]
                 .into_iter()
                 .enumerate()
-                .map(|(c, k)| Series::new(k, steps, |v| num_at(v, &format!("seconds.{k}"))).colour(c))
+                .map(|(c, k)| {
+                    Series::new(k, steps, |v| num_at(v, &format!("seconds.{k}"))).colour(c)
+                })
                 .collect();
-            vec![Panel::new(g, "times", "Stage times (s)", "seconds.rollout, seconds.train or seconds.broadcast in the step records", false, series)]
+            vec![Panel::new(
+                g,
+                "times",
+                "Stage times (s)",
+                "seconds.rollout, seconds.train or seconds.broadcast in the step records",
+                false,
+                series,
+            )]
         }
         Group::Method { group, .. } => {
             let records: Vec<&Value> = steps.iter().map(|r| &r.value).collect();
-            let charts = comas_workflow::registry::charts(&records).into_iter().filter(|c| c.group == group);
+            let charts =
+                comas_workflow::registry::charts(&records).into_iter().filter(|c| c.group == group);
             charts.map(|c| chart_panel(g, c, steps)).collect()
         }
     }
@@ -319,7 +463,12 @@ fn chart_panel(g: Group, c: Chart, steps: &[Record]) -> Panel {
 /// The agent with this index in a record's `agents` list (its `agent` field, else its position).
 fn agent(rec: &Value, id: i64) -> Option<&Value> {
     let list = rec.get("agents")?.as_array()?;
-    list.iter().enumerate().find(|(i, a)| a.is_object() && a.get("agent").and_then(Value::as_i64).unwrap_or(*i as i64) == id).map(|(_, a)| a)
+    list.iter()
+        .enumerate()
+        .find(|(i, a)| {
+            a.is_object() && a.get("agent").and_then(Value::as_i64).unwrap_or(*i as i64) == id
+        })
+        .map(|(_, a)| a)
 }
 
 fn agent_num(rec: &Value, id: i64, path: &str) -> Option<f64> {
@@ -329,7 +478,9 @@ fn agent_num(rec: &Value, id: i64, path: &str) -> Option<f64> {
 fn agent_ids(m: &Metrics) -> Vec<i64> {
     let mut ids = BTreeSet::new();
     for r in &m.steps {
-        for (i, a) in r.value.get("agents").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for (i, a) in
+            r.value.get("agents").and_then(Value::as_array).into_iter().flatten().enumerate()
+        {
             if a.is_object() {
                 ids.insert(a.get("agent").and_then(Value::as_i64).unwrap_or(i as i64));
             }
@@ -351,10 +502,14 @@ fn role_names(names: impl Iterator<Item = String>) -> Vec<String> {
 /// A role's colour: fixed for the usual three, so that it is the same in every panel; other
 /// roles take the next ones in the order of `names`.
 fn role_colour(role: &str, names: &[String]) -> usize {
-    ROLES
-        .iter()
-        .position(|k| *k == role)
-        .unwrap_or_else(|| ROLES.len() + names.iter().filter(|n| !ROLES.contains(&n.as_str())).position(|n| n == role).unwrap_or(0))
+    ROLES.iter().position(|k| *k == role).unwrap_or_else(|| {
+        ROLES.len()
+            + names
+                .iter()
+                .filter(|n| !ROLES.contains(&n.as_str()))
+                .position(|n| n == role)
+                .unwrap_or(0)
+    })
 }
 
 /// (mean, weight) per role of a `reward` object `{role: {mean, count}}`; the weight is the
@@ -389,7 +544,9 @@ fn team_rewards(rec: &Value) -> BTreeMap<String, (f64, f64)> {
     }
     if pooled.is_empty() {
         for a in agents() {
-            if let (Some(mean), Some(w)) = (number(a.get("reward_mean")), number(a.get("samples")).filter(|&w| w > 0.0)) {
+            if let (Some(mean), Some(w)) =
+                (number(a.get("reward_mean")), number(a.get("samples")).filter(|&w| w > 0.0))
+            {
                 let e = pooled.entry("all".to_string()).or_default();
                 e.0 += mean * w;
                 e.1 += w;
@@ -402,19 +559,26 @@ fn team_rewards(rec: &Value) -> BTreeMap<String, (f64, f64)> {
 /// `reward_mean`, else the count-weighted mean over the roles.
 fn team_mean(rec: &Value) -> Option<f64> {
     number(rec.get("reward_mean")).or_else(|| {
-        let (sum, w) = team_rewards(rec).values().fold((0.0, 0.0), |(s, w), (m, c)| (s + m * c, w + c));
+        let (sum, w) =
+            team_rewards(rec).values().fold((0.0, 0.0), |(s, w), (m, c)| (s + m * c, w + c));
         (w > 0.0).then(|| sum / w)
     })
 }
 
 /// One panel of accuracy against checkpoint step from `comas eval` summaries: a line per
 /// (benchmark tag, setup), its points in step order.
-pub fn checkpoint_figure(title: String, summaries: &[(std::path::PathBuf, comas_workflow::eval::EvalSummary)]) -> Result<Figure> {
+pub fn checkpoint_figure(
+    title: String,
+    summaries: &[(std::path::PathBuf, comas_workflow::eval::EvalSummary)],
+) -> Result<Figure> {
     let mut lines: BTreeMap<String, Vec<(f64, Option<f64>)>> = BTreeMap::new();
     for (_, s) in summaries {
         let step = s.checkpoint_step.unwrap_or_default() as f64;
         for c in &s.cells {
-            lines.entry(format!("{} {}", c.tag, c.setup)).or_default().push((step, Some(c.accuracy)));
+            lines
+                .entry(format!("{} {}", c.tag, c.setup))
+                .or_default()
+                .push((step, Some(c.accuracy)));
         }
     }
     if lines.is_empty() {
@@ -428,7 +592,14 @@ pub fn checkpoint_figure(title: String, summaries: &[(std::path::PathBuf, comas_
             Series { name, points, colour: i, dash: None, markers: true }
         })
         .collect();
-    let panel = Panel::new(Group::Accuracy, "eval.checkpoints", "Accuracy by checkpoint step", "summary.json of comas eval runs", true, series);
+    let panel = Panel::new(
+        Group::Accuracy,
+        "eval.checkpoints",
+        "Accuracy by checkpoint step",
+        "summary.json of comas eval runs",
+        true,
+        series,
+    );
     Ok(Figure { title, panels: vec![panel], left_out: Vec::new() })
 }
 
@@ -439,10 +610,16 @@ mod tests {
     #[test]
     fn agents_reward_means_pool_by_samples_when_no_role_has_a_reward() {
         let rec = serde_json::json!({"agents": [{"reward_mean": 0.5, "samples": 4}, {"reward_mean": 0.0, "samples": 12}, {"reward_mean": null, "samples": 0}]});
-        assert_eq!(team_rewards(&rec).into_iter().collect::<Vec<_>>(), vec![("all".to_string(), (0.125, 16.0))]);
+        assert_eq!(
+            team_rewards(&rec).into_iter().collect::<Vec<_>>(),
+            vec![("all".to_string(), (0.125, 16.0))]
+        );
         assert_eq!(team_mean(&rec), Some(0.125));
         // A record with rewards by role keeps them.
         let roles = serde_json::json!({"reward": {"solver": {"mean": 1.0, "count": 2}}, "agents": [{"reward_mean": 0.5, "samples": 4}]});
-        assert_eq!(team_rewards(&roles).into_keys().collect::<Vec<_>>(), vec!["solver".to_string()]);
+        assert_eq!(
+            team_rewards(&roles).into_keys().collect::<Vec<_>>(),
+            vec!["solver".to_string()]
+        );
     }
 }

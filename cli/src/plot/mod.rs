@@ -60,7 +60,11 @@ pub fn run(args: Args) -> Result<()> {
         check_side("--height", h)?;
     }
     let (figure, what) = if args.inputs.iter().all(|p| p.is_dir()) {
-        let summaries = args.inputs.iter().map(|d| read::read_eval_summary(d).map(|s| (d.clone(), s))).collect::<Result<Vec<_>>>()?;
+        let summaries = args
+            .inputs
+            .iter()
+            .map(|d| read::read_eval_summary(d).map(|s| (d.clone(), s)))
+            .collect::<Result<Vec<_>>>()?;
         let title = args.title.clone().unwrap_or_else(|| "accuracy by checkpoint".to_string());
         (content::checkpoint_figure(title, &summaries)?, format!("{} evaluations", summaries.len()))
     } else {
@@ -69,11 +73,13 @@ pub fn run(args: Args) -> Result<()> {
         };
         let metrics = read_log(log)?;
         let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, log));
-        let figure = Figure::build(&metrics, &Options { title, roles: args.roles, groups }).with_context(|| format!("cannot plot {}", log.display()))?;
+        let figure = Figure::build(&metrics, &Options { title, roles: args.roles, groups })
+            .with_context(|| format!("cannot plot {}", log.display()))?;
         (figure, format!("{} steps", metrics.steps.len()))
     };
     if !figure.left_out.is_empty() {
-        let list: Vec<_> = figure.left_out.iter().map(|(key, needs)| format!("{key} (needs {needs})")).collect();
+        let list: Vec<_> =
+            figure.left_out.iter().map(|(key, needs)| format!("{key} (needs {needs})")).collect();
         eprintln!("comas plot: left out panels without data: {}", list.join(", "));
     }
     let grid = Grid::new(figure.panels.len(), args.width, args.height, args.columns)?;
@@ -124,7 +130,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if path.file_name().is_none() {
         bail!("cannot write {}: the path names no file", path.display());
     }
-    comas_files::write_atomic(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+    comas_files::write_atomic(path, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn default_title(m: &Metrics, log: &Path) -> String {

@@ -26,9 +26,14 @@ pub fn read_log(path: &Path) -> Result<Metrics> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("metrics log {} does not exist: pass the metrics.jsonl file that a job wrote", path.display())
+            bail!(
+                "metrics log {} does not exist: pass the metrics.jsonl file that a job wrote",
+                path.display()
+            )
         }
-        Err(e) => return Err(e).with_context(|| format!("cannot read metrics log {}", path.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read metrics log {}", path.display()))
+        }
     };
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
@@ -59,7 +64,9 @@ pub fn parse_log(text: &str, source: &str) -> Result<Metrics> {
                 tracing::warn!("{source}, line {n}: ignoring an unfinished last line");
                 continue;
             }
-            Err(e) => bail!("{source}, line {n}: not valid JSON ({e}); each line must be one JSON object"),
+            Err(e) => {
+                bail!("{source}, line {n}: not valid JSON ({e}); each line must be one JSON object")
+            }
         };
         let Some(obj) = value.as_object() else {
             bail!("{source}, line {n}: expected a JSON object, found {}", kind_of(&value));
@@ -76,8 +83,11 @@ pub fn parse_log(text: &str, source: &str) -> Result<Metrics> {
             }
             Some("eval") => {
                 // Evals are placed after the training steps they saw.
-                let Some(x) = number(obj.get("after_steps")).or_else(|| number(obj.get("step"))) else {
-                    bail!("{source}, line {n}: eval record without a numeric \"after_steps\" field");
+                let Some(x) = number(obj.get("after_steps")).or_else(|| number(obj.get("step")))
+                else {
+                    bail!(
+                        "{source}, line {n}: eval record without a numeric \"after_steps\" field"
+                    );
                 };
                 m.evals.push(Record { x, value });
             }
@@ -126,10 +136,14 @@ pub fn num_at(v: &Value, path: &str) -> Option<f64> {
 /// The `summary.json` of a `comas eval --out` folder; it must carry its checkpoint step.
 pub fn read_eval_summary(dir: &Path) -> Result<comas_workflow::eval::EvalSummary> {
     let path = dir.join("summary.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("{} is not a `comas eval` output folder: cannot read its summary.json", dir.display()))?;
-    let s: comas_workflow::eval::EvalSummary =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a summary written by comas eval", path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{} is not a `comas eval` output folder: cannot read its summary.json",
+            dir.display()
+        )
+    })?;
+    let s: comas_workflow::eval::EvalSummary = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a summary written by comas eval", path.display()))?;
     if s.checkpoint_step.is_none() {
         bail!("{} has no checkpoint step: evaluate with --job-dir DIR --checkpoint N, or give comas eval --step N", path.display());
     }

@@ -43,7 +43,12 @@ pub struct Grid {
 
 impl Grid {
     /// Up to three panels a row unless `columns` says otherwise; the height follows the rows.
-    pub fn new(panels: usize, width: u32, height: Option<u32>, columns: Option<u32>) -> Result<Grid> {
+    pub fn new(
+        panels: usize,
+        width: u32,
+        height: Option<u32>,
+        columns: Option<u32>,
+    ) -> Result<Grid> {
         let n = panels.max(1) as u32;
         let cols = match columns {
             Some(0) => bail!("--columns 0: use at least 1"),
@@ -69,7 +74,9 @@ impl Grid {
 fn register_fonts() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
     let ok = *DONE.get_or_init(|| {
-        ["sans-serif", "serif", "monospace"].iter().all(|name| plotters::style::register_font(name, FontStyle::Normal, dejavu::sans::regular()).is_ok())
+        ["sans-serif", "serif", "monospace"].iter().all(|name| {
+            plotters::style::register_font(name, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+        })
     });
     if !ok {
         bail!("internal error: the embedded DejaVu Sans font did not load");
@@ -109,7 +116,11 @@ fn failed(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("cannot draw the figure: {e}")
 }
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure, grid: &Grid) -> Result<()> {
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    fig: &Figure,
+    grid: &Grid,
+) -> Result<()> {
     root.fill(&WHITE).map_err(failed)?;
     let body = root.titled(&fig.title, ("sans-serif", 26)).map_err(failed)?;
     let cells = body.split_evenly((grid.rows as usize, grid.cols as usize));
@@ -131,7 +142,12 @@ fn legend_style() -> TextStyle<'static> {
 }
 
 /// One panel: the chart, and its legend in a strip on the right, where it never hides a line.
-fn draw_panel<DB: DrawingBackend>(cell: &DrawingArea<DB, Shift>, p: &Panel, x: (f64, f64), legend_w: u32) -> Result<()> {
+fn draw_panel<DB: DrawingBackend>(
+    cell: &DrawingArea<DB, Shift>,
+    p: &Panel,
+    x: (f64, f64),
+    legend_w: u32,
+) -> Result<()> {
     let (w, h) = cell.dim_in_pixel();
     let (plot, legend) = cell.split_horizontally(w.saturating_sub(legend_w));
     let y = y_range(p);
@@ -142,7 +158,8 @@ fn draw_panel<DB: DrawingBackend>(cell: &DrawingArea<DB, Shift>, p: &Panel, x: (
         .y_label_area_size(64)
         .build_cartesian_2d(x.0..x.1, y.0..y.1)
         .map_err(failed)?;
-    let x_fmt = |v: &f64| if v.fract() == 0.0 { format!("{:.0}", v + 0.0) } else { format!("{v:.1}") };
+    let x_fmt =
+        |v: &f64| if v.fract() == 0.0 { format!("{:.0}", v + 0.0) } else { format!("{v:.1}") };
     let y_fmt = |v: &f64| tick_label(*v, y);
     chart
         .configure_mesh()
@@ -168,11 +185,15 @@ fn draw_panel<DB: DrawingBackend>(cell: &DrawingArea<DB, Shift>, p: &Panel, x: (
         for run in s.runs() {
             // A lone point between gaps has no line to show it: it always gets a marker.
             if s.markers || run.len() == 1 {
-                chart.draw_series(run.iter().map(|&pt| Circle::new(pt, 3, colour.filled()))).map_err(failed)?;
+                chart
+                    .draw_series(run.iter().map(|&pt| Circle::new(pt, 3, colour.filled())))
+                    .map_err(failed)?;
             }
             if run.len() > 1 {
                 match dash {
-                    Some((len, gap)) => chart.draw_series(DashedLineSeries::new(run, len, gap, line)),
+                    Some((len, gap)) => {
+                        chart.draw_series(DashedLineSeries::new(run, len, gap, line))
+                    }
                     None => chart.draw_series(LineSeries::new(run, line)),
                 }
                 .map_err(failed)?;
@@ -196,7 +217,8 @@ fn draw_panel<DB: DrawingBackend>(cell: &DrawingArea<DB, Shift>, p: &Panel, x: (
 /// The y range: the data padded by 5%, all of [0, 1] for shares, never empty.
 fn y_range(p: &Panel) -> (f64, f64) {
     let ys = p.series.iter().flat_map(|s| &s.points).filter_map(|pt| pt.1);
-    let (mut lo, mut hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| (lo.min(y), hi.max(y)));
+    let (mut lo, mut hi) =
+        ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| (lo.min(y), hi.max(y)));
     if p.unit {
         (lo, hi) = (lo.min(0.0), hi.max(1.0));
     }

@@ -44,7 +44,11 @@ pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
 
 pub fn spawn_with(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
     // Appended, so a restarted service's log follows the one before it.
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(args)
         .envs(env.iter().copied())
@@ -80,7 +84,14 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the coordinator, one learner per port and the workers for the job in `dir`.
-    pub fn launch(dir: &Path, learner_ports: Vec<u16>, workers: usize, coordinator_flags: &[&str], steps: u64, worker_flags: &[&str]) -> Self {
+    pub fn launch(
+        dir: &Path,
+        learner_ports: Vec<u16>,
+        workers: usize,
+        coordinator_flags: &[&str],
+        steps: u64,
+        worker_flags: &[&str],
+    ) -> Self {
         Self::launch_env(dir, learner_ports, workers, coordinator_flags, steps, worker_flags, &[])
     }
 
@@ -120,7 +131,14 @@ impl Cluster {
     }
 
     /// As `launch`, with one learner process on `port` training all `agents`.
-    pub fn launch_one_learner(dir: &Path, port: u16, agents: usize, workers: usize, steps: u64, worker_flags: &[&str]) -> Self {
+    pub fn launch_one_learner(
+        dir: &Path,
+        port: u16,
+        agents: usize,
+        workers: usize,
+        steps: u64,
+        worker_flags: &[&str],
+    ) -> Self {
         let mut c = Cluster {
             dir: dir.to_path_buf(),
             coord_port: free_port(),
@@ -184,7 +202,8 @@ impl Cluster {
             "--keep-checkpoints",
             "1",
         ]);
-        self.learners[k] = Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, &self.env_with(env)));
+        self.learners[k] =
+            Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, &self.env_with(env)));
     }
 
     pub fn add_worker(&mut self) {
@@ -198,7 +217,13 @@ impl Cluster {
     }
 
     pub fn worker(&self, i: usize, env: &[(&str, &str)]) -> Proc {
-        let mut args = s(&["worker", "--listen", &format!("127.0.0.1:{}", free_port()), "--coordinator", &format!("http://127.0.0.1:{}", self.coord_port)]);
+        let mut args = s(&[
+            "worker",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--coordinator",
+            &format!("http://127.0.0.1:{}", self.coord_port),
+        ]);
         args.extend(self.worker_flags.iter().cloned());
         spawn_with(&self.dir, &format!("worker-{i}"), &args, &self.env_with(env))
     }
@@ -211,9 +236,12 @@ impl Cluster {
     pub async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
         let started = Instant::now();
         loop {
-            match CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await {
+            match CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await
+            {
                 Ok(c) => return c,
-                Err(e) if started.elapsed() > Duration::from_secs(30) => panic!("coordinator unreachable: {e}"),
+                Err(e) if started.elapsed() > Duration::from_secs(30) => {
+                    panic!("coordinator unreachable: {e}")
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
@@ -221,17 +249,33 @@ impl Cluster {
 
     pub async fn submit(&self) -> String {
         let text = std::fs::read_to_string(self.dir.join("job.toml")).unwrap();
-        let r = self.client().await.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir: self.dir.display().to_string(), reuse_name: false }).await;
+        let r = self
+            .client()
+            .await
+            .submit_job(pb::SubmitJobRequest {
+                job_toml: text,
+                base_dir: self.dir.display().to_string(),
+                reuse_name: false,
+            })
+            .await;
         r.unwrap_or_else(|e| panic!("submit: {}", e.message())).into_inner().job_id
     }
 
     pub async fn status(&self, id: &str) -> Option<pb::JobStatus> {
-        let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await.ok()?;
+        let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port))
+            .await
+            .ok()?;
         c.get_job(pb::GetJobRequest { job_id: id.into() }).await.ok().map(|r| r.into_inner())
     }
 
     /// Polls until `pred` holds; panics with the logs' tails after `secs`.
-    pub async fn wait_for(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        secs: u64,
+        what: &str,
+        pred: impl Fn(&pb::JobStatus) -> bool,
+    ) -> pb::JobStatus {
         let started = Instant::now();
         loop {
             if let Some(st) = self.status(id).await {
@@ -243,7 +287,11 @@ impl Cluster {
                 }
             }
             if started.elapsed() > Duration::from_secs(secs) {
-                panic!("timed out waiting for {what}: {:?}\n{}", self.status(id).await, self.logs());
+                panic!(
+                    "timed out waiting for {what}: {:?}\n{}",
+                    self.status(id).await,
+                    self.logs()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -251,9 +299,16 @@ impl Cluster {
 
     /// Follows the job's event stream and returns at the first event whose status matches, so
     /// short windows (a step's rollout) are never missed between polls.
-    pub async fn on_event(&self, id: &str, secs: u64, what: &str, pred: impl Fn(&pb::JobStatus) -> bool) -> pb::JobStatus {
+    pub async fn on_event(
+        &self,
+        id: &str,
+        secs: u64,
+        what: &str,
+        pred: impl Fn(&pb::JobStatus) -> bool,
+    ) -> pb::JobStatus {
         let mut c = self.client().await;
-        let mut stream = c.watch_job(pb::WatchJobRequest { job_id: id.into() }).await.unwrap().into_inner();
+        let mut stream =
+            c.watch_job(pb::WatchJobRequest { job_id: id.into() }).await.unwrap().into_inner();
         let found = tokio::time::timeout(Duration::from_secs(secs), async {
             while let Some(ev) = stream.message().await.unwrap() {
                 let st = ev.status.unwrap();
@@ -271,8 +326,17 @@ impl Cluster {
     }
 
     pub async fn finished(&self, id: &str) -> pb::JobStatus {
-        let st = self.wait_for(id, 240, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32).await;
-        assert_eq!(st.state, pb::JobState::Succeeded as i32, "job ended {}: {}\n{}", st.state, st.error, self.logs());
+        let st = self
+            .wait_for(id, 240, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32)
+            .await;
+        assert_eq!(
+            st.state,
+            pb::JobState::Succeeded as i32,
+            "job ended {}: {}\n{}",
+            st.state,
+            st.error,
+            self.logs()
+        );
         st
     }
 
@@ -282,7 +346,15 @@ impl Cluster {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "log") {
                 let t = std::fs::read_to_string(&p).unwrap_or_default();
-                let tail: String = t.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                let tail: String = t
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 out.push_str(&format!("--- {} ---\n{tail}\n", p.display()));
             }
         }
@@ -292,7 +364,10 @@ impl Cluster {
     /// The metrics log's records of one kind (`step` or `eval`), in file order.
     pub fn log_of(&self, kind: &str) -> Vec<Value> {
         let text = std::fs::read_to_string(self.dir.join("out/metrics.jsonl")).unwrap();
-        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|m| m["kind"] == kind).collect()
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|m| m["kind"] == kind)
+            .collect()
     }
 
     pub fn metrics_log(&self) -> Vec<Value> {
@@ -305,11 +380,15 @@ impl Cluster {
         write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
         let mut body = String::new();
         sock.read_to_string(&mut body).unwrap();
-        body.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap())).unwrap_or_else(|| panic!("{name} not in /metrics"))
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap()))
+            .unwrap_or_else(|| panic!("{name} not in /metrics"))
     }
 
     pub async fn learner_info(&self, k: usize) -> pb::LearnerInfo {
-        let mut c = LearnerClient::connect(format!("http://127.0.0.1:{}", self.learner_ports[k])).await.unwrap();
+        let mut c = LearnerClient::connect(format!("http://127.0.0.1:{}", self.learner_ports[k]))
+            .await
+            .unwrap();
         c.info(pb::InfoRequest {}).await.unwrap().into_inner()
     }
 }

@@ -27,10 +27,36 @@ pub(super) async fn evaluate(
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<String> {
     let started = Instant::now();
-    let spec = job.spec.eval.as_ref().ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
-    let m = play_eval(ctx, job, id, after, questions, &job.eval_method_at(spec.temperature), "eval", cancel).await?;
+    let spec = job
+        .spec
+        .eval
+        .as_ref()
+        .ok_or_else(|| CoordinatorError::Other("no [eval] settings".into()))?;
+    let m = play_eval(
+        ctx,
+        job,
+        id,
+        after,
+        questions,
+        &job.eval_method_at(spec.temperature),
+        "eval",
+        cancel,
+    )
+    .await?;
     let greedy = match spec.greedy {
-        true => Some(play_eval(ctx, job, id, after, questions, &job.eval_method_at(0.0), "eval-greedy", cancel).await?),
+        true => Some(
+            play_eval(
+                ctx,
+                job,
+                id,
+                after,
+                questions,
+                &job.eval_method_at(0.0),
+                "eval-greedy",
+                cancel,
+            )
+            .await?,
+        ),
         false => None,
     };
     let accuracy = comas_workflow::registry::summary(&m).and_then(|s| s.accuracy);
@@ -61,12 +87,17 @@ async fn play_eval(
     let chosen: Vec<usize> = (0..job.eval_tasks(questions.len())).collect();
     let seed = PlanSeed { global: job.spec.seed, step: after, shard: EVAL_SHARD };
     let specs = episode_specs(method, &chosen, questions, seed, |i| {
-        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes()).to_string()
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{id}/{tag}/{after}/{i}").as_bytes())
+            .to_string()
     })?;
     let total = specs.len();
     ctx.report.live(Update::Enter("eval"));
     ctx.report.live(Update::EpisodesPlanned { done: 0, total: total as u32 });
-    ctx.report.event("stage", String::new(), format!("evaluation after {after} steps ({tag}): {total} episodes"));
+    ctx.report.event(
+        "stage",
+        String::new(),
+        format!("evaluation after {after} steps ({tag}): {total} episodes"),
+    );
     let (tx, mut rx) = mpsc::unbounded_channel();
     let batch = BatchSpec {
         tag: format!("eval-{tag}-{after}"),
@@ -85,17 +116,33 @@ async fn play_eval(
             _ = cancel.changed() => return Err(CoordinatorError::Cancelled(id.to_string())),
         };
         match delivery {
-            None => return Err(CoordinatorError::Rollout("the scheduler dropped the evaluation's episodes".into())),
+            None => {
+                return Err(CoordinatorError::Rollout(
+                    "the scheduler dropped the evaluation's episodes".into(),
+                ))
+            }
             Some(Delivery::Done { episode_id, record, .. }) => {
                 let tokens = record.completion_tokens();
                 done.insert(episode_id, *record);
                 ctx.report.live(Update::EpisodeDone { done: done.len() as u32, tokens });
                 ctx.report.event("episodes", String::new(), String::new());
             }
-            Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("evaluation episode {episode_id}: {error}"))),
+            Some(Delivery::Failed { episode_id, error }) => {
+                return Err(CoordinatorError::Rollout(format!(
+                    "evaluation episode {episode_id}: {error}"
+                )))
+            }
             Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
         }
     }
     let finished = in_spec_order(&specs, done)?;
-    Ok(make_batch(method, finished, questions, job.spec.agents.len() as u32, Some(&vec![after; job.spec.agents.len()]), None)?.metrics)
+    Ok(make_batch(
+        method,
+        finished,
+        questions,
+        job.spec.agents.len() as u32,
+        Some(&vec![after; job.spec.agents.len()]),
+        None,
+    )?
+    .metrics)
 }

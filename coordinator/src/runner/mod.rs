@@ -8,7 +8,9 @@ use crate::episodes::{in_spec_order, make_batch, parse_record, save_episodes, st
 use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use crate::files::{load_job, Loaded};
-use crate::learner_steps::{check_learner, follow_training, learner_moments, pool_moments, train_learner, TrainTally};
+use crate::learner_steps::{
+    check_learner, follow_training, learner_moments, pool_moments, train_learner, TrainTally,
+};
 use crate::learners::LearnerLink;
 use crate::progress::{RunContext, Update};
 use crate::scheduler::{BatchLimits, BatchSpec};
@@ -17,7 +19,9 @@ use crate::store::{now, JobRow, JobState};
 use comas_proto::v1 as pb;
 use comas_workflow::job::Job;
 use comas_workflow::program::Record;
-use comas_workflow::step_log::{IdleSeconds, PooledMoments, Record as LogRecord, StepLog, StepSeconds, TrainReport, WeightSync};
+use comas_workflow::step_log::{
+    IdleSeconds, PooledMoments, Record as LogRecord, StepLog, StepSeconds, TrainReport, WeightSync,
+};
 use comas_workflow::task::TaskRecord;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -43,7 +47,12 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
         model_dir: a.model.display().to_string(),
         adapter_dir: a.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         full_weights: job.train[k].lora.is_none(),
-        lora_json: job.train[k].lora.as_ref().filter(|_| a.adapter.is_none()).map(|l| serde_json::to_string(l).unwrap_or_default()).unwrap_or_default(),
+        lora_json: job.train[k]
+            .lora
+            .as_ref()
+            .filter(|_| a.adapter.is_none())
+            .map(|l| serde_json::to_string(l).unwrap_or_default())
+            .unwrap_or_default(),
         ..Default::default()
     });
     let frozen = job.spec.frozen.iter().enumerate().map(|(i, f)| pb::AgentPolicy {
@@ -51,21 +60,46 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
         model_dir: f.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         adapter_dir: f.adapter.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         endpoint: f.endpoint.clone().unwrap_or_default(),
-        endpoint_model: f.endpoint.as_ref().map(|_| f.endpoint_model.clone().unwrap_or_else(|| f.name.clone())).unwrap_or_default(),
+        endpoint_model: f
+            .endpoint
+            .as_ref()
+            .map(|_| f.endpoint_model.clone().unwrap_or_else(|| f.name.clone()))
+            .unwrap_or_default(),
         api_key_env: f.api_key_env.clone().unwrap_or_default(),
         max_attempts: f.max_attempts.unwrap_or(0),
         ..Default::default()
     });
-    pb::LoadPoliciesRequest { agents: trained.chain(frozen).collect(), dtype: job.spec.rollout.dtype.clone() }
+    pb::LoadPoliciesRequest {
+        agents: trained.chain(frozen).collect(),
+        dtype: job.spec.rollout.dtype.clone(),
+    }
 }
 
 /// Points every worker at these weight versions (agent k's from its learner); returns the new
 /// target generation to wait for.
-fn retarget(ctx: &RunContext, job: &Job, id: &str, load: &pb::LoadPoliciesRequest, versions: &[u64]) -> u64 {
+fn retarget(
+    ctx: &RunContext,
+    job: &Job,
+    id: &str,
+    load: &pb::LoadPoliciesRequest,
+    versions: &[u64],
+) -> u64 {
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-    let sources = job.spec.agents.iter().enumerate().map(|(k, a)| (k as u32, versions[k], a.learner.clone().unwrap_or_default())).collect();
+    let sources = job
+        .spec
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(k, a)| (k as u32, versions[k], a.learner.clone().unwrap_or_default()))
+        .collect();
     let source_patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
-    ctx.scheduler.set_target(PolicyTarget { job_id: id.to_string(), generation, load: load.clone(), versions: sources, source_patience });
+    ctx.scheduler.set_target(PolicyTarget {
+        job_id: id.to_string(),
+        generation,
+        load: load.clone(),
+        versions: sources,
+        source_patience,
+    });
     generation
 }
 
@@ -121,7 +155,10 @@ fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> BTreeMap<String, Pool
         .map(|g| {
             let m = comas_workflow::moments::Moments { count: g.count, mean: g.mean, m2: g.m2 };
             let group = if g.norm_group.is_empty() { "all" } else { g.norm_group.as_str() };
-            (group.to_string(), PooledMoments { tokens: g.count, mean: g.mean, std: m.variance().sqrt() })
+            (
+                group.to_string(),
+                PooledMoments { tokens: g.count, mean: g.mean, std: m.variance().sqrt() },
+            )
         })
         .collect()
 }
@@ -129,9 +166,19 @@ fn pooled_whitening_record(pooled: &[pb::GroupMoments]) -> BTreeMap<String, Pool
 /// The record of step `step` around the method's figures (`metrics`), with the step's idle
 /// time of the workers (no rollout or evaluation running) and of the learners (not training)
 /// within its `wall` seconds; `commit` fills in the rest.
-fn step_log(id: &str, step: u64, metrics: Value, wall: f64, workers_busy: f64, learners_busy: f64) -> StepLog {
+fn step_log(
+    id: &str,
+    step: u64,
+    metrics: Value,
+    wall: f64,
+    workers_busy: f64,
+    learners_busy: f64,
+) -> StepLog {
     let mut log = StepLog::new(id, step, metrics);
-    log.idle_seconds = Some(IdleSeconds { workers: (wall - workers_busy).max(0.0), learners: (wall - learners_busy).max(0.0) });
+    log.idle_seconds = Some(IdleSeconds {
+        workers: (wall - workers_busy).max(0.0),
+        learners: (wall - learners_busy).max(0.0),
+    });
     log
 }
 
@@ -167,7 +214,8 @@ fn plan_rollout(side: &RolloutSide, step: u64, times: &mut StepTimes) -> Result<
         let r = parse_record(&side.job, &json, &eid)?;
         done.insert(eid, r);
     }
-    let remaining: Vec<pb::EpisodeSpec> = specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
+    let remaining: Vec<pb::EpisodeSpec> =
+        specs.iter().filter(|s| !done.contains_key(&s.episode_id)).cloned().collect();
     Ok(Planned { specs, done, remaining })
 }
 
@@ -192,7 +240,11 @@ async fn finish_rollout(
     }
     ctx.report.live(Update::EpisodesPlanned { done: done.len() as u32, total: total as u32 });
     let beside = if beside_training { ", beside the last step's training" } else { "" };
-    ctx.report.event("stage", String::new(), format!("step {step}: rollout of {total} episodes ({} already done){beside}", done.len()));
+    ctx.report.event(
+        "stage",
+        String::new(),
+        format!("step {step}: rollout of {total} episodes ({} already done){beside}", done.len()),
+    );
     if !remaining.is_empty() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut outstanding = remaining.len();
@@ -214,10 +266,20 @@ async fn finish_rollout(
                 }
             };
             match delivery {
-                None => return Err(CoordinatorError::Rollout("the scheduler dropped the step's episodes".into())),
+                None => {
+                    return Err(CoordinatorError::Rollout(
+                        "the scheduler dropped the step's episodes".into(),
+                    ))
+                }
                 Some(Delivery::Done { episode_id, record, trajectory_json, worker }) => {
                     let t = Instant::now();
-                    let fresh = ctx.store.record_episode(&id, step, &episode_id, &trajectory_json, &worker)?;
+                    let fresh = ctx.store.record_episode(
+                        &id,
+                        step,
+                        &episode_id,
+                        &trajectory_json,
+                        &worker,
+                    )?;
                     times.store += t.elapsed().as_secs_f64();
                     if fresh && !done.contains_key(&episode_id) {
                         let tokens = record.completion_tokens();
@@ -227,8 +289,12 @@ async fn finish_rollout(
                         ctx.report.event("episodes", String::new(), String::new());
                     }
                 }
-                Some(Delivery::Failed { episode_id, error }) => return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}"))),
-                Some(Delivery::Stalled { reason }) => return Err(CoordinatorError::Rollout(reason)),
+                Some(Delivery::Failed { episode_id, error }) => {
+                    return Err(CoordinatorError::Rollout(format!("episode {episode_id}: {error}")))
+                }
+                Some(Delivery::Stalled { reason }) => {
+                    return Err(CoordinatorError::Rollout(reason))
+                }
             }
         }
     }
@@ -261,8 +327,17 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         let batch = run.experience(step, records, &mut times)?;
         let trained = run.train(step, &batch, &at, &mut times).await?;
         let sync = run.broadcast(step, &trained, &mut times).await?;
-        let coordinator = times.experience + times.store + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
-        let log = step_log(&run.id, step, batch.metrics, started.elapsed().as_secs_f64(), run.clock.busy() - busy_before, times.train);
+        let coordinator = times.experience
+            + times.store
+            + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
+        let log = step_log(
+            &run.id,
+            step,
+            batch.metrics,
+            started.elapsed().as_secs_f64(),
+            run.clock.busy() - busy_before,
+            times.train,
+        );
         run.commit(log, &trained, &sync, &times, coordinator, started)?;
         step += 1;
     }
@@ -275,14 +350,28 @@ impl JobRun {
         let id = row.id.clone();
         let (text, base, roots) = (row.spec.clone(), row.base_dir.clone(), ctx.roots.clone());
         let Loaded { job, questions, eval_questions } =
-            tokio::task::spawn_blocking(move || load_job(&text, &base, &roots)).await.map_err(|e| CoordinatorError::Other(e.to_string()))??;
+            tokio::task::spawn_blocking(move || load_job(&text, &base, &roots))
+                .await
+                .map_err(|e| CoordinatorError::Other(e.to_string()))??;
         ctx.store.set_state(&id, JobState::Running, "")?;
         ctx.report.event("status", String::new(), "running".into());
         let patience = Duration::from_secs(job.spec.schedule.learner_timeout_secs);
-        let links = job.spec.agents.iter().enumerate().map(|(k, a)| LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)).collect();
+        let links = job
+            .spec
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(k, a)| {
+                LearnerLink::new(k as u32, a.learner.as_deref().unwrap_or_default(), patience)
+            })
+            .collect();
         Ok(JobRun {
             ctx: ctx.clone(),
-            log: crate::metrics_log::MetricsLog::open(&ctx.store, &id, &job.spec.output.dir.join("metrics.jsonl"))?,
+            log: crate::metrics_log::MetricsLog::open(
+                &ctx.store,
+                &id,
+                &job.spec.output.dir.join("metrics.jsonl"),
+            )?,
             load: load_request(&job),
             // Shared with the per-learner training tasks.
             job: Arc::new(job),
@@ -331,11 +420,17 @@ impl JobRun {
             return Ok(());
         }
         if let Some(generation) = self.point_workers_at(&vec![step; self.agents()]) {
-            self.ctx.scheduler.wait_prepared(generation).await.map_err(CoordinatorError::Rollout)?;
+            self.ctx
+                .scheduler
+                .wait_prepared(generation)
+                .await
+                .map_err(CoordinatorError::Rollout)?;
         }
         // The workers are busy with the evaluation's episodes.
         let _running = self.clock.start();
-        let line = evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel).await?;
+        let line =
+            evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel)
+                .await?;
         self.log.append(&line);
         Ok(())
     }
@@ -344,7 +439,12 @@ impl JobRun {
     /// store already holds (from before a restart) are not run again. Returns the records in
     /// spec order, so every run builds the same batches. (Async mode accepts stored turns of an
     /// older version; the experience stage bounds their lag.)
-    async fn rollout(&mut self, step: u64, at: &[u64], times: &mut StepTimes) -> Result<Vec<(String, Record)>> {
+    async fn rollout(
+        &mut self,
+        step: u64,
+        at: &[u64],
+        times: &mut StepTimes,
+    ) -> Result<Vec<(String, Record)>> {
         let side = self.rollout_side();
         let planned = plan_rollout(&side, step, times)?;
         if !planned.remaining.is_empty() {
@@ -371,7 +471,12 @@ impl JobRun {
     }
 
     /// Stage `experience`: the method's rewards, one experience per trained turn, the metrics.
-    fn experience(&self, step: u64, records: Vec<(String, Record)>, times: &mut StepTimes) -> Result<StepBatch> {
+    fn experience(
+        &self,
+        step: u64,
+        records: Vec<(String, Record)>,
+        times: &mut StepTimes,
+    ) -> Result<StepBatch> {
         let started = Instant::now();
         self.ctx.report.live(Update::Enter("experience"));
         if self.job.spec.output.save_episodes {
@@ -379,7 +484,14 @@ impl JobRun {
         }
         let lag = self.job.spec.schedule.policy_lag();
         let exact = (lag == 0).then(|| vec![step; self.agents()]);
-        let mut batch = make_batch(&self.job.method, records, &self.questions, self.agents() as u32, exact.as_deref(), Some(step))?;
+        let mut batch = make_batch(
+            &self.job.method,
+            records,
+            &self.questions,
+            self.agents() as u32,
+            exact.as_deref(),
+            Some(step),
+        )?;
         if lag > 0 {
             pipeline::bound_lag(&mut batch, step, lag);
         }
@@ -389,14 +501,21 @@ impl JobRun {
 
     /// Stage `train`: every learner in parallel on its own agent's experiences; each checkpoints
     /// if due and publishes version `step + 1`.
-    async fn train(&mut self, step: u64, batch: &StepBatch, at: &[u64], times: &mut StepTimes) -> Result<Trained> {
+    async fn train(
+        &mut self,
+        step: u64,
+        batch: &StepBatch,
+        at: &[u64],
+        times: &mut StepTimes,
+    ) -> Result<Trained> {
         let (ctx, id, l) = (self.ctx.clone(), self.id.clone(), self.agents());
         let started = Instant::now();
         let samples: Vec<u32> = batch.per_agent.iter().map(|e| e.len() as u32).collect();
         ctx.report.live(Update::Enter("train"));
         ctx.report.live(Update::TrainPlanned(samples.iter().sum()));
         ctx.report.event("stage", String::new(), format!("step {step}: training {l} agents"));
-        let checkpoint = (step + 1) % self.job.spec.schedule.checkpoint_every == 0 || step + 1 == self.job.total_steps;
+        let checkpoint = (step + 1) % self.job.spec.schedule.checkpoint_every == 0
+            || step + 1 == self.job.total_steps;
         let step_id = format!("{id}/{step}");
         let tally = Arc::new(std::sync::Mutex::new(vec![TrainTally::default(); l]));
         // A JoinSet aborts the poller when dropped, so it also stops when the stage fails or the
@@ -409,20 +528,33 @@ impl JobRun {
             samples.clone(),
             Arc::clone(&tally),
         ));
-        let pooled = Arc::new(if batch.pooled_whitening { self.pooled_moments(step, &step_id, batch, at).await? } else { Vec::new() });
+        let pooled = Arc::new(if batch.pooled_whitening {
+            self.pooled_moments(step, &step_id, batch, at).await?
+        } else {
+            Vec::new()
+        });
         let job = Arc::clone(&self.job);
         let done = |k: usize, out: &(Option<pb::TrainReport>, pb::WeightsPublished)| {
-            let (done, tokens) = TrainTally::finish(&tally, k, samples[k], out.0.as_ref().map_or(0, |r| r.tokens));
+            let (done, tokens) =
+                TrainTally::finish(&tally, k, samples[k], out.0.as_ref().map_or(0, |r| r.tokens));
             ctx.report.live(Update::Trained { done, tokens });
-            ctx.report.event("trained", String::new(), format!("agent {k} trained on {} experiences", samples[k]));
+            ctx.report.event(
+                "trained",
+                String::new(),
+                format!("agent {k} trained on {} experiences", samples[k]),
+            );
         };
         let outs = self
             .on_every_learner(
                 batch,
                 |k, mut link, exps| {
-                    let (step_id, at_k, job, pooled) = (step_id.clone(), at[k], Arc::clone(&job), Arc::clone(&pooled));
+                    let (step_id, at_k, job, pooled) =
+                        (step_id.clone(), at[k], Arc::clone(&job), Arc::clone(&pooled));
                     async move {
-                        let out = train_learner(&mut link, &job, &step_id, &exps, step, checkpoint, at_k, &pooled).await;
+                        let out = train_learner(
+                            &mut link, &job, &step_id, &exps, step, checkpoint, at_k, &pooled,
+                        )
+                        .await;
                         (link, out)
                     }
                 },
@@ -430,7 +562,12 @@ impl JobRun {
             )
             .await;
         drop(follower);
-        let mut trained = Trained { reports: vec![None; l], versions: vec![0; l], bytes: vec![0; l], pooled: pooled.to_vec() };
+        let mut trained = Trained {
+            reports: vec![None; l],
+            versions: vec![0; l],
+            bytes: vec![0; l],
+            pooled: pooled.to_vec(),
+        };
         for (k, (report, published)) in outs?.into_iter().enumerate() {
             trained.reports[k] = report;
             trained.versions[k] = published.version;
@@ -441,7 +578,10 @@ impl JobRun {
                 return Err(CoordinatorError::Learner {
                     agent: k as u32,
                     address: self.links[k].address.clone(),
-                    message: format!("published version {v} after step {step}; expected {}", step + 1),
+                    message: format!(
+                        "published version {v} after step {step}; expected {}",
+                        step + 1
+                    ),
                 });
             }
         }
@@ -452,7 +592,13 @@ impl JobRun {
     /// Every learner's return moments for `step`, pooled per norm group: the first half of a
     /// step whose advantages are whitened over all agents (each learner keeps what it computed
     /// for the Train call that follows).
-    async fn pooled_moments(&mut self, step: u64, step_id: &str, batch: &StepBatch, at: &[u64]) -> Result<Vec<pb::GroupMoments>> {
+    async fn pooled_moments(
+        &mut self,
+        step: u64,
+        step_id: &str,
+        batch: &StepBatch,
+        at: &[u64],
+    ) -> Result<Vec<pb::GroupMoments>> {
         let job = Arc::clone(&self.job);
         let parts = self
             .on_every_learner(
@@ -460,7 +606,8 @@ impl JobRun {
                 |k, mut link, exps| {
                     let (step_id, at_k, job) = (step_id.to_string(), at[k], Arc::clone(&job));
                     async move {
-                        let out = learner_moments(&mut link, &job, &step_id, &exps, step, at_k).await;
+                        let out =
+                            learner_moments(&mut link, &job, &step_id, &exps, step, at_k).await;
                         (link, out)
                     }
                 },
@@ -485,7 +632,9 @@ impl JobRun {
     {
         let l = self.agents();
         let mut tasks = tokio::task::JoinSet::new();
-        for (k, (link, exps)) in self.links.drain(..).zip(batch.per_agent.iter().cloned()).enumerate() {
+        for (k, (link, exps)) in
+            self.links.drain(..).zip(batch.per_agent.iter().cloned()).enumerate()
+        {
             let fut = task(k, link, exps);
             tasks.spawn(async move { (k, fut.await) });
         }
@@ -494,7 +643,8 @@ impl JobRun {
         let mut first_err = None;
         let joined = async {
             while let Some(r) = tasks.join_next().await {
-                let (k, (link, out)) = r.map_err(|e| CoordinatorError::Other(format!("learner task: {e}")))?;
+                let (k, (link, out)) =
+                    r.map_err(|e| CoordinatorError::Other(format!("learner task: {e}")))?;
                 slots[k] = Some(link);
                 match out {
                     Ok(t) => {
@@ -521,16 +671,32 @@ impl JobRun {
 
     /// Stage `broadcast`: every worker pulls the new versions before the next rollout (none
     /// after the last step).
-    async fn broadcast(&mut self, step: u64, trained: &Trained, times: &mut StepTimes) -> Result<crate::scheduler::SyncStats> {
+    async fn broadcast(
+        &mut self,
+        step: u64,
+        trained: &Trained,
+        times: &mut StepTimes,
+    ) -> Result<crate::scheduler::SyncStats> {
         let started = Instant::now();
         let mut sync = crate::scheduler::SyncStats::default();
         self.ctx.report.live(Update::Enter("broadcast"));
         if step + 1 < self.job.total_steps {
-            let generation = retarget(&self.ctx, &self.job, &self.id, &self.load, &trained.versions);
+            let generation =
+                retarget(&self.ctx, &self.job, &self.id, &self.load, &trained.versions);
             self.target_versions = Some(trained.versions.clone());
-            let targets = (0..self.agents()).map(|k| broadcast::Target { agent: k as u32, version: trained.versions[k], bytes: trained.bytes[k] }).collect();
+            let targets = (0..self.agents())
+                .map(|k| broadcast::Target {
+                    agent: k as u32,
+                    version: trained.versions[k],
+                    bytes: trained.bytes[k],
+                })
+                .collect();
             let mut follower = tokio::task::JoinSet::new();
-            follower.spawn(broadcast::follow(self.ctx.scheduler.clone(), self.ctx.report.clone(), targets));
+            follower.spawn(broadcast::follow(
+                self.ctx.scheduler.clone(),
+                self.ctx.report.clone(),
+                targets,
+            ));
             tokio::select! {
                 r = self.ctx.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
                 _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(self.id.clone())),
@@ -560,9 +726,14 @@ impl JobRun {
         log.tokens_per_s = if times.rollout > 0.0 { tokens as f64 / times.rollout } else { 0.0 };
         for (k, a) in log.agents.iter_mut().flatten().enumerate() {
             // A report that does not read logs as null, like one the learner no longer keeps.
-            a.train = trained.reports.get(k).and_then(Option::as_ref).and_then(|r| serde_json::from_str(&r.json).ok());
+            a.train = trained
+                .reports
+                .get(k)
+                .and_then(Option::as_ref)
+                .and_then(|r| serde_json::from_str(&r.json).ok());
             let s = sync.per_agent.get(&(k as u32)).copied().unwrap_or_default();
-            a.weight_sync = WeightSync { bytes: s.bytes, learner_bytes: s.learner_bytes, seconds: s.seconds };
+            a.weight_sync =
+                WeightSync { bytes: s.bytes, learner_bytes: s.learner_bytes, seconds: s.seconds };
             a.version = trained.versions.get(k).copied().unwrap_or_default();
         }
         if !trained.pooled.is_empty() {
@@ -577,7 +748,8 @@ impl JobRun {
             total: started.elapsed().as_secs_f64(),
         });
         let line = LogRecord::Step(log).line();
-        let versions_now: Vec<(u32, u64)> = trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
+        let versions_now: Vec<(u32, u64)> =
+            trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         self.ctx.store.commit_step(id, step, &line, &versions_now, !self.job.method.trains())?;
         self.log.append(&line);
         self.ctx.metrics.steps_completed.inc();
@@ -594,7 +766,8 @@ impl JobRun {
         idle.resize(trained.reports.len(), 0);
         for (k, report) in trained.reports.iter().enumerate() {
             let Some(report) = report else { continue };
-            let none = serde_json::from_str::<TrainReport>(&report.json).is_ok_and(|r| r.no_gradient);
+            let none =
+                serde_json::from_str::<TrainReport>(&report.json).is_ok_and(|r| r.no_gradient);
             idle[k] = if none { idle[k] + 1 } else { 0 };
             if idle[k] == NO_GRADIENT_WARNING_STEPS {
                 let message = format!(

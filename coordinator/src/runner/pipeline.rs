@@ -62,7 +62,12 @@ pub(super) fn bound_lag(batch: &mut StepBatch, step: u64, bound: u64) -> Vec<Age
 /// newer one, and trained when its learner holds version t, so it is at most t − `step`
 /// versions behind. Every agent trains every step, so all agents hold the same version here
 /// and the rule holds for each of them.
-pub(super) fn admitted(step: u64, queued: Option<u64>, bound: u64, total: u64) -> std::ops::Range<u64> {
+pub(super) fn admitted(
+    step: u64,
+    queued: Option<u64>,
+    bound: u64,
+    total: u64,
+) -> std::ops::Range<u64> {
     let from = queued.map_or(step + 1, |q| q + 1).max(step + 1);
     let to = (step + bound + 1).min(total);
     from..to.max(from)
@@ -129,7 +134,9 @@ impl Ahead {
         let task = tokio::spawn(async move {
             let mut times = StepTimes::default();
             let r = match plan_rollout(&side, step, &mut times) {
-                Ok(planned) => finish_rollout(&side, step, planned, None, true, &mut cancel, &mut times).await,
+                Ok(planned) => {
+                    finish_rollout(&side, step, planned, None, true, &mut cancel, &mut times).await
+                }
                 Err(e) => Err(e),
             };
             (r, times)
@@ -138,7 +145,9 @@ impl Ahead {
     }
 
     async fn join(mut self) -> Result<(Vec<(String, Record)>, StepTimes)> {
-        let (r, times) = (&mut self.task).await.map_err(|e| CoordinatorError::Other(format!("rollout task: {e}")))?;
+        let (r, times) = (&mut self.task)
+            .await
+            .map_err(|e| CoordinatorError::Other(format!("rollout task: {e}")))?;
         Ok((r?, times))
     }
 }
@@ -177,7 +186,12 @@ impl JobRun {
                     times.store += t.store;
                     records
                 }
-                Some(a) => return Err(CoordinatorError::Other(format!("the rollout ahead is of step {}, not of step {step}", a.step))),
+                Some(a) => {
+                    return Err(CoordinatorError::Other(format!(
+                        "the rollout ahead is of step {}, not of step {step}",
+                        a.step
+                    )))
+                }
                 None => self.rollout(step, &at, &mut times).await?,
             };
             self.evaluate_if_due(step, &at).await?;
@@ -187,8 +201,17 @@ impl JobRun {
             }
             let trained = self.train(step, &batch, &at, &mut times).await?;
             let sync = self.broadcast(step, &trained, &mut times).await?;
-            let coordinator = times.experience + times.store + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
-            let log = step_log(&self.id, step, batch.metrics, started.elapsed().as_secs_f64(), self.clock.busy() - busy_before, times.train);
+            let coordinator = times.experience
+                + times.store
+                + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
+            let log = step_log(
+                &self.id,
+                step,
+                batch.metrics,
+                started.elapsed().as_secs_f64(),
+                self.clock.busy() - busy_before,
+                times.train,
+            );
             self.commit(log, &trained, &sync, &times, coordinator, started)?;
             step += 1;
         }
@@ -224,8 +247,19 @@ mod tests {
             pooled_whitening: false,
         };
         let agents = bound_lag(&mut batch, 5, 2);
-        assert_eq!(agents[0], AgentLag { produced: 5, trained: 3, dropped: 2, lag: BTreeMap::from([(0, 1), (1, 1), (2, 1)]) });
-        assert_eq!(agents[1], AgentLag { produced: 2, trained: 2, dropped: 0, lag: BTreeMap::from([(0, 2)]) });
+        assert_eq!(
+            agents[0],
+            AgentLag {
+                produced: 5,
+                trained: 3,
+                dropped: 2,
+                lag: BTreeMap::from([(0, 1), (1, 1), (2, 1)])
+            }
+        );
+        assert_eq!(
+            agents[1],
+            AgentLag { produced: 2, trained: 2, dropped: 0, lag: BTreeMap::from([(0, 2)]) }
+        );
         let kept: Vec<u64> = batch.per_agent[0].iter().map(|e| e.policy_version).collect();
         assert_eq!(kept, [5, 4, 3]);
         assert_eq!(batch.metrics["policy_lag"]["bound"], 2);

@@ -23,11 +23,19 @@ async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
     })
     .await
     .map_err(|e| format!("cannot connect to worker {address}: {e}"))?;
-    Ok(RolloutWorkerClient::new(ch).max_decoding_message_size(PEER_MESSAGE_BYTES).max_encoding_message_size(PEER_MESSAGE_BYTES))
+    Ok(RolloutWorkerClient::new(ch)
+        .max_decoding_message_size(PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(PEER_MESSAGE_BYTES))
 }
 
 /// One worker's connection: its episode stream, and bringing it to the current policies.
-pub(super) async fn connection(id: String, conn: u64, address: String, mut rx: mpsc::UnboundedReceiver<WorkerMsg>, sched: mpsc::UnboundedSender<Cmd>) {
+pub(super) async fn connection(
+    id: String,
+    conn: u64,
+    address: String,
+    mut rx: mpsc::UnboundedReceiver<WorkerMsg>,
+    sched: mpsc::UnboundedSender<Cmd>,
+) {
     let lost = |reason: String| {
         let _ = sched.send(Cmd::Lost { id: id.clone(), conn, reason });
     };
@@ -36,7 +44,10 @@ pub(super) async fn connection(id: String, conn: u64, address: String, mut rx: m
         Err(e) => return lost(e),
     };
     let (spec_tx, spec_rx) = mpsc::unbounded_channel::<pb::EpisodeSpec>();
-    let mut results = match client.run_episodes(tokio_stream::wrappers::UnboundedReceiverStream::new(spec_rx)).await {
+    let mut results = match client
+        .run_episodes(tokio_stream::wrappers::UnboundedReceiverStream::new(spec_rx))
+        .await
+    {
         Ok(r) => r.into_inner(),
         Err(e) => return lost(format!("opening the episode stream: {e}")),
     };
@@ -51,11 +62,19 @@ pub(super) async fn connection(id: String, conn: u64, address: String, mut rx: m
                         }
                     }
                     Some(Err(e)) => {
-                        let _ = sched.send(Cmd::Lost { id, conn, reason: format!("episode stream broke: {}", e.message()) });
+                        let _ = sched.send(Cmd::Lost {
+                            id,
+                            conn,
+                            reason: format!("episode stream broke: {}", e.message()),
+                        });
                         return;
                     }
                     None => {
-                        let _ = sched.send(Cmd::Lost { id, conn, reason: "episode stream ended".into() });
+                        let _ = sched.send(Cmd::Lost {
+                            id,
+                            conn,
+                            reason: "episode stream ended".into(),
+                        });
                         return;
                     }
                 }
@@ -71,8 +90,17 @@ pub(super) async fn connection(id: String, conn: u64, address: String, mut rx: m
                 }
             }
             WorkerMsg::Prepare(target, peer) => {
-                let result = prepare_patiently(&mut client, &target, peer.as_deref(), &mut loaded_job).await;
-                if sched.send(Cmd::Prepared { id: id.clone(), conn, generation: target.generation, result }).is_err() {
+                let result =
+                    prepare_patiently(&mut client, &target, peer.as_deref(), &mut loaded_job).await;
+                if sched
+                    .send(Cmd::Prepared {
+                        id: id.clone(),
+                        conn,
+                        generation: target.generation,
+                        result,
+                    })
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -94,7 +122,9 @@ async fn prepare_patiently(
     let mut backoff = comas_service::backoff::Backoff::reconnect();
     loop {
         match prepare(client, t, peer, loaded_job).await {
-            Err(Failure { message, source_unreachable: true }) if started.elapsed() < t.source_patience => {
+            Err(Failure { message, source_unreachable: true })
+                if started.elapsed() < t.source_patience =>
+            {
                 tracing::warn!(error = %message, "weight source unreachable; retrying");
                 tokio::time::sleep(backoff.next_wait()).await;
             }
@@ -129,7 +159,11 @@ async fn prepare(
         client.load_policies(req).await.map_err(|e| format!("LoadPolicies: {}", e.message()))?;
         *loaded_job = Some(t.job_id.clone());
     }
-    let info = client.info(pb::WorkerInfoRequest {}).await.map_err(|e| format!("Info: {}", e.message()))?.into_inner();
+    let info = client
+        .info(pb::WorkerInfoRequest {})
+        .await
+        .map_err(|e| format!("Info: {}", e.message()))?
+        .into_inner();
     let have: HashMap<u32, u64> = info.agents.iter().map(|a| (a.agent_id, a.version)).collect();
     let mut pulls = Vec::new();
     for (agent, version, source) in &t.versions {
@@ -137,8 +171,19 @@ async fn prepare(
             continue;
         }
         let request = match peer {
-            Some(p) => pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: p.to_string(), relay: true, fallback_source: source.clone() },
-            None => pb::UpdateWeightsRequest { agent_id: *agent, version: *version, source: source.clone(), ..Default::default() },
+            Some(p) => pb::UpdateWeightsRequest {
+                agent_id: *agent,
+                version: *version,
+                source: p.to_string(),
+                relay: true,
+                fallback_source: source.clone(),
+            },
+            None => pb::UpdateWeightsRequest {
+                agent_id: *agent,
+                version: *version,
+                source: source.clone(),
+                ..Default::default()
+            },
         };
         let mut req = tonic::Request::new(request);
         req.set_timeout(UPDATE_TIMEOUT);
@@ -147,7 +192,10 @@ async fn prepare(
             .update_weights(req)
             .await
             .map_err(|e| Failure {
-                message: format!("UpdateWeights agent {agent} to version {version}: {}", e.message()),
+                message: format!(
+                    "UpdateWeights agent {agent} to version {version}: {}",
+                    e.message()
+                ),
                 source_unreachable: e.code() == tonic::Code::Unavailable,
             })?
             .into_inner();

@@ -16,11 +16,18 @@ mod connection;
 mod tests;
 mod types;
 
-pub use types::{AgentSync, BatchLimits, BatchSpec, Delivery, PolicyTarget, Pull, SchedulerSettings, Snapshot, SyncStats, WorkerView, DEFAULT_RELAY_FANOUT};
+pub use types::{
+    AgentSync, BatchLimits, BatchSpec, Delivery, PolicyTarget, Pull, SchedulerSettings, Snapshot,
+    SyncStats, WorkerView, DEFAULT_RELAY_FANOUT,
+};
 
 /// What starts a registered worker's connection task: the real one dials the worker and holds
 /// its stream (`connection::connection`); the actor's tests keep its messages instead.
-type Connect = Arc<dyn Fn(String, u64, String, mpsc::UnboundedReceiver<WorkerMsg>, mpsc::UnboundedSender<Cmd>) + Send + Sync>;
+type Connect = Arc<
+    dyn Fn(String, u64, String, mpsc::UnboundedReceiver<WorkerMsg>, mpsc::UnboundedSender<Cmd>)
+        + Send
+        + Sync,
+>;
 
 enum Cmd {
     Register { id: String, address: String, capacity: u32, incarnation: u64 },
@@ -143,7 +150,12 @@ impl Scheduler {
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
     }
 
-    pub fn submit(&self, job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery>) {
+    pub fn submit(
+        &self,
+        job_id: String,
+        batch: BatchSpec,
+        results: mpsc::UnboundedSender<Delivery>,
+    ) {
         let _ = self.tx.send(Cmd::Submit { job_id, batch, results });
     }
 
@@ -176,7 +188,12 @@ struct State {
 }
 
 impl State {
-    fn new(settings: SchedulerSettings, metrics: Arc<Metrics>, me: mpsc::UnboundedSender<Cmd>, connect: Connect) -> State {
+    fn new(
+        settings: SchedulerSettings,
+        metrics: Arc<Metrics>,
+        me: mpsc::UnboundedSender<Cmd>,
+        connect: Connect,
+    ) -> State {
         State {
             settings,
             metrics,
@@ -211,7 +228,9 @@ impl State {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Register { id, address, capacity, incarnation } => self.register(id, address, capacity, incarnation),
+            Cmd::Register { id, address, capacity, incarnation } => {
+                self.register(id, address, capacity, incarnation)
+            }
             Cmd::Heartbeat { id, draining, reply } => {
                 let known = match self.workers.get_mut(&id) {
                     Some(w) => {
@@ -229,9 +248,15 @@ impl State {
             Cmd::SetTarget { target } => {
                 let keep = target.generation.saturating_sub(1);
                 self.sync.retain(|g, _| *g >= keep);
-                let mut ids: Vec<String> = self.workers.iter().filter(|(_, w)| w.ready_gen != Some(target.generation)).map(|(id, _)| id.clone()).collect();
+                let mut ids: Vec<String> = self
+                    .workers
+                    .iter()
+                    .filter(|(_, w)| w.ready_gen != Some(target.generation))
+                    .map(|(id, _)| id.clone())
+                    .collect();
                 ids.sort();
-                let addresses: Vec<String> = ids.iter().map(|id| self.workers[id].address.clone()).collect();
+                let addresses: Vec<String> =
+                    ids.iter().map(|id| self.workers[id].address.clone()).collect();
                 let peers = relay_peers(&addresses, self.settings.relay_fanout);
                 for (id, peer) in ids.iter().zip(peers) {
                     let w = self.workers.get_mut(id).expect("listed worker");
@@ -241,13 +266,19 @@ impl State {
                 self.target = Some(target);
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
-            Cmd::Submit { job_id, batch: BatchSpec { tag, first, specs, method, limits, versions }, results } => {
+            Cmd::Submit {
+                job_id,
+                batch: BatchSpec { tag, first, specs, method, limits, versions },
+                results,
+            } => {
                 let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
                 let batch = Batch {
                     results,
                     outstanding,
                     max_attempts: limits.max_attempts,
-                    episode_timeout: limits.episode_timeout.unwrap_or(self.settings.episode_timeout),
+                    episode_timeout: limits
+                        .episode_timeout
+                        .unwrap_or(self.settings.episode_timeout),
                     worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
                     method,
                     versions,
@@ -256,7 +287,13 @@ impl State {
                 self.queue.retain(|l| l.batch != key);
                 self.batches.insert(key.clone(), batch);
                 let now = Instant::now();
-                let leases = specs.into_iter().map(|spec| Lease { batch: key.clone(), spec, attempts: 0, since: now, copied: false });
+                let leases = specs.into_iter().map(|spec| Lease {
+                    batch: key.clone(),
+                    spec,
+                    attempts: 0,
+                    since: now,
+                    copied: false,
+                });
                 if first {
                     for l in leases.rev() {
                         self.queue.push_front(l);
@@ -281,7 +318,8 @@ impl State {
                     match result {
                         Ok(pulls) => {
                             self.sync.entry(generation).or_default().add(&pulls);
-                            w.ready_gen = Some(w.ready_gen.map_or(generation, |g| g.max(generation)));
+                            w.ready_gen =
+                                Some(w.ready_gen.map_or(generation, |g| g.max(generation)));
                             w.last_error.clear();
                         }
                         Err(e) => {
@@ -312,7 +350,11 @@ impl State {
                         last_error: w.last_error.clone(),
                     })
                     .collect();
-                let _ = reply.send(Snapshot { workers, pending: self.queue.len(), leased: self.leased() });
+                let _ = reply.send(Snapshot {
+                    workers,
+                    pending: self.queue.len(),
+                    leased: self.leased(),
+                });
             }
         }
     }
@@ -333,7 +375,11 @@ impl State {
                 return;
             }
             // A restarted process lost its policies and its episodes, whatever its address.
-            let why = if w.address == address { "restarted (a new incarnation)" } else { "re-registered with a new address" };
+            let why = if w.address == address {
+                "restarted (a new incarnation)"
+            } else {
+                "re-registered with a new address"
+            };
             self.drop_worker(&id, why);
         }
         self.next_conn += 1;
@@ -366,8 +412,15 @@ impl State {
     /// Forgets a worker; what it held goes back to the front of the queue, in lease order.
     fn drop_worker(&mut self, id: &str, reason: &str) {
         if let Some(w) = self.workers.remove(id) {
-            let mut back: Vec<Lease> =
-                w.leased.into_values().filter(|l| self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))).collect();
+            let mut back: Vec<Lease> = w
+                .leased
+                .into_values()
+                .filter(|l| {
+                    self.batches
+                        .get(&l.batch)
+                        .is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))
+                })
+                .collect();
             back.sort_by_key(|l| l.since);
             if w.draining && back.is_empty() {
                 tracing::info!(worker = %id, reason, "drained worker left");
@@ -400,7 +453,12 @@ impl State {
         // weights is this attempt failing: it is retried like any failed episode.
         let mut r = r;
         if r.error.is_empty() {
-            match crate::experience::check_record(&batch.method, &r.trajectory_json, &r.episode_id, batch.versions.as_deref()) {
+            match crate::experience::check_record(
+                &batch.method,
+                &r.trajectory_json,
+                &r.episode_id,
+                batch.versions.as_deref(),
+            ) {
                 Ok(record) => {
                     batch.outstanding.remove(&r.episode_id);
                     self.metrics.episodes_completed.inc();
@@ -429,9 +487,10 @@ impl State {
         tracing::warn!(worker = %id, episode = %r.episode_id, attempts, error = %r.error, "episode failed");
         if attempts >= batch.max_attempts {
             batch.outstanding.remove(&r.episode_id);
-            let _ = batch
-                .results
-                .send(Delivery::Failed { episode_id: r.episode_id, error: format!("failed {attempts} times; last error on worker {id}: {}", r.error) });
+            let _ = batch.results.send(Delivery::Failed {
+                episode_id: r.episode_id,
+                error: format!("failed {attempts} times; last error on worker {id}: {}", r.error),
+            });
         } else {
             self.metrics.requeued_episodes.inc();
             self.queue.push_back(Lease { attempts, since: Instant::now(), copied: false, ..lease });
@@ -440,8 +499,12 @@ impl State {
 
     fn tick(&mut self) {
         let now = Instant::now();
-        let dead: Vec<String> =
-            self.workers.iter().filter(|(_, w)| now.duration_since(w.last_seen) > self.settings.heartbeat_timeout).map(|(id, _)| id.clone()).collect();
+        let dead: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.last_seen) > self.settings.heartbeat_timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in dead {
             self.drop_worker(&id, "no heartbeat");
         }
@@ -451,7 +514,9 @@ impl State {
         let batches = &self.batches;
         for w in self.workers.values_mut() {
             for l in w.leased.values_mut() {
-                let timeout = batches.get(&l.batch).map_or(self.settings.episode_timeout, |b| b.episode_timeout);
+                let timeout = batches
+                    .get(&l.batch)
+                    .map_or(self.settings.episode_timeout, |b| b.episode_timeout);
                 if !l.copied && now.duration_since(l.since) > timeout {
                     l.copied = true;
                     again.push(Lease { since: now, copied: false, ..l.clone() });
@@ -459,7 +524,11 @@ impl State {
             }
         }
         for l in again {
-            if self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+            if self
+                .batches
+                .get(&l.batch)
+                .is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))
+            {
                 tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing a copy elsewhere");
                 self.metrics.requeued_episodes.inc();
                 self.queue.push_back(l);
@@ -468,15 +537,28 @@ impl State {
         // Queued episodes with no ready worker: each job waits as long as its schedule says.
         let Some(idle) = self.idle_since.map(|t| now.duration_since(t)) else { return };
         let queued: HashSet<BatchKey> = self.queue.iter().map(|l| l.batch.clone()).collect();
-        let stalled: Vec<(BatchKey, Duration)> =
-            queued.into_iter().filter_map(|j| self.batches.get(&j).map(|b| (j, b.worker_wait))).filter(|(_, wait)| idle > *wait).collect();
+        let stalled: Vec<(BatchKey, Duration)> = queued
+            .into_iter()
+            .filter_map(|j| self.batches.get(&j).map(|b| (j, b.worker_wait)))
+            .filter(|(_, wait)| idle > *wait)
+            .collect();
         if stalled.is_empty() {
             return;
         }
         let workers: Vec<String> = self
             .workers
             .iter()
-            .map(|(id, w)| format!("{id} at {}{}", w.address, if w.last_error.is_empty() { String::new() } else { format!(": {}", w.last_error) }))
+            .map(|(id, w)| {
+                format!(
+                    "{id} at {}{}",
+                    w.address,
+                    if w.last_error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", w.last_error)
+                    }
+                )
+            })
             .collect();
         for (j, wait) in stalled {
             let n = self.queue.iter().filter(|l| l.batch == j).count();
@@ -501,11 +583,17 @@ impl State {
         let mut i = 0;
         while i < self.queue.len() {
             let l = &self.queue[i];
-            if !self.batches.get(&l.batch).is_some_and(|b| b.outstanding.contains(&l.spec.episode_id)) {
+            if !self
+                .batches
+                .get(&l.batch)
+                .is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))
+            {
                 self.queue.remove(i);
                 continue;
             }
-            let open = |w: &Worker| !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0;
+            let open = |w: &Worker| {
+                !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0
+            };
             if !self.workers.values().any(open) {
                 break;
             }
@@ -526,7 +614,8 @@ impl State {
                 self.drop_worker(&id, "connection task ended");
                 continue;
             }
-            w.leased.insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
+            w.leased
+                .insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
         }
         let waiting = !self.queue.is_empty() && !self.workers.values().any(|w| self.is_ready(w));
         self.idle_since = match (waiting, self.idle_since) {
@@ -540,19 +629,31 @@ impl State {
         let pending = std::mem::take(&mut self.waiters);
         for (generation, reply) in pending {
             let live: Vec<&Worker> = self.workers.values().filter(|w| !w.draining).collect();
-            let behind: Vec<&Worker> = live.iter().copied().filter(|w| w.ready_gen.is_none_or(|g| g < generation)).collect();
+            let behind: Vec<&Worker> = live
+                .iter()
+                .copied()
+                .filter(|w| w.ready_gen.is_none_or(|g| g < generation))
+                .collect();
             // A worker that joined mid-job and has never been ready may load for a long time;
             // the ready ones go on without it, and it gets episodes once it has caught up.
             let some_ready = behind.len() < live.len();
             let late = |w: &Worker| w.joined_late && w.ready_gen.is_none();
-            let live: Vec<&Worker> = live.into_iter().filter(|w| !(some_ready && late(w))).collect();
-            let behind: Vec<&Worker> = behind.into_iter().filter(|w| !(some_ready && late(w))).collect();
+            let live: Vec<&Worker> =
+                live.into_iter().filter(|w| !(some_ready && late(w))).collect();
+            let behind: Vec<&Worker> =
+                behind.into_iter().filter(|w| !(some_ready && late(w))).collect();
             let stats = || self.sync.get(&generation).cloned().unwrap_or_default();
             if behind.is_empty() {
                 let _ = reply.send(Ok(stats()));
-            } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty()) && behind.len() == live.len() {
-                let errors: Vec<String> = behind.iter().map(|w| format!("{}: {}", w.address, w.last_error)).collect();
-                let _ = reply.send(Err(format!("no worker could take the new weights: {}", errors.join("; "))));
+            } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty())
+                && behind.len() == live.len()
+            {
+                let errors: Vec<String> =
+                    behind.iter().map(|w| format!("{}: {}", w.address, w.last_error)).collect();
+                let _ = reply.send(Err(format!(
+                    "no worker could take the new weights: {}",
+                    errors.join("; ")
+                )));
             } else if behind.iter().all(|w| w.preparing.is_none()) && behind.len() < live.len() {
                 // Some workers failed to update: they get nothing until the next target; go on with the rest.
                 let _ = reply.send(Ok(stats()));
@@ -566,12 +667,16 @@ impl State {
         self.metrics.pending_episodes.set(self.queue.len() as i64);
         self.metrics.leased_episodes.set(self.leased() as i64);
         self.metrics.workers.set(self.workers.len() as i64);
-        self.metrics.ready_workers.set(self.workers.values().filter(|w| self.is_ready(w)).count() as i64);
+        self.metrics
+            .ready_workers
+            .set(self.workers.values().filter(|w| self.is_ready(w)).count() as i64);
     }
 }
 
 /// The relay peer of each worker (in `addresses`' order): the first pulls from the learners
 /// (`None`), worker i > 0 from worker (i - 1) / fanout. Fanout 0: every worker from the learners.
 fn relay_peers(addresses: &[String], fanout: usize) -> Vec<Option<String>> {
-    (0..addresses.len()).map(|i| (fanout > 0 && i > 0).then(|| addresses[(i - 1) / fanout].clone())).collect()
+    (0..addresses.len())
+        .map(|i| (fanout > 0 && i > 0).then(|| addresses[(i - 1) / fanout].clone()))
+        .collect()
 }

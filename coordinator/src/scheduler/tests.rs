@@ -60,12 +60,24 @@ fn target(generation: u64) -> Cmd {
 }
 
 fn prepared(s: &State, id: &str, generation: u64) -> Cmd {
-    Cmd::Prepared { id: id.into(), conn: conn_of(s, id), generation, result: Ok(vec![Pull { agent: 0, bytes: 10, seconds: 0.5, relayed: false }]) }
+    Cmd::Prepared {
+        id: id.into(),
+        conn: conn_of(s, id),
+        generation,
+        result: Ok(vec![Pull { agent: 0, bytes: 10, seconds: 0.5, relayed: false }]),
+    }
 }
 
 /// A GRPO record of one agent's answer: what a worker sends back for an episode.
 fn record_json() -> String {
-    let task = TaskRecord { prompt: "1 + 1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q".into(), source: None, files: Default::default() };
+    let task = TaskRecord {
+        prompt: "1 + 1?".into(),
+        answer: "2".into(),
+        task: TaskKind::Math,
+        id: "q".into(),
+        source: None,
+        files: Default::default(),
+    };
     let sampled = Sampled {
         prompt_ids: vec![1],
         completion_ids: vec![2, 3],
@@ -74,25 +86,59 @@ fn record_json() -> String {
         finish_reason: FinishReason::Stop,
         policy_version: 1,
     };
-    let answer = Answer { turn_index: 0, agent: 0, sampled, text: "\\boxed{2}".into(), passed: None, test_failure: None };
-    serde_json::to_string(&GrpoRecord { task, instance: 0, grader: Grader::Math, answers: vec![answer] }).unwrap()
+    let answer = Answer {
+        turn_index: 0,
+        agent: 0,
+        sampled,
+        text: "\\boxed{2}".into(),
+        passed: None,
+        test_failure: None,
+    };
+    serde_json::to_string(&GrpoRecord {
+        task,
+        instance: 0,
+        grader: Grader::Math,
+        answers: vec![answer],
+    })
+    .unwrap()
 }
 
 fn ok(s: &State, id: &str, episode: &str) -> Cmd {
-    let result = pb::EpisodeResult { episode_id: episode.into(), trajectory_json: record_json(), ..Default::default() };
+    let result = pb::EpisodeResult {
+        episode_id: episode.into(),
+        trajectory_json: record_json(),
+        ..Default::default()
+    };
     Cmd::Result { id: id.into(), conn: conn_of(s, id), result }
 }
 
 fn failed(s: &State, id: &str, episode: &str) -> Cmd {
-    let result = pb::EpisodeResult { episode_id: episode.into(), error: "decode failed".into(), ..Default::default() };
+    let result = pb::EpisodeResult {
+        episode_id: episode.into(),
+        error: "decode failed".into(),
+        ..Default::default()
+    };
     Cmd::Result { id: id.into(), conn: conn_of(s, id), result }
 }
 
 /// A batch of `n` episodes `e0..`; returns what the job receives.
 fn submit(s: &mut State, n: usize, limits: BatchLimits) -> mpsc::UnboundedReceiver<Delivery> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let specs = (0..n).map(|i| pb::EpisodeSpec { episode_id: format!("e{i}"), method: "grpo".into(), ..Default::default() }).collect();
-    let batch = BatchSpec { tag: "step-0".into(), first: false, specs, method: MethodConfig::Grpo(GrpoConfig::default()), limits, versions: None };
+    let specs = (0..n)
+        .map(|i| pb::EpisodeSpec {
+            episode_id: format!("e{i}"),
+            method: "grpo".into(),
+            ..Default::default()
+        })
+        .collect();
+    let batch = BatchSpec {
+        tag: "step-0".into(),
+        first: false,
+        specs,
+        method: MethodConfig::Grpo(GrpoConfig::default()),
+        limits,
+        versions: None,
+    };
     s.apply(Cmd::Submit { job_id: "job".into(), batch, results: tx });
     rx
 }
@@ -117,8 +163,18 @@ fn told(rx: &mut mpsc::UnboundedReceiver<Delivery>) -> (Vec<String>, Vec<String>
 #[test]
 fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
     let (mut s, inbox) = actor();
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 2, incarnation: 1 });
-    s.apply(Cmd::Register { id: "w2".into(), address: "http://w2".into(), capacity: 1, incarnation: 1 });
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 2,
+        incarnation: 1,
+    });
+    s.apply(Cmd::Register {
+        id: "w2".into(),
+        address: "http://w2".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
     let mut job = submit(&mut s, 4, limits());
     // No target yet: nobody is ready, nothing is leased.
     assert_eq!((sent(&inbox, "w1").0.len(), s.queue.len()), (0, 4));
@@ -138,7 +194,10 @@ fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
         s.apply(ok(&s, w, e));
     }
     let (done, failed, stalled) = told(&mut job);
-    assert_eq!((done, failed.len(), stalled.len()), (vec!["e0".to_string(), "e1".into(), "e2".into(), "e3".into()], 0, 0));
+    assert_eq!(
+        (done, failed.len(), stalled.len()),
+        (vec!["e0".to_string(), "e1".into(), "e2".into(), "e3".into()], 0, 0)
+    );
     assert_eq!((s.metrics.episodes_completed.get(), s.metrics.duplicate_results.get()), (4, 1));
     assert_eq!((s.queue.len(), s.leased()), (0, 0));
 }
@@ -147,12 +206,23 @@ fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
 fn a_lost_workers_episodes_go_back_to_the_front_in_lease_order() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 2, incarnation: 1 });
-    s.apply(Cmd::Register { id: "w2".into(), address: "http://w2".into(), capacity: 1, incarnation: 1 });
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 2,
+        incarnation: 1,
+    });
+    s.apply(Cmd::Register {
+        id: "w2".into(),
+        address: "http://w2".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
     s.apply(prepared(&s, "w1", 1));
     let mut job = submit(&mut s, 4, limits());
     assert_eq!(sent(&inbox, "w1").0, ["e0", "e1"]);
-    let lost = Cmd::Lost { id: "w1".into(), conn: conn_of(&s, "w1"), reason: "stream broke".into() };
+    let lost =
+        Cmd::Lost { id: "w1".into(), conn: conn_of(&s, "w1"), reason: "stream broke".into() };
     s.apply(lost);
     let mut queue: Vec<&str> = s.queue.iter().map(|l| l.spec.episode_id.as_str()).collect();
     // The two leased together may share a timestamp; either way they lead the queue.
@@ -163,7 +233,11 @@ fn a_lost_workers_episodes_go_back_to_the_front_in_lease_order() {
     let front = sent(&inbox, "w2").0;
     assert!(front == ["e0"] || front == ["e1"], "{front:?}");
     // A result from the lost connection counts for nothing.
-    let stale = pb::EpisodeResult { episode_id: "e1".into(), trajectory_json: record_json(), ..Default::default() };
+    let stale = pb::EpisodeResult {
+        episode_id: "e1".into(),
+        trajectory_json: record_json(),
+        ..Default::default()
+    };
     s.apply(Cmd::Result { id: "w1".into(), conn: 1, result: stale });
     assert!(told(&mut job).0.is_empty());
     assert_eq!(s.metrics.requeued_episodes.get(), 2);
@@ -173,14 +247,23 @@ fn a_lost_workers_episodes_go_back_to_the_front_in_lease_order() {
 fn a_failing_episode_is_retried_until_its_attempts_run_out_and_a_malformed_record_is_a_failure() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 1, incarnation: 1 });
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
     s.apply(prepared(&s, "w1", 1));
     let mut job = submit(&mut s, 1, BatchLimits { max_attempts: 2, ..limits() });
     assert_eq!(sent(&inbox, "w1").0, ["e0"]);
     s.apply(failed(&s, "w1", "e0"));
     assert_eq!(sent(&inbox, "w1").0, ["e0"], "retried");
     // The second attempt returns a record its method refuses: the last attempt is used up.
-    let bad = pb::EpisodeResult { episode_id: "e0".into(), trajectory_json: "{\"answers\": 3}".into(), ..Default::default() };
+    let bad = pb::EpisodeResult {
+        episode_id: "e0".into(),
+        trajectory_json: "{\"answers\": 3}".into(),
+        ..Default::default()
+    };
     s.apply(Cmd::Result { id: "w1".into(), conn: conn_of(&s, "w1"), result: bad });
     let (done, failed, _) = told(&mut job);
     assert_eq!((done.len(), failed), (0, vec!["e0".to_string()]));
@@ -192,10 +275,19 @@ fn a_timed_out_lease_is_copied_to_another_worker_and_the_first_result_counts() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
     for id in ["w1", "w2"] {
-        s.apply(Cmd::Register { id: id.into(), address: format!("http://{id}"), capacity: 1, incarnation: 1 });
+        s.apply(Cmd::Register {
+            id: id.into(),
+            address: format!("http://{id}"),
+            capacity: 1,
+            incarnation: 1,
+        });
         s.apply(prepared(&s, id, 1));
     }
-    let mut job = submit(&mut s, 1, BatchLimits { episode_timeout: Some(Duration::from_millis(1)), ..limits() });
+    let mut job = submit(
+        &mut s,
+        1,
+        BatchLimits { episode_timeout: Some(Duration::from_millis(1)), ..limits() },
+    );
     let first = if sent(&inbox, "w1").0.is_empty() { "w2" } else { "w1" };
     let other = if first == "w1" { "w2" } else { "w1" };
     std::thread::sleep(Duration::from_millis(5));
@@ -212,15 +304,30 @@ fn a_timed_out_lease_is_copied_to_another_worker_and_the_first_result_counts() {
 fn queued_episodes_stall_after_their_wait_without_a_ready_worker() {
     let (mut s, _inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 1, incarnation: 1 });
-    let failure = Cmd::Prepared { id: "w1".into(), conn: conn_of(&s, "w1"), generation: 1, result: Err("LoadPolicies: no such model".into()) };
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
+    let failure = Cmd::Prepared {
+        id: "w1".into(),
+        conn: conn_of(&s, "w1"),
+        generation: 1,
+        result: Err("LoadPolicies: no such model".into()),
+    };
     s.apply(failure);
-    let mut job = submit(&mut s, 2, BatchLimits { worker_wait: Some(Duration::from_millis(1)), ..limits() });
+    let mut job =
+        submit(&mut s, 2, BatchLimits { worker_wait: Some(Duration::from_millis(1)), ..limits() });
     std::thread::sleep(Duration::from_millis(5));
     s.apply(Cmd::Tick);
     let (_, _, stalled) = told(&mut job);
     assert_eq!(stalled.len(), 1);
-    assert!(stalled[0].contains("2 episodes waited") && stalled[0].contains("w1 at http://w1: LoadPolicies: no such model"), "{stalled:?}");
+    assert!(
+        stalled[0].contains("2 episodes waited")
+            && stalled[0].contains("w1 at http://w1: LoadPolicies: no such model"),
+        "{stalled:?}"
+    );
     assert!(s.queue.is_empty());
 }
 
@@ -228,7 +335,12 @@ fn queued_episodes_stall_after_their_wait_without_a_ready_worker() {
 fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weights() {
     let (mut s, _inbox) = actor();
     for id in ["w1", "w2"] {
-        s.apply(Cmd::Register { id: id.into(), address: format!("http://{id}"), capacity: 1, incarnation: 1 });
+        s.apply(Cmd::Register {
+            id: id.into(),
+            address: format!("http://{id}"),
+            capacity: 1,
+            incarnation: 1,
+        });
     }
     s.apply(target(1));
     let (tx, mut rx) = oneshot::channel();
@@ -243,22 +355,41 @@ fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weig
     let (tx, mut rx) = oneshot::channel();
     s.apply(Cmd::WaitPrepared { generation: 2, reply: tx });
     for id in ["w1", "w2"] {
-        s.apply(Cmd::Prepared { id: id.into(), conn: conn_of(&s, id), generation: 2, result: Err("UpdateWeights: unreachable".into()) });
+        s.apply(Cmd::Prepared {
+            id: id.into(),
+            conn: conn_of(&s, id),
+            generation: 2,
+            result: Err("UpdateWeights: unreachable".into()),
+        });
     }
     let err = rx.try_recv().unwrap().unwrap_err();
-    assert!(err.starts_with("no worker could take the new weights") && err.contains("http://w1: UpdateWeights: unreachable"), "{err}");
+    assert!(
+        err.starts_with("no worker could take the new weights")
+            && err.contains("http://w1: UpdateWeights: unreachable"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_restarted_worker_is_a_new_connection_and_its_old_leases_are_requeued() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 1, incarnation: 1 });
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
     s.apply(prepared(&s, "w1", 1));
     let _job = submit(&mut s, 1, limits());
     assert_eq!(sent(&inbox, "w1").0, ["e0"]);
     let old = conn_of(&s, "w1");
-    s.apply(Cmd::Register { id: "w1".into(), address: "http://w1".into(), capacity: 1, incarnation: 2 });
+    s.apply(Cmd::Register {
+        id: "w1".into(),
+        address: "http://w1".into(),
+        capacity: 1,
+        incarnation: 2,
+    });
     assert_ne!(conn_of(&s, "w1"), old);
     // The new process loads the policies first; the episode waits at the front of the queue.
     assert_eq!(sent(&inbox, "w1"), (vec![], vec![1]));
@@ -270,7 +401,12 @@ fn a_restarted_worker_is_a_new_connection_and_its_old_leases_are_requeued() {
 #[test]
 fn relay_peers_form_a_chain_a_tree_or_nothing() {
     let w: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
-    let names = |f: usize| relay_peers(&w, f).into_iter().map(|p| p.unwrap_or_else(|| "learner".into())).collect::<Vec<_>>();
+    let names = |f: usize| {
+        relay_peers(&w, f)
+            .into_iter()
+            .map(|p| p.unwrap_or_else(|| "learner".into()))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(names(1), ["learner", "w0", "w1", "w2", "w3", "w4"]);
     assert_eq!(names(2), ["learner", "w0", "w0", "w1", "w1", "w2"]);
     assert_eq!(names(0), ["learner"; 6]);

@@ -21,7 +21,10 @@ pub struct Reference {
 impl Reference {
     pub fn load(name: &str) -> Self {
         let dir = fixtures().join("reference");
-        let json = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+        let json = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
         let tensors = SafeTensorsFile::open(&dir.join(format!("{name}.safetensors"))).unwrap();
         Self { json, tensors }
     }
@@ -31,7 +34,12 @@ impl Reference {
     }
 
     pub fn prompt_ids(&self, i: usize) -> Vec<i64> {
-        self.json["prompts"][i]["ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
+        self.json["prompts"][i]["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect()
     }
 
     pub fn num_prompts(&self) -> usize {

@@ -23,7 +23,10 @@ pub(crate) use fault::{fault_from_env, Fault};
 use room::meter_for;
 
 /// Starts the engine thread; the handle tells the server when the thread has died.
-pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {
+pub fn spawn(
+    settings: EngineSettings,
+    stats: Arc<Stats>,
+) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("worker-engine".into())
@@ -43,8 +46,13 @@ pub fn spawn(settings: EngineSettings, stats: Arc<Stats>) -> (mpsc::Sender<Comma
                         if let Some(Fault::SlowLoad(secs)) = fault_from_env() {
                             std::thread::sleep(Duration::from_secs(secs));
                         }
-                        let r = Models::load(&specs, &dtype, settings.device).map_err(|e| e.to_string());
-                        let _ = reply.send(r.as_ref().map(|m| (m.agents.len() + m.remote.len(), m.bases.len())).map_err(Clone::clone));
+                        let r = Models::load(&specs, &dtype, settings.device)
+                            .map_err(|e| e.to_string());
+                        let _ = reply.send(
+                            r.as_ref()
+                                .map(|m| (m.agents.len() + m.remote.len(), m.bases.len()))
+                                .map_err(Clone::clone),
+                        );
                         if let Ok(m) = r {
                             models = m;
                         }
@@ -109,7 +117,12 @@ struct Runtime<'m> {
     waiting: VecDeque<WaitingTurn>,
     versions: BTreeMap<u32, u64>,
     in_flight: BTreeMap<u32, usize>,
-    updates: Vec<(u32, u64, Vec<comas_proto::weights::ReceivedTensor>, oneshot::Sender<Result<(), String>>)>,
+    updates: Vec<(
+        u32,
+        u64,
+        Vec<comas_proto::weights::ReceivedTensor>,
+        oneshot::Sender<Result<(), String>>,
+    )>,
     drain: Option<oneshot::Sender<()>>,
     draining: bool,
     next_episode: u64,
@@ -175,17 +188,29 @@ impl<'m> Runtime<'m> {
                 if self.idle() {
                     return Some(Command::Load { specs, dtype, reply });
                 }
-                let _ = reply.send(Err(format!("{} episodes are running; finish or cancel them before loading policies", self.episodes.len())));
+                let _ = reply.send(Err(format!(
+                    "{} episodes are running; finish or cancel them before loading policies",
+                    self.episodes.len()
+                )));
             }
             Command::Episode { stream, job, results } => self.start_episode(stream, job, results),
             Command::CancelStream { stream } => {
-                let dropped: Vec<u64> = self.episodes.iter().filter(|(_, e)| e.stream == stream).map(|(&k, _)| k).collect();
+                let dropped: Vec<u64> = self
+                    .episodes
+                    .iter()
+                    .filter(|(_, e)| e.stream == stream)
+                    .map(|(&k, _)| k)
+                    .collect();
                 for k in &dropped {
                     self.episodes.remove(k);
                 }
                 self.waiting.retain(|w| !dropped.contains(&w.key));
                 if !dropped.is_empty() {
-                    tracing::info!(stream, dropped = dropped.len(), "stream closed; its unfinished episodes are dropped");
+                    tracing::info!(
+                        stream,
+                        dropped = dropped.len(),
+                        "stream closed; its unfinished episodes are dropped"
+                    );
                 }
                 // Sequences already decoding finish and are then discarded (their episode is gone).
             }
@@ -215,17 +240,35 @@ impl<'m> Runtime<'m> {
         None
     }
 
-    fn start_episode(&mut self, stream: u64, job: EpisodeJob, results: tmpsc::UnboundedSender<EpisodeOutcome>) {
+    fn start_episode(
+        &mut self,
+        stream: u64,
+        job: EpisodeJob,
+        results: tmpsc::UnboundedSender<EpisodeOutcome>,
+    ) {
         let fail = |results: &tmpsc::UnboundedSender<EpisodeOutcome>, id: String, e: String| {
-            let _ = results.send(EpisodeOutcome { episode_id: id, result: Err(e), draining: false });
+            let _ =
+                results.send(EpisodeOutcome { episode_id: id, result: Err(e), draining: false });
         };
         if self.draining {
             let e = "worker is draining; send this episode elsewhere".to_string();
-            let _ = results.send(EpisodeOutcome { episode_id: job.episode_id, result: Err(e), draining: true });
+            let _ = results.send(EpisodeOutcome {
+                episode_id: job.episode_id,
+                result: Err(e),
+                draining: true,
+            });
             return;
         }
-        if let Some(a) = job.start.agents().into_iter().find(|a| !self.models.agents.contains_key(a) && !self.models.remote.contains_key(a)) {
-            return fail(&results, job.episode_id, format!("agent {a} is not loaded on this worker (LoadPolicies first)"));
+        if let Some(a) =
+            job.start.agents().into_iter().find(|a| {
+                !self.models.agents.contains_key(a) && !self.models.remote.contains_key(a)
+            })
+        {
+            return fail(
+                &results,
+                job.episode_id,
+                format!("agent {a} is not loaded on this worker (LoadPolicies first)"),
+            );
         }
         let fit = job.start.prompt_fit();
         let meter = meter_for(self.models, self.settings, &fit);
@@ -235,7 +278,19 @@ impl<'m> Runtime<'m> {
                 let key = self.next_episode;
                 self.next_episode += 1;
                 let requests = program.pending();
-                self.episodes.insert(key, RunningEpisode { id: job.episode_id, stream, program, fit, replies: Vec::new(), in_flight: 0, tokens: 0, results });
+                self.episodes.insert(
+                    key,
+                    RunningEpisode {
+                        id: job.episode_id,
+                        stream,
+                        program,
+                        fit,
+                        replies: Vec::new(),
+                        in_flight: 0,
+                        tokens: 0,
+                        results,
+                    },
+                );
                 self.enqueue(key, requests);
             }
         }
@@ -284,7 +339,9 @@ impl<'m> Runtime<'m> {
                 continue;
             }
             let policy = &self.models.agents[&w.turn.agent];
-            if self.blocked(w.turn.agent) || self.batchers[policy.base].len() >= self.settings.max_running {
+            if self.blocked(w.turn.agent)
+                || self.batchers[policy.base].len() >= self.settings.max_running
+            {
                 keep.push_back(w);
                 continue;
             }
@@ -292,30 +349,49 @@ impl<'m> Runtime<'m> {
             let prompt = match w.prompt.take() {
                 Some(p) => p,
                 None => {
-                    let msgs: Vec<ChatMessage> = w.turn.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+                    let msgs: Vec<ChatMessage> = w
+                        .turn
+                        .messages
+                        .iter()
+                        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                        .collect();
                     match base.tokenizer.encode_chat(&msgs, true) {
                         Ok(p) => p,
                         Err(e) => {
-                            self.fail_episode(w.key, format!("turn {} could not start: {e}", w.turn.turn_index));
+                            self.fail_episode(
+                                w.key,
+                                format!("turn {} could not start: {e}", w.turn.turn_index),
+                            );
                             continue;
                         }
                     }
                 }
             };
             if w.turn.sampling.fit_context {
-                let room = self.models.context(policy.base).min(self.settings.max_batch_tokens).saturating_sub(prompt.len());
+                let room = self
+                    .models
+                    .context(policy.base)
+                    .min(self.settings.max_batch_tokens)
+                    .saturating_sub(prompt.len());
                 if room == 0 {
                     self.answer_empty(w.key, &w.turn, prompt);
                     continue;
                 }
                 w.turn.sampling.max_new_tokens = w.turn.sampling.max_new_tokens.min(room as u32);
-                w.turn.sampling.min_new_tokens = w.turn.sampling.min_new_tokens.min(w.turn.sampling.max_new_tokens);
+                w.turn.sampling.min_new_tokens =
+                    w.turn.sampling.min_new_tokens.min(w.turn.sampling.max_new_tokens);
             }
             let need = prompt.len() + w.turn.sampling.max_new_tokens as usize;
             if let Some(why) = self.no_room(w.key, &w.turn, prompt.len(), policy.base) {
                 self.stats.prompts_refused.fetch_add(1, Ordering::Relaxed);
                 let t = &w.turn;
-                self.fail_episode(w.key, format!("turn {} ({}, round {}, agent {}): {why}", t.turn_index, t.role, t.round, t.agent));
+                self.fail_episode(
+                    w.key,
+                    format!(
+                        "turn {} ({}, round {}, agent {}): {why}",
+                        t.turn_index, t.role, t.round, t.agent
+                    ),
+                );
                 continue;
             }
             let batcher = &self.batchers[policy.base];
@@ -340,14 +416,24 @@ impl<'m> Runtime<'m> {
             };
             let id = self.next_seq;
             self.next_seq += 1;
-            match self.batchers[policy.base].add(id, prompt.clone(), params, policy.adapter.as_ref()) {
+            match self.batchers[policy.base].add(
+                id,
+                prompt.clone(),
+                params,
+                policy.adapter.as_ref(),
+            ) {
                 Ok(()) => {
                     let prompt_ids = prompt;
                     *self.in_flight.entry(turn.agent).or_default() += 1;
                     let version = self.versions[&turn.agent];
-                    self.seqs.insert(id, Seq { base: policy.base, episode: key, turn, prompt_ids, version });
+                    self.seqs.insert(
+                        id,
+                        Seq { base: policy.base, episode: key, turn, prompt_ids, version },
+                    );
                 }
-                Err(e) => self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index)),
+                Err(e) => {
+                    self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index))
+                }
             }
         }
         self.waiting = keep;
@@ -359,7 +445,11 @@ impl<'m> Runtime<'m> {
     /// the job's prompt limit, the model's context or this worker's whole token budget.
     fn no_room(&self, key: u64, turn: &TurnRequest, prompt: usize, base: usize) -> Option<String> {
         let new = turn.sampling.max_new_tokens as usize;
-        let cut = if turn.blocks_cut > 0 { format!(" even with {} quoted discussion blocks cut", turn.blocks_cut) } else { String::new() };
+        let cut = if turn.blocks_cut > 0 {
+            format!(" even with {} quoted discussion blocks cut", turn.blocks_cut)
+        } else {
+            String::new()
+        };
         let context = self.models.context(base);
         let budget = self.settings.max_batch_tokens;
         if let Some(e) = self.episodes.get(&key) {
@@ -407,7 +497,11 @@ impl<'m> Runtime<'m> {
 
     fn fail_episode(&mut self, key: u64, error: String) {
         if let Some(e) = self.episodes.remove(&key) {
-            let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result: Err(error), draining: false });
+            let _ = e.results.send(EpisodeOutcome {
+                episode_id: e.id,
+                result: Err(error),
+                draining: false,
+            });
         }
     }
 
@@ -418,7 +512,9 @@ impl<'m> Runtime<'m> {
         let Some(ep) = self.episodes.get_mut(&seq.episode) else { return };
         let tok = &self.models.bases[base].tokenizer;
         // Only a stop token is hidden from the text; a guided tail also ends with Stop.
-        let stop = c.finish_reason == ModelFinish::Stop && c.stop_string.is_none() && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
+        let stop = c.finish_reason == ModelFinish::Stop
+            && c.stop_string.is_none()
+            && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
         let visible = if stop { &c.token_ids[..c.token_ids.len() - 1] } else { &c.token_ids[..] };
         let text = tok.decode(visible, true).unwrap_or_default();
         let raw_text = tok.decode(&c.token_ids, false).unwrap_or_default();
@@ -435,7 +531,10 @@ impl<'m> Runtime<'m> {
             constrained: c
                 .constrained
                 .iter()
-                .map(|k| ConstrainedToken { position: k.position as u32, allowed: k.allowed.iter().map(|&t| t as u32).collect() })
+                .map(|k| ConstrainedToken {
+                    position: k.position as u32,
+                    allowed: k.allowed.iter().map(|&t| t as u32).collect(),
+                })
                 .collect(),
         }));
         let key = seq.episode;
@@ -481,7 +580,12 @@ impl<'m> Runtime<'m> {
                 record
             })
             .map_err(|err| err.to_string())
-            .and_then(|record| record.to_json().map(|json| (json, record.turns(), tokens)).map_err(|err| err.to_string()));
+            .and_then(|record| {
+                record
+                    .to_json()
+                    .map(|json| (json, record.turns(), tokens))
+                    .map_err(|err| err.to_string())
+            });
         self.stats.episodes_done.fetch_add(1, Ordering::Relaxed);
         let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result, draining: false });
     }
@@ -496,7 +600,11 @@ impl<'m> Runtime<'m> {
                 continue;
             }
             let (agent, version, tensors, reply) = self.updates.remove(i);
-            let r = if self.fault == Some(Fault::StaleWeights) { Ok(()) } else { self.models.apply_update(agent, &tensors) };
+            let r = if self.fault == Some(Fault::StaleWeights) {
+                Ok(())
+            } else {
+                self.models.apply_update(agent, &tensors)
+            };
             if r.is_ok() {
                 self.versions.insert(agent, version);
                 tracing::info!(agent, version, "weights swapped in");
@@ -521,7 +629,9 @@ impl<'m> Runtime<'m> {
         loop {
             // Take every command that is waiting; block only when there is nothing to decode.
             loop {
-                let busy = self.batchers.iter().any(|b| !b.is_empty()) || !self.waiting.is_empty() || !self.updates.is_empty();
+                let busy = self.batchers.iter().any(|b| !b.is_empty())
+                    || !self.waiting.is_empty()
+                    || !self.updates.is_empty();
                 let cmd = if busy {
                     match rx.try_recv() {
                         Ok(c) => c,
@@ -531,7 +641,11 @@ impl<'m> Runtime<'m> {
                 } else {
                     // Tool results and endpoint turns come on their own channel: look at it
                     // often while some are out.
-                    let wait = if self.side_out > 0 { Duration::from_millis(5) } else { Duration::from_millis(200) };
+                    let wait = if self.side_out > 0 {
+                        Duration::from_millis(5)
+                    } else {
+                        Duration::from_millis(200)
+                    };
                     match rx.recv_timeout(wait) {
                         Ok(c) => c,
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
@@ -566,7 +680,12 @@ impl<'m> Runtime<'m> {
                         }
                         batcher.step()
                     }))
-                    .unwrap_or_else(|p| Err(comas_model::ModelError::Input(format!("the decode step panicked: {}", comas_service::panic_message(p.as_ref())))))
+                    .unwrap_or_else(|p| {
+                        Err(comas_model::ModelError::Input(format!(
+                            "the decode step panicked: {}",
+                            comas_service::panic_message(p.as_ref())
+                        )))
+                    })
                 };
                 match step {
                     Ok(done) => {
@@ -577,7 +696,12 @@ impl<'m> Runtime<'m> {
                     Err(e) => {
                         // A failing step poisons every sequence of this batch: fail their episodes.
                         tracing::error!(error = %e, "decode step failed");
-                        let lost: Vec<u64> = self.seqs.iter().filter(|(_, s)| s.base == b).map(|(&id, _)| id).collect();
+                        let lost: Vec<u64> = self
+                            .seqs
+                            .iter()
+                            .filter(|(_, s)| s.base == b)
+                            .map(|(&id, _)| id)
+                            .collect();
                         for id in lost {
                             let s = self.seqs.remove(&id).expect("listed");
                             self.release(&s);

@@ -25,7 +25,11 @@ struct Room<'a> {
 /// room of its agents; other methods' prompts are not cut (a prompt too long for the room fails
 /// at admission), but their messages may be cut to a token budget (NeuroMAS) with the speaking
 /// agent's tokenizer.
-pub(super) fn meter_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Box<dyn PromptMeter + 'a> {
+pub(super) fn meter_for<'a>(
+    models: &'a Models,
+    settings: &EngineSettings,
+    fit: &PromptFit,
+) -> Box<dyn PromptMeter + 'a> {
     if fit.fitted.is_empty() {
         Box::new(Tokens { models })
     } else {
@@ -54,7 +58,8 @@ impl PromptMeter for Tokens<'_> {
 
 /// The room of an episode fitted as `fit` says on this worker.
 fn room_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) -> Room<'a> {
-    let mut bases: Vec<usize> = fit.agents.iter().filter_map(|a| models.agents.get(a)).map(|p| p.base).collect();
+    let mut bases: Vec<usize> =
+        fit.agents.iter().filter_map(|a| models.agents.get(a)).map(|p| p.base).collect();
     bases.sort_unstable();
     bases.dedup();
     let context = bases.iter().map(|&b| models.context(b)).min().unwrap_or(0);
@@ -64,7 +69,11 @@ fn room_for<'a>(models: &'a Models, settings: &EngineSettings, fit: &PromptFit) 
         .iter()
         .map(|&(role, new)| {
             let new = new as usize;
-            (role, job.min(context.saturating_sub(new)).min(settings.max_batch_tokens.saturating_sub(new)))
+            (
+                role,
+                job.min(context.saturating_sub(new))
+                    .min(settings.max_batch_tokens.saturating_sub(new)),
+            )
         })
         .collect();
     Room { models, bases, limit }
@@ -79,6 +88,11 @@ impl PromptMeter for Room<'_> {
         }
         let msgs = [ChatMessage::new("user", text)];
         // A prompt that cannot be tokenized is refused at admission with its own error.
-        self.bases.iter().all(|&b| self.models.bases[b].tokenizer.encode_chat(&msgs, true).is_ok_and(|ids| ids.len() <= limit))
+        self.bases.iter().all(|&b| {
+            self.models.bases[b]
+                .tokenizer
+                .encode_chat(&msgs, true)
+                .is_ok_and(|ids| ids.len() <= limit)
+        })
     }
 }

@@ -4,7 +4,8 @@ use super::Failure;
 use regex::Regex;
 use std::sync::LazyLock;
 
-static BOXED_LETTER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\\boxed\{([A-D])\}").expect("valid regex"));
+static BOXED_LETTER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\\boxed\{([A-D])\}").expect("valid regex"));
 
 /// The letter of the last boxed choice, upper-cased.
 pub fn choice(response: &str) -> Option<char> {
@@ -33,7 +34,10 @@ mod tests {
         assert_eq!(choice("\\boxed{ B }"), None);
         assert_eq!(choice("The answer is B."), None);
         assert_eq!(grade("so \\boxed{b}", "B"), Ok(()));
-        assert_eq!(grade("so \\boxed{B}", "C"), Err(Failure::NotEqual { got: "B".into(), want: "C".into() }));
+        assert_eq!(
+            grade("so \\boxed{B}", "C"),
+            Err(Failure::NotEqual { got: "B".into(), want: "C".into() })
+        );
         assert_eq!(grade("so B", "B"), Err(Failure::NoAnswer));
         // A lower-case reference letter is not upper-cased: the reference compares as is.
         assert!(grade("\\boxed{b}", "b").is_err());

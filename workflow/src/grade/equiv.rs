@@ -30,7 +30,11 @@ pub fn verify(gold: &Extracted, pred: &Extracted) -> bool {
 /// An equation chain whose first left side is made of symbols: `x = 5`, `a_n = 3n - 2`.
 fn is_assignment(v: &Value) -> bool {
     match v {
-        Value::Rel(chain) => !chain.is_empty() && chain.iter().all(|r| r.op == RelOp::Eq) && only_symbols_value(&chain[0].lhs),
+        Value::Rel(chain) => {
+            !chain.is_empty()
+                && chain.iter().all(|r| r.op == RelOp::Eq)
+                && only_symbols_value(&chain[0].lhs)
+        }
         _ => false,
     }
 }
@@ -96,7 +100,10 @@ pub fn values_eq(gold: &Value, pred: &Value) -> bool {
     }
     match (&gold, &pred) {
         (Value::Matrix(g), Value::Matrix(p)) => {
-            g.len() == p.len() && g.iter().zip(p).all(|(a, b)| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| exprs_eq(x, y)))
+            g.len() == p.len()
+                && g.iter().zip(p).all(|(a, b)| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| exprs_eq(x, y))
+                })
         }
         (Value::Expr(g), Value::Expr(p)) => {
             if matches!(g, Expr::Sym(_)) || matches!(p, Expr::Sym(_)) {
@@ -151,7 +158,9 @@ fn exact_against_decimal_arithmetic(a: &Expr, b: &Expr) -> Option<bool> {
 fn has_float(e: &Expr) -> bool {
     match e {
         Expr::Num(Num::Float(_)) => true,
-        Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => a.iter().any(has_float),
+        Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => {
+            a.iter().any(has_float)
+        }
         Expr::Pow(b, x) => has_float(b) || has_float(x),
         Expr::Num(_) | Expr::Sym(_) | Expr::Const(_) => false,
     }
@@ -231,8 +240,14 @@ fn symbols_eq(g: &Expr, p: &Expr) -> bool {
         _ => None,
     };
     match (g, p) {
-        (Expr::Sym(s), Expr::Const(Const::E)) | (Expr::Const(Const::E), Expr::Sym(s)) if symbol_name(s).to_lowercase() == "e" => return true,
-        (Expr::Sym(s), Expr::Mul(args)) | (Expr::Mul(args), Expr::Sym(s)) if args.iter().all(|a| name_of(a).is_some()) => {
+        (Expr::Sym(s), Expr::Const(Const::E)) | (Expr::Const(Const::E), Expr::Sym(s))
+            if symbol_name(s).to_lowercase() == "e" =>
+        {
+            return true
+        }
+        (Expr::Sym(s), Expr::Mul(args)) | (Expr::Mul(args), Expr::Sym(s))
+            if args.iter().all(|a| name_of(a).is_some()) =>
+        {
             let joined: String = args.iter().filter_map(name_of).collect();
             return symbol_name(s).to_lowercase() == joined.to_lowercase();
         }
@@ -273,7 +288,10 @@ fn diff(r: &Rel) -> Option<Expr> {
 fn relations_eq(g: &Value, p: &Value) -> bool {
     let (Value::Rel(gc), Value::Rel(pc)) = (g, p) else { return false };
     if gc.len() > 1 && pc.len() > 1 {
-        return gc.len() == pc.len() && gc.iter().zip(pc).all(|(a, b)| relations_eq(&Value::Rel(vec![a.clone()]), &Value::Rel(vec![b.clone()])));
+        return gc.len() == pc.len()
+            && gc.iter().zip(pc).all(|(a, b)| {
+                relations_eq(&Value::Rel(vec![a.clone()]), &Value::Rel(vec![b.clone()]))
+            });
     }
     if gc.len() != 1 || pc.len() != 1 {
         return false;
@@ -286,7 +304,9 @@ fn relations_eq(g: &Value, p: &Value) -> bool {
     if gr.op == RelOp::Ne {
         return false;
     }
-    if pr.op == gr.op.flipped() && values_eq(&Value::Expr(gd.clone()), &Value::Expr(pd.clone().neg())) {
+    if pr.op == gr.op.flipped()
+        && values_eq(&Value::Expr(gd.clone()), &Value::Expr(pd.clone().neg()))
+    {
         return true;
     }
     // The reference then solves both equations for their symbols, which only yields
@@ -331,7 +351,9 @@ fn relation_as_set(v: &Value) -> Option<Value> {
     let bound = |r: &Rel| -> Option<(String, RelOp, Expr)> {
         match (r.lhs.as_expr()?, r.rhs.as_expr()?) {
             (Expr::Sym(s), c) if c.value().is_some() => Some((s.clone(), r.op, c.clone())),
-            (c, Expr::Sym(s)) if c.value().is_some() => Some((s.clone(), r.op.flipped(), c.clone())),
+            (c, Expr::Sym(s)) if c.value().is_some() => {
+                Some((s.clone(), r.op.flipped(), c.clone()))
+            }
             _ => None,
         }
     };
@@ -358,7 +380,13 @@ fn relation_as_set(v: &Value) -> Option<Value> {
 
 /// Sets, intervals and tuples (`sympy_compare_sets`).
 fn sets_eq(gold: &Value, pred: &Value) -> bool {
-    let wrap = |v: &Value| if v.is_set() || matches!(v, Value::Tuple(_)) { v.clone() } else { Value::Set(vec![v.clone()]) };
+    let wrap = |v: &Value| {
+        if v.is_set() || matches!(v, Value::Tuple(_)) {
+            v.clone()
+        } else {
+            Value::Set(vec![v.clone()])
+        }
+    };
     let (a, b) = (wrap(gold), wrap(pred));
     if let (Value::Interval { .. }, Value::Interval { .. }) = (&a, &b) {
         return intervals_eq(&a, &b);
@@ -373,12 +401,18 @@ fn sets_eq(gold: &Value, pred: &Value) -> bool {
     // `(1, 2)` reads as an open interval; it still matches the pair `1, 2`.
     if let (Value::Interval { lo, hi, lo_open: true, hi_open: true }, true) = (&a, listy(&b)) {
         if len(&b) == 2 {
-            return elements_eq(&Value::Tuple(vec![Value::Expr(lo.clone()), Value::Expr(hi.clone())]), &b);
+            return elements_eq(
+                &Value::Tuple(vec![Value::Expr(lo.clone()), Value::Expr(hi.clone())]),
+                &b,
+            );
         }
     }
     if let (Value::Interval { lo, hi, lo_open: true, hi_open: true }, true) = (&b, listy(&a)) {
         if len(&a) == 2 {
-            return elements_eq(&a, &Value::Tuple(vec![Value::Expr(lo.clone()), Value::Expr(hi.clone())]));
+            return elements_eq(
+                &a,
+                &Value::Tuple(vec![Value::Expr(lo.clone()), Value::Expr(hi.clone())]),
+            );
         }
     }
     false
@@ -386,7 +420,10 @@ fn sets_eq(gold: &Value, pred: &Value) -> bool {
 
 fn intervals_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Interval { lo: l1, hi: h1, lo_open: lo1, hi_open: ho1 }, Value::Interval { lo: l2, hi: h2, lo_open: lo2, hi_open: ho2 }) => {
+        (
+            Value::Interval { lo: l1, hi: h1, lo_open: lo1, hi_open: ho1 },
+            Value::Interval { lo: l2, hi: h2, lo_open: lo2, hi_open: ho2 },
+        ) => {
             lo1 == lo2
                 && ho1 == ho2
                 && values_eq(&Value::Expr(l1.clone()), &Value::Expr(l2.clone()))
@@ -422,10 +459,16 @@ fn same_set(a: &Value, b: &Value) -> bool {
         (Value::Empty, Value::Set(s)) | (Value::Set(s), Value::Empty) => s.is_empty(),
         (Value::Set(x), Value::Set(y)) => {
             let (x, y) = (distinct(x), distinct(y));
-            let within = |p: &[Value], q: &[Value]| p.iter().all(|e| q.iter().any(|f| e == f || numbers_equal(e, f)));
+            let within = |p: &[Value], q: &[Value]| {
+                p.iter().all(|e| q.iter().any(|f| e == f || numbers_equal(e, f)))
+            };
             x.len() == y.len() && within(&x, &y) && within(&y, &x)
         }
-        (Value::Union(x), Value::Union(y)) => x.len() == y.len() && x.iter().all(|p| y.iter().any(|q| p == q || intervals_eq(p, q) || same_set(p, q))),
+        (Value::Union(x), Value::Union(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|p| y.iter().any(|q| p == q || intervals_eq(p, q) || same_set(p, q)))
+        }
         (Value::Named(x), Value::Named(y)) => x == y,
         (Value::Tuple(x), Value::Tuple(y)) => x == y,
         _ => false,
@@ -456,7 +499,9 @@ fn sorted(items: &[Value]) -> Vec<Value> {
     let mut v = distinct(items);
     v.sort_by(|a, b| {
         let (ka, kb) = (sort_key(a), sort_key(b));
-        ka.0.cmp(&kb.0).then(ka.1.partial_cmp(&kb.1).unwrap_or(Ordering::Equal)).then(ka.2.cmp(&kb.2))
+        ka.0.cmp(&kb.0)
+            .then(ka.1.partial_cmp(&kb.1).unwrap_or(Ordering::Equal))
+            .then(ka.2.cmp(&kb.2))
     });
     v
 }

@@ -69,7 +69,10 @@ fn env_list(boxed: bool) -> String {
     let mut s = env_pattern("first_", boxed);
     for i in 1..=5 {
         let lead = if boxed { r"\s*" } else { "" };
-        s.push_str(&format!(r"{lead}(?:\s*(?:,?and|,?or|,)\s*{})?", env_pattern(&format!("next{i}_"), boxed)));
+        s.push_str(&format!(
+            r"{lead}(?:\s*(?:,?and|,?or|,)\s*{})?",
+            env_pattern(&format!("next{i}_"), boxed)
+        ));
     }
     if boxed {
         s
@@ -129,8 +132,15 @@ static PATTERNS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
     out
 });
 
-const ENV_KINDS: &[&str] =
-    &["latexDisplayDollar", "latexDisplayBracket", "latexInlineDollar", "latexInlineParenthesis", "latexInlineBracket", "latexFraction", "latexBoxed"];
+const ENV_KINDS: &[&str] = &[
+    "latexDisplayDollar",
+    "latexDisplayBracket",
+    "latexInlineDollar",
+    "latexInlineParenthesis",
+    "latexInlineBracket",
+    "latexFraction",
+    "latexBoxed",
+];
 
 /// Reads the answer of `text` as the reference's `parse` does.
 pub fn extract(text: &str) -> Extracted {
@@ -148,7 +158,8 @@ pub fn extract_with(text: &str, boxed_first: bool) -> Extracted {
     let mut i = 0;
     while i < patterns.len() {
         let level = priority(patterns[i]);
-        let group: Vec<&Pattern> = patterns[i..].iter().copied().take_while(|p| priority(p) == level).collect();
+        let group: Vec<&Pattern> =
+            patterns[i..].iter().copied().take_while(|p| priority(p) == level).collect();
         i += group.len();
         let mut found: Vec<(usize, usize, Kind, Captures)> = Vec::new();
         for p in &group {
@@ -181,10 +192,16 @@ pub fn extract_with(text: &str, boxed_first: bool) -> Extracted {
 /// one set.
 fn latex_candidate(caps: &Captures) -> (Option<Value>, String) {
     let mut spans = Vec::new();
-    for prefix in std::iter::once("first_".to_string()).chain((1..=5).map(|i| format!("next{i}_"))) {
-        let hit = ENV_KINDS.iter().find_map(|k| caps.name(&format!("{prefix}{k}")).filter(|m| !m.as_str().is_empty()).map(|m| (m.as_str(), *k)));
+    for prefix in std::iter::once("first_".to_string()).chain((1..=5).map(|i| format!("next{i}_")))
+    {
+        let hit = ENV_KINDS.iter().find_map(|k| {
+            caps.name(&format!("{prefix}{k}"))
+                .filter(|m| !m.as_str().is_empty())
+                .map(|m| (m.as_str(), *k))
+        });
         if let Some((span, kind)) = hit {
-            let percent = caps.name(&format!("{prefix}percent")).is_some_and(|m| !m.as_str().is_empty());
+            let percent =
+                caps.name(&format!("{prefix}percent")).is_some_and(|m| !m.as_str().is_empty());
             spans.push((span, kind, percent));
         }
     }
@@ -219,7 +236,8 @@ fn latex_candidate(caps: &Captures) -> (Option<Value>, String) {
     (values.swap_remove(0), texts.swap_remove(0))
 }
 
-static EQ_SPLIT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?<!\\|<|!|>)=").expect("valid regex"));
+static EQ_SPLIT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?<!\\|<|!|>)=").expect("valid regex"));
 
 /// Parses normalised LaTeX; a chain `a = b = c` that does not parse is retried on its last part.
 pub fn parse_latex(norm: &str) -> Option<Value> {
@@ -257,7 +275,12 @@ fn last_equation_part(s: &str) -> &str {
 /// A plain number (with separators, a decimal comma, a percent sign) or an arithmetic
 /// expression.
 fn expr_candidate(caps: &Captures) -> (Option<Value>, String) {
-    let group = |names: &[&str]| names.iter().find_map(|n| caps.name(n).map(|m| m.as_str()).filter(|s| !s.is_empty())).unwrap_or("");
+    let group = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| caps.name(n).map(|m| m.as_str()).filter(|s| !s.is_empty()))
+            .unwrap_or("")
+    };
     let integer = group(&["integer1", "integer2", "integer3"]);
     let decimal = group(&["decimal1", "decimal2", "decimal3"]);
     let percent = !group(&["percent"]).is_empty();
@@ -303,7 +326,10 @@ mod tests {
     #[test]
     fn patterns_compile_and_pick_the_expected_span() {
         assert_eq!(text_of("The answer is 5."), Some("5".into()));
-        assert_eq!(text_of("So 6 times 7 is 42, and the final result is \\boxed{42}. Note 43 is wrong."), Some("42".into()));
+        assert_eq!(
+            text_of("So 6 times 7 is 42, and the final result is \\boxed{42}. Note 43 is wrong."),
+            Some("42".into())
+        );
         assert_eq!(text_of("She has 1,000 coins."), Some("1000".into()));
         assert_eq!(text_of("We get $\\frac{1}{2}$."), Some("\\frac{1}{2}".into()));
         assert_eq!(text_of("The values are $1$, $2$, and $3$."), Some("3".into()));

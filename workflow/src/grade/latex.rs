@@ -157,8 +157,10 @@ fn is_symbol_cmd(name: &str) -> bool {
     GREEK.contains(&name) || OTHER_SYMBOLS.contains(&name)
 }
 
-const FUNCS: &[&str] =
-    &["sin", "cos", "tan", "csc", "sec", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln", "exp", "max", "min", "gcd", "lcm"];
+const FUNCS: &[&str] = &[
+    "sin", "cos", "tan", "csc", "sec", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh",
+    "log", "ln", "exp", "max", "min", "gcd", "lcm",
+];
 
 /// Commands that only change spacing or sizing.
 const IGNORED: &[&str] = &[
@@ -190,7 +192,21 @@ const IGNORED: &[&str] = &[
     "thickspace",
 ];
 
-const TEXT_CMDS: &[&str] = &["text", "mbox", "textbf", "textit", "textrm", "textnormal", "textsf", "texttt", "mathrm", "mathit", "mathbf", "mathsf", "mathtt"];
+const TEXT_CMDS: &[&str] = &[
+    "text",
+    "mbox",
+    "textbf",
+    "textit",
+    "textrm",
+    "textnormal",
+    "textsf",
+    "texttt",
+    "mathrm",
+    "mathit",
+    "mathbf",
+    "mathsf",
+    "mathtt",
+];
 
 /// The letter-only command names the reference's lexer reads as one token (read off the lexer of
 /// latex2sympy2_extended 1.10.2, which math_verify 0.8.0 uses), space-separated.
@@ -217,7 +233,11 @@ const READ_WHOLE: &[&str] = &["mathbb", "begin", "end", "circ", "degree", "infin
 /// is `\angle` R Q B, `\pix` is π·x. A name starting with no entry is kept whole (and fails).
 fn command_len(name: &str) -> usize {
     let vocabulary = || LEXER_COMMANDS.split(' ');
-    if vocabulary().any(|c| c == name) || IGNORED.contains(&name) || TEXT_CMDS.contains(&name) || READ_WHOLE.contains(&name) {
+    if vocabulary().any(|c| c == name)
+        || IGNORED.contains(&name)
+        || TEXT_CMDS.contains(&name)
+        || READ_WHOLE.contains(&name)
+    {
         return name.len();
     }
     vocabulary().filter(|c| name.starts_with(c)).map(str::len).max().unwrap_or(name.len())
@@ -231,7 +251,9 @@ fn tokenize(s: &str) -> Res<Vec<Tok>> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
+        {
             let start = i;
             while i < chars.len() && chars[i].is_ascii_digit() {
                 i += 1;
@@ -319,9 +341,8 @@ fn tokenize(s: &str) -> Res<Vec<Tok>> {
         } else {
             i += 1;
             match c {
-                '+' | '-' | '*' | '/' | '^' | '_' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | ',' | ';' | '=' | '<' | '>' | '!' | ':' | '%' | '&' => {
-                    toks.push(Tok::Ch(c))
-                }
+                '+' | '-' | '*' | '/' | '^' | '_' | '(' | ')' | '[' | ']' | '{' | '}' | '|'
+                | ',' | ';' | '=' | '<' | '>' | '!' | ':' | '%' | '&' => toks.push(Tok::Ch(c)),
                 '−' => toks.push(Tok::Ch('-')),
                 '×' => toks.push(Tok::Cmd("times".into())),
                 '·' => toks.push(Tok::Cmd("cdot".into())),
@@ -394,8 +415,11 @@ fn differential(chars: &[char], i: usize) -> Option<(String, usize)> {
         c if c.is_ascii_alphabetic() => Some((format!("d{c}"), j + 1)),
         '\\' => {
             let start = j + 1;
-            let end = (start..chars.len()).find(|&k| !chars[k].is_ascii_alphabetic()).unwrap_or(chars.len());
-            (end > start).then(|| (format!("d{}", chars[start..end].iter().collect::<String>()), end))
+            let end = (start..chars.len())
+                .find(|&k| !chars[k].is_ascii_alphabetic())
+                .unwrap_or(chars.len());
+            (end > start)
+                .then(|| (format!("d{}", chars[start..end].iter().collect::<String>()), end))
         }
         _ => None,
     }
@@ -412,7 +436,10 @@ fn drop_degrees(toks: Vec<Tok>) -> Vec<Tok> {
                 i += 2;
                 continue;
             }
-            if toks.get(i + 1) == Some(&Tok::Ch('{')) && toks.get(i + 2).is_some_and(is_deg) && toks.get(i + 3) == Some(&Tok::Ch('}')) {
+            if toks.get(i + 1) == Some(&Tok::Ch('{'))
+                && toks.get(i + 2).is_some_and(is_deg)
+                && toks.get(i + 3) == Some(&Tok::Ch('}'))
+            {
                 i += 4;
                 continue;
             }
@@ -443,12 +470,15 @@ fn matching_brace(chars: &[char], open: usize) -> Option<usize> {
 
 /// A whole answer that is one number with thousands separators (`1,000`): the reference reads
 /// it as that number, not as the set {1, 0}.
-static COMMA_NUMBER: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*$").expect("valid regex"));
+static COMMA_NUMBER: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*$").expect("valid regex")
+});
 
 /// Parses a normalised LaTeX answer.
 pub fn parse(s: &str) -> Res<Value> {
     if COMMA_NUMBER.is_match(s) {
-        let digits: String = s.chars().filter(|c| !matches!(c, ',' | ' ') && !c.is_whitespace()).collect();
+        let digits: String =
+            s.chars().filter(|c| !matches!(c, ',' | ' ') && !c.is_whitespace()).collect();
         return Ok(Value::Expr(Expr::Num(number(&digits)?)));
     }
     let toks = tokenize(s)?;
@@ -557,7 +587,10 @@ impl Parser {
         if self.eat(t) {
             Ok(())
         } else {
-            Err(self.peek().map(|t| LatexError::Unexpected(t.describe())).unwrap_or(LatexError::End))
+            Err(self
+                .peek()
+                .map(|t| LatexError::Unexpected(t.describe()))
+                .unwrap_or(LatexError::End))
         }
     }
     fn peek_cmd(&self, names: &[&str]) -> bool {
@@ -650,7 +683,10 @@ impl Parser {
         if let (Value::Expr(a), true) = (&v, self.peek_cmd(&["pm"])) {
             self.pos += 1;
             let b = self.expr()?;
-            return Ok(vec![Value::Expr(add_flat(a.clone(), b.clone())), Value::Expr(add_flat(a.clone(), b.neg()))]);
+            return Ok(vec![
+                Value::Expr(add_flat(a.clone(), b.clone())),
+                Value::Expr(add_flat(a.clone(), b.neg())),
+            ]);
         }
         Ok(vec![v])
     }
@@ -706,7 +742,8 @@ impl Parser {
         loop {
             if self.eat(&Tok::Cmd("setminus".into())) {
                 let right = self.set_inter()?;
-                left = set_minus(left, right).ok_or_else(|| LatexError::Command("setminus".into()))?;
+                left =
+                    set_minus(left, right).ok_or_else(|| LatexError::Command("setminus".into()))?;
                 continue;
             }
             if !self.eat(&Tok::Cmd("cup".into())) {
@@ -760,7 +797,9 @@ impl Parser {
             Some(Tok::Cmd(c)) if c == "mathbb" => {
                 self.pos += 1;
                 self.expect(&Tok::Ch('{'))?;
-                let Tok::Letter(l) = self.next()? else { return Err(LatexError::Unexpected("\\mathbb".into())) };
+                let Tok::Letter(l) = self.next()? else {
+                    return Err(LatexError::Unexpected("\\mathbb".into()));
+                };
                 self.expect(&Tok::Ch('}'))?;
                 Ok(Value::Named(l.to_string()))
             }
@@ -934,10 +973,15 @@ impl Parser {
     fn mp(&mut self) -> Res<Expr> {
         let mut lh = self.unary()?;
         loop {
-            if self.eat(&Tok::Ch('*')) || self.peek_cmd(&["cdot", "times", "ast"]) && self.next().is_ok() {
+            if self.eat(&Tok::Ch('*'))
+                || self.peek_cmd(&["cdot", "times", "ast"]) && self.next().is_ok()
+            {
                 let rh = self.unary()?;
                 lh = mul_flat(lh, rh);
-            } else if self.eat(&Tok::Ch('/')) || self.eat(&Tok::Ch(':')) || self.peek_cmd(&["div"]) && self.next().is_ok() {
+            } else if self.eat(&Tok::Ch('/'))
+                || self.eat(&Tok::Ch(':'))
+                || self.peek_cmd(&["div"]) && self.next().is_ok()
+            {
                 let rh = self.unary()?;
                 lh = divide(lh, rh);
             } else if self.peek_cmd(&["bmod", "mod"]) {
@@ -981,8 +1025,22 @@ impl Parser {
             Some(Tok::Ch('|')) => self.abs_depth == 0,
             Some(Tok::Cmd(c)) => {
                 let c = c.as_str();
-                matches!(c, "frac" | "dfrac" | "tfrac" | "cfrac" | "sqrt" | "pi" | "infty" | "binom" | "dbinom" | "tbinom" | "lfloor" | "lceil" | "exp")
-                    && !(self.in_func_arg > 0 && c == "exp")
+                matches!(
+                    c,
+                    "frac"
+                        | "dfrac"
+                        | "tfrac"
+                        | "cfrac"
+                        | "sqrt"
+                        | "pi"
+                        | "infty"
+                        | "binom"
+                        | "dbinom"
+                        | "tbinom"
+                        | "lfloor"
+                        | "lceil"
+                        | "exp"
+                ) && !(self.in_func_arg > 0 && c == "exp")
                     || FUNCS.contains(&c) && self.in_func_arg == 0
                     || is_symbol_cmd(c)
             }
@@ -1088,7 +1146,8 @@ impl Parser {
                 "lfloor" | "lceil" => {
                     self.pos += 1;
                     let e = self.expr()?;
-                    let (close, f) = if c == "lfloor" { ("rfloor", Func::Floor) } else { ("rceil", Func::Ceil) };
+                    let (close, f) =
+                        if c == "lfloor" { ("rfloor", Func::Floor) } else { ("rceil", Func::Ceil) };
                     self.expect(&Tok::Cmd(close.into()))?;
                     Ok(Expr::Func(f, vec![e]))
                 }
@@ -1186,7 +1245,8 @@ impl Parser {
             }
             Tok::Diff(name) => Ok(Expr::Sym(name)),
             Tok::Text(text) => {
-                let name: String = text.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')').collect();
+                let name: String =
+                    text.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')').collect();
                 let sub = self.subscript()?;
                 if let Some(args) = self.call_args() {
                     return Ok(Expr::Undef(format!("\\text{{{text}}}{sub}"), args));
@@ -1228,7 +1288,11 @@ impl Parser {
                 }
                 text.push_str(&t.describe());
             }
-            return Ok(if text.chars().count() > 1 { format!("_{{{text}}}") } else { format!("_{text}") });
+            return Ok(if text.chars().count() > 1 {
+                format!("_{{{text}}}")
+            } else {
+                format!("_{text}")
+            });
         }
         Ok(format!("_{}", self.next()?.describe()))
     }
@@ -1293,7 +1357,12 @@ fn set_minus(a: Value, b: Value) -> Option<Value> {
                 parts.push(Value::Interval { lo, hi: p.clone(), lo_open: true, hi_open: true });
                 lo = p;
             }
-            parts.push(Value::Interval { lo, hi: Expr::Const(Const::Inf), lo_open: true, hi_open: true });
+            parts.push(Value::Interval {
+                lo,
+                hi: Expr::Const(Const::Inf),
+                lo_open: true,
+                hi_open: true,
+            });
             Some(if parts.len() == 1 { Value::Named(n) } else { Value::Union(parts) })
         }
         Value::Set(items) => {
@@ -1329,7 +1398,8 @@ fn implicit_product(left: Expr, right: Expr) -> Expr {
         if let Some((p, q)) = r.ratio() {
             if p > 0 {
                 let whole = n.checked_mul(q);
-                let num = whole.and_then(|w| if *n < 0 { w.checked_sub(p) } else { w.checked_add(p) });
+                let num =
+                    whole.and_then(|w| if *n < 0 { w.checked_sub(p) } else { w.checked_add(p) });
                 if let Some(v) = num.and_then(|num| Num::rat(num, q)) {
                     return Expr::Num(v);
                 }
@@ -1342,8 +1412,12 @@ fn implicit_product(left: Expr, right: Expr) -> Expr {
 fn only_symbols(e: &Expr) -> bool {
     match e {
         Expr::Sym(_) => true,
-        Expr::Add(a) | Expr::Mul(a) | Expr::Undef(_, a) | Expr::Func(_, a) => !a.is_empty() && a.iter().all(only_symbols),
-        Expr::Pow(b, e) => **e == Expr::int(-1) && only_symbols(b) || only_symbols(b) && only_symbols(e),
+        Expr::Add(a) | Expr::Mul(a) | Expr::Undef(_, a) | Expr::Func(_, a) => {
+            !a.is_empty() && a.iter().all(only_symbols)
+        }
+        Expr::Pow(b, e) => {
+            **e == Expr::int(-1) && only_symbols(b) || only_symbols(b) && only_symbols(e)
+        }
         Expr::Num(_) | Expr::Const(_) => false,
     }
 }
@@ -1398,7 +1472,13 @@ fn gcd_lcm(name: &str, args: &[Expr]) -> Option<Expr> {
     let out = if name == "gcd" {
         ints.into_iter().reduce(g)?
     } else {
-        ints.into_iter().try_fold(1i128, |acc, n| if n == 0 { Some(0) } else { (acc / g(acc, n).max(1)).checked_mul(n) })?
+        ints.into_iter().try_fold(1i128, |acc, n| {
+            if n == 0 {
+                Some(0)
+            } else {
+                (acc / g(acc, n).max(1)).checked_mul(n)
+            }
+        })?
     };
     Some(Expr::int(out))
 }
@@ -1427,7 +1507,10 @@ mod tests {
 
     #[test]
     fn sets_intervals_tuples_relations() {
-        assert!(matches!(parse("(1,2]").unwrap(), Value::Interval { lo_open: true, hi_open: false, .. }));
+        assert!(matches!(
+            parse("(1,2]").unwrap(),
+            Value::Interval { lo_open: true, hi_open: false, .. }
+        ));
         assert!(matches!(parse("(2,-1)").unwrap(), Value::Tuple(_)));
         assert!(matches!(parse("(3,4,5)").unwrap(), Value::Tuple(_)));
         assert!(matches!(parse("\\{1,2\\}").unwrap(), Value::Set(ref s) if s.len() == 2));
@@ -1435,16 +1518,23 @@ mod tests {
         assert!(matches!(parse("1, 2").unwrap(), Value::Set(ref s) if s.len() == 2));
         assert!(matches!(parse("\\pm 3").unwrap(), Value::Set(ref s) if s.len() == 2));
         assert!(matches!(parse("x = 5").unwrap(), Value::Rel(ref r) if r.len() == 1));
-        assert!(matches!(parse("x = -3, 3").unwrap(), Value::Rel(ref r) if matches!(r[0].rhs, Value::Set(_))));
+        assert!(
+            matches!(parse("x = -3, 3").unwrap(), Value::Rel(ref r) if matches!(r[0].rhs, Value::Set(_)))
+        );
         assert!(matches!(parse("a = 2, b = 3").unwrap(), Value::Set(ref s) if s.len() == 2));
         assert!(matches!(parse("1 < x < 2").unwrap(), Value::Rel(ref r) if r.len() == 2));
-        assert!(matches!(parse("(-\\infty, 3) \\cup (5, \\infty)").unwrap(), Value::Union(ref u) if u.len() == 2));
+        assert!(
+            matches!(parse("(-\\infty, 3) \\cup (5, \\infty)").unwrap(), Value::Union(ref u) if u.len() == 2)
+        );
     }
 
     #[test]
     fn symbols_differentials_and_operator_words() {
         let sym = |n: &str| Expr::Sym(n.to_string());
-        assert_eq!(parse("\\angle 60^\\circ").unwrap(), Value::Expr(Expr::Mul(vec![sym("angle"), Expr::int(60)])));
+        assert_eq!(
+            parse("\\angle 60^\\circ").unwrap(),
+            Value::Expr(Expr::Mul(vec![sym("angle"), Expr::int(60)]))
+        );
         // `d` and the letter after it make one symbol, case kept; `D` is only a letter.
         assert_eq!(parse("rdq").unwrap(), Value::Expr(Expr::Mul(vec![sym("r"), sym("dq")])));
         assert_eq!(parse("d X").unwrap(), Value::Expr(sym("dX")));
@@ -1458,10 +1548,15 @@ mod tests {
         assert_eq!(parse("\\triangleright").unwrap(), parse("\\triangle right").unwrap());
         assert!(parse("\\foo").is_err());
         assert!(parse("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}").is_ok());
-        assert!(matches!(parse("[1,3) \\cap [2,5]").unwrap(), Value::Intersection(ref p) if p.len() == 2));
+        assert!(
+            matches!(parse("[1,3) \\cap [2,5]").unwrap(), Value::Intersection(ref p) if p.len() == 2)
+        );
         assert_eq!(parse("[4, 4]").unwrap(), Value::Set(vec![Value::Expr(Expr::int(4))]));
         let marked = format!("i{}", super::super::value::COMPLEX_MARK);
-        assert_eq!(parse("2 \\cdot i").unwrap(), Value::Expr(Expr::Mul(vec![Expr::int(2), sym(&marked)])));
+        assert_eq!(
+            parse("2 \\cdot i").unwrap(),
+            Value::Expr(Expr::Mul(vec![Expr::int(2), sym(&marked)]))
+        );
         assert_eq!(parse("2i").unwrap(), Value::Expr(Expr::Mul(vec![Expr::int(2), sym("i")])));
     }
 }

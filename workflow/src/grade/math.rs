@@ -66,7 +66,10 @@ pub fn grade(response: &str, gt: &str) -> Result<(), Failure> {
     if want.value.is_none() && want.text.is_none() {
         return Err(Failure::UnreadableReference(gt.to_string()));
     }
-    Err(Failure::NotEqual { got: got.text.unwrap_or_default(), want: want.text.unwrap_or_default() })
+    Err(Failure::NotEqual {
+        got: got.text.unwrap_or_default(),
+        want: want.text.unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
@@ -101,19 +104,36 @@ mod tests {
             assert!(!is_equivalent(response, gt), "{response} vs {gt}");
         }
         assert_eq!(grade("nothing", "4"), Err(Failure::NoAnswer));
-        assert_eq!(grade("\\boxed{3}", "\\text{}"), Err(Failure::UnreadableReference("\\text{}".into())));
-        assert_eq!(grade("\\boxed{3}", "\\sqrt{2}"), Err(Failure::NotEqual { got: "3".into(), want: "\\sqrt{2}".into() }));
-        assert_eq!(grade("\\boxed{3}", "4"), Err(Failure::NotEqual { got: "3".into(), want: "4".into() }));
+        assert_eq!(
+            grade("\\boxed{3}", "\\text{}"),
+            Err(Failure::UnreadableReference("\\text{}".into()))
+        );
+        assert_eq!(
+            grade("\\boxed{3}", "\\sqrt{2}"),
+            Err(Failure::NotEqual { got: "3".into(), want: "\\sqrt{2}".into() })
+        );
+        assert_eq!(
+            grade("\\boxed{3}", "4"),
+            Err(Failure::NotEqual { got: "3".into(), want: "4".into() })
+        );
     }
 
     /// A reference is LaTeX: without delimiters it is read inside `$...$`, with them as written.
     #[test]
     fn references_are_read_as_latex() {
-        let wrapped = [("\\sqrt{7}", "$\\sqrt{7}$"), ("  (1, 2]\n", "$(1, 2]$"), ("\\$5", "$\\$5$"), ("a \\\\\nb", "$a \\\\ b$"), ("1 \\\\(2)", "$1 \\\\(2)$")];
+        let wrapped = [
+            ("\\sqrt{7}", "$\\sqrt{7}$"),
+            ("  (1, 2]\n", "$(1, 2]$"),
+            ("\\$5", "$\\$5$"),
+            ("a \\\\\nb", "$a \\\\ b$"),
+            ("1 \\\\(2)", "$1 \\\\(2)$"),
+        ];
         for (gt, read) in wrapped {
             assert_eq!(reference_text(gt), read, "{gt:?}");
         }
-        for gt in ["$\\sqrt{7}$", "$$x$$", "\\(x\\)", "\\[x\\]", "\\boxed{7}", "costs $5", "", " \n"] {
+        for gt in
+            ["$\\sqrt{7}$", "$$x$$", "\\(x\\)", "\\[x\\]", "\\boxed{7}", "costs $5", "", " \n"]
+        {
             assert_eq!(reference_text(gt), gt, "{gt:?} is read as written");
         }
         // The reported misreadings: raw \sqrt{7} read as nothing, 2\sqrt{7} as 2, 50\% as 50, ...
@@ -152,7 +172,10 @@ mod tests {
     #[test]
     fn symbol_commands_intersections_and_complex_answers() {
         let yes = [
-            ("\\boxed{\\left(\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right)}", "$\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}$"),
+            (
+                "\\boxed{\\left(\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right)}",
+                "$\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}$",
+            ),
             ("\\boxed{[1,3) \\cap [2,5]}", "$[2,5] \\cap [1,3)$"),
             ("\\boxed{\\angle 60^\\circ}", "$\\angle 60^\\circ$"),
             ("\\boxed{\\triangle ABC}", "$\\triangle ABC$"),
@@ -267,7 +290,8 @@ mod tests {
         for _ in 0..3000 {
             let n = rng.gen_range(1..40);
             let text: String = (0..n).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
-            let gt: String = (0..rng.gen_range(1..8)).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
+            let gt: String =
+                (0..rng.gen_range(1..8)).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
             let _ = is_equivalent(&text, &gt);
             let _ = super::super::numeric::grade(&text, &gt);
         }

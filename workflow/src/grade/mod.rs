@@ -152,7 +152,10 @@ mod tests {
         assert_eq!(last_boxed("so \\boxed{1} then \\boxed{\\frac{1}{2}}."), Some("\\frac{1}{2}"));
         assert_eq!(last_boxed("no box"), None);
         assert_eq!(last_boxed("\\boxed{unclosed"), None);
-        assert_eq!(is_correct(TaskKind::Math, "x = \\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}"), Some(true));
+        assert_eq!(
+            is_correct(TaskKind::Math, "x = \\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}"),
+            Some(true)
+        );
         assert_eq!(is_correct(TaskKind::Math, "\\boxed{1,000}", "1000"), Some(true));
         assert_eq!(is_correct(TaskKind::Math, "\\boxed{41}", "42"), Some(false));
         assert_eq!(is_correct(TaskKind::Math, "forty-two", "42"), Some(false));
@@ -171,10 +174,19 @@ mod tests {
     fn one_entry_point_for_the_three_rules() {
         assert!(grade(AnswerKind::Math, "\\boxed{\\frac{1}{2}}", "0.5").passed());
         assert_eq!(grade(AnswerKind::Math, "I give up", "3").reason(), Some("no answer found"));
-        assert_eq!(grade(AnswerKind::Math, "\\boxed{4}", "3").reason(), Some("\"4\" is not equal to \"3\""));
+        assert_eq!(
+            grade(AnswerKind::Math, "\\boxed{4}", "3").reason(),
+            Some("\"4\" is not equal to \"3\"")
+        );
         assert!(grade(AnswerKind::Choice, "It is \\boxed{d}.", "D").passed());
-        assert_eq!(grade(AnswerKind::Choice, "It is \\boxed{A}.", "D").failure(), Some(&Failure::NotEqual { got: "A".into(), want: "D".into() }));
+        assert_eq!(
+            grade(AnswerKind::Choice, "It is \\boxed{A}.", "D").failure(),
+            Some(&Failure::NotEqual { got: "A".into(), want: "D".into() })
+        );
         assert!(grade(AnswerKind::Numeric, "\\boxed{9.8}", "9.81").passed());
-        assert_eq!(grade(AnswerKind::Numeric, "\\boxed{12}", "9.81").failure(), Some(&Failure::OutOfTolerance { got: 12.0, want: 9.81 }));
+        assert_eq!(
+            grade(AnswerKind::Numeric, "\\boxed{12}", "9.81").failure(),
+            Some(&Failure::OutOfTolerance { got: 12.0, want: 9.81 })
+        );
     }
 }

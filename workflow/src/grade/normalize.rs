@@ -24,13 +24,22 @@ fn fancy(p: &str) -> FancyRegex {
     FancyRegex::new(p).expect("valid regex")
 }
 
-static LEFT: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\\m?left(\\\{|\{|\\\||\||\[|\(|\\rbracl|\\lgroup|\\lbrace|\\lbrack|\\vert|\\lvert|\\lceil|\\lfloor|\\langle|\\llcorner|\\ulcorner)"));
-static RIGHT: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\\m?right(\\\}|\}|\\\||\||\]|\)|\\rbrack|\\rgroup|\\rbrace|\\vert|\\rvert|\\rceil|\\rfloor|\\rangle|\\lrcorner|\\urcorner)"));
+static LEFT: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"\\m?left(\\\{|\{|\\\||\||\[|\(|\\rbracl|\\lgroup|\\lbrace|\\lbrack|\\vert|\\lvert|\\lceil|\\lfloor|\\langle|\\llcorner|\\ulcorner)",
+    )
+});
+static RIGHT: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"\\m?right(\\\}|\}|\\\||\||\]|\)|\\rbrack|\\rgroup|\\rbrace|\\vert|\\rvert|\\rceil|\\rfloor|\\rangle|\\lrcorner|\\urcorner)",
+    )
+});
 /// `(n)_{k}`, a falling factorial.
-static PERMUTATION: LazyLock<Regex> = LazyLock::new(|| re(r"\(([a-zA-Z0-9+\-*/\\ ]+?)\)_\{([a-zA-Z0-9+\-*/\\ ]+?)\}"));
-static REMOVE: LazyLock<FancyRegex> = LazyLock::new(|| fancy(r#"\\mathrm\{th\}|\\!\s*|\\text\s*\{\s*\}|\\\$|\$|(?<!\\)["']|\\displaystyle"#));
+static PERMUTATION: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\(([a-zA-Z0-9+\-*/\\ ]+?)\)_\{([a-zA-Z0-9+\-*/\\ ]+?)\}"));
+static REMOVE: LazyLock<FancyRegex> = LazyLock::new(|| {
+    fancy(r#"\\mathrm\{th\}|\\!\s*|\\text\s*\{\s*\}|\\\$|\$|(?<!\\)["']|\\displaystyle"#)
+});
 
 /// Rewrites applied in one left-to-right pass; at each position the first pattern that
 /// matches wins, so the order matters (`percentage` before `percent`).
@@ -58,11 +67,13 @@ const REWRITES: &[(&str, &str)] = &[
 ];
 
 static REWRITE: LazyLock<FancyRegex> = LazyLock::new(|| {
-    let alts: Vec<String> = REWRITES.iter().enumerate().map(|(i, (p, _))| format!("(?P<r{i}>{p})")).collect();
+    let alts: Vec<String> =
+        REWRITES.iter().enumerate().map(|(i, (p, _))| format!("(?P<r{i}>{p})")).collect();
     fancy(&alts.join("|"))
 });
 static DOUBLE_SLASH: LazyLock<Regex> = LazyLock::new(|| re(r"\\\\([a-zA-Z])"));
-static UNIT_TEXT: LazyLock<Regex> = LazyLock::new(|| re(r"(\\(?:text|mbox)\{.*?\})(\^\d|\{\^\d\})?$"));
+static UNIT_TEXT: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(\\(?:text|mbox)\{.*?\})(\^\d|\{\^\d\})?$"));
 
 /// Trailing words read as units and dropped (`12 cm`, `5 apples`). The list, odd entries and
 /// all, is the reference's: the words are regex fragments, so `.` matches any character.
@@ -209,7 +220,8 @@ const UNITS: &[&str] = &[
     "inch",
 ];
 
-static UNIT_WORD: LazyLock<Regex> = LazyLock::new(|| re(&format!(r"(\d|\}}|\s)\s*(?:(?:{})(?:s|es)?)\s*$", UNITS.join("|"))));
+static UNIT_WORD: LazyLock<Regex> =
+    LazyLock::new(|| re(&format!(r"(\d|\}}|\s)\s*(?:(?:{})(?:s|es)?)\s*$", UNITS.join("|"))));
 
 static MALFORMED: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
     vec![
@@ -228,13 +240,17 @@ pub fn normalize(text: &str, boxed: BoxedMode) -> String {
     let mut text = extract_boxed(text, boxed);
 
     text = text.replace(r"\mathrm{T}", "T").replace(r"\mathrm{d}", "d").replace(r"{\rm d}", "d");
-    text = text.replace(r"\left[\begin{matrix}", r"\begin{bmatrix}").replace(r"\end{matrix}\right]", r"\end{bmatrix}");
+    text = text
+        .replace(r"\left[\begin{matrix}", r"\begin{bmatrix}")
+        .replace(r"\end{matrix}\right]", r"\end{bmatrix}");
     text = LEFT.replace_all(&text, "${1}").into_owned();
     text = RIGHT.replace_all(&text, "${1}").into_owned();
     text = PERMUTATION.replace_all(&text, r"\frac{(${1})!}{((${1})-(${2}))!}").into_owned();
     text = fancy_replace(&REMOVE, &text, |_| String::new());
     text = fancy_replace(&REWRITE, &text, |caps| {
-        let i = (0..REWRITES.len()).find(|i| caps.name(&format!("r{i}")).is_some()).expect("one alternative matched");
+        let i = (0..REWRITES.len())
+            .find(|i| caps.name(&format!("r{i}")).is_some())
+            .expect("one alternative matched");
         REWRITES[i].1.to_string()
     });
     text = text.replace(['\n', '\t'], " ");
@@ -273,7 +289,11 @@ pub fn normalize(text: &str, boxed: BoxedMode) -> String {
 
 /// `Regex::replace_all` for the backtracking engine; a match the engine gives up on (too much
 /// backtracking) ends the rewriting there.
-fn fancy_replace(re: &FancyRegex, text: &str, mut with: impl FnMut(&fancy_regex::Captures) -> String) -> String {
+fn fancy_replace(
+    re: &FancyRegex,
+    text: &str,
+    mut with: impl FnMut(&fancy_regex::Captures) -> String,
+) -> String {
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
     for caps in re.captures_iter(text) {
@@ -328,7 +348,9 @@ pub fn extract_boxed(text: &str, mode: BoxedMode) -> String {
             let prev = results.last().cloned().unwrap_or_default();
             let separated = between.iter().collect::<String>();
             let close = between.len() < 10;
-            let listed = content != prev && between.len() < 70 && ["and", "or", ",", ";"].iter().any(|s| separated.contains(s));
+            let listed = content != prev
+                && between.len() < 70
+                && ["and", "or", ",", ";"].iter().any(|s| separated.contains(s));
             if !(close || listed) {
                 break;
             }
@@ -348,7 +370,9 @@ pub fn extract_boxed(text: &str, mode: BoxedMode) -> String {
 /// Last index `< before` where `needle` starts.
 fn rfind(chars: &[char], needle: &str, before: usize) -> Option<usize> {
     let n: Vec<char> = needle.chars().collect();
-    (0..before.saturating_sub(n.len() - 1)).rev().find(|&i| i + n.len() <= chars.len() && chars[i..i + n.len()] == n[..])
+    (0..before.saturating_sub(n.len() - 1))
+        .rev()
+        .find(|&i| i + n.len() <= chars.len() && chars[i..i + n.len()] == n[..])
 }
 
 /// Index of the brace closing the one at `open`, looking no further than `max_pos`.
@@ -437,7 +461,11 @@ fn fix_a_slash_b(text: &str) -> String {
 fn python_int(s: &str) -> Option<i128> {
     let t = s.trim();
     let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
-    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit() || c == '_') || digits.starts_with('_') || digits.ends_with('_') {
+    if digits.is_empty()
+        || !digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+    {
         return None;
     }
     let n: i128 = digits.replace('_', "").parse().ok()?;

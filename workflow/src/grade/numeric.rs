@@ -26,7 +26,10 @@ fn float_of(parsed: &Extracted) -> Option<f64> {
 pub fn python_float(s: &str) -> Option<f64> {
     let t = s.trim();
     let b = t.as_bytes();
-    let ok_underscores = b.iter().enumerate().all(|(i, &c)| c != b'_' || (i > 0 && i + 1 < b.len() && b[i - 1].is_ascii_digit() && b[i + 1].is_ascii_digit()));
+    let ok_underscores = b.iter().enumerate().all(|(i, &c)| {
+        c != b'_'
+            || (i > 0 && i + 1 < b.len() && b[i - 1].is_ascii_digit() && b[i + 1].is_ascii_digit())
+    });
     if !ok_underscores {
         return None;
     }
@@ -42,7 +45,9 @@ pub fn grade(response: &str, gt: &str) -> Result<(), Failure> {
     if got.value.is_none() && got.text.is_none() {
         return Err(Failure::NoAnswer);
     }
-    let Some(a) = float_of(&got) else { return Err(Failure::NotANumber(got.text.unwrap_or_default())) };
+    let Some(a) = float_of(&got) else {
+        return Err(Failure::NotANumber(got.text.unwrap_or_default()));
+    };
     // Written as in the reference, IEEE semantics included: an infinite answer passes.
     if (a - g).abs() <= TOLERANCE * a.abs().max(g.abs()) {
         Ok(())
@@ -95,7 +100,10 @@ mod tests {
         assert_eq!(grade("\\boxed{x}", "3.0"), Err(Failure::NotANumber("x".into())));
         assert_eq!(grade("\\boxed{1, 2}", "3.0"), Err(Failure::NotANumber("1, 2".into())));
         assert_eq!(grade("\\boxed{3}", "abc"), Err(Failure::UnreadableReference("abc".into())));
-        assert_eq!(grade("\\boxed{4}", "3.0"), Err(Failure::OutOfTolerance { got: 4.0, want: 3.0 }));
+        assert_eq!(
+            grade("\\boxed{4}", "3.0"),
+            Err(Failure::OutOfTolerance { got: 4.0, want: 3.0 })
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@ fn tokenize(s: &str) -> Option<Vec<Tok>> {
         let c = b[i];
         if c.is_ascii_whitespace() {
             i += 1;
-        } else if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) {
+        } else if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit))
+        {
             let start = i;
             while i < b.len() && b[i].is_ascii_digit() {
                 i += 1;
@@ -98,7 +99,11 @@ impl Parser {
         while let Some(op @ ("*" | "/")) = self.peek_op() {
             self.pos += 1;
             let rh = self.factor()?;
-            lh = if op == "*" { mul_flat(lh, rh) } else { Expr::Mul(vec![lh, Expr::Pow(Box::new(rh), Box::new(Expr::int(-1)))]) };
+            lh = if op == "*" {
+                mul_flat(lh, rh)
+            } else {
+                Expr::Mul(vec![lh, Expr::Pow(Box::new(rh), Box::new(Expr::int(-1)))])
+            };
         }
         Some(lh)
     }

@@ -255,14 +255,20 @@ impl Expr {
     /// The body of a percentage `x · 1/100`, if this is one.
     pub fn percent_body(&self) -> Option<&Expr> {
         match self {
-            Expr::Mul(args) if args.len() == 2 && matches!(args[1], Expr::Num(Num::Rat(1, 100))) => Some(&args[0]),
+            Expr::Mul(args)
+                if args.len() == 2 && matches!(args[1], Expr::Num(Num::Rat(1, 100))) =>
+            {
+                Some(&args[0])
+            }
             _ => None,
         }
     }
     /// A number (or ±∞) standing alone or as a percentage: the reference compares such values
     /// without simplification.
     pub fn is_number_atom(&self) -> bool {
-        let atom = |e: &Expr| matches!(e, Expr::Num(_) | Expr::Const(Const::Inf | Const::NegInf | Const::ComplexInf));
+        let atom = |e: &Expr| {
+            matches!(e, Expr::Num(_) | Expr::Const(Const::Inf | Const::NegInf | Const::ComplexInf))
+        };
         atom(self) || self.percent_body().is_some_and(atom)
     }
     pub fn is_float_atom(&self) -> bool {
@@ -285,7 +291,9 @@ impl Expr {
     pub fn mark_complex(&mut self) {
         match self {
             Expr::Sym(s) if !s.ends_with(COMPLEX_MARK) => s.push(COMPLEX_MARK),
-            Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => a.iter_mut().for_each(Expr::mark_complex),
+            Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => {
+                a.iter_mut().for_each(Expr::mark_complex)
+            }
             Expr::Pow(b, e) => {
                 b.mark_complex();
                 e.mark_complex();
@@ -302,7 +310,9 @@ impl Expr {
                     out.push(s.clone())
                 }
             }
-            Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => a.iter().for_each(|e| e.symbols(out)),
+            Expr::Add(a) | Expr::Mul(a) | Expr::Func(_, a) | Expr::Undef(_, a) => {
+                a.iter().for_each(|e| e.symbols(out))
+            }
             Expr::Pow(b, e) => {
                 b.symbols(out);
                 e.symbols(out)
@@ -326,7 +336,8 @@ impl Expr {
             Expr::Pow(b, e) => b.eval(env)?.pow(e.eval(env)?),
             Expr::Func(f, args) => {
                 let x = args.first()?.eval(env)?;
-                let real = |g: fn(f64) -> f64| if x.is_real() { Some(C::real(g(x.re))) } else { None };
+                let real =
+                    |g: fn(f64) -> f64| if x.is_real() { Some(C::real(g(x.re))) } else { None };
                 match f {
                     Func::Sin => x.sin(),
                     Func::Cos => x.cos(),
@@ -475,7 +486,10 @@ impl Value {
                 r.lhs.mark_complex();
                 r.rhs.mark_complex();
             }),
-            Value::Set(items) | Value::Tuple(items) | Value::Union(items) | Value::Intersection(items) => items.iter_mut().for_each(Value::mark_complex),
+            Value::Set(items)
+            | Value::Tuple(items)
+            | Value::Union(items)
+            | Value::Intersection(items) => items.iter_mut().for_each(Value::mark_complex),
             Value::Interval { lo, hi, .. } => {
                 lo.mark_complex();
                 hi.mark_complex();
@@ -492,7 +506,15 @@ impl Value {
     }
     /// A set in the reference's sense (not a tuple).
     pub fn is_set(&self) -> bool {
-        matches!(self, Value::Set(_) | Value::Interval { .. } | Value::Union(_) | Value::Intersection(_) | Value::Empty | Value::Named(_))
+        matches!(
+            self,
+            Value::Set(_)
+                | Value::Interval { .. }
+                | Value::Union(_)
+                | Value::Intersection(_)
+                | Value::Empty
+                | Value::Named(_)
+        )
     }
     pub fn is_relation(&self) -> bool {
         matches!(self, Value::Rel(r) if !r.is_empty())

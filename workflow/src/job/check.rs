@@ -32,7 +32,10 @@ impl JobSpec {
         let method = MethodConfig::configure(&self.method, self.settings.clone(), &view)
             .unwrap_or_else(|| Err(invalid("method", crate::registry::unknown(&self.method))))?;
         if !method.calls_frozen() && !self.frozen.is_empty() {
-            return Err(invalid("frozen", format!("method {} calls no [[frozen]] models; remove them", self.method)));
+            return Err(invalid(
+                "frozen",
+                format!("method {} calls no [[frozen]] models; remove them", self.method),
+            ));
         }
         if !method.trains() {
             return self.check_evaluation_job(method);
@@ -41,7 +44,14 @@ impl JobSpec {
         let dataset_len = self.check_data(source, dataset_len)?;
         let (total_steps, steps_per_epoch) = self.check_schedule(dataset_len)?;
         self.check_eval(source)?;
-        let mut job = Job { spec: self.clone(), method, train: Vec::new(), total_steps, steps_per_epoch, dataset_len };
+        let mut job = Job {
+            spec: self.clone(),
+            method,
+            train: Vec::new(),
+            total_steps,
+            steps_per_epoch,
+            dataset_len,
+        };
         job.train = (0..self.agents.len()).map(|k| job.agent_train(k)).collect::<Result<_, _>>()?;
         job.method.check_training(&job.train)?;
         job.serve_init_adapters()?;
@@ -51,11 +61,15 @@ impl JobSpec {
     fn check_frozen_and_rollout(&self) -> Result<(), JobError> {
         for (k, f) in self.frozen.iter().enumerate() {
             if f.name.trim().is_empty() || self.frozen[..k].iter().any(|g| g.name == f.name) {
-                return Err(invalid(format!("frozen[{k}].name"), format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name)));
+                return Err(invalid(
+                    format!("frozen[{k}].name"),
+                    format!("{:?} must be a non-empty name no other [[frozen]] model has", f.name),
+                ));
             }
             f.check(k)?;
         }
-        crate::train_config::check_dtype(&self.rollout.dtype).map_err(|e| invalid("rollout.dtype", e.0))
+        crate::train_config::check_dtype(&self.rollout.dtype)
+            .map_err(|e| invalid("rollout.dtype", e.0))
     }
 
     /// A job of a method that trains nothing: a team of frozen models, one step of one episode
@@ -65,10 +79,23 @@ impl JobSpec {
             return Err(invalid("agents", "an evaluation job trains nothing; list the team's models as [[frozen]] tables instead"));
         }
         if self.eval.is_some() {
-            return Err(invalid("eval", format!("is set but method {} trains nothing to evaluate; remove [eval]", self.method)));
+            return Err(invalid(
+                "eval",
+                format!(
+                    "is set but method {} trains nothing to evaluate; remove [eval]",
+                    self.method
+                ),
+            ));
         }
         if !self.data.train.as_os_str().is_empty() {
-            return Err(invalid("data.train", format!("a {} job takes its questions from its [{}] table; remove [data]", self.method, self.table())));
+            return Err(invalid(
+                "data.train",
+                format!(
+                    "a {} job takes its questions from its [{}] table; remove [data]",
+                    self.method,
+                    self.table()
+                ),
+            ));
         }
         let s = &self.schedule;
         if s.steps.unwrap_or(1) != 1 || s.epochs.is_some() || s.questions_per_step != 0 {
@@ -76,9 +103,21 @@ impl JobSpec {
         }
         let n = match method.task_source() {
             TaskSource::Listed(n) => n,
-            TaskSource::Dataset | TaskSource::Generated => return Err(invalid("method", format!("{} trains nothing and lists no tasks", self.method))),
+            TaskSource::Dataset | TaskSource::Generated => {
+                return Err(invalid(
+                    "method",
+                    format!("{} trains nothing and lists no tasks", self.method),
+                ))
+            }
         };
-        Ok(Job { spec: self.clone(), method, train: Vec::new(), total_steps: 1, steps_per_epoch: 1, dataset_len: n })
+        Ok(Job {
+            spec: self.clone(),
+            method,
+            train: Vec::new(),
+            total_steps: 1,
+            steps_per_epoch: 1,
+            dataset_len: n,
+        })
     }
 
     /// The number of tasks the steps draw from.
@@ -87,15 +126,29 @@ impl JobSpec {
         let s = &self.schedule;
         let q = u64::from(s.questions_per_step);
         let n = match source {
-            TaskSource::Dataset if !has_file => return Err(invalid("data.train", "give the file of training questions")),
+            TaskSource::Dataset if !has_file => {
+                return Err(invalid("data.train", "give the file of training questions"))
+            }
             TaskSource::Dataset => dataset_len,
             TaskSource::Generated | TaskSource::Listed(_) if has_file => {
-                return Err(invalid("data.train", format!("is set but {} generates its tasks; remove [data]", self.method)))
+                return Err(invalid(
+                    "data.train",
+                    format!("is set but {} generates its tasks; remove [data]", self.method),
+                ))
             }
             // Fresh tasks every step: a virtual data set of one epoch.
             TaskSource::Generated => match (s.steps, s.epochs) {
-                (Some(n), None) => usize::try_from(n.saturating_mul(q)).map_err(|_| invalid("schedule.steps", "is too large"))?,
-                _ => return Err(invalid("schedule", format!("{} draws new tasks every step: give `steps`, not `epochs`", self.method))),
+                (Some(n), None) => usize::try_from(n.saturating_mul(q))
+                    .map_err(|_| invalid("schedule.steps", "is too large"))?,
+                _ => {
+                    return Err(invalid(
+                        "schedule",
+                        format!(
+                            "{} draws new tasks every step: give `steps`, not `epochs`",
+                            self.method
+                        ),
+                    ))
+                }
             },
             TaskSource::Listed(n) => n,
         };
@@ -106,7 +159,10 @@ impl JobSpec {
             return Err(invalid("data.train", "the data set has no questions"));
         }
         if q > n as u64 {
-            return Err(invalid("schedule.questions_per_step", format!("is {q} but the data set has only {n} questions")));
+            return Err(invalid(
+                "schedule.questions_per_step",
+                format!("is {q} but the data set has only {n} questions"),
+            ));
         }
         Ok(n)
     }
@@ -116,13 +172,25 @@ impl JobSpec {
         let s = &self.schedule;
         let steps_per_epoch = dataset_len as u64 / u64::from(s.questions_per_step);
         let total_steps = match (s.steps, s.epochs) {
-            (Some(_), Some(_)) => return Err(invalid("schedule", "give `steps` or `epochs`, not both")),
-            (None, None) => return Err(invalid("schedule", "give `steps` (training steps) or `epochs` (passes over the data)")),
+            (Some(_), Some(_)) => {
+                return Err(invalid("schedule", "give `steps` or `epochs`, not both"))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "schedule",
+                    "give `steps` (training steps) or `epochs` (passes over the data)",
+                ))
+            }
             (Some(n), None) => n,
-            (None, Some(e)) => e.checked_mul(steps_per_epoch).ok_or_else(|| invalid("schedule.epochs", "is too large"))?,
+            (None, Some(e)) => e
+                .checked_mul(steps_per_epoch)
+                .ok_or_else(|| invalid("schedule.epochs", "is too large"))?,
         };
         if total_steps == 0 {
-            return Err(invalid(if s.steps.is_some() { "schedule.steps" } else { "schedule.epochs" }, "must be at least 1"));
+            return Err(invalid(
+                if s.steps.is_some() { "schedule.steps" } else { "schedule.epochs" },
+                "must be at least 1",
+            ));
         }
         if s.checkpoint_every == 0 {
             return Err(invalid("schedule.checkpoint_every", "must be at least 1"));
@@ -158,10 +226,16 @@ impl JobSpec {
     fn check_eval(&self, source: TaskSource) -> Result<(), JobError> {
         let Some(e) = &self.eval else { return Ok(()) };
         if e.every_steps == 0 || e.instances_per_question == 0 {
-            return Err(invalid("eval", "`every_steps` and `instances_per_question` must be at least 1"));
+            return Err(invalid(
+                "eval",
+                "`every_steps` and `instances_per_question` must be at least 1",
+            ));
         }
         if !(e.temperature >= 0.0 && e.temperature.is_finite()) {
-            return Err(invalid("eval.temperature", format!("must be finite and >= 0, got {}", e.temperature)));
+            return Err(invalid(
+                "eval.temperature",
+                format!("must be finite and >= 0, got {}", e.temperature),
+            ));
         }
         let generated = source == TaskSource::Generated;
         match (generated, e.data.as_os_str().is_empty()) {
@@ -188,7 +262,10 @@ impl Job {
                 ));
             }
             if a.adapter.is_some() {
-                return Err(invalid(format!("agents[{k}].init_from"), "already names the adapter (its adapter/ folder): drop agents.adapter"));
+                return Err(invalid(
+                    format!("agents[{k}].init_from"),
+                    "already names the adapter (its adapter/ folder): drop agents.adapter",
+                ));
             }
             a.adapter = Some(from.join("adapter"));
         }

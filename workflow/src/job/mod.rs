@@ -15,7 +15,10 @@ mod train;
 mod tests;
 
 pub use order::step_questions;
-pub use spec::{AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutSpec, ScheduleSpec, SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD};
+pub use spec::{
+    AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutSpec, ScheduleSpec,
+    SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD,
+};
 
 pub use crate::error::{invalid, JobError};
 use crate::method::{Samples, TaskSource};
@@ -42,7 +45,9 @@ impl Job {
     pub fn episodes_per_step(&self) -> u64 {
         match self.method.task_source() {
             TaskSource::Listed(n) => n as u64,
-            TaskSource::Dataset | TaskSource::Generated => u64::from(self.spec.schedule.questions_per_step) * u64::from(self.method.copies()),
+            TaskSource::Dataset | TaskSource::Generated => {
+                u64::from(self.spec.schedule.questions_per_step) * u64::from(self.method.copies())
+            }
         }
     }
 
@@ -74,7 +79,13 @@ impl Job {
 
     /// Whether an evaluation is due once `completed` steps are done.
     pub fn eval_due(&self, completed: u64) -> bool {
-        self.spec.eval.as_ref().is_some_and(|e| if completed == 0 { e.at_start } else { completed % e.every_steps == 0 || completed == self.total_steps })
+        self.spec.eval.as_ref().is_some_and(|e| {
+            if completed == 0 {
+                e.at_start
+            } else {
+                completed % e.every_steps == 0 || completed == self.total_steps
+            }
+        })
     }
 
     /// Task indices of step `step`: of the data set (epoch e = step / steps_per_epoch uses its
@@ -85,7 +96,9 @@ impl Job {
         match self.method.task_source() {
             TaskSource::Listed(n) => (0..n).collect(),
             TaskSource::Generated => (step as usize * q..(step as usize + 1) * q).collect(),
-            TaskSource::Dataset => step_questions(self.dataset_len, q, self.spec.seed, self.spec.data.shuffle, step),
+            TaskSource::Dataset => {
+                step_questions(self.dataset_len, q, self.spec.seed, self.spec.data.shuffle, step)
+            }
         }
     }
 }

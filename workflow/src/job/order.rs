@@ -9,7 +9,13 @@ const DATA_ORDER_TAG: u64 = 101;
 /// Data set indices of step `step` of `per_step` questions each, over `n` questions: epoch
 /// e = step / (n / per_step) uses its own permutation when shuffling (seeded by the job seed
 /// and the epoch), and the last partial batch of an epoch is dropped.
-pub fn step_questions(n: usize, per_step: usize, seed: u64, shuffle: bool, step: u64) -> Vec<usize> {
+pub fn step_questions(
+    n: usize,
+    per_step: usize,
+    seed: u64,
+    shuffle: bool,
+    step: u64,
+) -> Vec<usize> {
     let per_epoch = (n / per_step).max(1) as u64;
     let (epoch, index) = (step / per_epoch, (step % per_epoch) as usize);
     let mut order: Vec<usize> = (0..n).collect();

@@ -39,24 +39,48 @@ pub struct FrozenSpec {
 impl FrozenSpec {
     /// A frozen model the workers load from `model`.
     pub fn local(name: impl Into<String>, model: PathBuf, adapter: Option<PathBuf>) -> Self {
-        Self { name: name.into(), model: Some(model), adapter, endpoint: None, endpoint_model: None, api_key_env: None, max_attempts: None }
+        Self {
+            name: name.into(),
+            model: Some(model),
+            adapter,
+            endpoint: None,
+            endpoint_model: None,
+            api_key_env: None,
+            max_attempts: None,
+        }
     }
 
     pub(super) fn check(&self, k: usize) -> Result<(), JobError> {
         let field = |f: &str| format!("frozen[{k}].{f}");
         match (&self.model, &self.endpoint) {
-            (Some(_), Some(_)) => return Err(invalid(field("endpoint"), "give either a model folder or an endpoint, not both")),
-            (None, None) => return Err(invalid(field("model"), "give the model folder the workers load, or an `endpoint` that serves the model")),
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    field("endpoint"),
+                    "give either a model folder or an endpoint, not both",
+                ))
+            }
+            (None, None) => return Err(invalid(
+                field("model"),
+                "give the model folder the workers load, or an `endpoint` that serves the model",
+            )),
             (None, Some(url)) => {
                 if !url.starts_with("http://") && !url.starts_with("https://") {
-                    return Err(invalid(field("endpoint"), format!("{url:?} is not an http:// or https:// URL (e.g. http://judge:8000/v1)")));
+                    return Err(invalid(
+                        field("endpoint"),
+                        format!(
+                            "{url:?} is not an http:// or https:// URL (e.g. http://judge:8000/v1)"
+                        ),
+                    ));
                 }
                 if self.adapter.is_some() {
                     return Err(invalid(field("adapter"), "an endpoint model has no adapter here; the endpoint serves the model as it is"));
                 }
             }
             (Some(_), None) => {
-                if self.endpoint_model.is_some() || self.api_key_env.is_some() || self.max_attempts.is_some() {
+                if self.endpoint_model.is_some()
+                    || self.api_key_env.is_some()
+                    || self.max_attempts.is_some()
+                {
                     return Err(invalid(
                         field("endpoint"),
                         "endpoint_model, api_key_env and max_attempts are for a model behind an `endpoint`; this one has a model folder",
@@ -282,7 +306,9 @@ pub struct JobSpec {
 }
 
 /// The keys of a job file besides the methods' tables.
-const KEYS: &[&str] = &["name", "seed", "method", "frozen", "data", "schedule", "rollout", "output", "eval", "agents"];
+const KEYS: &[&str] = &[
+    "name", "seed", "method", "frozen", "data", "schedule", "rollout", "output", "eval", "agents",
+];
 
 /// A job file as read: its typed parts, every method table it has, and the first key that is
 /// neither (with where it starts in the text).
@@ -310,8 +336,10 @@ impl<'de> serde::de::Visitor<'de> for JobFileVisitor {
     // Field by field, so that a wrong value deep in a part keeps the position toml gives it.
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JobFile, A::Error> {
         use serde::de::Error;
-        let (mut name, mut seed, mut method, mut frozen, mut data, mut schedule) = (None, None, None, None, None, None);
-        let (mut rollout, mut output, mut eval, mut agents, mut tables, mut unknown) = (None, None, None, None, Vec::new(), None);
+        let (mut name, mut seed, mut method, mut frozen, mut data, mut schedule) =
+            (None, None, None, None, None, None);
+        let (mut rollout, mut output, mut eval, mut agents, mut tables, mut unknown) =
+            (None, None, None, None, Vec::new(), None);
         while let Some(key) = map.next_key::<toml::Spanned<String>>()? {
             let at = key.span().start;
             let key = key.into_inner();
@@ -354,24 +382,40 @@ impl JobSpec {
     /// Parses a job file. A method's table in a job of another method is an error: its
     /// settings would be silently ignored.
     pub fn from_toml(text: &str) -> Result<Self, JobError> {
-        let JobFile { mut spec, tables, unknown } =
-            toml::from_str(text).map_err(|e: toml::de::Error| JobError::Syntax(e.to_string().trim_end().to_string()))?;
+        let JobFile { mut spec, tables, unknown } = toml::from_str(text)
+            .map_err(|e: toml::de::Error| JobError::Syntax(e.to_string().trim_end().to_string()))?;
         if let Some((key, at)) = unknown {
             let line = text[..at.min(text.len())].matches('\n').count() + 1;
             let known: Vec<&str> = KEYS.iter().chain(registry::TABLES).copied().collect();
-            return Err(JobError::Syntax(format!("line {line}: unknown field `{key}`, expected one of `{}`", known.join("`, `"))));
+            return Err(JobError::Syntax(format!(
+                "line {line}: unknown field `{key}`, expected one of `{}`",
+                known.join("`, `")
+            )));
         }
         if !registry::is_method(&spec.method) {
             return Err(invalid("method", registry::unknown(&spec.method)));
         }
-        let own = registry::TABLES[registry::NAMES.iter().position(|n| *n == spec.method).expect("a registered name")];
+        let own = registry::TABLES
+            [registry::NAMES.iter().position(|n| *n == spec.method).expect("a registered name")];
         for (table, value) in tables {
             if table != own {
-                let of = registry::NAMES[registry::TABLES.iter().position(|t| *t == table).expect("a registered table")];
-                return Err(invalid(&table, format!("is set but method is {}; set method = \"{of}\" or remove it", spec.method)));
+                let of = registry::NAMES[registry::TABLES
+                    .iter()
+                    .position(|t| *t == table)
+                    .expect("a registered table")];
+                return Err(invalid(
+                    &table,
+                    format!(
+                        "is set but method is {}; set method = \"{of}\" or remove it",
+                        spec.method
+                    ),
+                ));
             }
             let toml::Value::Table(t) = value else {
-                return Err(invalid(&table, format!("must be a table of the {} settings", spec.method)));
+                return Err(invalid(
+                    &table,
+                    format!("must be a table of the {} settings", spec.method),
+                ));
             };
             spec.settings = t;
         }

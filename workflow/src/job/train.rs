@@ -29,22 +29,36 @@ impl Job {
             ));
         }
         if cfg.micro_batch_size > cfg.train_batch_size {
-            return Err(invalid(format!("{field}.micro_batch_size"), format!("is {} but train_batch_size is {}", cfg.micro_batch_size, cfg.train_batch_size)));
+            return Err(invalid(
+                format!("{field}.micro_batch_size"),
+                format!(
+                    "is {} but train_batch_size is {}",
+                    cfg.micro_batch_size, cfg.train_batch_size
+                ),
+            ));
         }
         if self.spec.agents[k].adapter.is_some() && cfg.lora.is_none() {
-            return Err(invalid(format!("agents[{k}].adapter"), "an adapter needs a [agents.train.lora] table with its settings"));
+            return Err(invalid(
+                format!("agents[{k}].adapter"),
+                "an adapter needs a [agents.train.lora] table with its settings",
+            ));
         }
         if !given("total_steps") {
             // The horizon counts every turn an agent may speak, so that one that sometimes
             // speaks more does not reach the end of its schedule early.
-            let per_step = samples.most.div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
+            let per_step =
+                samples.most.div_ceil(cfg.train_batch_size as u64) * cfg.max_epochs as u64;
             cfg.total_steps = (per_step * self.total_steps).max(1);
         }
         // The sampler ran the same weights: when it also used the learner's dtype on the CPU,
         // its log-probs stand for ℓ^old and the recompute pass can go (exact in f32; in bf16
         // other matrix shapes round differently, measured approx_kl ~0.003 on SmolLM2).
         // (Truncated importance sampling needs the recomputed ℓ^old to weigh.)
-        if !given("old_logprobs") && cfg.tis_cap == 0.0 && cfg.device == "cpu" && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype) {
+        if !given("old_logprobs")
+            && cfg.tis_cap == 0.0
+            && cfg.device == "cpu"
+            && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype)
+        {
             cfg.old_logprobs = OldLogprobs::Sampler;
         }
         Ok(cfg)

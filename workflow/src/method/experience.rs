@@ -28,7 +28,14 @@ pub struct Experience {
 
 impl Experience {
     /// The experience of one sampled turn with a scalar reward.
-    pub fn sampled(s: &Sampled, reward: f64, group: String, episode_id: &str, turn_id: u32, temperature: f64) -> Experience {
+    pub fn sampled(
+        s: &Sampled,
+        reward: f64,
+        group: String,
+        episode_id: &str,
+        turn_id: u32,
+        temperature: f64,
+    ) -> Experience {
         Experience {
             prompt_ids: s.prompt_ids.clone(),
             completion_ids: s.completion_ids.clone(),
@@ -126,14 +133,26 @@ impl ShareTally {
     pub fn new(agents: u32, counts_dropped: bool) -> ShareTally {
         ShareTally {
             per_agent: vec![Vec::new(); agents as usize],
-            shares: (0..agents).map(|agent| AgentShare { agent, samples_dropped: counts_dropped.then_some(0), ..Default::default() }).collect(),
+            shares: (0..agents)
+                .map(|agent| AgentShare {
+                    agent,
+                    samples_dropped: counts_dropped.then_some(0),
+                    ..Default::default()
+                })
+                .collect(),
             sums: vec![0.0; agents as usize],
         }
     }
 
     /// Adds agent `agent`'s experience; an agent the job does not have is an error naming the
     /// turn (`what`, e.g. "turn 3").
-    pub fn push(&mut self, agent: u32, e: Experience, episode_id: &str, what: &str) -> Result<(), crate::WorkflowError> {
+    pub fn push(
+        &mut self,
+        agent: u32,
+        e: Experience,
+        episode_id: &str,
+        what: &str,
+    ) -> Result<(), crate::WorkflowError> {
         let k = self.agent(agent, episode_id, what)?;
         self.shares[k].samples += 1;
         self.sums[k] += e.reward;
@@ -142,13 +161,23 @@ impl ShareTally {
     }
 
     /// Counts a turn of agent `agent` that the method left out.
-    pub fn drop_turn(&mut self, agent: u32, episode_id: &str, what: &str) -> Result<(), crate::WorkflowError> {
+    pub fn drop_turn(
+        &mut self,
+        agent: u32,
+        episode_id: &str,
+        what: &str,
+    ) -> Result<(), crate::WorkflowError> {
         let k = self.agent(agent, episode_id, what)?;
         *self.shares[k].samples_dropped.get_or_insert(0) += 1;
         Ok(())
     }
 
-    fn agent(&self, agent: u32, episode_id: &str, what: &str) -> Result<usize, crate::WorkflowError> {
+    fn agent(
+        &self,
+        agent: u32,
+        episode_id: &str,
+        what: &str,
+    ) -> Result<usize, crate::WorkflowError> {
         let k = agent as usize;
         if k >= self.shares.len() {
             return Err(crate::WorkflowError::MalformedTrajectory(format!(

@@ -12,7 +12,9 @@ pub mod room;
 pub(crate) mod run;
 pub mod show;
 
-pub use experience::{prompt_group, AgentShare, Experience, Made, ShareTally, Shares, StepContext, StepOutput};
+pub use experience::{
+    prompt_group, AgentShare, Experience, Made, ShareTally, Shares, StepContext, StepOutput,
+};
 pub use room::{PromptFit, ReplyRoom, RoomNeeds, Speaker, TaskRoom};
 pub use run::{check_turn_versions, play, PlannedEpisode, Start};
 pub(crate) use run::{decode, experience_of, plan_episodes, start_episode};
@@ -31,7 +33,12 @@ use std::fmt::Debug;
 
 /// Task `index` of the data set.
 pub fn dataset_task(data: &[TaskRecord], index: usize) -> Result<TaskRecord, WorkflowError> {
-    data.get(index).cloned().ok_or_else(|| WorkflowError::PlanMismatch(format!("task {index} is past the {} questions of the data set", data.len())))
+    data.get(index).cloned().ok_or_else(|| {
+        WorkflowError::PlanMismatch(format!(
+            "task {index} is past the {} questions of the data set",
+            data.len()
+        ))
+    })
 }
 
 /// The temperature a learner scores turns at when they carry none: the sampling one, or 1 for
@@ -82,14 +89,17 @@ pub trait Episode: Send + 'static {
     /// The pending group; empty once the episode is done.
     fn pending(&self) -> Vec<Request>;
     /// Takes the replies of the whole pending group (checked by `program::take_replies`).
-    fn submit(&mut self, replies: Vec<Reply>, meter: &dyn PromptMeter) -> Result<(), WorkflowError>;
+    fn submit(&mut self, replies: Vec<Reply>, meter: &dyn PromptMeter)
+        -> Result<(), WorkflowError>;
     fn is_done(&self) -> bool;
     /// The record of the finished episode.
     fn finish(self) -> Result<Self::Record, WorkflowError>;
 }
 
 /// A finished episode as a worker sends it back: the method's own record, as JSON.
-pub trait Record: Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static {
+pub trait Record:
+    Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static
+{
     /// Turns of the trained agents (an evaluation's calls).
     fn turns(&self) -> u32;
     /// Tokens generated in those turns.
@@ -156,10 +166,19 @@ pub trait Method: Sized + 'static {
     fn copies(config: &Self::Config) -> u32;
 
     /// Task `index`: of the data set `data`, or drawn from `seed` (generated tasks), or listed.
-    fn task(config: &Self::Config, index: usize, data: &[TaskRecord], seed: PlanSeed) -> Result<Self::Task, WorkflowError>;
+    fn task(
+        config: &Self::Config,
+        index: usize,
+        data: &[TaskRecord],
+        seed: PlanSeed,
+    ) -> Result<Self::Task, WorkflowError>;
 
     /// The plans of a step's `episodes` episodes, in instance order.
-    fn plans(config: &Self::Config, episodes: usize, seed: PlanSeed) -> Result<Vec<Self::Plan>, WorkflowError>;
+    fn plans(
+        config: &Self::Config,
+        episodes: usize,
+        seed: PlanSeed,
+    ) -> Result<Vec<Self::Plan>, WorkflowError>;
 
     /// The seed of one episode (its sampling and any draws it makes).
     fn episode_seed(_config: &Self::Config, seed: PlanSeed, instance: u32) -> u64 {
@@ -193,7 +212,11 @@ pub trait Method: Sized + 'static {
 
     /// Rewards, experiences per agent and the step's figures, from the step's records in spec
     /// order.
-    fn experience(config: &Self::Config, records: Vec<(String, Self::Record)>, step: &StepContext<'_>) -> Result<Made<Self::Metrics>, WorkflowError>;
+    fn experience(
+        config: &Self::Config,
+        records: Vec<(String, Self::Record)>,
+        step: &StepContext<'_>,
+    ) -> Result<Made<Self::Metrics>, WorkflowError>;
 
     // Showing it (command line).
 

@@ -44,11 +44,21 @@ pub struct RoomNeeds {
 
 impl RoomNeeds {
     /// One reply length for every trained agent (and no limit of the job's).
-    pub fn one_reply(key: impl Into<String>, name: impl Into<String>, new_tokens: u64) -> RoomNeeds {
+    pub fn one_reply(
+        key: impl Into<String>,
+        name: impl Into<String>,
+        new_tokens: u64,
+    ) -> RoomNeeds {
         let name = name.into();
         RoomNeeds {
             task: TaskRoom { tokens: new_tokens, why: format!("{name} {new_tokens}") },
-            replies: vec![ReplyRoom { speaker: Speaker::Agents, key: key.into(), name, new_tokens, beside: None }],
+            replies: vec![ReplyRoom {
+                speaker: Speaker::Agents,
+                key: key.into(),
+                name,
+                new_tokens,
+                beside: None,
+            }],
             prompt_max_len: None,
         }
     }

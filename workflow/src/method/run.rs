@@ -28,11 +28,9 @@ pub(crate) fn plan_episodes<M: Method>(
     seed: PlanSeed,
 ) -> Result<Vec<PlannedEpisode>, WorkflowError> {
     let copies = M::copies(config) as usize;
-    let n = chosen
-        .len()
-        .checked_mul(copies)
-        .filter(|&n| u32::try_from(n).is_ok())
-        .ok_or_else(|| WorkflowError::BatchTooLarge(format!("{} tasks x {copies} episodes", chosen.len())))?;
+    let n = chosen.len().checked_mul(copies).filter(|&n| u32::try_from(n).is_ok()).ok_or_else(
+        || WorkflowError::BatchTooLarge(format!("{} tasks x {copies} episodes", chosen.len())),
+    )?;
     let plans = M::plans(config, n, seed)?;
     if plans.len() != n {
         return Err(WorkflowError::PlanMismatch(format!("{} plans for {n} episodes", plans.len())));
@@ -40,7 +38,8 @@ pub(crate) fn plan_episodes<M: Method>(
     let mut out = Vec::with_capacity(n);
     let mut plans = plans.into_iter();
     for &index in chosen {
-        let task_json = serde_json::to_string(&M::task(config, index, data, seed)?).expect("a task serialises");
+        let task_json =
+            serde_json::to_string(&M::task(config, index, data, seed)?).expect("a task serialises");
         for plan in plans.by_ref().take(copies) {
             let instance = out.len() as u32;
             out.push(PlannedEpisode {
@@ -65,24 +64,42 @@ pub struct Start<M: Method> {
 
 impl<M: Method> Clone for Start<M> {
     fn clone(&self) -> Self {
-        Start { config: self.config.clone(), task: self.task.clone(), plan: self.plan.clone(), instance: self.instance, seed: self.seed }
+        Start {
+            config: self.config.clone(),
+            task: self.task.clone(),
+            plan: self.plan.clone(),
+            instance: self.instance,
+            seed: self.seed,
+        }
     }
 }
 
 impl<M: Method> std::fmt::Debug for Start<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Start").field("method", &M::NAME).field("instance", &self.instance).field("seed", &self.seed).finish_non_exhaustive()
+        f.debug_struct("Start")
+            .field("method", &M::NAME)
+            .field("instance", &self.instance)
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
     }
 }
 
 /// An episode spec's settings, task and plan; an error names the field that is wrong.
-pub(crate) fn decode<M: Method>(config_json: &str, task_json: &str, plan_json: &str) -> Result<(M::Config, M::Task, M::Plan), String> {
+pub(crate) fn decode<M: Method>(
+    config_json: &str,
+    task_json: &str,
+    plan_json: &str,
+) -> Result<(M::Config, M::Task, M::Plan), String> {
     fn field<T: serde::de::DeserializeOwned>(name: &str, json: &str) -> Result<T, String> {
         serde_json::from_str(json).map_err(|e| format!("`{name}` is not valid: {e}"))
     }
     // An episode without a plan may leave the field empty.
     let plan_json = if plan_json.trim().is_empty() { "null" } else { plan_json };
-    Ok((field("config_json", config_json)?, field("question_json", task_json)?, field("plan_json", plan_json)?))
+    Ok((
+        field("config_json", config_json)?,
+        field("question_json", task_json)?,
+        field("plan_json", plan_json)?,
+    ))
 }
 
 /// Starts the episode of a decoded spec.
@@ -106,7 +123,11 @@ pub(crate) fn parse_record<M: Method>(config: &M::Config, json: &str) -> Result<
 }
 
 /// Every turn carries the policy version its agent's step expects (`versions[agent]`).
-pub fn check_turn_versions(turns: &[PolicyTurn], episode: &str, versions: &[u64]) -> Result<(), String> {
+pub fn check_turn_versions(
+    turns: &[PolicyTurn],
+    episode: &str,
+    versions: &[u64],
+) -> Result<(), String> {
     for turn in turns {
         let want = versions.get(turn.agent as usize).copied();
         if want != Some(turn.policy_version) {
@@ -133,21 +154,32 @@ pub(crate) fn experience_of<M: Method>(
 ) -> Result<StepOutput, WorkflowError> {
     if let Some(v) = versions {
         for (episode, r) in &records {
-            check_turn_versions(&r.policy_turns(), episode, v).map_err(WorkflowError::MalformedTrajectory)?;
+            check_turn_versions(&r.policy_turns(), episode, v)
+                .map_err(WorkflowError::MalformedTrajectory)?;
         }
     }
     let Made { per_agent, metrics, pooled_whitening } = M::experience(config, records, step)?;
     if per_agent.len() != step.agents as usize && M::TRAINS {
-        return Err(WorkflowError::MalformedTrajectory(format!("experiences for {} agents, the job has {}", per_agent.len(), step.agents)));
+        return Err(WorkflowError::MalformedTrajectory(format!(
+            "experiences for {} agents, the job has {}",
+            per_agent.len(),
+            step.agents
+        )));
     }
     Ok(StepOutput { per_agent, metrics: with_method(M::NAME, &metrics)?, pooled_whitening })
 }
 
 /// A method's figures as a metrics record carries them: its name under `method`, first.
-pub(crate) fn with_method(name: &str, metrics: &impl serde::Serialize) -> Result<serde_json::Value, WorkflowError> {
-    let value = serde_json::to_value(metrics).map_err(|e| WorkflowError::MalformedTrajectory(format!("the step's figures: {e}")))?;
+pub(crate) fn with_method(
+    name: &str,
+    metrics: &impl serde::Serialize,
+) -> Result<serde_json::Value, WorkflowError> {
+    let value = serde_json::to_value(metrics)
+        .map_err(|e| WorkflowError::MalformedTrajectory(format!("the step's figures: {e}")))?;
     let serde_json::Value::Object(fields) = value else {
-        return Err(WorkflowError::MalformedTrajectory("a method's figures must be a JSON object".into()));
+        return Err(WorkflowError::MalformedTrajectory(
+            "a method's figures must be a JSON object".into(),
+        ));
     };
     let mut out = serde_json::Map::with_capacity(fields.len() + 1);
     out.insert("method".into(), serde_json::Value::String(name.to_string()));

@@ -4,7 +4,14 @@ use comas_workflow::comas::{CoMasConfig, Episode, InstancePlan, PlanSeed};
 use comas_workflow::{FinishReason, Role, TaskKind, TaskRecord, TurnOutput, TurnRequest};
 
 pub fn question(id: &str, task: TaskKind) -> TaskRecord {
-    TaskRecord { prompt: format!("  Question {id}?  "), answer: "42".into(), task, id: id.into(), source: None, files: Default::default() }
+    TaskRecord {
+        prompt: format!("  Question {id}?  "),
+        answer: "42".into(),
+        task,
+        id: id.into(),
+        source: None,
+        files: Default::default(),
+    }
 }
 
 pub fn output(req: &TurnRequest, text: &str) -> TurnOutput {
@@ -32,7 +39,10 @@ pub fn tag(req: &TurnRequest) -> String {
 }
 
 /// Drives the episode to the end; returns every group it handed out.
-pub fn run(episode: &mut Episode, mut text: impl FnMut(&TurnRequest) -> String) -> Vec<Vec<TurnRequest>> {
+pub fn run(
+    episode: &mut Episode,
+    mut text: impl FnMut(&TurnRequest) -> String,
+) -> Vec<Vec<TurnRequest>> {
     let mut groups = Vec::new();
     while !episode.is_done() {
         let group = episode.next_turns();
@@ -45,6 +55,10 @@ pub fn run(episode: &mut Episode, mut text: impl FnMut(&TurnRequest) -> String) 
 
 /// One episode outside any batch, with the plan taken from a one-instance batch.
 pub fn single(config: &CoMasConfig, task: TaskKind, seed: u64) -> Episode {
-    let plan: InstancePlan = comas_workflow::comas::plan_batch(config, 1, PlanSeed { global: seed, step: 0, shard: 0 }).unwrap().instances.remove(0);
+    let plan: InstancePlan =
+        comas_workflow::comas::plan_batch(config, 1, PlanSeed { global: seed, step: 0, shard: 0 })
+            .unwrap()
+            .instances
+            .remove(0);
     Episode::new(config, &question("q", task), 0, plan, seed).unwrap()
 }
