@@ -62,7 +62,7 @@ pub(crate) fn episode_specs(
 /// the step's experiences are made).
 pub(crate) fn parse_record(job: &Job, json: &str, episode: &str) -> Result<Record> {
     crate::experience::check_record(&job.method, json, episode, None)
-        .map_err(CoordinatorError::Rollout)
+        .map_err(|e| CoordinatorError::Rollout(e.to_string()))
 }
 
 /// Keeps a step's records in `output.dir/episodes/step-NNNNN.jsonl` (with `output.save_episodes`),

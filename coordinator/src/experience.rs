@@ -69,6 +69,18 @@ fn constrained_to_pb(c: &[ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
         .collect()
 }
 
+/// Why a worker's record was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RecordError {
+    /// Not valid JSON, or its method's checks refused it.
+    #[error("episode {episode}: {message}")]
+    Invalid { episode: String, message: String },
+    /// A trained turn was sampled with another policy version than the step uses (the message
+    /// names the episode and the turn).
+    #[error("{0}")]
+    WrongVersion(String),
+}
+
 /// A worker's record, parsed and checked: the method's own checks, and in synchronous mode that
 /// every trained turn was sampled with the version its agent is at (`versions[agent]`).
 pub fn check_record(
@@ -76,10 +88,12 @@ pub fn check_record(
     json: &str,
     episode: &str,
     versions: Option<&[u64]>,
-) -> Result<Record, String> {
-    let r = method.parse_record(json).map_err(|e| format!("episode {episode}: {e}"))?;
+) -> Result<Record, RecordError> {
+    let r = method
+        .parse_record(json)
+        .map_err(|message| RecordError::Invalid { episode: episode.to_string(), message })?;
     if let Some(v) = versions {
-        check_turn_versions(&r.policy_turns(), episode, v)?;
+        check_turn_versions(&r.policy_turns(), episode, v).map_err(RecordError::WrongVersion)?;
     }
     Ok(r)
 }
@@ -142,9 +156,11 @@ mod tests {
         assert!(check_record(&method, &json, "e1", Some(&[7, 7])).is_ok());
         assert!(check_record(&method, &json, "e1", Some(&[7]))
             .unwrap_err()
+            .to_string()
             .contains("turn 1 (solver of agent 1)"));
         assert!(check_record(&method, &json[..json.len() / 2], "e1", None)
             .unwrap_err()
+            .to_string()
             .contains("episode e1: not valid JSON"));
         // A record of another method does not parse as this one's.
         let other = MethodConfig::Neuromas(Default::default());

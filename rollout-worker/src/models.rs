@@ -1,5 +1,6 @@
 //! The policies a worker hosts: base models with their tokenizers, and per agent either a LoRA
 //! adapter on a shared base or a model instance of its own. Built and used on the engine thread.
+use crate::engine::EngineError;
 use crate::remote::RemotePolicy;
 use comas_model::dtype::parse_kind;
 use comas_model::lora::LoraConfig;
@@ -117,24 +118,23 @@ impl Models {
         &self,
         agent: u32,
         tensors: &[comas_proto::weights::ReceivedTensor],
-    ) -> Result<(), String> {
-        let a =
-            self.agents.get(&agent).ok_or_else(|| format!("agent {agent} is not loaded here"))?;
+    ) -> Result<(), EngineError> {
+        let a = self.agents.get(&agent).ok_or(EngineError::NoPolicy { agent })?;
         let targets: Vec<(String, Tensor)> = match &a.adapter {
             Some(ad) => ad.named_tensors(),
             None => {
                 if self.agents.values().filter(|o| o.base == a.base).count() > 1 {
-                    return Err(format!("agent {agent} shares its base model with other agents; load it with full_weights to update it"));
+                    return Err(EngineError::SharedBase { agent });
                 }
                 self.bases[a.base].model.named_parameters()
             }
         };
         if targets.len() != tensors.len() {
-            return Err(format!(
-                "update for agent {agent} has {} tensors, the policy has {}",
-                tensors.len(),
-                targets.len()
-            ));
+            return Err(EngineError::TensorCount {
+                agent,
+                got: tensors.len(),
+                want: targets.len(),
+            });
         }
         let by_name: BTreeMap<&str, &comas_proto::weights::ReceivedTensor> =
             tensors.iter().map(|t| (t.name.as_str(), t)).collect();
@@ -143,26 +143,27 @@ impl Models {
         for (name, dst) in &targets {
             let src = by_name
                 .get(name.as_str())
-                .ok_or_else(|| format!("update for agent {agent} lacks tensor `{name}`"))?;
+                .ok_or_else(|| EngineError::MissingTensor { agent, name: name.clone() })?;
             if src.shape != dst.size() {
-                return Err(format!(
-                    "tensor `{name}`: update has shape {:?}, policy has {:?}",
-                    src.shape,
-                    dst.size()
-                ));
+                return Err(EngineError::ShapeMismatch {
+                    name: name.clone(),
+                    update: src.shape.clone(),
+                    policy: dst.size(),
+                });
             }
-            let kind = parse_kind(&src.dtype).map_err(|e| format!("tensor `{name}`: {e}"))?;
+            let kind = parse_kind(&src.dtype)
+                .map_err(|err| EngineError::BadDtype { name: name.clone(), err })?;
             let t = Tensor::f_from_data_size(&src.bytes, &src.shape, kind)
-                .map_err(|e| format!("tensor `{name}`: {e}"))?;
+                .map_err(|err| EngineError::BadTensor { name: name.clone(), err })?;
             staged.push((dst.shallow_clone(), t));
         }
         tch::no_grad(|| {
             for (mut dst, src) in staged {
                 // Every shape and dtype was checked above; a failure here is libtorch's.
                 dst.f_copy_(&src.to_kind(dst.kind()).to_device(dst.device()))
-                    .map_err(|e| format!("update for agent {agent}: {e}"))?;
+                    .map_err(|err| EngineError::CopyFailed { agent, err })?;
             }
-            Ok::<(), String>(())
+            Ok::<(), EngineError>(())
         })?;
         Ok(())
     }

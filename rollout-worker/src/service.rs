@@ -76,14 +76,14 @@ fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
             ..Default::default()
         },
         Err(e) => {
-            let kind = if o.draining {
+            let kind = if e.is_draining() {
                 pb::EpisodeErrorKind::Draining
             } else {
                 pb::EpisodeErrorKind::Failed
             };
             pb::EpisodeResult {
                 episode_id: o.episode_id,
-                error: e,
+                error: e.to_string(),
                 error_kind: kind as i32,
                 ..Default::default()
             }
@@ -256,8 +256,7 @@ impl RolloutWorker for WorkerService {
         self.engine
             .send(Command::Load { specs, dtype: req.dtype, reply: tx })
             .map_err(|_| engine_gone())?;
-        let (agents, models) =
-            rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
+        let (agents, models) = rx.await.map_err(|_| engine_gone())?.map_err(Status::from)?;
         let _ = self.loaded.send(true);
         Ok(Response::new(pb::LoadPoliciesResponse {
             num_agents: agents as u32,
@@ -363,7 +362,7 @@ impl RolloutWorker for WorkerService {
         self.engine
             .send(Command::Update { agent: req.agent_id, version: req.version, tensors, reply: tx })
             .map_err(|_| engine_gone())?;
-        rx.await.map_err(|_| engine_gone())?.map_err(Status::failed_precondition)?;
+        rx.await.map_err(|_| engine_gone())?.map_err(Status::from)?;
         self.relay.held(req.agent_id, req.version);
         self.pulls.finish(req.agent_id, req.version);
         Ok(Response::new(pb::UpdateWeightsResponse {

@@ -424,7 +424,7 @@ impl JobRun {
                 .scheduler
                 .wait_prepared(generation)
                 .await
-                .map_err(CoordinatorError::Rollout)?;
+                .map_err(|e| CoordinatorError::Rollout(e.to_string()))?;
         }
         // The workers are busy with the evaluation's episodes.
         let _running = self.clock.start();
@@ -698,7 +698,7 @@ impl JobRun {
                 targets,
             ));
             tokio::select! {
-                r = self.ctx.scheduler.wait_prepared(generation) => sync = r.map_err(CoordinatorError::Rollout)?,
+                r = self.ctx.scheduler.wait_prepared(generation) => sync = r.map_err(|e| CoordinatorError::Rollout(e.to_string()))?,
                 _ = self.cancel.changed() => return Err(CoordinatorError::Cancelled(self.id.clone())),
             }
             drop(follower);

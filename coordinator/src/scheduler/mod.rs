@@ -18,7 +18,7 @@ mod types;
 
 pub use types::{
     AgentSync, BatchLimits, BatchSpec, Delivery, PolicyTarget, Pull, SchedulerSettings, Snapshot,
-    SyncStats, WorkerView, DEFAULT_RELAY_FANOUT,
+    SyncError, SyncStats, WorkerView, DEFAULT_RELAY_FANOUT,
 };
 
 /// What starts a registered worker's connection task: the real one dials the worker and holds
@@ -33,7 +33,7 @@ enum Cmd {
     Register { id: String, address: String, capacity: u32, incarnation: u64 },
     Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
     SetTarget { target: Arc<PolicyTarget> },
-    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, String>> },
+    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, SyncError>> },
     Submit { job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery> },
     CancelJob { job_id: String },
     Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<Pull>, String> },
@@ -144,10 +144,10 @@ impl Scheduler {
     }
 
     /// Resolves when every live worker has reached `generation` (at once when there are none).
-    pub async fn wait_prepared(&self, generation: u64) -> Result<SyncStats, String> {
+    pub async fn wait_prepared(&self, generation: u64) -> Result<SyncStats, SyncError> {
         let (reply, rx) = oneshot::channel();
         let _ = self.tx.send(Cmd::WaitPrepared { generation, reply });
-        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+        rx.await.map_err(|_| SyncError::SchedulerStopped)?
     }
 
     pub fn submit(
@@ -180,7 +180,7 @@ struct State {
     queue: VecDeque<Lease>,
     batches: HashMap<BatchKey, Batch>,
     target: Option<Arc<PolicyTarget>>,
-    waiters: Vec<(u64, oneshot::Sender<Result<SyncStats, String>>)>,
+    waiters: Vec<(u64, oneshot::Sender<Result<SyncStats, SyncError>>)>,
     /// What each generation's weight pulls moved, until its waiter takes it.
     sync: HashMap<u64, SyncStats>,
     /// Since when episodes have been queued with no ready worker to take them.
@@ -648,12 +648,9 @@ impl State {
             } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty())
                 && behind.len() == live.len()
             {
-                let errors: Vec<String> =
-                    behind.iter().map(|w| format!("{}: {}", w.address, w.last_error)).collect();
-                let _ = reply.send(Err(format!(
-                    "no worker could take the new weights: {}",
-                    errors.join("; ")
-                )));
+                let failures =
+                    behind.iter().map(|w| (w.address.clone(), w.last_error.clone())).collect();
+                let _ = reply.send(Err(SyncError::NoWorkerUpdated { failures }));
             } else if behind.iter().all(|w| w.preparing.is_none()) && behind.len() < live.len() {
                 // Some workers failed to update: they get nothing until the next target; go on with the rest.
                 let _ = reply.send(Ok(stats()));

@@ -362,7 +362,7 @@ fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weig
             result: Err("UpdateWeights: unreachable".into()),
         });
     }
-    let err = rx.try_recv().unwrap().unwrap_err();
+    let err = rx.try_recv().unwrap().unwrap_err().to_string();
     assert!(
         err.starts_with("no worker could take the new weights")
             && err.contains("http://w1: UpdateWeights: unreachable"),

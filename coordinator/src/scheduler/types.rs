@@ -18,6 +18,24 @@ pub struct PolicyTarget {
     pub source_patience: Duration,
 }
 
+/// Why the workers could not be brought to a policy target.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SyncError {
+    #[error("the scheduler stopped")]
+    SchedulerStopped,
+    /// Every live worker failed to take the target: (address, last error) of each.
+    #[error("no worker could take the new weights: {}", listed(.failures))]
+    NoWorkerUpdated { failures: Vec<(String, String)> },
+}
+
+fn listed(failures: &[(String, String)]) -> String {
+    failures
+        .iter()
+        .map(|(address, error)| format!("{address}: {error}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// An episode's outcome, sent to the job that submitted it.
 #[derive(Debug)]
 pub enum Delivery {

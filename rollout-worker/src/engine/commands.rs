@@ -1,5 +1,6 @@
 //! What the async side sends the engine thread, and what it reads back: commands, episode
 //! outcomes, snapshots, the counters of the metrics endpoint and the engine's settings.
+use super::EngineError;
 use crate::models::PolicySpec;
 use comas_workflow::program::ProgramStart;
 use std::collections::BTreeMap;
@@ -11,9 +12,9 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 #[derive(Debug)]
 pub struct EpisodeOutcome {
     pub episode_id: String,
-    pub result: Result<(String, u32, u64), String>,
-    /// Whether an error is this worker draining (not the episode's fault).
-    pub draining: bool,
+    /// The record's JSON, its turns and generated tokens; `EngineError::Draining` is this worker
+    /// going away, not the episode's fault.
+    pub result: Result<(String, u32, u64), EngineError>,
 }
 
 pub struct EpisodeJob {
@@ -33,7 +34,7 @@ pub enum Command {
     Load {
         specs: Vec<PolicySpec>,
         dtype: String,
-        reply: oneshot::Sender<Result<(usize, usize), String>>,
+        reply: oneshot::Sender<Result<(usize, usize), EngineError>>,
     },
     Episode {
         stream: u64,
@@ -48,7 +49,7 @@ pub enum Command {
         agent: u32,
         version: u64,
         tensors: Vec<comas_proto::weights::ReceivedTensor>,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
     },
     Info {
         reply: oneshot::Sender<Snapshot>,

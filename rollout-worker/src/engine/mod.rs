@@ -15,10 +15,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 mod commands;
+mod error;
 mod fault;
 mod room;
 
 pub use commands::{Command, EngineSettings, EpisodeJob, EpisodeOutcome, Snapshot, Stats};
+pub use error::EngineError;
 pub(crate) use fault::{fault_from_env, Fault};
 use room::meter_for;
 
@@ -46,15 +48,16 @@ pub fn spawn(
                         if let Some(Fault::SlowLoad(secs)) = fault_from_env() {
                             std::thread::sleep(Duration::from_secs(secs));
                         }
-                        let r = Models::load(&specs, &dtype, settings.device)
-                            .map_err(|e| e.to_string());
-                        let _ = reply.send(
-                            r.as_ref()
-                                .map(|m| (m.agents.len() + m.remote.len(), m.bases.len()))
-                                .map_err(Clone::clone),
-                        );
-                        if let Ok(m) = r {
-                            models = m;
+                        match Models::load(&specs, &dtype, settings.device) {
+                            Ok(m) => {
+                                let _ = reply
+                                    .send(Ok((m.agents.len() + m.remote.len(), m.bases.len())));
+                                models = m;
+                            }
+                            // The policies loaded before stay.
+                            Err(e) => {
+                                let _ = reply.send(Err(EngineError::Load(e)));
+                            }
                         }
                     }
                     other => {
@@ -121,7 +124,7 @@ struct Runtime<'m> {
         u32,
         u64,
         Vec<comas_proto::weights::ReceivedTensor>,
-        oneshot::Sender<Result<(), String>>,
+        oneshot::Sender<Result<(), EngineError>>,
     )>,
     drain: Option<oneshot::Sender<()>>,
     draining: bool,
@@ -188,10 +191,8 @@ impl<'m> Runtime<'m> {
                 if self.idle() {
                     return Some(Command::Load { specs, dtype, reply });
                 }
-                let _ = reply.send(Err(format!(
-                    "{} episodes are running; finish or cancel them before loading policies",
-                    self.episodes.len()
-                )));
+                let _ =
+                    reply.send(Err(EngineError::EpisodesRunning { running: self.episodes.len() }));
             }
             Command::Episode { stream, job, results } => self.start_episode(stream, job, results),
             Command::CancelStream { stream } => {
@@ -216,9 +217,9 @@ impl<'m> Runtime<'m> {
             }
             Command::Update { agent, version, tensors, reply } => {
                 if self.models.remote.contains_key(&agent) {
-                    let _ = reply.send(Err(format!("agent {agent} is a frozen model behind an endpoint; it has no weights here to update")));
+                    let _ = reply.send(Err(EngineError::RemoteAgent { agent }));
                 } else if !self.models.agents.contains_key(&agent) {
-                    let _ = reply.send(Err(format!("agent {agent} is not loaded on this worker")));
+                    let _ = reply.send(Err(EngineError::AgentNotLoaded { agent }));
                 } else {
                     self.updates.push((agent, version, tensors, reply));
                 }
@@ -246,34 +247,23 @@ impl<'m> Runtime<'m> {
         job: EpisodeJob,
         results: tmpsc::UnboundedSender<EpisodeOutcome>,
     ) {
-        let fail = |results: &tmpsc::UnboundedSender<EpisodeOutcome>, id: String, e: String| {
-            let _ =
-                results.send(EpisodeOutcome { episode_id: id, result: Err(e), draining: false });
+        let fail = |results: &tmpsc::UnboundedSender<EpisodeOutcome>, id: String, e| {
+            let _ = results.send(EpisodeOutcome { episode_id: id, result: Err(e) });
         };
         if self.draining {
-            let e = "worker is draining; send this episode elsewhere".to_string();
-            let _ = results.send(EpisodeOutcome {
-                episode_id: job.episode_id,
-                result: Err(e),
-                draining: true,
-            });
-            return;
+            return fail(&results, job.episode_id, EngineError::Draining);
         }
         if let Some(a) =
             job.start.agents().into_iter().find(|a| {
                 !self.models.agents.contains_key(a) && !self.models.remote.contains_key(a)
             })
         {
-            return fail(
-                &results,
-                job.episode_id,
-                format!("agent {a} is not loaded on this worker (LoadPolicies first)"),
-            );
+            return fail(&results, job.episode_id, EngineError::EpisodeAgentNotLoaded { agent: a });
         }
         let fit = job.start.prompt_fit();
         let meter = meter_for(self.models, self.settings, &fit);
         match Program::start(&job.start, meter.as_ref()) {
-            Err(e) => fail(&results, job.episode_id, format!("invalid episode: {e}")),
+            Err(e) => fail(&results, job.episode_id, EngineError::InvalidEpisode(e)),
             Ok(program) => {
                 let key = self.next_episode;
                 self.next_episode += 1;
@@ -358,10 +348,8 @@ impl<'m> Runtime<'m> {
                     match base.tokenizer.encode_chat(&msgs, true) {
                         Ok(p) => p,
                         Err(e) => {
-                            self.fail_episode(
-                                w.key,
-                                format!("turn {} could not start: {e}", w.turn.turn_index),
-                            );
+                            let turn = w.turn.turn_index;
+                            self.fail_episode(w.key, EngineError::TurnNotStarted { turn, err: e });
                             continue;
                         }
                     }
@@ -385,13 +373,8 @@ impl<'m> Runtime<'m> {
             if let Some(why) = self.no_room(w.key, &w.turn, prompt.len(), policy.base) {
                 self.stats.prompts_refused.fetch_add(1, Ordering::Relaxed);
                 let t = &w.turn;
-                self.fail_episode(
-                    w.key,
-                    format!(
-                        "turn {} ({}, round {}, agent {}): {why}",
-                        t.turn_index, t.role, t.round, t.agent
-                    ),
-                );
+                let (turn, role, round, agent) = (t.turn_index, t.role, t.round, t.agent);
+                self.fail_episode(w.key, EngineError::NoRoom { turn, role, round, agent, why });
                 continue;
             }
             let batcher = &self.batchers[policy.base];
@@ -431,9 +414,10 @@ impl<'m> Runtime<'m> {
                         Seq { base: policy.base, episode: key, turn, prompt_ids, version },
                     );
                 }
-                Err(e) => {
-                    self.fail_episode(key, format!("turn {} could not start: {e}", turn.turn_index))
-                }
+                Err(e) => self.fail_episode(
+                    key,
+                    EngineError::TurnNotStarted { turn: turn.turn_index, err: e },
+                ),
             }
         }
         self.waiting = keep;
@@ -495,13 +479,9 @@ impl<'m> Runtime<'m> {
         }
     }
 
-    fn fail_episode(&mut self, key: u64, error: String) {
+    fn fail_episode(&mut self, key: u64, error: EngineError) {
         if let Some(e) = self.episodes.remove(&key) {
-            let _ = e.results.send(EpisodeOutcome {
-                episode_id: e.id,
-                result: Err(error),
-                draining: false,
-            });
+            let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result: Err(error) });
         }
     }
 
@@ -560,7 +540,7 @@ impl<'m> Runtime<'m> {
         let replies = std::mem::take(&mut ep.replies);
         let meter = meter_for(self.models, self.settings, &ep.fit);
         if let Err(e) = ep.program.submit(replies, meter.as_ref()) {
-            return self.fail_episode(key, format!("protocol rejected the turns: {e}"));
+            return self.fail_episode(key, EngineError::ProtocolRejected(e));
         }
         if !ep.program.is_done() {
             let requests = ep.program.pending();
@@ -579,15 +559,15 @@ impl<'m> Runtime<'m> {
                 }
                 record
             })
-            .map_err(|err| err.to_string())
+            .map_err(EngineError::Finish)
             .and_then(|record| {
                 record
                     .to_json()
                     .map(|json| (json, record.turns(), tokens))
-                    .map_err(|err| err.to_string())
+                    .map_err(EngineError::RecordJson)
             });
         self.stats.episodes_done.fetch_add(1, Ordering::Relaxed);
-        let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result, draining: false });
+        let _ = e.results.send(EpisodeOutcome { episode_id: e.id, result });
     }
 
     /// Swaps in weights for agents whose turns in flight have all finished.
@@ -696,6 +676,7 @@ impl<'m> Runtime<'m> {
                     Err(e) => {
                         // A failing step poisons every sequence of this batch: fail their episodes.
                         tracing::error!(error = %e, "decode step failed");
+                        let e = Arc::new(e);
                         let lost: Vec<u64> = self
                             .seqs
                             .iter()
@@ -705,7 +686,7 @@ impl<'m> Runtime<'m> {
                         for id in lost {
                             let s = self.seqs.remove(&id).expect("listed");
                             self.release(&s);
-                            self.fail_episode(s.episode, format!("decode failed: {e}"));
+                            self.fail_episode(s.episode, EngineError::DecodeFailed(Arc::clone(&e)));
                         }
                         self.batchers[b] = new_batcher(self.models, self.settings, b);
                     }
