@@ -32,18 +32,38 @@ pub fn write_atomic_with(
     write_with_mode(path, SHARED, fill)
 }
 
+/// Like [`write_atomic_with`], for a library that opens the file itself (the safetensors
+/// writer): `fill` writes the temporary sibling at the path it is given, which is then synced
+/// and renamed like any other.
+pub fn write_atomic_at(
+    path: &Path,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = parent(path);
+    let tmp = temporary_sibling(path, SHARED)?;
+    fill(tmp.path())?;
+    // The writer reopened the same file: syncing this handle syncs what it wrote.
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    sync_dir(dir)
+}
+
+fn temporary_sibling(path: &Path, mode: u32) -> std::io::Result<tempfile::NamedTempFile> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(Permissions::from_mode(mode))
+        .tempfile_in(parent(path))
+}
+
 fn write_with_mode(
     path: &Path,
     mode: u32,
     fill: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let dir = parent(path);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .permissions(Permissions::from_mode(mode))
-        .tempfile_in(dir)?;
+    let tmp = temporary_sibling(path, mode)?;
     {
         let mut w = BufWriter::new(tmp.as_file());
         fill(&mut w)?;
@@ -119,6 +139,24 @@ mod tests {
         assert_eq!(err.to_string(), "disk full");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(entries(dir.path()), ["w.bin"]);
+    }
+
+    #[test]
+    fn a_writer_given_a_path_replaces_the_file_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        write_atomic(&path, b"old").unwrap();
+        // A library that creates the file itself at the path it is given.
+        write_atomic_at(&path, |tmp| std::fs::write(tmp, b"new")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let err = write_atomic_at(&path, |tmp| {
+            std::fs::write(tmp, b"ha")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "disk full");
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(entries(dir.path()), ["model.safetensors"]);
     }
 
     #[test]

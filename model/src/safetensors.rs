@@ -1,14 +1,13 @@
-//! Reading and writing the safetensors format (an 8-byte header length, a JSON header, raw data).
-//! Files are memory-mapped; each tensor is copied out only when asked for.
+//! Safetensors checkpoints through the `safetensors` crate (the format's own validation: header,
+//! offsets that tile the data section, sizes that match shape and dtype), memory-mapped, each
+//! tensor copied out only when asked for; written atomically and streamed, one tensor at a time.
 use crate::error::{ModelError, Result};
 use memmap2::Mmap;
-use serde_json::{Map, Value};
-use std::collections::BTreeMap;
-use std::io::Write;
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
-
-const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
@@ -26,36 +25,52 @@ pub struct SafeTensorsFile {
     metadata: BTreeMap<String, String>,
 }
 
-fn kind_from_dtype(dtype: &str) -> Option<Kind> {
-    Some(match dtype {
-        "F32" => Kind::Float,
-        "BF16" => Kind::BFloat16,
-        "F16" => Kind::Half,
-        "F64" => Kind::Double,
-        "I64" => Kind::Int64,
-        "I32" => Kind::Int,
-        "I16" => Kind::Int16,
-        "I8" => Kind::Int8,
-        "U8" => Kind::Uint8,
-        "BOOL" => Kind::Bool,
-        _ => return None,
-    })
+/// The dtypes both libtorch and the format have, each way.
+const KINDS: [(Dtype, Kind); 10] = [
+    (Dtype::F32, Kind::Float),
+    (Dtype::BF16, Kind::BFloat16),
+    (Dtype::F16, Kind::Half),
+    (Dtype::F64, Kind::Double),
+    (Dtype::I64, Kind::Int64),
+    (Dtype::I32, Kind::Int),
+    (Dtype::I16, Kind::Int16),
+    (Dtype::I8, Kind::Int8),
+    (Dtype::U8, Kind::Uint8),
+    (Dtype::BOOL, Kind::Bool),
+];
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    KINDS.iter().find(|(d, _)| *d == dtype).map(|&(_, k)| k)
 }
 
-fn dtype_from_kind(kind: Kind) -> Option<&'static str> {
-    Some(match kind {
-        Kind::Float => "F32",
-        Kind::BFloat16 => "BF16",
-        Kind::Half => "F16",
-        Kind::Double => "F64",
-        Kind::Int64 => "I64",
-        Kind::Int => "I32",
-        Kind::Int16 => "I16",
-        Kind::Int8 => "I8",
-        Kind::Uint8 => "U8",
-        Kind::Bool => "BOOL",
-        _ => return None,
-    })
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    KINDS.iter().find(|(_, k)| *k == kind).map(|&(d, _)| d)
+}
+
+/// What is wrong with a file, in words a user can act on.
+fn describe(e: &SafeTensorError) -> String {
+    match e {
+        SafeTensorError::HeaderTooSmall => "the file is too short for a header".into(),
+        SafeTensorError::HeaderTooLarge | SafeTensorError::InvalidHeaderLength => {
+            "the header length does not fit the file".into()
+        }
+        SafeTensorError::InvalidHeader
+        | SafeTensorError::InvalidHeaderStart
+        | SafeTensorError::InvalidHeaderDeserialization
+        | SafeTensorError::JsonError(_) => "the header is not a JSON object of tensors".into(),
+        SafeTensorError::InvalidOffset(name) => format!(
+            "tensor `{name}` has data offsets outside its place in the data section (overlapping \
+             or leaving a gap)"
+        ),
+        SafeTensorError::TensorInvalidInfo | SafeTensorError::InvalidTensorView(..) => {
+            "a tensor's data size does not match its shape and dtype".into()
+        }
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "the data section does not end where the last tensor does (a truncated file?)".into()
+        }
+        SafeTensorError::ValidationOverflow => "a tensor's shape overflows".into(),
+        other => format!("{other:?}"),
+    }
 }
 
 impl SafeTensorsFile {
@@ -65,63 +80,19 @@ impl SafeTensorsFile {
         // SAFETY: the mapping is read-only; a checkpoint rewritten in place while we read it is
         // not supported (our own writers always write a new file and rename).
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        if mmap.len() < 8 {
-            return Err(bad(format!("file is {} bytes, too short for a header", mmap.len())));
-        }
-        let header_len = u64::from_le_bytes(mmap[..8].try_into().unwrap());
-        if header_len > MAX_HEADER_BYTES || 8 + header_len > mmap.len() as u64 {
-            return Err(bad(format!(
-                "header length {header_len} does not fit the file ({} bytes)",
-                mmap.len()
-            )));
-        }
-        let data_start = 8 + header_len as usize;
-        let header: Map<String, Value> = serde_json::from_slice(&mmap[8..data_start])
-            .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
-        let data_len = mmap.len() - data_start;
+        let (header_len, header) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| bad(describe(&e)))?;
         let mut tensors = BTreeMap::new();
-        let mut metadata = BTreeMap::new();
-        for (name, entry) in header {
-            if name == "__metadata__" {
-                if let Value::Object(m) = entry {
-                    for (k, v) in m {
-                        if let Value::String(s) = v {
-                            metadata.insert(k, s);
-                        }
-                    }
-                }
-                continue;
-            }
-            let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("?");
-            let kind = kind_from_dtype(dtype)
-                .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {dtype}")))?;
-            let shape: Vec<i64> = entry
-                .get("shape")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_i64).collect())
-                .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?;
-            let offsets: Vec<u64> = entry
-                .get("data_offsets")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default();
-            let (start, end) = match offsets[..] {
-                [s, e] if s <= e && e <= data_len as u64 => (s as usize, e as usize),
-                _ => return Err(bad(format!("tensor `{name}` has data offsets {offsets:?} outside the {data_len}-byte data section"))),
-            };
-            let numel: i64 = shape.iter().product();
-            if shape.iter().any(|&d| d < 0)
-                || numel as usize * kind.elt_size_in_bytes() != end - start
-            {
-                return Err(bad(format!(
-                    "tensor `{name}` of shape {shape:?} and dtype {dtype} needs {} bytes but has {}",
-                    numel.max(0) as usize * kind.elt_size_in_bytes(),
-                    end - start
-                )));
-            }
+        for (name, info) in header.tensors() {
+            let kind = kind_of(info.dtype).ok_or_else(|| {
+                bad(format!("tensor `{name}` has unsupported dtype {:?}", info.dtype))
+            })?;
+            let (start, end) = info.data_offsets;
+            let shape = info.shape.iter().map(|&d| d as i64).collect();
             tensors.insert(name, TensorInfo { kind, shape, start, end });
         }
-        Ok(Self { path: path.to_path_buf(), mmap, data_start, tensors, metadata })
+        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+        Ok(Self { path: path.to_path_buf(), mmap, data_start: 8 + header_len, tensors, metadata })
     }
 
     pub fn path(&self) -> &Path {
@@ -151,56 +122,62 @@ impl SafeTensorsFile {
     }
 }
 
-/// Writes tensors to `path` atomically (temporary file in the same folder, fsync, rename).
-/// Tensors are moved to the CPU and made contiguous; the header carries `format: pt` as
-/// `transformers` expects.
+/// A contiguous CPU tensor as the writer sees it: its bytes are read where they lie.
+struct Contiguous {
+    tensor: Tensor,
+    dtype: Dtype,
+    shape: Vec<usize>,
+}
+
+impl View for &Contiguous {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let n = self.data_len();
+        if n == 0 {
+            return Cow::Borrowed(&[]);
+        }
+        // SAFETY: a contiguous CPU tensor of n bytes, alive and unchanged while borrowed.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.tensor.data_ptr() as *const u8, n) })
+    }
+
+    fn data_len(&self) -> usize {
+        self.tensor.numel() * self.tensor.kind().elt_size_in_bytes()
+    }
+}
+
+/// Writes tensors to `path` atomically (`comas_files`), one tensor at a time. Tensors are moved
+/// to the CPU and made contiguous; the header carries `format: pt` as `transformers` expects.
 pub fn write(
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut header = Map::new();
-    let mut meta = Map::new();
-    meta.insert("format".into(), Value::String("pt".into()));
-    for (k, v) in metadata {
-        meta.insert(k.clone(), Value::String(v.clone()));
-    }
-    header.insert("__metadata__".into(), Value::Object(meta));
-    let mut offset = 0usize;
-    let mut cpu = Vec::with_capacity(tensors.len());
+    let mut meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    meta.extend(metadata.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut views: BTreeMap<&str, Contiguous> = BTreeMap::new();
     for (name, t) in tensors {
-        let t = t.to_device(tch::Device::Cpu).contiguous();
-        let kind = t.kind();
-        let dtype = dtype_from_kind(kind).ok_or_else(|| {
+        let tensor = t.to_device(tch::Device::Cpu).contiguous();
+        let kind = tensor.kind();
+        let dtype = dtype_of(kind).ok_or_else(|| {
             ModelError::Weights(format!("cannot save tensor `{name}` of kind {kind:?}"))
         })?;
-        let nbytes = t.numel() * kind.elt_size_in_bytes();
-        let mut entry = Map::new();
-        entry.insert("dtype".into(), Value::String(dtype.into()));
-        entry.insert("shape".into(), Value::from(t.size()));
-        entry.insert("data_offsets".into(), Value::from(vec![offset, offset + nbytes]));
-        if header.insert(name.clone(), Value::Object(entry)).is_some() {
+        let shape = tensor.size().iter().map(|&d| d as usize).collect();
+        if views.insert(name, Contiguous { tensor, dtype, shape }).is_some() {
             return Err(ModelError::Weights(format!("tensor `{name}` given twice")));
         }
-        offset += nbytes;
-        cpu.push(t);
     }
-    let mut header_bytes = serde_json::to_vec(&Value::Object(header)).expect("header serializes");
-    while header_bytes.len() % 8 != 0 {
-        header_bytes.push(b' ');
-    }
-    write_atomic(path, |w| {
-        w.write_all(&(header_bytes.len() as u64).to_le_bytes())?;
-        w.write_all(&header_bytes)?;
-        let mut buf = Vec::new();
-        for t in &cpu {
-            let n = t.numel();
-            buf.resize(n * t.kind().elt_size_in_bytes(), 0);
-            t.f_copy_data_u8(&mut buf, n).map_err(std::io::Error::other)?;
-            w.write_all(&buf)?;
-        }
-        Ok(())
+    comas_files::write_atomic_at(path, |tmp| {
+        safetensors::tensor::serialize_to_file(views.iter().map(|(&n, v)| (n, v)), &Some(meta), tmp)
+            .map_err(|e| std::io::Error::other(describe(&e)))
     })
+    .map_err(|e| ModelError::io(path, e))
 }
 
 /// Writes a file atomically (`comas_files`: a reader never sees a half-written file, and the
@@ -253,6 +230,6 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
         let err = SafeTensorsFile::open(&path).err().unwrap().to_string();
-        assert!(err.contains("outside"), "{err}");
+        assert!(err.contains("a truncated file?"), "{err}");
     }
 }
