@@ -98,9 +98,11 @@ async fn a_worker_killed_mid_step_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timed_out_leases_are_copied_and_only_one_result_counts() {
     let dir = tempfile::tempdir().unwrap();
-    // 400-token turns: an episode takes seconds here, well past the 1 s lease timeout even on a
-    // fast, idle machine (150-token turns finished inside it when the test ran alone).
-    let c = Cluster::with_flags(dir.path(), 2, 400, &["--episode-timeout-secs", "1"], false);
+    // Each result comes 1.5 s late, past the 1 s lease timeout on any hardware.
+    let mut c = Cluster::with_flags(dir.path(), 0, 24, &["--episode-timeout-secs", "1"], false);
+    for _ in 0..2 {
+        c.add_worker_with(&[("COMAS_WORKER_FAULT", "slow-result:1500")]);
+    }
     let id = c.submit().await;
     c.finished(&id).await;
     c.check_complete_run().await;
@@ -333,7 +335,13 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
     drop(calm);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut c = Cluster::build(dir.path(), 2, 40, &[], false, CHAOS_STEPS, &flags);
+    // Each result a second late: the job outlasts the kills on any hardware (it changes when
+    // results come, not what they hold).
+    let slow = [("COMAS_WORKER_FAULT", "slow-result:1000")];
+    let mut c = Cluster::build(dir.path(), 0, 40, &[], false, CHAOS_STEPS, &flags);
+    for _ in 0..2 {
+        c.add_worker_with(&slow);
+    }
     let id = c.submit().await;
     // COMAS_CHAOS_SEED replays another schedule of kills (to hunt for failures by hand).
     let seed = std::env::var("COMAS_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
@@ -370,7 +378,7 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
         match v {
             0 => c.start_coordinator(),
             1 | 2 => c.start_learner(v - 1),
-            _ => c.workers[v - 3] = c.worker(v - 3, &[]),
+            _ => c.workers[v - 3] = c.worker(v - 3, &slow),
         }
     }
     eprintln!("killed: {killed:?}");

@@ -276,6 +276,7 @@ impl RolloutWorker for WorkerService {
         let mut stopping = self.stopping.clone();
         let mut failed = self.engine_failed.clone();
         let (out_tx, out_rx) = tmpsc::channel::<Result<pb::EpisodeResult, Status>>(64);
+        let fault = crate::engine::fault_from_env();
         tokio::spawn(async move {
             let (res_tx, mut res_rx) = tmpsc::unbounded_channel::<EpisodeOutcome>();
             let mut outstanding = 0usize;
@@ -325,6 +326,15 @@ impl RolloutWorker for WorkerService {
                     },
                     Some(outcome) = res_rx.recv() => {
                         outstanding -= 1;
+                        if let Some(crate::engine::Fault::SlowResult(ms)) = fault {
+                            // Sent later from its own task: the stream stays open until then.
+                            let (out_tx, result) = (out_tx.clone(), result_of(outcome));
+                            tokio::spawn(async move {
+                                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                                let _ = out_tx.send(Ok(result)).await;
+                            });
+                            continue;
+                        }
                         if out_tx.send(Ok(result_of(outcome))).await.is_err() {
                             cancel(&engine);
                             return;

@@ -7,7 +7,8 @@
 /// `slow-swap:S` waits S seconds between receiving a weight version and swapping it in,
 /// `stale-weights:1` takes every new version's number but keeps decoding with the weights it
 /// loaded (a broadcast that never reaches the models, for the test that training changes what
-/// the workers sample).
+/// the workers sample), `slow-result:MS` reports each finished episode MS milliseconds late (a
+/// slow machine, whatever the hardware: the tests of lease timeouts and of kills mid-job).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
     StepPanic(u64),
@@ -16,6 +17,7 @@ pub(crate) enum Fault {
     SlowLoad(u64),
     SlowSwap(u64),
     StaleWeights,
+    SlowResult(u64),
 }
 
 pub(crate) fn fault_from_env() -> Option<Fault> {
@@ -29,6 +31,7 @@ pub(crate) fn fault_from_env() -> Option<Fault> {
         "slow-load" => Some(Fault::SlowLoad(n)),
         "slow-swap" => Some(Fault::SlowSwap(n)),
         "stale-weights" => Some(Fault::StaleWeights),
+        "slow-result" => Some(Fault::SlowResult(n)),
         _ => None,
     }
 }
