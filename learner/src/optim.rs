@@ -2,6 +2,7 @@
 //! trains in bf16/f16), plus global gradient-norm clipping.
 //! Every in-place update checks its result: a failed one is an error, never a skipped update
 //! (`let _ = t.f_op_(..)?` drops the returned handle to the same storage; `?` passes the error on).
+use comas_model::foreach::{self, AdamWStep};
 use std::collections::BTreeMap;
 use tch::{Kind, TchError, Tensor};
 
@@ -50,16 +51,23 @@ impl AdamW {
         Ok(())
     }
 
-    /// sqrt(sum of squared gradient norms), in f64.
+    /// sqrt(sum of squared gradient norms), in f64: each parameter's sum on its device, then one
+    /// copy of them all to the host (one wait for the device, not one per parameter), added up
+    /// there in parameter order.
     pub fn grad_norm(&self) -> f64 {
-        let mut total = 0.0f64;
-        for (_, p) in &self.params {
-            let g = p.grad();
-            if g.defined() {
-                total += g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
-            }
+        let sums: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|(_, p)| p.grad())
+            .filter(Tensor::defined)
+            .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double))
+            .collect();
+        if sums.is_empty() {
+            return 0.0;
         }
-        total.sqrt()
+        let host = Tensor::stack(&sums, 0).to_device(tch::Device::Cpu);
+        let sums = Vec::<f64>::try_from(&host).expect("f64 gradient sums");
+        sums.iter().sum::<f64>().sqrt()
     }
 
     /// Scales gradients so their global norm is at most `max_norm` (given the measured `norm`).
@@ -76,34 +84,41 @@ impl AdamW {
         Ok(())
     }
 
+    /// One update of every parameter that has a gradient, all in one foreach call
+    /// (`comas_model::foreach`), then the bf16/f16 parameters copied from their f32 masters.
     pub fn step(&mut self, lr: f64) -> Result<(), TchError> {
         let _g = tch::no_grad_guard();
         self.steps += 1;
         let k = self.steps as i32;
         let (b1, b2) = self.betas;
-        let (bc1, bc2) = (1.0 - b1.powi(k), 1.0 - b2.powi(k));
-        for i in 0..self.params.len() {
-            let p = &self.params[i].1;
-            let g = p.grad();
-            if !g.defined() {
+        let (mut w, mut g, mut m, mut v, mut copies) = (vec![], vec![], vec![], vec![], vec![]);
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            let grad = p.grad();
+            if !grad.defined() {
                 continue;
             }
-            let g = g.f_to_kind(Kind::Float)?;
-            let mut w = match &self.master[i] {
-                Some(m) => m.shallow_clone(),
+            let weights = match &self.master[i] {
+                Some(master) => {
+                    copies.push((p.shallow_clone(), master.shallow_clone()));
+                    master.shallow_clone()
+                }
                 None => p.shallow_clone(),
             };
-            if self.weight_decay != 0.0 {
-                let _ = w.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
-            }
-            let _ = self.m[i].f_mul_scalar_(b1)?.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
-            let _ = self.v[i].f_mul_scalar_(b2)?.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
-            let denom = self.v[i].f_div_scalar(bc2)?.f_sqrt()?.f_add_scalar(self.eps)?;
-            let update = self.m[i].f_div_scalar(bc1)?.f_div(&denom)?.f_mul_scalar(lr)?;
-            let _ = w.f_sub_(&update)?;
-            if self.master[i].is_some() {
-                let _ = p.shallow_clone().f_copy_(&w)?;
-            }
+            w.push(weights);
+            g.push(grad);
+            m.push(self.m[i].shallow_clone());
+            v.push(self.v[i].shallow_clone());
+        }
+        let step = AdamWStep {
+            lr,
+            betas: (b1, b2),
+            bias_corrections: (1.0 - b1.powi(k), 1.0 - b2.powi(k)),
+            eps: self.eps,
+            decay: if self.weight_decay != 0.0 { 1.0 - lr * self.weight_decay } else { 1.0 },
+        };
+        foreach::adamw(&w, &g, &m, &v, step).map_err(|e| TchError::Torch(e.to_string()))?;
+        for (mut p, master) in copies {
+            let _ = p.f_copy_(&master)?;
         }
         Ok(())
     }
@@ -203,6 +218,58 @@ mod tests {
         let got = Vec::<f32>::try_from(&p.detach()).unwrap();
         for (a, b) in got.iter().zip(want) {
             assert!((*a as f64 - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+
+    /// The per-parameter loop the foreach update replaced, operation for operation.
+    fn loop_step(p: &[Tensor], g: &[Tensor], m: &[Tensor], v: &[Tensor], k: i32, lr: f64) {
+        let (b1, b2, eps, wd) = (0.9, 0.95, 1e-8, 0.1);
+        let (bc1, bc2) = (1.0 - f64::powi(b1, k), 1.0 - f64::powi(b2, k));
+        for i in 0..p.len() {
+            let mut w = p[i].shallow_clone();
+            let (mut mi, mut vi) = (m[i].shallow_clone(), v[i].shallow_clone());
+            w.f_mul_scalar_(1.0 - lr * wd).unwrap();
+            mi.f_mul_scalar_(b1).unwrap().f_add_(&g[i].f_mul_scalar(1.0 - b1).unwrap()).unwrap();
+            let g2 = g[i].f_square().unwrap().f_mul_scalar(1.0 - b2).unwrap();
+            vi.f_mul_scalar_(b2).unwrap().f_add_(&g2).unwrap();
+            let denom = v[i].f_div_scalar(bc2).unwrap().sqrt().f_add_scalar(eps).unwrap();
+            let update = m[i].f_div_scalar(bc1).unwrap().f_div(&denom).unwrap();
+            w.f_sub_(&update.f_mul_scalar(lr).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_foreach_update_equals_the_per_parameter_loop_bit_for_bit() {
+        let shapes: [&[i64]; 3] = [&[7, 5], &[5], &[3, 4, 2]];
+        let params: Vec<Tensor> = shapes
+            .iter()
+            .map(|s| Tensor::randn(*s, (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
+            .collect();
+        let named = params.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.shallow_clone()));
+        let mut opt = AdamW::new(named.collect(), (0.9, 0.95), 1e-8, 0.1);
+        let plain: Vec<Tensor> = params.iter().map(|p| p.detach().copy()).collect();
+        let zeros = |t: &Tensor| t.zeros_like();
+        let (m, v): (Vec<Tensor>, Vec<Tensor>) = plain.iter().map(|p| (zeros(p), zeros(p))).unzip();
+        for k in 1..=3 {
+            let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
+            // d/dp Σ p·g = g exactly.
+            opt.zero_grad().unwrap();
+            let loss = params
+                .iter()
+                .zip(&grads)
+                .map(|(p, g)| (p * g).sum(Kind::Float))
+                .reduce(|a, b| a + b)
+                .unwrap();
+            loss.backward();
+            opt.step(1e-2).unwrap();
+            tch::no_grad(|| loop_step(&plain, &grads, &m, &v, k, 1e-2));
+            for (a, b) in params.iter().zip(&plain) {
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    let t = t.detach().view([-1]);
+                    Vec::<f32>::try_from(&t).unwrap().iter().map(|x| x.to_bits()).collect()
+                };
+                assert_eq!(bits(a), bits(b), "step {k}");
+            }
         }
     }
 

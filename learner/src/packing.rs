@@ -39,23 +39,20 @@ pub(crate) fn token_temperatures(
 pub(crate) fn pack(batch: &[&Experience], vocab: i64, device: Device) -> Packed {
     let seqs: Vec<Vec<i64>> =
         batch.iter().map(|e| [e.prompt_ids.as_slice(), &e.completion_ids].concat()).collect();
+    // Each guided token's position among the gathered ones, and its (row, allowed id) pairs.
     let (mut rows, mut allowed) = (Vec::new(), Vec::new());
     let mut offset = 0i64;
     for e in batch {
         for c in &e.constrained {
+            let row = rows.len() as i64;
             rows.push(offset + c.position as i64);
-            let mut m = vec![false; vocab as usize];
-            c.allowed.iter().for_each(|&t| m[t as usize] = true);
-            allowed.extend(m);
+            allowed.extend(c.allowed.iter().map(|&t| (row, t)));
         }
         offset += e.completion_ids.len() as i64;
     }
     let constrained = (!rows.is_empty()).then(|| {
         let n = rows.len() as i64;
-        (
-            Tensor::from_slice(&rows).to_device(device),
-            Tensor::from_slice(&allowed).view([n, vocab]).to_device(device),
-        )
+        (Tensor::from_slice(&rows).to_device(device), mask::from_pairs(n, vocab, allowed, device))
     });
     let (ids, valid) = mask::right_pad(&seqs, 0, device);
     let width = ids.size()[1];

@@ -25,6 +25,34 @@ pub struct PublishedWeights {
     pub tensors: Vec<PublishedTensor>,
 }
 
+/// A private, contiguous host copy of a tensor, served as bytes where it lies: in page-locked
+/// memory when the tensor is on a GPU (the copy off the device runs at full speed and is not
+/// copied again into a `Vec`).
+struct HostCopy(Tensor);
+
+impl HostCopy {
+    fn of(t: &Tensor) -> Self {
+        let mut host = Tensor::empty(t.size(), (t.kind(), Device::Cpu));
+        if t.device() != Device::Cpu {
+            host = host.pin_memory(t.device());
+        }
+        host.copy_(t);
+        Self(host)
+    }
+}
+
+impl AsRef<[u8]> for HostCopy {
+    fn as_ref(&self) -> &[u8] {
+        let n = self.0.numel() * self.0.kind().elt_size_in_bytes();
+        if n == 0 {
+            return &[];
+        }
+        // SAFETY: the tensor is a contiguous CPU tensor of n bytes that this value owns and
+        // nothing writes to after `of` returned.
+        unsafe { std::slice::from_raw_parts(self.0.data_ptr() as *const u8, n) }
+    }
+}
+
 impl PublishedWeights {
     /// Copies the trainable weights (the adapter only, for LoRA) to host memory.
     pub fn snapshot(trainer: &Trainer, version: u64) -> Self {
@@ -37,18 +65,11 @@ impl PublishedWeights {
         let tensors = named
             .into_iter()
             .map(|(name, t)| {
-                let t: Tensor = t.detach().to_device(Device::Cpu).contiguous();
-                let n = t.numel();
-                let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
-                t.copy_data_u8(&mut bytes, n);
+                let host = HostCopy::of(&t.detach());
+                let (dtype, shape) = (kind_name(host.0.kind()).to_string(), host.0.size());
+                let bytes = comas_proto::bytes::Bytes::from_owner(host);
                 let crc32 = crc32fast::hash(&bytes);
-                PublishedTensor {
-                    name,
-                    dtype: kind_name(t.kind()).to_string(),
-                    shape: t.size(),
-                    bytes: bytes.into(),
-                    crc32,
-                }
+                PublishedTensor { name, dtype, shape, bytes, crc32 }
             })
             .collect();
         Self { version, lora, dtype: kind_name(kind).to_string(), tensors }

@@ -649,45 +649,72 @@ impl Trainer {
                         }
                     };
                     let tl = policy_loss(&logp, &old_t, &adv_t, &cfg);
-                    let pg = match behaviour {
+                    // Truncated importance sampling: the weighted loss, and the weights' masked
+                    // sum and the masked count of those at the cap (for the report).
+                    let (pg, tis_figures) = match behaviour {
                         Some(b) => {
                             let w = tis_weights(&old_t, &cat(&|i| b[i].clone()), cfg.tis_cap);
-                            tch::no_grad(|| {
-                                tis_sum += (&w * &mask_t).sum(Kind::Float).double_value(&[]);
-                                tis_cut += (w.ge(cfg.tis_cap).to_kind(Kind::Float) * &mask_t)
-                                    .sum(Kind::Float)
-                                    .double_value(&[]);
+                            let figures = tch::no_grad(|| {
+                                vec![
+                                    (&w * &mask_t).sum(Kind::Float),
+                                    (w.ge(cfg.tis_cap).to_kind(Kind::Float) * &mask_t)
+                                        .sum(Kind::Float),
+                                ]
                             });
-                            aggregate(&(&tl.pg * w))
+                            (aggregate(&(&tl.pg * w)), figures)
                         }
-                        None => aggregate(&tl.pg),
+                        None => (aggregate(&tl.pg), Vec::new()),
                     };
                     let mut loss = pg.shallow_clone();
+                    let mut kl_l = None;
                     if let (true, Some(r)) = (cfg.kl_in_loss && cfg.kl_coef > 0.0, reference) {
                         let ref_t = cat(&|i| r[i].clone());
-                        let k = kl_tensor(cfg.kl_estimator, &logp, &ref_t);
-                        let kl_l = aggregate(&k);
-                        kl_total += kl_l.double_value(&[]);
-                        loss = loss + kl_l * cfg.kl_coef;
+                        let kl = aggregate(&kl_tensor(cfg.kl_estimator, &logp, &ref_t));
+                        loss = loss + &kl * cfg.kl_coef;
+                        kl_l = Some(kl);
                     }
                     let lv = loss.double_value(&[]);
                     if !lv.is_finite() {
+                        // The importance weights of a skipped micro-batch still count.
+                        if let [sum, cut] = host_scalars(&tis_figures)[..] {
+                            (tis_sum, tis_cut) = (tis_sum + sum, tis_cut + cut);
+                        }
                         drop(ckpt);
                         self.skip_step(&mut report, &mut first_skip, format!("loss ({lv})"))?;
                         continue 'steps;
                     }
-                    pg_total += pg.double_value(&[]);
                     loss.backward();
                     if let Some(c) = ckpt {
                         c.backward();
                     }
-                    tch::no_grad(|| {
-                        clip_sum += (&tl.clipped * &mask_t).sum(Kind::Float).double_value(&[]);
-                        akl_sum += ((&old_t - &logp) * &mask_t).sum(Kind::Float).double_value(&[]);
-                        if let Some(e) = &entropy {
-                            ent_sum += (e * &mask_t).sum(Kind::Float).double_value(&[]);
-                        }
+                    // Every figure of the micro-batch in one copy to the host (one wait for
+                    // the device instead of one per figure), added up there in the same order.
+                    let figures = tch::no_grad(|| {
+                        let mut f = vec![
+                            pg.detach(),
+                            (&tl.clipped * &mask_t).sum(Kind::Float),
+                            ((&old_t - &logp) * &mask_t).sum(Kind::Float),
+                        ];
+                        f.extend(kl_l.as_ref().map(Tensor::detach));
+                        f.extend(entropy.as_ref().map(|e| (e * &mask_t).sum(Kind::Float)));
+                        f.extend(tis_figures);
+                        f
                     });
+                    let mut host = host_scalars(&figures).into_iter();
+                    let mut next = || host.next().expect("one host value per figure");
+                    pg_total += next();
+                    clip_sum += next();
+                    akl_sum += next();
+                    if kl_l.is_some() {
+                        kl_total += next();
+                    }
+                    if entropy.is_some() {
+                        ent_sum += next();
+                    }
+                    if behaviour.is_some() {
+                        tis_sum += next();
+                        tis_cut += next();
+                    }
                     tok_sum += mb_tokens;
                 }
                 let norm = self.optim.grad_norm();
@@ -738,4 +765,15 @@ impl Trainer {
         report.grad_norm_max = norms.iter().copied().fold(0.0, f64::max);
         Ok(report)
     }
+}
+
+/// The values of 0-dim f32 tensors, in one copy to the host: each is the f64 that
+/// `double_value` would give, for one wait on the device instead of one per tensor.
+fn host_scalars(ts: &[Tensor]) -> Vec<f64> {
+    if ts.is_empty() {
+        return Vec::new();
+    }
+    let flat: Vec<Tensor> = ts.iter().map(|t| t.to_kind(Kind::Float).reshape([1])).collect();
+    let host = Tensor::cat(&flat, 0).to_device(Device::Cpu);
+    Vec::<f32>::try_from(&host).expect("f32 figures").into_iter().map(f64::from).collect()
 }

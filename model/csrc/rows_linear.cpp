@@ -8,13 +8,16 @@
 // threads. So a row decodes to the same bits alone or beside 63 others.
 //
 // Two instruction sets: AVX-512F (16 lanes) and AVX2+FMA (8 lanes). The choice is made once per
-// process, so every call of a process sums in the same order.
+// process, so every call of a process sums in the same order. Off x86-64 (Grace, Graviton) the
+// kernels are not compiled: the shim reports no instruction set and callers use aten.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -41,6 +44,7 @@ Isa isa() {
 
 bool supported(Isa wanted) { return wanted == Isa::Avx2 ? isa() != Isa::None : wanted == isa(); }
 
+#if defined(__x86_64__)
 // R input rows times kOut weight rows; `out[r * kOut + o]` receives the dot products.
 template <int R>
 __attribute__((target("avx512f"))) void tile_avx512(const float* const* xr, const float* const* wr, int64_t k, float* out) {
@@ -141,6 +145,13 @@ void run(const float* x, const float* w, const float* b, float* y, int64_t rows,
     }
   });
 }
+
+#else
+
+// Never reached: isa() is None off x86-64, and comas_rows_linear refuses before calling it.
+void run(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, Isa) {}
+
+#endif  // __x86_64__
 
 char* copy_message(const char* what) {
   size_t n = std::strlen(what);

@@ -6,6 +6,7 @@ pub mod config;
 pub mod decode_linear;
 pub mod dtype;
 pub mod error;
+pub mod foreach;
 pub mod generate;
 pub mod guide;
 pub mod kv_cache;

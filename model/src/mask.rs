@@ -57,9 +57,52 @@ pub fn right_pad(seqs: &[Vec<i64>], pad_id: i64, device: Device) -> (Tensor, Ten
     )
 }
 
+/// A [rows, width] boolean mask on `device`, true at each listed (row, column) pair; pairs
+/// outside the shape are left out. Only the pairs are copied to the device, never a
+/// rows × width buffer made on the host (a batch × vocabulary mask is megabytes a step).
+pub fn from_pairs(
+    rows: i64,
+    width: i64,
+    pairs: impl IntoIterator<Item = (i64, i64)>,
+    device: Device,
+) -> Tensor {
+    let (mut at, mut cols): (Vec<i64>, Vec<i64>) = pairs
+        .into_iter()
+        .filter(|&(r, c)| (0..rows).contains(&r) && (0..width).contains(&c))
+        .unzip();
+    let mut m = Tensor::zeros([rows, width], (Kind::Bool, device));
+    if at.is_empty() {
+        return m;
+    }
+    let n = at.len() as i64;
+    at.append(&mut cols);
+    let at = Tensor::from_slice(&at).view([2, n]).to_device(device);
+    let _ = m.index_put_(
+        &[Some(at.get(0)), Some(at.get(1))],
+        &Tensor::from(true).to_device(device),
+        false,
+    );
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_from_pairs_marks_exactly_the_pairs_in_its_shape() {
+        let pairs = [(0, 1), (2, 4), (2, 0), (1, 9), (-1, 0), (3, 0), (0, 1)];
+        let m = from_pairs(3, 5, pairs, Device::Cpu);
+        assert_eq!(m.size(), [3, 5]);
+        let got = Vec::<bool>::try_from(&m.view([-1])).unwrap();
+        let mut want = vec![false; 15];
+        for (r, c) in [(0, 1), (2, 4), (2, 0)] {
+            want[r * 5 + c] = true;
+        }
+        assert_eq!(got, want);
+        let none = from_pairs(2, 3, [(5, 5)], Device::Cpu);
+        assert_eq!(Vec::<bool>::try_from(&none.view([-1])).unwrap(), vec![false; 6]);
+    }
 
     fn bools(t: &Tensor) -> Vec<bool> {
         Vec::<bool>::try_from(t.flatten(0, -1)).unwrap()

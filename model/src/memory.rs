@@ -32,25 +32,38 @@ fn cpu_total() -> Option<u64> {
 
 type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> i32;
 type SetDevice = unsafe extern "C" fn(i32) -> i32;
+type GetDevice = unsafe extern "C" fn(*mut i32) -> i32;
 
+/// `cudaMemGetInfo` answers for the calling thread's current device: the thread's device is
+/// switched to `index` for the question and then set back, so that the thread that owns a
+/// model on another device (or libtorch's own guard) finds it as it was.
 fn cuda_total(index: usize) -> Option<u64> {
-    // SAFETY: dlsym with RTLD_DEFAULT only looks symbols up; the two are called with the
-    // signatures the CUDA runtime API documents, and only when both were found.
+    // SAFETY: dlsym with RTLD_DEFAULT only looks symbols up; the three are called with the
+    // signatures the CUDA runtime API documents, and only when all were found.
     unsafe {
-        let get = libc::dlsym(libc::RTLD_DEFAULT, c"cudaMemGetInfo".as_ptr());
-        let set = libc::dlsym(libc::RTLD_DEFAULT, c"cudaSetDevice".as_ptr());
-        if get.is_null() || set.is_null() {
+        let find = |name: &std::ffi::CStr| {
+            let f = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr());
+            (!f.is_null()).then_some(f)
+        };
+        let get = find(c"cudaMemGetInfo")?;
+        let set = find(c"cudaSetDevice")?;
+        let current = find(c"cudaGetDevice")?;
+        let get = std::mem::transmute::<*mut libc::c_void, MemGetInfo>(get);
+        let set = std::mem::transmute::<*mut libc::c_void, SetDevice>(set);
+        let current = std::mem::transmute::<*mut libc::c_void, GetDevice>(current);
+        let mut before = 0i32;
+        if current(&mut before) != 0 {
             return None;
         }
-        let (get, set): (MemGetInfo, SetDevice) = (
-            std::mem::transmute::<*mut libc::c_void, MemGetInfo>(get),
-            std::mem::transmute::<*mut libc::c_void, SetDevice>(set),
-        );
-        if set(index as i32) != 0 {
+        if before != index as i32 && set(index as i32) != 0 {
             return None;
         }
         let (mut free, mut total) = (0usize, 0usize);
-        (get(&mut free, &mut total) == 0).then_some(total as u64)
+        let ok = get(&mut free, &mut total) == 0;
+        if before != index as i32 {
+            set(before);
+        }
+        ok.then_some(total as u64)
     }
 }
 

@@ -120,57 +120,45 @@ pub fn sample<R: rand::RngCore>(
     assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");
     let device = logits.device();
     let mut logits = logits.to_kind(Kind::Float);
-    let mask = |rows: &dyn Fn(usize, &mut [bool])| -> Tensor {
-        let mut m = vec![false; (b * v) as usize];
-        for (row, chunk) in m.chunks_mut(v as usize).enumerate() {
-            rows(row, chunk);
-        }
-        Tensor::from_slice(&m).view([b, v]).to_device(device)
-    };
     if allow.iter().any(Option::is_some) {
-        let m = mask(&|row, r| {
-            if let Some(ids) = allow[row] {
-                r.fill(true);
-                ids.iter()
-                    .filter(|&&id| (0..v).contains(&id))
-                    .for_each(|&id| r[id as usize] = false);
-            }
-        });
-        logits = logits.masked_fill(&m, f64::NEG_INFINITY);
+        // Blocked: every token of a row with an allow list, except the allowed ones.
+        let allowed = marks(b, v, device, |row| allow[row].unwrap_or(&[]));
+        let guided: Vec<bool> = allow.iter().map(Option::is_some).collect();
+        let guided = Tensor::from_slice(&guided).view([b, 1]).to_device(device);
+        logits = logits.masked_fill(&allowed.logical_not().logical_and(&guided), f64::NEG_INFINITY);
     }
     let greedy: Vec<bool> = params.iter().map(|p| p.is_greedy()).collect();
-    let temps: Vec<f32> = params
-        .iter()
-        .zip(&greedy)
-        .map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 })
-        .collect();
-    let temps = Tensor::from_slice(&temps).view([b, 1]).to_device(device);
+    let any_drawn = !greedy.iter().all(|&g| g);
+    // Each row's temperature, uniform draw and greedy flag, in one copy to the device.
+    let mut rows = Vec::with_capacity(3 * b as usize);
+    rows.extend(
+        params.iter().zip(&greedy).map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 }),
+    );
+    rows.extend(rngs.iter_mut().zip(&greedy).map(|(r, &g)| {
+        if g || !any_drawn {
+            0.0
+        } else {
+            r.gen::<f32>()
+        }
+    }));
+    rows.extend(greedy.iter().map(|&g| if g { 1f32 } else { 0.0 }));
+    let rows = Tensor::from_slice(&rows).view([3, b, 1]).to_device(device);
+    let (temps, u, greedy_t) = (rows.get(0), rows.get(1), rows.get(2).squeeze_dim(-1).gt(0.5));
     // The learner's quantity, before suppression.
     let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
     if suppress.iter().any(|s| !s.is_empty()) {
-        let m = mask(&|row, r| {
-            suppress[row]
-                .iter()
-                .filter(|&&id| (0..v).contains(&id))
-                .for_each(|&id| r[id as usize] = true)
-        });
+        let m = marks(b, v, device, |row| suppress[row]);
         logits = logits.masked_fill(&m, f64::NEG_INFINITY);
     }
     let scaled = logits / temps;
     let argmax = scaled.argmax(-1, false);
 
     // A row with top-k or top-p keeps the tokens at or above its cut and draws among them in
-    // vocabulary order, like every other row; the cut is found without sorting the vocabulary
-    // on CPU. The choice is per row, so a row's token does not depend on the rows beside it.
-    let (tokens, sampling_lp) = if greedy.iter().all(|&g| g) {
+    // vocabulary order, like every other row; the cut is found without sorting the vocabulary.
+    // The choice is per row, so a row's token does not depend on the rows beside it.
+    let (tokens, sampling_lp) = if !any_drawn {
         (argmax, Tensor::zeros([b], (Kind::Float, device)))
     } else {
-        let u: Vec<f32> = rngs
-            .iter_mut()
-            .zip(&greedy)
-            .map(|(r, &g)| if g { 0.0 } else { r.gen::<f32>() })
-            .collect();
-        let u = Tensor::from_slice(&u).view([b, 1]).to_device(device);
         let truncating =
             |p: &SamplingParams| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0;
         let scaled = if params.iter().zip(&greedy).any(|(p, &g)| !g && truncating(p)) {
@@ -178,24 +166,41 @@ pub fn sample<R: rand::RngCore>(
             let cuts = if device == Device::Cpu {
                 cuts_by_selection(&probs, params, &greedy)
             } else {
-                cuts_by_sort(&probs, params, &greedy)
+                cuts_by_top(&probs, params, &greedy)
             };
             scaled.masked_fill(&probs.lt_tensor(&cuts), f64::NEG_INFINITY)
         } else {
             scaled
         };
         let (tokens, slp) = draw_full(&scaled, &u);
-        let greedy_t = Tensor::from_slice(&greedy).to_device(device);
         (argmax.where_self(&greedy_t, &tokens), slp.masked_fill(&greedy_t, 0.0))
     };
     let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
-    let to_vec_f =
-        |t: &Tensor| Vec::<f32>::try_from(&t.to_device(Device::Cpu)).expect("f32 vector");
-    let tokens = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu)).expect("i64 vector");
-    let (lp, slp) = (to_vec_f(&lp), to_vec_f(&sampling_lp));
-    (0..b as usize)
-        .map(|i| Sampled { token: tokens[i], logprob: lp[i], sampling_logprob: slp[i] })
+    // One copy back per step: token ids are below 2^53 and f32 log-probs widen exactly.
+    let packed = Tensor::stack(
+        &[
+            tokens.to_kind(Kind::Double),
+            lp.to_kind(Kind::Double),
+            sampling_lp.to_kind(Kind::Double),
+        ],
+        0,
+    );
+    let host = Vec::<f64>::try_from(&packed.to_device(Device::Cpu).contiguous().view([-1]))
+        .expect("f64 vector");
+    let n = b as usize;
+    (0..n)
+        .map(|i| Sampled {
+            token: host[i] as i64,
+            logprob: host[n + i] as f32,
+            sampling_logprob: host[2 * n + i] as f32,
+        })
         .collect()
+}
+
+/// A [B, V] boolean mask on `device`, true at each id that `ids(row)` lists.
+fn marks<'a>(b: i64, v: i64, device: Device, ids: impl Fn(usize) -> &'a [i64]) -> Tensor {
+    let pairs = (0..b as usize).flat_map(|row| ids(row).iter().map(move |&id| (row as i64, id)));
+    crate::mask::from_pairs(b, v, pairs, device)
 }
 
 /// Inverse-CDF draws over the whole (masked) vocabulary: tokens [B] and their log-probs [B].
@@ -238,8 +243,64 @@ fn cuts_by_selection(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]
     Tensor::from_slice(&cuts).view([params.len() as i64, 1])
 }
 
-/// Each row's cut [B, 1] from the sorted distribution (on accelerators, where a sort is cheap
-/// and copying the probabilities out is not). Equal to `cuts_by_selection` up to rounding.
+/// The first window of `cuts_by_top`: wide enough for most nuclei of a trained model's
+/// distribution at the usual temperatures and top-p.
+const TOP_WINDOW: i64 = 1024;
+
+/// Each row's cut [B, 1] on an accelerator, where copying the probabilities out is slow and a
+/// sort of the whole vocabulary is wasted work: the cut is looked for among each row's
+/// largest probabilities (a top-k of a window's width), and only when some row's nucleus does
+/// not close inside the window does the window grow (×8, up to the vocabulary). Equal to
+/// `cuts_by_sort` up to the rounding of the mass the top-p share is taken of.
+fn cuts_by_top(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]) -> Tensor {
+    cuts_in_window(probs, params, greedy, TOP_WINDOW)
+}
+
+fn cuts_in_window(
+    probs: &Tensor,
+    params: &[&SamplingParams],
+    greedy: &[bool],
+    first: i64,
+) -> Tensor {
+    let (b, v) = (probs.size()[0], probs.size()[1]);
+    let device = probs.device();
+    let settings: Vec<(usize, Option<f64>)> =
+        params.iter().zip(greedy).map(|(p, &g)| cut_settings(p, g, v as usize)).collect();
+    // A row's k, and its share p (2 for none: no mass reaches it, so the row keeps its k).
+    let mut host: Vec<f32> = settings.iter().map(|&(k, _)| k as f32).collect();
+    host.extend(settings.iter().map(|&(_, p)| p.map_or(2.0, |p| p as f32)));
+    let host = Tensor::from_slice(&host).view([2, b, 1]).to_device(device);
+    let (ks, ps) = (host.get(0).to_kind(Kind::Int64), host.get(1));
+    let free = ks.ge(v).logical_and(&ps.gt(1.0));
+    let largest_k = settings.iter().map(|&(k, _)| k as i64).filter(|&k| k < v).max().unwrap_or(0);
+    let mut width = first.max(largest_k).min(v);
+    // The mass each row's share is taken of: its top-k tokens', or the whole row's.
+    let whole = probs.sum_dim_intlist(-1, true, Kind::Float);
+    loop {
+        let (top, _) = probs.topk(width, -1, true, true);
+        let ranks = Tensor::arange(width, (Kind::Int64, device)).view([1, width]);
+        let in_k = ranks.lt_tensor(&ks);
+        let top_k = top.masked_fill(&in_k.logical_not(), 0.0);
+        let mass = top_k.sum_dim_intlist(-1, true, Kind::Float).where_self(&ks.lt(v), &whole);
+        let before = top_k.cumsum(-1, Kind::Float) - &top_k;
+        let kept = before
+            .lt_tensor(&(mass * &ps))
+            .logical_and(&in_k)
+            .sum_dim_intlist(-1, true, Kind::Int64)
+            .clamp_min(1);
+        // The window holds a row's cut when the row's nucleus closed inside it or its top-k
+        // fits in it; a row without a cut keeps everything wherever the window ends.
+        let found = kept.lt(width).logical_or(&ks.le(width)).logical_or(&free);
+        if width == v || found.all().int64_value(&[]) != 0 {
+            return top.gather(-1, &(kept - 1), false).masked_fill(&free, f64::NEG_INFINITY);
+        }
+        width = (width * 8).min(v);
+    }
+}
+
+/// Each row's cut [B, 1] from the sorted distribution: the definition `cuts_by_top` and
+/// `cuts_by_selection` are tested against. Equal to `cuts_by_selection` up to rounding.
+#[cfg(test)]
 fn cuts_by_sort(probs: &Tensor, params: &[&SamplingParams], greedy: &[bool]) -> Tensor {
     let (b, v) = (probs.size()[0], probs.size()[1]);
     let device = probs.device();
@@ -551,6 +612,35 @@ mod tests {
         assert_eq!(a[3], f32::NEG_INFINITY);
         assert_eq!(b[3], min[3]);
         assert_eq!(a[4], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn the_windowed_cuts_equal_the_sorted_ones() {
+        tch::manual_seed(4);
+        // Flat rows (temperature 3) put the nucleus far past a narrow first window.
+        let probs =
+            (Tensor::randn([6, 500], (Kind::Float, Device::Cpu)) * 0.3).softmax(-1, Kind::Float);
+        let ps = [
+            SamplingParams { top_p: 0.9, ..Default::default() },
+            SamplingParams { top_k: 7, ..Default::default() },
+            SamplingParams { top_k: 300, top_p: 0.6, ..Default::default() },
+            SamplingParams::default(),
+            SamplingParams { top_p: 0.3, temperature: 0.0, ..Default::default() },
+            SamplingParams { top_p: 0.05, ..Default::default() },
+        ];
+        let params: Vec<&SamplingParams> = ps.iter().collect();
+        let greedy: Vec<bool> = ps.iter().map(SamplingParams::is_greedy).collect();
+        let sorted =
+            Vec::<f32>::try_from(&cuts_by_sort(&probs, &params, &greedy).view([-1])).unwrap();
+        for first in [2, 4, 64, 500] {
+            let w = cuts_in_window(&probs, &params, &greedy, first);
+            let w = Vec::<f32>::try_from(&w.view([-1])).unwrap();
+            for row in [0, 1, 2, 5] {
+                assert_eq!(w[row], sorted[row], "first window {first}, row {row}");
+            }
+            // Rows without a cut (none asked, or greedy) keep everything.
+            assert_eq!((w[3], w[4]), (f32::NEG_INFINITY, f32::NEG_INFINITY), "first {first}");
+        }
     }
 
     #[test]

@@ -11,18 +11,21 @@ pub const MAX_ROWS: i64 = 64;
 /// Takes ownership of a tensor handle from a shim in `csrc/`, or its error message.
 pub(crate) fn wrap(ptr: *mut C_tensor, error: *mut c_char, what: &str) -> Result<Tensor> {
     if ptr.is_null() {
-        let message = if error.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: the shim wrote a NUL-terminated malloc'd string; it is freed once, here.
-            let m = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-            unsafe { libc::free(error.cast()) };
-            m
-        };
-        return Err(ModelError::Weights(format!("{what}: {message}")));
+        return Err(ModelError::Weights(format!("{what}: {}", take_error(error))));
     }
     // SAFETY: the shim returns a fresh `new at::Tensor`, which tch's Tensor owns and deletes.
     Ok(unsafe { Tensor::from_ptr(ptr) })
+}
+
+/// The message a shim in `csrc/` left in its `error` out-parameter (malloc'd, freed here).
+pub(crate) fn take_error(error: *mut c_char) -> String {
+    if error.is_null() {
+        return "unknown error".to_string();
+    }
+    // SAFETY: the shim wrote a NUL-terminated malloc'd string; it is freed once, here.
+    let m = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { libc::free(error.cast()) };
+    m
 }
 
 /// Rows of `x` [.., in]: every dimension but the last.
