@@ -9,3 +9,8 @@ bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox r
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
 bash tests/fixtures/grade/check-math-pairs.sh   # the math grader's two corpora: their labels re-derived by the pinned PyPI math-verify
 cargo test --workspace "$@"
+# The GPU machine's check script at CPU sizes, strict (issue 43): it is run here before it ever
+# meets a GPU. .venv-ref (full torch + transformers, about a minute) is its reference.
+profile=debug
+[[ " $* " == *" --release "* ]] && profile=release
+DEVICE=cpu STRICT=1 COMAS_BIN="target/$profile/comas" OUT=target/gpu-check-cpu bash scripts/gpu-check.sh

@@ -1,4 +1,5 @@
 //! The `comas` command line.
+mod bench_cmd;
 mod client_cmd;
 mod compare;
 mod convert_cmd;
@@ -78,6 +79,9 @@ enum Command {
     Token(token_cmd::Args),
     /// Grow a trained NeuroMAS graph: a new job whose old nodes keep their adapters and optimizer state.
     Grow(grow_cmd::Args),
+    /// Time decoding or a learner step on any device (JSON lines, the fields the PyTorch
+    /// references print).
+    Bench(bench_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Command::ImportGguf(a) => import_cmd::run(a),
         Command::Token(a) => token_cmd::run(a),
         Command::Grow(a) => grow_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

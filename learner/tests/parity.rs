@@ -8,17 +8,31 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The committed fixtures: COMAS_FIXTURES where a carried test binary runs in another tree
+/// (scripts/gpu-check.sh), else this repository's.
+fn fixtures() -> PathBuf {
+    std::env::var_os("COMAS_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("tests/fixtures"))
+}
+
 fn run_case(name: &str) {
-    let fixtures = root().join("tests/fixtures/learner");
+    let learner = fixtures().join("learner");
     let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures.join("cases.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(learner.join("cases.json")).unwrap())
             .unwrap();
     let case = &cases[name];
-    let dir = fixtures.join(name);
-    let cfg = TrainConfig::from_file(&dir.join("config.toml")).unwrap();
+    let dir = learner.join(name);
+    let mut cfg = TrainConfig::from_file(&dir.join("config.toml")).unwrap();
+    // COMAS_TEST_DEVICE (`cuda`) trains on that device; the expected weights are the CPU's.
+    if let Ok(device) = std::env::var("COMAS_TEST_DEVICE") {
+        cfg.device = device;
+    }
     let batch = experience::read_jsonl(&dir.join("batch.jsonl")).unwrap();
-    let model = root().join(case["model"].as_str().unwrap());
-    let reference = case["ref_model"].as_str().map(|p| root().join(p));
+    // Case paths are relative to the repository root (`tests/fixtures/models/...`).
+    let in_fixtures = |p: &str| fixtures().join(p.trim_start_matches("tests/fixtures/"));
+    let model = in_fixtures(case["model"].as_str().unwrap());
+    let reference = case["ref_model"].as_str().map(in_fixtures);
     let mut t = Trainer::with_reference(&model, cfg, None, reference.as_deref()).unwrap();
     let report = t.train_step(&batch).unwrap();
     let want: serde_json::Value =
@@ -44,8 +58,9 @@ fn run_case(name: &str) {
         .named_parameters();
     for ((n, p), (_, p0)) in params.iter().zip(&before) {
         let e = expected.tensor(n).unwrap();
-        worst = worst.max((p.detach() - &e).abs().max().double_value(&[]));
-        moved = moved.max((p.detach() - p0).abs().max().double_value(&[]));
+        let p = p.detach().to_device(tch::Device::Cpu);
+        worst = worst.max((&p - &e).abs().max().double_value(&[]));
+        moved = moved.max((&p - p0).abs().max().double_value(&[]));
     }
     eprintln!("{name}: max |w_rust - w_torch| = {worst:e} (largest update {moved:e})");
     assert!(moved > 5e-4, "{name}: the step must move the weights visibly");

@@ -21,10 +21,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").to(args.device).eval()
     prompts = json.load(open(args.prompts))
     gen = GenerationConfig(
         do_sample=False,
@@ -34,7 +35,7 @@ def main():
         bos_token_id=None,
     )
     for b in [int(x) for x in args.batches.split(",")]:
-        ids = torch.tensor(prompts[:b], dtype=torch.long)
+        ids = torch.tensor(prompts[:b], dtype=torch.long, device=args.device)
         mask = torch.ones_like(ids)
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
@@ -51,6 +52,8 @@ def best_time(model, ids, mask, gen, repeats):
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+        if out.is_cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         assert out.shape[1] == ids.shape[1] + gen.max_new_tokens
         best = dt if best is None else min(best, dt)

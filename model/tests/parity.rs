@@ -7,7 +7,7 @@ use comas_model::{
     generate, CausalLm, GenerationRequest, LoraAdapter, LoraBatch, SamplingParams, Tokenizer,
 };
 use common::*;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 /// The issue asks for 1e-4; these models reach ~3e-7, and a tighter bound catches rope mistakes
 /// (dropping llama3 scaling moves logits by ~1.6e-3).
@@ -17,7 +17,7 @@ const F32_TOL: f64 = 1e-5;
 const BF16_TOL: f64 = 1.6e-2;
 
 fn load(name: &str, kind: Kind) -> CausalLm {
-    CausalLm::load(&model_dir(name), kind, Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"))
+    CausalLm::load(&model_dir(name), kind, device()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn logits_of(model: &CausalLm, ids: &[i64]) -> Tensor {
@@ -68,7 +68,7 @@ fn check_model_with(name: &str, model: CausalLm, tol: f64) -> f64 {
     let width = mask.size()[1];
     let seqs: Vec<Vec<i64>> = (0..r.num_prompts()).map(|i| r.prompt_ids(i)).collect();
     let (ids, valid) =
-        comas_model::mask::right_pad(&seqs, r.json["pad_token_id"].as_i64().unwrap(), Device::Cpu);
+        comas_model::mask::right_pad(&seqs, r.json["pad_token_id"].as_i64().unwrap(), device());
     assert_eq!(ids.size()[1], width);
     let batch = tch::no_grad(|| model.forward(&ids, Some(&valid), None).unwrap());
     let want = r.tensor("batch_logits");
@@ -281,7 +281,7 @@ fn lora_adapter_matches_peft_and_mixes_per_row() {
     let base_ref = Reference::load("qwen2-f32");
     let model = load("qwen2-f32", Kind::Float);
     let adapter =
-        LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu)
+        LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, device())
             .unwrap();
     let uniform = LoraBatch::uniform(&adapter);
     for i in 0..r.num_prompts() {
@@ -314,7 +314,7 @@ fn lora_adapter_matches_peft_and_mixes_per_row() {
     // Saving and loading keeps the adapter exactly.
     let dir = tempfile::tempdir().unwrap();
     adapter.save(dir.path()).unwrap();
-    let again = LoraAdapter::load(dir.path(), model.config(), Kind::Float, Device::Cpu).unwrap();
+    let again = LoraAdapter::load(dir.path(), model.config(), Kind::Float, device()).unwrap();
     for ((n1, t1), (n2, t2)) in adapter.named_tensors().iter().zip(again.named_tensors()) {
         assert_eq!(n1, &n2);
         assert!(t1.equal(&t2), "{n1}");

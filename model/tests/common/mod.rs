@@ -3,10 +3,23 @@
 #![allow(dead_code)]
 use comas_model::safetensors::SafeTensorsFile;
 use std::path::PathBuf;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
+/// The committed fixtures: COMAS_FIXTURES where a carried test binary runs in another tree
+/// (scripts/gpu-check.sh), else this repository's.
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    std::env::var_os("COMAS_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"))
+}
+
+/// The device the parity tests run the model on: COMAS_TEST_DEVICE (`cuda`, `cuda:1`), else
+/// the CPU. References stay on the CPU; comparisons move both sides there.
+pub fn device() -> Device {
+    match std::env::var("COMAS_TEST_DEVICE") {
+        Ok(d) => comas_model::dtype::parse_device(&d).expect("COMAS_TEST_DEVICE: cpu or cuda[:N]"),
+        Err(_) => Device::Cpu,
+    }
 }
 
 pub fn model_dir(name: &str) -> PathBuf {
@@ -57,9 +70,10 @@ impl Reference {
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
-    (a.to_kind(Kind::Float) - b.to_kind(Kind::Float)).abs().max().double_value(&[])
+    let on_cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float);
+    (on_cpu(a) - on_cpu(b)).abs().max().double_value(&[])
 }
 
 pub fn ids_tensor(ids: &[i64]) -> Tensor {
-    Tensor::from_slice(ids).view([1, ids.len() as i64])
+    Tensor::from_slice(ids).view([1, ids.len() as i64]).to_device(device())
 }
