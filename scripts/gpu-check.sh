@@ -32,12 +32,16 @@ fi
 py=$PYTHON
 check=(env PYTHONUNBUFFERED=1 "$py" "$root/scripts/gpu_check/check.py")
 
+# unpack SRC.xz DEST: a carried binary, decompressed with Python (xz may be missing there).
+unpack() {
+  "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+  chmod +x "$2"
+}
 if [ -n "${COMAS_BIN:-}" ]; then
   comas=$COMAS_BIN
 elif [ "$device" != cpu ] && [ -f dist/gpu/comas.xz ]; then
   comas=/tmp/comas-gpu-check/comas
-  "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' dist/gpu/comas.xz "$comas"
-  chmod +x "$comas"
+  unpack dist/gpu/comas.xz "$comas"
 else
   comas=$root/target/release/comas
 fi
@@ -120,8 +124,7 @@ step learner-torch-lora bash -c "'$py' learner/benches/torch_step.py --model '$m
 for suite in comas-model-parity comas-learner-parity; do
   [ "$device" != cpu ] && [ -f "dist/gpu/$suite.xz" ] || continue
   exe=/tmp/comas-gpu-check/$suite
-  "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "dist/gpu/$suite.xz" "$exe"
-  chmod +x "$exe"
+  unpack "dist/gpu/$suite.xz" "$exe"
   step "suite-$suite" env COMAS_TEST_DEVICE="$device" COMAS_FIXTURES="$root/tests/fixtures" "$exe" \
     --test-threads 1 --skip one_shot_step_binary
 done
