@@ -228,13 +228,17 @@ mod tests {
         for i in 0..p.len() {
             let mut w = p[i].shallow_clone();
             let (mut mi, mut vi) = (m[i].shallow_clone(), v[i].shallow_clone());
-            w.f_mul_scalar_(1.0 - lr * wd).unwrap();
-            mi.f_mul_scalar_(b1).unwrap().f_add_(&g[i].f_mul_scalar(1.0 - b1).unwrap()).unwrap();
+            let _ = w.f_mul_scalar_(1.0 - lr * wd).unwrap();
+            let _ = mi
+                .f_mul_scalar_(b1)
+                .unwrap()
+                .f_add_(&g[i].f_mul_scalar(1.0 - b1).unwrap())
+                .unwrap();
             let g2 = g[i].f_square().unwrap().f_mul_scalar(1.0 - b2).unwrap();
-            vi.f_mul_scalar_(b2).unwrap().f_add_(&g2).unwrap();
+            let _ = vi.f_mul_scalar_(b2).unwrap().f_add_(&g2).unwrap();
             let denom = v[i].f_div_scalar(bc2).unwrap().sqrt().f_add_scalar(eps).unwrap();
             let update = m[i].f_div_scalar(bc1).unwrap().f_div(&denom).unwrap();
-            w.f_sub_(&update.f_mul_scalar(lr).unwrap()).unwrap();
+            let _ = w.f_sub_(&update.f_mul_scalar(lr).unwrap()).unwrap();
         }
     }
 
