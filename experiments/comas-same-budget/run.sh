@@ -93,7 +93,7 @@ for seed in $seeds; do
       job "$arm" "$seed" > "$dir/job.toml"
       echo "$arm seed $seed: training ($steps steps)" >&2
       flock "$lock" python3 "$study/tree_rss.py" --out "$dir/peak.json" -- \
-        "$comas" local --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+        "$comas" local --fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
       touch "$dir/DONE"
     fi
     for ((k = eval_every; k <= steps; k += eval_every)); do

@@ -3,8 +3,10 @@
 # data, prompt, reward, group size, LoRA, optimizer and schedule (settings.json), 3 seeds each,
 # and every saved adapter evaluated by one evaluator (`comas eval`, vanilla, sampled and
 # greedy) on 240 held-out questions. Resumable: run it again and it goes on where it stopped
-# (a finished run, a finished evaluation is never redone); each heavy part runs under
-# `flock /tmp/heavy.lock`, so nothing else builds or measures beside it.
+# (a finished run, a finished evaluation is never redone; a training run stopped midway starts
+# again from the base model, since its job could resume only from a step its learner
+# checkpointed); each heavy part runs under `flock /tmp/heavy.lock`, so nothing else builds or
+# measures beside it.
 #
 #   bash experiments/learning-vs-trl/run.sh            # everything still missing, seed by seed
 #   SEEDS="1" bash experiments/learning-vs-trl/run.sh  # one seed
@@ -94,7 +96,7 @@ run_comas() {
   comas_job "$seed" > "$dir/job.toml"
   echo "comas seed $seed: training ($steps steps)" >&2
   flock "$lock" python3 "$here/tree_rss.py" --out "$dir/peak.json" -- \
-    "$comas" local --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+    "$comas" local --fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
   touch "$dir/DONE"
 }
 
