@@ -43,13 +43,8 @@ impl HostCopy {
 
 impl AsRef<[u8]> for HostCopy {
     fn as_ref(&self) -> &[u8] {
-        let n = self.0.numel() * self.0.kind().elt_size_in_bytes();
-        if n == 0 {
-            return &[];
-        }
-        // SAFETY: the tensor is a contiguous CPU tensor of n bytes that this value owns and
-        // nothing writes to after `of` returned.
-        unsafe { std::slice::from_raw_parts(self.0.data_ptr() as *const u8, n) }
+        // Nothing writes to the copy after `of` returned.
+        comas_model::safetensors::cpu_bytes(&self.0)
     }
 }
 

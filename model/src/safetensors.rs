@@ -139,17 +139,30 @@ impl View for &Contiguous {
     }
 
     fn data(&self) -> Cow<'_, [u8]> {
-        let n = self.data_len();
-        if n == 0 {
-            return Cow::Borrowed(&[]);
-        }
-        // SAFETY: a contiguous CPU tensor of n bytes, alive and unchanged while borrowed.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.tensor.data_ptr() as *const u8, n) })
+        Cow::Borrowed(cpu_bytes(&self.tensor))
     }
 
     fn data_len(&self) -> usize {
         self.tensor.numel() * self.tensor.kind().elt_size_in_bytes()
     }
+}
+
+/// The bytes of a contiguous CPU tensor, where they lie (no copy). The caller must not write to
+/// the tensor while the slice is borrowed.
+///
+/// # Panics
+/// When the tensor is on another device or not contiguous.
+pub fn cpu_bytes(t: &Tensor) -> &[u8] {
+    assert!(
+        t.device() == tch::Device::Cpu && t.is_contiguous(),
+        "cpu_bytes needs a contiguous CPU tensor"
+    );
+    let n = t.numel() * t.kind().elt_size_in_bytes();
+    if n == 0 {
+        return &[];
+    }
+    // SAFETY: a contiguous CPU tensor holds n bytes at data_ptr, alive as long as `t` is.
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) }
 }
 
 /// Writes tensors to `path` atomically (`comas_files`), one tensor at a time. Tensors are moved
