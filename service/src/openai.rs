@@ -137,7 +137,7 @@ pub enum CallError {
     Timeout(Duration),
     #[error("HTTP {code}: {message}")]
     Status { code: u16, message: String },
-    #[error("the reply is not a chat completion: {0}")]
+    #[error("the reply cannot be read: {0}")]
     Malformed(String),
 }
 
@@ -165,14 +165,15 @@ impl CallError {
     }
 }
 
-/// A chat-completions endpoint: `http://host[:port][/prefix]`, the prefix being where
+/// An OpenAI-compatible server: `http://host[:port][/prefix]`, the prefix being where
 /// `/chat/completions` lives (vLLM and OpenAI: `/v1`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Endpoint {
     authority: String,
     host: String,
     port: u16,
-    path: String,
+    /// The URL's path without its trailing `/` (`/v1`, or empty).
+    prefix: String,
     api_key: Option<String>,
     /// `https://`: the CA bundle to verify the server with (`None`: plain http).
     tls: Option<Roots>,
@@ -264,12 +265,12 @@ impl Endpoint {
         };
         let authority = uri.authority().ok_or_else(|| bad("no host"))?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
-        let path = format!("{}/chat/completions", uri.path().trim_end_matches('/'));
+        let prefix = uri.path().trim_end_matches('/').to_string();
         Ok(Self {
             authority: authority.to_string(),
             host,
             port: authority.port_u16().unwrap_or(default_port),
-            path,
+            prefix,
             api_key,
             tls,
         })
@@ -283,25 +284,63 @@ impl Endpoint {
         self
     }
 
-    /// One call, with `timeout` for all of it (connect, send, read).
+    /// `route` under the URL's prefix: `/completions` → `/v1/completions`.
+    pub fn under(&self, route: &str) -> String {
+        format!("{}{route}", self.prefix)
+    }
+
+    /// One chat completion, with `timeout` for all of it (connect, send, read).
     pub async fn chat(
         &self,
         request: &ChatRequest,
         timeout: Duration,
     ) -> Result<ChatResponse, CallError> {
-        tokio::time::timeout(timeout, self.chat_once(request))
+        let r: ChatResponse =
+            self.post_json(&self.under("/chat/completions"), request, timeout).await?;
+        if r.choices.is_empty() {
+            return Err(CallError::Malformed("no choices".into()));
+        }
+        Ok(r)
+    }
+
+    /// A JSON body posted to `path` (from the server's root) and the JSON answer read as `R`.
+    pub async fn post_json<Q: Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        request: &Q,
+        timeout: Duration,
+    ) -> Result<R, CallError> {
+        let body = serde_json::to_vec(request).map_err(|e| CallError::Malformed(e.to_string()))?;
+        let bytes = self.call(hyper::Method::POST, path, Some(body), timeout).await?;
+        serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))
+    }
+
+    /// One request to `path` (from the server's root), with `timeout` for all of it (connect,
+    /// send, read); a success's body, or the server's error message.
+    pub async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Bytes, CallError> {
+        tokio::time::timeout(timeout, self.call_once(method, path, body))
             .await
             .map_err(|_| CallError::Timeout(timeout))?
     }
 
-    async fn chat_once(&self, request: &ChatRequest) -> Result<ChatResponse, CallError> {
-        let body = serde_json::to_vec(request).map_err(|e| CallError::Malformed(e.to_string()))?;
+    async fn call_once(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, CallError> {
         let connect = |e: std::io::Error| CallError::Connect(format!("{}: {e}", self.authority));
         let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
             .await
             .map_err(connect)?;
         match &self.tls {
-            None => self.exchange(stream, body).await,
+            None => self.exchange(stream, method, path, body).await,
             Some(roots) => {
                 let name = rustls::pki_types::ServerName::try_from(self.host.clone())
                     .map_err(|e| CallError::Connect(format!("{}: {e}", self.host)))?;
@@ -309,13 +348,19 @@ impl Endpoint {
                     .connect(name, stream)
                     .await
                     .map_err(connect)?;
-                self.exchange(tls, body).await
+                self.exchange(tls, method, path, body).await
             }
         }
     }
 
     /// The request and its answer over a connection made for it.
-    async fn exchange<IO>(&self, io: IO, body: Vec<u8>) -> Result<ChatResponse, CallError>
+    async fn exchange<IO>(
+        &self,
+        io: IO,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, CallError>
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -325,15 +370,19 @@ impl Endpoint {
                 .map_err(|e| CallError::Connect(format!("{}: {e}", self.authority)))?;
         // The connection is driven beside the request and ends with it.
         let driver = tokio::spawn(conn);
-        let mut req = hyper::Request::post(&self.path)
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
             .header(hyper::header::HOST, &self.authority)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::ACCEPT, "application/json");
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
         if let Some(key) = &self.api_key {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
         }
         let req = req
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| CallError::Malformed(e.to_string()))?;
         let resp = sender
             .send_request(req)
@@ -357,12 +406,7 @@ impl Endpoint {
             };
             return Err(CallError::Status { code: status.as_u16(), message });
         }
-        let r: ChatResponse =
-            serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))?;
-        if r.choices.is_empty() {
-            return Err(CallError::Malformed("no choices".into()));
-        }
-        Ok(r)
+        Ok(bytes)
     }
 }
 
@@ -374,11 +418,11 @@ mod tests {
     fn endpoints_parse_to_a_chat_completions_path() {
         let e = Endpoint::parse("http://judge:8000/v1/", None).unwrap();
         assert_eq!(
-            (e.host.as_str(), e.port, e.path.as_str(), e.authority.as_str()),
-            ("judge", 8000, "/v1/chat/completions", "judge:8000")
+            (e.host.as_str(), e.port, e.under("/chat/completions"), e.authority.as_str()),
+            ("judge", 8000, "/v1/chat/completions".to_string(), "judge:8000")
         );
         let e = Endpoint::parse("http://127.0.0.1", Some("k".into())).unwrap();
-        assert_eq!((e.port, e.path.as_str()), (80, "/chat/completions"));
+        assert_eq!((e.port, e.under("/chat/completions")), (80, "/chat/completions".into()));
         let e = Endpoint::parse("https://api.openai.com/v1", None).unwrap();
         assert_eq!((e.port, e.tls.clone()), (443, Some(Roots::System)));
         assert!(Endpoint::parse("judge:8000", None).is_err());

@@ -170,13 +170,17 @@ impl Cluster {
             &format!("127.0.0.1:{}", self.metrics_port),
             "--db",
             &self.dir.join("jobs.sqlite").display().to_string(),
-            "--heartbeat-ms",
-            "300",
-            "--heartbeat-timeout-secs",
-            "5",
-            "--worker-wait-secs",
-            "120",
         ]);
+        // The harness's defaults, unless the test's own flags set them.
+        for (flag, value) in [
+            ("--heartbeat-ms", "300"),
+            ("--heartbeat-timeout-secs", "5"),
+            ("--worker-wait-secs", "120"),
+        ] {
+            if !self.coordinator_flags.iter().any(|f| f == flag) {
+                args.extend(s(&[flag, value]));
+            }
+        }
         args.extend(self.coordinator_flags.iter().cloned());
         self.coordinator = Some(spawn_with(&self.dir, "coordinator", &args, &self.env_with(&[])));
     }
