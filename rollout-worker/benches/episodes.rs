@@ -126,7 +126,7 @@ fn main() {
         let settings = ServerSettings {
             listener,
             metrics_listen: None,
-            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512 },
+            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512, vllm: None, default_engine: comas_rollout_worker::engine::EngineKind::Comas, device_name: "cpu".into() },
             drain_timeout: Duration::from_secs(5),
             weight_timeout: Duration::from_secs(60),
             relay: true,
@@ -145,7 +145,7 @@ fn main() {
         let agents = (0..2)
             .map(|a| pb::AgentPolicy { agent_id: a, model_dir: model.display().to_string(), lora_json: lora_json.clone(), ..Default::default() })
             .collect();
-        c.load_policies(pb::LoadPoliciesRequest { agents, dtype: dtype.clone() }).await.unwrap();
+        c.load_policies(pb::LoadPoliciesRequest { agents, dtype: dtype.clone(), ..Default::default() }).await.unwrap();
         run(&mut c, specs(&cfg, 1, "warm")).await;
 
         let t0 = Instant::now();

@@ -1,6 +1,8 @@
 //! Command-line flags of a rollout worker (every one readable from a `COMAS_WORKER_*`
 //! variable), shared by `comas-rollout-worker` and `comas worker`.
+use crate::engine::EngineKind;
 use crate::register::{self, Registration};
+use crate::vllm::VllmSettings;
 use crate::{engine::EngineSettings, server};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -57,10 +59,78 @@ pub struct Args {
     health_listen: Option<comas_service::Listen>,
     #[command(flatten)]
     tls: comas_service::tls::TlsArgs,
+    #[command(flatten)]
+    vllm: VllmArgs,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct VllmArgs {
+    /// What generates the turns of a job whose `[rollout] engine` does not say: comas's own
+    /// engine, or vLLM servers this worker starts (or the one --vllm-url names).
+    #[arg(long, env = "COMAS_WORKER_ENGINE", value_enum, default_value = "comas")]
+    engine: EngineKind,
+    /// A running vLLM server (http://host:port) to use instead of starting one; it must serve
+    /// the job's one base model, with runtime LoRA updates on for LoRA agents.
+    #[arg(long, env = "COMAS_WORKER_VLLM_URL")]
+    vllm_url: Option<String>,
+    /// The model name the --vllm-url server serves its base under.
+    #[arg(long, env = "COMAS_WORKER_VLLM_SERVED_NAME", default_value = "base")]
+    vllm_served_name: String,
+    /// The Python that has vLLM (default: .venv-vllm/bin/python of the checkout this binary
+    /// was built in or of the current folder, made by `bash scripts/setup-vllm.sh`).
+    #[arg(long, env = "COMAS_WORKER_VLLM_PYTHON")]
+    vllm_python: Option<std::path::PathBuf>,
+    /// An argument added to each vLLM server's command line (repeat it for several).
+    #[arg(
+        long = "vllm-arg",
+        env = "COMAS_WORKER_VLLM_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
+    vllm_args: Vec<String>,
+    /// KV-cache GiB of a vLLM server on the CPU.
+    #[arg(long, env = "COMAS_WORKER_VLLM_KV_GIB", default_value_t = 2)]
+    vllm_kv_gib: u32,
+    /// Seconds a vLLM server may take to start.
+    #[arg(long, env = "COMAS_WORKER_VLLM_STARTUP_SECS", default_value_t = 900)]
+    vllm_startup_secs: u64,
+}
+
+/// `.venv-vllm/bin/python` in the checkout this binary was built in (target/<profile>/comas)
+/// or in the current folder; else `python3`.
+pub fn default_vllm_python() -> std::path::PathBuf {
+    let rel = std::path::Path::new(".venv-vllm/bin/python");
+    let exe = std::env::current_exe().ok();
+    let built_in = exe.as_deref().and_then(|e| e.ancestors().nth(3)).map(|root| root.join(rel));
+    built_in
+        .into_iter()
+        .chain(std::env::current_dir().ok().map(|d| d.join(rel)))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| "python3".into())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let device = comas_model::dtype::parse_device(&a.device)?;
+    // On vLLM the device is the servers'; comas keeps only adapters, on the CPU.
+    let on_vllm = a.vllm.engine == EngineKind::Vllm;
+    let device =
+        if on_vllm { tch::Device::Cpu } else { comas_model::dtype::parse_device(&a.device)? };
+    // Any job may ask for vLLM: the servers' logs and the adapters handed to them go here.
+    let vllm_dir = tempfile::Builder::new().prefix("comas-worker-vllm-").tempdir()?;
+    let vllm = Some(&vllm_dir).map(|dir| VllmSettings {
+        url: a.vllm.vllm_url.clone(),
+        served_name: a.vllm.vllm_served_name.clone(),
+        python: a.vllm.vllm_python.clone().unwrap_or_else(default_vllm_python),
+        extra_args: a.vllm.vllm_args.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        cpu_kv_gib: a.vllm.vllm_kv_gib.max(1),
+        cpu_threads: tch::get_num_threads().max(1) as usize,
+        startup: Duration::from_secs(a.vllm.vllm_startup_secs),
+        max_model_len: a.max_batch_tokens.max(1),
+        device: a.device.trim().to_string(),
+        work_dir: dir.path().to_path_buf(),
+    });
+    if let Some(v) = vllm.as_ref().filter(|v| on_vllm && v.url.is_none()) {
+        crate::vllm::check_python(&v.python)?;
+    }
     let tls = a.tls.service()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
@@ -95,6 +165,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 max_running: a.max_running.max(1),
                 max_batch_tokens: a.max_batch_tokens.max(1),
                 prefill_chunk: a.prefill_chunk_tokens,
+                vllm,
+                default_engine: a.vllm.engine,
+                device_name: a.device.clone(),
             },
             drain_timeout: Duration::from_secs(a.drain_secs),
             weight_timeout: Duration::from_secs(a.weight_timeout_secs),

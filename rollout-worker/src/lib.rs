@@ -11,3 +11,4 @@ pub mod remote;
 pub mod server;
 pub mod service;
 pub mod tools;
+pub mod vllm;

@@ -16,6 +16,8 @@ pub struct Metrics {
     tool_failures: IntCounter,
     endpoint_calls: IntCounter,
     endpoint_failures: IntCounter,
+    vllm_swaps: IntCounter,
+    vllm_swap_micros: IntCounter,
     running_sequences: IntGauge,
     peak_running_sequences: IntGauge,
     waiting_turns: IntGauge,
@@ -61,6 +63,11 @@ impl Metrics {
                 "endpoint_failures_total",
                 "endpoint turns that failed after every try (answered empty)",
             ),
+            vllm_swaps: counter("vllm_swaps_total", "weight versions swapped into vLLM servers"),
+            vllm_swap_micros: counter(
+                "vllm_swap_microseconds_total",
+                "time spent swapping weights into vLLM servers (write, load, unload)",
+            ),
             weight_bytes_received: counter(
                 "weight_bytes_received_total",
                 "weight bytes pulled from sources",
@@ -93,6 +100,8 @@ impl Metrics {
         catch_up(&self.tool_failures, s.tool_failures.load(Ordering::Relaxed));
         catch_up(&self.endpoint_calls, s.endpoint_calls.load(Ordering::Relaxed));
         catch_up(&self.endpoint_failures, s.endpoint_failures.load(Ordering::Relaxed));
+        catch_up(&self.vllm_swaps, s.vllm_swaps.load(Ordering::Relaxed));
+        catch_up(&self.vllm_swap_micros, s.vllm_swap_micros.load(Ordering::Relaxed));
         self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
         self.peak_running_sequences.set(s.peak_running_sequences.load(Ordering::Relaxed) as i64);
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);

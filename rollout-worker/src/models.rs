@@ -1,10 +1,13 @@
 //! The policies a worker hosts: base models with their tokenizers, and per agent either a LoRA
-//! adapter on a shared base or a model instance of its own. Built and used on the engine thread.
+//! adapter on a shared base or a model instance of its own. A base runs on comas's own engine
+//! (its weights loaded here) or on a vLLM server (only its config, tokenizer and the agents'
+//! adapters are kept here). Built and used on the engine thread.
 use crate::engine::EngineError;
 use crate::remote::RemotePolicy;
-use comas_model::dtype::parse_kind;
+use crate::vllm::{self, ServeSpec, VllmServer, VllmSettings};
+use comas_model::dtype::{kind_name, parse_kind};
 use comas_model::lora::LoraConfig;
-use comas_model::{CausalLm, LoraAdapter, ModelError, Tokenizer};
+use comas_model::{CausalLm, Config, LoraAdapter, ModelError, Tokenizer};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tch::{Device, Kind, Tensor};
@@ -21,9 +24,33 @@ pub struct PolicySpec {
     pub remote: Option<RemotePolicy>,
 }
 
+/// What generates a base model's turns.
+pub enum Engine {
+    Own(CausalLm),
+    Vllm(VllmServer),
+}
+
 pub struct Base {
-    pub model: CausalLm,
+    pub engine: Engine,
+    pub config: Config,
     pub tokenizer: Tokenizer,
+}
+
+impl Base {
+    /// The model, when comas's own engine runs it.
+    pub fn own(&self) -> Option<&CausalLm> {
+        match &self.engine {
+            Engine::Own(m) => Some(m),
+            Engine::Vllm(_) => None,
+        }
+    }
+
+    pub fn vllm(&self) -> Option<&VllmServer> {
+        match &self.engine {
+            Engine::Vllm(s) => Some(s),
+            Engine::Own(_) => None,
+        }
+    }
 }
 
 pub struct AgentPolicy {
@@ -45,15 +72,25 @@ impl Models {
     }
 
     /// Loads every policy; agents without their own weights share a base loaded once per folder.
-    pub fn load(specs: &[PolicySpec], dtype: &str, device: Device) -> Result<Self, ModelError> {
+    /// With `vllm`, each base is served by a vLLM server instead (started here, or the one it
+    /// names), and each LoRA agent's adapter is loaded into it as version 0.
+    pub fn load(
+        specs: &[PolicySpec],
+        dtype: &str,
+        device: Device,
+        vllm: Option<&VllmSettings>,
+    ) -> Result<Self, EngineError> {
         let kind = if dtype.is_empty() { Kind::Float } else { parse_kind(dtype)? };
+        if let Some(settings) = vllm {
+            return Self::load_on_vllm(specs, kind, settings);
+        }
         let mut bases: Vec<Base> = Vec::new();
         let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
         let mut agents = BTreeMap::new();
         let mut remote = BTreeMap::new();
         for s in specs {
             if agents.contains_key(&s.agent) || remote.contains_key(&s.agent) {
-                return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)));
+                return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)).into());
             }
             if let Some(r) = &s.remote {
                 remote.insert(s.agent, r.clone());
@@ -66,43 +103,105 @@ impl Models {
                     let model = CausalLm::load(&s.model_dir, kind, device)?;
                     // The worker only generates: decode steps may use packed linears.
                     model.pack_for_decode();
-                    let tokenizer = Tokenizer::from_dir(&s.model_dir)?;
-                    tokenizer.check_fits(model.config())?;
-                    // Agents speak through the chat template: one that is missing or broken is
-                    // refused at load, not at the first turn.
-                    tokenizer.check_chat_template().map_err(|e| {
-                        ModelError::ChatTemplate(format!(
-                            "{}: {e}; agents speak through it",
-                            s.model_dir.display()
-                        ))
-                    })?;
-                    bases.push(Base { model, tokenizer });
+                    let tokenizer = checked_tokenizer(&s.model_dir, model.config())?;
+                    let config = model.config().clone();
+                    bases.push(Base { engine: Engine::Own(model), config, tokenizer });
                     if !own {
                         shared.insert(s.model_dir.clone(), bases.len() - 1);
                     }
                     bases.len() - 1
                 }
             };
-            let adapter = match &s.adapter_dir {
-                Some(dir) => {
-                    Some(LoraAdapter::load(dir, bases[base].model.config(), kind, device)?)
-                }
-                // init leaves B = 0, so the adapter adds nothing until the learner's first version.
-                None => match &s.lora {
-                    Some(l) => {
-                        let lc =
-                            LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora);
-                        Some(LoraAdapter::init(bases[base].model.config(), lc, 0, kind, device)?)
-                    }
-                    None => None,
-                },
-            };
+            let adapter = adapter_of(s, &bases[base].config, kind, device)?;
             agents.insert(s.agent, AgentPolicy { base, adapter });
         }
         // Warm-up: one forward per base, so the first real batch does not pay for lazy init.
-        for b in &bases {
+        for m in bases.iter().filter_map(Base::own) {
             let _g = tch::no_grad_guard();
-            let _ = b.model.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
+            let _ = m.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
+        }
+        Ok(Self { bases, agents, remote })
+    }
+
+    /// Every base on a vLLM server: LoRA agents of one base folder share its server, each
+    /// full-weight agent has one of its own. Adapters live here on the CPU (updates are copied
+    /// into them and written out for the server).
+    fn load_on_vllm(
+        specs: &[PolicySpec],
+        kind: Kind,
+        settings: &VllmSettings,
+    ) -> Result<Self, EngineError> {
+        if settings.url.is_none() {
+            vllm::check_python(&settings.python)?;
+        }
+        let mut bases: Vec<Base> = Vec::new();
+        let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        let mut remote = BTreeMap::new();
+        for s in specs {
+            if agents.contains_key(&s.agent) || remote.contains_key(&s.agent) {
+                return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)).into());
+            }
+            if let Some(r) = &s.remote {
+                remote.insert(s.agent, r.clone());
+                continue;
+            }
+            let own = s.full_weights && s.adapter_dir.is_none() && s.lora.is_none();
+            let base = match (own, shared.get(&s.model_dir)) {
+                (false, Some(&i)) => i,
+                _ => {
+                    let config = Config::from_file(&s.model_dir.join("config.json"))?;
+                    let tokenizer = checked_tokenizer(&s.model_dir, &config)?;
+                    // How many LoRA agents this server holds, and their largest rank.
+                    let sharing: Vec<&PolicySpec> = specs
+                        .iter()
+                        .filter(|o| !own && o.remote.is_none() && o.model_dir == s.model_dir)
+                        .collect();
+                    let mut ranks = Vec::new();
+                    for o in &sharing {
+                        if let Some(dir) = &o.adapter_dir {
+                            ranks
+                                .push(LoraAdapter::load(dir, &config, kind, Device::Cpu)?.config.r);
+                        } else if let Some(l) = &o.lora {
+                            ranks.push(l.r);
+                        }
+                    }
+                    // Each agent's adapter, and the next version beside it during a swap.
+                    let lora = ranks.iter().max().map(|&r| (r, 2 * ranks.len()));
+                    let spec = ServeSpec {
+                        model_dir: s.model_dir.clone(),
+                        dtype: kind_name(kind).to_string(),
+                        max_model_len: (config.max_position_embeddings.max(1) as usize)
+                            .min(settings.max_model_len),
+                        lora,
+                        device: settings.device.clone(),
+                    };
+                    let server = match &settings.url {
+                        Some(url) if bases.is_empty() => VllmServer::attach(settings, url)?,
+                        Some(_) => {
+                            return Err(vllm::VllmError::Setup(
+                                "--vllm-url names one server, but this job's agents need several base models (or full-weight agents of their own); let the worker start its servers".into(),
+                            )
+                            .into())
+                        }
+                        None => VllmServer::start(settings, &spec, &format!("base{}", bases.len()))?,
+                    };
+                    bases.push(Base { engine: Engine::Vllm(server), config, tokenizer });
+                    if !own {
+                        shared.insert(s.model_dir.clone(), bases.len() - 1);
+                    }
+                    bases.len() - 1
+                }
+            };
+            let adapter = adapter_of(s, &bases[base].config, kind, Device::Cpu)?;
+            // Version 0 of the adapter, under the name the agent's turns ask for.
+            if let (Some(a), Some(server)) = (&adapter, bases[base].vllm()) {
+                let name = vllm::adapter_name(s.agent, 0);
+                let dir = settings.work_dir.join(&name);
+                a.save(&dir)?;
+                vllm::load_adapter(server, &name, &dir)?;
+            }
+            agents.insert(s.agent, AgentPolicy { base, adapter });
         }
         Ok(Self { bases, agents, remote })
     }
@@ -111,7 +210,7 @@ impl Models {
     /// trainable set (its adapter, or its whole model) must be present, with matching shapes.
     /// Tokens base model `b` holds: its `max_position_embeddings`.
     pub fn context(&self, b: usize) -> usize {
-        self.bases[b].model.config().max_position_embeddings.max(0) as usize
+        self.bases[b].config.max_position_embeddings.max(0) as usize
     }
 
     pub fn apply_update(
@@ -126,7 +225,10 @@ impl Models {
                 if self.agents.values().filter(|o| o.base == a.base).count() > 1 {
                     return Err(EngineError::SharedBase { agent });
                 }
-                self.bases[a.base].model.named_parameters()
+                match self.bases[a.base].own() {
+                    Some(m) => m.named_parameters(),
+                    None => return Err(EngineError::NoPolicy { agent }),
+                }
             }
         };
         if targets.len() != tensors.len() {
@@ -166,5 +268,35 @@ impl Models {
             Ok::<(), EngineError>(())
         })?;
         Ok(())
+    }
+}
+
+/// A base folder's tokenizer, checked against its config and for a chat template: agents
+/// speak through the template, so one that is missing or broken is refused at load, not at the
+/// first turn.
+fn checked_tokenizer(dir: &std::path::Path, config: &Config) -> Result<Tokenizer, ModelError> {
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    tokenizer.check_fits(config)?;
+    tokenizer.check_chat_template().map_err(|e| {
+        ModelError::ChatTemplate(format!("{}: {e}; agents speak through it", dir.display()))
+    })?;
+    Ok(tokenizer)
+}
+
+/// An agent's adapter: its folder's, or a fresh one whose B = 0 adds nothing until the
+/// learner's first version; none for a full-weight agent.
+fn adapter_of(
+    s: &PolicySpec,
+    config: &Config,
+    kind: Kind,
+    device: Device,
+) -> Result<Option<LoraAdapter>, ModelError> {
+    match (&s.adapter_dir, &s.lora) {
+        (Some(dir), _) => Ok(Some(LoraAdapter::load(dir, config, kind, device)?)),
+        (None, Some(l)) => {
+            let lc = LoraConfig::new(l.r, l.alpha, l.target_modules.clone(), l.use_rslora);
+            Ok(Some(LoraAdapter::init(config, lc, 0, kind, device)?))
+        }
+        (None, None) => Ok(None),
     }
 }

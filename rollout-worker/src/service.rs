@@ -228,6 +228,8 @@ impl RolloutWorker for WorkerService {
         if req.agents.is_empty() {
             return Err(Status::invalid_argument("LoadPolicies needs at least one agent"));
         }
+        let engine = crate::engine::EngineKind::parse(&req.engine)
+            .map_err(|e| Status::invalid_argument(format!("LoadPolicies `engine`: {e}")))?;
         let specs = req
             .agents
             .into_iter()
@@ -254,7 +256,7 @@ impl RolloutWorker for WorkerService {
             .collect::<Result<Vec<_>, Status>>()?;
         let (tx, rx) = oneshot::channel();
         self.engine
-            .send(Command::Load { specs, dtype: req.dtype, reply: tx })
+            .send(Command::Load { specs, dtype: req.dtype, engine, reply: tx })
             .map_err(|_| engine_gone())?;
         let (agents, models) = rx.await.map_err(|_| engine_gone())?.map_err(Status::from)?;
         let _ = self.loaded.send(true);

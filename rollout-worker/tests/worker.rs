@@ -78,6 +78,9 @@ async fn start_worker() -> (String, tokio::sync::oneshot::Sender<()>, tokio::tas
             max_running: 256,
             max_batch_tokens: 1 << 20,
             prefill_chunk: 64,
+            vllm: None,
+            default_engine: comas_rollout_worker::engine::EngineKind::Comas,
+            device_name: "cpu".into(),
         },
         drain_timeout: Duration::from_secs(60),
         weight_timeout: Duration::from_secs(60),
@@ -125,7 +128,13 @@ async fn load_agents(
             ..Default::default()
         })
         .collect();
-    c.load_policies(pb::LoadPoliciesRequest { agents, dtype: "float32".into() }).await.unwrap();
+    c.load_policies(pb::LoadPoliciesRequest {
+        agents,
+        dtype: "float32".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }
 
 /// Sends `specs` on one stream and collects every result by episode id.
@@ -530,6 +539,7 @@ async fn bad_input_and_draining() {
                 ..Default::default()
             }],
             dtype: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -595,6 +605,9 @@ async fn start_budgeted(
             max_running: 256,
             max_batch_tokens,
             prefill_chunk: 64,
+            vllm: None,
+            default_engine: comas_rollout_worker::engine::EngineKind::Comas,
+            device_name: "cpu".into(),
         },
         drain_timeout: Duration::from_secs(30),
         weight_timeout: Duration::from_secs(30),
@@ -887,7 +900,11 @@ async fn lora_adapters_are_updated_from_a_lora_learner() {
         },
     ];
     let loaded = c
-        .load_policies(pb::LoadPoliciesRequest { agents, dtype: String::new() })
+        .load_policies(pb::LoadPoliciesRequest {
+            agents,
+            dtype: String::new(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

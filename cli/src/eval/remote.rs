@@ -83,7 +83,7 @@ impl RemoteRun<'_> {
             frozen,
             data: DataSpec::default(),
             schedule: ScheduleSpec::default(),
-            rollout: RolloutSpec { dtype: self.dtype.to_string() },
+            rollout: RolloutSpec { dtype: self.dtype.to_string(), engine: None },
             output: OutputSpec {
                 dir: self.jobs_dir.join(name),
                 export: false,

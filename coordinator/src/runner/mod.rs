@@ -72,6 +72,7 @@ fn load_request(job: &Job) -> pb::LoadPoliciesRequest {
     pb::LoadPoliciesRequest {
         agents: trained.chain(frozen).collect(),
         dtype: job.spec.rollout.dtype.clone(),
+        engine: job.spec.rollout.engine.map(|e| e.name().to_string()).unwrap_or_default(),
     }
 }
 

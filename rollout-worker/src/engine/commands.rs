@@ -34,6 +34,8 @@ pub enum Command {
     Load {
         specs: Vec<PolicySpec>,
         dtype: String,
+        /// The job's engine (`None`: the worker's default).
+        engine: Option<EngineKind>,
         reply: oneshot::Sender<Result<(usize, usize), EngineError>>,
     },
     Episode {
@@ -81,6 +83,9 @@ pub struct Stats {
     /// Turns sent to frozen models behind an endpoint, and those that failed after every try.
     pub endpoint_calls: AtomicU64,
     pub endpoint_failures: AtomicU64,
+    /// Weight swaps into vLLM servers, and the time they took (writing, loading, unloading).
+    pub vllm_swaps: AtomicU64,
+    pub vllm_swap_micros: AtomicU64,
 }
 
 pub struct EngineSettings {
@@ -94,4 +99,32 @@ pub struct EngineSettings {
     /// Prompts longer than this are prefilled this many tokens per step, between decode steps
     /// of the others (0: whole).
     pub prefill_chunk: usize,
+    /// How this worker runs vLLM servers when a job asks for them (`None`: it cannot).
+    pub vllm: Option<crate::vllm::VllmSettings>,
+    /// What generates the turns of a job that does not say (`--engine`).
+    pub default_engine: EngineKind,
+    /// `--device` as given: comas's own engine parses it when a job runs on it (a worker whose
+    /// turns go to vLLM may name a device its own libtorch build lacks).
+    pub device_name: String,
+}
+
+/// What generates the turns.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// comas's own engine (libtorch, in this process).
+    Comas,
+    /// A vLLM OpenAI server per base model (see the `--vllm-*` flags).
+    Vllm,
+}
+
+impl EngineKind {
+    /// A job's choice as LoadPolicies carries it ("" for none).
+    pub fn parse(name: &str) -> Result<Option<Self>, String> {
+        match name {
+            "" => Ok(None),
+            "comas" => Ok(Some(EngineKind::Comas)),
+            "vllm" => Ok(Some(EngineKind::Vllm)),
+            other => Err(format!("unknown engine `{other}`; use comas or vllm")),
+        }
+    }
 }

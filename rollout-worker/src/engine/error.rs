@@ -60,6 +60,15 @@ pub enum EngineError {
     /// A failed decode step fails every episode of its batch, so they share the error.
     #[error("decode failed: {0}")]
     DecodeFailed(Arc<ModelError>),
+    /// The vLLM server behind this worker failed a turn, a swap or its start.
+    #[error(transparent)]
+    Vllm(#[from] crate::vllm::VllmError),
+}
+
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        EngineError::Load(e)
+    }
 }
 
 impl EngineError {

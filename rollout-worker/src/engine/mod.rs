@@ -4,6 +4,7 @@
 use crate::models::Models;
 use crate::remote::RemoteCalls;
 use crate::tools::{SideDone, ToolPool};
+use crate::vllm::{self, VllmCalls};
 use comas_model::{Batcher, ChatMessage, Completion, FinishReason as ModelFinish, SamplingParams};
 use comas_workflow::method::PromptFit;
 use comas_workflow::program::{Program, Reply, Request};
@@ -19,7 +20,9 @@ mod error;
 mod fault;
 mod room;
 
-pub use commands::{Command, EngineSettings, EpisodeJob, EpisodeOutcome, Snapshot, Stats};
+pub use commands::{
+    Command, EngineKind, EngineSettings, EpisodeJob, EpisodeOutcome, Snapshot, Stats,
+};
 pub use error::EngineError;
 pub(crate) use fault::{fault_from_env, Fault};
 use room::meter_for;
@@ -44,19 +47,25 @@ pub fn spawn(
                     },
                 };
                 match next {
-                    Command::Load { specs, dtype, reply } => {
+                    Command::Load { specs, dtype, engine, reply } => {
                         if let Some(Fault::SlowLoad(secs)) = fault_from_env() {
                             std::thread::sleep(Duration::from_secs(secs));
                         }
-                        match Models::load(&specs, &dtype, settings.device) {
+                        let on_vllm = engine.unwrap_or(settings.default_engine) == EngineKind::Vllm;
+                        // The servers of the policies loaded before stop first: their memory is
+                        // what the new ones start in.
+                        if on_vllm || models.bases.iter().any(|b| b.vllm().is_some()) {
+                            models = Models::empty();
+                        }
+                        match load_models(&specs, &dtype, on_vllm, &settings) {
                             Ok(m) => {
                                 let _ = reply
                                     .send(Ok((m.agents.len() + m.remote.len(), m.bases.len())));
                                 models = m;
                             }
-                            // The policies loaded before stay.
+                            // The policies loaded before stay (on comas's own engine).
                             Err(e) => {
-                                let _ = reply.send(Err(EngineError::Load(e)));
+                                let _ = reply.send(Err(e));
                             }
                         }
                     }
@@ -73,6 +82,30 @@ pub fn spawn(
         })
         .expect("spawn engine thread");
     (tx, handle)
+}
+
+/// The policies of a job, on vLLM or on comas's own engine on the worker's device.
+fn load_models(
+    specs: &[crate::models::PolicySpec],
+    dtype: &str,
+    on_vllm: bool,
+    settings: &EngineSettings,
+) -> Result<Models, EngineError> {
+    if on_vllm {
+        let Some(v) = &settings.vllm else {
+            return Err(vllm::VllmError::Setup(
+                "the job asks for engine = \"vllm\" but this worker cannot start vLLM".into(),
+            )
+            .into());
+        };
+        return Models::load(specs, dtype, tch::Device::Cpu, Some(v));
+    }
+    let device = if settings.default_engine == EngineKind::Comas {
+        settings.device
+    } else {
+        comas_model::dtype::parse_device(&settings.device_name)?
+    };
+    Models::load(specs, dtype, device, None)
 }
 
 struct RunningEpisode {
@@ -114,7 +147,12 @@ struct Runtime<'m> {
     side_results: mpsc::Receiver<SideDone>,
     /// Tool runs and endpoint turns handed out whose results have not been taken yet.
     side_out: usize,
-    batchers: Vec<Batcher<'m>>,
+    /// One batch per base on comas's own engine; `None` for a base on a vLLM server.
+    batchers: Vec<Option<Batcher<'m>>>,
+    /// Turns on vLLM servers: their calls, where they come back, and how many are out per base.
+    vllm: Option<VllmCalls>,
+    vllm_results: mpsc::Receiver<vllm::Done>,
+    vllm_out: Vec<usize>,
     episodes: HashMap<u64, RunningEpisode>,
     seqs: HashMap<u64, Seq>,
     waiting: VecDeque<WaitingTurn>,
@@ -141,13 +179,14 @@ fn finish_of(c: &Completion) -> FinishReason {
     }
 }
 
-/// The batch of base model `b`, its KV cache capped at the token budget.
-fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> Batcher<'m> {
+/// The batch of base model `b`, its KV cache capped at the token budget; none for a base on a
+/// vLLM server.
+fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> Option<Batcher<'m>> {
     let base = &models.bases[b];
-    let mut batcher = Batcher::new(&base.model, Some(&base.tokenizer));
+    let mut batcher = Batcher::new(base.own()?, Some(&base.tokenizer));
     batcher.set_cache_limit(Some(settings.max_batch_tokens));
     batcher.set_prefill_chunk(Some(settings.prefill_chunk));
-    batcher
+    Some(batcher)
 }
 
 impl<'m> Runtime<'m> {
@@ -156,6 +195,19 @@ impl<'m> Runtime<'m> {
         let (done, side_results) = mpsc::channel();
         let tools = ToolPool::new(done.clone(), Arc::clone(&stats));
         let remote = RemoteCalls::new(done, Arc::clone(&stats));
+        let (vllm_done, vllm_results) = mpsc::channel();
+        let vllm = if models.bases.iter().any(|b| b.vllm().is_some()) {
+            match VllmCalls::new(vllm_done) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    // Without its runtime a vLLM worker cannot generate: a worker failure.
+                    tracing::error!(error = %e, "cannot start the vLLM call runtime");
+                    std::process::exit(70);
+                }
+            }
+        } else {
+            None
+        };
         Self {
             models,
             settings,
@@ -165,6 +217,9 @@ impl<'m> Runtime<'m> {
             side_results,
             side_out: 0,
             batchers,
+            vllm,
+            vllm_results,
+            vllm_out: vec![0; models.bases.len()],
             episodes: HashMap::new(),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -187,9 +242,9 @@ impl<'m> Runtime<'m> {
     /// Handles one command; returns it back if it must leave this runtime (Load).
     fn handle(&mut self, cmd: Command) -> Option<Command> {
         match cmd {
-            Command::Load { specs, dtype, reply } => {
+            Command::Load { specs, dtype, engine, reply } => {
                 if self.idle() {
-                    return Some(Command::Load { specs, dtype, reply });
+                    return Some(Command::Load { specs, dtype, engine, reply });
                 }
                 let _ =
                     reply.send(Err(EngineError::EpisodesRunning { running: self.episodes.len() }));
@@ -228,7 +283,7 @@ impl<'m> Runtime<'m> {
                 let _ = reply.send(Snapshot {
                     versions: self.versions.clone(),
                     running_episodes: self.episodes.len(),
-                    running_sequences: self.batchers.iter().map(Batcher::len).sum(),
+                    running_sequences: self.running(),
                     waiting_turns: self.waiting.len(),
                     draining: self.draining,
                 });
@@ -329,9 +384,11 @@ impl<'m> Runtime<'m> {
                 continue;
             }
             let policy = &self.models.agents[&w.turn.agent];
-            if self.blocked(w.turn.agent)
-                || self.batchers[policy.base].len() >= self.settings.max_running
-            {
+            let in_base = match &self.batchers[policy.base] {
+                Some(b) => b.len(),
+                None => self.vllm_out[policy.base],
+            };
+            if self.blocked(w.turn.agent) || in_base >= self.settings.max_running {
                 keep.push_back(w);
                 continue;
             }
@@ -377,12 +434,13 @@ impl<'m> Runtime<'m> {
                 self.fail_episode(w.key, EngineError::NoRoom { turn, role, round, agent, why });
                 continue;
             }
-            let batcher = &self.batchers[policy.base];
             // The cache gives every row the widest row's columns, so that is what must fit.
-            if batcher.slots_if_added(need) > self.settings.max_batch_tokens {
-                w.prompt = Some(prompt);
-                keep.push_back(w);
-                continue;
+            if let Some(batcher) = &self.batchers[policy.base] {
+                if batcher.slots_if_added(need) > self.settings.max_batch_tokens {
+                    w.prompt = Some(prompt);
+                    keep.push_back(w);
+                    continue;
+                }
             }
             let WaitingTurn { key, turn, .. } = w;
             let s = &turn.sampling;
@@ -399,12 +457,30 @@ impl<'m> Runtime<'m> {
             };
             let id = self.next_seq;
             self.next_seq += 1;
-            match self.batchers[policy.base].add(
-                id,
-                prompt.clone(),
-                params,
-                policy.adapter.as_ref(),
-            ) {
+            let added = match (&mut self.batchers[policy.base], &self.vllm) {
+                (Some(batcher), _) => {
+                    batcher.add(id, prompt.clone(), params, policy.adapter.as_ref())
+                }
+                (None, Some(calls)) => {
+                    let server = base.vllm().expect("a base without a batcher is on vLLM");
+                    let model = if policy.adapter.is_some() {
+                        vllm::adapter_name(turn.agent, self.versions[&turn.agent])
+                    } else {
+                        server.served_name.clone()
+                    };
+                    self.vllm_out[policy.base] += 1;
+                    calls.submit(vllm::Generation {
+                        seq: id,
+                        endpoint: server.endpoint.clone(),
+                        model,
+                        prompt: prompt.clone(),
+                        params,
+                    });
+                    Ok(())
+                }
+                (None, None) => unreachable!("a runtime with vLLM bases has its calls"),
+            };
+            match added {
                 Ok(()) => {
                     let prompt_ids = prompt;
                     *self.in_flight.entry(turn.agent).or_default() += 1;
@@ -421,7 +497,7 @@ impl<'m> Runtime<'m> {
             }
         }
         self.waiting = keep;
-        let running: usize = self.batchers.iter().map(Batcher::len).sum();
+        let running = self.running();
         self.stats.peak_running_sequences.fetch_max(running as u64, Ordering::Relaxed);
     }
 
@@ -580,8 +656,11 @@ impl<'m> Runtime<'m> {
                 continue;
             }
             let (agent, version, tensors, reply) = self.updates.remove(i);
+            let on_vllm = self.models.bases[self.models.agents[&agent].base].vllm().is_some();
             let r = if self.fault == Some(Fault::StaleWeights) {
                 Ok(())
+            } else if on_vllm {
+                self.swap_on_vllm(agent, version, &tensors)
             } else {
                 self.models.apply_update(agent, &tensors)
             };
@@ -593,12 +672,121 @@ impl<'m> Runtime<'m> {
         }
     }
 
+    /// Sequences decoding here or generating on a vLLM server.
+    fn running(&self) -> usize {
+        self.batchers.iter().flatten().map(Batcher::len).sum::<usize>()
+            + self.vllm_out.iter().sum::<usize>()
+    }
+
+    /// A turn came back from a vLLM server: its completion goes on as one of comas's own
+    /// engine would; a failure fails its episode, and a server that is gone fails the worker.
+    fn vllm_done(&mut self, done: vllm::Done) {
+        let Some(seq) = self.seqs.get(&done.seq) else { return };
+        let base = seq.base;
+        self.vllm_out[base] -= 1;
+        let guided = seq.turn.sampling.guided_suffix.clone();
+        let tokenizer = &self.models.bases[base].tokenizer;
+        match done.result.and_then(|g| vllm::completion_of(g, tokenizer, guided.as_deref())) {
+            Ok(c) => self.finished(base, done.seq, c),
+            Err(e) => {
+                let s = self.seqs.remove(&done.seq).expect("present");
+                self.release(&s);
+                tracing::error!(error = %e, turn = s.turn.turn_index, "a vLLM turn failed");
+                let hung = matches!(
+                    e,
+                    vllm::VllmError::Call { err: comas_service::openai::CallError::Timeout(_), .. }
+                );
+                self.fail_episode(s.episode, EngineError::Vllm(e));
+                if hung {
+                    // Alive but not answering within the floor rate: as good as dead.
+                    tracing::error!("the vLLM server hangs; this worker stops");
+                    std::process::exit(70);
+                }
+                self.check_servers();
+            }
+        }
+    }
+
+    /// A vLLM server that has exited takes this worker with it: the coordinator sends its
+    /// episodes elsewhere, as for any worker that dies.
+    fn check_servers(&self) {
+        for b in &self.models.bases {
+            let Some(server) = b.vllm() else { continue };
+            if let Some(status) = server.exited() {
+                tracing::error!(%status, log = %server.log_tail(), "the vLLM server exited; this worker stops");
+                std::process::exit(70);
+            }
+        }
+    }
+
+    /// Hands an agent's new weights to its vLLM server: an adapter is written and loaded under
+    /// its version's name and the previous version unloaded (no turn runs on it: updates wait
+    /// for the agent's turns in flight); full weights are written and reloaded in place.
+    fn swap_on_vllm(
+        &self,
+        agent: u32,
+        version: u64,
+        tensors: &[comas_proto::weights::ReceivedTensor],
+    ) -> Result<(), EngineError> {
+        let Some(settings) = &self.settings.vllm else { return Ok(()) };
+        let policy = &self.models.agents[&agent];
+        let Some(server) = self.models.bases[policy.base].vllm() else { return Ok(()) };
+        let started = std::time::Instant::now();
+        let dir = settings.work_dir.join(vllm::adapter_name(agent, version));
+        let write = |e: String| vllm::VllmError::Write { path: dir.clone(), err: e };
+        match &policy.adapter {
+            Some(adapter) => {
+                self.models.apply_update(agent, tensors)?;
+                adapter.save(&dir).map_err(|e| write(e.to_string()))?;
+                vllm::load_adapter(server, &vllm::adapter_name(agent, version), &dir)?;
+                let old = self.versions[&agent];
+                if old != version {
+                    vllm::unload_adapter(server, &vllm::adapter_name(agent, old))?;
+                    let _ = std::fs::remove_dir_all(
+                        settings.work_dir.join(vllm::adapter_name(agent, old)),
+                    );
+                }
+            }
+            None => {
+                let named = tensors
+                    .iter()
+                    .map(|t| {
+                        let kind = comas_model::dtype::parse_kind(&t.dtype)
+                            .map_err(|err| EngineError::BadDtype { name: t.name.clone(), err })?;
+                        let v = tch::Tensor::f_from_data_size(&t.bytes, &t.shape, kind)
+                            .map_err(|err| EngineError::BadTensor { name: t.name.clone(), err })?;
+                        Ok((t.name.clone(), v))
+                    })
+                    .collect::<Result<Vec<_>, EngineError>>()?;
+                std::fs::create_dir_all(&dir).map_err(|e| write(e.to_string()))?;
+                comas_model::safetensors::write(
+                    &dir.join("model.safetensors"),
+                    &named,
+                    &Default::default(),
+                )
+                .map_err(|e| write(e.to_string()))?;
+                vllm::reload_weights(server, &dir)?;
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        self.stats.vllm_swaps.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .vllm_swap_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        tracing::info!(
+            agent,
+            version,
+            secs = started.elapsed().as_secs_f64(),
+            "weights swapped in on vLLM"
+        );
+        Ok(())
+    }
+
     fn publish_stats(&self) {
-        let running: usize = self.batchers.iter().map(Batcher::running).sum();
-        self.stats.running_sequences.store(running as u64, Ordering::Relaxed);
+        self.stats.running_sequences.store(self.running() as u64, Ordering::Relaxed);
         self.stats.waiting_turns.store(self.waiting.len() as u64, Ordering::Relaxed);
         self.stats.running_episodes.store(self.episodes.len() as u64, Ordering::Relaxed);
-        let kv: i64 = self.batchers.iter().map(Batcher::cache_bytes).sum();
+        let kv: i64 = self.batchers.iter().flatten().map(Batcher::cache_bytes).sum();
         self.stats.kv_cache_bytes.store(kv.max(0) as u64, Ordering::Relaxed);
     }
 
@@ -609,7 +797,7 @@ impl<'m> Runtime<'m> {
         loop {
             // Take every command that is waiting; block only when there is nothing to decode.
             loop {
-                let busy = self.batchers.iter().any(|b| !b.is_empty())
+                let busy = self.batchers.iter().flatten().any(|b| !b.is_empty())
                     || !self.waiting.is_empty()
                     || !self.updates.is_empty();
                 let cmd = if busy {
@@ -621,7 +809,7 @@ impl<'m> Runtime<'m> {
                 } else {
                     // Tool results and endpoint turns come on their own channel: look at it
                     // often while some are out.
-                    let wait = if self.side_out > 0 {
+                    let wait = if self.side_out > 0 || self.vllm_out.iter().any(|&n| n > 0) {
                         Duration::from_millis(5)
                     } else {
                         Duration::from_millis(200)
@@ -640,10 +828,13 @@ impl<'m> Runtime<'m> {
                 self.side_out -= 1;
                 self.side_done(done);
             }
+            while let Ok(done) = self.vllm_results.try_recv() {
+                self.vllm_done(done);
+            }
             self.apply_updates();
             self.admit();
             for b in 0..self.batchers.len() {
-                if self.batchers[b].is_empty() {
+                if self.batchers[b].as_ref().is_none_or(Batcher::is_empty) {
                     continue;
                 }
                 let step = {
@@ -651,7 +842,7 @@ impl<'m> Runtime<'m> {
                     // libtorch reports some failures (an allocation too large) by panicking in
                     // tch; the step's sequences fail and the batch starts afresh. The weights
                     // are only read by a step, so they are intact.
-                    let batcher = &mut self.batchers[b];
+                    let batcher = self.batchers[b].as_mut().expect("checked above");
                     self.steps += 1;
                     let inject = self.fault == Some(Fault::StepPanic(self.steps));
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

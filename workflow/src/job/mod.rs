@@ -16,8 +16,8 @@ mod tests;
 
 pub use order::step_questions;
 pub use spec::{
-    AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutSpec, ScheduleSpec,
-    SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD,
+    AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutEngine, RolloutSpec,
+    ScheduleSpec, SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD,
 };
 
 pub use crate::error::{invalid, JobError};

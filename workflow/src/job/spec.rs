@@ -182,11 +182,31 @@ pub struct RolloutSpec {
     /// Weights dtype on the rollout workers.
     #[serde(default = "float32")]
     pub dtype: String,
+    /// What generates the turns on every worker: `comas` (its own engine) or `vllm` (a vLLM
+    /// server per base model); unset, each worker's `--engine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<RolloutEngine>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutEngine {
+    Comas,
+    Vllm,
+}
+
+impl RolloutEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            RolloutEngine::Comas => "comas",
+            RolloutEngine::Vllm => "vllm",
+        }
+    }
 }
 
 impl Default for RolloutSpec {
     fn default() -> Self {
-        Self { dtype: float32() }
+        Self { dtype: float32(), engine: None }
     }
 }
 

@@ -53,10 +53,12 @@ impl Job {
         // The sampler ran the same weights: when it also used the learner's dtype on the CPU,
         // its log-probs stand for ℓ^old and the recompute pass can go (exact in f32; in bf16
         // other matrix shapes round differently, measured approx_kl ~0.003 on SmolLM2).
-        // (Truncated importance sampling needs the recomputed ℓ^old to weigh.)
+        // (Truncated importance sampling needs the recomputed ℓ^old to weigh.) Not on vLLM:
+        // its log-probs leave the stop tokens out while min_new_tokens holds them back.
         if !given("old_logprobs")
             && cfg.tis_cap == 0.0
             && cfg.device == "cpu"
+            && self.spec.rollout.engine != Some(crate::job::RolloutEngine::Vllm)
             && canonical_dtype(&self.spec.rollout.dtype) == canonical_dtype(&cfg.dtype)
         {
             cfg.old_logprobs = OldLogprobs::Sampler;
