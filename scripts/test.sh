@@ -15,3 +15,6 @@ cargo test --workspace "$@"
 profile=debug
 [[ " $* " == *" --release "* ]] && profile=release
 DEVICE=cpu STRICT=1 COMAS_BIN="target/$profile/comas" OUT=target/gpu-check-cpu bash scripts/gpu-check.sh
+# The README and docs/: links, quoted paths and every `comas` command's flags still exist, and
+# docs/cli.md is the binary's --help (issue 46).
+python3 scripts/check-docs.py --comas "target/$profile/comas"
