@@ -24,6 +24,10 @@ pub struct Conn {
 pub struct SubmitArgs {
     /// Job file (TOML). Relative paths in it are resolved against its folder.
     job: PathBuf,
+    /// Overrides of the job file's keys: `schedule.steps=10 agents.1.train.lr=2e-6` (dotted
+    /// keys, an index for an [[agents]] entry, TOML values); the coordinator keeps the
+    /// effective job.
+    overrides: Vec<String>,
     #[command(flatten)]
     conn: Conn,
     /// Follow the job's progress until it ends.
@@ -100,6 +104,16 @@ pub fn status_json(s: &pb::JobStatus) -> Value {
     })
 }
 
+/// A job file's text with command-line `key.path=value` overrides applied (unchanged without).
+pub fn with_overrides(text: String, overrides: &[String]) -> Result<String> {
+    if overrides.is_empty() {
+        return Ok(text);
+    }
+    use comas_workflow::job::overrides::{apply, Override};
+    let parsed = overrides.iter().map(|o| Override::parse(o)).collect::<Result<Vec<_>, _>>()?;
+    Ok(apply(&text, &parsed)?)
+}
+
 pub async fn submit_text(
     client: &mut Client,
     text: String,
@@ -126,6 +140,8 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
     }
     let text =
         std::fs::read_to_string(&a.job).with_context(|| format!("reading {}", a.job.display()))?;
+    let text =
+        with_overrides(text, &a.overrides).with_context(|| format!("{}", a.job.display()))?;
     let base = std::fs::canonicalize(&a.job)?
         .parent()
         .map(|p| p.display().to_string())

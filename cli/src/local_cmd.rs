@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 pub struct Args {
     /// Job file (TOML). Without one, the built-in example runs.
     job: Option<PathBuf>,
+    /// Overrides of the job file's keys: `schedule.steps=10 agents.1.train.lr=2e-6` (dotted
+    /// keys, an index for an [[agents]] entry, TOML values). The effective job is
+    /// DIR/job.toml.
+    overrides: Vec<String>,
     /// The built-in example to run when no job file is given.
     #[arg(long, env = "COMAS_LOCAL_EXAMPLE", value_enum, default_value = "smollm2")]
     example: Example,
@@ -364,12 +368,21 @@ pub fn run(a: Args) -> Result<()> {
         }
         other => anyhow::anyhow!("--dir {}: {other}", dir.display()),
     })?;
-    let job_path = match &a.job {
+    // `comas local key=value ...` overrides the built-in example's job.
+    let (job, overrides) = match &a.job {
+        Some(p) if p.to_string_lossy().contains('=') && !p.exists() => {
+            (None, [vec![p.to_string_lossy().into_owned()], a.overrides.clone()].concat())
+        }
+        _ => (a.job.clone(), a.overrides.clone()),
+    };
+    let job_path = match &job {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("job file {}", p.display()))?,
         None => examples::write(a.example, &dir)?,
     };
     let text = std::fs::read_to_string(&job_path)
         .with_context(|| format!("reading {}", job_path.display()))?;
+    let text = crate::client_cmd::with_overrides(text, &overrides)
+        .with_context(|| format!("{}", job_path.display()))?;
     let base = job_path.parent().unwrap_or(Path::new("/")).to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {

@@ -37,7 +37,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a job with every service on this machine (no job file: a built-in tiny example).
+    /// Run a job with every service on this machine (no job file: a built-in example).
     Local(local_cmd::Args),
     /// Submit a job file to a coordinator.
     Submit(client_cmd::SubmitArgs),

@@ -18,6 +18,8 @@ const VLLM: [&str; 4] = ["--engine", "vllm", "--vllm-kv-gib", "1"];
 /// The coordinator waits for workers while their servers start (a minute or two on 2 busy
 /// cores; the harness's default is 120 s).
 const COORDINATOR: [&str; 2] = ["--worker-wait-secs", "900"];
+/// How long a job of these tests may take (servers start, 2 busy cores).
+const FINISH_SECS: u64 = 1200;
 
 fn tiny_for_vllm(seed: i64) -> TinySpec {
     TinySpec {
@@ -89,7 +91,7 @@ async fn lora_agents_on_one_vllm_server_train_on_their_own_answers() {
     let flags = ["--vllm-kv-gib", "1", "--max-episodes", "8"];
     let c = Cluster::launch(dir, ports, 1, &COORDINATOR, STEPS, &flags);
     let id = c.submit().await;
-    let st = c.finished(&id).await;
+    let st = c.finished_within(&id, FINISH_SECS).await;
     assert!(st.agents.iter().all(|a| a.version == STEPS), "{:?}", st.agents);
     let log = c.metrics_log();
     assert_eq!(
@@ -161,7 +163,7 @@ async fn the_rewarded_answer_becomes_the_answer_with_vllm_generating() {
     flags.extend(["--max-episodes", "16"]);
     let c = Cluster::launch(dir, vec![port], 1, &COORDINATOR, STEPS, &flags);
     let id = c.submit().await;
-    c.finished(&id).await;
+    c.finished_within(&id, FINISH_SECS).await;
     let log = c.metrics_log();
     let rewards: Vec<f64> = log.iter().map(|m| m["accuracy"]["mean"].as_f64().unwrap()).collect();
     eprintln!("learning on vLLM: {rewards:?}");
@@ -192,9 +194,84 @@ async fn a_comas_job_on_vllm_counts_every_turn_and_version() {
     let flags = ["--vllm-kv-gib", "1", "--max-episodes", "3"];
     let c = Cluster::launch(dir, ports, 1, &COORDINATOR, STEPS, &flags);
     let id = c.submit().await;
-    c.finished(&id).await;
+    c.finished_within(&id, FINISH_SECS).await;
     c.check_complete_run().await;
     // Every turn is held to its length (min_new_tokens = max_new_tokens): vLLM's log-probs
     // leave the stop tokens out of the softmax, about 2 of 512 tokens' mass on these models.
     assert_logprobs_agree(&c.metrics_log(), 2, 0.01);
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).ok().is_some_and(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// A vLLM worker killed outright in the middle of a step (the CoMAS job, its two agents LoRA
+/// adapters on one base: one server per worker): its server goes with it, the coordinator sends
+/// its episodes to the other worker, and the job ends with exact counts and versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_worker_killed_mid_step_takes_its_server_and_loses_nothing() {
+    require_vllm();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ports = vec![free_port(), free_port()];
+    // Long turns, so the kill lands while the step's episodes are running.
+    write_job_of(dir, &ports, 48, false, STEPS);
+    write_model(&dir.join("model-0"), &tiny_for_vllm(3)).unwrap();
+    let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+    let lora = "mask_truncated = false\n[agents.train.lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n";
+    let on_vllm = job
+        .replace("[output]", "[rollout]\nengine = \"vllm\"\n[output]")
+        .replace("model = \"model-1\"", "model = \"model-0\"")
+        .replace("mask_truncated = false\n", lora);
+    assert_eq!(on_vllm.matches("[agents.train.lora]").count(), 2);
+    std::fs::write(dir.join("job.toml"), on_vllm).unwrap();
+    let flags = ["--vllm-kv-gib", "1", "--max-episodes", "3"];
+    let mut c = Cluster::launch(dir, ports, 2, &COORDINATOR, STEPS, &flags);
+    let id = c.submit().await;
+    c.on_event(&id, 900, "step 1's rollout", |s| {
+        s.steps_done == 1 && s.stage == "rollout" && s.episodes_total > 0
+    })
+    .await;
+    let victim = &mut c.workers[1];
+    let servers = children_of(victim.child.id());
+    assert_eq!(servers.len(), 1, "one vLLM server under {}: {servers:?}", victim.name);
+    eprintln!("killing {} and watching its server {servers:?}", victim.name);
+    victim.sigkill();
+    c.finished_within(&id, FINISH_SECS).await;
+    c.check_complete_run().await;
+    assert!(
+        c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0,
+        "the dead worker's leases were re-queued"
+    );
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (STEPS * EPISODES) as f64
+    );
+    // The server got SIGTERM from the kernel when its worker died, and stopped (gone, or a
+    // zombie where nothing reaps orphans).
+    let running = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().to_string()))
+            .is_some_and(|rest| !rest.starts_with('Z'))
+    };
+    let started = std::time::Instant::now();
+    while servers.iter().any(running) && started.elapsed() < std::time::Duration::from_secs(60) {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert!(
+        !servers.iter().any(running),
+        "the killed worker's vLLM server {servers:?} outlived it"
+    );
 }

@@ -330,8 +330,13 @@ impl Cluster {
     }
 
     pub async fn finished(&self, id: &str) -> pb::JobStatus {
+        self.finished_within(id, 240).await
+    }
+
+    /// As `finished`, waiting up to `secs` (jobs whose workers start inference servers).
+    pub async fn finished_within(&self, id: &str, secs: u64) -> pb::JobStatus {
         let st = self
-            .wait_for(id, 240, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32)
+            .wait_for(id, secs, "the job to end", |s| s.state >= pb::JobState::Succeeded as i32)
             .await;
         assert_eq!(
             st.state,

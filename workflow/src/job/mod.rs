@@ -8,6 +8,7 @@
 //! - `order`: which questions each step plays.
 mod check;
 mod order;
+pub mod overrides;
 mod spec;
 mod train;
 
