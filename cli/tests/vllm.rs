@@ -167,7 +167,8 @@ async fn the_rewarded_answer_becomes_the_answer_with_vllm_generating() {
     let log = c.metrics_log();
     let rewards: Vec<f64> = log.iter().map(|m| m["accuracy"]["mean"].as_f64().unwrap()).collect();
     eprintln!("learning on vLLM: {rewards:?}");
-    assert!((0.1..=0.6).contains(&rewards[0]), "step 0 is not at chance: {rewards:?}");
+    // Unseeded on the CPU (see docs/vllm.md), so the bounds on chance are wide.
+    assert!((0.05..0.75).contains(&rewards[0]), "step 0 is not at chance: {rewards:?}");
     let last = rewards[rewards.len() - 2..].iter().sum::<f64>() / 2.0;
     assert!(last >= 0.9, "the pipeline did not learn within {STEPS} steps on vLLM: {rewards:?}");
     assert_logprobs_agree(&log, 1, 1e-4);

@@ -84,6 +84,31 @@ impl Models {
         if let Some(settings) = vllm {
             return Self::load_on_vllm(specs, kind, settings);
         }
+        let models = Self::assemble(specs, kind, device, |s, _| {
+            let model = CausalLm::load(&s.model_dir, kind, device)?;
+            // The worker only generates: decode steps may use packed linears.
+            model.pack_for_decode();
+            let tokenizer = checked_tokenizer(&s.model_dir, model.config())?;
+            let config = model.config().clone();
+            Ok(Base { engine: Engine::Own(model), config, tokenizer })
+        })?;
+        // Warm-up: one forward per base, so the first real batch does not pay for lazy init.
+        for m in models.bases.iter().filter_map(Base::own) {
+            let _g = tch::no_grad_guard();
+            let _ = m.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
+        }
+        Ok(models)
+    }
+
+    /// The policies of `specs`: agents without their own weights share a base made once per
+    /// folder by `new_base` (given the spec and how many bases exist), each agent its adapter on
+    /// `adapter_device`, frozen models behind endpoints as they are.
+    fn assemble(
+        specs: &[PolicySpec],
+        kind: Kind,
+        adapter_device: Device,
+        mut new_base: impl FnMut(&PolicySpec, usize) -> Result<Base, EngineError>,
+    ) -> Result<Self, EngineError> {
         let mut bases: Vec<Base> = Vec::new();
         let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
         let mut agents = BTreeMap::new();
@@ -96,36 +121,25 @@ impl Models {
                 remote.insert(s.agent, r.clone());
                 continue;
             }
-            let own = s.full_weights && s.adapter_dir.is_none() && s.lora.is_none();
-            let base = match (own, shared.get(&s.model_dir)) {
+            let base = match (own_weights(s), shared.get(&s.model_dir)) {
                 (false, Some(&i)) => i,
-                _ => {
-                    let model = CausalLm::load(&s.model_dir, kind, device)?;
-                    // The worker only generates: decode steps may use packed linears.
-                    model.pack_for_decode();
-                    let tokenizer = checked_tokenizer(&s.model_dir, model.config())?;
-                    let config = model.config().clone();
-                    bases.push(Base { engine: Engine::Own(model), config, tokenizer });
+                (own, _) => {
+                    bases.push(new_base(s, bases.len())?);
                     if !own {
                         shared.insert(s.model_dir.clone(), bases.len() - 1);
                     }
                     bases.len() - 1
                 }
             };
-            let adapter = adapter_of(s, &bases[base].config, kind, device)?;
+            let adapter = adapter_of(s, &bases[base].config, kind, adapter_device)?;
             agents.insert(s.agent, AgentPolicy { base, adapter });
-        }
-        // Warm-up: one forward per base, so the first real batch does not pay for lazy init.
-        for m in bases.iter().filter_map(Base::own) {
-            let _g = tch::no_grad_guard();
-            let _ = m.forward(&Tensor::from_slice(&[0i64, 1]).view([1, 2]), None, None)?;
         }
         Ok(Self { bases, agents, remote })
     }
 
     /// Every base on a vLLM server: LoRA agents of one base folder share its server, each
     /// full-weight agent has one of its own. Adapters live here on the CPU (updates are copied
-    /// into them and written out for the server).
+    /// into them and written out for the server); version 0 of each is loaded here.
     fn load_on_vllm(
         specs: &[PolicySpec],
         kind: Kind,
@@ -134,76 +148,53 @@ impl Models {
         if settings.url.is_none() {
             vllm::check_python(&settings.python)?;
         }
-        let mut bases: Vec<Base> = Vec::new();
-        let mut shared: BTreeMap<PathBuf, usize> = BTreeMap::new();
-        let mut agents = BTreeMap::new();
-        let mut remote = BTreeMap::new();
-        for s in specs {
-            if agents.contains_key(&s.agent) || remote.contains_key(&s.agent) {
-                return Err(ModelError::Config(format!("agent {} is listed twice", s.agent)).into());
-            }
-            if let Some(r) = &s.remote {
-                remote.insert(s.agent, r.clone());
-                continue;
-            }
-            let own = s.full_weights && s.adapter_dir.is_none() && s.lora.is_none();
-            let base = match (own, shared.get(&s.model_dir)) {
-                (false, Some(&i)) => i,
-                _ => {
-                    let config = Config::from_file(&s.model_dir.join("config.json"))?;
-                    let tokenizer = checked_tokenizer(&s.model_dir, &config)?;
-                    // How many LoRA agents this server holds, and their largest rank.
-                    let sharing: Vec<&PolicySpec> = specs
-                        .iter()
-                        .filter(|o| !own && o.remote.is_none() && o.model_dir == s.model_dir)
-                        .collect();
-                    let mut ranks = Vec::new();
-                    for o in &sharing {
-                        if let Some(dir) = &o.adapter_dir {
-                            ranks
-                                .push(LoraAdapter::load(dir, &config, kind, Device::Cpu)?.config.r);
-                        } else if let Some(l) = &o.lora {
-                            ranks.push(l.r);
-                        }
-                    }
-                    // Each agent's adapter, and the next version beside it during a swap.
-                    let lora = ranks.iter().max().map(|&r| (r, 2 * ranks.len()));
-                    let spec = ServeSpec {
-                        model_dir: s.model_dir.clone(),
-                        dtype: kind_name(kind).to_string(),
-                        max_model_len: (config.max_position_embeddings.max(1) as usize)
-                            .min(settings.max_model_len),
-                        lora,
-                        device: settings.device.clone(),
-                    };
-                    let server = match &settings.url {
-                        Some(url) if bases.is_empty() => VllmServer::attach(settings, url)?,
-                        Some(_) => {
-                            return Err(vllm::VllmError::Setup(
-                                "--vllm-url names one server, but this job's agents need several base models (or full-weight agents of their own); let the worker start its servers".into(),
-                            )
-                            .into())
-                        }
-                        None => VllmServer::start(settings, &spec, &format!("base{}", bases.len()))?,
-                    };
-                    bases.push(Base { engine: Engine::Vllm(server), config, tokenizer });
-                    if !own {
-                        shared.insert(s.model_dir.clone(), bases.len() - 1);
-                    }
-                    bases.len() - 1
+        let models = Self::assemble(specs, kind, Device::Cpu, |s, made| {
+            let config = Config::from_file(&s.model_dir.join("config.json"))?;
+            let tokenizer = checked_tokenizer(&s.model_dir, &config)?;
+            // How many LoRA agents this server holds, and their largest rank.
+            let mut ranks = Vec::new();
+            for o in specs
+                .iter()
+                .filter(|o| !own_weights(s) && o.remote.is_none() && o.model_dir == s.model_dir)
+            {
+                if let Some(dir) = &o.adapter_dir {
+                    ranks.push(LoraAdapter::load(dir, &config, kind, Device::Cpu)?.config.r);
+                } else if let Some(l) = &o.lora {
+                    ranks.push(l.r);
                 }
+            }
+            // Each agent's adapter, and the next version beside it during a swap.
+            let lora = ranks.iter().max().map(|&r| (r, 2 * ranks.len()));
+            let spec = ServeSpec {
+                model_dir: s.model_dir.clone(),
+                dtype: kind_name(kind).to_string(),
+                max_model_len: (config.max_position_embeddings.max(1) as usize)
+                    .min(settings.max_model_len),
+                lora,
+                device: settings.device.clone(),
             };
-            let adapter = adapter_of(s, &bases[base].config, kind, Device::Cpu)?;
-            // Version 0 of the adapter, under the name the agent's turns ask for.
-            if let (Some(a), Some(server)) = (&adapter, bases[base].vllm()) {
-                let name = vllm::adapter_name(s.agent, 0);
+            let server = match &settings.url {
+                Some(url) if made == 0 => VllmServer::attach(settings, url)?,
+                Some(_) => {
+                    return Err(vllm::VllmError::Setup(
+                        "--vllm-url names one server, but this job's agents need several base models (or full-weight agents of their own); let the worker start its servers".into(),
+                    )
+                    .into())
+                }
+                None => VllmServer::start(settings, &spec, &format!("base{made}"))?,
+            };
+            Ok(Base { engine: Engine::Vllm(server), config, tokenizer })
+        })?;
+        // Version 0 of each adapter, under the name the agent's turns ask for.
+        for (&agent, p) in &models.agents {
+            if let (Some(a), Some(server)) = (&p.adapter, models.bases[p.base].vllm()) {
+                let name = vllm::adapter_name(agent, 0);
                 let dir = settings.work_dir.join(&name);
                 a.save(&dir)?;
                 vllm::load_adapter(server, &name, &dir)?;
             }
-            agents.insert(s.agent, AgentPolicy { base, adapter });
         }
-        Ok(Self { bases, agents, remote })
+        Ok(models)
     }
 
     /// Copies new weights for `agent` into its tensors in place. Every tensor of the agent's
@@ -299,4 +290,9 @@ fn adapter_of(
         }
         (None, None) => Ok(None),
     }
+}
+
+/// An agent with a model instance of its own (full weights, no adapter), not a shared base.
+fn own_weights(s: &PolicySpec) -> bool {
+    s.full_weights && s.adapter_dir.is_none() && s.lora.is_none()
 }

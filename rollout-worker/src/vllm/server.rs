@@ -58,6 +58,8 @@ pub struct ServeSpec {
 pub struct VllmServer {
     pub endpoint: Endpoint,
     pub served_name: String,
+    /// Whether its requests carry the turns' seeds (not on the CPU: see `Generation::seeded`).
+    pub seeded: bool,
     child: std::sync::Mutex<Option<Child>>,
     log: Option<PathBuf>,
 }
@@ -108,6 +110,7 @@ impl VllmServer {
         let s = Self {
             endpoint,
             served_name: settings.served_name.clone(),
+            seeded: settings.device != "cpu",
             child: std::sync::Mutex::new(None),
             log: None,
         };
@@ -180,6 +183,7 @@ impl VllmServer {
         let s = Self {
             endpoint,
             served_name: BASE_NAME.to_string(),
+            seeded: spec.device != "cpu",
             child: std::sync::Mutex::new(Some(child)),
             log: Some(log),
         };

@@ -17,7 +17,9 @@ pub struct CompletionRequest {
     /// vLLM reads 0 and -1 as off; sent only when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
-    pub seed: u64,
+    /// Not sent to a server on the CPU (see `calls::Generation::seeded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     pub stop_token_ids: Vec<i64>,
     /// The sampled token's log-probability only.
     pub logprobs: u32,
@@ -90,7 +92,7 @@ mod tests {
             temperature: 0.7,
             top_p: 1.0,
             top_k: None,
-            seed: 9,
+            seed: Some(9),
             stop_token_ids: vec![2],
             logprobs: 0,
             return_token_ids: true,
