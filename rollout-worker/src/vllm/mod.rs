@@ -71,16 +71,7 @@ pub fn completion_of(
 ) -> Result<Completion, VllmError> {
     let Generated { mut tokens, mut logprobs, tail_from, stopped } = g;
     let (Some(from), Some(regex)) = (tail_from, guided_suffix) else {
-        let finish = if stopped { FinishReason::Stop } else { FinishReason::Length };
-        let sampling_logprobs = logprobs.clone();
-        return Ok(Completion {
-            token_ids: tokens,
-            logprobs,
-            sampling_logprobs,
-            finish_reason: finish,
-            stop_string: None,
-            constrained: Vec::new(),
-        });
+        return Ok(completion(tokens, logprobs, stopped, Vec::new()));
     };
     let bad = |m: String| VllmError::Guide(m);
     let mut guide =
@@ -117,16 +108,24 @@ pub fn completion_of(
     }
     tokens.truncate(end);
     logprobs.truncate(end);
-    let finish = if done || stopped { FinishReason::Stop } else { FinishReason::Length };
-    let sampling_logprobs = logprobs.clone();
-    Ok(Completion {
-        token_ids: tokens,
+    Ok(completion(tokens, logprobs, done || stopped, constrained))
+}
+
+/// A completion of vLLM's tokens: the reported log-probs serve as the sampling ones too.
+fn completion(
+    token_ids: Vec<i64>,
+    logprobs: Vec<f32>,
+    stopped: bool,
+    constrained: Vec<Constrained>,
+) -> Completion {
+    Completion {
+        sampling_logprobs: logprobs.clone(),
+        token_ids,
         logprobs,
-        sampling_logprobs,
-        finish_reason: finish,
+        finish_reason: if stopped { FinishReason::Stop } else { FinishReason::Length },
         stop_string: None,
         constrained,
-    })
+    }
 }
 
 /// The served name of an agent's adapter version.
