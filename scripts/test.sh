@@ -2,6 +2,9 @@
 # Runs every test of the workspace. Installs libtorch into .venv first if needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# torch and its CUDA libraries come twice (vLLM's 2.13, the reference's 2.11), several GB each:
+# pip's wheel cache would hold them a second time, and CI's disk is not large.
+export PIP_NO_CACHE_DIR=1
 bash scripts/setup.sh
 bash scripts/setup-tensorboard.sh   # TensorBoard's reader: tests read the event files back
 bash scripts/fetch-smollm2.sh >/dev/null   # the real model (cached): its import parity tests need the GGUF
