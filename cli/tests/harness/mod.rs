@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod comas_job;
+mod net_cluster;
+pub mod netns;
 #[allow(unused_imports)] // not every test file builds the CoMAS job
 pub use comas_job::*;
 
@@ -43,13 +45,43 @@ pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {
 }
 
 pub fn spawn_with(dir: &Path, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+    spawn_in(None, dir, name, args, env)
+}
+
+/// As `spawn_with`, in network namespace `ns` when one is given. The process is killed when
+/// the test process dies, however it dies.
+pub fn spawn_in(
+    ns: Option<&str>,
+    dir: &Path,
+    name: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Proc {
+    use std::os::unix::process::CommandExt;
     // Appended, so a restarted service's log follows the one before it.
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(format!("{name}.log")))
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_comas"))
+    let bin = env!("CARGO_BIN_EXE_comas");
+    let mut cmd = match ns {
+        // `ip netns exec` execs the service, so the child's pid is the service's.
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    // SAFETY: prctl(2) in the child before exec; async-signal-safe, touches no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd
         .args(args)
         .envs(env.iter().copied())
         .env("COMAS_THREADS", "1")
@@ -80,6 +112,8 @@ pub struct Cluster {
     pub worker_flags: Vec<String>,
     /// Environment of every service process (TLS files).
     pub env: Vec<(String, String)>,
+    /// Each service in its own network namespace (`netns::Net`), else all on loopback.
+    pub net: Option<netns::Net>,
 }
 
 impl Cluster {
@@ -105,6 +139,30 @@ impl Cluster {
         worker_flags: &[&str],
         env: &[(&str, String)],
     ) -> Self {
+        Self::launch_full(
+            dir,
+            learner_ports,
+            workers,
+            coordinator_flags,
+            steps,
+            worker_flags,
+            env,
+            None,
+        )
+    }
+
+    /// As `launch_env`, each service in its namespace of `net` when one is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_full(
+        dir: &Path,
+        learner_ports: Vec<u16>,
+        workers: usize,
+        coordinator_flags: &[&str],
+        steps: u64,
+        worker_flags: &[&str],
+        env: &[(&str, String)],
+        net: Option<netns::Net>,
+    ) -> Self {
         let n = learner_ports.len();
         let mut c = Cluster {
             dir: dir.to_path_buf(),
@@ -119,6 +177,7 @@ impl Cluster {
             steps,
             worker_flags: s(worker_flags),
             env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            net,
         };
         c.start_coordinator();
         for k in 0..n {
@@ -152,6 +211,7 @@ impl Cluster {
             steps,
             worker_flags: s(worker_flags),
             env: Vec::new(),
+            net: None,
         };
         c.start_coordinator();
         c.start_learner(0);
@@ -165,9 +225,9 @@ impl Cluster {
         let mut args = s(&[
             "coordinator",
             "--listen",
-            &format!("127.0.0.1:{}", self.coord_port),
+            &format!("{}:{}", self.ip_of("coordinator"), self.coord_port),
             "--metrics-listen",
-            &format!("127.0.0.1:{}", self.metrics_port),
+            &format!("{}:{}", self.ip_of("coordinator"), self.metrics_port),
             "--db",
             &self.dir.join("jobs.sqlite").display().to_string(),
         ]);
@@ -182,7 +242,10 @@ impl Cluster {
             }
         }
         args.extend(self.coordinator_flags.iter().cloned());
-        self.coordinator = Some(spawn_with(&self.dir, "coordinator", &args, &self.env_with(&[])));
+        // On an emulated network the tests read workers' comings and goings from its log.
+        let info = [("COMAS_LOG", "info,h2=warn,hyper=warn,tower=warn")];
+        let more: &[(&str, &str)] = if self.net.is_some() { &info } else { &[] };
+        self.coordinator = Some(self.spawn("coordinator", &args, &self.env_with(more)));
     }
 
     pub fn start_learner(&mut self, k: usize) {
@@ -198,7 +261,7 @@ impl Cluster {
             "--agent-id",
             &self.learner_agents[k],
             "--listen",
-            &format!("127.0.0.1:{}", self.learner_ports[k]),
+            &format!("{}:{}", self.ip_of(&format!("learner-{k}")), self.learner_ports[k]),
             "--checkpoint-dir",
             &self.dir.join(format!("ckpt-{k}")).display().to_string(),
             "--resume",
@@ -206,8 +269,7 @@ impl Cluster {
             "--keep-checkpoints",
             "1",
         ]);
-        self.learners[k] =
-            Some(spawn_with(&self.dir, &format!("learner-{k}"), &args, &self.env_with(env)));
+        self.learners[k] = Some(self.spawn(&format!("learner-{k}"), &args, &self.env_with(env)));
     }
 
     pub fn add_worker(&mut self) {
@@ -224,12 +286,50 @@ impl Cluster {
         let mut args = s(&[
             "worker",
             "--listen",
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("{}:{}", self.ip_of(&format!("worker-{i}")), free_port()),
             "--coordinator",
-            &format!("http://127.0.0.1:{}", self.coord_port),
+            &self.coordinator_url(),
         ]);
         args.extend(self.worker_flags.iter().cloned());
-        spawn_with(&self.dir, &format!("worker-{i}"), &args, &self.env_with(env))
+        self.spawn(&format!("worker-{i}"), &args, &self.env_with(env))
+    }
+
+    /// Starts service `name` in its namespace, if the cluster has a net.
+    fn spawn(&self, name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+        let ns = self.net.as_ref().and_then(|n| n.ns_of(name));
+        spawn_in(ns, &self.dir, name, args, env)
+    }
+
+    /// The address `service` listens on: its namespace's, or loopback.
+    pub fn ip_of(&self, service: &str) -> String {
+        self.net.as_ref().map_or_else(|| "127.0.0.1".to_string(), |n| n.ip(service).to_string())
+    }
+
+    /// `https` when the services hold certificates.
+    pub fn scheme(&self) -> &'static str {
+        if self.env.iter().any(|(k, _)| k == "COMAS_TLS_CERT") {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    pub fn coordinator_url(&self) -> String {
+        format!("{}://{}:{}", self.scheme(), self.ip_of("coordinator"), self.coord_port)
+    }
+
+    pub fn learner_url(&self, k: usize) -> String {
+        format!(
+            "{}://{}:{}",
+            self.scheme(),
+            self.ip_of(&format!("learner-{k}")),
+            self.learner_ports[k]
+        )
+    }
+
+    /// A channel to `url` with this process's TLS (none unless a test installed one).
+    async fn channel(url: &str) -> Result<tonic::transport::Channel, String> {
+        comas_service::tls::channel(url, |e| e).await.map_err(|e| e.to_string())
     }
 
     /// The cluster's environment and `more`.
@@ -240,14 +340,32 @@ impl Cluster {
     pub async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
         let started = Instant::now();
         loop {
-            match CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port)).await
-            {
-                Ok(c) => return c,
+            match Self::channel(&self.coordinator_url()).await {
+                Ok(c) => return CoordinatorClient::new(c),
                 Err(e) if started.elapsed() > Duration::from_secs(30) => {
                     panic!("coordinator unreachable: {e}")
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
+        }
+    }
+
+    /// Waits until `n` workers are registered and ready (policies loaded).
+    pub async fn ready_workers(&self, n: usize) {
+        let started = Instant::now();
+        loop {
+            let list = self.client().await.list_workers(pb::ListWorkersRequest {}).await;
+            let ready =
+                list.map_or(0, |r| r.into_inner().workers.iter().filter(|w| w.ready).count());
+            if ready >= n {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "{ready} of {n} workers ready after 120 s\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -266,9 +384,7 @@ impl Cluster {
     }
 
     pub async fn status(&self, id: &str) -> Option<pb::JobStatus> {
-        let mut c = CoordinatorClient::connect(format!("http://127.0.0.1:{}", self.coord_port))
-            .await
-            .ok()?;
+        let mut c = CoordinatorClient::new(Self::channel(&self.coordinator_url()).await.ok()?);
         c.get_job(pb::GetJobRequest { job_id: id.into() }).await.ok().map(|r| r.into_inner())
     }
 
@@ -385,7 +501,8 @@ impl Cluster {
 
     pub fn prometheus(&self, name: &str) -> f64 {
         use std::io::{Read, Write};
-        let mut sock = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        let ip = self.ip_of("coordinator");
+        let mut sock = std::net::TcpStream::connect((ip.as_str(), self.metrics_port)).unwrap();
         write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
         let mut body = String::new();
         sock.read_to_string(&mut body).unwrap();
@@ -395,9 +512,7 @@ impl Cluster {
     }
 
     pub async fn learner_info(&self, k: usize) -> pb::LearnerInfo {
-        let mut c = LearnerClient::connect(format!("http://127.0.0.1:{}", self.learner_ports[k]))
-            .await
-            .unwrap();
+        let mut c = LearnerClient::new(Self::channel(&self.learner_url(k)).await.unwrap());
         c.info(pb::InfoRequest {}).await.unwrap().into_inner()
     }
 }
