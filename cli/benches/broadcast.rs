@@ -1,12 +1,19 @@
 //! Weight broadcast: the time until W rollout-worker processes all hold a new version of a
 //! model's full f32 weights, and the bytes the learner sent, with every worker pulling from
-//! the learner ("direct") and with the workers in a relay chain (each pulls from the one
-//! before while that one is still receiving), at W = 1, 2, 4 and 8. The learner runs in this
-//! process on loopback and trains one step before each broadcast, so every round sends a new
-//! version.
+//! the learner ("direct"), with the workers in a relay chain (each pulls from the one before
+//! while that one is still receiving) and in a relay tree of fan-out 2, at W = 1, 2, 4 and 8.
+//! The learner runs in this process and trains one step before each broadcast, so every round
+//! sends a new version.
 //!
 //! cargo bench -p comas --bench broadcast
 //! COMAS_BENCH_MODEL=DIR uses that model folder (default: the 40M-parameter bench model).
+//! COMAS_BENCH_LINK_MBIT=1000 puts each worker in a network namespace of its own behind a link
+//! of that rate, and the learner behind one too (the emulated cluster of
+//! cli/tests/harness/netns.rs; root and iptables, scripts/setup-netns.sh): the case where the
+//! network, not the cores, binds. Without it everything runs on loopback.
+#[path = "../tests/harness/netns.rs"]
+#[allow(dead_code)]
+mod netns;
 use comas_model::tiny::{write_model, TinySpec};
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
@@ -49,10 +56,20 @@ impl Drop for Worker {
     }
 }
 
-async fn start_worker(model: &Path) -> Worker {
+/// A worker process listening on `ip`, in namespace `ns` when given.
+async fn start_worker(model: &Path, ip: &str, ns: Option<&str>) -> Worker {
     let port = free_port();
-    let address = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_comas"))
+    let address = format!("{ip}:{port}");
+    let bin = env!("CARGO_BIN_EXE_comas");
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let child = cmd
         .args(["worker", "--listen", &address])
         .env("COMAS_THREADS", "1")
         .stdout(Stdio::null())
@@ -113,15 +130,43 @@ async fn next_version(learner: &mut LearnerClient<Channel>, step: u64) -> pb::We
         .into_inner()
 }
 
+/// Who each worker pulls from: the learner, or an earlier worker of the relay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Direct,
+    Chain,
+    /// Worker i pulls from worker (i - 1) / 2: each passes the version on to two.
+    Tree,
+}
+
+impl Mode {
+    fn source(self, i: usize) -> Option<usize> {
+        match self {
+            _ if i == 0 => None,
+            Mode::Direct => None,
+            Mode::Chain => Some(i - 1),
+            Mode::Tree => Some((i - 1) / 2),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Chain => "chain",
+            Mode::Tree => "tree-2",
+        }
+    }
+}
+
 /// Every worker takes `version` at once; returns the seconds until the last holds it.
-async fn broadcast(workers: &[Worker], learner: &str, version: u64, chain: bool) -> f64 {
+async fn broadcast(workers: &[Worker], learner: &str, version: u64, mode: Mode) -> f64 {
     let started = Instant::now();
     let pulls = workers.iter().enumerate().map(|(i, w)| {
-        let req = if chain && i > 0 {
+        let req = if let Some(from) = mode.source(i) {
             pb::UpdateWeightsRequest {
                 agent_id: 0,
                 version,
-                source: workers[i - 1].address.clone(),
+                source: workers[from].address.clone(),
                 relay: true,
                 fallback_source: learner.to_string(),
             }
@@ -136,7 +181,8 @@ async fn broadcast(workers: &[Worker], learner: &str, version: u64, chain: bool)
         let mut c = w.client.clone();
         async move {
             let r = c.update_weights(req).await.expect("update weights").into_inner();
-            assert_eq!(r.relayed, chain && i > 0, "worker {i} fell back to the learner: {r:?}");
+            let relayed = mode.source(i).is_some();
+            assert_eq!(r.relayed, relayed, "worker {i} fell back to the learner: {r:?}");
         }
     });
     futures_join_all(pulls).await;
@@ -165,10 +211,24 @@ fn main() {
             d
         }
     };
+    let link_mbit: Option<f64> = std::env::var("COMAS_BENCH_LINK_MBIT").ok().map(|v| {
+        v.parse().unwrap_or_else(|_| panic!("COMAS_BENCH_LINK_MBIT={v:?}: a rate in Mbit/s"))
+    });
+    let most = *WORKERS.iter().max().unwrap();
+    let names: Vec<String> = (0..most).map(|i| format!("worker-{i}")).collect();
+    let net = link_mbit.map(|rate| {
+        let shape = netns::Shape { rate_mbit: rate };
+        let net =
+            netns::Net::new(&names.iter().map(String::as_str).collect::<Vec<_>>(), Some(shape));
+        // This process's own link is the learner's.
+        net.shape_leg(shape);
+        net
+    });
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let learner_ip = net.as_ref().map_or("127.0.0.1".to_string(), |n| n.leg_ip());
+        let listener = tokio::net::TcpListener::bind((learner_ip.as_str(), 0)).await.unwrap();
         let learner_addr = listener.local_addr().unwrap().to_string();
         let metrics_port = free_port();
         let settings = comas_learner::server::ServerSettings {
@@ -207,34 +267,43 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let mut workers = Vec::new();
-        for _ in 0..*WORKERS.iter().max().unwrap() {
-            workers.push(start_worker(&model).await);
+        for name in &names {
+            let (ip, ns) = match &net {
+                Some(n) => (n.ip(name).to_string(), n.ns_of(name)),
+                None => ("127.0.0.1".to_string(), None),
+            };
+            workers.push(start_worker(&model, &ip, ns).await);
         }
         let sent = || scrape(metrics_port, "comas_learner_weight_bytes_sent_total");
+        let place = match link_mbit {
+            Some(rate) => format!("each in a network namespace behind a {rate} Mbit/s link"),
+            None => "on loopback".to_string(),
+        };
         println!(
-            "model {} ; learner and up to {} worker processes on loopback",
+            "model {} ; learner and up to {} worker processes {place}",
             model.display(),
             workers.len()
         );
         println!(
-            "{:>3} {:>7} {:>10} {:>12} {:>12} {:>10}",
-            "W", "mode", "MB/version", "seconds", "vs W=1", "learner MB"
+            "{:>3} {:>7} {:>10} {:>10} {:>8} {:>10} {:>14}",
+            "W", "mode", "MB/version", "seconds", "vs W=1", "learner MB", "MB/s a worker"
         );
         let mut step = 0;
-        for chain in [false, true] {
+        for mode in [Mode::Direct, Mode::Chain, Mode::Tree] {
             let mut first = None;
             for w in WORKERS {
                 step += 1;
                 let p = next_version(&mut learner, step).await;
                 let before = sent();
-                let secs = broadcast(&workers[..w], &learner_addr, p.version, chain).await;
+                let secs = broadcast(&workers[..w], &learner_addr, p.version, mode).await;
                 let learner_mb = (sent() - before) / 1e6;
                 let base = *first.get_or_insert(secs);
-                let mode = if chain { "chain" } else { "direct" };
+                let mb = p.total_bytes as f64 / 1e6;
                 println!(
-                    "{w:>3} {mode:>7} {:>10.1} {secs:>12.3} {:>11.2}× {learner_mb:>10.1}",
-                    p.total_bytes as f64 / 1e6,
-                    secs / base
+                    "{w:>3} {:>7} {mb:>10.1} {secs:>10.3} {:>7.2}× {learner_mb:>10.1} {:>14.1}",
+                    mode.name(),
+                    secs / base,
+                    mb / secs
                 );
             }
         }

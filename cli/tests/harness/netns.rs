@@ -116,6 +116,23 @@ impl Net {
             .unwrap_or_else(|| panic!("no service {name:?} on this net"))
     }
 
+    /// The test process's own address on the net.
+    pub fn leg_ip(&self) -> String {
+        format!("10.211.{}.1", self.subnet)
+    }
+
+    /// Limits the test process's own link (a learner run in-process sits behind it).
+    pub fn shape_leg(&self, shape: Shape) {
+        let tbf = tbf_args(shape.rate_mbit);
+        let leg = format!("cn{}", self.subnet);
+        let mut up = vec!["tc", "qdisc", "replace", "dev", leg.as_str(), "root"];
+        up.extend(tbf.iter().map(String::as_str));
+        run("tc", &up[1..]);
+        let mut down = vec!["tc", "qdisc", "replace", "dev", "up0", "root"];
+        down.extend(tbf.iter().map(String::as_str));
+        in_ns(&self.hub, &down);
+    }
+
     pub fn ip(&self, name: &str) -> &str {
         &self.host(name).ip
     }
