@@ -212,7 +212,7 @@ async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     let c = Cluster::new(dir.path(), 1, 24);
     let job = std::fs::read_to_string(dir.path().join("job.toml"))
         .unwrap()
-        .replace("learner_timeout_secs = 120", "learner_timeout_secs = 5");
+        .replace("learner_timeout_secs = 120", "learner_timeout_secs = 20");
     std::fs::write(dir.path().join("job.toml"), job).unwrap();
     let id = c.submit().await;
     c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
@@ -232,6 +232,50 @@ async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    c.finished(&id).await;
+    c.check_complete_run().await;
+}
+
+/// A learner that answers but whose training thread is stuck (`stall-train:2`: its process
+/// serves Info and TrainProgress, its second step never ends; a deadlocked thread or a hung
+/// device) fails the job once its progress has not moved for the job's learner timeout, with a
+/// message that names it; started again without the fault, `comas resume` finishes the job with
+/// exact counts. Without a deadline on Train the job would wait forever: HTTP/2 pings are
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_alive_but_stuck_in_training_fails_the_job_and_the_job_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(dir.path(), 1, 24);
+    let job = std::fs::read_to_string(dir.path().join("job.toml"))
+        .unwrap()
+        .replace("learner_timeout_secs = 120", "learner_timeout_secs = 20");
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    c.learners[1].as_mut().unwrap().sigkill();
+    c.start_learner_with(1, &[("COMAS_LEARNER_FAULT", "stall-train:2")]);
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's training", |s| s.steps_done == 1 && s.stage == "train").await;
+    let stuck = Instant::now();
+    let st = c
+        .wait_for(&id, 180, "the job to fail", |s| s.state >= pb::JobState::Succeeded as i32)
+        .await;
+    assert_eq!(st.state, pb::JobState::Failed as i32, "{}", st.error);
+    assert!(
+        st.error.contains("learner of agent 1") && st.error.contains("does not move"),
+        "{}",
+        st.error
+    );
+    assert!(stuck.elapsed() < Duration::from_secs(60), "failed only after {:?}", stuck.elapsed());
+    // The process still answers, in its step 2 with nothing trained: the deadline, not a dead
+    // connection, ended the step.
+    let p = c.learner_progress(1).await;
+    assert_eq!((p.global_step, p.training, p.samples_done), (2, true, 0), "{p:?}");
+    c.learners[1].as_mut().unwrap().sigkill();
+    c.start_learner(1);
     let out = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)])
         .output()

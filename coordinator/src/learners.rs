@@ -1,6 +1,11 @@
 //! Links to the job's learners. Every call has a deadline; while a learner is unreachable (for
 //! example restarting from its checkpoint) calls are retried with backoff until the deadline,
 //! and the error names the agent and the address.
+//!
+//! Deadlines: a call that trains (`Train`) may take as long as the step takes, but not without
+//! proof of life: the learner's `TrainProgress` must move (a new step, more samples or tokens)
+//! at least once per `patience`; a learner that answers but whose training is stuck fails the
+//! call. Every other call answers within `patience` (at least `MIN_ANSWER`) or fails.
 use crate::error::{CoordinatorError, Result};
 use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
@@ -22,6 +27,13 @@ pub struct LearnerLink {
     /// How long to keep retrying an unreachable learner.
     pub patience: Duration,
 }
+
+/// The shortest bound on one try of a call that does not train: a link with no patience (one
+/// try) still waits this long for an answer.
+const MIN_ANSWER: Duration = Duration::from_secs(10);
+
+/// How long a progress probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Errors worth retrying: the learner is down, restarting or its connection dropped.
 /// (ABORTED is not one: the same call would fail again; see `CoordinatorError::LearnerMoved`.)
@@ -66,11 +78,8 @@ impl LearnerLink {
     /// in time (progress is for display; the training call itself has its own deadlines).
     pub async fn train_progress(&mut self) -> Option<pb::TrainProgressReport> {
         let mut c = self.client().await.ok()?;
-        match tokio::time::timeout(
-            Duration::from_secs(2),
-            c.train_progress(pb::TrainProgressRequest {}),
-        )
-        .await
+        match tokio::time::timeout(PROBE_TIMEOUT, c.train_progress(pb::TrainProgressRequest {}))
+            .await
         {
             Ok(Ok(r)) => Some(r.into_inner()),
             _ => {
@@ -80,8 +89,23 @@ impl LearnerLink {
         }
     }
 
-    /// Runs `f` until it succeeds, fails for good, or the learner stays unreachable too long.
-    pub async fn call<T, F, Fut>(&mut self, what: &str, mut f: F) -> Result<T>
+    /// Runs `f` until it succeeds, fails for good, or the learner stays unreachable too long;
+    /// each try answers within `patience` (at least `MIN_ANSWER`).
+    pub async fn call<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_with(what, Some(self.patience.max(MIN_ANSWER)), f).await
+    }
+
+    /// As `call`, each try bounded by `each` when given.
+    async fn call_with<T, F, Fut>(
+        &mut self,
+        what: &str,
+        each: Option<Duration>,
+        mut f: F,
+    ) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -90,7 +114,17 @@ impl LearnerLink {
         let mut backoff = comas_service::backoff::Backoff::reconnect();
         loop {
             let outcome = match self.client().await {
-                Ok(c) => f(c).await.map(tonic::Response::into_inner),
+                Ok(c) => match each {
+                    Some(limit) => match tokio::time::timeout(limit, f(c)).await {
+                        Ok(r) => r.map(tonic::Response::into_inner),
+                        Err(_) => {
+                            return Err(self.err(format!(
+                            "{what}: no answer within {limit:?} (the job's learner_timeout_secs)"
+                        )))
+                        }
+                    },
+                    None => f(c).await.map(tonic::Response::into_inner),
+                },
                 Err(e) => Err(e),
             };
             match outcome {
@@ -173,15 +207,56 @@ impl LearnerLink {
         experiences: &[pb::Experience],
     ) -> Result<pb::TrainReport> {
         let header = pb::TrainRequest { item: Some(pb::train_request::Item::Header(header)) };
-        self.call(what, |mut c| {
+        let mut probe = LearnerLink::new(self.agent, &self.address, PROBE_TIMEOUT);
+        let limit = self.patience;
+        let (agent, address) = (self.agent, self.address.clone());
+        let call = self.call_with(what, None, |mut c| {
             let items: Vec<pb::TrainRequest> = std::iter::once(header.clone())
                 .chain(experiences.iter().map(|e| pb::TrainRequest {
                     item: Some(pb::train_request::Item::Experience(e.clone())),
                 }))
                 .collect();
             async move { c.train(tokio_stream::iter(items)).await }
-        })
-        .await
+        });
+        tokio::select! {
+            r = call => r,
+            seen = probe.stalled_for(limit) => Err(CoordinatorError::Learner {
+                agent,
+                address,
+                message: format!(
+                    "{what}: no training progress for {limit:?} (the job's learner_timeout_secs; \
+                     last seen: {seen}): the learner answers, but its step does not move"
+                ),
+            }),
+        }
+    }
+
+    /// Returns once the learner's training progress has not moved for `limit`, with the last
+    /// progress seen. Never returns while it moves.
+    async fn stalled_for(&mut self, limit: Duration) -> String {
+        let mut last: Option<(bool, u64, u32, u64)> = None;
+        let mut seen = "no answer".to_string();
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(crate::learner_steps::TRAIN_PROGRESS_EVERY).await;
+            if let Some(p) = self.train_progress().await {
+                let now = Some((p.training, p.global_step, p.samples_done, p.tokens_done));
+                if now != last {
+                    last = now;
+                    since = Instant::now();
+                    seen = format!(
+                        "step {}, {} of {} samples{}",
+                        p.global_step,
+                        p.samples_done,
+                        p.samples_total,
+                        if p.training { ", training" } else { "" }
+                    );
+                }
+            }
+            if since.elapsed() >= limit {
+                return seen;
+            }
+        }
     }
 
     /// The stored report of a step this learner trained before (say, before the coordinator

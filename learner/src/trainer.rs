@@ -423,6 +423,7 @@ impl Trainer {
         let progress = Arc::clone(&self.progress);
         let _running =
             progress.begin(self.global_step + 1, (batch.len() * self.cfg.max_epochs) as u32);
+        crate::fault::stall_at(self.global_step + 1);
         // 3–7. Advantages.
         let mut adv =
             compute_advantages_pooled(&Self::sample_inputs(batch, &prepared), &self.cfg, pooled);

@@ -511,6 +511,13 @@ impl Cluster {
             .unwrap_or_else(|| panic!("{name} not in /metrics"))
     }
 
+    /// Learner `k`'s progress in its step: served beside its training thread, so it answers
+    /// while that thread is busy or stuck.
+    pub async fn learner_progress(&self, k: usize) -> pb::TrainProgressReport {
+        let mut c = LearnerClient::new(Self::channel(&self.learner_url(k)).await.unwrap());
+        c.train_progress(pb::TrainProgressRequest {}).await.unwrap().into_inner()
+    }
+
     pub async fn learner_info(&self, k: usize) -> pb::LearnerInfo {
         let mut c = LearnerClient::new(Self::channel(&self.learner_url(k)).await.unwrap());
         c.info(pb::InfoRequest {}).await.unwrap().into_inner()
