@@ -20,7 +20,7 @@ use comas_proto::v1::learner_client::LearnerClient;
 use comas_proto::v1::rollout_worker_client::RolloutWorkerClient;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -60,16 +60,7 @@ impl Drop for Worker {
 async fn start_worker(model: &Path, ip: &str, ns: Option<&str>) -> Worker {
     let port = free_port();
     let address = format!("{ip}:{port}");
-    let bin = env!("CARGO_BIN_EXE_comas");
-    let mut cmd = match ns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, bin]);
-            c
-        }
-        None => Command::new(bin),
-    };
-    let child = cmd
+    let child = netns::command_in(ns, env!("CARGO_BIN_EXE_comas"))
         .args(["worker", "--listen", &address])
         .env("COMAS_THREADS", "1")
         .stdout(Stdio::null())

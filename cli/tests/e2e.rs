@@ -8,7 +8,6 @@ use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
 use harness::*;
 use serde_json::Value;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -429,14 +428,7 @@ async fn random_kills_of_every_service_change_nothing_in_the_result() {
     c.finished(&id).await;
     assert!(killed.len() >= 10, "the job ended after only {} kills: {killed:?}", killed.len());
     c.check_complete_run().await;
-    for k in 0..2 {
-        let file =
-            |d: &Path| std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap();
-        assert!(
-            file(dir.path()) == file(calm_dir.path()),
-            "agent {k}'s final weights differ from the undisturbed run's (kills: {killed:?})"
-        );
-    }
+    c.assert_final_weights_equal(calm_dir.path(), &killed);
 }
 
 /// At submit the coordinator shows what each learner and each worker will hold, and warns of a

@@ -6,7 +6,7 @@ use comas_proto::v1::coordinator_client::CoordinatorClient;
 use comas_proto::v1::learner_client::LearnerClient;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod comas_job;
@@ -64,16 +64,7 @@ pub fn spawn_in(
         .append(true)
         .open(dir.join(format!("{name}.log")))
         .unwrap();
-    let bin = env!("CARGO_BIN_EXE_comas");
-    let mut cmd = match ns {
-        // `ip netns exec` execs the service, so the child's pid is the service's.
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, bin]);
-            c
-        }
-        None => Command::new(bin),
-    };
+    let mut cmd = netns::command_in(ns, env!("CARGO_BIN_EXE_comas"));
     // SAFETY: prctl(2) in the child before exec; async-signal-safe, touches no memory.
     unsafe {
         cmd.pre_exec(|| {
@@ -484,6 +475,19 @@ impl Cluster {
             }
         }
         out
+    }
+
+    /// Asserts that each agent's final weights equal those of the undisturbed run in `calm`.
+    pub fn assert_final_weights_equal(&self, calm: &Path, disturbances: &[String]) {
+        for k in 0..2 {
+            let file = |d: &Path| {
+                std::fs::read(d.join(format!("out/agent-{k}/model.safetensors"))).unwrap()
+            };
+            assert!(
+                file(&self.dir) == file(calm),
+                "agent {k}'s final weights differ from the undisturbed run's ({disturbances:?})"
+            );
+        }
     }
 
     /// The metrics log's records of one kind (`step` or `eval`), in file order.

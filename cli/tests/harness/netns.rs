@@ -240,6 +240,19 @@ impl Drop for Net {
     }
 }
 
+/// A command running `program` in namespace `ns`, or here when there is none. `ip netns exec`
+/// execs the program, so the child's pid is the program's.
+pub fn command_in(ns: Option<&str>, program: &str) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, program]);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
 /// `tbf` for `rate_mbit`: a burst of 4 ms of the rate (at least 16 KiB, so that one full-size
 /// segment always fits) and a queue of 50 ms, over which packets are dropped as a switch would.
 fn tbf_args(rate_mbit: f64) -> Vec<String> {
