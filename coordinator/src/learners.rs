@@ -3,8 +3,9 @@
 //! and the error names the agent and the address.
 //!
 //! Deadlines: a call that trains (`Train`) may take as long as the step takes, but not without
-//! proof of life: the learner's `TrainProgress` must move (a new step, more samples or tokens)
-//! at least once per `patience`; a learner that answers but whose training is stuck fails the
+//! proof of life: the learner's `TrainProgress` must move (a new step, or one more micro-batch
+//! through the model, in the log-prob pass before training as in training) at least once per
+//! `patience`; a learner that answers but whose training is stuck fails the
 //! call. Every other call answers within `patience` (at least `MIN_ANSWER`) or fails.
 use crate::error::{CoordinatorError, Result};
 use comas_proto::v1 as pb;
@@ -234,13 +235,13 @@ impl LearnerLink {
     /// Returns once the learner's training progress has not moved for `limit`, with the last
     /// progress seen. Never returns while it moves.
     async fn stalled_for(&mut self, limit: Duration) -> String {
-        let mut last: Option<(bool, u64, u32, u64)> = None;
+        let mut last: Option<(bool, u64, u32, u64, u64)> = None;
         let mut seen = "no answer".to_string();
         let mut since = Instant::now();
         loop {
             tokio::time::sleep(crate::learner_steps::TRAIN_PROGRESS_EVERY).await;
             if let Some(p) = self.train_progress().await {
-                let now = Some((p.training, p.global_step, p.samples_done, p.tokens_done));
+                let now = Some((p.training, p.global_step, p.samples_done, p.tokens_done, p.beats));
                 if now != last {
                     last = now;
                     since = Instant::now();

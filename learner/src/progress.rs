@@ -12,6 +12,8 @@ struct State {
     samples_done: u32,
     samples_total: u32,
     tokens_done: u64,
+    /// Micro-batches through the model, ever: moves in every phase of a step.
+    beats: u64,
 }
 
 #[derive(Default)]
@@ -37,6 +39,7 @@ impl Progress {
                 samples_done: 0,
                 samples_total,
                 tokens_done: 0,
+                beats: s.beats,
             }
         });
         Running(self)
@@ -46,7 +49,13 @@ impl Progress {
         self.with(|s| {
             s.samples_done = s.samples_done.saturating_add(samples).min(s.samples_total);
             s.tokens_done += tokens;
+            s.beats += 1;
         });
+    }
+
+    /// A micro-batch went through the model outside training (log-probs before a step).
+    pub fn beat(&self) {
+        self.with(|s| s.beats += 1);
     }
 
     pub fn report(&self) -> pb::TrainProgressReport {
@@ -57,6 +66,7 @@ impl Progress {
             samples_total: s.samples_total,
             tokens_done: s.tokens_done,
             seconds: s.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            beats: s.beats,
         })
     }
 }
@@ -89,5 +99,20 @@ mod tests {
         }
         let r = p.report();
         assert_eq!((r.global_step, r.training, r.samples_done), (3, false, 10));
+    }
+
+    #[test]
+    fn beats_count_every_micro_batch_and_survive_a_new_step() {
+        let p = Progress::default();
+        p.beat();
+        p.beat(); // two log-prob micro-batches before the step
+        {
+            let _run = p.begin(1, 4);
+            p.advance(2, 10);
+            p.advance(2, 10);
+        }
+        p.beat();
+        let _run = p.begin(2, 4);
+        assert_eq!(p.report().beats, 5);
     }
 }

@@ -293,6 +293,7 @@ impl Trainer {
                 out[i] = flat[off..off + n].iter().map(|&x| x as f64).collect();
                 off += n;
             }
+            self.progress.beat();
         }
         Ok(out)
     }
