@@ -8,7 +8,6 @@ use comas_proto::v1 as pb;
 use comas_proto::v1::learner_client::LearnerClient;
 use harness::*;
 use serde_json::Value;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,13 +230,7 @@ async fn a_hung_learner_fails_the_job_after_its_deadline_and_the_job_resumes() {
     );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
-    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    c.finished(&id).await;
-    c.check_complete_run().await;
+    c.resume_to_exact_end(&id).await;
 }
 
 /// A learner that answers but whose training thread is stuck (`stall-train:2`: its process
@@ -275,13 +268,7 @@ async fn a_learner_alive_but_stuck_in_training_fails_the_job_and_the_job_resumes
     assert_eq!((p.global_step, p.training, p.samples_done), (2, true, 0), "{p:?}");
     c.learners[1].as_mut().unwrap().sigkill();
     c.start_learner(1);
-    let out = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["resume", &id, "--coordinator", &format!("http://127.0.0.1:{}", c.coord_port)])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    c.finished(&id).await;
-    c.check_complete_run().await;
+    c.resume_to_exact_end(&id).await;
 }
 
 /// A worker restarted in place (same id, same address, as a pod restarted by Kubernetes) while

@@ -477,6 +477,17 @@ impl Cluster {
         out
     }
 
+    /// `comas resume` on a failed job, which must then end with the exact counts.
+    pub async fn resume_to_exact_end(&self, id: &str) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(["resume", id, "--coordinator", &self.coordinator_url()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        self.finished(id).await;
+        self.check_complete_run().await;
+    }
+
     /// Asserts that each agent's final weights equal those of the undisturbed run in `calm`.
     pub fn assert_final_weights_equal(&self, calm: &Path, disturbances: &[String]) {
         for k in 0..2 {
