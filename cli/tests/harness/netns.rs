@@ -339,6 +339,7 @@ fn remove_stale() {
             (!alive).then(|| format!("{PREFIX}{pid}-{serial}"))
         })
         .collect();
+    tags.sort();
     tags.dedup();
     for tag in tags {
         remove(&tag);
