@@ -119,8 +119,7 @@ pub fn parse(text: &str, source: &str) -> Result<Run> {
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let (s, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| s / n as f64)
+    comas_workflow::mean::Sum::of(values).value()
 }
 
 /// Count-weighted mean of several summaries.

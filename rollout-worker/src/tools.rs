@@ -1,7 +1,7 @@
 //! Tool runs for episode programs: a small pool of threads runs each program in the sandbox and
 //! sends the result back on a channel the engine polls, so the engine thread never waits on one.
 use crate::engine::Stats;
-use comas_sandbox::{Denied, Outcome, Reason, RunFile, RunFiles, Sandbox};
+use comas_sandbox::{Denied, Outcome, Reason, RunFile, RunFiles, Sandbox, SandboxError};
 use comas_workflow::program::Reply;
 use comas_workflow::tool::{ToolRequest, ToolResult, WorkspaceFile};
 use std::sync::atomic::Ordering;
@@ -29,9 +29,9 @@ pub struct ToolPool {
 }
 
 /// One sandbox for the worker's life: probing the machine's protections takes a moment.
-fn sandbox() -> &'static Result<Sandbox, String> {
-    static SANDBOX: OnceLock<Result<Sandbox, String>> = OnceLock::new();
-    SANDBOX.get_or_init(|| Sandbox::with_defaults().map_err(|e| e.to_string()))
+fn sandbox() -> &'static Result<Sandbox, SandboxError> {
+    static SANDBOX: OnceLock<Result<Sandbox, SandboxError>> = OnceLock::new();
+    SANDBOX.get_or_init(Sandbox::with_defaults)
 }
 
 /// The stable metrics key of a failure.
@@ -50,7 +50,8 @@ fn failure_key(r: Reason) -> String {
     }
 }
 
-fn result_of(call_index: u32, outcome: Result<Outcome, String>) -> ToolResult {
+/// A run's result; `Err` is the sandbox failing to run it at all.
+fn result_of(call_index: u32, outcome: Result<Outcome, &dyn std::fmt::Display>) -> ToolResult {
     match outcome {
         Ok(o) => ToolResult {
             call_index,
@@ -75,13 +76,13 @@ fn run(request: &ToolRequest) -> ToolResult {
     let timeout = Duration::from_secs_f64(request.timeout_secs);
     let s = match sandbox() {
         Ok(s) => s,
-        Err(e) => return result_of(request.call_index, Err(e.clone())),
+        Err(e) => return result_of(request.call_index, Err(e)),
     };
     if request.files.is_empty() && request.fetch.is_empty() {
-        return result_of(
-            request.call_index,
-            s.run_with_timeout(&request.code, timeout).map_err(|e| e.to_string()),
-        );
+        return match s.run_with_timeout(&request.code, timeout) {
+            Ok(outcome) => result_of(request.call_index, Ok(outcome)),
+            Err(e) => result_of(request.call_index, Err(&e)),
+        };
     }
     let files = RunFiles {
         inputs: request
@@ -102,7 +103,7 @@ fn run(request: &ToolRequest) -> ToolResult {
             }
             r
         }
-        Err(e) => result_of(request.call_index, Err(e.to_string())),
+        Err(e) => result_of(request.call_index, Err(&e)),
     }
 }
 
@@ -153,7 +154,7 @@ impl ToolPool {
             tx
         });
         if let Err(mpsc::SendError(job)) = jobs.send(Job { episode, request }) {
-            let result = result_of(job.request.call_index, Err("no tool thread is running".into()));
+            let result = result_of(job.request.call_index, Err(&"no tool thread is running"));
             let _ = self.done.send(SideDone { episode, reply: Reply::Tool(result) });
         }
     }
@@ -165,7 +166,7 @@ mod tests {
 
     #[test]
     fn failures_keep_their_reason() {
-        let r = result_of(3, Err("no python3".into()));
+        let r = result_of(3, Err(&"no python3"));
         assert_eq!((r.call_index, r.failure.as_deref()), (3, Some("sandbox_error")));
         assert_eq!(failure_key(Reason::Timeout), "timeout");
         assert_eq!(failure_key(Reason::ExitCode(1)), "exit_code");

@@ -1,7 +1,8 @@
 //! CoMAS experience making: the reward formulation turns each finished trajectory into one
 //! reward per turn, and each turn becomes an experience for the agent that spoke it. The step's
 //! figures (rewards by agent and role, scores, accuracy, lengths) come from the same data.
-use super::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist, Spread};
+use super::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist};
+use crate::mean::Sum;
 use super::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, TrajectoryTurn, Variant};
 use crate::error::WorkflowError;
 use crate::grade::is_correct;
@@ -16,57 +17,34 @@ pub struct Finished {
     pub answer: String,
 }
 
-#[derive(Default)]
-struct Acc {
-    sum: f64,
-    sq: f64,
-    n: u64,
-}
-
-impl Acc {
-    fn push(&mut self, v: f64) {
-        self.sum += v;
-        self.sq += v * v;
-        self.n += 1;
-    }
-    fn mean(&self) -> Option<f64> {
-        (self.n > 0).then(|| self.sum / self.n as f64)
-    }
-    fn spread(&self) -> Spread {
-        let mean = self.mean();
-        let std = mean.map(|m| (self.sq / self.n as f64 - m * m).max(0.0).sqrt());
-        Spread { mean, std, count: self.n }
-    }
-}
-
 /// One value per CoMAS role from a map of accumulators; a role without turns has none.
-fn by_role<T>(m: &HashMap<Role, Acc>, f: impl Fn(&Acc) -> Option<T>) -> ByRole<T> {
+fn by_role<T>(m: &HashMap<Role, Sum>, f: impl Fn(&Sum) -> Option<T>) -> ByRole<T> {
     let of = |r: Role| m.get(&r).and_then(&f);
     ByRole { solver: of(Role::Solver), evaluator: of(Role::Evaluator), scorer: of(Role::Scorer) }
 }
 
 #[derive(Default)]
 struct Tally {
-    reward: HashMap<Role, Acc>,
-    all: Acc,
+    reward: HashMap<Role, Sum>,
+    all: Sum,
     scores: [u64; 4],
-    len: HashMap<Role, Acc>,
+    len: HashMap<Role, Sum>,
     truncated: u64,
     turns: u64,
     /// 1 per truncated turn, 0 otherwise, by role.
-    truncated_by_role: HashMap<Role, Acc>,
+    truncated_by_role: HashMap<Role, Sum>,
     /// 1 per valid verdict that passes its solution (a score of 3, or "correct" under
     /// no_scoring), 0 per other valid verdict.
-    approval: Acc,
+    approval: Sum,
     /// Solver rewards split by whether the solution was right (graded for logging only).
-    solver_reward_correct: Acc,
-    solver_reward_wrong: Acc,
-    correct_first: Acc,
-    correct_last: Acc,
+    solver_reward_correct: Sum,
+    solver_reward_wrong: Sum,
+    correct_first: Sum,
+    correct_last: Sum,
     /// The scores judges gave right and wrong solutions (a no_scoring verdict counts as 3 for
     /// correct, 1 for incorrect): how much they tell the two apart.
-    judged_right: Acc,
-    judged_wrong: Acc,
+    judged_right: Sum,
+    judged_wrong: Sum,
     versions: std::collections::BTreeSet<u64>,
 }
 
@@ -74,19 +52,19 @@ impl Tally {
     fn figures(&self) -> ComasFigures {
         let judged: u64 = self.scores.iter().sum();
         ComasFigures {
-            reward_mean: self.all.mean(),
+            reward_mean: self.all.value(),
             reward: by_role(&self.reward, |a| Some(a.spread())),
             score_hist: ScoreHist { one: self.scores[1], two: self.scores[2], three: self.scores[3], invalid: self.scores[0] },
             parse_failure_rate: (judged > 0).then(|| self.scores[0] as f64 / judged as f64),
             score_parse_rate: (judged > 0).then(|| 1.0 - self.scores[0] as f64 / judged as f64),
-            approval_rate: self.approval.mean(),
+            approval_rate: self.approval.value(),
             solver_reward_by_correctness: ByCorrectness { correct: self.solver_reward_correct.spread(), wrong: self.solver_reward_wrong.spread() },
-            accuracy: Accuracy { first_round: self.correct_first.mean(), last_round: self.correct_last.mean(), last_round_graded: self.correct_last.n },
+            accuracy: Accuracy { first_round: self.correct_first.value(), last_round: self.correct_last.value(), last_round_graded: self.correct_last.count() },
             judge_score_by_correctness: ByCorrectness { correct: self.judged_right.spread(), wrong: self.judged_wrong.spread() },
-            judge_separation: self.judged_right.mean().zip(self.judged_wrong.mean()).map(|(r, w)| r - w),
-            completion_len: by_role(&self.len, Acc::mean),
+            judge_separation: self.judged_right.value().zip(self.judged_wrong.value()).map(|(r, w)| r - w),
+            completion_len: by_role(&self.len, Sum::value),
             truncation_rate: (self.turns > 0).then(|| self.truncated as f64 / self.turns as f64),
-            truncation_rate_by_role: by_role(&self.truncated_by_role, Acc::mean),
+            truncation_rate_by_role: by_role(&self.truncated_by_role, Sum::value),
             policy_versions: self.versions.iter().copied().collect(),
         }
     }

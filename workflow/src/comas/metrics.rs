@@ -4,14 +4,7 @@
 //! older record lacks takes its default.
 use serde::{Deserialize, Serialize};
 
-/// Mean, (population) standard deviation and count of some values.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Spread {
-    pub mean: Option<f64>,
-    pub std: Option<f64>,
-    pub count: u64,
-}
+pub use crate::mean::Spread;
 
 /// One value per CoMAS role.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

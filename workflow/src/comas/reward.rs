@@ -18,6 +18,7 @@ use super::config::{JudgeReward, RewardSource, Variant};
 use super::score::Judgment;
 use super::trajectory::{Trajectory, TrajectoryTurn};
 use crate::error::WorkflowError;
+use crate::mean::Sum;
 use crate::grade::is_correct;
 use crate::turn::Role;
 use serde::{Deserialize, Serialize};
@@ -39,13 +40,9 @@ fn solution_value(score: u8) -> f64 {
     (f64::from(score) - 1.0) / 2.0
 }
 
+/// The mean of `values`, 0 without any.
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, count) = values.fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
-    if count == 0 {
-        0.0
-    } else {
-        sum / count as f64
-    }
+    Sum::of(values).value().unwrap_or(0.0)
 }
 
 /// Per-turn rewards of a finished CoMAS trajectory (checked with `Trajectory::validate` first).
