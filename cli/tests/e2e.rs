@@ -118,6 +118,56 @@ async fn timed_out_leases_are_copied_and_only_one_result_counts() {
     );
 }
 
+/// Nothing decodes for an episode that no longer counts. A job cancelled while a slow worker
+/// runs its episodes stops them there at once; resumed, the same slow worker's episodes outlive
+/// the lease timeout, copies run on the other worker, and each copy that loses is cancelled
+/// where it runs. Its sequences leave the batch between two decode steps: no token is made for
+/// a stopped episode (`tokens_after_stop_total` stays 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_and_a_straggler_copy_stop_decoding_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::with_flags(dir.path(), 0, 24, &["--episode-timeout-secs", "3"], false);
+    // Each decode step 100 ms late: a turn of 24 tokens takes 2.4 s, an episode (six turns in a
+    // row) at least 14 s, far past the 3 s lease timeout.
+    let slow = c.add_worker_with_metrics(&[("COMAS_WORKER_FAULT", "slow-decode:100")]);
+    let fast = c.add_worker_with_metrics(&[]);
+    let worker = |at: &(String, u16), name: &str| scrape(at, &format!("comas_worker_{name}"));
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
+    let started = Instant::now();
+    while worker(&slow, "running_episodes") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no episode ran on the slow worker");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.client().await.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
+    c.wait_for(&id, 60, "the cancel", |s| s.state == pb::JobState::Cancelled as i32).await;
+    while worker(&slow, "running_episodes") + worker(&fast, "running_episodes") > 0.0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the cancelled episodes ran on");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stopped_by_cancel = worker(&slow, "episodes_cancelled_total");
+    assert!(stopped_by_cancel >= 1.0, "the slow worker's episodes of the job were stopped");
+
+    c.resume_to_exact_end(&id).await;
+    let cancelled = |at| worker(at, "episodes_cancelled_total");
+    assert!(cancelled(&slow) > stopped_by_cancel, "the straggler's copies were stopped");
+    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0, "copies were leased");
+    // Each stop the workers made is one the coordinator asked for and heard back about.
+    assert_eq!(
+        c.prometheus("comas_coordinator_cancels_stopped_total"),
+        cancelled(&slow) + cancelled(&fast)
+    );
+    assert!(
+        c.prometheus("comas_coordinator_cancelled_leases_total")
+            >= cancelled(&slow) + cancelled(&fast)
+    );
+    for at in [&slow, &fast] {
+        assert_eq!(worker(at, "tokens_after_stop_total"), 0.0, "a token made after a stop");
+    }
+    // What the stopped episodes had made before: spent for nothing, but not more.
+    assert!(c.prometheus("comas_coordinator_cancelled_tokens_total") > 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_coordinator_resumes_from_its_last_step() {
     let dir = tempfile::tempdir().unwrap();

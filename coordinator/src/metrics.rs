@@ -15,6 +15,9 @@ pub struct Metrics {
     pub requeued_episodes: IntCounter,
     pub duplicate_results: IntCounter,
     pub malformed_trajectories: IntCounter,
+    pub cancelled_leases: IntCounter,
+    pub cancels_stopped: IntCounter,
+    pub cancelled_tokens: IntCounter,
     pub steps_completed: IntCounter,
     pub scheduler_seconds: Counter,
 }
@@ -58,6 +61,18 @@ impl Metrics {
             malformed_trajectories: counter(
                 "malformed_trajectories_total",
                 "trajectories refused (bad JSON, protocol or policy version) and retried",
+            ),
+            cancelled_leases: counter(
+                "cancelled_leases_total",
+                "leases cancelled on their worker (another copy was accepted, or the job ended)",
+            ),
+            cancels_stopped: counter(
+                "cancels_stopped_total",
+                "cancelled leases that were still running on their worker and stopped there",
+            ),
+            cancelled_tokens: counter(
+                "cancelled_tokens_total",
+                "tokens the stopped episodes had generated: decoding spent on discarded work",
             ),
             steps_completed: counter("steps_completed_total", "training steps committed"),
             scheduler_seconds,

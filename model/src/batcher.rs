@@ -255,6 +255,50 @@ impl<'a> Batcher<'a> {
         Ok(())
     }
 
+    /// Stops sequence `id` wherever it is (waiting, prefilling or decoding): it takes no further
+    /// step and its cache room is freed now. Returns how many tokens it had generated, or
+    /// `None` if no such sequence is here (it finished, or was never added).
+    pub fn abort(&mut self, id: u64) -> Result<Option<usize>> {
+        if let Some(i) = self.queue.iter().position(|p| p.id == id) {
+            self.queue.remove(i);
+            return Ok(Some(0));
+        }
+        if let Some(i) = self.done_early.iter().position(|(d, _)| *d == id) {
+            self.done_early.remove(i);
+            return Ok(Some(0));
+        }
+        if let Some(i) = self.long.iter().position(|p| p.id == id) {
+            self.long.remove(i);
+            return Ok(Some(0));
+        }
+        if self.prefilling.as_ref().is_some_and(|p| p.pending.id == id) {
+            self.prefilling = None;
+            return Ok(Some(0));
+        }
+        let Some(b) = self.rows.iter().position(|r| r.id == id) else { return Ok(None) };
+        // The row leaves the way a finished one does (swap_remove), and its next-token logits
+        // with it, so every other row keeps its own.
+        let last = self.rows.len() - 1;
+        self.cache.swap_remove(b);
+        let row = self.rows.swap_remove(b);
+        self.logits = match self.logits.take() {
+            Some(_) if last == 0 => None,
+            Some(l) => {
+                let mut order: Vec<i64> = (0..last as i64).collect();
+                if b < last {
+                    order[b] = last as i64;
+                }
+                let order = Tensor::from_slice(&order).to_device(l.device());
+                Some(l.index_select(0, &order))
+            }
+            None => None,
+        };
+        if !self.rows.is_empty() {
+            self.cache.fit_columns(self.widest_need() as i64)?;
+        }
+        Ok(Some(row.out.token_ids.len()))
+    }
+
     fn lora(&self, adapters: &[Option<&'a LoraAdapter>]) -> Option<LoraBatch<'a>> {
         adapters
             .iter()

@@ -248,3 +248,61 @@ fn long_prompts_prefill_in_chunks_beside_decoding_rows_and_change_nothing() {
         "a chunk longer than the prompt",
     );
 }
+
+/// An aborted sequence leaves at once wherever it is (decoding, in its chunked prefill, queued)
+/// and never finishes; every other sequence produces exactly what it produces alone, so the
+/// rows that moved into the aborted rows' places kept their own cache and logits.
+#[test]
+fn aborted_sequences_leave_at_once_and_the_others_are_unchanged() {
+    let r = Reference::load("llama3-gqa");
+    let model = CausalLm::load(&model_dir("llama3-gqa"), Kind::Float, Device::Cpu).unwrap();
+    let long: Vec<i64> = (0..3).flat_map(|i| r.prompt_ids(i)).collect();
+    let reqs: Vec<GenerationRequest> = (0..6)
+        .map(|i| {
+            // Short prompts join whole (no longer than the chunk); the long one is prefilled in chunks.
+            let prompt_ids = if i == 4 { long.clone() } else { r.prompt_ids(i % 3)[..3].to_vec() };
+            let params = SamplingParams {
+                temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                seed: 70 + i as u64,
+                max_new_tokens: 30,
+                ..Default::default()
+            };
+            GenerationRequest { prompt_ids, params, adapter: None }
+        })
+        .collect();
+    let mut b = Batcher::new(&model, None);
+    b.set_prefill_chunk(Some(3));
+    for (i, q) in reqs.iter().enumerate().take(5) {
+        b.add(i as u64, q.prompt_ids.clone(), q.params.clone(), None).unwrap();
+    }
+    let mut got: Vec<Option<Completion>> = vec![None; reqs.len()];
+    assert!(long.len() > 3 * 4, "the long prompt is still in its prefill after four steps");
+    for _ in 0..4 {
+        assert!(b.step().unwrap().is_empty());
+    }
+    assert_eq!(b.running(), 4, "four rows decode, the long prompt is still being prefilled");
+    // Row 0 (the last row, 3, moves into its place), then row 2 (by then the last row).
+    assert_eq!(b.abort(0).unwrap(), Some(4));
+    assert_eq!(b.abort(2).unwrap(), Some(4));
+    assert_eq!(b.running(), 2);
+    assert_eq!(b.abort(4).unwrap(), Some(0), "the long prompt in its chunked prefill");
+    b.add(5, reqs[5].prompt_ids.clone(), reqs[5].params.clone(), None).unwrap();
+    assert_eq!(b.abort(5).unwrap(), Some(0), "a queued sequence");
+    assert_eq!(b.abort(0).unwrap(), None, "already gone");
+    assert_eq!(b.abort(99).unwrap(), None, "never added");
+    let mut steps = 0;
+    while !b.is_empty() {
+        for (id, c) in b.step().unwrap() {
+            assert!(got[id as usize].is_none(), "sequence {id} finished twice");
+            got[id as usize] = Some(c);
+        }
+        steps += 1;
+        assert!(steps < 100);
+    }
+    for i in [0, 2, 4, 5] {
+        assert!(got[i].is_none(), "aborted sequence {i} finished");
+    }
+    for i in [1, 3] {
+        same(got[i].as_ref().expect("finished"), &alone(&model, &reqs[i]), &format!("request {i}"));
+    }
+}

@@ -10,6 +10,8 @@ pub struct Metrics {
     stats: Arc<Stats>,
     generated_tokens: IntCounter,
     episodes_done: IntCounter,
+    episodes_cancelled: IntCounter,
+    tokens_after_stop: IntCounter,
     prompts_truncated: IntCounter,
     prompts_refused: IntCounter,
     tool_runs: IntCounter,
@@ -39,6 +41,14 @@ impl Metrics {
                 "tokens generated (rate = tokens/s)",
             ),
             episodes_done: counter("episodes_total", "episodes finished"),
+            episodes_cancelled: counter(
+                "episodes_cancelled_total",
+                "episodes stopped by the coordinator's cancel before their end",
+            ),
+            tokens_after_stop: counter(
+                "tokens_after_stop_total",
+                "tokens generated for episodes already stopped (cancelled or their stream gone)",
+            ),
             prompts_truncated: counter(
                 "prompt_truncated_total",
                 "turns whose prompt lost quoted discussion blocks to fit",
@@ -94,6 +104,8 @@ impl Metrics {
         let catch_up = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         catch_up(&self.generated_tokens, s.generated_tokens.load(Ordering::Relaxed));
         catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
+        catch_up(&self.episodes_cancelled, s.episodes_cancelled.load(Ordering::Relaxed));
+        catch_up(&self.tokens_after_stop, s.tokens_after_stop.load(Ordering::Relaxed));
         catch_up(&self.prompts_truncated, s.prompts_truncated.load(Ordering::Relaxed));
         catch_up(&self.prompts_refused, s.prompts_refused.load(Ordering::Relaxed));
         catch_up(&self.tool_runs, s.tool_runs.load(Ordering::Relaxed));

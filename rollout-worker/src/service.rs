@@ -1,5 +1,5 @@
 //! gRPC side of the worker: parses specs, streams results back as episodes end, pulls weights.
-use crate::engine::{Command, EpisodeJob, EpisodeOutcome};
+use crate::engine::{Command, EngineError, EpisodeJob, EpisodeOutcome};
 use crate::metrics::Metrics;
 use crate::models::PolicySpec;
 use crate::relay::{Relay, Transfer};
@@ -50,9 +50,18 @@ fn engine_gone() -> Status {
     Status::unavailable("the engine thread has stopped; restart the worker")
 }
 
-fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
+/// Why an episode spec from the coordinator cannot be run; sent back as the episode's error.
+#[derive(Debug, thiserror::Error)]
+enum SpecError {
+    #[error("an episode spec needs an episode_id")]
+    NoEpisodeId,
+    #[error("episode {episode}: {why}")]
+    Program { episode: String, why: String },
+}
+
+fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, SpecError> {
     if spec.episode_id.is_empty() {
-        return Err("an episode spec needs an episode_id".into());
+        return Err(SpecError::NoEpisodeId);
     }
     let start = ProgramStart::parse(
         &spec.method,
@@ -62,7 +71,7 @@ fn parse_job(spec: pb::EpisodeSpec) -> Result<EpisodeJob, String> {
         spec.instance,
         spec.seed,
     )
-    .map_err(|e| format!("episode {}: {e}", spec.episode_id))?;
+    .map_err(|why| SpecError::Program { episode: spec.episode_id.clone(), why })?;
     Ok(EpisodeJob { start, episode_id: spec.episode_id })
 }
 
@@ -76,10 +85,10 @@ fn result_of(o: EpisodeOutcome) -> pb::EpisodeResult {
             ..Default::default()
         },
         Err(e) => {
-            let kind = if e.is_draining() {
-                pb::EpisodeErrorKind::Draining
-            } else {
-                pb::EpisodeErrorKind::Failed
+            let kind = match e {
+                EngineError::Draining => pb::EpisodeErrorKind::Draining,
+                EngineError::Cancelled => pb::EpisodeErrorKind::Cancelled,
+                _ => pb::EpisodeErrorKind::Failed,
             };
             pb::EpisodeResult {
                 episode_id: o.episode_id,
@@ -310,7 +319,7 @@ impl RolloutWorker for WorkerService {
                                 outstanding += 1;
                             }
                             Err(e) => {
-                                let r = pb::EpisodeResult { episode_id: spec.episode_id, error: e, ..Default::default() };
+                                let r = pb::EpisodeResult { episode_id: spec.episode_id, error: e.to_string(), ..Default::default() };
                                 if out_tx.send(Ok(r)).await.is_err() {
                                     cancel(&engine);
                                     return;
@@ -346,6 +355,21 @@ impl RolloutWorker for WorkerService {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx))))
+    }
+
+    async fn cancel_episodes(
+        &self,
+        request: Request<pb::CancelEpisodesRequest>,
+    ) -> Result<Response<pb::CancelEpisodesResponse>, Status> {
+        let episode_ids = request.into_inner().episode_ids;
+        let (reply, rx) = oneshot::channel();
+        self.engine.send(Command::Cancel { episode_ids, reply }).map_err(|_| engine_gone())?;
+        let r = rx.await.map_err(|_| engine_gone())?;
+        Ok(Response::new(pb::CancelEpisodesResponse {
+            stopped: r.stopped,
+            unknown: r.unknown,
+            tokens_before: r.tokens_before,
+        }))
     }
 
     async fn update_weights(

@@ -587,6 +587,77 @@ async fn bad_input_and_draining() {
         .unwrap();
 }
 
+/// CancelEpisodes stops running episodes (they come back CANCELLED on their stream, which then
+/// ends normally), counts ids it does not hold as unknown, and remembers them: a spec that
+/// arrives after its cancel is answered CANCELLED at once. The episodes not named finish as
+/// they would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_episodes_stop_and_a_cancel_that_comes_first_is_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let (addr, _stop, _handle) = start_worker().await;
+    let mut c = client(&addr).await;
+    load(&mut c, dir.path(), false).await;
+    // Long turns (1000 tokens each, never stopping early), so the cancel lands mid-decode.
+    let mut cfg = config(1000);
+    for s in [&mut cfg.sampling.solver, &mut cfg.sampling.evaluator, &mut cfg.sampling.scorer] {
+        s.min_new_tokens = 1000;
+    }
+    let all = specs(&cfg, 3, "c");
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::EpisodeSpec>(16);
+    let mut out =
+        c.run_episodes(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    for s in &all[..2] {
+        tx.send(s.clone()).await.unwrap();
+    }
+    // Two episodes, each with one solver turn per agent decoding.
+    while c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner().running_sequences < 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ids = vec![all[0].episode_id.clone(), all[2].episode_id.clone(), "nobody".to_string()];
+    let r = c
+        .cancel_episodes(pb::CancelEpisodesRequest { episode_ids: ids })
+        .await
+        .unwrap()
+        .into_inner();
+    // c-0 was running; c-2 has not been sent yet, "nobody" never will be.
+    assert_eq!((r.stopped, r.unknown), (1, 2), "{r:?}");
+    let first = out.message().await.unwrap().unwrap();
+    assert_eq!(
+        (first.episode_id.as_str(), first.error_kind),
+        ("c-0", pb::EpisodeErrorKind::Cancelled as i32),
+        "{first:?}"
+    );
+    assert!(first.trajectory_json.is_empty());
+    // The cancel came before c-2: it is answered at once, before c-1's long turns end.
+    tx.send(all[2].clone()).await.unwrap();
+    let second = out.message().await.unwrap().unwrap();
+    assert_eq!(
+        (second.episode_id.as_str(), second.error_kind),
+        ("c-2", pb::EpisodeErrorKind::Cancelled as i32),
+        "{second:?}"
+    );
+    // c-0's two turns left the batch at once: only c-1's decode.
+    let info = c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.running_episodes, info.running_sequences), (1, 2), "{info:?}");
+    let r = c
+        .cancel_episodes(pb::CancelEpisodesRequest { episode_ids: vec!["c-1".into()] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.stopped, r.unknown), (1, 0));
+    assert!(r.tokens_before > 0, "c-1 had decoded part of its first turn: {r:?}");
+    drop(tx);
+    let last = out.message().await.unwrap().unwrap();
+    assert_eq!(
+        (last.episode_id.as_str(), last.error_kind),
+        ("c-1", pb::EpisodeErrorKind::Cancelled as i32)
+    );
+    assert!(out.message().await.unwrap().is_none(), "the stream ends once every episode answered");
+    let info = c.info(pb::WorkerInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.running_episodes, info.running_sequences), (0, 0), "{info:?}");
+}
+
 /// A worker on loopback with the given token budget, its /metrics on a socket bound here.
 async fn start_budgeted(
     max_batch_tokens: usize,

@@ -84,6 +84,18 @@ pub fn spawn_in(
     Proc { name: name.into(), child }
 }
 
+/// Metric `name` from the Prometheus endpoint at `at` (address, port).
+pub fn scrape(at: &(String, u16), name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect((at.0.as_str(), at.1)).unwrap();
+    write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    sock.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap()))
+        .unwrap_or_else(|| panic!("{name} not in the metrics at {}:{}", at.0, at.1))
+}
+
 pub fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
@@ -274,6 +286,10 @@ impl Cluster {
     }
 
     pub fn worker(&self, i: usize, env: &[(&str, &str)]) -> Proc {
+        self.worker_with_flags(i, env, &[])
+    }
+
+    fn worker_with_flags(&self, i: usize, env: &[(&str, &str)], flags: &[String]) -> Proc {
         let mut args = s(&[
             "worker",
             "--listen",
@@ -282,7 +298,22 @@ impl Cluster {
             &self.coordinator_url(),
         ]);
         args.extend(self.worker_flags.iter().cloned());
+        args.extend(flags.iter().cloned());
         self.spawn(&format!("worker-{i}"), &args, &self.env_with(env))
+    }
+
+    /// Adds a worker that serves Prometheus metrics; returns where to scrape them
+    /// (`scrape(&address, name)`).
+    pub fn add_worker_with_metrics(&mut self, env: &[(&str, &str)]) -> (String, u16) {
+        let i = self.workers.len();
+        let at = (self.ip_of(&format!("worker-{i}")), free_port());
+        let w = self.worker_with_flags(
+            i,
+            env,
+            &s(&["--metrics-listen", &format!("{}:{}", at.0, at.1)]),
+        );
+        self.workers.push(w);
+        at
     }
 
     /// Starts service `name` in its namespace, if the cluster has a net.
@@ -514,16 +545,9 @@ impl Cluster {
         self.log_of("step")
     }
 
+    /// The coordinator's metric `name`.
     pub fn prometheus(&self, name: &str) -> f64 {
-        use std::io::{Read, Write};
-        let ip = self.ip_of("coordinator");
-        let mut sock = std::net::TcpStream::connect((ip.as_str(), self.metrics_port)).unwrap();
-        write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-        let mut body = String::new();
-        sock.read_to_string(&mut body).unwrap();
-        body.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap()))
-            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+        scrape(&(self.ip_of("coordinator"), self.metrics_port), name)
     }
 
     /// Learner `k`'s progress in its step: served beside its training thread, so it answers

@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(900);
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn dial(address: &str) -> Result<RolloutWorkerClient<Channel>, String> {
     let ch = comas_service::tls::channel(address, |e| {
@@ -88,6 +89,25 @@ pub(super) async fn connection(
                 if spec_tx.send(spec).is_err() {
                     break;
                 }
+            }
+            WorkerMsg::Cancel(episode_ids) => {
+                // Off this loop: a cancel must not wait behind a long prepare, nor hold one up.
+                let (mut client, sched, id) = (client.clone(), sched.clone(), id.clone());
+                tokio::spawn(async move {
+                    let mut req = tonic::Request::new(pb::CancelEpisodesRequest { episode_ids });
+                    req.set_timeout(CANCEL_TIMEOUT);
+                    match client.cancel_episodes(req).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            let (stopped, tokens) = (r.stopped, r.tokens_before);
+                            let _ = sched.send(Cmd::Cancelled { stopped, tokens });
+                        }
+                        // The worker decodes on until the episode ends; its result is ignored.
+                        Err(e) => {
+                            tracing::warn!(worker = %id, error = %e.message(), "cancel not delivered")
+                        }
+                    }
+                });
             }
             WorkerMsg::Prepare(target, peer) => {
                 let result =

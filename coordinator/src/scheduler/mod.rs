@@ -30,17 +30,57 @@ type Connect = Arc<
 >;
 
 enum Cmd {
-    Register { id: String, address: String, capacity: u32, incarnation: u64 },
-    Heartbeat { id: String, draining: bool, reply: oneshot::Sender<bool> },
-    SetTarget { target: Arc<PolicyTarget> },
-    WaitPrepared { generation: u64, reply: oneshot::Sender<Result<SyncStats, SyncError>> },
-    Submit { job_id: String, batch: BatchSpec, results: mpsc::UnboundedSender<Delivery> },
-    CancelJob { job_id: String },
-    Prepared { id: String, conn: u64, generation: u64, result: Result<Vec<Pull>, String> },
-    Result { id: String, conn: u64, result: pb::EpisodeResult },
-    Lost { id: String, conn: u64, reason: String },
+    Register {
+        id: String,
+        address: String,
+        capacity: u32,
+        incarnation: u64,
+    },
+    Heartbeat {
+        id: String,
+        draining: bool,
+        reply: oneshot::Sender<bool>,
+    },
+    SetTarget {
+        target: Arc<PolicyTarget>,
+    },
+    WaitPrepared {
+        generation: u64,
+        reply: oneshot::Sender<Result<SyncStats, SyncError>>,
+    },
+    Submit {
+        job_id: String,
+        batch: BatchSpec,
+        results: mpsc::UnboundedSender<Delivery>,
+    },
+    CancelJob {
+        job_id: String,
+    },
+    Prepared {
+        id: String,
+        conn: u64,
+        generation: u64,
+        result: Result<Vec<Pull>, String>,
+    },
+    Result {
+        id: String,
+        conn: u64,
+        result: pb::EpisodeResult,
+    },
+    Lost {
+        id: String,
+        conn: u64,
+        reason: String,
+    },
+    /// A worker's answer to a cancel: episodes stopped there, and the tokens they had made.
+    Cancelled {
+        stopped: u32,
+        tokens: u64,
+    },
     Tick,
-    Snapshot { reply: oneshot::Sender<Snapshot> },
+    Snapshot {
+        reply: oneshot::Sender<Snapshot>,
+    },
 }
 
 enum WorkerMsg {
@@ -48,6 +88,8 @@ enum WorkerMsg {
     /// hop) and from the learners only if that fails.
     Prepare(Arc<PolicyTarget>, Option<String>),
     Lease(pb::EpisodeSpec),
+    /// Stop these episodes (their leases here are already forgotten).
+    Cancel(Vec<String>),
 }
 
 /// A batch is known by its job and its tag, so one job may have several batches queued (an
@@ -305,6 +347,20 @@ impl State {
             Cmd::CancelJob { job_id } => {
                 self.batches.retain(|k, _| k.job_id != job_id);
                 self.queue.retain(|l| l.batch.job_id != job_id);
+                // Its running episodes stop decoding on their workers.
+                let ids: Vec<(String, String)> = self
+                    .workers
+                    .iter()
+                    .flat_map(|(w, wk)| {
+                        wk.leased
+                            .values()
+                            .filter(|l| l.batch.job_id == job_id)
+                            .map(move |l| (w.clone(), l.spec.episode_id.clone()))
+                    })
+                    .collect();
+                for (worker, episode) in ids {
+                    self.cancel_lease(&worker, &episode);
+                }
                 // A worker that joins later must not load an ended job's policies.
                 if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
                     self.target = None;
@@ -334,6 +390,10 @@ impl State {
                 if self.workers.get(&id).is_some_and(|w| w.conn == conn) {
                     self.drop_worker(&id, &reason);
                 }
+            }
+            Cmd::Cancelled { stopped, tokens } => {
+                self.metrics.cancels_stopped.inc_by(u64::from(stopped));
+                self.metrics.cancelled_tokens.inc_by(tokens);
             }
             Cmd::Tick => self.tick(),
             Cmd::Snapshot { reply } => {
@@ -437,8 +497,40 @@ impl State {
         }
     }
 
+    /// Forgets `worker`'s lease of `episode` (its slot is free at once) and tells the worker to
+    /// stop it; the CANCELLED result that comes back is ignored.
+    fn cancel_lease(&mut self, worker: &str, episode: &str) {
+        let Some(w) = self.workers.get_mut(worker) else { return };
+        if w.leased.remove(episode).is_none() {
+            return;
+        }
+        self.metrics.cancelled_leases.inc();
+        // A connection that has ended is noticed by the next lease; nothing runs there then.
+        let _ = w.tx.send(WorkerMsg::Cancel(vec![episode.to_string()]));
+    }
+
+    /// Once an episode is decided (accepted, or failed for good), the copies of it still
+    /// running elsewhere are waste: they are cancelled.
+    fn cancel_copies(&mut self, episode: &str) {
+        let holders: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.leased.contains_key(episode))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for worker in holders {
+            self.cancel_lease(&worker, episode);
+        }
+    }
+
     fn on_result(&mut self, id: String, conn: u64, r: pb::EpisodeResult) {
         let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) else { return };
+        if r.error_kind == pb::EpisodeErrorKind::Cancelled as i32
+            && !w.leased.contains_key(&r.episode_id)
+        {
+            // The answer to our own cancel.
+            return;
+        }
         let Some(lease) = w.leased.remove(&r.episode_id) else {
             // Leased elsewhere after a timeout; the other copy decides.
             self.metrics.duplicate_results.inc();
@@ -462,12 +554,14 @@ impl State {
                 Ok(record) => {
                     batch.outstanding.remove(&r.episode_id);
                     self.metrics.episodes_completed.inc();
+                    let episode = r.episode_id.clone();
                     let _ = batch.results.send(Delivery::Done {
                         episode_id: r.episode_id,
                         record: Box::new(record),
                         trajectory_json: r.trajectory_json,
                         worker: id,
                     });
+                    self.cancel_copies(&episode);
                     return;
                 }
                 Err(e) => {
@@ -487,10 +581,12 @@ impl State {
         tracing::warn!(worker = %id, episode = %r.episode_id, attempts, error = %r.error, "episode failed");
         if attempts >= batch.max_attempts {
             batch.outstanding.remove(&r.episode_id);
+            let episode = r.episode_id.clone();
             let _ = batch.results.send(Delivery::Failed {
                 episode_id: r.episode_id,
                 error: format!("failed {attempts} times; last error on worker {id}: {}", r.error),
             });
+            self.cancel_copies(&episode);
         } else {
             self.metrics.requeued_episodes.inc();
             self.queue.push_back(Lease { attempts, since: Instant::now(), copied: false, ..lease });

@@ -29,19 +29,20 @@ fn actor() -> (State, Inbox) {
     (State::new(settings(), Metrics::new(), me, connect), inbox)
 }
 
-/// What worker `id` has been sent since the last look: leased episode ids and prepared
-/// generations.
-fn sent(inbox: &Inbox, id: &str) -> (Vec<String>, Vec<u64>) {
+/// What worker `id` has been sent since the last look: leased episode ids, prepared
+/// generations and cancelled episode ids.
+fn sent(inbox: &Inbox, id: &str) -> (Vec<String>, Vec<u64>, Vec<String>) {
     let mut inbox = inbox.lock().unwrap();
     let rx = inbox.get_mut(id).expect("a registered worker");
-    let (mut leases, mut prepares) = (Vec::new(), Vec::new());
+    let (mut leases, mut prepares, mut cancels) = (Vec::new(), Vec::new(), Vec::new());
     while let Ok(m) = rx.try_recv() {
         match m {
             WorkerMsg::Lease(spec) => leases.push(spec.episode_id),
             WorkerMsg::Prepare(t, _) => prepares.push(t.generation),
+            WorkerMsg::Cancel(ids) => cancels.extend(ids),
         }
     }
-    (leases, prepares)
+    (leases, prepares, cancels)
 }
 
 fn conn_of(s: &State, id: &str) -> u64 {
@@ -179,8 +180,8 @@ fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
     // No target yet: nobody is ready, nothing is leased.
     assert_eq!((sent(&inbox, "w1").0.len(), s.queue.len()), (0, 4));
     s.apply(target(1));
-    assert_eq!(sent(&inbox, "w1"), (vec![], vec![1]));
-    assert_eq!(sent(&inbox, "w2"), (vec![], vec![1]));
+    assert_eq!(sent(&inbox, "w1"), (vec![], vec![1], vec![]));
+    assert_eq!(sent(&inbox, "w2"), (vec![], vec![1], vec![]));
     s.apply(prepared(&s, "w1", 1));
     // The ready worker takes what fits; the other is still pulling.
     assert_eq!(sent(&inbox, "w1").0, ["e0", "e1"]);
@@ -295,9 +296,73 @@ fn a_timed_out_lease_is_copied_to_another_worker_and_the_first_result_counts() {
     // The copy goes to the other worker, never to the one already running it.
     assert_eq!(sent(&inbox, other).0, ["e0"]);
     s.apply(ok(&s, other, "e0"));
+    // The first copy, still running, is cancelled, and its slot is free at once.
+    assert_eq!(sent(&inbox, first).2, ["e0"]);
+    assert_eq!((s.workers[first].free(), s.metrics.cancelled_leases.get()), (1, 1));
+    assert!(sent(&inbox, other).2.is_empty(), "the accepted copy is not cancelled");
+    // A result that overtook the cancel counts once, as a duplicate.
     s.apply(ok(&s, first, "e0"));
     assert_eq!(told(&mut job).0, ["e0"]);
     assert_eq!((s.metrics.episodes_completed.get(), s.metrics.duplicate_results.get()), (1, 1));
+}
+
+/// A worker's CANCELLED answer to a cancel is expected: neither a failure nor a duplicate.
+/// Cancelling a job stops its leases on every worker, frees their slots, and leaves another
+/// job's leases alone.
+#[test]
+fn a_cancelled_job_stops_its_leases_on_every_worker_and_their_answers_are_ignored() {
+    let (mut s, inbox) = actor();
+    s.apply(target(1));
+    for id in ["w1", "w2"] {
+        s.apply(Cmd::Register {
+            id: id.into(),
+            address: format!("http://{id}"),
+            capacity: 2,
+            incarnation: 1,
+        });
+        s.apply(prepared(&s, id, 1));
+    }
+    let mut job = submit(&mut s, 3, limits());
+    let (on1, on2) = (sent(&inbox, "w1").0, sent(&inbox, "w2").0);
+    assert_eq!(on1.len() + on2.len(), 3);
+    // Another job's episode, on whichever worker has room.
+    let (tx, _other) = mpsc::unbounded_channel();
+    let spec = pb::EpisodeSpec { episode_id: "x0".into(), ..Default::default() };
+    let batch = BatchSpec {
+        tag: "step-0".into(),
+        first: false,
+        specs: vec![spec],
+        method: MethodConfig::Grpo(GrpoConfig::default()),
+        limits: limits(),
+        versions: None,
+    };
+    s.apply(Cmd::Submit { job_id: "other".into(), batch, results: tx });
+    let holder = if sent(&inbox, "w1").0 == ["x0"] { "w1" } else { "w2" };
+    s.apply(Cmd::CancelJob { job_id: "job".into() });
+    let (mut c1, mut c2) = (sent(&inbox, "w1").2, sent(&inbox, "w2").2);
+    c1.sort();
+    c2.sort();
+    assert_eq!((c1, c2), (on1.clone(), on2.clone()));
+    assert_eq!(s.metrics.cancelled_leases.get(), 3);
+    assert_eq!(s.leased(), 1, "the other job's lease stays");
+    assert!(s.workers[holder].leased.contains_key("x0"));
+    // The workers answer CANCELLED: nothing is retried, failed or counted twice.
+    for (w, ids) in [("w1", &on1), ("w2", &on2)] {
+        for e in ids {
+            let result = pb::EpisodeResult {
+                episode_id: e.clone(),
+                error: "cancelled by the coordinator".into(),
+                error_kind: pb::EpisodeErrorKind::Cancelled as i32,
+                ..Default::default()
+            };
+            s.apply(Cmd::Result { id: w.into(), conn: conn_of(&s, w), result });
+        }
+    }
+    assert_eq!(told(&mut job), (vec![], vec![], vec![]));
+    assert_eq!((s.metrics.duplicate_results.get(), s.metrics.requeued_episodes.get()), (0, 0));
+    assert!(s.queue.is_empty());
+    s.apply(Cmd::Cancelled { stopped: 2, tokens: 40 });
+    assert_eq!((s.metrics.cancels_stopped.get(), s.metrics.cancelled_tokens.get()), (2, 40));
 }
 
 #[test]
@@ -392,7 +457,7 @@ fn a_restarted_worker_is_a_new_connection_and_its_old_leases_are_requeued() {
     });
     assert_ne!(conn_of(&s, "w1"), old);
     // The new process loads the policies first; the episode waits at the front of the queue.
-    assert_eq!(sent(&inbox, "w1"), (vec![], vec![1]));
+    assert_eq!(sent(&inbox, "w1"), (vec![], vec![1], vec![]));
     assert_eq!(s.queue.front().map(|l| l.spec.episode_id.as_str()), Some("e0"));
     s.apply(prepared(&s, "w1", 1));
     assert_eq!(sent(&inbox, "w1").0, ["e0"]);

@@ -47,6 +47,11 @@ pub enum Command {
     CancelStream {
         stream: u64,
     },
+    /// Stop these episodes (CancelEpisodes).
+    Cancel {
+        episode_ids: Vec<String>,
+        reply: oneshot::Sender<super::CancelReport>,
+    },
     Update {
         agent: u32,
         version: u64,
@@ -67,6 +72,10 @@ pub enum Command {
 pub struct Stats {
     pub generated_tokens: AtomicU64,
     pub episodes_done: AtomicU64,
+    /// Episodes stopped by a cancel.
+    pub episodes_cancelled: AtomicU64,
+    /// Tokens generated for episodes already stopped (sequences that went on decoding).
+    pub tokens_after_stop: AtomicU64,
     pub running_sequences: AtomicU64,
     pub waiting_turns: AtomicU64,
     pub running_episodes: AtomicU64,

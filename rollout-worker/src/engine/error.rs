@@ -43,6 +43,8 @@ pub enum EngineError {
     CopyFailed { agent: u32, err: tch::TchError },
     #[error("worker is draining; send this episode elsewhere")]
     Draining,
+    #[error("cancelled by the coordinator")]
+    Cancelled,
     #[error("invalid episode: {0}")]
     InvalidEpisode(WorkflowError),
     #[error("turn {turn} could not start: {err}")]

@@ -8,7 +8,9 @@
 /// `stale-weights:1` takes every new version's number but keeps decoding with the weights it
 /// loaded (a broadcast that never reaches the models, for the test that training changes what
 /// the workers sample), `slow-result:MS` reports each finished episode MS milliseconds late (a
-/// slow machine, whatever the hardware: the tests of lease timeouts and of kills mid-job).
+/// slow machine, whatever the hardware: the tests of lease timeouts and of kills mid-job),
+/// `slow-decode:MS` sleeps MS milliseconds before each decode step (a straggler that is still
+/// decoding when its lease times out: the test of cancelled copies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
     StepPanic(u64),
@@ -18,6 +20,7 @@ pub(crate) enum Fault {
     SlowSwap(u64),
     StaleWeights,
     SlowResult(u64),
+    SlowDecode(u64),
 }
 
 pub(crate) fn fault_from_env() -> Option<Fault> {
@@ -32,6 +35,7 @@ pub(crate) fn fault_from_env() -> Option<Fault> {
         "slow-swap" => Some(Fault::SlowSwap(n)),
         "stale-weights" => Some(Fault::StaleWeights),
         "slow-result" => Some(Fault::SlowResult(n)),
+        "slow-decode" => Some(Fault::SlowDecode(n)),
         _ => None,
     }
 }

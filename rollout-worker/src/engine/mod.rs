@@ -16,12 +16,14 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+mod cancel;
 mod commands;
 mod error;
 mod fault;
 mod on_vllm;
 mod room;
 
+pub use cancel::CancelReport;
 pub use commands::{
     Command, EngineKind, EngineSettings, EpisodeJob, EpisodeOutcome, Snapshot, Stats,
 };
@@ -172,6 +174,8 @@ struct Runtime<'m> {
     next_seq: u64,
     steps: u64,
     fault: Option<Fault>,
+    /// Cancels that came before their episode.
+    remembered: cancel::Remembered,
 }
 
 fn finish_of(c: &Completion) -> FinishReason {
@@ -234,6 +238,7 @@ impl<'m> Runtime<'m> {
             next_seq: 0,
             steps: 0,
             fault: fault_from_env(),
+            remembered: cancel::Remembered::default(),
         }
     }
 
@@ -259,10 +264,9 @@ impl<'m> Runtime<'m> {
                     .filter(|(_, e)| e.stream == stream)
                     .map(|(&k, _)| k)
                     .collect();
-                for k in &dropped {
-                    self.episodes.remove(k);
+                for &k in &dropped {
+                    self.stop_episode(k);
                 }
-                self.waiting.retain(|w| !dropped.contains(&w.key));
                 if !dropped.is_empty() {
                     tracing::info!(
                         stream,
@@ -270,7 +274,9 @@ impl<'m> Runtime<'m> {
                         "stream closed; its unfinished episodes are dropped"
                     );
                 }
-                // Sequences already decoding finish and are then discarded (their episode is gone).
+            }
+            Command::Cancel { episode_ids, reply } => {
+                let _ = reply.send(self.cancel(episode_ids));
             }
             Command::Update { agent, version, tensors, reply } => {
                 if self.models.remote.contains_key(&agent) {
@@ -309,6 +315,10 @@ impl<'m> Runtime<'m> {
         };
         if self.draining {
             return fail(&results, job.episode_id, EngineError::Draining);
+        }
+        if self.remembered.take(&job.episode_id) {
+            self.stats.episodes_cancelled.fetch_add(1, Ordering::Relaxed);
+            return fail(&results, job.episode_id, EngineError::Cancelled);
         }
         if let Some(a) =
             job.start.agents().into_iter().find(|a| {
@@ -459,7 +469,7 @@ impl<'m> Runtime<'m> {
             };
             let id = self.next_seq;
             self.next_seq += 1;
-            let added = match (&mut self.batchers[policy.base], &self.vllm) {
+            let added = match (&mut self.batchers[policy.base], &mut self.vllm) {
                 (Some(batcher), _) => {
                     batcher.add(id, prompt.clone(), params, policy.adapter.as_ref())
                 }
@@ -565,10 +575,17 @@ impl<'m> Runtime<'m> {
     }
 
     fn finished(&mut self, base: usize, id: u64, c: Completion) {
-        let Some(seq) = self.seqs.remove(&id) else { return };
+        let Some(seq) = self.seqs.remove(&id) else {
+            // Its episode was stopped but the sequence was not: decoding spent for nothing.
+            self.stats.tokens_after_stop.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
+            return;
+        };
         self.release(&seq);
         self.stats.generated_tokens.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
-        let Some(ep) = self.episodes.get_mut(&seq.episode) else { return };
+        let Some(ep) = self.episodes.get_mut(&seq.episode) else {
+            self.stats.tokens_after_stop.fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
+            return;
+        };
         let tok = &self.models.bases[base].tokenizer;
         // Only a stop token is hidden from the text; a guided tail also ends with Stop.
         let stop = c.finish_reason == ModelFinish::Stop
@@ -735,6 +752,9 @@ impl<'m> Runtime<'m> {
             for b in 0..self.batchers.len() {
                 if self.batchers[b].as_ref().is_none_or(Batcher::is_empty) {
                     continue;
+                }
+                if let Some(Fault::SlowDecode(ms)) = self.fault {
+                    std::thread::sleep(Duration::from_millis(ms));
                 }
                 let step = {
                     let _span = tracing::trace_span!("decode_step", base = b).entered();

@@ -9,6 +9,9 @@ impl Runtime<'_> {
     /// A turn came back from a vLLM server: its completion goes on as one of comas's own
     /// engine would; a failure fails its episode, and a server that is gone fails the worker.
     pub(super) fn vllm_done(&mut self, done: vllm::Done) {
+        if let Some(calls) = &mut self.vllm {
+            calls.forget(done.seq);
+        }
         let Some(seq) = self.seqs.get(&done.seq) else { return };
         let base = seq.base;
         self.vllm_out[base] -= 1;

@@ -12,6 +12,7 @@ use comas_model::guide::tail_reserve;
 use comas_model::SamplingParams;
 use comas_service::backoff::Backoff;
 use comas_service::openai::{CallError, Endpoint};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -58,6 +59,8 @@ pub struct Done {
 pub struct VllmCalls {
     runtime: tokio::runtime::Runtime,
     done: mpsc::Sender<Done>,
+    /// The turns under way, by sequence, so a stopped episode's requests can be dropped.
+    running: HashMap<u64, tokio::task::AbortHandle>,
 }
 
 /// How long a request for `tokens` new tokens may take before the server counts as hung.
@@ -184,16 +187,31 @@ impl VllmCalls {
             .enable_all()
             .build()
             .map_err(VllmError::Spawn)?;
-        Ok(Self { runtime, done })
+        Ok(Self { runtime, done, running: HashMap::new() })
     }
 
     /// Starts a turn; its tokens arrive on the channel given to `new`.
-    pub fn submit(&self, g: Generation) {
+    pub fn submit(&mut self, g: Generation) {
         let done = self.done.clone();
-        self.runtime.spawn(async move {
+        let seq = g.seq;
+        let task = self.runtime.spawn(async move {
             let result = generate(&g).await;
             let _ = done.send(Done { seq: g.seq, result });
         });
+        self.running.insert(seq, task.abort_handle());
+    }
+
+    /// A turn's result was taken: it is no longer under way.
+    pub fn forget(&mut self, seq: u64) {
+        self.running.remove(&seq);
+    }
+
+    /// Drops a turn's requests: the connection closes and vLLM aborts the request. Nothing
+    /// comes back for it on the channel (unless it had finished already).
+    pub fn abort(&mut self, seq: u64) {
+        if let Some(task) = self.running.remove(&seq) {
+            task.abort();
+        }
     }
 }
 
