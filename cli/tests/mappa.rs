@@ -8,48 +8,6 @@ use harness::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// The MAPPA e2e job: agent 0 plays Problem Solver and Verifier, agent 1 the Code Executor, and a
-/// third tiny model coaches. The Executor's replies end with a fixed code block that forks and
-/// spins (a guided tail), so every action calls the tool and every run must be cut off.
-const MAPPA_STEPS: u64 = 2;
-const FORK_AND_SPIN: &str = r"```python\nimport os\nos\.fork\(\)\nwhile 1:0\n```";
-
-fn write_mappa_job(dir: &Path, learner_ports: &[u16]) {
-    for (name, seed) in [("model-0", 3), ("model-1", 4), ("coach", 9)] {
-        write_model(&dir.join(name), &TinySpec { seed, ..TinySpec::tiny(Architecture::Qwen2) })
-            .unwrap();
-    }
-    let mut data = String::new();
-    for i in 0..12 {
-        data.push_str(&format!("{{\"prompt\":\"What is {i} + 2?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", i + 2));
-    }
-    std::fs::write(dir.join("train.jsonl"), data).unwrap();
-    let agent = |k: usize| {
-        format!("[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n", learner_ports[k])
-    };
-    let job = format!(
-        "name = \"mappa-e2e\"\nseed = 5\nmethod = \"mappa\"\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = {QUESTIONS_PER_STEP}\nsteps = {MAPPA_STEPS}\nlearner_timeout_secs = 120\n[output]\ndir = \"out\"\nsave_episodes = true\n\
-         [mappa]\nagents = [0, 1, 0]\ninstances_per_question = {INSTANCES}\ntool_timeout_secs = 1.0\n\
-         [mappa.sampling]\nmax_new_tokens = 10\nmin_new_tokens = 10\n\
-         [mappa.role_sampling.code_executor]\nmax_new_tokens = 60\nmin_new_tokens = 0\nguided_suffix = '{FORK_AND_SPIN}'\n\
-         [mappa.coach_sampling]\ntemperature = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = 'PROCESS_SCORE:[0-9]|none'\n\
-         [[frozen]]\nname = \"coach\"\nmodel = \"coach\"\n{}{}",
-        agent(0),
-        agent(1)
-    );
-    std::fs::write(dir.join("job.toml"), job).unwrap();
-}
-
-/// Sandbox programs (`python3 main.py`) still running anywhere on this machine.
-fn running_sandbox_programs() -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"main.py"))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mappa_chain_is_coached_and_each_scored_action_trains_its_agent() {
     let tmp = tempfile::tempdir().unwrap();

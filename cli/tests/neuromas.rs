@@ -1,45 +1,10 @@
 //! NeuroMAS end to end: a layered graph of LoRA nodes trained by one learner, then grown.
 mod harness;
 
-use comas_model::tiny::{write_model, TinySpec};
-use comas_model::Architecture;
 use harness::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const NEUROMAS_STEPS: u64 = 2;
-
-/// A [2, 1] NeuroMAS graph, one LoRA adapter per node on one tiny base (three agents, three
-/// learners): 2 tasks x 2 rollouts per step, each node's reply ending in a guided `\boxed{D}`.
-fn write_neuromas_job(dir: &Path, learner_ports: &[u16]) {
-    write_model(&dir.join("model"), &TinySpec { seed: 3, ..TinySpec::tiny(Architecture::Qwen2) })
-        .unwrap();
-    // Answers 2 and 3, and the guided box allows only those digits: about half the readouts
-    // are right, so rewards and advantages vary.
-    let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
-        .iter()
-        .enumerate()
-        .map(|(i, (a, b))| format!("{{\"prompt\":\"What is {a} + {b}?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", a + b))
-        .collect();
-    std::fs::write(dir.join("train.jsonl"), data).unwrap();
-    let agent = |k: usize| {
-        format!(
-            "[[agents]]\nmodel = \"model\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-3\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n\
-             [agents.train.lora]\nr = 2\nalpha = 4.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
-            learner_ports[k]
-        )
-    };
-    let job = format!(
-        "name = \"neuromas-e2e\"\nseed = 5\nmethod = \"neuromas\"\n[data]\ntrain = \"train.jsonl\"\n[schedule]\nquestions_per_step = 2\nsteps = {NEUROMAS_STEPS}\nlearner_timeout_secs = 120\n\
-         [output]\ndir = \"out\"\nsave_episodes = true\n[neuromas]\nrollouts_per_task = 2\nmax_msg_tokens = 4\n[neuromas.topology]\nlayers = [2, 1]\n\
-         [neuromas.sampling]\ntemperature = 1.0\ntop_p = 1.0\nmax_new_tokens = 24\nmin_new_tokens = 0\nguided_suffix = '''\\\\boxed\\{{[23]\\}}'''\n{}{}{}",
-        agent(0),
-        agent(1),
-        agent(2)
-    );
-    std::fs::write(dir.join("job.toml"), job).unwrap();
-}
 
 /// A NeuroMAS graph as a job: the layers speak in order (2 calls then 1 per rollout), every
 /// node's sample of a rollout carries the rollout's reward (the readout's grade, computed here
@@ -57,6 +22,7 @@ async fn a_neuromas_graph_runs_layer_by_layer_and_every_node_shares_the_rollout_
         port,
         3,
         1,
+        &[],
         NEUROMAS_STEPS,
         &["--max-episodes", "4"],
     );

@@ -45,14 +45,149 @@ fn require_vllm() {
 /// rounding, as with comas's own engine. (With `min_new_tokens` holding the stop tokens back,
 /// vLLM's figure leaves them out of the softmax: measured 0.0035 on these models.)
 fn assert_logprobs_agree(log: &[Value], agents: usize, tolerance: f64) {
+    let mut compared = 0;
     for m in log {
         for k in 0..agents {
+            if m["agents"][k]["train"]["samples"].as_u64() == Some(0) {
+                continue; // an agent with nothing to train this step (MAPPA: no scored action)
+            }
+            compared += 1;
             let gap = m["agents"][k]["train"]["sampler_mismatch"].as_f64();
             eprintln!("step {} agent {k}: sampler_mismatch {gap:?}", m["step"]);
             let gap = gap.expect("the learner compared the sampler's log-probs");
             assert!(gap < tolerance, "step {} agent {k}: mean |ℓ^old − ℓ^vLLM| = {gap}", m["step"]);
         }
     }
+    assert!(compared > 0, "no agent trained on sampled tokens");
+}
+
+/// The job in `dir` asks for vLLM (`[rollout] engine`), its agents LoRA adapters, and every model
+/// folder named in `onto` replaced by the agents' base `base`: one server for all.
+fn onto_one_vllm_server(dir: &Path, base: &str, onto: &[&str], agents: usize) {
+    let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+    let lora = "mask_truncated = false\n[agents.train.lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n";
+    let mut on_vllm = job.replace("[output]", "[rollout]\nengine = \"vllm\"\n[output]");
+    if !on_vllm.contains("[agents.train.lora]") {
+        on_vllm = on_vllm.replace("mask_truncated = false\n", lora);
+    }
+    for name in onto {
+        let from = format!("model = \"{name}\"");
+        assert!(on_vllm.contains(&from), "{from}");
+        on_vllm = on_vllm.replace(&from, &format!("model = \"{base}\""));
+    }
+    assert_eq!(on_vllm.matches("[agents.train.lora]").count(), agents);
+    std::fs::write(dir.join("job.toml"), on_vllm).unwrap();
+}
+
+/// The policy version of every turn (or action) of each step's saved records: the step's.
+fn assert_versions_of_saved_turns(dir: &Path, log: &[Value], turns: &str) {
+    for m in log {
+        let step = m["step"].as_u64().unwrap();
+        let text = std::fs::read_to_string(dir.join(format!("out/episodes/step-{step:05}.jsonl")))
+            .unwrap();
+        for line in text.lines() {
+            let r: Value = serde_json::from_str(line).unwrap();
+            for t in r["record"][turns].as_array().unwrap() {
+                assert_eq!(t["policy_version"].as_u64(), Some(step), "step {step}: {t}");
+            }
+        }
+    }
+}
+
+/// The NeuroMAS job of `neuromas.rs` on vLLM: its three nodes LoRA adapters on one base (one
+/// server, each adapter version loaded at run time), trained by one learner process. The layers
+/// speak in order, each node trains on its own four samples, every turn ran on its step's
+/// version, and the sampled log-probs are the learner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neuromas_graph_of_lora_nodes_runs_on_one_vllm_server() {
+    require_vllm();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let port = free_port();
+    write_neuromas_job_on(dir, &[port; 3], tiny_for_vllm(3));
+    onto_one_vllm_server(dir, "model", &[], 3);
+    let mut flags = VLLM.to_vec();
+    flags.extend(["--max-episodes", "4"]);
+    let c = Cluster::launch_one_learner(dir, port, 3, 1, &COORDINATOR, NEUROMAS_STEPS, &flags);
+    let id = c.submit().await;
+    let st = c.finished_within(&id, FINISH_SECS).await;
+    assert!(st.agents.iter().all(|a| a.version == NEUROMAS_STEPS), "{:?}", st.agents);
+    let log = c.metrics_log();
+    assert_eq!(log.len() as u64, NEUROMAS_STEPS);
+    for m in &log {
+        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("neuromas"), Some(4)));
+        // Calls per layer: 2 nodes then the readout, in each of the 4 rollouts.
+        assert_eq!(
+            (
+                m["completion_tokens"]["1"]["count"].as_u64(),
+                m["completion_tokens"]["2"]["count"].as_u64()
+            ),
+            (Some(8), Some(4)),
+            "{m}"
+        );
+        for k in 0..3 {
+            let a = &m["agents"][k];
+            assert_eq!((a["samples"].as_u64(), a["train"]["samples"].as_u64()), (Some(4), Some(4)));
+        }
+    }
+    assert_versions_of_saved_turns(dir, &log, "turns");
+    assert_logprobs_agree(&log, 3, 1e-4);
+}
+
+/// The MAPPA job of `mappa.rs` on vLLM, its two agents LoRA adapters and its coach the same base
+/// frozen (one server): each chain runs one Solver, two Executor actions (each calling the
+/// sandbox, each run cut off) and one Verifier action; each coach reply's score is what its text
+/// says; each learner trains on exactly its agent's scored actions; every action ran on its
+/// step's version; the sampled log-probs are the learner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coached_mappa_chain_runs_on_one_vllm_server() {
+    require_vllm();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ports = vec![free_port(), free_port()];
+    write_mappa_job_on(dir, &ports, tiny_for_vllm);
+    onto_one_vllm_server(dir, "model-0", &["model-1", "coach"], 2);
+    let mut flags = VLLM.to_vec();
+    flags.extend(["--max-episodes", "4"]);
+    let c = Cluster::launch(dir, ports, 1, &COORDINATOR, MAPPA_STEPS, &flags);
+    let id = c.submit().await;
+    c.finished_within(&id, FINISH_SECS).await;
+    let log = c.metrics_log();
+    assert_eq!(log.len() as u64, MAPPA_STEPS, "each step logged exactly once");
+    for m in &log {
+        let step = m["step"].as_u64().unwrap();
+        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("mappa"), Some(EPISODES)));
+        for (role, n) in [("problem_solver", 1.0), ("code_executor", 2.0), ("verifier", 1.0)] {
+            assert_eq!(m["actions"][role]["mean"], n, "step {step} {role}");
+        }
+        assert_eq!(m["tool_calls"], EPISODES * 2);
+        assert_eq!(m["sandbox_failures"], serde_json::json!({"timeout": EPISODES * 2}));
+        assert_eq!(
+            m["samples"].as_u64().unwrap() + m["samples_dropped"].as_u64().unwrap(),
+            EPISODES * 4
+        );
+        for k in 0..2 {
+            let a = &m["agents"][k];
+            assert_eq!(a["train"]["samples"], a["samples"], "step {step} agent {k}");
+            assert_eq!(a["version"], step + 1);
+        }
+        let text = std::fs::read_to_string(dir.join(format!("out/episodes/step-{step:05}.jsonl")))
+            .unwrap();
+        for line in text.lines() {
+            let r: Value = serde_json::from_str(line).unwrap();
+            for a in r["record"]["actions"].as_array().unwrap() {
+                let coach = &a["coach"];
+                let read = coach["replies"].as_array().unwrap().iter().find_map(|t| {
+                    let (_, d) = t.as_str().unwrap().split_once("PROCESS_SCORE:")?;
+                    Some(d[..1].parse::<f64>().unwrap())
+                });
+                assert_eq!(coach["process_score"].as_f64(), read, "{coach}");
+            }
+        }
+    }
+    assert_versions_of_saved_turns(dir, &log, "actions");
+    assert_logprobs_agree(&log, 2, 0.01);
+    assert_eq!(running_sandbox_programs(), 0, "no forked program outlived its run");
 }
 
 /// Two LoRA agents on one base model (one server, one adapter each), a GRPO job that asks for
@@ -232,14 +367,7 @@ async fn a_vllm_worker_killed_mid_step_takes_its_server_and_loses_nothing() {
     // Long turns, so the kill lands while the step's episodes are running.
     write_job_of(dir, &ports, 48, false, STEPS);
     write_model(&dir.join("model-0"), &tiny_for_vllm(3)).unwrap();
-    let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
-    let lora = "mask_truncated = false\n[agents.train.lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n";
-    let on_vllm = job
-        .replace("[output]", "[rollout]\nengine = \"vllm\"\n[output]")
-        .replace("model = \"model-1\"", "model = \"model-0\"")
-        .replace("mask_truncated = false\n", lora);
-    assert_eq!(on_vllm.matches("[agents.train.lora]").count(), 2);
-    std::fs::write(dir.join("job.toml"), on_vllm).unwrap();
+    onto_one_vllm_server(dir, "model-0", &["model-1"], 2);
     let flags = ["--vllm-kv-gib", "1", "--max-episodes", "3"];
     let mut c = Cluster::launch(dir, ports, 2, &COORDINATOR, STEPS, &flags);
     let id = c.submit().await;

@@ -10,10 +10,13 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod comas_job;
+mod method_jobs;
 mod net_cluster;
 pub mod netns;
 #[allow(unused_imports)] // not every test file builds the CoMAS job
 pub use comas_job::*;
+#[allow(unused_imports)]
+pub use method_jobs::*;
 
 pub struct Proc {
     pub name: String,
@@ -166,8 +169,37 @@ impl Cluster {
         env: &[(&str, String)],
         net: Option<netns::Net>,
     ) -> Self {
+        let mut c = Self::unstarted(dir, learner_ports, steps, coordinator_flags, worker_flags);
+        c.env = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        c.net = net;
+        c.start(workers)
+    }
+
+    /// As `launch`, with one learner process on `port` training all `agents`.
+    pub fn launch_one_learner(
+        dir: &Path,
+        port: u16,
+        agents: usize,
+        workers: usize,
+        coordinator_flags: &[&str],
+        steps: u64,
+        worker_flags: &[&str],
+    ) -> Self {
+        let mut c = Self::unstarted(dir, vec![port], steps, coordinator_flags, worker_flags);
+        c.learner_agents = vec![(0..agents).map(|k| k.to_string()).collect::<Vec<_>>().join(",")];
+        c.start(workers)
+    }
+
+    /// A cluster of one learner per port (agent k on port k), nothing started yet.
+    fn unstarted(
+        dir: &Path,
+        learner_ports: Vec<u16>,
+        steps: u64,
+        coordinator_flags: &[&str],
+        worker_flags: &[&str],
+    ) -> Self {
         let n = learner_ports.len();
-        let mut c = Cluster {
+        Cluster {
             dir: dir.to_path_buf(),
             coord_port: free_port(),
             metrics_port: free_port(),
@@ -179,49 +211,21 @@ impl Cluster {
             workers: Vec::new(),
             steps,
             worker_flags: s(worker_flags),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
-            net,
-        };
-        c.start_coordinator();
-        for k in 0..n {
-            c.start_learner(k);
-        }
-        for _ in 0..workers {
-            c.add_worker();
-        }
-        c
-    }
-
-    /// As `launch`, with one learner process on `port` training all `agents`.
-    pub fn launch_one_learner(
-        dir: &Path,
-        port: u16,
-        agents: usize,
-        workers: usize,
-        steps: u64,
-        worker_flags: &[&str],
-    ) -> Self {
-        let mut c = Cluster {
-            dir: dir.to_path_buf(),
-            coord_port: free_port(),
-            metrics_port: free_port(),
-            learner_agents: vec![(0..agents).map(|k| k.to_string()).collect::<Vec<_>>().join(",")],
-            learner_ports: vec![port],
-            coordinator: None,
-            coordinator_flags: Vec::new(),
-            learners: vec![None],
-            workers: Vec::new(),
-            steps,
-            worker_flags: s(worker_flags),
             env: Vec::new(),
             net: None,
-        };
-        c.start_coordinator();
-        c.start_learner(0);
-        for _ in 0..workers {
-            c.add_worker();
         }
-        c
+    }
+
+    /// Starts the coordinator, every learner and `workers` workers.
+    fn start(mut self, workers: usize) -> Self {
+        self.start_coordinator();
+        for k in 0..self.learner_ports.len() {
+            self.start_learner(k);
+        }
+        for _ in 0..workers {
+            self.add_worker();
+        }
+        self
     }
 
     pub fn start_coordinator(&mut self) {
