@@ -2,6 +2,7 @@
 //! batching, and swaps in new weights pulled from learners between decode steps.
 pub mod cli;
 pub mod engine;
+pub mod fixed;
 pub mod metrics;
 pub mod models;
 pub mod pulls;

@@ -10,11 +10,14 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod comas_job;
+mod fleet;
 mod method_jobs;
 mod net_cluster;
 pub mod netns;
 #[allow(unused_imports)] // not every test file builds the CoMAS job
 pub use comas_job::*;
+#[allow(unused_imports)]
+pub use fleet::*;
 #[allow(unused_imports)]
 pub use method_jobs::*;
 
@@ -89,14 +92,18 @@ pub fn spawn_in(
 
 /// Metric `name` from the Prometheus endpoint at `at` (address, port).
 pub fn scrape(at: &(String, u16), name: &str) -> f64 {
+    try_scrape(at, name).unwrap_or_else(|| panic!("{name} not in the metrics at {}:{}", at.0, at.1))
+}
+
+/// As `scrape`; `None` while the endpoint is not up or lacks the metric.
+pub fn try_scrape(at: &(String, u16), name: &str) -> Option<f64> {
     use std::io::{Read, Write};
-    let mut sock = std::net::TcpStream::connect((at.0.as_str(), at.1)).unwrap();
-    write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut sock = std::net::TcpStream::connect((at.0.as_str(), at.1)).ok()?;
+    write!(sock, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
     let mut body = String::new();
-    sock.read_to_string(&mut body).unwrap();
+    sock.read_to_string(&mut body).ok()?;
     body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.trim().parse().unwrap()))
-        .unwrap_or_else(|| panic!("{name} not in the metrics at {}:{}", at.0, at.1))
+        .find_map(|l| l.strip_prefix(&format!("{name} ")).and_then(|v| v.trim().parse().ok()))
 }
 
 pub fn s(v: &[&str]) -> Vec<String> {
