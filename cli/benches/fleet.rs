@@ -24,6 +24,7 @@ const EPISODES: u64 = QUESTIONS * GROUP;
 const STEPS: u64 = 4;
 const SLOTS: u32 = 4;
 const TURN: Duration = Duration::from_millis(100);
+const SCALE_TURN: Duration = Duration::from_secs(2);
 /// The workers' heartbeats as the coordinator's defaults have them (the tests' are faster).
 const COORDINATOR: [&str; 4] = ["--heartbeat-ms", "2000", "--heartbeat-timeout-secs", "30"];
 
@@ -78,8 +79,11 @@ async fn run(n: usize, scale_down: bool) -> Figures {
     let port = free_port();
     write_fleet_job(tmp.path(), port, QUESTIONS, GROUP, STEPS);
     let c = Cluster::launch(tmp.path(), vec![port], 0, &COORDINATOR, STEPS, &[]);
-    let settings = fixed_settings(c.coordinator_url(), SLOTS, TURN);
+    // The scale-down must land inside a rollout: its turns take longer.
+    let turn = if scale_down { SCALE_TURN } else { TURN };
+    let settings = fixed_settings(c.coordinator_url(), SLOTS, turn);
     let stats = Arc::new(FixedStats::default());
+    wait_until_listening(&c).await;
     let started = Instant::now();
     let mut workers: Vec<FixedWorker> = fleet(0, n, &settings, &stats).await;
     wait_for_workers(&c, n).await;
@@ -102,6 +106,21 @@ async fn run(n: usize, scale_down: bool) -> Figures {
         tokio::time::sleep(Duration::from_secs(2)).await;
         workers.extend(fleet(n, killed, &settings, &stats).await);
         eprintln!("started {killed} new ones");
+        // The coordinator's view each second until the step is committed.
+        let started = Instant::now();
+        while c.status(&id).await.is_some_and(|st| st.steps_done == 2) {
+            let g = |n: &str| c.prometheus(&format!("comas_coordinator_{n}"));
+            eprintln!(
+                "{:5.1} s: {} workers, {} ready, {} queued, {} leased, {} accepted",
+                started.elapsed().as_secs_f64(),
+                g("workers"),
+                g("ready_workers"),
+                g("pending_episodes"),
+                g("leased_episodes"),
+                g("episodes_completed_total")
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
     c.finished_within(&id, 1800).await;
     let (cpu1, peak_mib) = cpu_and_peak(pid);
@@ -125,7 +144,7 @@ async fn run(n: usize, scale_down: bool) -> Figures {
     Figures {
         workers: n,
         leases_per_s: EPISODES as f64 / rollout,
-        slot_bound: (n as f64 * f64::from(SLOTS)) / TURN.as_secs_f64(),
+        slot_bound: (n as f64 * f64::from(SLOTS)) / turn.as_secs_f64(),
         coordinator_s: mean(&|m| m["seconds"]["coordinator"].as_f64().unwrap()),
         scheduler_us_per_lease: (sched1 - sched0) * 1e6 / (STEPS * EPISODES) as f64,
         cpu_s_per_step: (cpu1 - cpu0) / STEPS as f64,

@@ -23,6 +23,7 @@ async fn most_of_a_fleet_killed_mid_step_and_replaced_loses_nothing() {
     let c = Cluster::launch(tmp.path(), vec![port], 0, &[], STEPS, &[]);
     let s = fixed_settings(c.coordinator_url(), 2, Duration::from_millis(300));
     let stats = Arc::new(FixedStats::default());
+    wait_until_listening(&c).await;
     let mut workers = fleet(0, 40, &s, &stats).await;
     wait_for_workers(&c, 40).await;
     let id = c.submit().await;

@@ -38,13 +38,38 @@ pub fn fixed_settings(coordinator: String, slots: u32, delay: Duration) -> Arc<F
     })
 }
 
+/// Waits until the coordinator and every learner listen: a fleet started before them could take
+/// their ports (picked free, then released until they bind them).
+pub async fn wait_until_listening(c: &Cluster) {
+    let started = std::time::Instant::now();
+    let up = |ip: String, port: u16| std::net::TcpStream::connect((ip.as_str(), port)).is_ok();
+    loop {
+        let coordinator =
+            up(c.ip_of("coordinator"), c.coord_port) && up(c.ip_of("coordinator"), c.metrics_port);
+        let learners = c
+            .learner_ports
+            .iter()
+            .enumerate()
+            .all(|(k, &port)| up(c.ip_of(&format!("learner-{k}")), port));
+        if coordinator && learners {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "services not up\n{}", c.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits until the coordinator counts exactly `n` registered workers.
 pub async fn wait_for_workers(c: &Cluster, n: usize) {
     let started = std::time::Instant::now();
     let at = (c.ip_of("coordinator"), c.metrics_port);
     while try_scrape(&at, "comas_coordinator_workers") != Some(n as f64) {
         let now = try_scrape(&at, "comas_coordinator_workers");
-        assert!(started.elapsed() < Duration::from_secs(60), "{now:?} workers registered, not {n}");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{now:?} workers registered, not {n}\n{}",
+            c.logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -6,7 +6,8 @@
 use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_workflow::program::MethodConfig;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -674,10 +675,26 @@ impl State {
 
     /// Leases queued episodes to ready workers, always to the one with the most free slots, and
     /// never to a worker that already runs the same episode.
+    /// Leases queued episodes to open workers, the one with the most free slots first (ties to
+    /// the smallest id), never to a worker already running the same episode. The open workers
+    /// are ranked once per call, so a call costs O((leases + workers) log workers), not a scan
+    /// of every worker per lease (1,000 workers: see the fleet bench).
     fn dispatch(&mut self) {
+        if self.queue.is_empty() {
+            return self.note_idle();
+        }
         let target_gen = self.target.as_ref().map(|t| t.generation);
+        let open = |w: &Worker| {
+            !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0
+        };
+        let mut ranked: BinaryHeap<(u32, Reverse<String>)> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| open(w))
+            .map(|(id, w)| (w.free(), Reverse(id.clone())))
+            .collect();
         let mut i = 0;
-        while i < self.queue.len() {
+        while i < self.queue.len() && !ranked.is_empty() {
             let l = &self.queue[i];
             if !self
                 .batches
@@ -687,32 +704,42 @@ impl State {
                 self.queue.remove(i);
                 continue;
             }
-            let open = |w: &Worker| {
-                !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0
-            };
-            if !self.workers.values().any(open) {
-                break;
+            // The best worker that does not hold this episode already (a copy goes elsewhere).
+            let mut skipped = Vec::new();
+            let mut chosen = None;
+            while let Some(top) = ranked.pop() {
+                if self.workers[&top.1 .0].leased.contains_key(&l.spec.episode_id) {
+                    skipped.push(top);
+                } else {
+                    chosen = Some(top);
+                    break;
+                }
             }
-            let best = self
-                .workers
-                .iter()
-                .filter(|(_, w)| open(w) && !w.leased.contains_key(&l.spec.episode_id))
-                .max_by_key(|(id, w)| (w.free(), std::cmp::Reverse((*id).clone())))
-                .map(|(id, _)| id.clone());
-            let Some(id) = best else {
+            ranked.extend(skipped);
+            let Some((_, Reverse(id))) = chosen else {
                 i += 1;
                 continue;
             };
             let lease = self.queue.remove(i).expect("index in range");
-            let w = self.workers.get_mut(&id).expect("chosen worker exists");
+            let w = self.workers.get_mut(&id).expect("ranked workers exist");
             if w.tx.send(WorkerMsg::Lease(lease.spec.clone())).is_err() {
                 self.queue.push_front(lease);
                 self.drop_worker(&id, "connection task ended");
+                // Its leases went back to the front of the queue: look at them again.
+                i = 0;
                 continue;
             }
             w.leased
                 .insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
+            if w.free() > 0 {
+                ranked.push((w.free(), Reverse(id)));
+            }
         }
+        self.note_idle();
+    }
+
+    /// When episodes started waiting with no ready worker to take them (for the stall check).
+    fn note_idle(&mut self) {
         let waiting = !self.queue.is_empty() && !self.workers.values().any(|w| self.is_ready(w));
         self.idle_since = match (waiting, self.idle_since) {
             (true, Some(t)) => Some(t),
