@@ -53,26 +53,6 @@ struct Figures {
     peak_mib: f64,
 }
 
-/// Checks the run's log: every step once, with all its episodes and samples.
-fn check_exact(c: &Cluster) -> Vec<serde_json::Value> {
-    let log = c.metrics_log();
-    let steps: Vec<u64> = log.iter().map(|m| m["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "each step logged once");
-    for m in &log {
-        let a = &m["agents"][0];
-        assert_eq!(
-            (m["episodes"].as_u64(), a["train"]["samples"].as_u64()),
-            (Some(EPISODES), Some(EPISODES)),
-            "{m}"
-        );
-    }
-    assert_eq!(
-        c.prometheus("comas_coordinator_episodes_completed_total"),
-        (STEPS * EPISODES) as f64
-    );
-    log
-}
-
 /// One run with `n` workers; with `scale_down`, most of them are replaced during step 2.
 async fn run(n: usize, scale_down: bool) -> Figures {
     let tmp = tempfile::tempdir().unwrap();
@@ -125,7 +105,7 @@ async fn run(n: usize, scale_down: bool) -> Figures {
     c.finished_within(&id, 1800).await;
     let (cpu1, peak_mib) = cpu_and_peak(pid);
     let sched1 = c.prometheus("comas_coordinator_scheduler_seconds_total");
-    let log = check_exact(&c);
+    let log = assert_fleet_run_exact(&c, STEPS, EPISODES);
     if scale_down {
         assert!(c.prometheus("comas_coordinator_requeued_episodes_total") >= 1.0);
         let rollout: Vec<String> = log

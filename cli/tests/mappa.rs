@@ -23,33 +23,7 @@ async fn a_mappa_chain_is_coached_and_each_scored_action_trains_its_agent() {
     let (mut scored, mut unscored, mut first_step) = (0, 0, (0, 0));
     for m in &log {
         let step = m["step"].as_u64().unwrap();
-        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("mappa"), Some(EPISODES)));
-        // Every episode: one Solver action, two Executor actions (each calls the tool), one Verifier action.
-        for (role, n) in [("problem_solver", 1.0), ("code_executor", 2.0), ("verifier", 1.0)] {
-            assert_eq!(m["actions"][role]["mean"], n, "step {step} {role}");
-        }
-        assert_eq!(m["tool_calls"], EPISODES * 2);
-        assert_eq!(
-            m["sandbox_failures"],
-            serde_json::json!({"timeout": EPISODES * 2}),
-            "every forking, spinning run is cut off at its timeout"
-        );
-        assert_eq!(m["tool_success_rate"]["mean"], 0.0);
-        assert_eq!(
-            m["samples"].as_u64().unwrap() + m["samples_dropped"].as_u64().unwrap(),
-            EPISODES * 4
-        );
-        for k in 0..2 {
-            let a = &m["agents"][k];
-            // A learner trains on exactly its agent's scored actions.
-            assert_eq!(a["train"]["samples"], a["samples"], "step {step} agent {k}");
-            assert_eq!(
-                a["samples"].as_u64().unwrap() + a["samples_dropped"].as_u64().unwrap(),
-                EPISODES * 2,
-                "step {step} agent {k}"
-            );
-            assert_eq!(a["version"], step + 1);
-        }
+        assert_mappa_step_counts(m);
         // The saved records: contexts grow by exactly the action and its observation, and a coach
         // reply without a score (even after the retry) leaves the action without a reward.
         let text =

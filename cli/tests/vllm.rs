@@ -156,21 +156,7 @@ async fn a_coached_mappa_chain_runs_on_one_vllm_server() {
     assert_eq!(log.len() as u64, MAPPA_STEPS, "each step logged exactly once");
     for m in &log {
         let step = m["step"].as_u64().unwrap();
-        assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("mappa"), Some(EPISODES)));
-        for (role, n) in [("problem_solver", 1.0), ("code_executor", 2.0), ("verifier", 1.0)] {
-            assert_eq!(m["actions"][role]["mean"], n, "step {step} {role}");
-        }
-        assert_eq!(m["tool_calls"], EPISODES * 2);
-        assert_eq!(m["sandbox_failures"], serde_json::json!({"timeout": EPISODES * 2}));
-        assert_eq!(
-            m["samples"].as_u64().unwrap() + m["samples_dropped"].as_u64().unwrap(),
-            EPISODES * 4
-        );
-        for k in 0..2 {
-            let a = &m["agents"][k];
-            assert_eq!(a["train"]["samples"], a["samples"], "step {step} agent {k}");
-            assert_eq!(a["version"], step + 1);
-        }
+        assert_mappa_step_counts(m);
         let text = std::fs::read_to_string(dir.join(format!("out/episodes/step-{step:05}.jsonl")))
             .unwrap();
         for line in text.lines() {

@@ -88,3 +88,26 @@ pub async fn fleet(
     }
     out
 }
+
+/// A fleet job's end: every step logged once with `episodes` episodes, each one a sample the
+/// agent trained on, its version advanced by one a step, and the coordinator having accepted
+/// exactly `steps × episodes`. Returns the step records.
+pub fn assert_fleet_run_exact(c: &Cluster, steps: u64, episodes: u64) -> Vec<Value> {
+    let log = c.metrics_log();
+    let logged: Vec<u64> = log.iter().map(|m| m["step"].as_u64().unwrap()).collect();
+    assert_eq!(logged, (0..steps).collect::<Vec<_>>(), "each step logged once");
+    for m in &log {
+        let a = &m["agents"][0];
+        assert_eq!(
+            (m["episodes"].as_u64(), a["samples"].as_u64(), a["train"]["samples"].as_u64()),
+            (Some(episodes), Some(episodes), Some(episodes)),
+            "{m}"
+        );
+        assert_eq!(a["version"], m["step"].as_u64().unwrap() + 1);
+    }
+    assert_eq!(
+        c.prometheus("comas_coordinator_episodes_completed_total"),
+        (steps * episodes) as f64
+    );
+    log
+}

@@ -45,6 +45,41 @@ pub fn write_mappa_job_on(dir: &Path, learner_ports: &[u16], spec: impl Fn(i64) 
     std::fs::write(dir.join("job.toml"), job).unwrap();
 }
 
+/// What every step of the MAPPA job must show, on any engine: its episodes; one Solver, two
+/// Executor actions (each calling the tool, each run cut off at its timeout) and one Verifier
+/// action each; every action either a sample or dropped; each learner trained on exactly its
+/// agent's scored actions; versions advanced by the step.
+pub fn assert_mappa_step_counts(m: &serde_json::Value) {
+    let step = m["step"].as_u64().unwrap();
+    assert_eq!((m["method"].as_str(), m["episodes"].as_u64()), (Some("mappa"), Some(EPISODES)));
+    // Every episode: one Solver action, two Executor actions (each calls the tool), one Verifier action.
+    for (role, n) in [("problem_solver", 1.0), ("code_executor", 2.0), ("verifier", 1.0)] {
+        assert_eq!(m["actions"][role]["mean"], n, "step {step} {role}");
+    }
+    assert_eq!(m["tool_calls"], EPISODES * 2);
+    assert_eq!(
+        m["sandbox_failures"],
+        serde_json::json!({"timeout": EPISODES * 2}),
+        "every forking, spinning run is cut off at its timeout"
+    );
+    assert_eq!(m["tool_success_rate"]["mean"], 0.0);
+    assert_eq!(
+        m["samples"].as_u64().unwrap() + m["samples_dropped"].as_u64().unwrap(),
+        EPISODES * 4
+    );
+    for k in 0..2 {
+        let a = &m["agents"][k];
+        // A learner trains on exactly its agent's scored actions.
+        assert_eq!(a["train"]["samples"], a["samples"], "step {step} agent {k}");
+        assert_eq!(
+            a["samples"].as_u64().unwrap() + a["samples_dropped"].as_u64().unwrap(),
+            EPISODES * 2,
+            "step {step} agent {k}"
+        );
+        assert_eq!(a["version"], step + 1);
+    }
+}
+
 /// Sandbox programs (`python3 main.py`) still running anywhere on this machine.
 pub fn running_sandbox_programs() -> usize {
     std::fs::read_dir("/proc")

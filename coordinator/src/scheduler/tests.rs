@@ -69,6 +69,23 @@ fn prepared(s: &State, id: &str, generation: u64) -> Cmd {
     }
 }
 
+/// An actor with a target (generation 1) and two workers `w1`, `w2` of `capacity` slots each,
+/// both ready for it.
+fn two_ready_workers(capacity: u32) -> (State, Inbox) {
+    let (mut s, inbox) = actor();
+    s.apply(target(1));
+    for id in ["w1", "w2"] {
+        s.apply(Cmd::Register {
+            id: id.into(),
+            address: format!("http://{id}"),
+            capacity,
+            incarnation: 1,
+        });
+        s.apply(prepared(&s, id, 1));
+    }
+    (s, inbox)
+}
+
 /// A GRPO record of one agent's answer: what a worker sends back for an episode.
 fn record_json() -> String {
     let task = TaskRecord {
@@ -273,17 +290,7 @@ fn a_failing_episode_is_retried_until_its_attempts_run_out_and_a_malformed_recor
 
 #[test]
 fn a_timed_out_lease_is_copied_to_another_worker_and_the_first_result_counts() {
-    let (mut s, inbox) = actor();
-    s.apply(target(1));
-    for id in ["w1", "w2"] {
-        s.apply(Cmd::Register {
-            id: id.into(),
-            address: format!("http://{id}"),
-            capacity: 1,
-            incarnation: 1,
-        });
-        s.apply(prepared(&s, id, 1));
-    }
+    let (mut s, inbox) = two_ready_workers(1);
     let mut job = submit(
         &mut s,
         1,
@@ -311,17 +318,7 @@ fn a_timed_out_lease_is_copied_to_another_worker_and_the_first_result_counts() {
 /// job's leases alone.
 #[test]
 fn a_cancelled_job_stops_its_leases_on_every_worker_and_their_answers_are_ignored() {
-    let (mut s, inbox) = actor();
-    s.apply(target(1));
-    for id in ["w1", "w2"] {
-        s.apply(Cmd::Register {
-            id: id.into(),
-            address: format!("http://{id}"),
-            capacity: 2,
-            incarnation: 1,
-        });
-        s.apply(prepared(&s, id, 1));
-    }
+    let (mut s, inbox) = two_ready_workers(2);
     let mut job = submit(&mut s, 3, limits());
     let (on1, on2) = (sent(&inbox, "w1").0, sent(&inbox, "w2").0);
     assert_eq!(on1.len() + on2.len(), 3);
