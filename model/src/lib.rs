@@ -1,6 +1,7 @@
 //! Model core of comas: decoder-only transformers in tch (Qwen2/Qwen2.5, Qwen3, Llama 3.x),
 //! loaded from Hugging Face folders, with an external KV cache, batched sampling, log-prob
 //! scoring and per-request LoRA adapters.
+mod attention;
 pub mod batcher;
 pub mod config;
 pub mod decode_linear;
@@ -10,6 +11,7 @@ pub mod foreach;
 pub mod generate;
 pub mod guide;
 pub mod kv_cache;
+mod layers;
 pub mod lora;
 pub mod mask;
 pub mod memory;

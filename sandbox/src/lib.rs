@@ -25,6 +25,7 @@ mod humaneval;
 mod outcome;
 mod protect;
 mod sandbox;
+mod watch;
 
 pub use comas_workflow::code::CodeGrading;
 pub use error::{DataError, SandboxError};
