@@ -87,6 +87,11 @@ pub(super) async fn connection(
         match msg {
             WorkerMsg::Lease(spec) => {
                 if spec_tx.send(spec).is_err() {
+                    // The stream is gone. The reader may not have said so yet, and it is
+                    // stopped below: say it here, or this lease (and the others of this
+                    // worker) would wait for the heartbeat timeout. A second report of the same
+                    // connection is ignored.
+                    lost("episode stream closed".into());
                     break;
                 }
             }

@@ -112,6 +112,13 @@ impl State {
             self.queue.push_front(Lease { since: Instant::now(), copied: false, ..lease });
             return;
         }
+        if r.error_kind == pb::EpisodeErrorKind::Cancelled as i32 {
+            // Stopped by an older cancel of the same id (a cancelled job's episode that had
+            // ended there, leased again when the job resumed): not the episode's fault either.
+            self.metrics.requeued_episodes.inc();
+            self.queue.push_front(Lease { since: Instant::now(), copied: false, ..lease });
+            return;
+        }
         let attempts = lease.attempts + 1;
         tracing::warn!(worker = %id, episode = %r.episode_id, attempts, error = %r.error, "episode failed");
         if attempts >= batch.max_attempts {

@@ -474,3 +474,24 @@ fn relay_peers_form_a_chain_a_tree_or_nothing() {
     assert_eq!(names(0), ["learner"; 6]);
     assert!(relay_peers(&[], 1).is_empty());
 }
+
+/// A worker that answers CANCELLED for an episode it holds the lease of (it had remembered an
+/// older cancel of that id: a cancelled job's episode, leased again when the job resumed) costs
+/// the episode no attempt: it is leased again, even with a single attempt allowed.
+#[test]
+fn a_cancelled_answer_to_a_live_lease_is_leased_again_without_an_attempt() {
+    let (mut s, inbox) = two_ready_workers(1);
+    let mut job = submit(&mut s, 1, BatchLimits { max_attempts: 1, ..limits() });
+    let holder = if sent(&inbox, "w1").0 == ["e0"] { "w1" } else { "w2" };
+    let result = pb::EpisodeResult {
+        episode_id: "e0".into(),
+        error: "cancelled by the coordinator".into(),
+        error_kind: pb::EpisodeErrorKind::Cancelled as i32,
+        ..Default::default()
+    };
+    s.apply(Cmd::Result { id: holder.into(), conn: conn_of(&s, holder), result });
+    assert_eq!(told(&mut job), (vec![], vec![], vec![]), "not failed");
+    assert_eq!((s.leased(), s.metrics.requeued_episodes.get()), (1, 1), "leased again");
+    s.apply(ok(&s, holder, "e0"));
+    assert_eq!(told(&mut job).0, ["e0"]);
+}
