@@ -74,7 +74,7 @@ async fn run(n: usize, scale_down: bool) -> Figures {
     let id = c.submit().await;
     if scale_down {
         c.on_event(&id, 600, "step 2's rollout", |s| {
-            s.steps_done == 2 && s.stage == "rollout" && s.episodes_done > 0
+            s.steps_done == 2 && s.stage == "rollout" && s.episodes_total > 0
         })
         .await;
         let keep = 10.min(n);
