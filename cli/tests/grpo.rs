@@ -24,12 +24,7 @@ fn write_grpo_job(dir: &Path, learner_ports: &[u16]) {
         )
         .unwrap();
     }
-    let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
-        .iter()
-        .enumerate()
-        .map(|(i, (a, b))| format!("{{\"prompt\":\"What is {a} + {b}?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", a + b))
-        .collect();
-    std::fs::write(dir.join("train.jsonl"), data).unwrap();
+    write_four_sums(dir);
     let agent = |k: usize| {
         format!(
             "[[agents]]\nmodel = \"model-{k}\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-4\ntrain_batch_size = 8\nmicro_batch_size = 8\nmask_truncated = false\n",

@@ -102,17 +102,23 @@ pub fn write_neuromas_job(dir: &Path, learner_ports: &[u16]) {
     )
 }
 
-/// The NeuroMAS job on a base model of `spec`.
-pub fn write_neuromas_job_on(dir: &Path, learner_ports: &[u16], spec: TinySpec) {
-    write_model(&dir.join("model"), &spec).unwrap();
-    // Answers 2 and 3, and the guided box allows only those digits: about half the readouts
-    // are right, so rewards and advantages vary.
+/// `train.jsonl` of four sums whose answers are 2 and 3 (a guided box of those digits is right
+/// about half the time).
+pub fn write_four_sums(dir: &Path) {
     let data: String = [(0, 2), (1, 2), (2, 0), (2, 1)]
         .iter()
         .enumerate()
         .map(|(i, (a, b))| format!("{{\"prompt\":\"What is {a} + {b}?\",\"answer\":\"{}\",\"task\":\"math\",\"id\":\"q{i}\"}}\n", a + b))
         .collect();
     std::fs::write(dir.join("train.jsonl"), data).unwrap();
+}
+
+/// The NeuroMAS job on a base model of `spec`.
+pub fn write_neuromas_job_on(dir: &Path, learner_ports: &[u16], spec: TinySpec) {
+    write_model(&dir.join("model"), &spec).unwrap();
+    // Answers 2 and 3, and the guided box allows only those digits: about half the readouts
+    // are right, so rewards and advantages vary.
+    write_four_sums(dir);
     let agent = |k: usize| {
         format!(
             "[[agents]]\nmodel = \"model\"\nlearner = \"http://127.0.0.1:{}\"\n[agents.train]\nlr = 1e-3\ntrain_batch_size = 4\nmicro_batch_size = 4\nmask_truncated = false\n\
