@@ -7,7 +7,7 @@
 //! a cache of its own, so that a long prompt never stalls the decoding rows for more than a
 //! chunk's forward; when its prompt is in, its keys and values move into a row of the batch.
 use crate::error::{ModelError, Result};
-use crate::guide::{tail_reserve, Allowed, Constrained, Guide};
+use crate::guide::{tail_reserve, Guide};
 use crate::kv_cache::KvCache;
 use crate::lora::{LoraAdapter, LoraBatch};
 use crate::mask;
@@ -18,6 +18,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::collections::VecDeque;
 use tch::Tensor;
+
+mod rows;
+use rows::{row_free, row_guided, row_unguided};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -120,14 +123,6 @@ fn empty_completion() -> Completion {
         stop_string: None,
         constrained: Vec::new(),
     }
-}
-
-/// Token window decoded to look for stop strings: enough tokens to cover the longest stop
-/// string (each token decodes to at least one byte) plus a few for split characters.
-fn find_stop_string(tok: &Tokenizer, ids: &[i64], stops: &[String]) -> Result<Option<String>> {
-    let window = stops.iter().map(String::len).max().unwrap_or(0) + 4;
-    let text = tok.decode(&ids[ids.len().saturating_sub(window)..], false)?;
-    Ok(stops.iter().find(|s| text.contains(s.as_str())).cloned())
 }
 
 impl<'a> Batcher<'a> {
@@ -483,112 +478,6 @@ impl<'a> Batcher<'a> {
     }
 }
 
-fn push(out: &mut Completion, s: sampling::Sampled) {
-    out.token_ids.push(s.token);
-    out.logprobs.push(s.logprob);
-    out.sampling_logprobs.push(s.sampling_logprob);
-}
-
-fn length_or_running(row: &Row) -> RowState {
-    if row.out.token_ids.len() >= row.params.max_new_tokens {
-        RowState::Finished(FinishReason::Length)
-    } else {
-        RowState::Running
-    }
-}
-
-/// Stop token or stop string (once `min_new_tokens` are out), else length.
-fn would_stop(tokenizer: Option<&Tokenizer>, row: &mut Row, token: i64) -> Result<bool> {
-    let (c, p) = (&mut row.out, &row.params);
-    if c.token_ids.len() < p.min_new_tokens {
-        return Ok(false);
-    }
-    if p.stop_token_ids.contains(&token) {
-        return Ok(true);
-    }
-    if let (false, Some(tok)) = (p.stop_strings.is_empty(), tokenizer) {
-        if let Some(hit) = find_stop_string(tok, &c.token_ids, &p.stop_strings)? {
-            c.stop_string = Some(hit);
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-fn row_unguided(
-    tokenizer: Option<&Tokenizer>,
-    row: &mut Row,
-    s: sampling::Sampled,
-) -> Result<RowState> {
-    push(&mut row.out, s);
-    if would_stop(tokenizer, row, s.token)? {
-        return Ok(RowState::Finished(FinishReason::Stop));
-    }
-    Ok(length_or_running(row))
-}
-
-/// A guided row writing freely: when it would stop, or its free budget is spent, the tail
-/// starts. A stop token is not kept: the tail's first token is drawn in its place, from the
-/// same logits, among what the guide allows.
-fn row_free(
-    tokenizer: Option<&Tokenizer>,
-    row: &mut Row,
-    s: sampling::Sampled,
-    logits: &Tensor,
-    b: usize,
-) -> Result<RowState> {
-    push(&mut row.out, s);
-    let stop_token = row.out.token_ids.len() >= row.params.min_new_tokens
-        && row.params.stop_token_ids.contains(&s.token);
-    let stopped = would_stop(tokenizer, row, s.token)?;
-    let budget_spent = row.out.token_ids.len() + row.tail_reserve >= row.params.max_new_tokens;
-    if !stopped && !budget_spent {
-        return Ok(RowState::Running);
-    }
-    row.out.stop_string = None;
-    let Tail::Free(regex) = &row.tail else { unreachable!("row_free on a free row") };
-    let tok = tokenizer.expect("checked in add: a guided row has a tokenizer");
-    let mut guide = tok.guidance()?.start(regex)?;
-    let next = match guide.allowed()? {
-        Allowed::Done => return Ok(RowState::Finished(FinishReason::Stop)),
-        Allowed::Tokens(ids) => ids,
-    };
-    if stop_token {
-        row.out.token_ids.pop();
-        row.out.logprobs.pop();
-        row.out.sampling_logprobs.pop();
-        let redraw = sampling::sample(
-            &logits.narrow(0, b as i64, 1),
-            &[&row.params],
-            std::slice::from_mut(&mut row.rng),
-            &[&[]],
-            &[Some(&next)],
-        )[0];
-        row.tail = Tail::Guided { guide, next };
-        return row_guided(row, redraw);
-    }
-    row.tail = Tail::Guided { guide, next };
-    Ok(length_or_running(row))
-}
-
-/// A row in its guided tail: the token was drawn from `next`; record that set, advance the guide.
-fn row_guided(row: &mut Row, s: sampling::Sampled) -> Result<RowState> {
-    let Tail::Guided { guide, next } = &mut row.tail else {
-        unreachable!("row_guided on a guided row")
-    };
-    row.out
-        .constrained
-        .push(Constrained { position: row.out.token_ids.len(), allowed: std::mem::take(next) });
-    push(&mut row.out, s);
-    guide.commit(s.token)?;
-    match guide.allowed()? {
-        Allowed::Done => Ok(RowState::Finished(FinishReason::Stop)),
-        Allowed::Tokens(ids) => {
-            *next = ids;
-            Ok(length_or_running(row))
-        }
-    }
-}
 
 /// Padded tokens a prefill batch may compute per real token of its prompts.
 const PREFILL_PADDING: f64 = 1.125;
