@@ -478,7 +478,6 @@ impl<'a> Batcher<'a> {
     }
 }
 
-
 /// Padded tokens a prefill batch may compute per real token of its prompts.
 const PREFILL_PADDING: f64 = 1.125;
 
