@@ -206,6 +206,48 @@ async fn a_killed_learner_restarts_from_its_checkpoint_and_the_job_resumes() {
     c.check_complete_run().await;
 }
 
+/// With a checkpoint every 3 steps, a learner killed in step 4's rollout restarts from its
+/// checkpoint of step 3 while the other trains step 4. The job goes back to step 3 (the other
+/// learner loads its own checkpoint of step 3, the one it keeps), runs step 3 again, and ends
+/// with each step logged once, exact counts, and the final weights of an undisturbed run of the
+/// same job. (Before, the job failed: the learner was behind.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_back_at_an_older_checkpoint_rolls_the_job_back_and_changes_nothing() {
+    const STEPS: u64 = 7;
+    // One episode per worker at a time, so that no batch differs between the runs.
+    let flags = ["--max-episodes", "1"];
+    let every_third = |dir: &std::path::Path| {
+        let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+        let job = job.replace("[schedule]\n", "[schedule]\ncheckpoint_every = 3\n");
+        std::fs::write(dir.join("job.toml"), job).unwrap();
+    };
+    let calm_dir = tempfile::tempdir().unwrap();
+    let calm = Cluster::build(calm_dir.path(), 2, 24, &[], false, STEPS, &flags);
+    every_third(calm_dir.path());
+    let id = calm.submit().await;
+    calm.finished(&id).await;
+    calm.check_complete_run().await;
+    drop(calm);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::build(dir.path(), 2, 24, &[], false, STEPS, &flags);
+    every_third(dir.path());
+    let id = c.submit().await;
+    c.on_event(&id, 180, "step 4's rollout", |s| s.steps_done == 4 && s.stage == "rollout").await;
+    c.learners[1].as_mut().unwrap().sigkill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.start_learner(1);
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    assert_eq!(c.prometheus("comas_coordinator_rollbacks_total"), 1.0);
+    let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
+    assert!(
+        log.contains("(agent 1's at step 3): the job goes back from step 4 to step 3"),
+        "{log}"
+    );
+    c.assert_final_weights_equal(calm_dir.path(), &["learner-1 killed in step 4".to_string()]);
+}
+
 /// The job's own schedule times win over the coordinator's defaults: with no worker at all, a
 /// job that waits 3 s for one fails after about that long, though the coordinator would wait 120.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,10 @@ pub enum CoordinatorError {
     /// from a checkpoint meanwhile); the step's training is planned again.
     #[error("learner of agent {agent} ({address}) moved: {message}")]
     LearnerMoved { agent: u32, address: String, message: String },
+    /// The learner is at an older training step than the job (it restarted from an older
+    /// checkpoint); the job rolls back to the step every learner can return to.
+    #[error("learner of agent {agent} ({address}) is at training step {at}, behind the job's {step} completed steps (it restarted from an older checkpoint)")]
+    LearnerBehind { agent: u32, address: String, at: u64, step: u64 },
     #[error("rollout: {0}")]
     Rollout(String),
     #[error("job {0} was cancelled")]

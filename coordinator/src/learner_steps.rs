@@ -54,9 +54,17 @@ pub(crate) async fn check_learner(link: &mut LearnerLink, job: &Job, step: u64) 
             diff.join(", ")
         )));
     }
-    if info.global_step != step && info.global_step != step + 1 {
+    if info.global_step < step {
+        return Err(CoordinatorError::LearnerBehind {
+            agent: link.agent,
+            address: link.address.clone(),
+            at: info.global_step,
+            step,
+        });
+    }
+    if info.global_step > step + 1 {
         return Err(bad(format!(
-            "it is at training step {} but the job has completed {step} steps; restart it from the checkpoint of step {step} (keep checkpoint_every = 1 to always have one)",
+            "it is at training step {}, ahead of the job's {step} completed steps: it holds another job's checkpoints, or this job's store was reset; give it this job's checkpoint folder",
             info.global_step
         )));
     }

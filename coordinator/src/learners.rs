@@ -291,6 +291,16 @@ impl LearnerLink {
         .await
     }
 
+    /// Restores the learner's checkpoint of training step `step` (from its checkpoint root), and
+    /// with it the weights of version `step`.
+    pub async fn load_step(&mut self, step: u64) -> Result<pb::CheckpointInfo> {
+        self.call("LoadCheckpoint", |mut c| async move {
+            c.load_checkpoint(pb::LoadCheckpointRequest { path: String::new(), step: Some(step) })
+                .await
+        })
+        .await
+    }
+
     /// Publishes the weights if they are `expected_version` (`LearnerMoved` otherwise).
     pub async fn publish(&mut self, expected_version: Option<u64>) -> Result<pb::WeightsPublished> {
         self.call("PublishWeights", |mut c| async move {

@@ -19,6 +19,7 @@ pub struct Metrics {
     pub cancels_stopped: IntCounter,
     pub cancelled_tokens: IntCounter,
     pub steps_completed: IntCounter,
+    pub rollbacks: IntCounter,
     pub scheduler_seconds: Counter,
 }
 
@@ -75,6 +76,10 @@ impl Metrics {
                 "tokens the stopped episodes had generated: decoding spent on discarded work",
             ),
             steps_completed: counter("steps_completed_total", "training steps committed"),
+            rollbacks: counter(
+                "rollbacks_total",
+                "jobs rolled back to an older step because a learner restarted from an older checkpoint",
+            ),
             scheduler_seconds,
             registry,
         })

@@ -298,6 +298,31 @@ impl Store {
         })
     }
 
+    /// Rolls a job back to `steps` completed steps, in one transaction: the records of the
+    /// steps from `steps` on, the evaluations after more steps and those steps' stored episodes
+    /// are dropped, and no agent's version is above `steps`.
+    pub fn rewind(&self, job: &str, steps: u64) -> Result<()> {
+        let k = steps as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute("DELETE FROM steps WHERE job_id = ?1 AND step >= ?2", params![job, k])?;
+            tx.execute(
+                "DELETE FROM evals WHERE job_id = ?1 AND after_steps > ?2",
+                params![job, k],
+            )?;
+            tx.execute("DELETE FROM episodes WHERE job_id = ?1 AND step >= ?2", params![job, k])?;
+            tx.execute(
+                "UPDATE agent_versions SET version = ?2 WHERE job_id = ?1 AND version > ?2",
+                params![job, k],
+            )?;
+            tx.execute(
+                "UPDATE jobs SET steps_done = ?2, updated = ?3 WHERE id = ?1",
+                params![job, k, now()],
+            )?;
+            tx.commit()
+        })
+    }
+
     pub fn step_metrics(&self, job: &str) -> Result<Vec<String>> {
         self.with(|c| {
             c.prepare("SELECT metrics FROM steps WHERE job_id = ?1 ORDER BY step")?
@@ -387,6 +412,39 @@ mod tests {
         );
         assert!(s.get_job("nope").unwrap().is_none());
         assert_eq!(s.list_jobs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_rewound_job_keeps_exactly_what_came_before_its_step() {
+        let s = Store::in_memory().unwrap();
+        for job in ["j1", "j2"] {
+            s.insert_job(job, "demo", "name = 'demo'", "/tmp", 6).unwrap();
+            s.record_eval(job, 0, "base").unwrap();
+            for step in 0..5u64 {
+                let line = format!("{{\"step\":{step}}}");
+                s.commit_step(job, step, &line, &[(0, step + 1), (1, 0)], false).unwrap();
+                if step % 2 == 1 {
+                    s.record_eval(job, step + 1, &format!("after-{}", step + 1)).unwrap();
+                }
+            }
+            // Step 5's rollout was under way: two episodes back.
+            s.record_episode(job, 5, "e0", "{}", "w1").unwrap();
+            s.record_episode(job, 5, "e1", "{}", "w1").unwrap();
+        }
+        s.rewind("j1", 2).unwrap();
+        let j = s.get_job("j1").unwrap().unwrap();
+        assert_eq!(j.steps_done, 2);
+        // The evaluation after 2 steps was of the weights the job goes back to: it stays.
+        assert_eq!(
+            s.metrics_log("j1").unwrap(),
+            ["base", "{\"step\":0}", "{\"step\":1}", "after-2"]
+        );
+        assert_eq!(s.versions("j1").unwrap(), vec![(0, 2), (1, 0)]);
+        assert!(s.step_episodes("j1", 5).unwrap().is_empty());
+        // Another job is untouched.
+        assert_eq!(s.get_job("j2").unwrap().unwrap().steps_done, 5);
+        assert_eq!(s.metrics_log("j2").unwrap().len(), 8);
+        assert_eq!(s.step_episodes("j2", 5).unwrap().len(), 2);
     }
 
     #[test]

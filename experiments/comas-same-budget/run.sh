@@ -10,7 +10,8 @@
 # `grpo` and the untrained model are the learning study's runs (same data, held-out set and
 # evaluator); each step logs how far the judges tell right from wrong (`judge_separation`).
 # Every 10th step each agent's adapter is evaluated by `comas eval` (vanilla, sampled and
-# greedy, the 240 held-out questions). Resumable like the study; heavy parts under the flock.
+# greedy, the 240 held-out questions). Resumable: a training run stopped midway goes on from
+# its newest checkpoint (every `checkpoint_every` steps); heavy parts under the flock.
 #
 #   bash experiments/comas-same-budget/run.sh
 #   ARMS=comas-warm SEEDS=1 STEPS=2 RUNS=runs/csb-smoke bash experiments/comas-same-budget/run.sh
@@ -90,10 +91,14 @@ for seed in $seeds; do
     dir="$runs/$arm-s$seed"
     mkdir -p "$dir"
     if [ ! -f "$dir/DONE" ]; then
+      # A run stopped midway (its folder there, no DONE) resumes: its job goes back to the
+      # newest checkpoint its learners hold and runs on from there.
+      fresh=--fresh
+      [ -d "$dir/local" ] && fresh=
       job "$arm" "$seed" > "$dir/job.toml"
       echo "$arm seed $seed: training ($steps steps)" >&2
       flock "$lock" python3 "$study/tree_rss.py" --out "$dir/peak.json" -- \
-        "$comas" local --fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+        "$comas" local $fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
       touch "$dir/DONE"
     fi
     for ((k = eval_every; k <= steps; k += eval_every)); do

@@ -1,6 +1,6 @@
 //! The training thread. It owns the trainer (model, optimizer, reference) and serves commands
 //! from the async side over a channel; tensors never leave it.
-use crate::checkpoint::latest_checkpoint;
+use crate::checkpoint::{latest_checkpoint, list_checkpoints};
 use crate::config::TrainConfig;
 use crate::error::{LearnerError, Result};
 use crate::experience::Experience;
@@ -9,7 +9,7 @@ use crate::publish::PublishedWeights;
 use crate::trainer::{Bases, Prepared, StepReport, Trainer, KEPT_REPORTS};
 use comas_workflow::moments::Moments;
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, RwLock};
 use tokio::sync::oneshot;
 
@@ -66,7 +66,7 @@ pub enum Command {
         reply: oneshot::Sender<Result<CheckpointSummary>>,
     },
     Load {
-        path: Option<PathBuf>,
+        which: LoadWhich,
         reply: oneshot::Sender<Result<CheckpointSummary>>,
     },
     Info {
@@ -173,6 +173,49 @@ pub fn spawn(
         })
         .expect("spawn training thread");
     tx
+}
+
+/// Which checkpoint a `Load` restores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadWhich {
+    /// This checkpoint folder.
+    Path(PathBuf),
+    /// The newest complete checkpoint under the checkpoint root.
+    Newest,
+    /// The complete checkpoint of this training step under the checkpoint root.
+    Step(u64),
+}
+
+impl LoadWhich {
+    /// The folder to load, or what is missing.
+    pub fn resolve(self, root: Option<&Path>) -> Result<PathBuf> {
+        let step = match self {
+            LoadWhich::Path(p) => return Ok(p),
+            LoadWhich::Newest => None,
+            LoadWhich::Step(s) => Some(s),
+        };
+        let Some(root) = root else {
+            return Err(LearnerError::Checkpoint(
+                "no checkpoint path given and no --checkpoint-dir".into(),
+            ));
+        };
+        let kept = list_checkpoints(root)?;
+        let found = match step {
+            Some(s) => kept.iter().find(|(k, _)| *k == s),
+            None => kept.last(),
+        };
+        found.map(|(_, p)| p.clone()).ok_or_else(|| {
+            let steps: Vec<String> = kept.iter().map(|(s, _)| s.to_string()).collect();
+            let what = step.map_or("no complete checkpoint".to_string(), |s| {
+                format!("no complete checkpoint of step {s}")
+            });
+            LearnerError::Checkpoint(format!(
+                "{what} under {} (it keeps steps [{}]; --keep-checkpoints sets how many)",
+                root.display(),
+                steps.join(", ")
+            ))
+        })
+    }
 }
 
 /// The trainer, and the checkpoint it resumed from if it did.
@@ -393,21 +436,8 @@ impl Slot {
                 };
                 let _ = reply.send(r);
             }
-            Command::Load { path, reply } => {
-                let target = match (path, &s.checkpoint_dir) {
-                    (Some(p), _) => Ok(p),
-                    (None, Some(dir)) => latest_checkpoint(dir).and_then(|o| {
-                        o.ok_or_else(|| {
-                            LearnerError::Checkpoint(format!(
-                                "no complete checkpoint under {}",
-                                dir.display()
-                            ))
-                        })
-                    }),
-                    (None, None) => Err(LearnerError::Checkpoint(
-                        "no checkpoint path given and no --checkpoint-dir".into(),
-                    )),
-                };
+            Command::Load { which, reply } => {
+                let target = which.resolve(s.checkpoint_dir.as_deref());
                 *prepared = None;
                 let r = target.and_then(|p| {
                     let t = Trainer::resume_in(

@@ -1,5 +1,5 @@
 //! gRPC side of the learner: converts messages and forwards work to the training thread.
-use crate::engine::{Command, LoadFailure, Routed, Versions};
+use crate::engine::{Command, LoadFailure, LoadWhich, Routed, Versions};
 use crate::error::LearnerError;
 use crate::experience::{Constrained, Experience, Finish};
 use crate::metrics::AgentMetrics;
@@ -383,9 +383,18 @@ impl Learner for LearnerService {
         request: Request<pb::LoadCheckpointRequest>,
     ) -> Result<Response<pb::CheckpointInfo>, Status> {
         let (agent, _) = self.route(request.metadata())?;
-        let p = request.into_inner().path;
-        let path = (!p.is_empty()).then(|| std::path::PathBuf::from(p));
-        let s = self.call(agent, |reply| Command::Load { path, reply }).await?.map_err(status)?;
+        let r = request.into_inner();
+        let which = match (r.path.is_empty(), r.step) {
+            (false, None) => LoadWhich::Path(r.path.into()),
+            (true, None) => LoadWhich::Newest,
+            (true, Some(step)) => LoadWhich::Step(step),
+            (false, Some(_)) => {
+                return Err(Status::invalid_argument(
+                    "LoadCheckpoint takes a path or a step, not both",
+                ))
+            }
+        };
+        let s = self.call(agent, |reply| Command::Load { which, reply }).await?.map_err(status)?;
         Ok(Response::new(pb::CheckpointInfo {
             path: s.path.display().to_string(),
             global_step: s.global_step,

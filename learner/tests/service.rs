@@ -262,12 +262,32 @@ async fn train_publish_stream_checkpoint_over_grpc() {
     // Train once more, then load the checkpoint back: the step counter returns to 1.
     c.train(train_stream("step-2", 8, experiences(8, 5))).await.unwrap();
     let loaded = c
-        .load_checkpoint(pb::LoadCheckpointRequest { path: String::new() })
+        .load_checkpoint(pb::LoadCheckpointRequest { path: String::new(), step: None })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(loaded.global_step, 1);
     assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().global_step, 1);
+    // By step: a kept step loads (after another step trained), one not kept is named.
+    c.train(train_stream("step-2b", 8, experiences(8, 5))).await.unwrap();
+    let loaded = c
+        .load_checkpoint(pb::LoadCheckpointRequest { path: String::new(), step: Some(1) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((loaded.global_step, loaded.path), (1, saved.path.clone()));
+    let err = c
+        .load_checkpoint(pb::LoadCheckpointRequest { path: String::new(), step: Some(2) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("no complete checkpoint of step 2 under"), "{}", err.message());
+    assert!(err.message().contains("it keeps steps [1]"), "{}", err.message());
+    let err = c
+        .load_checkpoint(pb::LoadCheckpointRequest { path: saved.path.clone(), step: Some(1) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
     let _ = stop.send(());
 }
 

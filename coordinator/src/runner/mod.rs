@@ -9,7 +9,7 @@ use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use crate::files::{load_job, Loaded};
 use crate::learner_steps::{
-    check_learner, follow_training, learner_moments, pool_moments, train_learner, TrainTally,
+    follow_training, learner_moments, pool_moments, train_learner, TrainTally,
 };
 use crate::learners::LearnerLink;
 use crate::progress::{RunContext, Update};
@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, watch};
 mod evaluation;
 mod learning;
 mod pipeline;
+mod rollback;
 
 use evaluation::evaluate;
 
@@ -319,28 +320,36 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         let started = Instant::now();
         let busy_before = run.clock.busy();
         let scheduler_before = ctx.metrics.scheduler_seconds.get();
-        let at = run.learners(step).await?;
+        let at = run.learners(&mut step, true).await?;
         run.evaluate_if_due(step, &at).await?;
         if step >= run.job.total_steps {
             break;
         }
-        let mut times = StepTimes::default();
-        let records = run.rollout(step, &at, &mut times).await?;
-        let batch = run.experience(step, records, &mut times)?;
-        let trained = run.train(step, &batch, &at, &mut times).await?;
-        let sync = run.broadcast(step, &trained, &mut times).await?;
-        let coordinator = times.experience
-            + times.store
-            + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
-        let log = step_log(
-            &run.id,
-            step,
-            batch.metrics,
-            started.elapsed().as_secs_f64(),
-            run.clock.busy() - busy_before,
-            times.train,
-        );
-        run.commit(log, &trained, &sync, &times, coordinator, started)?;
+        let done = async {
+            let mut times = StepTimes::default();
+            let records = run.rollout(step, &at, &mut times).await?;
+            let batch = run.experience(step, records, &mut times)?;
+            let trained = run.train(step, &batch, &at, &mut times).await?;
+            let sync = run.broadcast(step, &trained, &mut times).await?;
+            let coordinator = times.experience
+                + times.store
+                + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
+            let log = step_log(
+                &run.id,
+                step,
+                batch.metrics,
+                started.elapsed().as_secs_f64(),
+                run.clock.busy() - busy_before,
+                times.train,
+            );
+            run.commit(log, &trained, &sync, &times, coordinator, started)
+        };
+        match done.await {
+            // A learner restarted from an older checkpoint during the step: the next
+            // `learners` stage takes the job back to that checkpoint's step.
+            Err(CoordinatorError::LearnerBehind { .. }) => continue,
+            r => r?,
+        }
         step += 1;
     }
     run.export().await
@@ -390,17 +399,6 @@ impl JobRun {
 
     fn agents(&self) -> usize {
         self.job.spec.agents.len()
-    }
-
-    /// Stage `learners`: every learner is at `step`, or at `step + 1` if it trained the step
-    /// before a coordinator restart; returns where each one is.
-    async fn learners(&mut self, step: u64) -> Result<Vec<u64>> {
-        self.ctx.report.live(Update::Enter("learners"));
-        let mut at = Vec::with_capacity(self.links.len());
-        for link in self.links.iter_mut() {
-            at.push(check_learner(link, &self.job, step).await?);
-        }
-        Ok(at)
     }
 
     /// Points the workers at `versions` unless they already are; returns the new generation.

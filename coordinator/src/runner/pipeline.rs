@@ -173,7 +173,9 @@ impl JobRun {
             let started = Instant::now();
             let busy_before = self.clock.busy();
             let scheduler_before = self.ctx.metrics.scheduler_seconds.get();
-            let at = self.learners(step).await?;
+            // Rollouts ahead were sampled with weights a rollback would discard: only a job
+            // with none under way goes back to an older step.
+            let at = self.learners(&mut step, ahead.is_empty()).await?;
             if step >= total {
                 self.evaluate_if_due(step, &at).await?;
                 break;
