@@ -3,10 +3,9 @@
 # data, prompt, reward, group size, LoRA, optimizer and schedule (settings.json), 3 seeds each,
 # and every saved adapter evaluated by one evaluator (`comas eval`, vanilla, sampled and
 # greedy) on 240 held-out questions. Resumable: run it again and it goes on where it stopped
-# (a finished run, a finished evaluation is never redone; a training run stopped midway starts
-# again from the base model, since its job could resume only from a step its learner
-# checkpointed); each heavy part runs under `flock /tmp/heavy.lock`, so nothing else builds or
-# measures beside it.
+# (a finished run, a finished evaluation is never redone; a comas run stopped midway goes on
+# from its newest checkpoint, a TRL run from its own); each heavy part runs under
+# `flock /tmp/heavy.lock`, so nothing else builds or measures beside it.
 #
 #   bash experiments/learning-vs-trl/run.sh            # everything still missing, seed by seed
 #   SEEDS="1" bash experiments/learning-vs-trl/run.sh  # one seed
@@ -76,6 +75,7 @@ prompt_suffix = {json.dumps(s["prompt_suffix"])}
 correct = 1.0
 wrong = 0.0
 format = {s["format_reward"]}
+answer_in_box = {str(s.get("answer_in_box", False)).lower()}
 [grpo.sampling]
 temperature = {s["temperature"]}
 top_p = 1.0
@@ -93,10 +93,13 @@ run_comas() {
   local seed=$1 dir="$runs/comas-s$1"
   mkdir -p "$dir"
   if [ -f "$dir/DONE" ]; then return; fi
+  # A run stopped midway resumes: its job goes back to the newest checkpoint its learner holds.
+  local fresh=--fresh
+  [ -d "$dir/local" ] && fresh=
   comas_job "$seed" > "$dir/job.toml"
   echo "comas seed $seed: training ($steps steps)" >&2
   flock "$lock" python3 "$here/tree_rss.py" --out "$dir/peak.json" -- \
-    "$comas" local --fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+    "$comas" local $fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
   touch "$dir/DONE"
 }
 

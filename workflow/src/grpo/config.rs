@@ -36,8 +36,8 @@ impl Grader {
     }
 }
 
-/// What an answer earns: `correct` or `wrong`, plus `format` when it gives a readable answer,
-/// less a soft penalty for running long (DAPO's overlong shaping): nothing up to
+/// What an answer earns: `correct` or `wrong`, plus `format` when it gives a readable answer
+/// (a non-empty last `\boxed{}` for math and numeric answers), less a soft penalty for running long (DAPO's overlong shaping): nothing up to
 /// `max_new_tokens − overlong_buffer` tokens, then rising linearly to `overlong_penalty` at
 /// `max_new_tokens`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,11 +48,23 @@ pub struct RewardSpec {
     pub format: f64,
     pub overlong_buffer: u32,
     pub overlong_penalty: f64,
+    /// Math, numeric and choice answers are graded on the last `\boxed{}`'s content alone: a
+    /// reply without one, or with an empty one, is wrong. Off (the default), the grader reads
+    /// the answer as `math_verify` does, falling back to the last expression of the text when
+    /// there is no usable box, so "7 + 5 = \boxed{}" is right for 12.
+    pub answer_in_box: bool,
 }
 
 impl Default for RewardSpec {
     fn default() -> Self {
-        RewardSpec { correct: 1.0, wrong: 0.0, format: 0.0, overlong_buffer: 0, overlong_penalty: 0.0 }
+        RewardSpec {
+            correct: 1.0,
+            wrong: 0.0,
+            format: 0.0,
+            overlong_buffer: 0,
+            overlong_penalty: 0.0,
+            answer_in_box: false,
+        }
     }
 }
 
