@@ -34,25 +34,58 @@ def train_curve(runs, system, seed):
     return {r["step"]: (r.get("correct", r.get("reward")), r.get("seconds")) for r in jsonl(runs / f"trl-s{seed}/steps.jsonl")}
 
 
-def passes(runs, name, mode):
-    """Per-question verdicts of one evaluation, by question id; None when not evaluated."""
+def last_box(text):
+    """The content of the last \\boxed{...} with its braces closed, stripped; None without one
+    or when it is empty."""
+    i = text.rfind("\\boxed{")
+    if i < 0:
+        return None
+    depth, start = 0, i + len("\\boxed{")
+    for j, ch in enumerate(text[i + len("\\boxed"):]):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth == 0:
+            return text[start:i + len("\\boxed") + j].strip() or None
+    return None
+
+
+def boxed_right(r):
+    """The answer in the box: math_verify on the last box's content alone (what
+    `answer_in_box = true` rewards); an answer without a box, or with an empty one, is wrong."""
+    from math_verify import parse, verify
+    b = last_box(r["output"])
+    return b is not None and verify(parse(f"${r['answer']}$"), parse(f"$\\boxed{{{b}}}$"))
+
+
+def passes(runs, name, mode, strict=False):
+    """Per-question verdicts of one evaluation, by question id; None when not evaluated. With
+    `strict`, graded on the last box alone instead of the evaluator's verdict."""
     rs = jsonl(runs / f"eval/{name}-{mode}/results.jsonl")
     if not rs:
         return None
+    if strict:
+        return {r["id"]: 1.0 if boxed_right(r) else 0.0 for r in rs}
     return {r["id"]: 1.0 if r["verdict"]["passed"] else 0.0 for r in rs}
 
 
-def evaluations(runs, seeds, steps, every):
+def empty_boxes(runs, name, mode):
+    """Share of answers whose last box is there but empty."""
+    rs = jsonl(runs / f"eval/{name}-{mode}/results.jsonl")
+    if not rs:
+        return None
+    return mean([1.0 if "\\boxed{" in r["output"] and last_box(r["output"]) is None else 0.0 for r in rs])
+
+
+def evaluations(runs, seeds, steps, every, strict=False):
     """{(system, seed, step, mode): {id: pass}}, step 0 being the base model for everyone."""
     out = {}
     for mode in MODES:
-        base = passes(runs, "base", mode)
+        base = passes(runs, "base", mode, strict)
         for system in SYSTEMS:
             for seed in seeds:
                 if base is not None:
                     out[(system, seed, 0, mode)] = base
                 for k in range(every, steps + 1, every):
-                    p = passes(runs, f"{system}-s{seed}-step{k}", mode)
+                    p = passes(runs, f"{system}-s{seed}-step{k}", mode, strict)
                     if p is not None:
                         out[(system, seed, k, mode)] = p
     return out
@@ -144,6 +177,46 @@ def figure(path, curves, evals, seeds, steps, every):
     fig.savefig(path, dpi=110)
 
 
+def tables(lines, evals, seeds, steps, every, rng, title):
+    """The accuracy, gain and difference tables of one reading of the answers."""
+    lines += ["", f"## Held-out accuracy{title} (240 questions, one answer each, comas eval, vanilla)", ""]
+    lines.append("| system | mode | untrained | " + " | ".join(f"step {k}" for k in range(every, steps + 1, every)) + " |")
+    lines.append("|---|---|---:|" + "---:|" * (steps // every))
+    for system in SYSTEMS:
+        for mode in MODES:
+            row = [pct(mean([mean(list(evals[(system, sd, k, mode)].values())) for sd in seeds if (system, sd, k, mode) in evals])) for k in range(0, steps + 1, every)]
+            lines.append(f"| {system} | {mode} | " + " | ".join(row) + " |")
+    lines += ["", f"## Gains over the untrained model at the last evaluated step{title} (points, 95 % intervals)", ""]
+    lines.append("| system | mode | step | seeds | gain | CI over questions | CI over seeds and questions |")
+    lines.append("|---|---|---:|---:|---:|---|---|")
+    finals = {}
+    for system in SYSTEMS:
+        for mode in MODES:
+            done = [k for k in range(every, steps + 1, every) if all((system, sd, k, mode) in evals for sd in seeds if (system, sd, every, mode) in evals)]
+            have = [sd for sd in seeds if done and (system, sd, done[-1], mode) in evals]
+            if not done or not have:
+                lines.append(f"| {system} | {mode} | - | 0 | - | - | - |")
+                continue
+            k = done[-1]
+            finals[(system, mode)] = (k, have)
+            g = gain_ci([(evals[(system, sd, k, mode)], evals[(system, sd, 0, mode)]) for sd in have], rng)
+            if g is None:
+                continue
+            p, q, sq = g
+            lines.append(f"| {system} | {mode} | {k} | {len(have)} | {pts(p)} | [{pts(q[0])}, {pts(q[1])}] | [{pts(sq[0])}, {pts(sq[1])}] |")
+    lines += ["", f"## comas minus TRL at the same step{title} (points, 95 % intervals)", ""]
+    lines.append("| mode | step | seeds | difference | CI over questions | CI over seeds and questions |")
+    lines.append("|---|---:|---:|---:|---|---|")
+    for mode in MODES:
+        if ("comas", mode) in finals and ("trl", mode) in finals:
+            k = min(finals[("comas", mode)][0], finals[("trl", mode)][0])
+            both = [sd for sd in seeds if ("comas", sd, k, mode) in evals and ("trl", sd, k, mode) in evals]
+            g = gain_ci([(evals[("comas", sd, k, mode)], evals[("trl", sd, k, mode)]) for sd in both], rng) if both else None
+            if g:
+                p, q, sq = g
+                lines.append(f"| {mode} | {k} | {len(both)} | {pts(p)} | [{pts(q[0])}, {pts(q[1])}] | [{pts(sq[0])}, {pts(sq[1])}] |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True)
@@ -169,42 +242,20 @@ def main():
 
     lines = ["# Learning, shown: comas `grpo` against TRL's GRPOTrainer", ""]
     lines.append(f"Generated by `experiments/learning-vs-trl/report.py` from `{runs}`; settings in `{a.settings}`.")
-    lines += ["", fig_line, "", "## Held-out accuracy (240 questions, one answer each, comas eval, vanilla)", ""]
-    lines.append("| system | mode | untrained | " + " | ".join(f"step {k}" for k in range(every, steps + 1, every)) + " |")
-    lines.append("|---|---|---:|" + "---:|" * (steps // every))
+    lines += ["", fig_line]
+    tables(lines, evals, seeds, steps, every, rng, "")
+    strict = evaluations(runs, seeds, steps, every, strict=True)
+    lines += ["", "## The answer in the box", "",
+              "The evaluator grades as `math_verify` does: with no usable box it reads the text's last "
+              "expression. Graded on the last `\\boxed{}` alone (empty or missing: wrong; what "
+              "`answer_in_box = true` rewards), and the share of answers whose last box is empty:", ""]
+    tables(lines, strict, seeds, steps, every, rng, ", box alone")
+    lines += ["", "| system | mode | untrained | " + " | ".join(f"step {k}" for k in range(every, steps + 1, every)) + " |",
+              "|---|---|---:|" + "---:|" * (steps // every)]
     for system in SYSTEMS:
         for mode in MODES:
-            row = [pct(mean([mean(list(evals[(system, sd, k, mode)].values())) for sd in seeds if (system, sd, k, mode) in evals])) for k in range(0, steps + 1, every)]
-            lines.append(f"| {system} | {mode} | " + " | ".join(row) + " |")
-    lines += ["", "## Gains over the untrained model at the last evaluated step (points, 95 % intervals)", ""]
-    lines.append("| system | mode | step | seeds | gain | CI over questions | CI over seeds and questions |")
-    lines.append("|---|---|---:|---:|---:|---|---|")
-    finals = {}
-    for system in SYSTEMS:
-        for mode in MODES:
-            done = [k for k in range(every, steps + 1, every) if all((system, sd, k, mode) in evals for sd in seeds if (system, sd, every, mode) in evals)]
-            have = [sd for sd in seeds if done and (system, sd, done[-1], mode) in evals]
-            if not done or not have:
-                lines.append(f"| {system} | {mode} | - | 0 | - | - | - |")
-                continue
-            k = done[-1]
-            finals[(system, mode)] = (k, have)
-            g = gain_ci([(evals[(system, sd, k, mode)], evals[(system, sd, 0, mode)]) for sd in have], rng)
-            if g is None:
-                continue
-            p, q, sq = g
-            lines.append(f"| {system} | {mode} | {k} | {len(have)} | {pts(p)} | [{pts(q[0])}, {pts(q[1])}] | [{pts(sq[0])}, {pts(sq[1])}] |")
-    lines += ["", "## comas minus TRL at the same step (points, 95 % intervals)", ""]
-    lines.append("| mode | step | seeds | difference | CI over questions | CI over seeds and questions |")
-    lines.append("|---|---:|---:|---:|---|---|")
-    for mode in MODES:
-        if ("comas", mode) in finals and ("trl", mode) in finals:
-            k = min(finals[("comas", mode)][0], finals[("trl", mode)][0])
-            both = [sd for sd in seeds if ("comas", sd, k, mode) in evals and ("trl", sd, k, mode) in evals]
-            g = gain_ci([(evals[("comas", sd, k, mode)], evals[("trl", sd, k, mode)]) for sd in both], rng) if both else None
-            if g:
-                p, q, sq = g
-                lines.append(f"| {mode} | {k} | {len(both)} | {pts(p)} | [{pts(q[0])}, {pts(q[1])}] | [{pts(sq[0])}, {pts(sq[1])}] |")
+            row = [pct(mean([e for e in (empty_boxes(runs, "base" if k == 0 else f"{system}-s{sd}-step{k}", mode) for sd in seeds) if e is not None])) for k in range(0, steps + 1, every)]
+            lines.append(f"| {system} (empty last box) | {mode} | " + " | ".join(row) + " |")
     lines += ["", "## Wall time per step and peak memory (this machine, 2 cores)", ""]
     lines.append("| system | seeds | steps | seconds per step (mean, min-max) | peak RSS of the process tree |")
     lines.append("|---|---:|---:|---|---:|")
