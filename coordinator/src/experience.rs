@@ -2,7 +2,7 @@
 //! method's experiences turned into the wire messages the learners take. The rewards and the
 //! step's figures are the method's own (`comas_workflow::method`); this module only converts.
 use comas_proto::v1 as pb;
-use comas_workflow::method::{check_turn_versions, Experience, StepOutput};
+use comas_workflow::method::{check_turn_versions, Experience, RecordFault, StepOutput};
 use comas_workflow::program::{MethodConfig, Record};
 use comas_workflow::{ConstrainedToken, FinishReason};
 use serde_json::Value;
@@ -73,8 +73,8 @@ fn constrained_to_pb(c: &[ConstrainedToken]) -> Vec<pb::ConstrainedToken> {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RecordError {
     /// Not valid JSON, or its method's checks refused it.
-    #[error("episode {episode}: {message}")]
-    Invalid { episode: String, message: String },
+    #[error("episode {episode}: {fault}")]
+    Invalid { episode: String, fault: RecordFault },
     /// A trained turn was sampled with another policy version than the step uses (the message
     /// names the episode and the turn).
     #[error("{0}")]
@@ -91,7 +91,7 @@ pub fn check_record(
 ) -> Result<Record, RecordError> {
     let r = method
         .parse_record(json)
-        .map_err(|message| RecordError::Invalid { episode: episode.to_string(), message })?;
+        .map_err(|fault| RecordError::Invalid { episode: episode.to_string(), fault })?;
     if let Some(v) = versions {
         check_turn_versions(&r.policy_turns(), episode, v).map_err(RecordError::WrongVersion)?;
     }

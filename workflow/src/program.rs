@@ -70,8 +70,11 @@ pub fn take_replies(pending: &[Request], replies: Vec<Reply>) -> Result<Vec<Repl
                     tokens: out.completion_ids.len(),
                 });
             }
-            check_constrained(&out.constrained, &out.completion_ids).map_err(|message| {
-                WorkflowError::MalformedTurn { turn_index: out.turn_index, message }
+            check_constrained(&out.constrained, &out.completion_ids).map_err(|fault| {
+                WorkflowError::MalformedTurn {
+                    turn_index: out.turn_index,
+                    message: fault.to_string(),
+                }
             })?;
         }
         slots[i] = Some(reply);

@@ -238,13 +238,12 @@ impl Sampled {
     }
 
     /// What a worker could get wrong: a log-prob per token, constrained positions in range.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TurnFault> {
         if self.logprobs.len() != self.completion_ids.len() {
-            return Err(format!(
-                "{} logprobs for {} completion tokens",
-                self.logprobs.len(),
-                self.completion_ids.len()
-            ));
+            return Err(TurnFault::LogprobCount {
+                logprobs: self.logprobs.len(),
+                tokens: self.completion_ids.len(),
+            });
         }
         check_constrained(&self.constrained, &self.completion_ids)
     }
@@ -281,31 +280,38 @@ pub struct ConstrainedToken {
     pub allowed: Vec<u32>,
 }
 
+/// What a worker can get wrong in one sampled turn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TurnFault {
+    #[error("{logprobs} logprobs for {tokens} completion tokens")]
+    LogprobCount { logprobs: usize, tokens: usize },
+    #[error("constrained position {position} is beyond the {tokens} completion tokens")]
+    ConstrainedBeyond { position: u32, tokens: usize },
+    #[error("constrained positions are not ascending at {position}")]
+    ConstrainedOrder { position: u32 },
+    #[error("position {position}: token {token} is not in its ascending allowed set")]
+    NotAllowed { position: u32, token: u32 },
+}
+
 /// Checks constrained positions against their completion: in range, ascending, each allowed
 /// set non-empty and containing the sampled token.
 pub fn check_constrained(
     constrained: &[ConstrainedToken],
     completion_ids: &[u32],
-) -> Result<(), String> {
+) -> Result<(), TurnFault> {
     let mut last = None;
     for c in constrained {
-        let Some(&token) = completion_ids.get(c.position as usize) else {
-            return Err(format!(
-                "constrained position {} is beyond the {} completion tokens",
-                c.position,
-                completion_ids.len()
-            ));
+        let position = c.position;
+        let Some(&token) = completion_ids.get(position as usize) else {
+            return Err(TurnFault::ConstrainedBeyond { position, tokens: completion_ids.len() });
         };
-        if last.is_some_and(|l| c.position <= l) {
-            return Err(format!("constrained positions are not ascending at {}", c.position));
+        if last.is_some_and(|l| position <= l) {
+            return Err(TurnFault::ConstrainedOrder { position });
         }
         if c.allowed.binary_search(&token).is_err() || !c.allowed.windows(2).all(|w| w[0] < w[1]) {
-            return Err(format!(
-                "position {}: token {token} is not in its ascending allowed set",
-                c.position
-            ));
+            return Err(TurnFault::NotAllowed { position, token });
         }
-        last = Some(c.position);
+        last = Some(position);
     }
     Ok(())
 }

@@ -140,8 +140,8 @@ impl Episode {
             if out.logprobs.len() != out.completion_ids.len() {
                 return Err(WorkflowError::LogprobCount { turn_index: out.turn_index, logprobs: out.logprobs.len(), tokens: out.completion_ids.len() });
             }
-            if let Err(m) = crate::turn::check_constrained(&out.constrained, &out.completion_ids) {
-                return Err(WorkflowError::MalformedTurn { turn_index: out.turn_index, message: m });
+            if let Err(f) = crate::turn::check_constrained(&out.constrained, &out.completion_ids) {
+                return Err(WorkflowError::MalformedTurn { turn_index: out.turn_index, message: f.to_string() });
             }
             by_position[position] = Some(out);
         }

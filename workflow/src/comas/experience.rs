@@ -253,7 +253,7 @@ mod tests {
         let method = MethodConfig::CoMas(cfg.clone());
         let json = serde_json::to_string(&t).unwrap();
         let record = method.parse_record(&json).unwrap();
-        assert!(method.parse_record(&json[..json.len() / 2]).unwrap_err().contains("not valid JSON"));
+        assert!(method.parse_record(&json[..json.len() / 2]).unwrap_err().to_string().contains("not valid JSON"));
         let q = TaskRecord { prompt: "1+1?".into(), answer: "2".into(), task: TaskKind::Math, id: "q1".into(), source: None, files: Default::default() };
         let step = StepContext { agents: 2, data: std::slice::from_ref(&q), with_temperatures: true, step: Some(0) };
         let err = method.experience(vec![("e1".into(), record.clone())], &step, Some(&[7, 6])).err().expect("a stale turn is refused").to_string();

@@ -1,5 +1,6 @@
 //! CoMAS on the method seam: its `[comas]` table, one game per question instance with the
 //! judges planned for the whole step, the zero-sum rewards, and how its figures are shown.
+use crate::method::RecordFault;
 use super::experience::{make_step_with, Finished};
 use super::metrics::ComasMetrics;
 use super::{plan_batch, CoMasConfig, Episode, InstancePlan, Trajectory};
@@ -157,8 +158,8 @@ impl Method for CoMas {
         Episode::new_metered(c, task, instance, plan, seed, meter)
     }
 
-    fn check(_: &CoMasConfig, t: &Trajectory) -> Result<(), String> {
-        t.validate().map_err(|e| e.to_string())
+    fn check(_: &CoMasConfig, t: &Trajectory) -> Result<(), RecordFault> {
+        t.validate().map_err(|e| RecordFault::Shape(e.to_string()))
     }
 
     fn experience(c: &CoMasConfig, records: Vec<(String, Trajectory)>, step: &StepContext<'_>) -> Result<Made<ComasMetrics>, WorkflowError> {

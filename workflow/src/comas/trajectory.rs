@@ -102,8 +102,8 @@ impl Trajectory {
             if t.logprobs.len() != t.completion_ids.len() {
                 return here(format!("{} logprobs for {} completion tokens", t.logprobs.len(), t.completion_ids.len()));
             }
-            if let Err(m) = check_constrained(&t.constrained, &t.completion_ids) {
-                return here(m);
+            if let Err(f) = check_constrained(&t.constrained, &t.completion_ids) {
+                return here(f.to_string());
             }
             if !seen.insert((t.round, t.role, t.slot, t.judge_index)) {
                 return here(format!("a second {} turn for round {} slot {} judge {}", t.role, t.round, t.slot, t.judge_index));

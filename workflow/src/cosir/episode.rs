@@ -1,6 +1,7 @@
 //! One `partial_table` game as a state machine (spec §3.2): T rounds of public messages, one
 //! seat at a time in the table's seat order, each seeing the transcript so far; then every
 //! seat's private final turn, all at once. The record keeps each turn with its tags.
+use crate::method::RecordFault;
 use super::config::CosirConfig;
 use super::prompts::{discussion_prompt, final_prompt};
 use super::table::Table;
@@ -50,25 +51,26 @@ impl CosirTrajectory {
 
     /// Checks what a worker could get wrong: the turn plan, the seats' agents, log-prob counts,
     /// and tags that are not what the text says.
-    pub fn validate(&self, cfg: &CosirConfig) -> Result<(), String> {
+    pub fn validate(&self, cfg: &CosirConfig) -> Result<(), RecordFault> {
         let n = cfg.agents as usize;
         if self.table.views.len() != n || self.table.order.len() != n {
-            return Err(format!("the table has {} seats, the job {n}", self.table.views.len()));
+            return Err(format!("the table has {} seats, the job {n}", self.table.views.len()).into());
         }
         self.table.check_shape(cfg)?;
         let plan = turn_plan(cfg, &self.table);
         if self.turns.len() != plan.len() {
-            return Err(format!("{} turns, expected {}", self.turns.len(), plan.len()));
+            return Err(format!("{} turns, expected {}", self.turns.len(), plan.len()).into());
         }
         for (i, (t, (seat, round, role))) in self.turns.iter().zip(plan).enumerate() {
-            let here = |m: String| Err(format!("turn {i} (index {}): {m}", t.turn_index));
+            let at = format!("turn {i} (index {})", t.turn_index);
+            let here = |m: String| Err(RecordFault::at(&at, m));
             if (t.seat, t.round, t.role) != (seat, round, role) {
                 return here(format!("is seat {} round {} {}, expected seat {seat} round {round} {role}", t.seat, t.round, t.role));
             }
             if t.agent != cfg.agent_of(seat) {
                 return here(format!("played by agent {}, but seat {seat} is agent {}'s", t.agent, cfg.agent_of(seat)));
             }
-            t.sampled.check().or_else(here)?;
+            t.sampled.check().map_err(|f| RecordFault::turn(&at, f))?;
             if t.tags != read_tags(cfg, &self.table, t.role, &t.message, t.sampled.finish_reason) {
                 return here("its tags are not what its message says".into());
             }
@@ -244,6 +246,6 @@ pub(crate) mod tests {
         assert_eq!((t.turns[4].seat, t.turns[4].tags.final_choice, t.turns[5].tags.final_choice), (0, Some(0), Some(1)));
         let mut forged = t.clone();
         forged.turns[1].tags.shares.clear();
-        assert!(forged.validate(&cfg).unwrap_err().contains("its tags are not what its message says"));
+        assert!(forged.validate(&cfg).unwrap_err().to_string().contains("its tags are not what its message says"));
     }
 }

@@ -1,6 +1,7 @@
 //! CoSIR on the method seam: its `[cosir]` table, games on tables drawn from the job seed (no
 //! data set), every message and final turn one sample for its seat's agent with the turn reward
 //! the evaluator's replay gives (spec cosir.md §4.4, §5), and its sharing figures.
+use crate::method::RecordFault;
 use super::config::SeatPolicy;
 use super::metrics::CosirMetrics;
 use super::reward::replay;
@@ -166,7 +167,7 @@ impl Method for Cosir {
         Episode::new(c, table, instance, seed)
     }
 
-    fn check(c: &CosirConfig, t: &CosirTrajectory) -> Result<(), String> {
+    fn check(c: &CosirConfig, t: &CosirTrajectory) -> Result<(), RecordFault> {
         t.validate(c)
     }
 

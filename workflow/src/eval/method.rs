@@ -1,6 +1,7 @@
 //! Evaluation jobs on the method seam (`method = "eval"`, `comas eval --coordinator`): a team of
 //! frozen models plays one setup on the questions listed in `[evaluate]`, one episode per
 //! question, in one step; nothing trains and the client grades the transcripts.
+use crate::method::RecordFault;
 use super::program::{EvalEpisode, EvalJobConfig, EvalQuestion, EvalRunMetrics, EvalTranscript};
 use crate::error::WorkflowError;
 use crate::error::{invalid, JobError};
@@ -130,7 +131,7 @@ impl Method for Evaluation {
         EvalEpisode::new(&c.settings, question)
     }
 
-    fn check(c: &EvalJobConfig, t: &EvalTranscript) -> Result<(), String> {
+    fn check(c: &EvalJobConfig, t: &EvalTranscript) -> Result<(), RecordFault> {
         t.validate(&c.settings)
     }
 

@@ -2,6 +2,7 @@
 //! episode program the rollout workers run, and the team's members are frozen models they serve
 //! (no learner, never updated). Each call gets the seed `comas eval` gives it on one machine, so
 //! both ways sample the same replies.
+use crate::method::RecordFault;
 use super::setup::{Call, Dialogue, Setup};
 use crate::error::WorkflowError;
 use crate::program::{take_replies, Reply, Request};
@@ -154,16 +155,16 @@ pub struct EvalTranscript {
 impl EvalTranscript {
     /// Checks what a coordinator can without the models: calls numbered 0.. in order, each of
     /// a team member.
-    pub fn validate(&self, settings: &EvalSettings) -> Result<(), String> {
+    pub fn validate(&self, settings: &EvalSettings) -> Result<(), RecordFault> {
         if self.setup != settings.setup {
-            return Err(format!("the record is of setup {} but the job runs {}", self.setup, settings.setup));
+            return Err(format!("the record is of setup {} but the job runs {}", self.setup, settings.setup).into());
         }
         if self.calls.is_empty() {
-            return Err("the record has no calls".into());
+            return Err(RecordFault::Shape("the record has no calls".into()));
         }
         for (i, c) in self.calls.iter().enumerate() {
             if c.call as usize != i {
-                return Err(format!("call {} is at position {i}; calls must be numbered 0.. in order", c.call));
+                return Err(format!("call {} is at position {i}; calls must be numbered 0.. in order", c.call).into());
             }
         }
         Ok(())
@@ -402,8 +403,8 @@ mod tests {
         };
         let mut t = EvalTranscript { index: 0, id: "q".into(), setup: Setup::Vanilla, output: "r".into(), calls: vec![call(0)] };
         t.validate(&settings(Setup::Vanilla, 1)).unwrap();
-        assert!(t.validate(&settings(Setup::Debate, 1)).unwrap_err().contains("setup"));
+        assert!(t.validate(&settings(Setup::Debate, 1)).unwrap_err().to_string().contains("setup"));
         t.calls = vec![call(1)];
-        assert!(t.validate(&settings(Setup::Vanilla, 1)).unwrap_err().contains("numbered"));
+        assert!(t.validate(&settings(Setup::Vanilla, 1)).unwrap_err().to_string().contains("numbered"));
     }
 }

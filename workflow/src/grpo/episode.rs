@@ -1,6 +1,7 @@
 //! One GRPO episode: every agent answers the question once, all at once; a code answer's last
 //! ```python block then runs with the task's tests in the sandbox. The record keeps each answer
 //! (what trains) and its test verdict; the reward is computed from it by `reward::grade`.
+use crate::method::RecordFault;
 use super::config::{GrpoConfig, Grader};
 use crate::code::{candidate_blocks, checker_from_gt, program, CodeGrading};
 use crate::error::WorkflowError;
@@ -54,18 +55,18 @@ impl GrpoRecord {
     }
 
     /// What a worker could get wrong: one answer per agent in order, a log-prob per token.
-    pub fn validate(&self, cfg: &GrpoConfig) -> Result<(), String> {
+    pub fn validate(&self, cfg: &GrpoConfig) -> Result<(), RecordFault> {
         if self.answers.len() != cfg.agents as usize {
-            return Err(format!("{} answers for {} agents", self.answers.len(), cfg.agents));
+            return Err(format!("{} answers for {} agents", self.answers.len(), cfg.agents).into());
         }
         if cfg.grader.resolve(self.task.task) != Some(self.grader) {
-            return Err(format!("the record is graded by {:?}, the job grades {} tasks by {:?}", self.grader, self.task.task.as_str(), cfg.grader));
+            return Err(format!("the record is graded by {:?}, the job grades {} tasks by {:?}", self.grader, self.task.task.as_str(), cfg.grader).into());
         }
         for (i, a) in self.answers.iter().enumerate() {
             if (a.turn_index, a.agent) != (i as u32, i as u32) {
-                return Err(format!("answer {i} is turn {} of agent {}; answers are one per agent, in agent order", a.turn_index, a.agent));
+                return Err(RecordFault::at(format!("answer {i}"), format!("turn {} of agent {}; answers are one per agent, in agent order", a.turn_index, a.agent)));
             }
-            a.sampled.check().map_err(|m| format!("answer {i}: {m}"))?;
+            a.sampled.check().map_err(|f| RecordFault::turn(format!("answer {i}"), f))?;
         }
         Ok(())
     }

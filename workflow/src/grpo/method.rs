@@ -1,6 +1,7 @@
 //! GRPO on the method seam: the `[grpo]` table, G episodes per question in which every agent
 //! answers once, each answer one sample for its agent with the grader's reward, grouped by
 //! question and agent, and its figures.
+use crate::method::RecordFault;
 use super::config::GrpoConfig;
 use super::episode::{Episode, GrpoRecord};
 use super::metrics::GrpoMetrics;
@@ -132,7 +133,7 @@ impl Method for Grpo {
         Episode::new(c, task, instance, seed)
     }
 
-    fn check(c: &GrpoConfig, r: &GrpoRecord) -> Result<(), String> {
+    fn check(c: &GrpoConfig, r: &GrpoRecord) -> Result<(), RecordFault> {
         r.validate(c)
     }
 

@@ -196,3 +196,27 @@ fn the_example_job_is_valid() {
     let t = &job.train[0];
     assert_eq!((t.estimator, t.lr, t.lora.as_ref().map(|l| l.r)), (crate::train_config::Estimator::GroupNorm, 1e-3, Some(16)));
 }
+
+/// A record whose answer's log-probs do not match its tokens is refused, the answer named and
+/// the fault typed; a record of another job's grader is a shape fault.
+#[test]
+fn a_record_with_a_broken_answer_is_refused_naming_it() {
+    use crate::method::RecordFault;
+    use crate::turn::TurnFault;
+    let cfg = GrpoConfig { agents: 2, group_size: 1, ..GrpoConfig::default() };
+    let method = MethodConfig::Grpo(cfg.clone());
+    let data = [task("q1", "1 + 1?", "2", TaskKind::Math)];
+    let records = play(&method, &data, |_, _| ("\\boxed{2}".into(), 3));
+    let crate::program::Record::Grpo(record) = &records[0].1 else { panic!("a grpo record") };
+    let mut broken = record.clone();
+    broken.answers[1].sampled.logprobs.pop();
+    let json = serde_json::to_string(&broken).unwrap();
+    let fault = method.parse_record(&json).unwrap_err();
+    assert_eq!(fault, RecordFault::Turn { at: "answer 1".into(), fault: TurnFault::LogprobCount { logprobs: 2, tokens: 3 } });
+    assert_eq!(fault.to_string(), "answer 1: 2 logprobs for 3 completion tokens");
+    let mut other = record.clone();
+    other.grader = Grader::Numeric;
+    let fault = method.parse_record(&serde_json::to_string(&other).unwrap()).unwrap_err();
+    assert!(matches!(&fault, RecordFault::Shape(m) if m.contains("graded by Numeric")), "{fault}");
+    assert!(matches!(method.parse_record("{").unwrap_err(), RecordFault::Json(_)));
+}

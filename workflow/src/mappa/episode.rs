@@ -384,7 +384,7 @@ impl Episode {
             outcome_correct,
             ds_outcome: self.ds_outcome,
         };
-        t.validate(self.config.pipeline.roles(), &self.config.max_turns).map_err(WorkflowError::MalformedTrajectory)?;
+        t.validate(self.config.pipeline.roles(), &self.config.max_turns).map_err(|f| WorkflowError::MalformedTrajectory(f.to_string()))?;
         Ok(t)
     }
 }

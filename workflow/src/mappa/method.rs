@@ -1,6 +1,7 @@
 //! MAPPA on the method seam: its `[mappa]` table (roles mapped to agents, the coach named by its
 //! `[[frozen]]` entry), one chain per question instance, each coached action one sample for
 //! the agent that acted (spec 5), and its coaching figures.
+use crate::method::RecordFault;
 use super::{action_rewards, Episode, MappaConfig, MappaMetrics, MappaTrajectory, NormScope, Pipeline};
 use crate::error::WorkflowError;
 use crate::error::{invalid, JobError};
@@ -210,7 +211,7 @@ impl Method for Mappa {
         Episode::new(c, task, instance, seed)
     }
 
-    fn check(c: &MappaConfig, t: &MappaTrajectory) -> Result<(), String> {
+    fn check(c: &MappaConfig, t: &MappaTrajectory) -> Result<(), RecordFault> {
         t.validate(c.pipeline.roles(), &c.max_turns)
     }
 

@@ -1,5 +1,6 @@
 //! The record of a finished MAPPA episode: every action with the exact context its agent saw,
 //! its tool calls and observation, and the coach's verdict.
+use crate::method::RecordFault;
 use crate::task::TaskKind;
 use crate::turn::{ChatMessage, Role, Sampled};
 use serde::{Deserialize, Serialize};
@@ -70,11 +71,12 @@ impl MappaTrajectory {
     }
 
     /// Checks what a worker could get wrong: order, counts and the chain's shape.
-    pub fn validate(&self, roles: &[Role], max_turns: &[u32]) -> Result<(), String> {
+    pub fn validate(&self, roles: &[Role], max_turns: &[u32]) -> Result<(), RecordFault> {
         let mut last: Option<(u32, u32, u32)> = None;
         for a in &self.actions {
-            let here = |m: String| Err(format!("action at turn {}: {m}", a.turn_index));
-            a.sampled.check().or_else(|m| here(m))?;
+            let at = format!("action at turn {}", a.turn_index);
+            let here = |m: String| Err(RecordFault::at(&at, m));
+            a.sampled.check().map_err(|f| RecordFault::turn(&at, f))?;
             let p = a.position as usize;
             if roles.get(p) != Some(&a.role) {
                 return here(format!("a {} turn at chain position {p}", a.role));
@@ -94,7 +96,7 @@ impl MappaTrajectory {
         }
         match last {
             Some((_, pos, _)) if pos as usize + 1 == roles.len() => Ok(()),
-            _ => Err(format!("the chain stops before its last role ({} actions)", self.actions.len())),
+            _ => Err(format!("the chain stops before its last role ({} actions)", self.actions.len()).into()),
         }
     }
 

@@ -7,6 +7,7 @@
 //! the methods; the coordinator, the workers, the learners and the command line reach a method
 //! only through it.
 pub mod experience;
+pub mod fault;
 pub(crate) mod registry;
 pub mod room;
 pub(crate) mod run;
@@ -15,6 +16,7 @@ pub mod show;
 pub use experience::{
     prompt_group, AgentShare, Experience, Made, ShareTally, Shares, StepContext, StepOutput,
 };
+pub use fault::RecordFault;
 pub use room::{PromptFit, ReplyRoom, RoomNeeds, Speaker, TaskRoom};
 pub use run::{check_turn_versions, play, PlannedEpisode, Start};
 pub(crate) use run::{decode, experience_of, plan_episodes, start_episode};
@@ -208,7 +210,7 @@ pub trait Method: Sized + 'static {
     // A step's records (coordinator).
 
     /// The method's checks of a returned record (the policy versions are checked apart).
-    fn check(config: &Self::Config, record: &Self::Record) -> Result<(), String>;
+    fn check(config: &Self::Config, record: &Self::Record) -> Result<(), RecordFault>;
 
     /// Rewards, experiences per agent and the step's figures, from the step's records in spec
     /// order.

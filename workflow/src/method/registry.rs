@@ -125,7 +125,7 @@ macro_rules! methods {
                 }
 
                 /// A worker's record, parsed and checked by the method.
-                pub fn parse_record(&self, json: &str) -> Result<Record, String> {
+                pub fn parse_record(&self, json: &str) -> Result<Record, method::RecordFault> {
                     match self { $(MethodConfig::$method(c) => method::run::parse_record::<$method>(c, json).map(Record::$method),)+ }
                 }
 

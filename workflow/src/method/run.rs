@@ -2,7 +2,7 @@
 //! episode spec read back on a worker, a returned record parsed and checked, and a step's
 //! experience making with its policy-version check. The registry calls these with the method of
 //! the job.
-use super::{Episode, Made, Method, Record, StepContext, StepOutput};
+use super::{Episode, Made, Method, Record, RecordFault, StepContext, StepOutput};
 use crate::error::WorkflowError;
 use crate::program::PolicyTurn;
 use crate::seed::PlanSeed;
@@ -116,8 +116,11 @@ pub(crate) fn start_episode<M: Method>(
 }
 
 /// A worker's record, parsed and checked by the method.
-pub(crate) fn parse_record<M: Method>(config: &M::Config, json: &str) -> Result<M::Record, String> {
-    let r: M::Record = serde_json::from_str(json).map_err(|e| format!("not valid JSON: {e}"))?;
+pub(crate) fn parse_record<M: Method>(
+    config: &M::Config,
+    json: &str,
+) -> Result<M::Record, RecordFault> {
+    let r: M::Record = serde_json::from_str(json).map_err(|e| RecordFault::Json(e.to_string()))?;
     M::check(config, &r)?;
     Ok(r)
 }

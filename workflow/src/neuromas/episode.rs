@@ -2,6 +2,7 @@
 //! of a layer at once as soon as the layer below has spoken; the readout's answer is the
 //! rollout's. The record keeps each node's full completion (what trains) and its message (what
 //! the successors read).
+use crate::method::RecordFault;
 use super::config::NeuromasConfig;
 use super::prompts::{node_prompt, Message};
 use super::topology::{Graph, Node};
@@ -62,25 +63,25 @@ impl NeuromasTrajectory {
 
     /// Checks what a worker could get wrong: one turn per node in position order, each by the
     /// node's adapter, log-probs for every token.
-    pub fn validate(&self, cfg: &NeuromasConfig) -> Result<(), String> {
+    pub fn validate(&self, cfg: &NeuromasConfig) -> Result<(), RecordFault> {
         // The job's graph, with its bridges either still in place or ended.
-        let job = cfg.graph().map_err(|(k, m)| format!("neuromas.{k}: {m}"))?;
+        let job = cfg.graph().map_err(|(k, m)| RecordFault::Shape(format!("neuromas.{k}: {m}")))?;
         let bridges_ok = self.graph.identity_layers.is_empty() || self.graph.identity_layers == job.identity_layers;
         if self.graph.spec != cfg.topology || self.graph.uids != job.uids || self.graph.next_uid != job.next_uid || !bridges_ok {
-            return Err("the record's graph is not the job's topology".into());
+            return Err(RecordFault::Shape("the record's graph is not the job's topology".into()));
         }
         let nodes = self.graph.nodes();
         if self.turns.len() != nodes.len() {
-            return Err(format!("{} node turns for a graph of {} nodes", self.turns.len(), nodes.len()));
+            return Err(format!("{} node turns for a graph of {} nodes", self.turns.len(), nodes.len()).into());
         }
         for (i, (t, n)) in self.turns.iter().zip(&nodes).enumerate() {
             if (t.turn_index, t.node) != (i as u32, *n) {
-                return Err(format!("turn {i} is node {} (index {}), expected {}", t.node.position(), t.turn_index, n.position()));
+                return Err(format!("turn {i} is node {} (index {}), expected {}", t.node.position(), t.turn_index, n.position()).into());
             }
             if t.agent != cfg.agent_of(*n) {
-                return Err(format!("node {} was played by agent {}, its adapter is agent {}", n.position(), t.agent, cfg.agent_of(*n)));
+                return Err(format!("node {} was played by agent {}, its adapter is agent {}", n.position(), t.agent, cfg.agent_of(*n)).into());
             }
-            t.sampled.check().map_err(|m| format!("node {}: {m}", n.position()))?;
+            t.sampled.check().map_err(|f| RecordFault::turn(format!("node {}", n.position()), f))?;
         }
         Ok(())
     }
@@ -240,7 +241,7 @@ mod tests {
         t.validate(&cfg).unwrap();
         let mut other = cfg.clone();
         other.topology.layers = vec![3, 1];
-        assert_eq!(t.validate(&other).unwrap_err(), "the record's graph is not the job's topology");
+        assert_eq!(t.validate(&other).unwrap_err(), RecordFault::Shape("the record's graph is not the job's topology".into()));
         assert_eq!(t.turns[0].message, Message { text: "note from turn 0".into(), truncated: true });
         // Training keeps the full completion; the message is only the view passed on.
         assert_eq!(t.turns[0].text, "<think>hidden</think>note from turn 0 with extra words");

@@ -1,6 +1,7 @@
 //! NeuroMAS on the method seam: its `[neuromas]` table (one [[agents]] entry per adapter), G
 //! rollouts of the graph as it stands per task, the readout's grade shared by every node of a
 //! rollout (spec neuromas.md §5), and its figures.
+use crate::method::RecordFault;
 use super::metrics::NeuromasMetrics;
 use super::reward::reward;
 use super::{Episode, Graph, NeuromasConfig, NeuromasTrajectory, ParamSharing};
@@ -173,7 +174,7 @@ impl Method for Neuromas {
         Episode::new(c, &graph, task, instance, seed)
     }
 
-    fn check(c: &NeuromasConfig, t: &NeuromasTrajectory) -> Result<(), String> {
+    fn check(c: &NeuromasConfig, t: &NeuromasTrajectory) -> Result<(), RecordFault> {
         t.validate(c)
     }
 
