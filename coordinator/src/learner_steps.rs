@@ -1,7 +1,7 @@
 //! The coordinator's side of a learner's training step: the check before a job uses it, one
 //! step trained exactly once across learner restarts, and the progress poll while it runs.
 use crate::error::{CoordinatorError, Result};
-use crate::learners::LearnerLink;
+use crate::learners::{LearnerLink, TRAIN_PROGRESS_EVERY};
 use crate::progress::{Reporter, Update};
 use comas_proto::v1 as pb;
 use comas_workflow::job::Job;
@@ -273,6 +273,3 @@ pub(crate) async fn follow_training(
         }
     }
 }
-
-/// How often the coordinator asks learners how far their step has got.
-pub(crate) const TRAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);

@@ -33,6 +33,9 @@ pub struct LearnerLink {
 /// try) still waits this long for an answer.
 const MIN_ANSWER: Duration = Duration::from_secs(10);
 
+/// How often the coordinator asks learners how far their step has got.
+pub(crate) const TRAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
 /// How long a progress probe waits for its answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -239,7 +242,7 @@ impl LearnerLink {
         let mut seen = "no answer".to_string();
         let mut since = Instant::now();
         loop {
-            tokio::time::sleep(crate::learner_steps::TRAIN_PROGRESS_EVERY).await;
+            tokio::time::sleep(TRAIN_PROGRESS_EVERY).await;
             if let Some(p) = self.train_progress().await {
                 let now = Some((p.training, p.global_step, p.samples_done, p.tokens_done, p.beats));
                 if now != last {
