@@ -13,6 +13,8 @@ import pathlib
 import random
 import statistics
 
+from answers import last_box
+
 SYSTEMS = ("comas", "trl")
 MODES = ("sampled", "greedy")
 BOOT = 4000
@@ -32,20 +34,6 @@ def train_curve(runs, system, seed):
         return {r["step"]: (r.get("accuracy", {}).get("mean"), r.get("seconds", {}).get("total")) for r in recs}
     # The share of right answers (the reward less the format bonus).
     return {r["step"]: (r.get("correct", r.get("reward")), r.get("seconds")) for r in jsonl(runs / f"trl-s{seed}/steps.jsonl")}
-
-
-def last_box(text):
-    """The content of the last \\boxed{...} with its braces closed, stripped; None without one
-    or when it is empty."""
-    i = text.rfind("\\boxed{")
-    if i < 0:
-        return None
-    depth, start = 0, i + len("\\boxed{")
-    for j, ch in enumerate(text[i + len("\\boxed"):]):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if depth == 0:
-            return text[start:i + len("\\boxed") + j].strip() or None
-    return None
 
 
 def boxed_right(r):

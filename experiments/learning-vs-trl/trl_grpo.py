@@ -15,6 +15,8 @@ import pathlib
 import resource
 import time
 
+from answers import last_box
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -43,19 +45,6 @@ def main():
     # The question as the user message, the instruction after it: what comas's grpo sends.
     data = data.map(lambda r: {"prompt": [{"role": "user", "content": r["prompt"] + s["prompt_suffix"]}], "reference": r["answer"]})
 
-    def boxed(text):
-        """The content of the reply's last \\boxed{...} with its braces closed, stripped; None
-        without one. An empty box is no answer (comas's grader reads it so)."""
-        i = text.rfind("\\boxed{")
-        if i < 0:
-            return None
-        depth, start = 0, i + len("\\boxed{")
-        for j, ch in enumerate(text[i + len("\\boxed"):]):
-            depth += {"{": 1, "}": -1}.get(ch, 0)
-            if depth == 0:
-                return text[start:i + len("\\boxed") + j].strip() or None
-        return None
-
     def correct(completions, reference, **_):
         """1 for a right final answer, 0 otherwise: math-verify on the reference as LaTeX math,
         as comas's grader reads it; with `answer_in_box`, on the last box's content alone."""
@@ -63,7 +52,7 @@ def main():
         for c, gt in zip(completions, reference):
             text = c[0]["content"] if isinstance(c, list) else c
             if s.get("answer_in_box", False):
-                b = boxed(text)
+                b = last_box(text)
                 out.append(1.0 if b is not None and verify(parse(f"${gt}$"), parse(f"$\\boxed{{{b}}}$")) else 0.0)
             else:
                 out.append(1.0 if verify(parse(f"${gt}$"), parse(text)) else 0.0)
@@ -75,7 +64,7 @@ def main():
         for c in completions:
             text = c[0]["content"] if isinstance(c, list) else c
             text = re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.S)
-            out.append(s["format_reward"] if boxed(text) is not None else 0.0)
+            out.append(s["format_reward"] if last_box(text) is not None else 0.0)
         return out
 
     tok = AutoTokenizer.from_pretrained(args.model)
