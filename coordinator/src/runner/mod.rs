@@ -126,6 +126,13 @@ struct JobRun {
     idle_agents: std::sync::Mutex<Vec<u64>>,
 }
 
+/// Where a step started: its clock, the workers' busy time and the scheduler's seconds then.
+struct StepStart {
+    at: Instant,
+    busy: f64,
+    scheduler_seconds: f64,
+}
+
 /// Steps in a row without a policy gradient after which an agent is reported as not learning.
 const NO_GRADIENT_WARNING_STEPS: u64 = 3;
 
@@ -317,9 +324,7 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
         return run.run_async(step).await;
     }
     loop {
-        let started = Instant::now();
-        let busy_before = run.clock.busy();
-        let scheduler_before = ctx.metrics.scheduler_seconds.get();
+        let start = run.step_start();
         let at = run.learners(&mut step, true).await?;
         run.evaluate_if_due(step, &at).await?;
         if step >= run.job.total_steps {
@@ -331,18 +336,7 @@ pub async fn run_job(ctx: &RunContext, row: JobRow, cancel: watch::Receiver<bool
             let batch = run.experience(step, records, &mut times)?;
             let trained = run.train(step, &batch, &at, &mut times).await?;
             let sync = run.broadcast(step, &trained, &mut times).await?;
-            let coordinator = times.experience
-                + times.store
-                + (ctx.metrics.scheduler_seconds.get() - scheduler_before);
-            let log = step_log(
-                &run.id,
-                step,
-                batch.metrics,
-                started.elapsed().as_secs_f64(),
-                run.clock.busy() - busy_before,
-                times.train,
-            );
-            run.commit(log, &trained, &sync, &times, coordinator, started)
+            run.commit(step, batch.metrics, &start, &trained, &sync, &times)
         };
         match done.await {
             // A learner restarted from an older checkpoint during the step: the next
@@ -395,6 +389,14 @@ impl JobRun {
             clock: RolloutClock::default(),
             idle_agents: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    fn step_start(&self) -> StepStart {
+        StepStart {
+            at: Instant::now(),
+            busy: self.clock.busy(),
+            scheduler_seconds: self.ctx.metrics.scheduler_seconds.get(),
+        }
     }
 
     fn agents(&self) -> usize {
@@ -503,16 +505,27 @@ impl JobRun {
     /// versions and weight sync, the stage times) goes to the store, then to the metrics log.
     fn commit(
         &self,
-        mut log: StepLog,
+        step: u64,
+        metrics: Value,
+        start: &StepStart,
         trained: &Trained,
         sync: &crate::scheduler::SyncStats,
         times: &StepTimes,
-        coordinator: f64,
-        started: Instant,
     ) -> Result<()> {
         let commit_started = Instant::now();
+        let started = start.at;
+        let coordinator = times.experience
+            + times.store
+            + (self.ctx.metrics.scheduler_seconds.get() - start.scheduler_seconds);
+        let mut log = step_log(
+            &self.id,
+            step,
+            metrics,
+            started.elapsed().as_secs_f64(),
+            self.clock.busy() - start.busy,
+            times.train,
+        );
         let id = &self.id;
-        let step = log.step;
         let tokens = log.figures.get("generated_tokens").and_then(Value::as_u64).unwrap_or(0);
         log.unix_time = now();
         log.tokens_per_s = if times.rollout > 0.0 { tokens as f64 / times.rollout } else { 0.0 };

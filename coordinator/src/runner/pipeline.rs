@@ -1,6 +1,6 @@
 //! Async mode (`sync = "async"`): the rollouts of the next steps run on the workers while the
 //! learners train the current one, as deep as the job's `max_policy_lag` allows.
-use super::{finish_rollout, plan_rollout, step_log, JobRun, RolloutSide, StepTimes};
+use super::{finish_rollout, plan_rollout, JobRun, RolloutSide, StepTimes};
 use crate::error::{CoordinatorError, Result};
 use crate::experience::StepBatch;
 use comas_workflow::program::Record;
@@ -170,9 +170,7 @@ impl JobRun {
         let bound = self.job.spec.schedule.policy_lag();
         let mut ahead: VecDeque<Ahead> = VecDeque::new();
         loop {
-            let started = Instant::now();
-            let busy_before = self.clock.busy();
-            let scheduler_before = self.ctx.metrics.scheduler_seconds.get();
+            let start = self.step_start();
             // Rollouts ahead were sampled with weights a rollback would discard: only a job
             // with none under way goes back to an older step.
             let at = self.learners(&mut step, ahead.is_empty()).await?;
@@ -203,18 +201,7 @@ impl JobRun {
             }
             let trained = self.train(step, &batch, &at, &mut times).await?;
             let sync = self.broadcast(step, &trained, &mut times).await?;
-            let coordinator = times.experience
-                + times.store
-                + (self.ctx.metrics.scheduler_seconds.get() - scheduler_before);
-            let log = step_log(
-                &self.id,
-                step,
-                batch.metrics,
-                started.elapsed().as_secs_f64(),
-                self.clock.busy() - busy_before,
-                times.train,
-            );
-            self.commit(log, &trained, &sync, &times, coordinator, started)?;
+            self.commit(step, batch.metrics, &start, &trained, &sync, &times)?;
             step += 1;
         }
         self.export().await
