@@ -363,6 +363,33 @@ async fn a_learner_alive_but_stuck_in_training_fails_the_job_and_the_job_resumes
     c.resume_to_exact_end(&id).await;
 }
 
+/// A worker that stalls in the middle of a rollout for longer than the heartbeat timeout (SIGSTOP:
+/// a frozen VM, a long GC pause, a partition) is given up and its episodes re-queued; when it runs
+/// again it registers anew while the episodes of its old stream may still be on its engine.
+/// It must drop them and load the policies again, and the job (which has no other worker) ends
+/// with exact counts. Before the fix, LoadPolicies was refused ("episodes are running"), nobody
+/// asked again, and the job waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stalled_past_its_heartbeat_timeout_comes_back_and_the_job_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::new(dir.path(), 1, 200);
+    let id = c.submit().await;
+    c.on_event(&id, 120, "step 1's rollout", |s| s.steps_done == 1 && s.stage == "rollout").await;
+    let pid = c.workers[0].child.id() as libc::pid_t;
+    // SAFETY: kill(2) on a child this test spawned and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Longer than the harness's heartbeat timeout (5 s).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    c.finished(&id).await;
+    c.check_complete_run().await;
+    // The stall was felt: the worker was given up with episodes leased, and came back.
+    assert!(c.prometheus("comas_coordinator_requeued_episodes_total") > 0.0, "{}", c.logs());
+    let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap();
+    assert!(log.contains("no heartbeat") && log.contains("worker lost"), "{log}");
+}
+
 /// A worker restarted in place (same id, same address, as a pod restarted by Kubernetes) while
 /// idle is seen as new: it loads the policies again before it gets episodes, and the job ends
 /// with exact counts. (Here the coordinator also sees the old connection break; the

@@ -304,6 +304,13 @@ impl RolloutWorker for WorkerService {
                     // Drained: end the stream so the client sees the worker go (nothing is lost,
                     // the coordinator re-queues whatever it still had leased here).
                     _ = stopping.changed(), if !stopped => {}
+                    // The client is gone (its connection closed): nobody will read what these
+                    // episodes make, and a worker that registers again must be free to load.
+                    _ = out_tx.closed() => {
+                        tracing::info!(stream, outstanding, "episode stream's reader is gone");
+                        cancel(&engine);
+                        return;
+                    }
                     // No result can come any more: the client re-sends its episodes elsewhere.
                     why = engine_death(&mut failed) => {
                         let _ = out_tx.send(Err(Status::unavailable(format!("the engine thread died ({why}); the worker is stopping")))).await;

@@ -134,9 +134,11 @@ pub(super) async fn connection(
     reader.abort();
 }
 
-/// `prepare`, retried with backoff while a weight source cannot be reached, for up to the
-/// target's `source_patience`: a learner that restarts during the broadcast comes back with the
-/// version it published, and the broadcast goes on instead of failing the job.
+/// `prepare`, retried with backoff while it fails for a passing reason, for up to the target's
+/// `source_patience`: a learner that restarts during the broadcast comes back with the version
+/// it published, and the broadcast goes on instead of failing the job; a worker that registers
+/// again after it was given up for silence (a stall, a partition) may still hold the episodes
+/// of its old stream for a moment, and loads once they have stopped.
 async fn prepare_patiently(
     client: &mut RolloutWorkerClient<Channel>,
     t: &PolicyTarget,
@@ -147,10 +149,8 @@ async fn prepare_patiently(
     let mut backoff = comas_service::backoff::Backoff::reconnect();
     loop {
         match prepare(client, t, peer, loaded_job).await {
-            Err(Failure { message, source_unreachable: true })
-                if started.elapsed() < t.source_patience =>
-            {
-                tracing::warn!(error = %message, "weight source unreachable; retrying");
+            Err(Failure { message, passing: true }) if started.elapsed() < t.source_patience => {
+                tracing::warn!(error = %message, "worker not ready to take the policies; retrying");
                 tokio::time::sleep(backoff.next_wait()).await;
             }
             other => return other.map_err(|f| f.message),
@@ -158,15 +158,25 @@ async fn prepare_patiently(
     }
 }
 
-/// Why a prepare failed, and whether it was only that a learner could not be reached.
+/// Why a prepare failed, and whether the reason passes: a weight source that cannot be reached,
+/// or episodes still running on the worker (both answered UNAVAILABLE).
 struct Failure {
     message: String,
-    source_unreachable: bool,
+    passing: bool,
+}
+
+impl Failure {
+    fn of(what: String, e: tonic::Status) -> Self {
+        Self {
+            message: format!("{what}: {}", e.message()),
+            passing: e.code() == tonic::Code::Unavailable,
+        }
+    }
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Self {
-        Self { message, source_unreachable: false }
+        Self { message, passing: false }
     }
 }
 
@@ -181,7 +191,7 @@ async fn prepare(
     if loaded_job.as_deref() != Some(t.job_id.as_str()) {
         let mut req = tonic::Request::new(t.load.clone());
         req.set_timeout(LOAD_TIMEOUT);
-        client.load_policies(req).await.map_err(|e| format!("LoadPolicies: {}", e.message()))?;
+        client.load_policies(req).await.map_err(|e| Failure::of("LoadPolicies".into(), e))?;
         *loaded_job = Some(t.job_id.clone());
     }
     let info = client
@@ -216,12 +226,8 @@ async fn prepare(
         let r = client
             .update_weights(req)
             .await
-            .map_err(|e| Failure {
-                message: format!(
-                    "UpdateWeights agent {agent} to version {version}: {}",
-                    e.message()
-                ),
-                source_unreachable: e.code() == tonic::Code::Unavailable,
+            .map_err(|e| {
+                Failure::of(format!("UpdateWeights agent {agent} to version {version}"), e)
             })?
             .into_inner();
         pulls.push(Pull { agent: *agent, bytes: r.bytes, seconds: r.seconds, relayed: r.relayed });

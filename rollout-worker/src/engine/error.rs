@@ -80,10 +80,15 @@ impl EngineError {
     }
 }
 
-/// How LoadPolicies and UpdateWeights report an engine error.
+/// How LoadPolicies and UpdateWeights report an engine error. Episodes still running pass
+/// (they finish, or stop once their stream is seen gone), so that one says UNAVAILABLE: the
+/// coordinator asks again.
 impl From<EngineError> for Status {
     fn from(e: EngineError) -> Self {
-        Status::failed_precondition(e.to_string())
+        match e {
+            EngineError::EpisodesRunning { .. } => Status::unavailable(e.to_string()),
+            e => Status::failed_precondition(e.to_string()),
+        }
     }
 }
 
