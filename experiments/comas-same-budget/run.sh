@@ -15,14 +15,22 @@
 #
 #   bash experiments/comas-same-budget/run.sh
 #   ARMS=comas-warm SEEDS=1 STEPS=2 RUNS=runs/csb-smoke bash experiments/comas-same-budget/run.sh
+#   EVAL_STEPS="10 30 50" AGENTS="0" ...       # fewer evaluations (each takes minutes)
+#   KEEP=experiments/comas-same-budget/results  # keep finished parts in the tree (experiments/keep.sh)
+#   COMAS_BIN=/path/to/comas ...                # a fixed binary (no build)
+#
+# The judges' warm-up and `judge_separation` tell right from wrong with the math grader's
+# lenient reading (the box, else the last expression), as the held-out evaluator does; the
+# learning study's report also grades the box alone.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 study="$root/experiments/learning-vs-trl"
-settings="$study/settings.json"
+settings=${SETTINGS:-$study/settings-v2.json}
 runs=${RUNS:-runs/comas-same-budget}
-data=${DATA:-runs/learning-vs-trl/data}
+data=${DATA:-runs/learning-vs-trl-v2/data}
+keep=${KEEP:-}
 seeds=${SEEDS:-1}
 arms=${ARMS:-comas comas-warm}
 warmup=${WARMUP:-10}
@@ -31,13 +39,22 @@ py() { python3 -c "import json,sys; print(json.load(open('$settings'))[sys.argv[
 py_or() { python3 -c "import json,sys; print(json.load(open('$settings')).get(sys.argv[1], sys.argv[2]))" "$1" "$2"; }
 steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
+eval_steps=${EVAL_STEPS:-$(seq -s ' ' "$eval_every" "$eval_every" "$steps")}
+agents=${AGENTS:-0 1}
 mkdir -p "$runs"
 bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
 model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
-flock "$lock" cargo build -q --release -p comas
-comas="$root/target/release/comas"
-[ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data" --mix "$(py_or data_mix classic)"
+if [ -n "${COMAS_BIN:-}" ]; then
+  comas=$COMAS_BIN
+else
+  flock "$lock" cargo build -q --release -p comas
+  comas="$root/target/release/comas"
+fi
+mix=$(py_or data_mix classic)
+[ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data" --mix "$mix"
+. "$root/experiments/keep.sh"
+keep_restore "$runs" "$keep" "$mix"
 
 job() {
   local arm=$1 seed=$2 warm=0
@@ -83,6 +100,7 @@ evaluate() {
     echo "evaluating $name ($mode)" >&2
     flock "$lock" "$comas" eval --model "$model" --adapter "$adapter" --setup vanilla --bench "$data/heldout.jsonl" \
       --temperature "$t" --seed 1 --max-new-tokens "$(py max_new_tokens)" --out "$out" > /dev/null
+    keep_eval "$runs" "$keep" "$mix" "$name-$mode"
   done
 }
 
@@ -101,12 +119,17 @@ for seed in $seeds; do
         "$comas" local $fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
       touch "$dir/DONE"
     fi
-    for ((k = eval_every; k <= steps; k += eval_every)); do
-      for agent in 0 1; do
+    names=()
+    for k in $eval_steps; do
+      for agent in $agents; do
+        name="$arm-s$seed-a$agent-step$k"
+        names+=("$name-sampled" "$name-greedy")
+        [ -f "$runs/eval/$name-sampled/summary.json" ] && [ -f "$runs/eval/$name-greedy/summary.json" ] && continue
         adapter=$(ls -d "$dir"/local/checkpoints/agent-$agent/*/step-"$k"/adapter 2>/dev/null | head -1)
         [ -n "$adapter" ] || { echo "no adapter for $arm seed $seed agent $agent step $k" >&2; continue; }
-        evaluate "$arm-s$seed-a$agent-step$k" "$adapter"
+        evaluate "$name" "$adapter"
       done
     done
+    keep_run "$runs" "$keep" "$mix" "$arm-s$seed" "${names[@]}"
   done
 done

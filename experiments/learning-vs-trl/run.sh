@@ -13,6 +13,12 @@
 #   SYSTEMS=comas EVAL=0 ...                           # one system's training only
 #   COMAS_BIN=/path/to/comas ...                       # a fixed binary (no build)
 #   SETTINGS=pilot.json RUNS=runs/lvt-pilot ...         # other settings (a pilot)
+#   KEEP=experiments/learning-vs-trl/results-v2 ...     # keep finished parts in the tree
+#
+# KEEP (experiments/keep.sh): a committed folder that holds each finished evaluation and each
+# finished run's logs, so that a study spread over sessions redoes only the part under way. A run
+# whose evaluations were not all done trains again from its start and only its missing
+# evaluations run (a comas run repeats exactly on the same kind of machine; a TRL run need not).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -29,6 +35,7 @@ py_or() { python3 -c "import json,sys; print(json.load(open('$settings')).get(sy
 steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
 mkdir -p "$runs"
+keep=${KEEP:-}
 
 bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
@@ -50,6 +57,18 @@ if [ ! -f "$runs/data/heldout.jsonl" ] || [ "$(cat "$runs/data/mix" 2>/dev/null 
   echo "$mix" > "$runs/data/mix"
   rm -rf "$runs/eval"
 fi
+
+# What KEEP holds comes back first: finished evaluations, finished runs.
+. "$root/experiments/keep.sh"
+keep_restore "$runs" "$keep" "$mix"
+
+# The names of a run's evaluations (every `eval_every` steps, sampled and greedy).
+evals_of() {
+  local k mode
+  for ((k = eval_every; k <= steps; k += eval_every)); do
+    for mode in sampled greedy; do echo "$1-step$k-$mode"; done
+  done
+}
 
 # The comas job of one seed, from settings.json.
 comas_job() {
@@ -123,6 +142,7 @@ evaluate() {
     echo "evaluating $name ($mode)" >&2
     flock "$lock" "$comas" eval --model "$model" "${extra[@]}" --setup vanilla --bench "$runs/data/heldout.jsonl" \
       --temperature "$t" --seed 1 --max-new-tokens "$(py max_new_tokens)" --out "$out" > /dev/null
+    keep_eval "$runs" "$keep" "$mix" "$name-$mode"
   done
 }
 
@@ -131,26 +151,28 @@ evaluate() {
 evaluate_run() {
   local system=$1 seed=$2
   for ((k = steps / eval_every * eval_every; k >= eval_every; k -= eval_every)); do
-    local adapter
+    local adapter name="$system-s$seed-step$k"
+    [ -f "$runs/eval/$name-sampled/summary.json" ] && [ -f "$runs/eval/$name-greedy/summary.json" ] && continue
     if [ "$system" = comas ]; then
       adapter=$(ls -d "$runs/comas-s$seed"/local/checkpoints/agent-0/*/step-"$k"/adapter 2>/dev/null | head -1)
     else
       adapter="$runs/trl-s$seed/checkpoint-$k"
     fi
     [ -n "$adapter" ] && [ -e "$adapter" ] || { echo "no adapter for $system seed $seed step $k" >&2; continue; }
-    evaluate "$system-s$seed-step$k" "$adapter"
+    evaluate "$name" "$adapter"
   done
 }
 
 [ "$do_eval" = 1 ] && evaluate base ""
+# Seed by seed, each run with its evaluations right after it: a part finished is a part kept.
 for seed in $seeds; do
   for system in $systems; do
     "run_$system" "$seed"
-  done
-  if [ "$do_eval" = 1 ]; then
-    for system in $systems; do
+    if [ "$do_eval" = 1 ]; then
       evaluate_run "$system" "$seed"
-    done
-  fi
+      # shellcheck disable=SC2046
+      keep_run "$runs" "$keep" "$mix" "$system-s$seed" $(evals_of "$system-s$seed")
+    fi
+  done
 done
 "$root/.venv-trl/bin/python" "$here/report.py" --runs "$runs" --settings "$settings" --out "${REPORT:-docs/experiments/learning-vs-trl.md}"
