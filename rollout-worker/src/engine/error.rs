@@ -135,5 +135,8 @@ mod tests {
         assert!(EngineError::Draining.is_draining());
         let status = Status::from(EngineError::SharedBase { agent: 1 });
         assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        // Passing: the coordinator asks again.
+        let status = Status::from(EngineError::EpisodesRunning { running: 3 });
+        assert_eq!(status.code(), tonic::Code::Unavailable);
     }
 }
