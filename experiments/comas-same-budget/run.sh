@@ -16,7 +16,7 @@
 #   bash experiments/comas-same-budget/run.sh
 #   ARMS=comas-warm SEEDS=1 STEPS=2 RUNS=runs/csb-smoke bash experiments/comas-same-budget/run.sh
 #   EVAL_STEPS="10 30 50" AGENTS="0" ...       # fewer evaluations (each takes minutes)
-#   KEEP=experiments/comas-same-budget/results  # keep finished parts in the tree (experiments/keep.sh)
+#   KEEP=experiments/comas-same-budget/results  # keep finished parts in the tree (experiments/study.sh)
 #   COMAS_BIN=/path/to/comas ...                # a fixed binary (no build)
 #
 # The judges' warm-up and `judge_separation` tell right from wrong with the math grader's
@@ -45,15 +45,10 @@ mkdir -p "$runs"
 bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
 model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
-if [ -n "${COMAS_BIN:-}" ]; then
-  comas=$COMAS_BIN
-else
-  flock "$lock" cargo build -q --release -p comas
-  comas="$root/target/release/comas"
-fi
+. "$root/experiments/study.sh"
+comas=$(study_comas "$root" "$lock")
 mix=$(py_or data_mix classic)
 [ -f "$data/heldout.jsonl" ] || python3 "$study/make_data.py" "$data" --mix "$mix"
-. "$root/experiments/keep.sh"
 keep_restore "$runs" "$keep" "$mix"
 
 job() {

@@ -15,7 +15,7 @@
 #   SETTINGS=pilot.json RUNS=runs/lvt-pilot ...         # other settings (a pilot)
 #   KEEP=experiments/learning-vs-trl/results-v2 ...     # keep finished parts in the tree
 #
-# KEEP (experiments/keep.sh): a committed folder that holds each finished evaluation and each
+# KEEP (experiments/study.sh): a committed folder that holds each finished evaluation and each
 # finished run's logs, so that a study spread over sessions redoes only the part under way. A run
 # whose evaluations were not all done trains again from its start and only its missing
 # evaluations run (a comas run repeats exactly on the same kind of machine; a TRL run need not).
@@ -41,14 +41,8 @@ bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
 bash "$here/setup-trl.sh" >/dev/null
 model=${COMAS_SMOLLM2:-${COMAS_CACHE:-$HOME/.cache/comas}/models/smollm2-135m-instruct}
-# COMAS_BIN: a comas binary to use instead of building one (a copy keeps a long study apart
-# from rebuilds of the tree).
-if [ -n "${COMAS_BIN:-}" ]; then
-  comas=$COMAS_BIN
-else
-  flock "$lock" cargo build -q --release -p comas
-  comas="$root/target/release/comas"
-fi
+. "$root/experiments/study.sh"
+comas=$(study_comas "$root" "$lock")
 # The data of the settings' mix: made once, made again when the mix changed.
 mix=$(py_or data_mix classic)
 if [ ! -f "$runs/data/heldout.jsonl" ] || [ "$(cat "$runs/data/mix" 2>/dev/null || echo classic)" != "$mix" ]; then
@@ -59,7 +53,6 @@ if [ ! -f "$runs/data/heldout.jsonl" ] || [ "$(cat "$runs/data/mix" 2>/dev/null 
 fi
 
 # What KEEP holds comes back first: finished evaluations, finished runs.
-. "$root/experiments/keep.sh"
 keep_restore "$runs" "$keep" "$mix"
 
 # The names of a run's evaluations (every `eval_every` steps, sampled and greedy).

@@ -1,4 +1,18 @@
-# Keeping a long study's finished parts in the tree, sourced by the studies' run.sh.
+# What the long studies' run.sh share (sourced): the comas binary they run, and keeping their
+# finished parts in the tree.
+
+# study_comas ROOT LOCK: the comas binary to run, printed: $COMAS_BIN when set (a copy keeps a
+# long study apart from rebuilds of the tree), else a release build of the tree (under LOCK).
+study_comas() {
+  if [ -n "${COMAS_BIN:-}" ]; then
+    echo "$COMAS_BIN"
+  else
+    (cd "$1" && flock "$2" cargo build -q --release -p comas) >&2
+    echo "$1/target/release/comas"
+  fi
+}
+
+# Keeping a long study's finished parts:
 #
 # A study runs for hours over several sessions, and a session's runs/ folder does not outlive
 # it. KEEP (a committed folder) holds each finished part's small files: an evaluation's
