@@ -27,9 +27,10 @@ study_comas() {
 # keep_restore RUNS KEEP MIX: every kept evaluation and run back into RUNS.
 keep_restore() {
   local runs=$1 keep=$2 mix=$3
-  [ -n "$keep" ] && [ -d "$keep" ] || return 0
-  if [ "$(cat "$keep/mix" 2>/dev/null)" != "$mix" ]; then
-    echo "$keep was made on the data mix '$(cat "$keep/mix" 2>/dev/null)', these settings use '$mix': use another KEEP folder" >&2
+  # No mix file: nothing kept there yet (a new folder, or one with notes only).
+  [ -n "$keep" ] && [ -f "$keep/mix" ] || return 0
+  if [ "$(cat "$keep/mix")" != "$mix" ]; then
+    echo "$keep was made on the data mix '$(cat "$keep/mix")', these settings use '$mix': use another KEEP folder" >&2
     return 2
   fi
   local gz d kept
