@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 export PIP_NO_CACHE_DIR=1
 bash scripts/setup.sh
 bash scripts/setup-tensorboard.sh   # TensorBoard's reader: tests read the event files back
+bash scripts/setup-clients.sh   # mlflow, grpcio-tools, openai: real third-party clients the tests talk to comas with
+bash scripts/setup-promtool.sh   # promtool (from Debian's prometheus package): the tests lint every /metrics
 bash scripts/fetch-smollm2.sh >/dev/null   # the real model (cached): its import parity tests need the GGUF
 bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox runs all 164 reference solutions
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)

@@ -13,6 +13,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, watch, Notify};
 
+/// How long a job's end waits for its MLflow run to take the last metrics and the status.
+const TRACKER_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The same at shutdown, when the run stays open to be continued.
+const TRACKER_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub struct Jobs {
     pub store: Arc<Store>,
     pub scheduler: Scheduler,
@@ -205,6 +210,14 @@ impl Jobs {
         }
     }
 
+    /// The MLflow tracker of a job whose file names a tracking server, with the records the
+    /// store already holds (a resumed job's).
+    fn start_tracker(&self, row: &JobRow) -> Option<Arc<crate::mlflow::Tracker>> {
+        let backlog = self.store.metrics_log(&row.id).unwrap_or_default();
+        let spec = crate::mlflow::RunSpec::of(&row.id, &row.spec, backlog)?;
+        Some(Arc::new(crate::mlflow::Tracker::start(spec, self.metrics.tracking_dropped.clone())))
+    }
+
     fn apply(&self, id: &str, u: &Update) {
         self.live.lock().expect("live lock").entry(id.to_string()).or_default().apply(u);
     }
@@ -296,12 +309,14 @@ impl Jobs {
             self.cancels.lock().expect("cancel lock").insert(row.id.clone(), cancel_tx);
             self.metrics.running_jobs.set(1);
             let id = row.id.clone();
+            let tracker = self.start_tracker(&row);
             let ctx = RunContext {
                 store: Arc::clone(&self.store),
                 scheduler: self.scheduler.clone(),
                 metrics: Arc::clone(&self.metrics),
                 report: Reporter::new(id.clone(), reports.clone()),
                 roots: self.roots.clone(),
+                tracker: tracker.clone(),
             };
             let outcome = tokio::select! {
                 r = runner::run_job(&ctx, row, cancel_rx) => Some(r),
@@ -315,7 +330,12 @@ impl Jobs {
             self.scheduler.cancel_job(id.clone());
             // The job's last reports (its last step's record) reach watchers before its end.
             ctx.report.flush().await;
-            let Some(outcome) = outcome else { return };
+            let Some(outcome) = outcome else {
+                if let Some(t) = &tracker {
+                    t.end(None, Vec::new(), TRACKER_SHUTDOWN_WAIT).await;
+                }
+                return;
+            };
             let (state, error) = match outcome {
                 Ok(()) => (JobState::Succeeded, String::new()),
                 Err(CoordinatorError::Cancelled(_)) => (JobState::Cancelled, String::new()),
@@ -328,6 +348,10 @@ impl Jobs {
             }
             if let Err(e) = self.store.set_state(&id, state, &error) {
                 tracing::error!(job = %id, error = %e, "cannot record the job's end");
+            }
+            if let Some(t) = &tracker {
+                let log = self.store.metrics_log(&id).unwrap_or_default();
+                t.end(Some(state), log, TRACKER_END_WAIT).await;
             }
             self.apply(&id, &Update::Ended);
             self.emit(

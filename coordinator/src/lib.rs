@@ -12,6 +12,7 @@ pub mod learners;
 pub mod memory_check;
 pub mod metrics;
 mod metrics_log;
+pub mod mlflow;
 pub mod progress;
 pub mod runner;
 pub mod scheduler;

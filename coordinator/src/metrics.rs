@@ -20,6 +20,7 @@ pub struct Metrics {
     pub cancelled_tokens: IntCounter,
     pub steps_completed: IntCounter,
     pub rollbacks: IntCounter,
+    pub tracking_dropped: IntCounter,
     pub scheduler_seconds: Counter,
 }
 
@@ -79,6 +80,10 @@ impl Metrics {
             rollbacks: counter(
                 "rollbacks_total",
                 "jobs rolled back to an older step because a learner restarted from an older checkpoint",
+            ),
+            tracking_dropped: counter(
+                "tracking_dropped_metrics_total",
+                "metrics the MLflow server never got (refused, or away longer than the tracker holds)",
             ),
             scheduler_seconds,
             registry,

@@ -128,6 +128,8 @@ pub struct RunContext {
     /// Checked again when a job starts: a coordinator restarted with narrower roots refuses
     /// what it would no longer accept.
     pub roots: comas_service::AllowedRoots,
+    /// The job's MLflow run, when its file names a tracking server.
+    pub tracker: Option<Arc<crate::mlflow::Tracker>>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Prometheus metrics of a worker, read from the engine's atomics at scrape time.
 use crate::engine::Stats;
 use comas_service::prom::{registered, render};
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{Counter, IntCounter, IntGauge, Registry};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ pub struct Metrics {
     endpoint_calls: IntCounter,
     endpoint_failures: IntCounter,
     vllm_swaps: IntCounter,
-    vllm_swap_micros: IntCounter,
+    vllm_swap_seconds: Counter,
     running_sequences: IntGauge,
     peak_running_sequences: IntGauge,
     waiting_turns: IntGauge,
@@ -74,9 +74,14 @@ impl Metrics {
                 "endpoint turns that failed after every try (answered empty)",
             ),
             vllm_swaps: counter("vllm_swaps_total", "weight versions swapped into vLLM servers"),
-            vllm_swap_micros: counter(
-                "vllm_swap_microseconds_total",
-                "time spent swapping weights into vLLM servers (write, load, unload)",
+            // In seconds, Prometheus's base unit (kept in microseconds by the engine).
+            vllm_swap_seconds: registered(
+                &registry,
+                Counter::new(
+                    "vllm_swap_seconds_total",
+                    "time spent swapping weights into vLLM servers (write, load, unload)",
+                )
+                .expect("metric"),
             ),
             weight_bytes_received: counter(
                 "weight_bytes_received_total",
@@ -113,7 +118,8 @@ impl Metrics {
         catch_up(&self.endpoint_calls, s.endpoint_calls.load(Ordering::Relaxed));
         catch_up(&self.endpoint_failures, s.endpoint_failures.load(Ordering::Relaxed));
         catch_up(&self.vllm_swaps, s.vllm_swaps.load(Ordering::Relaxed));
-        catch_up(&self.vllm_swap_micros, s.vllm_swap_micros.load(Ordering::Relaxed));
+        let swap = s.vllm_swap_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        self.vllm_swap_seconds.inc_by((swap - self.vllm_swap_seconds.get()).max(0.0));
         self.running_sequences.set(s.running_sequences.load(Ordering::Relaxed) as i64);
         self.peak_running_sequences.set(s.peak_running_sequences.load(Ordering::Relaxed) as i64);
         self.waiting_turns.set(s.waiting_turns.load(Ordering::Relaxed) as i64);

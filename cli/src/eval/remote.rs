@@ -90,6 +90,7 @@ impl RemoteRun<'_> {
                 save_episodes: false,
             },
             eval: None,
+            tracking: Default::default(),
             agents: Vec::new(),
         };
         Ok(spec.to_toml()?)

@@ -123,6 +123,8 @@ pub struct Cluster {
     pub workers: Vec<Proc>,
     pub steps: u64,
     pub worker_flags: Vec<String>,
+    /// Learner k's flags besides the harness's own (none where the list is shorter).
+    pub learner_flags: Vec<Vec<String>>,
     /// Environment of every service process (TLS files).
     pub env: Vec<(String, String)>,
     /// Each service in its own network namespace (`netns::Net`), else all on loopback.
@@ -198,7 +200,7 @@ impl Cluster {
     }
 
     /// A cluster of one learner per port (agent k on port k), nothing started yet.
-    fn unstarted(
+    pub fn unstarted(
         dir: &Path,
         learner_ports: Vec<u16>,
         steps: u64,
@@ -218,13 +220,14 @@ impl Cluster {
             workers: Vec::new(),
             steps,
             worker_flags: s(worker_flags),
+            learner_flags: Vec::new(),
             env: Vec::new(),
             net: None,
         }
     }
 
     /// Starts the coordinator, every learner and `workers` workers.
-    fn start(mut self, workers: usize) -> Self {
+    pub fn start(mut self, workers: usize) -> Self {
         self.start_coordinator();
         for k in 0..self.learner_ports.len() {
             self.start_learner(k);
@@ -267,7 +270,7 @@ impl Cluster {
     }
 
     pub fn start_learner_with(&mut self, k: usize, env: &[(&str, &str)]) {
-        let args = s(&[
+        let mut args = s(&[
             "learner",
             "serve",
             "--job",
@@ -283,6 +286,7 @@ impl Cluster {
             "--keep-checkpoints",
             "1",
         ]);
+        args.extend(self.learner_flags.get(k).into_iter().flatten().cloned());
         self.learners[k] = Some(self.spawn(&format!("learner-{k}"), &args, &self.env_with(env)));
     }
 

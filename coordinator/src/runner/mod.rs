@@ -391,6 +391,14 @@ impl JobRun {
         })
     }
 
+    /// A record the store has committed, to the metrics log, the event file and the tracker.
+    fn publish(&self, line: &str) {
+        self.log.append(line);
+        if let Some(t) = &self.ctx.tracker {
+            t.record(line);
+        }
+    }
+
     fn step_start(&self) -> StepStart {
         StepStart {
             at: Instant::now(),
@@ -433,7 +441,7 @@ impl JobRun {
         let line =
             evaluate(&self.ctx, &self.job, &self.id, step, &self.eval_questions, &mut self.cancel)
                 .await?;
-        self.log.append(&line);
+        self.publish(&line);
         Ok(())
     }
 
@@ -556,7 +564,7 @@ impl JobRun {
         let versions_now: Vec<(u32, u64)> =
             trained.versions.iter().enumerate().map(|(k, v)| (k as u32, *v)).collect();
         self.ctx.store.commit_step(id, step, &line, &versions_now, !self.job.method.trains())?;
-        self.log.append(&line);
+        self.publish(&line);
         self.ctx.metrics.steps_completed.inc();
         tracing::info!(job = %id, step, rollout_secs = times.rollout, train_secs = times.train, broadcast_secs = times.broadcast, coordinator_secs = coordinator, "step committed");
         self.ctx.report.event("step", line, format!("step {step} done"));

@@ -24,6 +24,7 @@ impl JobSpec {
             }
         }
         self.check_frozen_and_rollout()?;
+        self.check_tracking()?;
         if self.agents.is_empty() && crate::registry::trains(&self.method) {
             return Err(invalid("agents", "list at least one [[agents]] table"));
         }
@@ -70,6 +71,34 @@ impl JobSpec {
         }
         crate::train_config::check_dtype(&self.rollout.dtype)
             .map_err(|e| invalid("rollout.dtype", e.0))
+    }
+
+    fn check_tracking(&self) -> Result<(), JobError> {
+        let t = &self.tracking;
+        if let Some(url) = &t.mlflow {
+            let host = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"))
+                .map(|rest| rest.split(['/', ':']).next().unwrap_or_default());
+            if host.is_none_or(str::is_empty) {
+                return Err(invalid(
+                    "tracking.mlflow",
+                    format!("{url:?} is not a tracking server's URL; write http://HOST:PORT, e.g. http://mlflow:5000"),
+                ));
+            }
+        }
+        for (key, v) in [("experiment", &t.experiment), ("run_name", &t.run_name)] {
+            if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(invalid(
+                    format!("tracking.{key}"),
+                    "must not be empty; leave it out for the default",
+                ));
+            }
+        }
+        if t.mlflow.is_none() && (t.experiment.is_some() || t.run_name.is_some()) {
+            return Err(invalid("tracking", "names an experiment or run but no server; set tracking.mlflow = \"http://HOST:PORT\""));
+        }
+        Ok(())
     }
 
     /// A job of a method that trains nothing: a team of frozen models, one step of one episode

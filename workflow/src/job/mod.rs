@@ -18,7 +18,7 @@ mod tests;
 pub use order::step_questions;
 pub use spec::{
     AgentSpec, DataSpec, EvalSpec, FrozenSpec, JobSpec, OutputSpec, RolloutEngine, RolloutSpec,
-    ScheduleSpec, SyncMode, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD,
+    ScheduleSpec, SyncMode, TrackingSpec, DEFAULT_MAX_POLICY_LAG, DEFAULT_METHOD,
 };
 
 pub use crate::error::{invalid, JobError};

@@ -223,6 +223,22 @@ pub struct OutputSpec {
     pub save_episodes: bool,
 }
 
+/// Experiment tracking besides the job's own metrics log and TensorBoard file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingSpec {
+    /// An MLflow tracking server (`http://host:5000`): the job's parameters, every step's and
+    /// evaluation's metrics, the job file and metrics log as artifacts, and the run's end state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<String>,
+    /// The MLflow experiment (created if missing; default: the job's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+    /// The MLflow run's name (default: the job's name and id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_name: Option<String>,
+}
+
 /// In-training evaluation (spec 6.3): the same CoMAS game on held-out questions, no training,
 /// every `every_steps` steps, after the last step, and (with `at_start`) before the first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -321,13 +337,15 @@ pub struct JobSpec {
     pub rollout: RolloutSpec,
     pub output: OutputSpec,
     pub eval: Option<EvalSpec>,
+    pub tracking: TrackingSpec,
     /// Missing is the same as empty: `check` then says what to add.
     pub agents: Vec<AgentSpec>,
 }
 
 /// The keys of a job file besides the methods' tables.
 const KEYS: &[&str] = &[
-    "name", "seed", "method", "frozen", "data", "schedule", "rollout", "output", "eval", "agents",
+    "name", "seed", "method", "frozen", "data", "schedule", "rollout", "output", "eval",
+    "tracking", "agents",
 ];
 
 /// A job file as read: its typed parts, every method table it has, and the first key that is
@@ -360,6 +378,7 @@ impl<'de> serde::de::Visitor<'de> for JobFileVisitor {
             (None, None, None, None, None, None);
         let (mut rollout, mut output, mut eval, mut agents, mut tables, mut unknown) =
             (None, None, None, None, Vec::new(), None);
+        let mut tracking = None;
         while let Some(key) = map.next_key::<toml::Spanned<String>>()? {
             let at = key.span().start;
             let key = key.into_inner();
@@ -373,6 +392,7 @@ impl<'de> serde::de::Visitor<'de> for JobFileVisitor {
                 "rollout" => rollout = Some(map.next_value()?),
                 "output" => output = Some(map.next_value()?),
                 "eval" => eval = Some(map.next_value()?),
+                "tracking" => tracking = Some(map.next_value()?),
                 "agents" => agents = Some(map.next_value()?),
                 k if registry::TABLES.contains(&k) => tables.push((key, map.next_value()?)),
                 _ => {
@@ -392,6 +412,7 @@ impl<'de> serde::de::Visitor<'de> for JobFileVisitor {
             rollout: rollout.unwrap_or_default(),
             output: output.ok_or_else(|| A::Error::missing_field("output"))?,
             eval,
+            tracking: tracking.unwrap_or_default(),
             agents: agents.unwrap_or_default(),
         };
         Ok(JobFile { spec, tables, unknown })
@@ -541,6 +562,9 @@ impl Serialize for JobSpec {
         ];
         if let Some(e) = &self.eval {
             entries.push(("eval", value(e)?));
+        }
+        if self.tracking != TrackingSpec::default() {
+            entries.push(("tracking", value(&self.tracking)?));
         }
         if !self.settings.is_empty() {
             entries.push((self.table(), toml::Value::Table(self.settings.clone())));

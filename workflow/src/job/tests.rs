@@ -511,3 +511,33 @@ fn a_job_file_names_one_method_and_writes_back_the_same() {
     assert_eq!(JobSpec::from_toml(EVAL_JOB).unwrap().table(), "evaluate");
     let _ = (Role::Solver, DEFAULT_METHOD);
 }
+
+#[test]
+fn a_tracking_table_is_read_written_back_and_checked() {
+    let base = include_str!("../../../deploy/k8s/overlays/cluster/job.toml");
+    let with = |table: &str| format!("{base}\n[tracking]\n{table}");
+    let spec =
+        JobSpec::from_toml(&with("mlflow = \"http://mlflow:5000\"\nexperiment = \"e\"\n")).unwrap();
+    assert_eq!(spec.tracking.mlflow.as_deref(), Some("http://mlflow:5000"));
+    assert_eq!(spec.tracking.experiment.as_deref(), Some("e"));
+    spec.check(2000).unwrap();
+    // Written back, it reads the same; without it the file has no [tracking] table.
+    assert_eq!(JobSpec::from_toml(&spec.to_toml().unwrap()).unwrap(), spec);
+    let plain = JobSpec::from_toml(base).unwrap();
+    assert!(!plain.to_toml().unwrap().contains("[tracking]"));
+    for (table, key, says) in [
+        ("mlflow = \"mlflow:5000\"\n", "tracking.mlflow", "http://HOST:PORT"),
+        ("mlflow = \"http://\"\n", "tracking.mlflow", "http://HOST:PORT"),
+        (
+            "mlflow = \"http://m:5000\"\nrun_name = \" \"\n",
+            "tracking.run_name",
+            "must not be empty",
+        ),
+        ("experiment = \"e\"\n", "tracking", "no server"),
+    ] {
+        let err = JobSpec::from_toml(&with(table)).unwrap().check(2000).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(says), "{table}: {err}");
+    }
+    let err = JobSpec::from_toml(&with("mlflow_uri = \"x\"\n")).unwrap_err().to_string();
+    assert!(err.contains("mlflow_uri"), "{err}");
+}
