@@ -2,12 +2,10 @@
 //! parquet files, or a CSV such as GPQA's own release) into the JSONL of spec §7.2 records that `comas eval --bench FILE` reads. The
 //! row → record rules are pure code in `comas_workflow::eval::convert`; this file reads the files.
 use anyhow::{bail, Context, Result};
+use comas_workflow::dataset;
 use comas_workflow::eval::convert::{self, BenchRecord, ConvertError, Format};
-use parquet::file::reader::{FileReader, SerializedFileReader};
-use parquet::schema::types::Type;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -155,29 +153,18 @@ fn json_lines(path: &Path, text: &str) -> Result<Vec<Row>> {
 }
 
 fn parquet_rows(path: &Path, format: Format) -> Result<Vec<Row>> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let reader = SerializedFileReader::new(file)
-        .with_context(|| format!("{}: not a readable parquet file", path.display()))?;
-    let root = reader.metadata().file_metadata().schema_descr().root_schema();
-    let fields = root.get_fields();
-    convert::check_columns(format, fields.iter().map(|f| f.name()))
+    let present = dataset::parquet_columns(path)?;
+    convert::check_columns(format, present.iter().map(String::as_str))
         .with_context(|| path.display().to_string())?;
     // Decode only the columns the converter reads: the others may be large (MBPP's code, GPQA's
     // explanations) or of types the record API does not read.
-    let wanted: Vec<_> =
-        fields.iter().filter(|f| format.columns().any(|c| c == f.name())).map(Arc::clone).collect();
-    let projection = Type::group_type_builder(root.name())
-        .with_fields(wanted)
-        .build()
-        .context("projecting the parquet schema")?;
-    let rows = reader
-        .get_row_iter(Some(projection))
-        .with_context(|| format!("{}: reading rows", path.display()))?;
-    rows.enumerate()
+    let wanted: Vec<&str> = format.columns().collect();
+    dataset::parquet_rows(path, Some(&wanted))?
+        .enumerate()
         .map(|(i, row)| {
-            let row =
-                row.with_context(|| format!("{} row {}: cannot decode", path.display(), i + 1))?;
-            Ok(Row { at: format!("row {}", i + 1), value: row.to_json_value() })
+            let value =
+                row.map_err(|e| anyhow::anyhow!("{} row {}: {e}", path.display(), i + 1))?;
+            Ok(Row { at: format!("row {}", i + 1), value })
         })
         .collect()
 }

@@ -176,3 +176,74 @@ async fn an_agent_that_learns_nothing_is_told_of() {
         "{warnings:?}"
     );
 }
+
+/// The four sums as a user's data set: parquet shards written by PyPI `datasets` (training) and
+/// a parquet file written by `pyarrow` (held-out, an integer answer column), both with their own
+/// column names, read through `[data]`'s `prompt_key`, `answer_key`, `id_key` and `task`.
+/// Every episode plays a question of the shards, under its own id, with its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_trains_on_parquet_shards_written_by_datasets_with_its_own_column_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = vec![free_port(), free_port()];
+    write_grpo_job(tmp.path(), &ports);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let python = root.join(".venv-clients/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash scripts/setup-clients.sh`",
+        python.display()
+    );
+    let rows: Vec<Value> = [(0, 2), (1, 2), (2, 0), (2, 1)]
+        .iter()
+        .enumerate()
+        .map(|(i, (a, b))| {
+            serde_json::json!({"question": format!("What is {a} + {b}?"), "solution": (a + b).to_string(), "idx": 100 + i})
+        })
+        .collect();
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/fixtures/write_parquet_data.py"))
+        .arg(tmp.path())
+        .arg(serde_json::to_string(&rows).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(tmp.path().join("train.jsonl")).unwrap();
+    let job = std::fs::read_to_string(tmp.path().join("job.toml")).unwrap().replace(
+        "[data]\ntrain = \"train.jsonl\"\n",
+        "[data]\ntrain = \"shards\"\nprompt_key = \"question\"\nanswer_key = \"solution\"\nid_key = \"idx\"\ntask = \"math\"\n",
+    );
+    let job =
+        format!("{job}[eval]\ndata = \"heldout.parquet\"\nevery_steps = 2\nat_start = false\n");
+    std::fs::write(tmp.path().join("job.toml"), job).unwrap();
+    let c = Cluster::launch(tmp.path(), ports, 1, &[], STEPS, &["--max-episodes", "8"]);
+    let id = c.submit().await;
+    c.finished(&id).await;
+    assert_eq!(c.metrics_log().len() as u64, STEPS);
+    let evals = c.log_of("eval");
+    assert_eq!(evals.len(), 1, "one evaluation, after the last step");
+    assert_eq!(evals[0]["episodes"].as_u64(), Some(4), "every held-out row once: {}", evals[0]);
+    let by_id: BTreeMap<String, (String, String)> = rows
+        .iter()
+        .map(|r| {
+            let text = |k: &str| r[k].as_str().unwrap().to_string();
+            (r["idx"].to_string(), (text("question"), text("solution")))
+        })
+        .collect();
+    let mut played = 0;
+    for step in 0..STEPS {
+        let text =
+            std::fs::read_to_string(tmp.path().join(format!("out/episodes/step-{step:05}.jsonl")))
+                .unwrap();
+        for line in text.lines() {
+            let task = &serde_json::from_str::<Value>(line).unwrap()["record"]["task"];
+            let (prompt, answer) = &by_id[task["id"].as_str().unwrap()];
+            assert!(task["prompt"].as_str().unwrap().starts_with(prompt.as_str()), "{task}");
+            assert_eq!(
+                (task["answer"].as_str(), task["task"].as_str()),
+                (Some(answer.as_str()), Some("math"))
+            );
+            played += 1;
+        }
+    }
+    assert_eq!(played, STEPS * QUESTIONS_PER_STEP * G);
+}

@@ -4,9 +4,10 @@
 //! (a shared volume in a cluster).
 use crate::error::{CoordinatorError, Result};
 use comas_service::AllowedRoots;
+use comas_workflow::dataset::load_records;
 use comas_workflow::job::{Job, JobSpec};
 use comas_workflow::method::{RoomNeeds, Speaker, TaskSource};
-use comas_workflow::task::{load_dataset, location_of, TaskRecord};
+use comas_workflow::task::{location_of, TaskRecord};
 use std::path::{Path, PathBuf};
 
 pub use comas_service::write_atomic;
@@ -88,14 +89,14 @@ pub fn load_job(text: &str, base_dir: &str, roots: &AllowedRoots) -> Result<Load
     // A method that generates or lists its tasks has no data set to read.
     let dataset = !spec.data.train.as_os_str().is_empty();
     let questions = if dataset {
-        load_dataset(&spec.data.train)
+        load_records(&spec.data.train, &spec.data.columns())
             .map_err(|e| bad("data.train", format!("{}: {e}", spec.data.train.display())))?
     } else {
         Vec::new()
     };
     let mut eval_questions = Vec::new();
     if let Some(e) = spec.eval.as_ref().filter(|e| !e.data.as_os_str().is_empty()) {
-        eval_questions = load_dataset(&e.data)
+        eval_questions = load_records(&e.data, &spec.data.columns())
             .map_err(|err| bad("eval.data", format!("{}: {err}", e.data.display())))?;
         if e.max_questions > 0 {
             eval_questions.truncate(e.max_questions);

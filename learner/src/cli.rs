@@ -104,7 +104,7 @@ pub fn checked_job(
     let n = if spec.data.train.as_os_str().is_empty() {
         0
     } else {
-        comas_workflow::task::load_dataset(&spec.data.train)
+        comas_workflow::dataset::load_records(&spec.data.train, &spec.data.columns())
             .with_context(|| format!("data.train {}", spec.data.train.display()))?
             .len()
     };

@@ -6,6 +6,7 @@
 //! `job`, `program`); the seam every method implements is `method`; each method is a folder,
 //! listed once in `methods!` below, which generates `registry`.
 pub mod code;
+pub mod dataset;
 pub mod error;
 pub mod grade;
 pub mod job;

@@ -101,6 +101,8 @@ impl TryFrom<RawRecord> for TaskRecord {
 pub enum Location {
     Line(usize),
     Element(usize),
+    /// A row of a parquet file.
+    Row(usize),
 }
 
 impl fmt::Display for Location {
@@ -108,6 +110,7 @@ impl fmt::Display for Location {
         match self {
             Location::Line(n) => write!(f, "line {n}"),
             Location::Element(n) => write!(f, "element {n}"),
+            Location::Row(n) => write!(f, "row {n}"),
         }
     }
 }
@@ -123,14 +126,18 @@ pub enum DatasetError {
     #[error("{at}: {err}")]
     Task { at: Location, err: UnknownTask },
     #[error("{at}: duplicate id {id:?} (first used at {first})")]
-    DuplicateId { at: Location, id: String, first: Location },
+    DuplicateId { at: Location, id: String, first: String },
     #[error("not a JSON array of task records: {0}")]
     NotAnArray(String),
+    #[error("{path}: {message}")]
+    Parquet { path: PathBuf, message: String },
+    #[error("{path}: {err}")]
+    InFile { path: PathBuf, err: Box<DatasetError> },
 }
 
 /// serde_json positions are relative to the fragment it was given; the caller names the real
 /// location, so drop serde's to avoid "line 3: ... at line 1 column 9".
-fn without_position(err: &serde_json::Error) -> String {
+pub(crate) fn without_position(err: &serde_json::Error) -> String {
     let text = err.to_string();
     match text.rsplit_once(" at line ") {
         Some((head, _)) => head.to_string(),
@@ -138,7 +145,7 @@ fn without_position(err: &serde_json::Error) -> String {
     }
 }
 
-fn parse_value(value: RawOrText<'_>, at: Location) -> Result<TaskRecord, DatasetError> {
+pub(crate) fn parse_value(value: RawOrText<'_>, at: Location) -> Result<TaskRecord, DatasetError> {
     let raw: RawRecord = match value {
         RawOrText::Text(t) => serde_json::from_str(t),
         RawOrText::Value(v) => serde_json::from_value(v),
@@ -147,7 +154,7 @@ fn parse_value(value: RawOrText<'_>, at: Location) -> Result<TaskRecord, Dataset
     TaskRecord::try_from(raw).map_err(|err| DatasetError::Task { at, err })
 }
 
-enum RawOrText<'a> {
+pub(crate) enum RawOrText<'a> {
     Text(&'a str),
     Value(serde_json::Value),
 }
@@ -156,7 +163,11 @@ fn check_unique_ids(records: &[(Location, TaskRecord)]) -> Result<(), DatasetErr
     let mut seen: HashMap<&str, Location> = HashMap::new();
     for (at, r) in records {
         if let Some(first) = seen.insert(&r.id, *at) {
-            return Err(DatasetError::DuplicateId { at: *at, id: r.id.clone(), first });
+            return Err(DatasetError::DuplicateId {
+                at: *at,
+                id: r.id.clone(),
+                first: first.to_string(),
+            });
         }
     }
     Ok(())
@@ -214,19 +225,9 @@ pub fn location_of(text: &str, index: usize) -> Location {
     Location::Line(line)
 }
 
-/// Reads and parses a data set file in either layout.
+/// Reads a data set with the standard column names (see [`crate::dataset`] for the formats).
 pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetError> {
-    let path = path.as_ref();
-    let bytes =
-        std::fs::read(path).map_err(|err| DatasetError::Io { path: path.to_path_buf(), err })?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        DatasetError::NotUtf8 {
-            path: path.to_path_buf(),
-            line: 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count(),
-        }
-    })?;
-    parse_dataset(&text)
+    crate::dataset::load_records(path.as_ref(), &crate::dataset::Columns::default())
 }
 
 #[cfg(test)]

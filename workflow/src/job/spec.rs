@@ -113,13 +113,45 @@ pub enum SyncMode {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
-    /// Training questions: JSONL (or a JSON array) of records {prompt, answer, task, id}. An
+    /// Training questions: JSONL, a JSON array, a parquet file or a folder of parquet shards,
+    /// of rows {prompt, answer, task, id} (other column names: the `*_key` settings). An
     /// evaluation job has none (its questions are in `[evaluate]`).
     #[serde(default)]
     pub train: PathBuf,
     /// Reshuffle the questions every epoch (seeded by the job seed and the epoch).
     #[serde(default = "yes")]
     pub shuffle: bool,
+    /// The column of the question (default `prompt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_key: Option<String>,
+    /// The column of the reference answer (default `answer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_key: Option<String>,
+    /// The column of the question's id (default: `id`, or `row-N` where there is none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_key: Option<String>,
+    /// A column of chat messages whose last user message is the question, in place of
+    /// `prompt_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_key: Option<String>,
+    /// The task of every row without a `task` column: math, coding, science or data_science.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+}
+
+impl DataSpec {
+    /// How rows of the data sets (training and held-out) are read into task records.
+    pub fn columns(&self) -> crate::dataset::Columns {
+        let d = crate::dataset::Columns::default();
+        crate::dataset::Columns {
+            prompt: self.prompt_key.clone().unwrap_or(d.prompt),
+            answer: self.answer_key.clone().unwrap_or(d.answer),
+            id: self.id_key.clone(),
+            task_column: d.task_column,
+            task: self.task.clone(),
+            messages: self.messages_key.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
