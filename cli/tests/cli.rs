@@ -1,5 +1,7 @@
 //! The `comas` binary as a user runs it: greedy generation and scoring agree with the
 //! `transformers` reference, and bad input exits non-zero with a message.
+mod harness;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -350,31 +352,8 @@ fn broken_tokenizer_files_are_named_and_a_broken_template_breaks_only_chat() {
 fn serve_answers_chat_completions_as_generate_does() {
     use comas_service::openai::{CallError, ChatRequest, Endpoint, Message};
     let model = fixtures().join("models/qwen2-f32");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args([
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--served-name",
-            "judge",
-        ])
-        .env("COMAS_THREADS", "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The first line says where it listens (port 0: whatever was free).
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("comas serve: judge at ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let (mut server, url) = harness::serve(&model, "judge");
+    let url = url.as_str();
     let endpoint = Endpoint::parse(url, None).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let ask = |content: &str, seed: u64, max_tokens: u32| ChatRequest {

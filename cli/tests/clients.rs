@@ -104,28 +104,7 @@ async fn a_generated_python_grpc_client_runs_a_job_over_mutual_tls() {
 #[test]
 fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     let model = root().join("tests/fixtures/models/qwen2-f32");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args([
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--served-name",
-            "judge",
-        ])
-        .env("COMAS_THREADS", "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url =
-        line.trim().strip_prefix("comas serve: judge at ").unwrap_or_else(|| panic!("{line:?}"));
+    let (mut server, url) = serve(&model, "judge");
     let url = format!("{}/v1", url.trim_end_matches("/v1"));
     let (prompt, seed, max_tokens) = ("What is 12 + 7?", "11", "12");
     let seen = python("openai_client.py", &[&url, "judge", prompt, seed, max_tokens]);

@@ -90,6 +90,31 @@ pub fn spawn_in(
     Proc { name: name.into(), child }
 }
 
+/// `comas serve` on `model` as `name`, on a free port: the process (killed by the caller) and
+/// the URL its first line says it serves at.
+pub fn serve(model: &Path, name: &str) -> (Child, String) {
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--served-name", name])
+        .env("COMAS_THREADS", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first line says where it listens (port 0: whatever was free).
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix(&format!("comas serve: {name} at "))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (server, url)
+}
+
 /// Metric `name` from the Prometheus endpoint at `at` (address, port).
 pub fn scrape(at: &(String, u16), name: &str) -> f64 {
     try_scrape(at, name).unwrap_or_else(|| panic!("{name} not in the metrics at {}:{}", at.0, at.1))
