@@ -31,15 +31,18 @@ pub fn check_dtype(name: &str) -> Result<()> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Estimator {
     /// REINFORCE++: returns whitened over the whole step buffer.
     Reinforce,
+    /// The group's mean reward subtracted, then whitened (γ forced to 1).
     ReinforceBaseline,
+    /// Leave-one-out: the mean of the group's other rewards subtracted (γ forced to 1).
     Rloo,
-    /// GRPO.
+    /// GRPO: (R − the group's mean) / its standard deviation (γ forced to 1).
     GroupNorm,
+    /// Dr. GRPO: the group's mean subtracted, no division (γ forced to 1).
     DrGrpo,
 }
 
@@ -53,16 +56,19 @@ impl Estimator {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KlEstimator {
+    /// d = ℓ − ℓ^ref (may be negative; for KL in the reward).
     K1,
+    /// d² / 2.
     K2,
+    /// exp(−d) − 1 + d.
     K3,
 }
 
 /// Where ℓ^old, the log-probs of the policy that sampled, comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OldLogprobs {
     /// A forward pass of the learner before the first update (rl.md §2).
@@ -73,7 +79,7 @@ pub enum OldLogprobs {
     Sampler,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LossAgg {
     /// One token mean over every micro-batch of the optimizer step.
@@ -84,7 +90,7 @@ pub enum LossAgg {
     SeqMean,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LrSchedule {
     /// Warm-up then cosine to min lr, progress clamped at 1 (rl.md §9 default).
@@ -93,43 +99,66 @@ pub enum LrSchedule {
     CosineHfParity,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoraSettings {
+    /// Rank of the adapter.
     pub r: i64,
+    /// Scale: the update is (alpha / r) · B A.
     pub alpha: f64,
+    /// The linear layers that get an adapter (`q_proj`, `v_proj`, ...).
     pub target_modules: Vec<String>,
+    /// Scale by alpha / √r instead (rsLoRA).
     #[serde(default)]
     pub use_rslora: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
+    /// How a sample's reward becomes its advantage (rl.md §4).
     pub estimator: Estimator,
+    /// Discount of the returns over token positions.
     pub gamma: f64,
     /// β; 0 means no reference model is loaded at all.
     pub kl_coef: f64,
+    /// The per-token KL estimate against the reference model.
     pub kl_estimator: KlEstimator,
+    /// The KL term in the loss (k2 or k3 recommended) instead of in the token rewards.
     pub kl_in_loss: bool,
+    /// PPO clip range below 1 of the probability ratio.
     pub clip_eps_low: f64,
+    /// PPO clip range above 1 of the probability ratio.
     pub clip_eps_high: f64,
     /// Dual-clip constant c > 1; 0 disables.
     pub dual_clip: f64,
+    /// Leave completions cut at `max_new_tokens` (no end of sequence) out of the loss.
     pub mask_truncated: bool,
+    /// Count masked truncated completions in the whitening statistics all the same.
     pub truncated_in_norm_stats: bool,
+    /// Whiten by subtracting the mean only, without dividing by the standard deviation.
     pub no_std_norm: bool,
+    /// Rewards are clipped to [−reward_clip, reward_clip] before the returns.
     pub reward_clip: f64,
+    /// How token losses are averaged into the step's loss.
     pub loss_agg: LossAgg,
     /// Rollout temperature: log-probs use logits / temperature.
     pub temperature: f64,
+    /// Peak learning rate of AdamW.
     pub lr: f64,
+    /// AdamW's β1 and β2.
     pub adam_betas: [f64; 2],
+    /// AdamW's ε.
     pub adam_eps: f64,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f64,
+    /// Gradients are clipped to this global norm before each update.
     pub max_grad_norm: f64,
+    /// The learning rate over the optimizer steps.
     pub lr_schedule: LrSchedule,
+    /// Share of `total_steps` spent warming up from 0 to `lr`.
     pub warmup_ratio: f64,
+    /// The cosine ends at min_lr_ratio × lr (1.0: a constant rate after warm-up).
     pub min_lr_ratio: f64,
     /// S: optimizer steps the whole job will take (the schedule horizon).
     pub total_steps: u64,
@@ -142,13 +171,16 @@ pub struct TrainConfig {
     pub micro_batch_size: usize,
     /// At most this many (padded) tokens per micro-batch; a longer sample gets a micro-batch alone.
     pub micro_batch_tokens: usize,
+    /// Passes over a step's samples.
     pub max_epochs: usize,
     /// Shuffle samples before splitting into optimizer steps, every epoch (rl.md §8; seeded by
     /// seed, optimizer steps taken before the global step, and epoch). On by default.
     pub shuffle: bool,
+    /// Seed of the sample shuffle.
     pub seed: u64,
     /// Weights dtype for training: float32 or bfloat16 (moments are always f32).
     pub dtype: String,
+    /// Where the learner trains: cpu, cuda or cuda:N.
     pub device: String,
     /// Train a LoRA adapter instead of all weights.
     pub lora: Option<LoraSettings>,

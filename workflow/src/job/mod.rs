@@ -9,6 +9,7 @@
 mod check;
 mod order;
 pub mod overrides;
+pub mod reference;
 mod spec;
 mod train;
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// A model that serves a role but is never trained (a coach, a judge, a user proxy): the
 /// workers load it beside the agents, and no learner is attached.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FrozenSpec {
     /// How the method's settings refer to it (`[mappa] coach = "coach"`).
@@ -96,7 +96,9 @@ impl FrozenSpec {
 }
 
 /// How rollout and training take turns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SyncMode {
     /// Rollout, then training, then the weight broadcast: every turn is sampled by the
@@ -110,7 +112,7 @@ pub enum SyncMode {
     Async,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
     /// Training questions: JSONL, a JSON array, a parquet file or a folder of parquet shards,
@@ -154,7 +156,7 @@ impl DataSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
     /// Required for training; an evaluation job runs all its questions in one step.
@@ -208,7 +210,7 @@ impl Default for ScheduleSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSpec {
     /// Weights dtype on the rollout workers.
@@ -220,7 +222,7 @@ pub struct RolloutSpec {
     pub engine: Option<RolloutEngine>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RolloutEngine {
     Comas,
@@ -242,7 +244,7 @@ impl Default for RolloutSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     /// The job's folder: metrics log, and one export folder per agent at the end.
@@ -256,7 +258,7 @@ pub struct OutputSpec {
 }
 
 /// Experiment tracking besides the job's own metrics log and TensorBoard file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrackingSpec {
     /// An MLflow tracking server (`http://host:5000`): the job's parameters, every step's and
@@ -273,13 +275,14 @@ pub struct TrackingSpec {
 
 /// In-training evaluation (spec 6.3): the same CoMAS game on held-out questions, no training,
 /// every `every_steps` steps, after the last step, and (with `at_start`) before the first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalSpec {
     /// Held-out questions, same record format as the training data (CoSIR: none; its held-out
     /// tables are generated, `max_questions` of them).
     #[serde(default)]
     pub data: PathBuf,
+    /// Evaluate after every this many steps.
     #[serde(default = "five")]
     pub every_steps: u64,
     /// Evaluate the base models before the first step too.
@@ -288,6 +291,7 @@ pub struct EvalSpec {
     /// Use only the first this many questions; 0 = all.
     #[serde(default)]
     pub max_questions: usize,
+    /// Games played per held-out question.
     #[serde(default = "one_u32")]
     pub instances_per_question: u32,
     /// Sampling temperature of every role during evaluation (spec 6.1: 0.7).
@@ -299,7 +303,7 @@ pub struct EvalSpec {
     pub greedy: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSpec {
     /// Must equal the agent's position in the list when given.
@@ -317,6 +321,7 @@ pub struct AgentSpec {
     /// The agent's own training settings (see `TrainConfig`); kept raw until resolved, so a
     /// setting left out can be derived from the job (LR horizon, temperature).
     #[serde(default)]
+    #[schemars(with = "crate::train_config::TrainConfig")]
     pub train: toml::Table,
 }
 
@@ -344,7 +349,7 @@ fn learner_timeout() -> u64 {
 fn float32() -> String {
     "float32".into()
 }
-fn default_seed() -> u64 {
+pub(super) fn default_seed() -> u64 {
     42
 }
 
