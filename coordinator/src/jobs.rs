@@ -213,8 +213,8 @@ impl Jobs {
     /// The MLflow tracker of a job whose file names a tracking server, with the records the
     /// store already holds (a resumed job's).
     fn start_tracker(&self, row: &JobRow) -> Option<Arc<crate::mlflow::Tracker>> {
-        let backlog = self.store.metrics_log(&row.id).unwrap_or_default();
-        let spec = crate::mlflow::RunSpec::of(&row.id, &row.spec, backlog)?;
+        let mut spec = crate::mlflow::RunSpec::of(&row.id, &row.spec)?;
+        spec.backlog = self.store.metrics_log(&row.id).unwrap_or_default();
         Some(Arc::new(crate::mlflow::Tracker::start(spec, self.metrics.tracking_dropped.clone())))
     }
 

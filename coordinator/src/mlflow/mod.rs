@@ -48,8 +48,8 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
-    /// The tracking set-up of a job file, if it names a server.
-    pub fn of(job_id: &str, job_file: &str, backlog: Vec<String>) -> Option<RunSpec> {
+    /// The tracking set-up of a job file, if it names a server (no backlog yet).
+    pub fn of(job_id: &str, job_file: &str) -> Option<RunSpec> {
         let spec = comas_workflow::job::JobSpec::from_toml(job_file).ok()?;
         let t = spec.tracking;
         Some(RunSpec {
@@ -58,7 +58,7 @@ impl RunSpec {
             run_name: t.run_name.unwrap_or_else(|| format!("{} ({job_id})", spec.name)),
             job_id: job_id.to_string(),
             job_file: job_file.to_string(),
-            backlog,
+            backlog: Vec::new(),
         })
     }
 }
@@ -81,29 +81,48 @@ struct End {
 /// The job's side of the tracker.
 pub struct Tracker {
     tx: mpsc::Sender<Msg>,
-    dropped: Arc<AtomicU64>,
+    losses: Arc<Losses>,
     job_id: String,
+}
+
+/// Metrics that never reached the server, counted once whichever side dropped them.
+struct Losses {
+    counter: prometheus::IntCounter,
+    total: AtomicU64,
+    job_id: String,
+}
+
+impl Losses {
+    /// Counts `metrics` dropped; warns at the first and each time the total doubles.
+    fn lose(&self, metrics: u64, why: &str) {
+        if metrics == 0 {
+            return;
+        }
+        self.counter.inc_by(metrics);
+        let before = self.total.fetch_add(metrics, Ordering::Relaxed);
+        if before == 0 || (before + metrics).ilog2() > before.max(1).ilog2() {
+            tracing::warn!(job = %self.job_id, dropped = before + metrics, "MLflow metrics dropped: {why}");
+        }
+    }
 }
 
 impl Tracker {
     /// Starts the tracker task of `spec`; `dropped` counts metrics that never reached the server.
     pub fn start(spec: RunSpec, dropped: prometheus::IntCounter) -> Tracker {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let lost = Arc::new(AtomicU64::new(0));
         let job_id = spec.job_id.clone();
-        let task = Task::new(spec, dropped, Arc::clone(&lost));
+        let losses =
+            Arc::new(Losses { counter: dropped, total: AtomicU64::new(0), job_id: job_id.clone() });
+        let task = Task::new(spec, Arc::clone(&losses));
         tokio::spawn(task.run(rx));
-        Tracker { tx, dropped: lost, job_id }
+        Tracker { tx, losses, job_id }
     }
 
     /// Queues one committed record; never waits.
     pub fn record(&self, line: &str) {
         if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(Msg::Record(line.into()))
         {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                tracing::warn!(job = %self.job_id, records = n, "the MLflow tracker is behind: records dropped");
-            }
+            self.losses.lose(metrics_of(line).len() as u64, "the tracker's queue is full");
         }
     }
 
@@ -142,13 +161,12 @@ struct Task {
     end: Option<End>,
     /// Tracking gave up for this job (the server refused the run for good).
     off: bool,
-    dropped: prometheus::IntCounter,
-    lost: Arc<AtomicU64>,
+    losses: Arc<Losses>,
     failures: u32,
 }
 
 impl Task {
-    fn new(spec: RunSpec, dropped: prometheus::IntCounter, lost: Arc<AtomicU64>) -> Task {
+    fn new(spec: RunSpec, losses: Arc<Losses>) -> Task {
         let client = match Client::new(&spec.url) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -164,8 +182,7 @@ impl Task {
             pending: VecDeque::new(),
             end: None,
             off,
-            dropped,
-            lost,
+            losses,
             failures: 0,
         }
     }
@@ -238,11 +255,7 @@ impl Task {
     }
 
     fn lose(&self, metrics: u64, why: &str) {
-        self.dropped.inc_by(metrics);
-        let before = self.lost.fetch_add(metrics, Ordering::Relaxed);
-        if before == 0 || (before + metrics).ilog2() > before.max(1).ilog2() {
-            tracing::warn!(job = %self.spec.job_id, dropped = before + metrics, "MLflow metrics dropped: {why}");
-        }
+        self.losses.lose(metrics, why);
     }
 
     /// One stage; `Ok(true)` once the task is done. A retryable failure is returned to be
