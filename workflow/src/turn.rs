@@ -18,7 +18,19 @@ impl ChatMessage {
 
 /// Who speaks a turn. Each method uses its own roles: CoMAS the first three, MAPPA's MathChat
 /// chain the next three, and a frozen judge model `Coach`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Solver,
@@ -87,12 +99,16 @@ pub enum FinishReason {
 }
 
 /// Sampling settings of one role. `top_k` 0 means off; `top_p` 1 means off.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingSpec {
+    /// Sampling temperature; 0 is greedy.
     pub temperature: f64,
+    /// Nucleus sampling: the fewest most likely tokens whose probabilities reach top_p.
     pub top_p: f64,
+    /// Sample among the top_k most likely tokens.
     pub top_k: u32,
+    /// At most this many new tokens per turn.
     pub max_new_tokens: u32,
     /// Stop tokens are suppressed until this many tokens have been generated.
     pub min_new_tokens: u32,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// How evaluators and scorers are drawn (spec 3.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Assignment {
     /// Every agent judges equally often per round and role across the batch (reference code).
@@ -16,7 +16,7 @@ pub enum Assignment {
 }
 
 /// Which (solution, evaluation) pairs the solvers of round r > 0 see (spec 3.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DiscussionSource {
     /// min(κ, #pairs) pairs of round r−1, drawn without replacement (reference code).
@@ -27,7 +27,7 @@ pub enum DiscussionSource {
 }
 
 /// Reward of the judge turn in the `no_evaluation` ablation (spec 9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JudgeReward {
     /// 1 − r(s), computed from the judge's own score.
@@ -38,7 +38,7 @@ pub enum JudgeReward {
 }
 
 /// Where the solver's reward comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardSource {
     /// The judges' scores (or verdicts): no ground truth, the method itself.
@@ -51,7 +51,7 @@ pub enum RewardSource {
 }
 
 /// The full method or one of the two reward ablations (spec 9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Variant {
     /// Solve, evaluate, score.
@@ -89,7 +89,7 @@ impl Variant {
 }
 
 /// Sampling settings per role.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoleSampling {
     pub solver: SamplingSpec,
@@ -125,10 +125,11 @@ impl RoleSampling {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoMasConfig {
-    /// l: number of agents, each with its own weights.
+    /// l: number of agents, each with its own weights (follows the job's agent list).
+    #[schemars(skip)]
     pub num_agents: u32,
     /// R: discussion rounds; every agent writes one solution per round.
     pub num_rounds: u32,

@@ -4,7 +4,7 @@ use crate::turn::{Role, SamplingSpec};
 use serde::{Deserialize, Serialize};
 
 /// Who plays the seats (spec §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SeatPolicy {
     /// One shared policy (agent 0) plays every seat.
@@ -15,7 +15,7 @@ pub enum SeatPolicy {
 }
 
 /// How a REQUEST is rewarded (spec §4.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RequestReward {
     /// The expected entropy drop of the requested cell for the requester.
@@ -27,7 +27,7 @@ pub enum RequestReward {
 }
 
 /// How using received information in the final choice is rewarded (spec §4.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UseReward {
     /// 1 if the choice is an argmax of the posterior given the seat's final evidence.
@@ -38,7 +38,7 @@ pub enum UseReward {
 }
 
 /// Which outcome a final turn is rewarded for (spec §4.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeReward {
     /// 1 if the team's plurality choice is the best option.
@@ -50,7 +50,7 @@ pub enum OutcomeReward {
     Both,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CosirConfig {
     /// M, options A, B, … (3–5).

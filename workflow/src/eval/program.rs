@@ -22,17 +22,22 @@ fn default_max_new_tokens() -> u32 {
 }
 
 /// What every episode of an evaluation job shares (an episode spec's `config_json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalSettings {
+    /// The inference setup every question is played under.
     pub setup: Setup,
     /// Team size: member m of a setup is played by model m mod `members` (the job's frozen
-    /// models, in order).
+    /// models, in order). Set by the job from its `[[frozen]]` list.
+    #[schemars(skip)]
     pub members: u32,
+    /// Sampling temperature of every call.
     #[serde(default = "default_temperature")]
     pub temperature: f64,
+    /// At most this many new tokens per call.
     #[serde(default = "default_max_new_tokens")]
     pub max_new_tokens: u32,
+    /// Seeds every question's calls (with the question's index).
     #[serde(default)]
     pub seed: u64,
 }
@@ -60,7 +65,7 @@ impl EvalSettings {
 }
 
 /// One question as an evaluation episode carries it (an episode spec's `question_json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalQuestion {
     /// Position in the benchmark. It seeds the question's calls, so a run over a subset (a
@@ -77,6 +82,23 @@ pub struct EvalQuestion {
 pub struct EvalJobConfig {
     pub settings: EvalSettings,
     pub questions: Vec<EvalQuestion>,
+}
+
+/// The `[evaluate]` table: the settings and the questions (read apart, see the method).
+impl schemars::JsonSchema for EvalJobConfig {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EvalJobConfig".into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut schema = EvalSettings::json_schema(g);
+        let mut questions = g.subschema_for::<Vec<EvalQuestion>>();
+        questions.insert("description".into(), "The questions, one episode each.".into());
+        if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            props.insert("questions".into(), questions.to_value());
+        }
+        schema
+    }
 }
 
 impl From<EvalSettings> for EvalJobConfig {

@@ -11,7 +11,7 @@ const CONSISTENCY_SAMPLES: usize = 5;
 const DEBATE_AGENTS: usize = 3;
 const AUTOGEN_ASSISTANT_TURNS: u32 = 3;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Setup {
     /// One call on the query.

@@ -6,7 +6,7 @@ use crate::turn::SamplingSpec;
 use serde::{Deserialize, Serialize};
 
 /// Which rule grades an answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Grader {
     /// By the task's kind: math for `math`, a decimal within 5 % for `science`, the sandbox
@@ -40,7 +40,7 @@ impl Grader {
 /// (a non-empty last `\boxed{}` for math and numeric answers), less a soft penalty for running long (DAPO's overlong shaping): nothing up to
 /// `max_new_tokens − overlong_buffer` tokens, then rising linearly to `overlong_penalty` at
 /// `max_new_tokens`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardSpec {
     pub correct: f64,
@@ -68,10 +68,11 @@ impl Default for RewardSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct GrpoConfig {
     /// Trained agents, each answering on its own (taken from the job's agent list).
+    #[schemars(skip)]
     pub agents: u32,
     /// G: answers to each question by each agent per step; their rewards form a group.
     pub group_size: u32,

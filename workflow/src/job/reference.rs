@@ -5,7 +5,6 @@ use super::spec::{
     AgentSpec, DataSpec, EvalSpec, FrozenSpec, OutputSpec, RolloutSpec, ScheduleSpec, TrackingSpec,
     DEFAULT_METHOD,
 };
-use crate::train_config::{LoraSettings, TrainConfig};
 use serde_json::{Map, Value};
 
 /// The reference page.
@@ -29,30 +28,55 @@ pub fn markdown() -> String {
         "| `method` | string | `\"{DEFAULT_METHOD}\"` | One of {}; its settings are the table of the same name (`[comas]`, `[grpo]`, ...), described in [the methods' pages](README.md). |\n",
         methods.join(", ")
     ));
-    let sections: [(&str, Value); 9] = [
-        ("[data]", schema::<DataSpec>()),
-        ("[schedule]", schema::<ScheduleSpec>()),
-        ("[rollout]", schema::<RolloutSpec>()),
-        ("[output]", schema::<OutputSpec>()),
-        ("[eval]", schema::<EvalSpec>()),
-        ("[tracking]", schema::<TrackingSpec>()),
-        ("[[frozen]]", schema::<FrozenSpec>()),
-        ("[[agents]]", schema::<AgentSpec>()),
-        ("[agents.train]", schema::<TrainConfig>()),
+    let sections: [(&str, Value); 8] = [
+        ("data", schema::<DataSpec>()),
+        ("schedule", schema::<ScheduleSpec>()),
+        ("rollout", schema::<RolloutSpec>()),
+        ("output", schema::<OutputSpec>()),
+        ("eval", schema::<EvalSpec>()),
+        ("tracking", schema::<TrackingSpec>()),
+        ("[frozen]", schema::<FrozenSpec>()),
+        ("[agents]", schema::<AgentSpec>()),
     ];
-    for (title, s) in &sections {
-        out.push_str(&format!("\n## `{title}`\n\n"));
-        if let Some(d) = s.get("description").and_then(Value::as_str) {
-            out.push_str(&format!("{}\n\n", one_line(d)));
-        }
-        if *title == "[agents.train]" {
-            out.push_str("Each agent's own training settings. The defaults below are the learner's; a method sets its own for some keys (GRPO's `estimator = \"group_norm\"`, for example; see its page), and `total_steps` and `temperature` are derived from the job where left out.\n\n");
-        }
-        table(&mut out, s);
+    for (path, s) in &sections {
+        section(&mut out, path, s, s, "");
     }
-    out.push_str("\n## `[agents.train.lora]`\n\nTrain a LoRA adapter instead of all weights.\n\n");
-    table(&mut out, &schema::<LoraSettings>());
+    out.push_str("\n# Methods\n\nEach method's settings are the table named after it; [the methods' pages](README.md) say what they do.\n");
+    for (name, table, s) in crate::registry::schemas() {
+        section(&mut out, table, &s, &s, &format!("The settings of `method = \"{name}\"`."));
+    }
     out
+}
+
+/// What a table's heading adds (the notes that are not any type's doc comment).
+fn note(path: &str) -> &'static str {
+    match path {
+        "agents.train" => "Each agent's own training settings. The defaults below are the learner's; a method sets its own for some keys (GRPO's `estimator = \"group_norm\"`, for example; see its page), and `total_steps` and `temperature` are derived from the job where left out.",
+        _ => "",
+    }
+}
+
+/// The table at `path` (`[x]`, or `[[x]]` when written `[x]`), then a section for each of its
+/// keys that is itself a table of known keys. `root` holds the schema's definitions.
+fn section(out: &mut String, path: &str, s: &Value, root: &Value, intro: &str) {
+    let heading = match path.strip_prefix('[').and_then(|p| p.strip_suffix(']')) {
+        Some(array) => format!("[[{array}]]"),
+        None => format!("[{path}]"),
+    };
+    let path = path.trim_start_matches('[').trim_end_matches(']');
+    out.push_str(&format!("\n## `{heading}`\n\n"));
+    for text in [intro, note(path)] {
+        if !text.is_empty() {
+            out.push_str(&format!("{text}\n\n"));
+        }
+    }
+    if let Some(d) = s.get("description").and_then(Value::as_str) {
+        out.push_str(&format!("{}\n\n", one_line(d)));
+    }
+    let nested = table(out, s, root);
+    for (key, inner) in nested {
+        section(out, &format!("{path}.{key}"), &inner, root, "");
+    }
 }
 
 fn schema<T: schemars::JsonSchema>() -> Value {
@@ -63,8 +87,9 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|")
 }
 
-/// One row per property: key, type, default, description.
-fn table(out: &mut String, s: &Value) {
+/// One row per property: key, type, default, description. Returns the properties that are
+/// tables of known keys themselves (a struct, or an optional one), to be shown on their own.
+fn table(out: &mut String, s: &Value, root: &Value) -> Vec<(String, Value)> {
     out.push_str("| key | type | default | |\n|---|---|---|---|\n");
     let empty = Map::new();
     let props = s.get("properties").and_then(Value::as_object).unwrap_or(&empty);
@@ -73,25 +98,61 @@ fn table(out: &mut String, s: &Value) {
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let defs = s.get("$defs").and_then(Value::as_object).unwrap_or(&empty);
+    let defs = root.get("$defs").and_then(Value::as_object).unwrap_or(&empty);
+    let mut nested = Vec::new();
     for (key, p) in props {
-        let default = match p.get("default") {
+        // A struct with `#[serde(default)]` carries its fields' defaults as one object.
+        let own = p.get("default").or_else(|| s.pointer(&format!("/default/{key}")));
+        let inner = struct_of(p, defs);
+        let default = match own {
             _ if required.contains(&key.as_str()) => "required".to_string(),
+            // Left out of the struct's default object: a `false` it skips when written.
+            None if s.get("default").is_some() && p.get("type") == Some(&"boolean".into()) => {
+                "`false`".to_string()
+            }
             Some(Value::Null) | None => "none".to_string(),
+            Some(v) if v.is_object() && inner.is_some() => "see below".to_string(),
             Some(v) => format!("`{}`", toml_text(v)),
         };
         let mut about =
             p.get("description").and_then(Value::as_str).map(one_line).unwrap_or_default();
         let kind = kind_of(p, defs, &mut about);
+        if let Some(mut inner) = inner {
+            if let (Some(d), Some(o)) = (own.filter(|d| d.is_object()), inner.as_object_mut()) {
+                o.insert("default".into(), d.clone());
+            }
+            nested.push((key.clone(), inner));
+        }
         out.push_str(&format!("| `{key}` | {kind} | {default} | {about} |\n"));
     }
+    nested
+}
+
+/// The struct a property holds (directly, or as an `Option`), if it has keys of its own.
+fn struct_of(p: &Value, defs: &Map<String, Value>) -> Option<Value> {
+    let resolved = match p.get("$ref").and_then(Value::as_str) {
+        Some(r) => defs.get(r.rsplit('/').next().unwrap_or(r))?.clone(),
+        None => match p.get("anyOf").and_then(Value::as_array) {
+            Some(any) => return any.iter().find_map(|v| struct_of(v, defs)),
+            None => p.clone(),
+        },
+    };
+    resolved.get("properties").is_some().then_some(resolved)
 }
 
 /// A value as it would be written in the TOML file.
 fn toml_text(v: &Value) -> String {
     match v {
         Value::String(s) => format!("\"{s}\""),
-        other => other.to_string().replace(',', ", "),
+        Value::Array(items) => {
+            format!("[{}]", items.iter().map(toml_text).collect::<Vec<_>>().join(", "))
+        }
+        Value::Object(o) if o.is_empty() => "{}".to_string(),
+        Value::Object(o) => format!(
+            "{{ {} }}",
+            o.iter().map(|(k, v)| format!("{k} = {}", toml_text(v))).collect::<Vec<_>>().join(", ")
+        ),
+        other => other.to_string(),
     }
 }
 
@@ -115,7 +176,9 @@ fn kind_of(p: &Value, defs: &Map<String, Value>, about: &mut String) -> String {
         let mut names = Vec::new();
         for v in variants {
             // A documented variant is a `const`; undocumented ones come as one `enum` list.
-            let listed = match (v.get("const"), v.get("enum")) {
+            // An internally tagged variant is a table whose `kind` is the name.
+            let tag = v.pointer("/properties/kind/const");
+            let listed = match (v.get("const").or(tag), v.get("enum")) {
                 (Some(c), _) => vec![c.clone()],
                 (None, Some(Value::Array(all))) => all.clone(),
                 _ => vec![v.clone()],

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The chain of agents (spec 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Pipeline {
     /// Problem Solver → Code Executor (Python) → Verifier.
@@ -55,7 +55,7 @@ impl Pipeline {
 }
 
 /// Which samples an agent's advantages are whitened with (spec 5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NormScope {
     /// All of the agent's samples in the step (the reference code's).
@@ -69,7 +69,7 @@ pub enum NormScope {
 }
 
 /// What an action gets when the coach gives no score even after the format retry (spec 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CoachFallback {
     /// No reward: the sample is left out of training and counted.
@@ -79,14 +79,16 @@ pub enum CoachFallback {
     Legacy,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MappaConfig {
     pub pipeline: Pipeline,
     /// The trained agent that plays each role, in chain order; one agent may play several.
     /// Filled from the job's agent list when left out (3 agents: one each; 1 agent: all).
     pub agents: Vec<u32>,
-    /// The frozen model that coaches (an agent id past the trained ones; set by the job).
+    /// The frozen model that coaches (an agent id past the trained ones; set by the job from
+    /// the table's `coach`, the name of a `[[frozen]]` model, default "coach").
+    #[schemars(rename = "coach", with = "String", extend("default" = "coach"))]
     pub coach_agent: u32,
     pub max_turns: Vec<u32>,
     /// Independent copies of each question per step.

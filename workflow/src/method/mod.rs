@@ -124,7 +124,16 @@ pub trait Method: Sized + 'static {
     const CALLS_FROZEN: bool = false;
 
     /// The settings, as the method's table gives them and every episode spec carries them.
-    type Config: Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// Its table's settings; the schema renders the table in docs/job-file.md.
+    type Config: Clone
+        + Debug
+        + PartialEq
+        + Serialize
+        + DeserializeOwned
+        + schemars::JsonSchema
+        + Send
+        + Sync
+        + 'static;
     /// What one episode works on: a question, a generated table, a benchmark item.
     type Task: Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// What the coordinator decides for each episode beyond its task (CoMAS: who judges whom).

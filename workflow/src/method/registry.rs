@@ -28,6 +28,17 @@ macro_rules! methods {
             /// The names of the job-file tables of every method's settings.
             pub const TABLES: &[&str] = &[$(<$method as Method>::TABLE),+];
 
+            /// Every method's name, table and the JSON schema of its settings (the job-file
+            /// reference is rendered from them).
+            pub fn schemas() -> Vec<(&'static str, &'static str, serde_json::Value)> {
+                vec![$((
+                    <$method as Method>::NAME,
+                    <$method as Method>::TABLE,
+                    serde_json::to_value(schemars::schema_for!(<$method as Method>::Config))
+                        .expect("a schema is JSON"),
+                )),+]
+            }
+
             /// The method named `name`, if there is one.
             pub fn is_method(name: &str) -> bool {
                 NAMES.contains(&name)

@@ -6,7 +6,7 @@ use crate::turn::SamplingSpec;
 use serde::{Deserialize, Serialize};
 
 /// Which nodes share an adapter (§4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ParamSharing {
     /// One adapter per node, keyed by its uid.
@@ -21,7 +21,7 @@ pub enum ParamSharing {
 /// Reward of a readout with no `\boxed{}` answer when `format_penalty` is on (§5).
 pub const NO_BOX_REWARD: f64 = -0.5;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NeuromasConfig {
     pub topology: TopologySpec,

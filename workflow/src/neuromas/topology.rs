@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 /// How a node reads the layer below it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Connectivity {
     #[default]
@@ -15,7 +15,7 @@ pub enum Connectivity {
     Sparse,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SparsePattern {
     #[default]
@@ -24,7 +24,7 @@ pub enum SparsePattern {
     Random,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Skip {
     #[default]
@@ -33,7 +33,7 @@ pub enum Skip {
     Prev2,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskVisible {
     #[default]
@@ -42,7 +42,7 @@ pub enum TaskVisible {
 }
 
 /// `[neuromas.topology]` of a job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TopologySpec {
     /// Widths W_1..W_L; the last is the readout and must be 1.
@@ -124,7 +124,7 @@ impl TopologySpec {
 }
 
 /// A node of a graph: its stable uid and its position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Node {
     pub uid: u64,
     /// 1-based layer and index within the layer.
@@ -141,7 +141,7 @@ impl Node {
 
 /// A graph as it stands: the spec, the node uids per layer (in position order), and, for a layer
 /// inserted by depth growth that is still bridging, identity wiring.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Graph {
     pub spec: TopologySpec,
     /// `uids[l][k]` is node (l + 1, k + 1).
@@ -154,7 +154,7 @@ pub struct Graph {
 }
 
 /// Where a new node's adapter comes from when the graph grows (§6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Init {
     /// A copy of this node's adapter and optimizer moments.
     Copy(u64),
