@@ -135,7 +135,7 @@ pub fn load_records(path: &Path, columns: &Columns) -> Result<Vec<TaskRecord>, D
             n += 1;
             let value =
                 columns.project(row, n).map_err(|message| DatasetError::Json { at, message })?;
-            let record = crate::task::parse_value(crate::task::RawOrText::Value(value), at)?;
+            let record = crate::task::parse_value(value, at)?;
             if let Some((g, first)) = seen.insert(record.id.clone(), (f, at)) {
                 let first = if g == f {
                     first.to_string()

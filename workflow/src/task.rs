@@ -1,6 +1,5 @@
 //! Task kinds and the training / in-training-eval data-set record (spec 7.1).
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -145,69 +144,14 @@ pub(crate) fn without_position(err: &serde_json::Error) -> String {
     }
 }
 
-pub(crate) fn parse_value(value: RawOrText<'_>, at: Location) -> Result<TaskRecord, DatasetError> {
-    let raw: RawRecord = match value {
-        RawOrText::Text(t) => serde_json::from_str(t),
-        RawOrText::Value(v) => serde_json::from_value(v),
-    }
-    .map_err(|e| DatasetError::Json { at, message: without_position(&e) })?;
+/// One row, already an object of the record's fields, checked into a task record.
+pub(crate) fn parse_value(
+    value: serde_json::Value,
+    at: Location,
+) -> Result<TaskRecord, DatasetError> {
+    let raw: RawRecord = serde_json::from_value(value)
+        .map_err(|e| DatasetError::Json { at, message: without_position(&e) })?;
     TaskRecord::try_from(raw).map_err(|err| DatasetError::Task { at, err })
-}
-
-pub(crate) enum RawOrText<'a> {
-    Text(&'a str),
-    Value(serde_json::Value),
-}
-
-fn check_unique_ids(records: &[(Location, TaskRecord)]) -> Result<(), DatasetError> {
-    let mut seen: HashMap<&str, Location> = HashMap::new();
-    for (at, r) in records {
-        if let Some(first) = seen.insert(&r.id, *at) {
-            return Err(DatasetError::DuplicateId {
-                at: *at,
-                id: r.id.clone(),
-                first: first.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Parses JSON Lines: one record per line; blank lines are skipped. Ids must be unique.
-pub fn parse_jsonl(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
-    let mut records = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = Location::Line(i + 1);
-        records.push((at, parse_value(RawOrText::Text(line), at)?));
-    }
-    check_unique_ids(&records)?;
-    Ok(records.into_iter().map(|(_, r)| r).collect())
-}
-
-/// Parses a JSON array of records (the layout of `blended/{train,test}.json`).
-pub fn parse_json_array(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
-    let values: Vec<serde_json::Value> =
-        serde_json::from_str(text).map_err(|e| DatasetError::NotAnArray(e.to_string()))?;
-    let mut records = Vec::with_capacity(values.len());
-    for (i, v) in values.into_iter().enumerate() {
-        let at = Location::Element(i + 1);
-        records.push((at, parse_value(RawOrText::Value(v), at)?));
-    }
-    check_unique_ids(&records)?;
-    Ok(records.into_iter().map(|(_, r)| r).collect())
-}
-
-/// Parses either layout: a document whose first non-blank character is `[` is a JSON array,
-/// anything else is JSON Lines.
-pub fn parse_dataset(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
-    if text.trim_start().starts_with('[') {
-        parse_json_array(text)
-    } else {
-        parse_jsonl(text)
-    }
 }
 
 /// Where the record at `index` (0-based, as parsed) sits in `text`: its line in JSON Lines
@@ -234,6 +178,14 @@ pub fn load_dataset(path: impl AsRef<Path>) -> Result<Vec<TaskRecord>, DatasetEr
 mod tests {
     use super::*;
 
+    /// The data set `text` as a file, read as the coordinator reads it.
+    fn parse_dataset(text: &str) -> Result<Vec<TaskRecord>, DatasetError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data.jsonl");
+        std::fs::write(&path, text).unwrap();
+        load_dataset(&path)
+    }
+
     const GOOD: &str = r#"{"prompt": "1+1?", "answer": "2", "task": "math", "source": "math", "id": "math-math-00001"}"#;
 
     #[test]
@@ -242,7 +194,7 @@ mod tests {
             "{GOOD}\n\n{}\n",
             r#"{"prompt":"p","answer":"1.4e+24","task":"science","id":"s-1"}"#
         );
-        let recs = parse_jsonl(&text).unwrap();
+        let recs = parse_dataset(&text).unwrap();
         assert_eq!(recs.len(), 2);
         assert_eq!(recs[0].task, TaskKind::Math);
         assert_eq!(recs[0].source.as_deref(), Some("math"));
@@ -263,7 +215,7 @@ mod tests {
     fn unknown_task_names_the_line() {
         let text =
             format!("{GOOD}\n{}\n", r#"{"prompt":"p","answer":"a","task":"poetry","id":"x"}"#);
-        let err = parse_jsonl(&text).unwrap_err();
+        let err = parse_dataset(&text).unwrap_err();
         assert!(
             matches!(&err, DatasetError::Task { at: Location::Line(2), err } if err.0 == "poetry")
         );
@@ -273,15 +225,15 @@ mod tests {
     #[test]
     fn missing_field_and_bad_json_name_the_line() {
         let text = format!("{GOOD}\n\n{}\n", r#"{"prompt":"p","task":"math","id":"x"}"#);
-        let err = parse_jsonl(&text).unwrap_err();
-        assert_eq!(err.to_string(), "line 3: not a valid task record: missing field `answer`");
-        let err = parse_jsonl("{oops\n").unwrap_err();
+        let err = parse_dataset(&text).unwrap_err();
+        assert_eq!(err.to_string(), "line 3: not a valid task record: missing field `answer` (set data.answer_key to the column that holds it)");
+        let err = parse_dataset("{oops\n").unwrap_err();
         assert!(matches!(err, DatasetError::Json { at: Location::Line(1), .. }), "{err}");
     }
 
     #[test]
     fn duplicate_ids_are_rejected() {
-        let err = parse_jsonl(&format!("{GOOD}\n{GOOD}\n")).unwrap_err();
+        let err = parse_dataset(&format!("{GOOD}\n{GOOD}\n")).unwrap_err();
         assert_eq!(
             err.to_string(),
             "line 2: duplicate id \"math-math-00001\" (first used at line 1)"
