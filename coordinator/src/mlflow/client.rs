@@ -103,15 +103,32 @@ impl Client {
     /// The id of experiment `name`, made if there is none.
     pub async fn experiment(&self, name: &str) -> Result<String, CallError> {
         #[derive(Deserialize)]
+        struct Made {
+            experiment_id: String,
+        }
+        match self.experiment_by_name(name).await {
+            Err(CallError::Status { code: 404, .. }) => {
+                match self.post::<Made>("experiments/create", json!({ "name": name })).await {
+                    Ok(m) => Ok(m.experiment_id),
+                    // Made meanwhile by someone else (another job of the same experiment).
+                    Err(CallError::Status { code: 400 | 409, .. }) => {
+                        self.experiment_by_name(name).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            found => found,
+        }
+    }
+
+    /// The id of experiment `name`; a 404 when there is none.
+    async fn experiment_by_name(&self, name: &str) -> Result<String, CallError> {
+        #[derive(Deserialize)]
         struct Got {
             experiment: Experiment,
         }
         #[derive(Deserialize)]
         struct Experiment {
-            experiment_id: String,
-        }
-        #[derive(Deserialize)]
-        struct Made {
             experiment_id: String,
         }
         let query: String =
@@ -120,28 +137,10 @@ impl Client {
         let path = self
             .endpoint
             .under(&format!("/api/2.0/mlflow/experiments/get-by-name?experiment_name={query}"));
-        match self.endpoint.call(hyper::Method::GET, &path, None, CALL_TIMEOUT).await {
-            Ok(bytes) => serde_json::from_slice::<Got>(&bytes)
-                .map(|g| g.experiment.experiment_id)
-                .map_err(|e| CallError::Malformed(e.to_string())),
-            Err(CallError::Status { code: 404, .. }) => {
-                match self.post::<Made>("experiments/create", json!({ "name": name })).await {
-                    Ok(m) => Ok(m.experiment_id),
-                    // Made meanwhile by someone else (another job of the same experiment).
-                    Err(CallError::Status { code: 400 | 409, .. }) => {
-                        let bytes = self
-                            .endpoint
-                            .call(hyper::Method::GET, &path, None, CALL_TIMEOUT)
-                            .await?;
-                        serde_json::from_slice::<Got>(&bytes)
-                            .map(|g| g.experiment.experiment_id)
-                            .map_err(|e| CallError::Malformed(e.to_string()))
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
+        let bytes = self.endpoint.call(hyper::Method::GET, &path, None, CALL_TIMEOUT).await?;
+        serde_json::from_slice::<Got>(&bytes)
+            .map(|g| g.experiment.experiment_id)
+            .map_err(|e| CallError::Malformed(e.to_string()))
     }
 
     /// The run of job `job` in `experiment`, with the highest step it has a metric at.
