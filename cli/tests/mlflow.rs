@@ -158,6 +158,26 @@ async fn a_job_logs_its_run_to_a_real_mlflow_server_and_a_restarted_coordinator_
     assert!(run["artifacts"]["job.toml"].as_str().unwrap().contains("[tracking]"));
     let log_text = std::fs::read_to_string(dir.path().join("out/metrics.jsonl")).unwrap();
     assert_eq!(run["artifacts"]["metrics.jsonl"].as_str(), Some(log_text.as_str()));
+    // The figure: byte for byte what `comas plot` draws of the same log.
+    let figure = dir.path().join("figure.png");
+    let plotted = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .arg("plot")
+        .arg(dir.path().join("out/metrics.jsonl"))
+        .arg("-o")
+        .arg(&figure)
+        .output()
+        .unwrap();
+    assert!(plotted.status.success(), "{}", String::from_utf8_lossy(&plotted.stderr));
+    let artifacts = run["artifacts"].as_object().unwrap();
+    let hex = artifacts["plot.png"]["hex"].as_str().unwrap_or_else(|| {
+        panic!("no plot.png artifact among {:?}", artifacts.keys().collect::<Vec<_>>())
+    });
+    let png: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "plot.png is not a PNG");
+    assert!(png == std::fs::read(&figure).unwrap(), "plot.png differs from `comas plot`'s figure");
 
     // Every number of every record, at the record's step and time, exactly once.
     let metrics = run["metrics"].as_object().unwrap();

@@ -3,7 +3,7 @@
 //! What a figure shows is checked on its content (panels, series, points); the drawn files are
 //! only checked to be well-formed PNG and SVG.
 #[allow(dead_code)]
-#[path = "../src/plot/mod.rs"]
+#[path = "../src/plot.rs"]
 mod plot;
 
 use plot::content::{Figure, Group, Options, Panel, Series};

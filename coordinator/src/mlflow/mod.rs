@@ -1,7 +1,8 @@
 //! A job's MLflow run (`[tracking] mlflow = "http://host:5000"`): the job file as parameters and
 //! as an artifact, every committed step's and evaluation's numbers as metrics (the same names
-//! and values as the TensorBoard scalars of `metrics.jsonl`), the metrics log as an artifact and
-//! the run's status at the end.
+//! and values as the TensorBoard scalars of `metrics.jsonl`), the metrics log and its figure
+//! (`plot.png`, what `comas plot metrics.jsonl` draws) as artifacts and the run's status at the
+//! end.
 //!
 //! Invariants:
 //! - The job never waits on the server. One task owns the connection and a queue; the job's
@@ -73,6 +74,8 @@ enum Msg {
 struct End {
     status: Option<RunStatus>,
     log: Vec<String>,
+    /// `plot.png`, drawn once the first time the end is tried (`Some(None)`: nothing to draw).
+    figure: Option<Option<Vec<u8>>>,
     /// The task gives up what it still holds at this time.
     deadline: Instant,
     ack: oneshot::Sender<()>,
@@ -135,7 +138,7 @@ impl Tracker {
             _ => RunStatus::Failed,
         });
         let (ack, done) = oneshot::channel();
-        let end = End { status, log, deadline: Instant::now() + within, ack };
+        let end = End { status, log, figure: None, deadline: Instant::now() + within, ack };
         if self.tx.send(Msg::End(end)).await.is_err() {
             return;
         }
@@ -348,25 +351,56 @@ impl Task {
         Ok(())
     }
 
-    /// Attaches the metrics log, sets the run's end status, acknowledges the end.
+    /// Attaches the metrics log and its figure, sets the run's end status, acknowledges the end.
     async fn finish(&mut self) -> Result<bool, CallError> {
-        let End { status, log, .. } = self.end.as_ref().expect("an end");
-        if let (Some(status), Some(run), false) = (*status, &self.run, self.off) {
-            let mut text = log.join("\n");
+        let end = self.end.as_mut().expect("an end");
+        if let (Some(status), Some(run), false) = (end.status, &self.run, self.off) {
+            let client = self.client.as_ref().expect("a client while tracking is on");
+            let mut text = end.log.join("\n");
             text.push('\n');
-            if let Err(e) = self.client().upload(run, "metrics.jsonl", text.into_bytes()).await {
-                if e.retryable() {
-                    return Err(e);
-                }
-                tracing::warn!(job = %self.spec.job_id, error = %e, "cannot attach the metrics log to the MLflow run");
+            if end.figure.is_none() {
+                end.figure = Some(draw_figure(&self.spec.job_id, text.clone()).await);
             }
-            let end = (crate::store::now() * 1000.0) as i64;
-            self.client().set_status(&run.run_id, status, Some(end)).await?;
+            let mut artifacts = vec![("metrics.jsonl", text.into_bytes())];
+            if let Some(Some(png)) = &end.figure {
+                artifacts.push(("plot.png", png.clone()));
+            }
+            for (name, bytes) in artifacts {
+                if let Err(e) = client.upload(run, name, bytes).await {
+                    if e.retryable() {
+                        return Err(e);
+                    }
+                    tracing::warn!(job = %self.spec.job_id, error = %e, "cannot attach {name} to the MLflow run");
+                }
+            }
+            let end_ms = (crate::store::now() * 1000.0) as i64;
+            client.set_status(&run.run_id, status, Some(end_ms)).await?;
         }
         if let Some(end) = self.end.take() {
             let _ = end.ack.send(());
         }
         Ok(true)
+    }
+}
+
+/// The figure `comas plot metrics.jsonl -o plot.png` draws of the log `text`, drawn off the
+/// async threads; `None`, with a warning, when the log has nothing to draw.
+async fn draw_figure(job_id: &str, text: String) -> Option<Vec<u8>> {
+    let drawn = tokio::task::spawn_blocking(move || {
+        let name = "metrics.jsonl";
+        comas_plot::default_png(&comas_plot::read::parse_log(&text, name)?, name)
+    })
+    .await;
+    match drawn {
+        Ok(Ok(png)) => Some(png),
+        Ok(Err(e)) => {
+            tracing::warn!(job = %job_id, error = format!("{e:#}"), "no figure for the MLflow run");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(job = %job_id, error = %e, "drawing the MLflow run's figure failed");
+            None
+        }
     }
 }
 

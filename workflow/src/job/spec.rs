@@ -262,7 +262,8 @@ pub struct OutputSpec {
 #[serde(deny_unknown_fields)]
 pub struct TrackingSpec {
     /// An MLflow tracking server (`http://host:5000`): the job's parameters, every step's and
-    /// evaluation's metrics, the job file and metrics log as artifacts, and the run's end state.
+    /// evaluation's metrics, the job file, the metrics log and its figure (`plot.png`) as
+    /// artifacts, and the run's end state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlflow: Option<String>,
     /// The MLflow experiment (created if missing; default: the job's name).

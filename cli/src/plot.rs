@@ -1,23 +1,17 @@
 //! `comas plot`: draw a job's metrics log as a grid of charts, in PNG or SVG; or, given the
 //! output folders of several `comas eval` runs, accuracy against checkpoint step.
 //!
-//! [`read`] reads the log's step and eval records, [`content`] turns them into plain panels of
-//! series of (step, value) points, and [`render`] draws those with `plotters`. Keeping what is
-//! shown apart from how it is drawn lets the tests check exact numbers without looking at pixels.
-pub mod content;
-pub mod read;
-pub mod render;
+//! The figures are the `comas-plot` crate's (the coordinator draws the same one for a job's
+//! MLflow run); this module is the command: its flags, their checks, the file written.
+pub use comas_plot::{content, read, render, Format, MAX_SIDE, MIN_SIDE};
 
+use comas_plot::{check_side, default_title};
 use content::{Figure, Group, Options};
-use read::{read_log, Metrics};
+use read::read_log;
 use render::Grid;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-
-/// Smallest and largest figure side accepted, in pixels.
-pub const MIN_SIDE: u32 = 400;
-pub const MAX_SIDE: u32 = 8192;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -41,7 +35,7 @@ pub struct Args {
     #[arg(long, visible_alias = "per-agent")]
     pub roles: bool,
     /// Figure width in pixels.
-    #[arg(long, default_value_t = 1440)]
+    #[arg(long, default_value_t = comas_plot::DEFAULT_WIDTH)]
     pub width: u32,
     /// Figure height in pixels (default: 300 per row of panels, plus the title).
     #[arg(long)]
@@ -72,7 +66,8 @@ pub fn run(args: Args) -> Result<()> {
             bail!("give one metrics log, or only `comas eval` output folders (to draw accuracy against checkpoint step)");
         };
         let metrics = read_log(log)?;
-        let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, log));
+        let name = log.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let title = args.title.clone().unwrap_or_else(|| default_title(&metrics, &name));
         let figure = Figure::build(&metrics, &Options { title, roles: args.roles, groups })
             .with_context(|| format!("cannot plot {}", log.display()))?;
         (figure, format!("{} steps", metrics.steps.len()))
@@ -92,32 +87,6 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Svg,
-    Png,
-}
-
-impl Format {
-    /// The format named by the output's extension (case does not matter).
-    pub fn from_path(path: &Path) -> Result<Format> {
-        let ext = path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
-        match ext.as_deref() {
-            Some("svg") => Ok(Format::Svg),
-            Some("png") => Ok(Format::Png),
-            Some(other) => bail!("cannot write {}: unknown extension .{other}; give the output a name ending in .svg or .png", path.display()),
-            None => bail!("cannot tell which format to write for {}: give the output a name ending in .svg or .png", path.display()),
-        }
-    }
-}
-
-fn check_side(name: &str, v: u32) -> Result<()> {
-    if !(MIN_SIDE..=MAX_SIDE).contains(&v) {
-        bail!("{name} {v} is out of range: use a value from {MIN_SIDE} to {MAX_SIDE} pixels");
-    }
-    Ok(())
-}
-
 /// Writes `bytes` to `path` atomically (`comas_files`), with errors that say what to fix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
@@ -132,11 +101,4 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     comas_files::write_atomic(path, bytes)
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn default_title(m: &Metrics, log: &Path) -> String {
-    match &m.job_id {
-        Some(id) => format!("job {id}"),
-        None => log.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-    }
 }

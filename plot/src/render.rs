@@ -1,8 +1,8 @@
 //! Drawing a [`Figure`] with `plotters`: a title over a grid of charts, one per panel, as PNG
 //! (bitmap backend, encoded with `png`) or SVG. Text uses DejaVu Sans from the `dejavu` crate,
 //! registered with plotters' ab_glyph font table, so no system font is ever looked up.
-use super::content::{Figure, Panel};
-use super::{MAX_SIDE, MIN_SIDE};
+use crate::content::{Figure, Panel};
+use crate::{MAX_SIDE, MIN_SIDE};
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;

@@ -1,6 +1,6 @@
 //! What a figure shows, as plain data: panels of series of (step, value) points, built from the
 //! metrics log. Nothing here draws; `render` turns a [`Figure`] into pixels.
-use super::read::{field, num_at, number, Metrics, Record};
+use crate::read::{field, num_at, number, Metrics, Record};
 use anyhow::{bail, Result};
 use comas_workflow::method::Chart;
 use serde_json::Value;
