@@ -245,3 +245,77 @@ fn truncated_importance_weights_scale_each_tokens_gradient() {
         .unwrap_err();
     assert!(e.to_string().contains("old_logprobs = \"recompute\""), "{e}");
 }
+
+/// Log-probability of each token of `ids` given the ones before it.
+fn logprobs(model: &CausalLm, adapter: Option<&LoraAdapter>, ids: &[i64]) -> Vec<f64> {
+    let x = Tensor::from_slice(ids).view([1, ids.len() as i64]);
+    let batch = adapter.map(LoraBatch::uniform);
+    let logits = tch::no_grad(|| model.forward(&x, None, batch.as_ref()).unwrap());
+    let n = ids.len() as i64;
+    let next = Tensor::from_slice(&ids[1..]).view([n - 1, 1]);
+    let lp = logits.get(0).narrow(0, 0, n - 1).log_softmax(-1, Kind::Float).gather(1, &next, false);
+    Vec::<f64>::try_from(lp.view([n - 1]).to_kind(Kind::Double)).unwrap()
+}
+
+/// An adapter comas trained and exported loads in PyPI `peft` over the same base in
+/// `transformers`, and gives the log-probabilities comas gives, for every architecture comas
+/// reads (issue 46 §5: a client comas did not write). The reference environment is
+/// `tests/fixtures/setup-ref.sh`'s (scripts/test.sh installs it).
+#[test]
+fn an_exported_adapter_loads_in_peft_with_the_log_probs_comas_gives() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv-ref/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash tests/fixtures/setup-ref.sh` (scripts/test.sh does)",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [5i64, 6, 7, 10, 11, 12, 300, 41, 7, 499];
+    let mut args = vec![ids.map(|t| t.to_string()).join(",")];
+    let mut ours = Vec::new();
+    for arch in [Architecture::Qwen2, Architecture::Qwen3, Architecture::Llama] {
+        let base = dir.path().join(format!("{arch:?}-base"));
+        let adapter_dir = dir.path().join(format!("{arch:?}-adapter"));
+        write_model(&base, &TinySpec::tiny(arch)).unwrap();
+        // Every projection, rank-stabilised: the adapter's whole layout and its scaling.
+        let cfg = TrainConfig::from_toml(
+            "lr = 5e-2\nwarmup_ratio = 0.0\ntrain_batch_size = 8\nmicro_batch_size = 8\n[lora]\nr = 4\nalpha = 8.0\nuse_rslora = true\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]\n",
+        )
+        .unwrap();
+        let mut t = Trainer::new(&base, cfg, None).unwrap();
+        for _ in 0..3 {
+            t.train_step(&batch()).unwrap();
+        }
+        t.export(&adapter_dir, false).unwrap();
+        // The trainer's own weights, so a fault of the export shows too.
+        let (model, adapter) = (t.model(), t.adapter());
+        ours.push((arch, logprobs(model, adapter, &ids), logprobs(model, None, &ids)));
+        args.push(base.display().to_string());
+        args.push(adapter_dir.display().to_string());
+    }
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/fixtures/peft_logprobs.py"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "peft_logprobs.py: {}", String::from_utf8_lossy(&out.stderr));
+    let theirs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(theirs.len(), ours.len());
+    for ((arch, with, without), t) in ours.iter().zip(&theirs) {
+        let read = |key: &str| -> Vec<f64> {
+            t[key].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+        };
+        let gap = |a: &[f64], b: &[f64]| {
+            assert_eq!(a.len(), b.len());
+            a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+        };
+        let (peft_with, peft_without) = (read("with"), read("without"));
+        assert!(gap(without, &peft_without) < 2e-5, "{arch:?}: the bases differ");
+        // The adapter must matter, or a peft that loaded none of it would pass.
+        let moved = gap(with, without);
+        assert!(moved > 1e-3, "{arch:?}: the adapter moves log-probs by only {moved}");
+        let d = gap(with, &peft_with);
+        assert!(d < 2e-5, "{arch:?}: peft's log-probs differ from comas's by {d} ({moved} moved)");
+    }
+}

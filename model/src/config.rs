@@ -8,6 +8,9 @@ use serde_json::Value;
 use std::path::Path;
 use tch::Kind;
 
+/// `head_dim` of a Qwen3 config that gives none (transformers' `Qwen3Config` default).
+const QWEN3_DEFAULT_HEAD_DIM: i64 = 128;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Qwen2,
@@ -161,6 +164,8 @@ impl Config {
         }
         let head_dim = match raw.head_dim {
             Some(d) => positive("head_dim", d)?,
+            // transformers' Qwen3Config has 128 as its default, not hidden_size / heads.
+            None if architecture == Architecture::Qwen3 => QWEN3_DEFAULT_HEAD_DIM,
             None if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
             None => {
                 return Err(ModelError::Config(format!(
@@ -367,6 +372,16 @@ mod tests {
         assert_eq!(c.rope.rope_theta, 500000.0);
         assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
         assert_eq!(c.num_key_value_heads, 2);
+    }
+
+    #[test]
+    fn qwen3_without_head_dim_takes_transformers_default() {
+        let c = Config::from_json_str(
+            r#"{"model_type":"qwen3","vocab_size":10,"hidden_size":64,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":4,"num_key_value_heads":2}"#,
+        )
+        .unwrap();
+        assert_eq!(c.head_dim, 128);
     }
 
     #[test]

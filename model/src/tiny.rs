@@ -97,9 +97,8 @@ impl TinySpec {
             "eos_token_id": IM_END_ID,
             "use_cache": true,
         });
-        if let Some(d) = self.head_dim {
-            c["head_dim"] = d.into();
-        }
+        // Always written: readers differ on its default (transformers' Qwen3 takes 128).
+        c["head_dim"] = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads).into();
         if self.architecture == Architecture::Qwen2 {
             c["use_sliding_window"] = false.into();
         }
