@@ -7,6 +7,8 @@ impl State {
     /// Forgets a worker; what it held goes back to the front of the queue, in lease order.
     pub(super) fn drop_worker(&mut self, id: &str, reason: &str) {
         if let Some(w) = self.workers.remove(id) {
+            self.leased -= w.leased.len();
+            self.readiness_changed = true;
             let mut back: Vec<Lease> = w
                 .leased
                 .into_values()
@@ -39,14 +41,19 @@ impl State {
         if w.leased.remove(episode).is_none() {
             return;
         }
+        self.leased -= 1;
         self.metrics.cancelled_leases.inc();
         // A connection that has ended is noticed by the next lease; nothing runs there then.
         let _ = w.tx.send(WorkerMsg::Cancel(vec![episode.to_string()]));
     }
 
-    /// Once an episode is decided (accepted, or failed for good), the copies of it still
-    /// running elsewhere are waste: they are cancelled.
-    pub(super) fn cancel_copies(&mut self, episode: &str) {
+    /// Once an episode of `batch` is decided (accepted, or failed for good), the copies of it
+    /// still running elsewhere are waste: they are cancelled. Only an episode marked copied can
+    /// have any, so the workers are looked through for those alone.
+    pub(super) fn cancel_copies(&mut self, batch: &BatchKey, episode: &str) {
+        if !self.batches.get_mut(batch).is_some_and(|b| b.copied.remove(episode)) {
+            return;
+        }
         let holders: Vec<String> = self
             .workers
             .iter()
@@ -71,6 +78,7 @@ impl State {
             self.metrics.duplicate_results.inc();
             return;
         };
+        self.leased -= 1;
         let Some(batch) = self.batches.get_mut(&lease.batch) else { return };
         if !batch.outstanding.contains(&r.episode_id) {
             self.metrics.duplicate_results.inc();
@@ -96,7 +104,7 @@ impl State {
                         trajectory_json: r.trajectory_json,
                         worker: id,
                     });
-                    self.cancel_copies(&episode);
+                    self.cancel_copies(&lease.batch, &episode);
                     return;
                 }
                 Err(e) => {
@@ -108,6 +116,7 @@ impl State {
         if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
             // Not the episode's fault: the worker is going away.
             w.draining = true;
+            self.readiness_changed = true;
             self.metrics.requeued_episodes.inc();
             self.queue.push_front(Lease { since: Instant::now(), copied: false, ..lease });
             return;
@@ -128,7 +137,7 @@ impl State {
                 episode_id: r.episode_id,
                 error: format!("failed {attempts} times; last error on worker {id}: {}", r.error),
             });
-            self.cancel_copies(&episode);
+            self.cancel_copies(&lease.batch, &episode);
         } else {
             self.metrics.requeued_episodes.inc();
             self.queue.push_back(Lease { attempts, since: Instant::now(), copied: false, ..lease });
@@ -168,6 +177,9 @@ impl State {
                 .is_some_and(|b| b.outstanding.contains(&l.spec.episode_id))
             {
                 tracing::warn!(episode = %l.spec.episode_id, "episode lease timed out; leasing a copy elsewhere");
+                if let Some(b) = self.batches.get_mut(&l.batch) {
+                    b.copied.insert(l.spec.episode_id.clone());
+                }
                 self.metrics.requeued_episodes.inc();
                 self.queue.push_back(l);
             }

@@ -3,6 +3,15 @@
 //! its `RunEpisodes` stream and brings it to the job's policies and weight versions before it is
 //! leased anything. A lost worker's leases go back to the front of the queue; a result is
 //! delivered once per episode id, so a retried episode is never counted twice.
+//!
+//! Invariants (checked after every command in the tests):
+//! - `leased` is the number of leases held over all workers, kept as they are made and ended,
+//!   so a result or a heartbeat costs the same with 10 workers or 1,000;
+//! - `ready` is the number of ready workers whenever `readiness_changed` is false: it is counted
+//!   again only after a command that can change a worker's readiness;
+//! - an episode held by more than one worker is in its batch's `copied` set (a lease copied after
+//!   its timeout, or a batch submitted again under the same key), so deciding an episode looks
+//!   for other holders only then.
 use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_workflow::program::MethodConfig;
@@ -143,6 +152,8 @@ struct Batch {
     worker_wait: Duration,
     method: MethodConfig,
     versions: Option<Vec<u64>>,
+    /// Episodes that may be held by more than one worker: only these have copies to cancel.
+    copied: HashSet<String>,
 }
 
 /// Handle to the scheduler task.
@@ -229,6 +240,12 @@ struct State {
     sync: HashMap<u64, SyncStats>,
     /// Since when episodes have been queued with no ready worker to take them.
     idle_since: Option<Instant>,
+    /// Leases held over all workers.
+    leased: usize,
+    /// Ready workers, as of the last count.
+    ready: usize,
+    /// A command may have changed some worker's readiness since `ready` was counted.
+    readiness_changed: bool,
 }
 
 impl State {
@@ -251,6 +268,9 @@ impl State {
             waiters: Vec::new(),
             idle_since: None,
             sync: HashMap::new(),
+            leased: 0,
+            ready: 0,
+            readiness_changed: false,
         }
     }
 
@@ -268,6 +288,29 @@ impl State {
         self.settle_waiters();
         self.publish_gauges();
         self.metrics.scheduler_seconds.inc_by(started.elapsed().as_secs_f64());
+        #[cfg(test)]
+        self.check_counts();
+    }
+
+    /// The kept counts against a count of everything (the module's invariants).
+    #[cfg(test)]
+    fn check_counts(&self) {
+        let leased: usize = self.workers.values().map(|w| w.leased.len()).sum();
+        assert_eq!(self.leased, leased, "leases held over all workers");
+        let ready = self.workers.values().filter(|w| self.is_ready(w)).count();
+        assert_eq!(self.ready, ready, "ready workers");
+        let mut holders: HashMap<&str, usize> = HashMap::new();
+        for w in self.workers.values() {
+            for id in w.leased.keys() {
+                *holders.entry(id).or_default() += 1;
+            }
+        }
+        for (id, n) in holders.into_iter().filter(|(_, n)| *n > 1) {
+            assert!(
+                self.batches.values().any(|b| b.copied.contains(id)),
+                "episode {id} is held by {n} workers but is not marked copied"
+            );
+        }
     }
 
     fn handle(&mut self, cmd: Cmd) {
@@ -281,6 +324,7 @@ impl State {
                         w.last_seen = Instant::now();
                         if draining && !w.draining {
                             tracing::info!(worker = %id, "worker is draining; it gets no new episodes");
+                            self.readiness_changed = true;
                         }
                         w.draining |= draining;
                         true
@@ -290,6 +334,7 @@ impl State {
                 let _ = reply.send(known);
             }
             Cmd::SetTarget { target } => {
+                self.readiness_changed = true;
                 let keep = target.generation.saturating_sub(1);
                 self.sync.retain(|g, _| *g >= keep);
                 let mut ids: Vec<String> = self
@@ -315,7 +360,15 @@ impl State {
                 batch: BatchSpec { tag, first, specs, method, limits, versions },
                 results,
             } => {
-                let outstanding = specs.iter().map(|s| s.episode_id.clone()).collect();
+                let outstanding: HashSet<String> =
+                    specs.iter().map(|s| s.episode_id.clone()).collect();
+                let key = BatchKey { job_id, tag };
+                // Submitted again under the same key: its episodes may still run somewhere.
+                let copied = if self.batches.contains_key(&key) {
+                    outstanding.clone()
+                } else {
+                    HashSet::new()
+                };
                 let batch = Batch {
                     results,
                     outstanding,
@@ -326,8 +379,8 @@ impl State {
                     worker_wait: limits.worker_wait.unwrap_or(self.settings.worker_wait),
                     method,
                     versions,
+                    copied,
                 };
-                let key = BatchKey { job_id, tag };
                 self.queue.retain(|l| l.batch != key);
                 self.batches.insert(key.clone(), batch);
                 let now = Instant::now();
@@ -366,9 +419,11 @@ impl State {
                 // A worker that joins later must not load an ended job's policies.
                 if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
                     self.target = None;
+                    self.readiness_changed = true;
                 }
             }
             Cmd::Prepared { id, conn, generation, result } => {
+                self.readiness_changed = true;
                 if let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) {
                     if w.preparing == Some(generation) {
                         w.preparing = None;
@@ -415,14 +470,10 @@ impl State {
                 let _ = reply.send(Snapshot {
                     workers,
                     pending: self.queue.len(),
-                    leased: self.leased(),
+                    leased: self.leased,
                 });
             }
         }
-    }
-
-    fn leased(&self) -> usize {
-        self.workers.values().map(|w| w.leased.len()).sum()
     }
 
     fn is_ready(&self, w: &Worker) -> bool {
@@ -469,6 +520,7 @@ impl State {
             let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(t), None));
         }
         self.workers.insert(id, w);
+        self.readiness_changed = true;
     }
 
     /// Leases queued episodes to ready workers, always to the one with the most free slots, and
@@ -529,6 +581,7 @@ impl State {
             }
             w.leased
                 .insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
+            self.leased += 1;
             if w.free() > 0 {
                 ranked.push((w.free(), Reverse(id)));
             }
@@ -581,13 +634,14 @@ impl State {
         }
     }
 
-    fn publish_gauges(&self) {
+    fn publish_gauges(&mut self) {
+        if std::mem::take(&mut self.readiness_changed) {
+            self.ready = self.workers.values().filter(|w| self.is_ready(w)).count();
+        }
         self.metrics.pending_episodes.set(self.queue.len() as i64);
-        self.metrics.leased_episodes.set(self.leased() as i64);
+        self.metrics.leased_episodes.set(self.leased as i64);
         self.metrics.workers.set(self.workers.len() as i64);
-        self.metrics
-            .ready_workers
-            .set(self.workers.values().filter(|w| self.is_ready(w)).count() as i64);
+        self.metrics.ready_workers.set(self.ready as i64);
     }
 }
 

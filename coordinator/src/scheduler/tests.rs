@@ -217,7 +217,7 @@ fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
         (vec!["e0".to_string(), "e1".into(), "e2".into(), "e3".into()], 0, 0)
     );
     assert_eq!((s.metrics.episodes_completed.get(), s.metrics.duplicate_results.get()), (4, 1));
-    assert_eq!((s.queue.len(), s.leased()), (0, 0));
+    assert_eq!((s.queue.len(), s.leased), (0, 0));
 }
 
 #[test]
@@ -341,7 +341,7 @@ fn a_cancelled_job_stops_its_leases_on_every_worker_and_their_answers_are_ignore
     c2.sort();
     assert_eq!((c1, c2), (on1.clone(), on2.clone()));
     assert_eq!(s.metrics.cancelled_leases.get(), 3);
-    assert_eq!(s.leased(), 1, "the other job's lease stays");
+    assert_eq!(s.leased, 1, "the other job's lease stays");
     assert!(s.workers[holder].leased.contains_key("x0"));
     // The workers answer CANCELLED: nothing is retried, failed or counted twice.
     for (w, ids) in [("w1", &on1), ("w2", &on2)] {
@@ -491,7 +491,7 @@ fn a_cancelled_answer_to_a_live_lease_is_leased_again_without_an_attempt() {
     };
     s.apply(Cmd::Result { id: holder.into(), conn: conn_of(&s, holder), result });
     assert_eq!(told(&mut job), (vec![], vec![], vec![]), "not failed");
-    assert_eq!((s.leased(), s.metrics.requeued_episodes.get()), (1, 1), "leased again");
+    assert_eq!((s.leased, s.metrics.requeued_episodes.get()), (1, 1), "leased again");
     s.apply(ok(&s, holder, "e0"));
     assert_eq!(told(&mut job).0, ["e0"]);
 }
