@@ -47,6 +47,10 @@ pub struct WatchArgs {
     /// One JSON event per line instead of progress bars.
     #[arg(long)]
     json: bool,
+    /// First print the job file the coordinator runs (the submitted file with its overrides
+    /// applied), then follow the job.
+    #[arg(long)]
+    show_job: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -170,6 +174,17 @@ pub fn finish(s: &pb::JobStatus) -> Result<()> {
 pub fn watch_cmd(a: WatchArgs) -> Result<()> {
     runtime()?.block_on(async {
         let mut c = connect(&a.conn.coordinator).await?;
+        if a.show_job {
+            let s = c
+                .get_job(pb::GetJobRequest { job_id: a.job_id.clone() })
+                .await
+                .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+                .into_inner();
+            print!("{}", s.job_toml);
+            if !s.job_toml.ends_with('\n') {
+                println!();
+            }
+        }
         let end = watch(&mut c, &a.job_id, a.json).await?;
         finish(&end)
     })

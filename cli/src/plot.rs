@@ -3,7 +3,7 @@
 //!
 //! The figures are the `comas-plot` crate's (the coordinator draws the same one for a job's
 //! MLflow run); this module is the command: its flags, their checks, the file written.
-pub use comas_plot::{content, read, render, Format, MAX_SIDE, MIN_SIDE};
+pub use comas_plot::{content, read, render, Format};
 
 use comas_plot::{check_side, default_title};
 use content::{Figure, Group, Options};

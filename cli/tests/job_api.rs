@@ -173,6 +173,33 @@ async fn bad_jobs_are_rejected_at_submit_and_nothing_starts() {
     let again = c.resume_job(pb::ResumeJobRequest { job_id: id.clone() }).await.unwrap_err();
     assert!(again.message().contains("only failed or cancelled"), "{}", again.message());
     c.cancel_job(pb::CancelJobRequest { job_id: id.clone() }).await.unwrap();
+
+    // Overrides on the command line: the coordinator keeps and runs the effective job, GetJob
+    // answers it, and `comas watch --show-job` prints it before following the job.
+    let coordinator = format!("http://127.0.0.1:{coord_port}");
+    let comas =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_comas")).args(args).output().unwrap();
+    let job_file = d.join("job.toml").display().to_string();
+    let overrides = ["schedule.steps=5", "name=e2e-over", "output.dir=out-over"];
+    let out = comas(
+        &[&["submit", job_file.as_str()][..], &overrides, &["--coordinator", &coordinator]]
+            .concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let over = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let status = c.get_job(pb::GetJobRequest { job_id: over.clone() }).await.unwrap().into_inner();
+    assert_eq!((status.name.as_str(), status.total_steps), ("e2e-over", 5));
+    let kept = status.job_toml;
+    assert!(kept.contains("steps = 5") && !kept.contains("steps = 3"), "{kept}");
+    assert!(kept.contains("dir = \"out-over\""), "{kept}");
+    c.cancel_job(pb::CancelJobRequest { job_id: over.clone() }).await.unwrap();
+    let out = comas(&["watch", &over, "--show-job", "--json", "--coordinator", &coordinator]);
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(shown.starts_with(&kept), "the effective job first: {shown}");
+    assert!(!out.status.success(), "a cancelled job's watch ends in an error");
+    // Plain watch and list answers carry no job file.
+    let listed = c.list_jobs(pb::ListJobsRequest {}).await.unwrap().into_inner().jobs;
+    assert!(listed.iter().all(|j| j.job_toml.is_empty()));
 }
 
 /// Mutual TLS between every service: a cluster whose coordinator, learners and worker hold

@@ -122,11 +122,19 @@ impl Jobs {
     }
 
     pub fn status(&self, id: &str) -> Result<pb::JobStatus> {
-        let row = self
-            .store
+        Ok(self.status_of(&self.row(id)?))
+    }
+
+    /// The status with the job file the coordinator runs (GetJob's answer).
+    pub fn status_with_job_file(&self, id: &str) -> Result<pb::JobStatus> {
+        let row = self.row(id)?;
+        Ok(pb::JobStatus { job_toml: row.spec.clone(), ..self.status_of(&row) })
+    }
+
+    fn row(&self, id: &str) -> Result<JobRow> {
+        self.store
             .get_job(id)?
-            .ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))?;
-        Ok(self.status_of(&row))
+            .ok_or_else(|| CoordinatorError::Other(format!("no job with id `{id}`")))
     }
 
     pub fn status_of(&self, row: &JobRow) -> pb::JobStatus {
@@ -190,6 +198,7 @@ impl Jobs {
             metrics_path: metrics_path.unwrap_or_default(),
             agents,
             notes: Vec::new(),
+            job_toml: String::new(),
         }
     }
 

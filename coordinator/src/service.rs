@@ -65,7 +65,7 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<pb::JobStatus>, Status> {
         self.allow(&request, Scope::Read, "GetJob")?;
         self.jobs
-            .status(&request.into_inner().job_id)
+            .status_with_job_file(&request.into_inner().job_id)
             .map(Response::new)
             .map_err(|e| Status::not_found(e.to_string()))
     }
