@@ -63,6 +63,7 @@ async fn a_generated_python_grpc_client_runs_a_job_over_mutual_tls() {
         ("COMAS_TLS_CA", ca.clone()),
     ];
     let c = Cluster::launch_env(dir.path(), ports, 1, &[], 2, &["--max-episodes", "3"], &env);
+    c.coordinator_listening().await;
     let target = format!("127.0.0.1:{}", c.coord_port);
     let (job_s, base) = (job.display().to_string(), dir.path().display().to_string());
     let proto = root().join("proto/proto").display().to_string();

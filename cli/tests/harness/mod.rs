@@ -399,6 +399,21 @@ impl Cluster {
         self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(more.iter().copied()).collect()
     }
 
+    /// Waits until the coordinator's gRPC port takes connections: a client the test does not
+    /// drive through `client()` (a third-party one) gets no retry of its own.
+    pub async fn coordinator_listening(&self) {
+        let at = (self.ip_of("coordinator"), self.coord_port);
+        let started = Instant::now();
+        while std::net::TcpStream::connect((at.0.as_str(), at.1)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the coordinator did not listen within 60 s\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn client(&self) -> CoordinatorClient<tonic::transport::Channel> {
         let started = Instant::now();
         loop {
