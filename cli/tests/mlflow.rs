@@ -27,7 +27,7 @@ fn venv_bin(name: &str) -> PathBuf {
 /// A real `mlflow server` with its own store and artifact folder under `dir`.
 struct MlflowServer {
     url: String,
-    _proc: Proc,
+    proc: Proc,
 }
 
 impl MlflowServer {
@@ -45,6 +45,9 @@ impl MlflowServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
+        // Its own process group: the server forks uvicorn and job consumers, which a kill of
+        // the server alone would leave running (hundreds of MB each); Drop kills the group.
+        cmd.process_group(0);
         // SAFETY: prctl(2) in the child before exec: the server dies with the test.
         unsafe {
             cmd.pre_exec(|| {
@@ -63,7 +66,7 @@ impl MlflowServer {
             );
             std::thread::sleep(Duration::from_millis(250));
         }
-        MlflowServer { url, _proc: proc }
+        MlflowServer { url, proc }
     }
 
     fn healthy(port: u16) -> bool {
@@ -86,6 +89,15 @@ impl MlflowServer {
             .unwrap();
         assert!(out.status.success(), "read_mlflow.py: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for MlflowServer {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of the process group the server leads (its pid is the group's id).
+        unsafe {
+            libc::kill(-(self.proc.child.id() as i32), libc::SIGKILL);
+        }
     }
 }
 
