@@ -78,10 +78,7 @@ pub fn run(args: Args) -> Result<()> {
         eprintln!("comas plot: left out panels without data: {}", list.join(", "));
     }
     let grid = Grid::new(figure.panels.len(), args.width, args.height, args.columns)?;
-    let bytes = match format {
-        Format::Svg => render::svg(&figure, &grid)?.into_bytes(),
-        Format::Png => render::png(&figure, &grid)?,
-    };
+    let bytes = comas_plot::draw(&figure, format, &grid)?;
     write_atomic(&args.output, &bytes)?;
     tracing::info!(output = %args.output.display(), from = %what, panels = figure.panels.len(), "wrote plot");
     Ok(())

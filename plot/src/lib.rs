@@ -56,12 +56,11 @@ pub fn default_title(m: &Metrics, log_name: &str) -> String {
     }
 }
 
-/// A figure drawn as `format` on a grid of `width` pixels (height and columns by default).
-pub fn draw(figure: &Figure, format: Format, width: u32) -> Result<Vec<u8>> {
-    let grid = Grid::new(figure.panels.len(), width, None, None)?;
+/// A figure drawn as `format` on `grid`.
+pub fn draw(figure: &Figure, format: Format, grid: &Grid) -> Result<Vec<u8>> {
     Ok(match format {
-        Format::Svg => render::svg(figure, &grid)?.into_bytes(),
-        Format::Png => render::png(figure, &grid)?,
+        Format::Svg => render::svg(figure, grid)?.into_bytes(),
+        Format::Png => render::png(figure, grid)?,
     })
 }
 
@@ -69,5 +68,7 @@ pub fn draw(figure: &Figure, format: Format, width: u32) -> Result<Vec<u8>> {
 /// the team's rewards only, the default title and size.
 pub fn default_png(m: &Metrics, log_name: &str) -> Result<Vec<u8>> {
     let options = Options { title: default_title(m, log_name), roles: false, groups: Vec::new() };
-    draw(&Figure::build(m, &options)?, Format::Png, DEFAULT_WIDTH)
+    let figure = Figure::build(m, &options)?;
+    let grid = Grid::new(figure.panels.len(), DEFAULT_WIDTH, None, None)?;
+    draw(&figure, Format::Png, &grid)
 }
