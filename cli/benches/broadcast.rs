@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 const WORKERS: [usize; 4] = [1, 2, 4, 8];
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    comas_service::port::spare_port().unwrap()
 }
 
 /// A counter from a Prometheus endpoint.

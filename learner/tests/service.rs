@@ -472,9 +472,8 @@ fn the_binary_serves_and_stops_on_sigterm() {
     write_model(&model, &TinySpec::tiny(Architecture::Qwen2)).unwrap();
     let cfg = dir.path().join("train.toml");
     std::fs::write(&cfg, "lr = 1e-4\n").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_port =
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = comas_service::port::spare_port().unwrap();
+    let metrics_port = comas_service::port::spare_port().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-learner"))
         .args(["serve", "--model", model.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
         .env("COMAS_LEARNER_LISTEN", format!("127.0.0.1:{port}"))

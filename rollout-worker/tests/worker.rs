@@ -467,8 +467,7 @@ async fn a_relay_chain_delivers_the_learners_weights_once_and_a_broken_hop_falls
         ]
     );
     // The fourth worker is sent to a peer that is gone.
-    let dead =
-        { std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string() };
+    let dead = format!("127.0.0.1:{}", comas_service::port::spare_port().unwrap());
     let d = ask(&workers[3].1, &dead, true).await;
     assert_eq!(
         (d.served_by.as_str(), d.relayed, d.bytes),
@@ -898,9 +897,8 @@ async fn evaluation_calls_fit_the_context_instead_of_failing() {
 
 #[test]
 fn the_binary_exposes_metrics_and_stops_on_sigterm() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let metrics_port =
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = comas_service::port::spare_port().unwrap();
+    let metrics_port = comas_service::port::spare_port().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
         .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
         .env("COMAS_WORKER_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
@@ -1046,7 +1044,7 @@ async fn faulty_worker(
     model: &Path,
     fault: &str,
 ) -> (std::process::Child, RolloutWorkerClient<tonic::transport::Channel>) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = comas_service::port::spare_port().unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_comas-rollout-worker"))
         .env("COMAS_WORKER_LISTEN", format!("127.0.0.1:{port}"))
         .env("COMAS_WORKER_FAULT", fault)

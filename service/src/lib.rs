@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod limits;
 pub mod local_ca;
 pub mod openai;
+pub mod port;
 pub mod prom;
 pub mod roots;
 pub mod tls;

@@ -42,8 +42,10 @@ impl Drop for Proc {
     }
 }
 
+/// A port for a service the test starts (below the kernel's ephemeral range: see
+/// `comas_service::port`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    comas_service::port::spare_port().unwrap()
 }
 
 pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Proc {

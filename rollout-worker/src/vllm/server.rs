@@ -69,11 +69,6 @@ pub fn lora_rank_bound(r: i64) -> Result<i64, VllmError> {
     LORA_RANKS.iter().copied().find(|&k| k >= r).ok_or(VllmError::LoraRank(r))
 }
 
-fn free_port() -> Result<u16, VllmError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(VllmError::Spawn)?;
-    Ok(l.local_addr().map_err(VllmError::Spawn)?.port())
-}
-
 /// The last bytes of a log file, for an error message.
 pub fn log_tail(path: &Path) -> String {
     let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
@@ -120,7 +115,7 @@ impl VllmServer {
 
     /// Starts a server for `spec` and waits until it answers (at most `settings.startup`).
     pub fn start(settings: &VllmSettings, spec: &ServeSpec, tag: &str) -> Result<Self, VllmError> {
-        let port = free_port()?;
+        let port = comas_service::port::spare_port().map_err(VllmError::Spawn)?;
         std::fs::create_dir_all(&settings.work_dir).map_err(VllmError::Spawn)?;
         let log = settings.work_dir.join(format!("vllm-{tag}.log"));
         let out = std::fs::File::create(&log).map_err(VllmError::Spawn)?;
