@@ -14,6 +14,7 @@
 #   COMAS_BIN=/path/to/comas ...                       # a fixed binary (no build)
 #   SETTINGS=pilot.json RUNS=runs/lvt-pilot ...         # other settings (a pilot)
 #   KEEP=experiments/learning-vs-trl/results-v2 ...     # keep finished parts in the tree
+#   REPORT=docs/experiments/x.md ...                    # where the report goes (none: no report)
 #
 # KEEP (experiments/study.sh): a committed folder that holds each finished evaluation and each
 # finished run's logs, so that a study spread over sessions redoes only the part under way. A run
@@ -168,4 +169,6 @@ for seed in $seeds; do
     fi
   done
 done
-"$root/.venv-trl/bin/python" "$here/report.py" --runs "$runs" --settings "$settings" --out "${REPORT:-docs/experiments/learning-vs-trl.md}"
+# REPORT=none: no report (timing.sh's rounds have no evaluations to report).
+[ "${REPORT:-}" = none ] ||
+  "$root/.venv-trl/bin/python" "$here/report.py" --runs "$runs" --settings "$settings" --out "${REPORT:-docs/experiments/learning-vs-trl.md}"
