@@ -523,8 +523,6 @@ impl State {
         self.readiness_changed = true;
     }
 
-    /// Leases queued episodes to ready workers, always to the one with the most free slots, and
-    /// never to a worker that already runs the same episode.
     /// Leases queued episodes to open workers, the one with the most free slots first (ties to
     /// the smallest id), never to a worker already running the same episode. The open workers
     /// are ranked once per call, so a call costs O((leases + workers) log workers), not a scan
