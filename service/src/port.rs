@@ -22,7 +22,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// caller's child binds it a moment later; only a process that picks the same port on purpose
 /// can take it first.
 pub fn spare_port() -> std::io::Result<u16> {
-    let end = ephemeral_start().max(FIRST + 1);
+    let end = range_end();
     for _ in FIRST..end {
         let port = candidate(NEXT.fetch_add(1, Ordering::Relaxed), end);
         // Any address: a port held on one address only would still clash with a wildcard bind.
@@ -44,6 +44,12 @@ fn candidate(n: u32, end: u32) -> u16 {
     (FIRST + (start + n % span) % span) as u16
 }
 
+/// One past the last port handed out: the start of the kernel's ephemeral range (at least one
+/// port above `FIRST`).
+fn range_end() -> u32 {
+    ephemeral_start().max(FIRST + 1)
+}
+
 /// The first port of the kernel's ephemeral range.
 fn ephemeral_start() -> u32 {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -58,7 +64,7 @@ mod tests {
 
     #[test]
     fn ports_are_below_the_ephemeral_range_and_never_repeat() {
-        let end = ephemeral_start();
+        let end = range_end();
         let ports: Vec<u16> = (0..200).map(|_| spare_port().unwrap()).collect();
         assert!(ports.iter().all(|&p| (FIRST..end).contains(&(p as u32))), "{ports:?}");
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
@@ -69,7 +75,7 @@ mod tests {
     fn a_held_port_is_skipped() {
         let port = spare_port().unwrap();
         // Hold the next port this process would try, then ask again.
-        let held_port = candidate(NEXT.load(Ordering::Relaxed), ephemeral_start().max(FIRST + 1));
+        let held_port = candidate(NEXT.load(Ordering::Relaxed), range_end());
         let held = TcpListener::bind((Ipv4Addr::LOCALHOST, held_port));
         let got = spare_port().unwrap();
         assert_ne!(got, port);
