@@ -9,6 +9,9 @@ impl State {
         if let Some(w) = self.workers.remove(id) {
             self.leased -= w.leased.len();
             self.readiness_changed = true;
+            if let Some(free) = w.ranked {
+                self.open.remove(&(Reverse(free), id.to_string()));
+            }
             let mut back: Vec<Lease> = w
                 .leased
                 .into_values()
@@ -45,6 +48,7 @@ impl State {
         self.metrics.cancelled_leases.inc();
         // A connection that has ended is noticed by the next lease; nothing runs there then.
         let _ = w.tx.send(WorkerMsg::Cancel(vec![episode.to_string()]));
+        self.rerank(worker);
     }
 
     /// Once an episode of `batch` is decided (accepted, or failed for good), the copies of it
@@ -79,6 +83,12 @@ impl State {
             return;
         };
         self.leased -= 1;
+        if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
+            // Not the episode's fault: the worker is going away (its lease is re-queued below).
+            w.draining = true;
+            self.readiness_changed = true;
+        }
+        self.rerank(&id);
         let Some(batch) = self.batches.get_mut(&lease.batch) else { return };
         if !batch.outstanding.contains(&r.episode_id) {
             self.metrics.duplicate_results.inc();
@@ -114,9 +124,6 @@ impl State {
             }
         }
         if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
-            // Not the episode's fault: the worker is going away.
-            w.draining = true;
-            self.readiness_changed = true;
             self.metrics.requeued_episodes.inc();
             self.queue.push_front(Lease { since: Instant::now(), copied: false, ..lease });
             return;

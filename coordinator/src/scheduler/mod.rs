@@ -9,6 +9,9 @@
 //!   so a result or a heartbeat costs the same with 10 workers or 1,000;
 //! - `ready` is the number of ready workers whenever `readiness_changed` is false: it is counted
 //!   again only after a command that can change a worker's readiness;
+//! - `open` holds exactly the workers a lease may go to now (ready, not draining, a free slot),
+//!   each under its free slots as recorded in its `ranked`: every change to a worker's slots,
+//!   readiness or draining re-ranks it (`rerank`), so a lease costs O(log workers);
 //! - an episode held by more than one worker is in its batch's `copied` set (a lease copied after
 //!   its timeout, or a batch submitted again under the same key), so deciding an episode looks
 //!   for other holders only then.
@@ -16,7 +19,7 @@ use crate::metrics::Metrics;
 use comas_proto::v1 as pb;
 use comas_workflow::program::MethodConfig;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -136,6 +139,8 @@ struct Worker {
     last_seen: Instant,
     draining: bool,
     last_error: String,
+    /// The free slots it is in `State::open` under, if it is there.
+    ranked: Option<u32>,
 }
 
 impl Worker {
@@ -143,6 +148,9 @@ impl Worker {
         self.capacity.saturating_sub(self.leased.len() as u32)
     }
 }
+
+/// A place in `State::open`: most free slots first, ties to the smallest id.
+type Rank = (Reverse<u32>, String);
 
 struct Batch {
     results: mpsc::UnboundedSender<Delivery>,
@@ -246,6 +254,8 @@ struct State {
     ready: usize,
     /// A command may have changed some worker's readiness since `ready` was counted.
     readiness_changed: bool,
+    /// The workers a lease may go to now, best first (see the module's invariants).
+    open: BTreeSet<Rank>,
 }
 
 impl State {
@@ -271,6 +281,7 @@ impl State {
             leased: 0,
             ready: 0,
             readiness_changed: false,
+            open: BTreeSet::new(),
         }
     }
 
@@ -311,6 +322,12 @@ impl State {
                 "episode {id} is held by {n} workers but is not marked copied"
             );
         }
+        let open: BTreeSet<Rank> = self
+            .workers
+            .iter()
+            .filter_map(|(id, w)| self.open_with(w).map(|free| (Reverse(free), id.clone())))
+            .collect();
+        assert_eq!(self.open, open, "the workers a lease may go to");
     }
 
     fn handle(&mut self, cmd: Cmd) {
@@ -331,6 +348,7 @@ impl State {
                     }
                     None => false,
                 };
+                self.rerank(&id);
                 let _ = reply.send(known);
             }
             Cmd::SetTarget { target } => {
@@ -353,6 +371,7 @@ impl State {
                     let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(&target), peer));
                 }
                 self.target = Some(target);
+                self.rerank_all();
             }
             Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
             Cmd::Submit {
@@ -420,6 +439,7 @@ impl State {
                 if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
                     self.target = None;
                     self.readiness_changed = true;
+                    self.rerank_all();
                 }
             }
             Cmd::Prepared { id, conn, generation, result } => {
@@ -441,6 +461,7 @@ impl State {
                         }
                     }
                 }
+                self.rerank(&id);
             }
             Cmd::Result { id, conn, result } => self.on_result(id, conn, result),
             Cmd::Lost { id, conn, reason } => {
@@ -480,12 +501,42 @@ impl State {
         !w.draining && self.target.as_ref().is_some_and(|t| w.ready_gen == Some(t.generation))
     }
 
+    /// The free slots `w` belongs in `open` under, if a lease may go to it now.
+    fn open_with(&self, w: &Worker) -> Option<u32> {
+        (self.is_ready(w) && w.free() > 0).then(|| w.free())
+    }
+
+    /// Puts worker `id` where it belongs in `open` now: called after anything that changes its
+    /// free slots, its readiness or its draining (a worker no longer known is already out).
+    fn rerank(&mut self, id: &str) {
+        let Some(w) = self.workers.get(id) else { return };
+        let now = self.open_with(w);
+        if now == w.ranked {
+            return;
+        }
+        if let Some(was) = w.ranked {
+            self.open.remove(&(Reverse(was), id.to_string()));
+        }
+        if let Some(free) = now {
+            self.open.insert((Reverse(free), id.to_string()));
+        }
+        self.workers.get_mut(id).expect("looked up above").ranked = now;
+    }
+
+    /// Every worker re-ranked: the target changed, and with it every worker's readiness.
+    fn rerank_all(&mut self) {
+        let ids: Vec<String> = self.workers.keys().cloned().collect();
+        for id in ids {
+            self.rerank(&id);
+        }
+    }
+
     fn register(&mut self, id: String, address: String, capacity: u32, incarnation: u64) {
         if let Some(w) = self.workers.get_mut(&id) {
             if w.address == address && w.incarnation == incarnation {
                 w.last_seen = Instant::now();
                 w.capacity = capacity.max(1);
-                return;
+                return self.rerank(&id);
             }
             // A restarted process lost its policies and its episodes, whatever its address.
             let why = if w.address == address {
@@ -513,6 +564,7 @@ impl State {
             last_seen: Instant::now(),
             draining: false,
             last_error: String::new(),
+            ranked: None,
         };
         if let Some(t) = &self.target {
             w.preparing = Some(t.generation);
@@ -525,24 +577,14 @@ impl State {
 
     /// Leases queued episodes to open workers, the one with the most free slots first (ties to
     /// the smallest id), never to a worker already running the same episode. The open workers
-    /// are ranked once per call, so a call costs O((leases + workers) log workers), not a scan
-    /// of every worker per lease (1,000 workers: see the fleet bench).
+    /// are kept ranked as they change (`open`), so a lease costs O(log workers), not a look at
+    /// every worker (1,000 workers: see the fleet bench).
     fn dispatch(&mut self) {
         if self.queue.is_empty() {
             return self.note_idle();
         }
-        let target_gen = self.target.as_ref().map(|t| t.generation);
-        let open = |w: &Worker| {
-            !w.draining && target_gen.is_some() && w.ready_gen == target_gen && w.free() > 0
-        };
-        let mut ranked: BinaryHeap<(u32, Reverse<String>)> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| open(w))
-            .map(|(id, w)| (w.free(), Reverse(id.clone())))
-            .collect();
         let mut i = 0;
-        while i < self.queue.len() && !ranked.is_empty() {
+        while i < self.queue.len() && !self.open.is_empty() {
             let l = &self.queue[i];
             if !self
                 .batches
@@ -553,23 +595,19 @@ impl State {
                 continue;
             }
             // The best worker that does not hold this episode already (a copy goes elsewhere).
-            let mut skipped = Vec::new();
-            let mut chosen = None;
-            while let Some(top) = ranked.pop() {
-                if self.workers[&top.1 .0].leased.contains_key(&l.spec.episode_id) {
-                    skipped.push(top);
-                } else {
-                    chosen = Some(top);
-                    break;
-                }
-            }
-            ranked.extend(skipped);
-            let Some((_, Reverse(id))) = chosen else {
+            let episode = &l.spec.episode_id;
+            let chosen = self
+                .open
+                .iter()
+                .map(|(_, id)| id)
+                .find(|id| !self.workers[*id].leased.contains_key(episode))
+                .cloned();
+            let Some(id) = chosen else {
                 i += 1;
                 continue;
             };
             let lease = self.queue.remove(i).expect("index in range");
-            let w = self.workers.get_mut(&id).expect("ranked workers exist");
+            let w = self.workers.get_mut(&id).expect("open workers exist");
             if w.tx.send(WorkerMsg::Lease(lease.spec.clone())).is_err() {
                 self.queue.push_front(lease);
                 self.drop_worker(&id, "connection task ended");
@@ -580,9 +618,7 @@ impl State {
             w.leased
                 .insert(lease.spec.episode_id.clone(), Lease { since: Instant::now(), ..lease });
             self.leased += 1;
-            if w.free() > 0 {
-                ranked.push((w.free(), Reverse(id)));
-            }
+            self.rerank(&id);
         }
         self.note_idle();
     }
