@@ -62,14 +62,59 @@ async fn a_tls_job_across_namespaces_ends_exact_and_each_byte_leaves_its_learner
     }
 }
 
-/// Network faults during a 12-step job of two agents and three workers, each at a stage of the
-/// job where it hurts: a worker cut off from everyone during a rollout, a worker cut off from
-/// the coordinator only, a learner cut off during training and another during the broadcast,
-/// then for 30 s a learner's link throttled to 1 Mbit/s with 5 % loss on a worker's and a
-/// learner's links, and in that time a relay worker cut off in the middle of a broadcast. The job
-/// completes with the exact counts, every turn on its step's version, and final weights
-/// byte-identical to an undisturbed run. (One episode per worker at a time, as in the kill test,
-/// so that no batch differs between the runs.)
+/// A delayed link holds every frame its delay each way, and `heal` takes the line out again: a
+/// one-byte echo between two namespaces, before, during and after 300 ms on one side's link.
+#[test]
+fn a_delayed_link_adds_its_delay_each_way_and_heal_removes_it() {
+    use harness::delay_line::in_namespace;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let net = harness::netns::Net::new(&["a", "b"], None);
+    let at = (net.ip("a").to_string(), 7000);
+    let listener = in_namespace(net.ns_of("a").unwrap(), || TcpListener::bind(&at).unwrap());
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut byte = [0u8; 1];
+            while s.read_exact(&mut byte).is_ok() && s.write_all(&byte).is_ok() {}
+        }
+    });
+    // The median of five echoes on one connection (opened first, so no handshake counts).
+    let echo = || {
+        in_namespace(net.ns_of("b").unwrap(), || {
+            let mut s = TcpStream::connect(&at).unwrap();
+            s.set_nodelay(true).unwrap();
+            let mut times: Vec<Duration> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    s.write_all(b"x").unwrap();
+                    s.read_exact(&mut [0u8; 1]).unwrap();
+                    t.elapsed()
+                })
+                .collect();
+            times.sort();
+            times[2]
+        })
+    };
+    let before = echo();
+    net.delay("a", Duration::from_millis(300));
+    let during = echo();
+    net.heal("a");
+    let after = echo();
+    eprintln!("echo before {before:?}, with 300 ms each way {during:?}, healed {after:?}");
+    assert!(during >= Duration::from_millis(600), "{during:?}");
+    // Healed, no frame waits on a line: far under one delay even on busy cores.
+    assert!(before < Duration::from_millis(300) && after < Duration::from_millis(300));
+}
+
+/// Network faults during a 12-step job of two agents and three workers, each at a stage of the job
+/// where it hurts: a worker cut off from everyone during a rollout, a worker cut off from the
+/// coordinator only, a learner cut off during training and another during the broadcast, then for
+/// 30 s a learner's link throttled to 1 Mbit/s with 5 % loss on a worker's and a learner's links,
+/// and in that time a relay worker cut off in the middle of a broadcast, then 300 ms added each way
+/// on a learner's and a worker's links through a training and a broadcast. The job completes with
+/// the exact counts, every turn on its step's version, and final weights byte-identical to an
+/// undisturbed run. (One episode per worker at a time, as in the kill test, so that no batch
+/// differs between the runs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_faults_change_nothing_in_the_result() {
     const FAULT_STEPS: u64 = 12;
@@ -158,6 +203,21 @@ async fn network_faults_change_nothing_in_the_result() {
     log(
         "30 s of 5 % loss and a 1 Mbit/s learner link ended",
         c.status(&id).await.unwrap().steps_done,
+    );
+
+    // 300 ms each way on a learner's and a worker's links, through a training and a broadcast.
+    for name in ["learner-0", "worker-1"] {
+        net.delay(name, Duration::from_millis(300));
+    }
+    next("train").await;
+    let step = next("broadcast").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["learner-0", "worker-1"] {
+        net.heal(name);
+    }
+    log(
+        "300 ms each way on learner-0's and worker-1's links through a training and a broadcast",
+        step,
     );
 
     eprintln!("faults: {done:?}");

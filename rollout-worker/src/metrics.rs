@@ -11,6 +11,7 @@ pub struct Metrics {
     generated_tokens: IntCounter,
     episodes_done: IntCounter,
     episodes_cancelled: IntCounter,
+    episodes_cancelled_before_start: IntCounter,
     tokens_after_stop: IntCounter,
     prompts_truncated: IntCounter,
     prompts_refused: IntCounter,
@@ -44,6 +45,10 @@ impl Metrics {
             episodes_cancelled: counter(
                 "episodes_cancelled_total",
                 "episodes stopped by the coordinator's cancel before their end",
+            ),
+            episodes_cancelled_before_start: counter(
+                "episodes_cancelled_before_start_total",
+                "episodes refused on arrival because their cancel had come first",
             ),
             tokens_after_stop: counter(
                 "tokens_after_stop_total",
@@ -110,6 +115,8 @@ impl Metrics {
         catch_up(&self.generated_tokens, s.generated_tokens.load(Ordering::Relaxed));
         catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
         catch_up(&self.episodes_cancelled, s.episodes_cancelled.load(Ordering::Relaxed));
+        let early = s.episodes_cancelled_before_start.load(Ordering::Relaxed);
+        catch_up(&self.episodes_cancelled_before_start, early);
         catch_up(&self.tokens_after_stop, s.tokens_after_stop.load(Ordering::Relaxed));
         catch_up(&self.prompts_truncated, s.prompts_truncated.load(Ordering::Relaxed));
         catch_up(&self.prompts_refused, s.prompts_refused.load(Ordering::Relaxed));

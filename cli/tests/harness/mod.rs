@@ -10,6 +10,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 mod comas_job;
+pub mod delay_line;
 mod fleet;
 mod method_jobs;
 mod net_cluster;

@@ -1,9 +1,10 @@
 //! An emulated cluster network on one machine (issue 45): every service in its own network
 //! namespace, all joined by a bridge in a hub namespace, as pods on a cluster network. Each
-//! service's link can be shaped (`tc tbf`: a rate in both directions), cut (its bridge port
-//! down: silent, as a pulled cable), partitioned from one peer, or made lossy (`iptables` in its
-//! namespace, silent drops). The test process reaches the services through one veth of its own
-//! on the same /24; no traffic leaves the addresses a `Net` makes.
+//! service's link can be shaped (`tc tbf`: a rate in both directions), cut (its bridge port down:
+//! silent, as a pulled cable), partitioned from one peer, made lossy (`iptables` in its namespace,
+//! silent drops), or delayed (a user-space delay line, `delay_line`). The test process reaches the
+//! services through one veth of its own on the same /24; no traffic leaves the addresses a `Net`
+//! makes.
 //!
 //! Invariants:
 //! - everything a `Net` makes is named from `comas-net-<pid>-<n>` (namespaces) or `cn<k>`
@@ -14,9 +15,12 @@
 //! - a fault changes only the link of the service it names; `heal` restores that link.
 //!
 //! Needs root, `ip`, `tc` and `iptables-legacy` (`scripts/setup-netns.sh` installs iptables).
+use super::delay_line::DelayLine;
+use std::collections::HashMap;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
+use std::time::Duration;
 
 const PREFIX: &str = "comas-net-";
 const IPTABLES: &str = "iptables-legacy";
@@ -46,6 +50,8 @@ pub struct Net {
     pub hosts: Vec<Host>,
     /// Every link's shape when no fault is on it.
     base: Option<Shape>,
+    /// The delay lines on services' links, by service.
+    delays: Mutex<HashMap<String, DelayLine>>,
 }
 
 /// Nets alive in this process, for the Ctrl-C handler.
@@ -66,7 +72,14 @@ impl Net {
         let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
         let subnet = free_subnet();
         let hub = format!("{tag}-hub");
-        let mut net = Net { tag: tag.clone(), subnet, hub: hub.clone(), hosts: Vec::new(), base };
+        let mut net = Net {
+            tag: tag.clone(),
+            subnet,
+            hub: hub.clone(),
+            hosts: Vec::new(),
+            base,
+            delays: Mutex::new(HashMap::new()),
+        };
         live.push(tag);
         ip(&["netns", "add", &hub]);
         ip(&["-n", &hub, "link", "set", "lo", "up"]);
@@ -200,9 +213,36 @@ impl Net {
         }
     }
 
-    /// Undoes every fault on `name`'s link: port up, no drops, its base shape.
+    /// Holds every frame of `name`'s link `delay`, each way (a round trip through it gains
+    /// twice that): its bridge port moves to a bridge of its own, joined to the net's by a
+    /// delay line. Its shape, cuts and drops still apply.
+    pub fn delay(&self, name: &str, delay: Duration) {
+        let h = self.host(name);
+        // cn<k>p<i> (the port) beside cn<k>x<i> (its bridge), cn<k>a<i> and cn<k>b<i> (the taps).
+        let beside = |c: &str| h.port.replacen('p', c, 1);
+        let (bridge, a, b) = (beside("x"), beside("a"), beside("b"));
+        let mut delays = self.delays.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(!delays.contains_key(name), "{name}'s link is already delayed");
+        let line = DelayLine::new(&self.hub, &a, &b, delay);
+        let hub = |args: &[&str]| ip(&[&["-n", self.hub.as_str()], args].concat());
+        hub(&["link", "add", &bridge, "type", "bridge"]);
+        hub(&["link", "set", &bridge, "up"]);
+        hub(&["link", "set", &a, "master", &bridge, "up"]);
+        hub(&["link", "set", &b, "master", "br0", "up"]);
+        hub(&["link", "set", &h.port, "master", &bridge]);
+        delays.insert(name.to_string(), line);
+    }
+
+    /// Undoes every fault on `name`'s link: port up on the net's bridge, no delay, no drops,
+    /// its base shape.
     pub fn heal(&self, name: &str) {
         let h = self.host(name);
+        let line = self.delays.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        if let Some(line) = line {
+            ip(&["-n", &self.hub, "link", "set", &h.port, "master", "br0"]);
+            drop(line);
+            in_ns_lenient(&self.hub, &["ip", "link", "del", &h.port.replacen('p', "x", 1)]);
+        }
         ip(&["-n", &self.hub, "link", "set", &h.port, "up"]);
         for (_, chain) in FAULT_CHAINS {
             in_ns(&h.ns, &[IPTABLES, "-w", "-F", chain]);

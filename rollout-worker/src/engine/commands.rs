@@ -72,8 +72,11 @@ pub enum Command {
 pub struct Stats {
     pub generated_tokens: AtomicU64,
     pub episodes_done: AtomicU64,
-    /// Episodes stopped by a cancel.
+    /// Running episodes stopped by a cancel (each one in the stopped count of its cancel's answer).
     pub episodes_cancelled: AtomicU64,
+    /// Episodes refused on arrival because their cancel came first (its answer called them
+    /// unknown: a lease and its cancel travel on different calls).
+    pub episodes_cancelled_before_start: AtomicU64,
     /// Tokens generated for episodes already stopped (sequences that went on decoding).
     pub tokens_after_stop: AtomicU64,
     pub running_sequences: AtomicU64,

@@ -319,7 +319,7 @@ impl<'m> Runtime<'m> {
             return fail(&results, job.episode_id, EngineError::Draining);
         }
         if self.remembered.take(&job.episode_id) {
-            self.stats.episodes_cancelled.fetch_add(1, Ordering::Relaxed);
+            self.stats.episodes_cancelled_before_start.fetch_add(1, Ordering::Relaxed);
             return fail(&results, job.episode_id, EngineError::Cancelled);
         }
         if let Some(a) =
