@@ -12,6 +12,7 @@ impl State {
             if let Some(free) = w.ranked {
                 self.open.remove(&(Reverse(free), id.to_string()));
             }
+            self.ready -= usize::from(w.counted_ready);
             let mut back: Vec<Lease> = w
                 .leased
                 .into_values()

@@ -7,11 +7,13 @@
 //! Invariants (checked after every command in the tests):
 //! - `leased` is the number of leases held over all workers, kept as they are made and ended,
 //!   so a result or a heartbeat costs the same with 10 workers or 1,000;
-//! - `ready` is the number of ready workers whenever `readiness_changed` is false: it is counted
-//!   again only after a command that can change a worker's readiness;
-//! - `open` holds exactly the workers a lease may go to now (ready, not draining, a free slot),
-//!   each under its free slots as recorded in its `ranked`: every change to a worker's slots,
-//!   readiness or draining re-ranks it (`rerank`), so a lease costs O(log workers);
+//! - `ready` is the number of ready workers, and `open` holds exactly the workers a lease may go
+//!   to now (ready, not draining, a free slot), each under the free slots recorded in its
+//!   `ranked`: every change to a worker's slots, readiness or draining re-ranks it (`rerank`),
+//!   so a lease costs O(log workers) and no command counts the workers again;
+//! - the waiters for a generation are looked at again only after a command that can change a
+//!   worker's readiness or adds a waiter (`readiness_changed`): a heartbeat or a result during a
+//!   broadcast costs the same with 10 workers or 1,000;
 //! - an episode held by more than one worker is in its batch's `copied` set (a lease copied after
 //!   its timeout, or a batch submitted again under the same key), so deciding an episode looks
 //!   for other holders only then.
@@ -141,6 +143,8 @@ struct Worker {
     last_error: String,
     /// The free slots it is in `State::open` under, if it is there.
     ranked: Option<u32>,
+    /// Whether it is counted in `State::ready`.
+    counted_ready: bool,
 }
 
 impl Worker {
@@ -250,9 +254,10 @@ struct State {
     idle_since: Option<Instant>,
     /// Leases held over all workers.
     leased: usize,
-    /// Ready workers, as of the last count.
+    /// Ready workers.
     ready: usize,
-    /// A command may have changed some worker's readiness since `ready` was counted.
+    /// A command may have changed some worker's readiness, or added a waiter, since the waiters
+    /// were last looked at.
     readiness_changed: bool,
     /// The workers a lease may go to now, best first (see the module's invariants).
     open: BTreeSet<Rank>,
@@ -373,7 +378,10 @@ impl State {
                 self.target = Some(target);
                 self.rerank_all();
             }
-            Cmd::WaitPrepared { generation, reply } => self.waiters.push((generation, reply)),
+            Cmd::WaitPrepared { generation, reply } => {
+                self.waiters.push((generation, reply));
+                self.readiness_changed = true;
+            }
             Cmd::Submit {
                 job_id,
                 batch: BatchSpec { tag, first, specs, method, limits, versions },
@@ -506,21 +514,32 @@ impl State {
         (self.is_ready(w) && w.free() > 0).then(|| w.free())
     }
 
-    /// Puts worker `id` where it belongs in `open` now: called after anything that changes its
-    /// free slots, its readiness or its draining (a worker no longer known is already out).
+    /// Counts worker `id` as ready or not and puts it where it belongs in `open` now: called
+    /// after anything that changes its free slots, its readiness or its draining (a worker no
+    /// longer known is already out of both).
     fn rerank(&mut self, id: &str) {
         let Some(w) = self.workers.get(id) else { return };
-        let now = self.open_with(w);
-        if now == w.ranked {
+        let (ready, now) = (self.is_ready(w), self.open_with(w));
+        if (ready, now) == (w.counted_ready, w.ranked) {
             return;
         }
-        if let Some(was) = w.ranked {
-            self.open.remove(&(Reverse(was), id.to_string()));
+        if ready != w.counted_ready {
+            if ready {
+                self.ready += 1;
+            } else {
+                self.ready -= 1;
+            }
         }
-        if let Some(free) = now {
-            self.open.insert((Reverse(free), id.to_string()));
+        if now != w.ranked {
+            if let Some(was) = w.ranked {
+                self.open.remove(&(Reverse(was), id.to_string()));
+            }
+            if let Some(free) = now {
+                self.open.insert((Reverse(free), id.to_string()));
+            }
         }
-        self.workers.get_mut(id).expect("looked up above").ranked = now;
+        let w = self.workers.get_mut(id).expect("looked up above");
+        (w.counted_ready, w.ranked) = (ready, now);
     }
 
     /// Every worker re-ranked: the target changed, and with it every worker's readiness.
@@ -565,6 +584,7 @@ impl State {
             draining: false,
             last_error: String::new(),
             ranked: None,
+            counted_ready: false,
         };
         if let Some(t) = &self.target {
             w.preparing = Some(t.generation);
@@ -633,45 +653,85 @@ impl State {
         };
     }
 
+    /// Answers the waiters whose generation the workers have reached (or cannot reach). Only
+    /// after a command that can change the answer; then one pass over the workers, whatever the
+    /// number of waiters' outcomes it decides.
     fn settle_waiters(&mut self) {
+        if !std::mem::take(&mut self.readiness_changed) || self.waiters.is_empty() {
+            return;
+        }
         let pending = std::mem::take(&mut self.waiters);
         for (generation, reply) in pending {
-            let live: Vec<&Worker> = self.workers.values().filter(|w| !w.draining).collect();
-            let behind: Vec<&Worker> = live
-                .iter()
-                .copied()
-                .filter(|w| w.ready_gen.is_none_or(|g| g < generation))
-                .collect();
-            // A worker that joined mid-job and has never been ready may load for a long time;
-            // the ready ones go on without it, and it gets episodes once it has caught up.
-            let some_ready = behind.len() < live.len();
-            let late = |w: &Worker| w.joined_late && w.ready_gen.is_none();
-            let live: Vec<&Worker> =
-                live.into_iter().filter(|w| !(some_ready && late(w))).collect();
-            let behind: Vec<&Worker> =
-                behind.into_iter().filter(|w| !(some_ready && late(w))).collect();
-            let stats = || self.sync.get(&generation).cloned().unwrap_or_default();
-            if behind.is_empty() {
-                let _ = reply.send(Ok(stats()));
-            } else if behind.iter().all(|w| w.preparing.is_none() && !w.last_error.is_empty())
-                && behind.len() == live.len()
-            {
-                let failures =
-                    behind.iter().map(|w| (w.address.clone(), w.last_error.clone())).collect();
-                let _ = reply.send(Err(SyncError::NoWorkerUpdated { failures }));
-            } else if behind.iter().all(|w| w.preparing.is_none()) && behind.len() < live.len() {
-                // Some workers failed to update: they get nothing until the next target; go on with the rest.
-                let _ = reply.send(Ok(stats()));
-            } else {
-                self.waiters.push((generation, reply));
+            match self.sync_outcome(generation) {
+                None => self.waiters.push((generation, reply)),
+                Some(Ok(())) => {
+                    let stats = self.sync.get(&generation).cloned().unwrap_or_default();
+                    let _ = reply.send(Ok(stats));
+                }
+                Some(Err(e)) => {
+                    let _ = reply.send(Err(e));
+                }
             }
         }
     }
 
-    fn publish_gauges(&mut self) {
-        if std::mem::take(&mut self.readiness_changed) {
-            self.ready = self.workers.values().filter(|w| self.is_ready(w)).count();
+    /// Whether the workers are done with `generation`: every live worker has it (or those that
+    /// failed to take it, when some have it), or every one failed; `None` while some still
+    /// prepare. A worker that joined mid-job and has never been ready may load for a long time:
+    /// once some worker is ready it is not waited for (it gets episodes once it has caught up).
+    fn sync_outcome(&self, generation: u64) -> Option<Result<(), SyncError>> {
+        // Counts over the live (not draining) workers, late joiners apart from the rest.
+        #[derive(Default)]
+        struct Tally {
+            live: usize,
+            behind: usize,
+            preparing: usize,
+            failed: usize,
         }
+        let (mut rest, mut late) = (Tally::default(), Tally::default());
+        for w in self.workers.values().filter(|w| !w.draining) {
+            let t = if w.joined_late && w.ready_gen.is_none() { &mut late } else { &mut rest };
+            t.live += 1;
+            if w.ready_gen.is_none_or(|g| g < generation) {
+                t.behind += 1;
+                t.preparing += usize::from(w.preparing.is_some());
+                t.failed += usize::from(w.preparing.is_none() && !w.last_error.is_empty());
+            }
+        }
+        let some_ready = rest.behind + late.behind < rest.live + late.live;
+        let counted = if some_ready {
+            rest
+        } else {
+            Tally {
+                live: rest.live + late.live,
+                behind: rest.behind + late.behind,
+                preparing: rest.preparing + late.preparing,
+                failed: rest.failed + late.failed,
+            }
+        };
+        if counted.behind == 0 {
+            return Some(Ok(()));
+        }
+        if counted.preparing > 0 {
+            return None;
+        }
+        if counted.behind < counted.live {
+            // Some workers failed to update: they get nothing until the next target.
+            return Some(Ok(()));
+        }
+        if counted.failed == counted.behind {
+            let failures = self
+                .workers
+                .values()
+                .filter(|w| !w.draining && w.ready_gen.is_none_or(|g| g < generation))
+                .map(|w| (w.address.clone(), w.last_error.clone()))
+                .collect();
+            return Some(Err(SyncError::NoWorkerUpdated { failures }));
+        }
+        None
+    }
+
+    fn publish_gauges(&mut self) {
         self.metrics.pending_episodes.set(self.queue.len() as i64);
         self.metrics.leased_episodes.set(self.leased as i64);
         self.metrics.workers.set(self.workers.len() as i64);

@@ -433,6 +433,52 @@ fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weig
 }
 
 #[test]
+fn a_broadcast_goes_on_without_a_worker_that_failed_or_a_late_joiner_still_loading() {
+    let (mut s, _inbox) = two_ready_workers(1);
+    // Joins while a target is set: a late joiner, loading generation 1 (then 2).
+    s.apply(Cmd::Register {
+        id: "late".into(),
+        address: "http://late".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
+    s.apply(target(2));
+    let (tx, mut rx) = oneshot::channel();
+    s.apply(Cmd::WaitPrepared { generation: 2, reply: tx });
+    s.apply(prepared(&s, "w1", 2));
+    assert!(rx.try_recv().is_err(), "w2 is still pulling");
+    // A heartbeat changes nothing of the answer.
+    let (reply, _) = oneshot::channel();
+    s.apply(Cmd::Heartbeat { id: "w2".into(), draining: false, reply });
+    assert!(rx.try_recv().is_err(), "w2 is still pulling");
+    s.apply(Cmd::Prepared {
+        id: "w2".into(),
+        conn: conn_of(&s, "w2"),
+        generation: 2,
+        result: Err("UpdateWeights: unreachable".into()),
+    });
+    // w1 has it, w2 failed, the late joiner still loads: the step goes on with w1.
+    rx.try_recv().unwrap().unwrap();
+    assert_eq!((s.ready, s.open.len()), (1, 1));
+
+    // With nobody ready, a late joiner is waited for.
+    let (mut s, _inbox) = actor();
+    s.apply(target(1));
+    s.apply(Cmd::Register {
+        id: "late".into(),
+        address: "http://late".into(),
+        capacity: 1,
+        incarnation: 1,
+    });
+    let (tx, mut rx) = oneshot::channel();
+    s.apply(Cmd::WaitPrepared { generation: 1, reply: tx });
+    assert!(rx.try_recv().is_err(), "the only worker is loading");
+    s.apply(prepared(&s, "late", 1));
+    rx.try_recv().unwrap().unwrap();
+    assert_eq!((s.ready, s.open.len()), (1, 1));
+}
+
+#[test]
 fn a_restarted_worker_is_a_new_connection_and_its_old_leases_are_requeued() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
