@@ -93,6 +93,25 @@ pub fn spawn_in(
     Proc { name: name.into(), child }
 }
 
+/// The machine's busiest processes and its memory, for a timeout's message: a job that stalls
+/// on CI alone is otherwise hard to tell from one starved by another process.
+pub fn machine_state() -> String {
+    let run = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("{cmd}: {e}\n"))
+    };
+    let ps = run("ps", &["-eo", "pid,ppid,stat,pcpu,rss,etime,args", "--sort=-pcpu"]);
+    let busiest: Vec<String> = ps.lines().take(25).map(|l| l.chars().take(200).collect()).collect();
+    format!(
+        "--- processes, busiest first ---\n{}\n--- memory ---\n{}",
+        busiest.join("\n"),
+        run("free", &["-m"])
+    )
+}
+
 /// `comas serve` on `model` as `name`, on a free port: the process (killed by the caller) and
 /// the URL its first line says it serves at.
 pub fn serve(model: &Path, name: &str) -> (Child, String) {
@@ -493,9 +512,10 @@ impl Cluster {
             }
             if started.elapsed() > Duration::from_secs(secs) {
                 panic!(
-                    "timed out waiting for {what}: {:?}\n{}",
+                    "timed out waiting for {what}: {:?}\n{}\n{}",
                     self.status(id).await,
-                    self.logs()
+                    self.logs(),
+                    machine_state()
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
