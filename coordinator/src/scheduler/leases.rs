@@ -8,7 +8,7 @@ impl State {
     pub(super) fn drop_worker(&mut self, id: &str, reason: &str) {
         if let Some(w) = self.workers.remove(id) {
             self.leased -= w.leased.len();
-            self.readiness_changed = true;
+            self.sync_changed = true;
             if let Some(free) = w.ranked {
                 self.open.remove(&(Reverse(free), id.to_string()));
             }
@@ -87,7 +87,7 @@ impl State {
         if r.error_kind == pb::EpisodeErrorKind::Draining as i32 {
             // Not the episode's fault: the worker is going away (its lease is re-queued below).
             w.draining = true;
-            self.readiness_changed = true;
+            self.sync_changed = true;
         }
         self.rerank(&id);
         let Some(batch) = self.batches.get_mut(&lease.batch) else { return };

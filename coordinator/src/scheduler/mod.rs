@@ -11,9 +11,9 @@
 //!   to now (ready, not draining, a free slot), each under the free slots recorded in its
 //!   `ranked`: every change to a worker's slots, readiness or draining re-ranks it (`rerank`),
 //!   so a lease costs O(log workers) and no command counts the workers again;
-//! - the waiters for a generation are looked at again only after a command that can change a
-//!   worker's readiness or adds a waiter (`readiness_changed`): a heartbeat or a result during a
-//!   broadcast costs the same with 10 workers or 1,000;
+//! - the waiters for a generation are looked at again only after a command that can change
+//!   their answer (`sync_changed`): a heartbeat or a result during a broadcast costs the same
+//!   with 10 workers or 1,000;
 //! - an episode held by more than one worker is in its batch's `copied` set (a lease copied after
 //!   its timeout, or a batch submitted again under the same key), so deciding an episode looks
 //!   for other holders only then.
@@ -256,9 +256,9 @@ struct State {
     leased: usize,
     /// Ready workers.
     ready: usize,
-    /// A command may have changed some worker's readiness, or added a waiter, since the waiters
-    /// were last looked at.
-    readiness_changed: bool,
+    /// A command may have changed a waiter's answer since the waiters were last looked at: a
+    /// worker's readiness, preparing or error, a worker come or gone, a waiter added.
+    sync_changed: bool,
     /// The workers a lease may go to now, best first (see the module's invariants).
     open: BTreeSet<Rank>,
 }
@@ -285,7 +285,7 @@ impl State {
             sync: HashMap::new(),
             leased: 0,
             ready: 0,
-            readiness_changed: false,
+            sync_changed: false,
             open: BTreeSet::new(),
         }
     }
@@ -346,7 +346,7 @@ impl State {
                         w.last_seen = Instant::now();
                         if draining && !w.draining {
                             tracing::info!(worker = %id, "worker is draining; it gets no new episodes");
-                            self.readiness_changed = true;
+                            self.sync_changed = true;
                         }
                         w.draining |= draining;
                         true
@@ -357,7 +357,7 @@ impl State {
                 let _ = reply.send(known);
             }
             Cmd::SetTarget { target } => {
-                self.readiness_changed = true;
+                self.sync_changed = true;
                 let keep = target.generation.saturating_sub(1);
                 self.sync.retain(|g, _| *g >= keep);
                 let mut ids: Vec<String> = self
@@ -380,7 +380,7 @@ impl State {
             }
             Cmd::WaitPrepared { generation, reply } => {
                 self.waiters.push((generation, reply));
-                self.readiness_changed = true;
+                self.sync_changed = true;
             }
             Cmd::Submit {
                 job_id,
@@ -446,12 +446,12 @@ impl State {
                 // A worker that joins later must not load an ended job's policies.
                 if self.target.as_ref().is_some_and(|t| t.job_id == job_id) {
                     self.target = None;
-                    self.readiness_changed = true;
+                    self.sync_changed = true;
                     self.rerank_all();
                 }
             }
             Cmd::Prepared { id, conn, generation, result } => {
-                self.readiness_changed = true;
+                self.sync_changed = true;
                 if let Some(w) = self.workers.get_mut(&id).filter(|w| w.conn == conn) {
                     if w.preparing == Some(generation) {
                         w.preparing = None;
@@ -592,7 +592,7 @@ impl State {
             let _ = w.tx.send(WorkerMsg::Prepare(Arc::clone(t), None));
         }
         self.workers.insert(id, w);
-        self.readiness_changed = true;
+        self.sync_changed = true;
     }
 
     /// Leases queued episodes to open workers, the one with the most free slots first (ties to
@@ -657,7 +657,7 @@ impl State {
     /// after a command that can change the answer; then one pass over the workers, whatever the
     /// number of waiters' outcomes it decides.
     fn settle_waiters(&mut self) {
-        if !std::mem::take(&mut self.readiness_changed) || self.waiters.is_empty() {
+        if !std::mem::take(&mut self.sync_changed) || self.waiters.is_empty() {
             return;
         }
         let pending = std::mem::take(&mut self.waiters);

@@ -45,6 +45,12 @@ fn sent(inbox: &Inbox, id: &str) -> (Vec<String>, Vec<u64>, Vec<String>) {
     (leases, prepares, cancels)
 }
 
+/// Registers worker `id` (at `http://<id>`, first incarnation) with `capacity` slots.
+fn register(s: &mut State, id: &str, capacity: u32) {
+    let address = format!("http://{id}");
+    s.apply(Cmd::Register { id: id.into(), address, capacity, incarnation: 1 });
+}
+
 fn conn_of(s: &State, id: &str) -> u64 {
     s.workers[id].conn
 }
@@ -75,12 +81,7 @@ fn two_ready_workers(capacity: u32) -> (State, Inbox) {
     let (mut s, inbox) = actor();
     s.apply(target(1));
     for id in ["w1", "w2"] {
-        s.apply(Cmd::Register {
-            id: id.into(),
-            address: format!("http://{id}"),
-            capacity,
-            incarnation: 1,
-        });
+        register(&mut s, id, capacity);
         s.apply(prepared(&s, id, 1));
     }
     (s, inbox)
@@ -181,18 +182,8 @@ fn told(rx: &mut mpsc::UnboundedReceiver<Delivery>) -> (Vec<String>, Vec<String>
 #[test]
 fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
     let (mut s, inbox) = actor();
-    s.apply(Cmd::Register {
-        id: "w1".into(),
-        address: "http://w1".into(),
-        capacity: 2,
-        incarnation: 1,
-    });
-    s.apply(Cmd::Register {
-        id: "w2".into(),
-        address: "http://w2".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "w1", 2);
+    register(&mut s, "w2", 1);
     let mut job = submit(&mut s, 4, limits());
     // No target yet: nobody is ready, nothing is leased.
     assert_eq!((sent(&inbox, "w1").0.len(), s.queue.len()), (0, 4));
@@ -224,18 +215,8 @@ fn episodes_go_to_ready_workers_by_free_slots_and_each_result_counts_once() {
 fn a_lost_workers_episodes_go_back_to_the_front_in_lease_order() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register {
-        id: "w1".into(),
-        address: "http://w1".into(),
-        capacity: 2,
-        incarnation: 1,
-    });
-    s.apply(Cmd::Register {
-        id: "w2".into(),
-        address: "http://w2".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "w1", 2);
+    register(&mut s, "w2", 1);
     s.apply(prepared(&s, "w1", 1));
     let mut job = submit(&mut s, 4, limits());
     assert_eq!(sent(&inbox, "w1").0, ["e0", "e1"]);
@@ -265,12 +246,7 @@ fn a_lost_workers_episodes_go_back_to_the_front_in_lease_order() {
 fn a_failing_episode_is_retried_until_its_attempts_run_out_and_a_malformed_record_is_a_failure() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register {
-        id: "w1".into(),
-        address: "http://w1".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "w1", 1);
     s.apply(prepared(&s, "w1", 1));
     let mut job = submit(&mut s, 1, BatchLimits { max_attempts: 2, ..limits() });
     assert_eq!(sent(&inbox, "w1").0, ["e0"]);
@@ -366,12 +342,7 @@ fn a_cancelled_job_stops_its_leases_on_every_worker_and_their_answers_are_ignore
 fn queued_episodes_stall_after_their_wait_without_a_ready_worker() {
     let (mut s, _inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register {
-        id: "w1".into(),
-        address: "http://w1".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "w1", 1);
     let failure = Cmd::Prepared {
         id: "w1".into(),
         conn: conn_of(&s, "w1"),
@@ -397,12 +368,7 @@ fn queued_episodes_stall_after_their_wait_without_a_ready_worker() {
 fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weights() {
     let (mut s, _inbox) = actor();
     for id in ["w1", "w2"] {
-        s.apply(Cmd::Register {
-            id: id.into(),
-            address: format!("http://{id}"),
-            capacity: 1,
-            incarnation: 1,
-        });
+        register(&mut s, id, 1);
     }
     s.apply(target(1));
     let (tx, mut rx) = oneshot::channel();
@@ -436,12 +402,7 @@ fn a_broadcast_waits_for_every_live_worker_and_fails_when_none_can_take_the_weig
 fn a_broadcast_goes_on_without_a_worker_that_failed_or_a_late_joiner_still_loading() {
     let (mut s, _inbox) = two_ready_workers(1);
     // Joins while a target is set: a late joiner, loading generation 1 (then 2).
-    s.apply(Cmd::Register {
-        id: "late".into(),
-        address: "http://late".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "late", 1);
     s.apply(target(2));
     let (tx, mut rx) = oneshot::channel();
     s.apply(Cmd::WaitPrepared { generation: 2, reply: tx });
@@ -464,12 +425,7 @@ fn a_broadcast_goes_on_without_a_worker_that_failed_or_a_late_joiner_still_loadi
     // With nobody ready, a late joiner is waited for.
     let (mut s, _inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register {
-        id: "late".into(),
-        address: "http://late".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "late", 1);
     let (tx, mut rx) = oneshot::channel();
     s.apply(Cmd::WaitPrepared { generation: 1, reply: tx });
     assert!(rx.try_recv().is_err(), "the only worker is loading");
@@ -482,12 +438,7 @@ fn a_broadcast_goes_on_without_a_worker_that_failed_or_a_late_joiner_still_loadi
 fn a_restarted_worker_is_a_new_connection_and_its_old_leases_are_requeued() {
     let (mut s, inbox) = actor();
     s.apply(target(1));
-    s.apply(Cmd::Register {
-        id: "w1".into(),
-        address: "http://w1".into(),
-        capacity: 1,
-        incarnation: 1,
-    });
+    register(&mut s, "w1", 1);
     s.apply(prepared(&s, "w1", 1));
     let _job = submit(&mut s, 1, limits());
     assert_eq!(sent(&inbox, "w1").0, ["e0"]);
