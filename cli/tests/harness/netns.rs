@@ -37,6 +37,14 @@ pub struct Host {
     port: String,
 }
 
+impl Host {
+    /// An interface of this host's delay line in the hub namespace: its port is `cn<k>p<i>`,
+    /// beside it `cn<k>x<i>` (the port's own bridge), `cn<k>a<i>` and `cn<k>b<i>` (the taps).
+    fn beside(&self, kind: char) -> String {
+        self.port.replacen('p', &kind.to_string(), 1)
+    }
+}
+
 /// A link's shape in both directions.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
@@ -218,9 +226,7 @@ impl Net {
     /// delay line. Its shape, cuts and drops still apply.
     pub fn delay(&self, name: &str, delay: Duration) {
         let h = self.host(name);
-        // cn<k>p<i> (the port) beside cn<k>x<i> (its bridge), cn<k>a<i> and cn<k>b<i> (the taps).
-        let beside = |c: &str| h.port.replacen('p', c, 1);
-        let (bridge, a, b) = (beside("x"), beside("a"), beside("b"));
+        let (bridge, a, b) = (h.beside('x'), h.beside('a'), h.beside('b'));
         let mut delays = self.delays.lock().unwrap_or_else(|p| p.into_inner());
         assert!(!delays.contains_key(name), "{name}'s link is already delayed");
         let line = DelayLine::new(&self.hub, &a, &b, delay);
@@ -241,7 +247,7 @@ impl Net {
         if let Some(line) = line {
             ip(&["-n", &self.hub, "link", "set", &h.port, "master", "br0"]);
             drop(line);
-            in_ns_lenient(&self.hub, &["ip", "link", "del", &h.port.replacen('p', "x", 1)]);
+            in_ns_lenient(&self.hub, &["ip", "link", "del", &h.beside('x')]);
         }
         ip(&["-n", &self.hub, "link", "set", &h.port, "up"]);
         for (_, chain) in FAULT_CHAINS {
