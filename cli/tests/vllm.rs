@@ -88,6 +88,17 @@ fn onto_one_vllm_server(dir: &Path, base: &str, onto: &[&str], agents: usize) {
     std::fs::write(dir.join("job.toml"), on_vllm).unwrap();
 }
 
+/// SmolLM2-135M-Instruct imported from the cached GGUF into `dir`, in float32.
+fn import_smollm2(dir: &Path) {
+    let gguf = comas_gguf::cache::require_smollm2_gguf().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["import-gguf", gguf.to_str().unwrap(), "--out", dir.to_str().unwrap()])
+        .args(["--dtype", "f32"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// The policy version of every turn (or action) of each step's saved records: the step's.
 fn assert_versions_of_saved_turns(dir: &Path, log: &[Value], turns: &str) {
     for m in log {
@@ -111,10 +122,24 @@ fn assert_versions_of_saved_turns(dir: &Path, log: &[Value], turns: &str) {
 async fn a_neuromas_graph_of_lora_nodes_runs_on_one_vllm_server() {
     let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+    neuromas_on_one_server(tmp.path(), "model", &[]).await;
+}
+
+/// The same graph with SmolLM2-135M-Instruct as the nodes' base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neuromas_graph_on_smollm2_runs_on_one_vllm_server() {
+    let _turn = require_vllm();
+    let tmp = tempfile::tempdir().unwrap();
+    import_smollm2(&tmp.path().join("smollm2"));
+    neuromas_on_one_server(tmp.path(), "smollm2", &["model"]).await;
+}
+
+/// The NeuroMAS job in `dir` on one vLLM server of `base` (replacing the models named in `onto`),
+/// run and checked.
+async fn neuromas_on_one_server(dir: &Path, base: &str, onto: &[&str]) {
     let port = free_port();
     write_neuromas_job_on(dir, &[port; 3], tiny_for_vllm(3));
-    onto_one_vllm_server(dir, "model", &[], 3);
+    onto_one_vllm_server(dir, base, onto, 3);
     let mut flags = VLLM.to_vec();
     flags.extend(["--max-episodes", "4"]);
     let c = Cluster::launch_one_learner(dir, port, 3, 1, &COORDINATOR, NEUROMAS_STEPS, &flags);
@@ -205,14 +230,8 @@ async fn lora_agents_on_smollm2_on_one_vllm_server() {
     let _turn = require_vllm();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let gguf = comas_gguf::cache::require_smollm2_gguf().unwrap_or_else(|e| panic!("{e}"));
     let model = dir.join("smollm2");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["import-gguf", gguf.to_str().unwrap(), "--out", model.to_str().unwrap()])
-        .args(["--dtype", "f32"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_smollm2(&model);
     // Measured 1.8e-6 to 3.4e-6 per step and agent (the tiny model's: 2e-8 to 3e-8).
     two_lora_agents_on_one_server(dir, &model, 1e-4).await;
 }
@@ -358,6 +377,26 @@ async fn a_comas_job_on_vllm_counts_every_turn_and_version() {
     c.check_complete_run().await;
     // Every turn is held to its length (min_new_tokens = max_new_tokens): vLLM's log-probs
     // leave the stop tokens out of the softmax, about 2 of 512 tokens' mass on these models.
+    assert_logprobs_agree(&c.metrics_log(), 2, 0.01);
+}
+
+/// The CoMAS job (both rounds: solvers, evaluators and scorers) with its two agents LoRA
+/// adapters on SmolLM2-135M-Instruct, one server: each step once, every episode and turn
+/// counted, each learner trained on exactly its agent's turns, every turn on its step's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comas_job_on_smollm2_runs_on_one_vllm_server() {
+    let _turn = require_vllm();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ports = vec![free_port(), free_port()];
+    write_job_of(dir, &ports, 8, false, STEPS);
+    import_smollm2(&dir.join("smollm2"));
+    onto_one_vllm_server(dir, "smollm2", &["model-0", "model-1"], 2);
+    let flags = ["--vllm-kv-gib", "1", "--max-episodes", "4"];
+    let c = Cluster::launch(dir, ports, 1, &COORDINATOR, STEPS, &flags);
+    let id = c.submit().await;
+    c.finished_within(&id, FINISH_SECS).await;
+    c.check_complete_run().await;
     assert_logprobs_agree(&c.metrics_log(), 2, 0.01);
 }
 
