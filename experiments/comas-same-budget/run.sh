@@ -41,6 +41,10 @@ steps=${STEPS:-$(py steps)}
 eval_every=$(py eval_every)
 eval_steps=${EVAL_STEPS:-$(seq -s ' ' "$eval_every" "$eval_every" "$steps")}
 agents=${AGENTS:-0 1}
+# The two learners train at once, so each gets its share of the study's threads: 2 threads each
+# on 2 cores made a step's training 1.6x slower (173 s against 106 s, same samples). The
+# learning settings are untouched.
+learner_threads=$(( $(py threads) / 2 )); [ "$learner_threads" -ge 1 ] || learner_threads=1
 mkdir -p "$runs"
 bash scripts/setup.sh
 bash scripts/fetch-smollm2.sh >/dev/null
@@ -111,7 +115,7 @@ for seed in $seeds; do
       job "$arm" "$seed" > "$dir/job.toml"
       echo "$arm seed $seed: training ($steps steps)" >&2
       flock "$lock" python3 "$study/tree_rss.py" --out "$dir/peak.json" -- \
-        "$comas" local $fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$(py threads)" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
+        "$comas" local $fresh --dir "$dir/local" --plaintext --workers 1 --keep-checkpoints 1000 --threads-per-process "$learner_threads" --worker-threads "$(py threads)" --json "$dir/job.toml" > "$dir/status.json"
       touch "$dir/DONE"
     fi
     names=()
