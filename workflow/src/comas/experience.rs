@@ -1,11 +1,11 @@
 //! CoMAS experience making: the reward formulation turns each finished trajectory into one
 //! reward per turn, and each turn becomes an experience for the agent that spoke it. The step's
 //! figures (rewards by agent and role, scores, accuracy, lengths) come from the same data.
+use super::reward::graded_solutions;
 use super::metrics::{Accuracy, ByCorrectness, ByRole, ComasAgentFigures, ComasFigures, ComasMetrics, ScoreHist};
 use crate::mean::Sum;
-use super::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, TrajectoryTurn, Variant};
+use super::{rewards, Judgment, RewardSource, RoleSampling, Trajectory, TrajectoryTurn, Variant, WarmUpWeights};
 use crate::error::WorkflowError;
-use crate::grade::is_correct;
 use crate::method::{prompt_group, Experience, Made};
 use crate::turn::{FinishReason, Role};
 use std::collections::HashMap;
@@ -82,8 +82,8 @@ pub fn make_step(episodes: &[Finished], num_agents: u32, sampling: Option<&RoleS
     make_step_with(episodes, num_agents, sampling, source, false)
 }
 
-/// As [`make_step`]; with `warm_judges`, scorers are paid for agreeing with the answer
-/// (`reward::warm_up_judges`).
+/// As [`make_step`]; with `warm_judges`, scorers are paid for agreeing with the answer, right
+/// and wrong solutions weighing alike over the step (`reward::warm_up_judges`).
 pub fn make_step_with(
     episodes: &[Finished],
     num_agents: u32,
@@ -96,18 +96,18 @@ pub fn make_step_with(
     let mut total = Tally::default();
     let mut turn_counts: HashMap<Role, u64> = HashMap::new();
     let mut tokens = 0u64;
+    let weights = warm_judges.then(|| WarmUpWeights::balanced(episodes.iter().map(|ep| (&ep.trajectory, ep.answer.as_str()))));
     for ep in episodes {
         let t = &ep.trajectory;
         if t.num_agents != num_agents {
             return Err(WorkflowError::MalformedTrajectory(format!("episode {} has {} agents, the job {num_agents}", ep.episode_id, t.num_agents)));
         }
         let mut turn_rewards = rewards(t, source, &ep.answer)?;
-        if warm_judges {
-            super::warm_up_judges(t, &ep.answer, &mut turn_rewards);
+        if let Some(w) = weights {
+            super::warm_up_judges(t, &ep.answer, w, &mut turn_rewards);
         }
         // Whether each solution is right (graded for logging only), by its turn index.
-        let right: HashMap<u32, bool> =
-            t.turns.iter().filter(|x| x.role == Role::Solver).filter_map(|x| Some((x.turn_index, is_correct(t.task, &x.text, &ep.answer)?))).collect();
+        let right = graded_solutions(t, &ep.answer);
         for (turn, r) in t.turns.iter().zip(&turn_rewards) {
             let reward = f64::from(r.reward);
             *turn_counts.entry(turn.role).or_default() += 1;
@@ -378,5 +378,44 @@ mod tests {
             out.per_agent.iter().flatten().find(|e| e.turn_id == scorer_0).unwrap().reward
         };
         assert_eq!((paid(Some(0)), paid(Some(1)), paid(Some(2)), paid(None)), (1.0, 1.0, 0.0, 0.0));
+    }
+
+    /// Right and wrong solutions weigh alike in a warm-up step: with 1 right solution of 4, a
+    /// scorer that always says 1 or always says 3 earns 0.5 a turn on average, one that tells
+    /// them apart earns 1.
+    #[test]
+    fn warming_judges_pays_telling_right_from_wrong_not_a_constant_score() {
+        let cfg = CoMasConfig { num_agents: 2, num_rounds: 1, instances_per_question: 1, judge_warmup_steps: 1, ..Default::default() };
+        // Episode A: slot 0 right, slot 1 wrong; episode B: both wrong.
+        let play = |right_slot: Option<u32>, score: &dyn Fn(bool) -> u8| {
+            played(&cfg, |r| match r.role {
+                Role::Solver if Some(r.slot) == right_slot => "\\boxed{2}".into(),
+                Role::Solver => "\\boxed{5}".into(),
+                Role::Scorer => format!("<score>{}</score>", score(Some(r.slot) == right_slot)),
+                _ => "fine".into(),
+            })
+        };
+        let paid = |score: &dyn Fn(bool) -> u8| {
+            let finished = [
+                Finished { episode_id: "a".into(), trajectory: play(Some(0), score), answer: "2".into() },
+                Finished { episode_id: "b".into(), trajectory: play(None, score), answer: "2".into() },
+            ];
+            let weights = WarmUpWeights::balanced(finished.iter().map(|f| (&f.trajectory, f.answer.as_str())));
+            assert_eq!(weights, WarmUpWeights { right: 2.0, wrong: 4.0 / 6.0 });
+            let made = make_step_with(&finished, 2, None, RewardSource::Comas, true).unwrap();
+            let scorers: Vec<f64> = finished
+                .iter()
+                .flat_map(|f| f.trajectory.turns.iter().filter(|x| x.role == Role::Scorer).map(move |x| (&f.episode_id, x.turn_index)))
+                .map(|(ep, turn)| made.per_agent.iter().flatten().find(|e| &e.episode_id == ep && e.turn_id == turn).unwrap().reward)
+                .collect();
+            assert_eq!(scorers.len(), 4);
+            scorers.iter().sum::<f64>() / 4.0
+        };
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        close(paid(&|_| 1), 0.5);
+        close(paid(&|_| 3), 0.5);
+        close(paid(&|_| 2), 0.5);
+        close(paid(&|right| if right { 3 } else { 1 }), 1.0);
+        close(paid(&|right| if right { 1 } else { 3 }), 0.0);
     }
 }

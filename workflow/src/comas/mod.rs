@@ -31,6 +31,6 @@ pub use batch::{episode_seed, start_batch};
 pub use config::{Assignment, CoMasConfig, ConfigError, DiscussionSource, JudgeReward, RewardSource, RoleSampling, Variant};
 pub use episode::Episode;
 pub use method::CoMas;
-pub use reward::{comas_rewards, rewards, warm_up_judges, TurnReward};
+pub use reward::{comas_rewards, rewards, warm_up_judges, TurnReward, WarmUpWeights};
 pub use score::{extract_judgment, extract_score, Judgment};
 pub use trajectory::{Trajectory, TrajectoryTurn};

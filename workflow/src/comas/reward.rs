@@ -107,23 +107,69 @@ pub fn rewards(trajectory: &Trajectory, source: RewardSource, answer: &str) -> R
     Ok(out)
 }
 
-/// The judges' warm-up (`judge_warmup_steps`): each scorer turn is paid for agreeing with the
-/// data set's answer instead of its CoMAS reward, (ŝ−1)/2 for a right solution and (3−ŝ)/2
-/// for a wrong one (a broken score keeps −1); a solution the grader cannot judge leaves its
-/// scorers' CoMAS rewards. Solvers and evaluators keep theirs, so the judges learn to score
-/// before the game runs on their scores alone.
-pub fn warm_up_judges(trajectory: &Trajectory, answer: &str, rewards: &mut [TurnReward]) {
-    let right: HashMap<u32, bool> = trajectory
+/// Whether each solution of `trajectory` is right, by its turn index (solutions the grader
+/// cannot judge are left out).
+pub(crate) fn graded_solutions(trajectory: &Trajectory, answer: &str) -> HashMap<u32, bool> {
+    trajectory
         .turns
         .iter()
         .filter(|t| t.role == Role::Solver)
         .filter_map(|t| Some((t.turn_index, is_correct(trajectory.task, &t.text, answer)?)))
-        .collect();
-    for (r, t) in rewards.iter_mut().zip(&trajectory.turns) {
-        let (Role::Scorer, Some(score)) = (t.role, t.score) else { continue };
-        if let Some(&ok) = t.about_solution.and_then(|s| right.get(&s)) {
-            let agreement = if ok { solution_value(score) } else { 1.0 - solution_value(score) };
-            r.reward = agreement as f32;
+        .collect()
+}
+
+/// The scorer turns of one trajectory that the judges' warm-up pays: each with its valid score
+/// and whether the solution it scored is right.
+fn warm_up_turns<'a>(
+    trajectory: &'a Trajectory,
+    answer: &str,
+) -> impl Iterator<Item = (usize, u8, bool)> + 'a {
+    let right = graded_solutions(trajectory, answer);
+    trajectory.turns.iter().enumerate().filter_map(move |(i, t)| match (t.role, t.score) {
+        (Role::Scorer, Some(score)) => Some((i, score, *right.get(&t.about_solution?)?)),
+        _ => None,
+    })
+}
+
+/// What the judges' warm-up pays per unit of agreement on a right and on a wrong solution.
+/// Right and wrong solutions weigh alike in a step: when 3 answers of 32 are right, a scorer
+/// that calls every answer wrong would otherwise earn 0.9 while telling nothing apart (it did
+/// on SmolLM2: 72 % of scores were 1 and the judges never separated right from wrong). With
+/// these weights any constant score earns 0.5 on average and only telling them apart earns more.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WarmUpWeights {
+    pub right: f64,
+    pub wrong: f64,
+}
+
+impl WarmUpWeights {
+    /// n / (2 n_right) and n / (2 n_wrong), over the scorer turns the warm-up pays in the step
+    /// (`episodes`: each trajectory with its reference answer). A class with no turn weighs 0.5
+    /// of a plain agreement, as the formula gives the other.
+    pub fn balanced<'a>(episodes: impl IntoIterator<Item = (&'a Trajectory, &'a str)>) -> Self {
+        let (mut right, mut wrong) = (0usize, 0usize);
+        for (t, answer) in episodes {
+            for (_, _, ok) in warm_up_turns(t, answer) {
+                *(if ok { &mut right } else { &mut wrong }) += 1;
+            }
+        }
+        let n = (right + wrong) as f64;
+        let weight = |k: usize| if k == 0 { 0.5 } else { n / (2.0 * k as f64) };
+        Self { right: weight(right), wrong: weight(wrong) }
+    }
+}
+
+/// The judges' warm-up (`judge_warmup_steps`): each scorer turn is paid for agreeing with the
+/// data set's answer instead of its CoMAS reward, (ŝ−1)/2 for a right solution and (3−ŝ)/2
+/// for a wrong one, times its class's weight in the step ([`WarmUpWeights`]); a broken score
+/// keeps −1 and a solution the grader cannot judge leaves its scorers' CoMAS rewards. Solvers
+/// and evaluators keep theirs, so the judges learn to score before the game runs on their
+/// scores alone.
+pub fn warm_up_judges(trajectory: &Trajectory, answer: &str, weights: WarmUpWeights, rewards: &mut [TurnReward]) {
+    for (i, score, ok) in warm_up_turns(trajectory, answer) {
+        let agreement = if ok { solution_value(score) } else { 1.0 - solution_value(score) };
+        if let Some(r) = rewards.get_mut(i) {
+            r.reward = (agreement * if ok { weights.right } else { weights.wrong }) as f32;
         }
     }
 }
