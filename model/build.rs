@@ -1,10 +1,11 @@
 include!("../build-support/libtorch_link.rs");
 
-/// Compiles the C++ in `csrc/` (the oneDNN shim, the few-row f32 linear, the foreach AdamW)
-/// against the headers of the libtorch that torch-sys links.
+/// Compiles the C++ in `csrc/` (the oneDNN shim, the few-row f32 linear, the decode attention,
+/// the foreach AdamW) against the headers of the libtorch that torch-sys links.
 fn compile_shim() {
     println!("cargo:rerun-if-changed=csrc/onednn_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/rows_linear.cpp");
+    println!("cargo:rerun-if-changed=csrc/decode_attention.cpp");
     println!("cargo:rerun-if-changed=csrc/foreach_adamw.cpp");
     let lib = std::path::PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"),
@@ -25,6 +26,7 @@ fn compile_shim() {
         .flag("-fopenmp")
         .file("csrc/onednn_linear.cpp")
         .file("csrc/rows_linear.cpp")
+        .file("csrc/decode_attention.cpp")
         .file("csrc/foreach_adamw.cpp")
         .compile("comas_onednn");
 }

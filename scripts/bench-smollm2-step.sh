@@ -6,8 +6,8 @@
 # Prints rollout, training and broadcast seconds of each step from the metrics log.
 #
 #   bash scripts/bench-smollm2-step.sh            # DTYPE=bfloat16 (or float32), STEPS=1
-#   COMAS_DECODE_ATTENTION=blocked bash scripts/bench-smollm2-step.sh  # the blocked products for
-#                                                 # decode attention instead of SDPA
+#   COMAS_DECODE_ATTENTION=sdpa bash scripts/bench-smollm2-step.sh     # SDPA for decode attention
+#                                                 # instead of the kernel (or `blocked`)
 #   COMAS_DECODE_LINEAR=aten bash scripts/bench-smollm2-step.sh        # aten's linears in decode
 #                                                 # instead of oneDNN's packed ones (bf16 on CPU)
 #                                                 # or the few-row kernel (f32)

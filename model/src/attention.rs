@@ -1,6 +1,8 @@
-//! Grouped-query self-attention with rotary positions: SDPA, or for decode steps optionally the
-//! blocked few-query kernel whose result per row does not depend on its batch.
+//! Grouped-query self-attention with rotary positions: SDPA, and for decode steps on the CPU the
+//! grouped decode kernel or the blocked few-query products (see [`DecodeAttention`]); each gives a
+//! row a result that does not depend on its batch.
 use crate::config::Config;
+use crate::decode_attention;
 use crate::error::Result;
 use crate::kv_cache::{KvCache, ATTEND_BLOCK};
 use crate::layers::{LayerCtx, Linear, RmsNorm};
@@ -78,13 +80,25 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = match ctx
-            .step
-            .and_then(|st| st.dense.as_ref())
-            .filter(|_| blocked_decode_attention())
-        {
-            Some(blocked) => attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads),
-            None => {
+        let dense = ctx.step.and_then(|st| st.dense.as_ref().zip(st.visible.as_ref()));
+        let kernel = match (dense, decode_attention()) {
+            (Some((_, visible)), DecodeAttention::Kernel) if decode_attention::applies(&q) => {
+                // A step that fits `applies` passes the kernel's checks; should one not, SDPA
+                // computes the same attention.
+                decode_attention::attend(&q, &k, &v, visible, scale)
+                    .inspect_err(
+                        |e| tracing::error!(error = %e, "decode attention kernel; using SDPA"),
+                    )
+                    .ok()
+            }
+            _ => None,
+        };
+        let out = match (kernel, dense, decode_attention()) {
+            (Some(out), _, _) => out,
+            (None, Some((blocked, _)), DecodeAttention::Blocked) => {
+                attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads)
+            }
+            _ => {
                 let gqa = self.num_heads != self.num_kv_heads;
                 Tensor::scaled_dot_product_attention(
                     &q,
@@ -107,20 +121,32 @@ impl Attention {
     }
 }
 
-/// Whether decode steps use [`attend_few`] (`COMAS_DECODE_ATTENTION=blocked`) or SDPA (`exact`,
-/// the default). Both give a row the same result whatever else shares its batch; on a 2-core
-/// Xeon with AMX, SDPA decoded SmolLM2 8–25 % faster (README, Benchmarks).
-pub fn blocked_decode_attention() -> bool {
-    static BLOCKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BLOCKED.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
-        Ok("blocked") => true,
-        Ok("exact") | Err(_) => false,
+/// How a decode step on the CPU attends over the cache (`COMAS_DECODE_ATTENTION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeAttention {
+    /// `kernel`, the default: [`decode_attention`] where it applies (f32, one query per row,
+    /// an AVX-512F CPU), else SDPA.
+    Kernel,
+    /// `sdpa` (or `exact`): libtorch's scaled dot-product attention with the step's mask.
+    Sdpa,
+    /// `blocked`: [`attend_few`], batched matrix products in fixed blocks of columns.
+    Blocked,
+}
+
+/// The process's choice of [`DecodeAttention`], read once. Each gives a row the same result
+/// whatever else shares its batch.
+pub fn decode_attention() -> DecodeAttention {
+    static CHOICE: std::sync::OnceLock<DecodeAttention> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("COMAS_DECODE_ATTENTION").as_deref() {
+        Ok("kernel") | Err(_) => DecodeAttention::Kernel,
+        Ok("sdpa") | Ok("exact") => DecodeAttention::Sdpa,
+        Ok("blocked") => DecodeAttention::Blocked,
         Ok(other) => {
             tracing::warn!(
                 value = other,
-                "COMAS_DECODE_ATTENTION is `blocked` or `exact`; using `exact`"
+                "COMAS_DECODE_ATTENTION is `kernel`, `sdpa` or `blocked`; using `kernel`"
             );
-            false
+            DecodeAttention::Kernel
         }
     })
 }

@@ -46,6 +46,9 @@ pub struct CacheStep {
     /// allocated column, so its keys and values are one contiguous block, and `mask`'s
     /// complement (true = blocked) is kept for attention by plain matrix products.
     pub dense: Option<Tensor>,
+    /// For a dense step of one query per row: the columns each row's query sees (int64 [n]), for
+    /// the decode attention kernel, which reads no mask.
+    pub visible: Option<Tensor>,
     /// Every row starts empty and its padding comes after its tokens: `mask` is plain causal
     /// attention for every real query, which SDPA runs without reading a mask.
     pub causal: bool,
@@ -53,7 +56,8 @@ pub struct CacheStep {
 
 /// Query tokens per row up to which a cached step on the CPU reads the whole cache as one block
 /// (see [`CacheStep::dense`]): a view over rows only, no copy of the columns in use, attended by
-/// SDPA or, with `COMAS_DECODE_ATTENTION=blocked`, by blocked matrix products.
+/// the decode attention kernel (one query per row), SDPA, or blocked matrix products
+/// (`COMAS_DECODE_ATTENTION`).
 pub const DENSE_MAX_QUERIES: i64 = 8;
 
 /// Cache columns per block of the decode attention (`attend_few` in transformer.rs): scores,
@@ -307,6 +311,7 @@ impl KvCache {
             new_lens: new_lens.to_vec(),
             positions: query_cols,
             dense: dense.then(|| mask.logical_not()),
+            visible: (dense && width == 1).then(|| start_t.view([n]) + 1),
             causal: !dense && starts.iter().all(|&c| c == 0),
             mask,
         })

@@ -4,6 +4,7 @@
 mod attention;
 pub mod batcher;
 pub mod config;
+pub mod decode_attention;
 pub mod decode_linear;
 pub mod dtype;
 pub mod error;
