@@ -7,6 +7,7 @@ fn compile_shim() {
     println!("cargo:rerun-if-changed=csrc/rows_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/decode_attention.cpp");
     println!("cargo:rerun-if-changed=csrc/foreach_adamw.cpp");
+    println!("cargo:rerun-if-changed=csrc/shim_error.h");
     let lib = std::path::PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"),
     );

@@ -13,6 +13,7 @@
 //
 // AVX-512F only; elsewhere the shim reports it unavailable and callers keep SDPA.
 #include <ATen/ATen.h>
+#include "shim_error.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -185,13 +186,6 @@ GroupFn group_fn(int64_t d) {
 }
 #endif  // __x86_64__
 
-char* copy_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) std::memcpy(out, what, n + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
@@ -258,7 +252,7 @@ at::Tensor* comas_decode_attention(at::Tensor* q, at::Tensor* k, at::Tensor* v, 
 #endif
     return new at::Tensor(y.transpose(1, 2));
   } catch (const std::exception& e) {
-    *error = copy_message(e.what());
+    *error = comas_copy_message(e.what());
     return nullptr;
   }
 }

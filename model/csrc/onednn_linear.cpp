@@ -4,6 +4,7 @@
 // Tensors cross as `at::Tensor*`, the same handles tch uses; errors come back as a malloc'd
 // string that the caller frees.
 #include <ATen/ATen.h>
+#include "shim_error.h"
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <cstdlib>
 #include <cstring>
@@ -11,15 +12,6 @@
 #include <string_view>
 
 namespace {
-
-char* copy_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, what, n + 1);
-  }
-  return out;
-}
 
 c10::OperatorHandle op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
@@ -35,7 +27,7 @@ at::Tensor* comas_onednn_pack(at::Tensor* weight, char** error) {
     static const auto reorder = op("mkldnn::_reorder_linear_weight").typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
     return new at::Tensor(reorder.call(*weight, std::nullopt));
   } catch (const std::exception& e) {
-    *error = copy_message(e.what());
+    *error = comas_copy_message(e.what());
     return nullptr;
   }
 }
@@ -52,7 +44,7 @@ at::Tensor* comas_onednn_linear(at::Tensor* x, at::Tensor* packed, at::Tensor* b
     }
     return new at::Tensor(linear.call(*x, *packed, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt));
   } catch (const std::exception& e) {
-    *error = copy_message(e.what());
+    *error = comas_copy_message(e.what());
     return nullptr;
   }
 }

@@ -11,6 +11,7 @@
 // process, so every call of a process sums in the same order. Off x86-64 (Grace, Graviton) the
 // kernels are not compiled: the shim reports no instruction set and callers use aten.
 #include <ATen/ATen.h>
+#include "shim_error.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdlib>
@@ -153,13 +154,6 @@ void run(const float*, const float*, const float*, float*, int64_t, int64_t, int
 
 #endif  // __x86_64__
 
-char* copy_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) std::memcpy(out, what, n + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
@@ -191,7 +185,7 @@ at::Tensor* comas_rows_linear(at::Tensor* x, at::Tensor* weight, at::Tensor* bia
     }
     return new at::Tensor(std::move(y));
   } catch (const std::exception& e) {
-    *error = copy_message(e.what());
+    *error = comas_copy_message(e.what());
     return nullptr;
   }
 }
