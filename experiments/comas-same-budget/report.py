@@ -10,7 +10,6 @@ whatever is missing is reported as missing.
         --grpo experiments/learning-vs-trl/results-v2 --out docs/experiments/comas-same-budget.md
 """
 import argparse
-import gzip
 import importlib.util
 import json
 import pathlib
@@ -23,34 +22,11 @@ sys.path.insert(0, str(_study))
 _spec = importlib.util.spec_from_file_location("learning_report", _study / "report.py")
 _lvt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_lvt)
-boxed_right, gain_ci, mean, pct, pts = _lvt.boxed_right, _lvt.gain_ci, _lvt.mean, _lvt.pct, _lvt.pts
+gain_ci, jsonl, mean, passes, pct, pts = _lvt.gain_ci, _lvt.jsonl, _lvt.mean, _lvt.passes, _lvt.pct, _lvt.pts
 
 ARMS = ("comas", "comas-warm")
 MODES = ("sampled", "greedy")
 COLOURS = {"grpo": "tab:blue", "comas": "tab:red", "comas-warm": "tab:green", "untrained": "grey"}
-
-
-def jsonl(folder, name):
-    """The lines of `folder/name`, or of its kept `.gz`; [] when neither is there."""
-    p = pathlib.Path(folder) / name
-    if p.exists():
-        text = p.read_text()
-    elif p.with_name(p.name + ".gz").exists():
-        text = gzip.decompress(p.with_name(p.name + ".gz").read_bytes()).decode()
-    else:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def verdicts(folder, name, strict):
-    """{question id: 1.0 or 0.0} of one evaluation, None when it is not there. `strict`: the last
-    box alone (what the study's reward pays), else `comas eval`'s own verdict."""
-    rs = jsonl(pathlib.Path(folder) / "eval" / name, "results.jsonl")
-    if not rs:
-        return None
-    if strict:
-        return {r["id"]: 1.0 if boxed_right(r) else 0.0 for r in rs}
-    return {r["id"]: 1.0 if r["verdict"]["passed"] else 0.0 for r in rs}
 
 
 def step_records(runs, arm, seed):
@@ -58,7 +34,7 @@ def step_records(runs, arm, seed):
     A run folder sits in RUNS itself, a kept one under KEEP/runs."""
     recs = []
     for folder in (pathlib.Path(runs), pathlib.Path(runs) / "runs"):
-        recs = recs or jsonl(folder / f"{arm}-s{seed}", "out/metrics.jsonl")
+        recs = recs or jsonl(folder / f"{arm}-s{seed}" / "out/metrics.jsonl")
     return {r["step"]: r for r in recs if r.get("kind") == "step"}
 
 
@@ -173,16 +149,16 @@ def main():
 
     held = {}
     for strict, title in ((True, "box alone"), (False, "the evaluator's reading")):
-        base = {m: verdicts(grpo, f"base-{m}", strict) for m in MODES}
+        base = {m: passes(grpo, "base", m, strict) for m in MODES}
         rows = {}  # name -> {(step, mode): verdicts}
         rows["untrained"] = {(0, m): base[m] for m in MODES if base[m]}
         for sd in gseeds:
             rows[f"grpo s{sd}"] = {(k, m): v for k in ks for m in MODES
-                                  if (v := verdicts(grpo, f"comas-s{sd}-step{k}-{m}", strict))}
+                                  if (v := passes(grpo, f"comas-s{sd}-step{k}", m, strict))}
         for arm in ARMS:
             for agent in (0, 1):
                 rows[f"{arm} a{agent}"] = {(k, m): v for k in ks for m in MODES
-                                          if (v := verdicts(runs, f"{arm}-s{seed}-a{agent}-step{k}-{m}", strict))}
+                                          if (v := passes(runs, f"{arm}-s{seed}-a{agent}-step{k}", m, strict))}
         rows = {n: r for n, r in rows.items() if r}
         acc = {n: {km: mean(list(v.values())) for km, v in r.items()} for n, r in rows.items()}
         lines += ["", f"## Held-out accuracy, {title} (240 questions, one answer each, comas eval, vanilla)", ""]

@@ -8,6 +8,7 @@ Reads what run.sh wrote; whatever is missing is reported as missing.
         --settings experiments/learning-vs-trl/settings.json --out docs/experiments/learning-vs-trl.md
 """
 import argparse
+import gzip
 import json
 import pathlib
 import random
@@ -21,10 +22,16 @@ BOOT = 4000
 
 
 def jsonl(path):
+    """The lines of `path`, or of its kept `.gz` (experiments/study.sh); [] when neither is there."""
     p = pathlib.Path(path)
-    if not p.exists():
+    gz = p.with_name(p.name + ".gz")
+    if p.exists():
+        text = p.read_text()
+    elif gz.exists():
+        text = gzip.decompress(gz.read_bytes()).decode()
+    else:
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def train_curve(runs, system, seed):
