@@ -80,9 +80,9 @@ impl Attention {
             _ => (k, v),
         };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let dense = ctx.step.and_then(|st| st.dense.as_ref().zip(st.visible.as_ref()));
-        let kernel = match (dense, decode_attention()) {
-            (Some((_, visible)), DecodeAttention::Kernel) if decode_attention::applies(&q) => {
+        let mode = decode_attention();
+        let kernel = match (ctx.step.and_then(|st| st.visible.as_ref()), mode) {
+            (Some(visible), DecodeAttention::Kernel) if decode_attention::applies(&q) => {
                 // A step that fits `applies` passes the kernel's checks; should one not, SDPA
                 // computes the same attention.
                 decode_attention::attend(&q, &k, &v, visible, scale)
@@ -93,9 +93,9 @@ impl Attention {
             }
             _ => None,
         };
-        let out = match (kernel, dense, decode_attention()) {
+        let out = match (kernel, ctx.step.and_then(|st| st.dense.as_ref()), mode) {
             (Some(out), _, _) => out,
-            (None, Some((blocked, _)), DecodeAttention::Blocked) => {
+            (None, Some(blocked), DecodeAttention::Blocked) => {
                 attend_few(&q, &k, &v, blocked, scale, self.num_kv_heads)
             }
             _ => {
