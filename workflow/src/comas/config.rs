@@ -155,8 +155,9 @@ pub struct CoMasConfig {
     pub sampling: RoleSampling,
     /// Where the solver's reward comes from: the judges (CoMAS) or the data set's answer.
     pub reward: RewardSource,
-    /// Training steps in which scorers are paid for agreeing with the data set's answer
-    /// (`reward::warm_up_judges`) before the game runs on their scores alone; 0: none.
+    /// Training steps in which scorers are paid for agreeing with the data set's answer, right
+    /// and wrong solutions weighing alike over the step (`reward::warm_up_judges`), before the
+    /// game runs on their scores alone; 0: none.
     pub judge_warmup_steps: u64,
 }
 
