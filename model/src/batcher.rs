@@ -57,6 +57,10 @@ enum Tail {
 
 struct Row<'a> {
     id: u64,
+    /// What it was asked, and the next-token logits its prefill gave ([V]): a prompt asked
+    /// again while it runs starts from these instead of its own prefill.
+    prompt: Vec<i64>,
+    prompt_logits: Tensor,
     /// Prompt plus most new tokens: the columns this row may come to hold.
     need: usize,
     params: SamplingParams,
@@ -112,6 +116,10 @@ pub struct Batcher<'a> {
     /// Long prompts waiting for their chunked prefill, and the one under way.
     long: VecDeque<Pending<'a>>,
     prefilling: Option<Prefill<'a>>,
+    /// Prompt tokens whose keys and values were copied from another row, not computed.
+    shared_prompt_tokens: u64,
+    /// Whether a prompt asked again copies the first one's prefill.
+    share_prompts: bool,
 }
 
 fn empty_completion() -> Completion {
@@ -139,7 +147,16 @@ impl<'a> Batcher<'a> {
             prefill_chunk: None,
             long: VecDeque::new(),
             prefilling: None,
+            shared_prompt_tokens: 0,
+            share_prompts: true,
         }
+    }
+
+    /// Whether a prompt asked again on the same weights, beside the first or while the first
+    /// runs, copies the first one's prefill (default) or is prefilled again. The tokens
+    /// generated do not change.
+    pub fn set_prompt_sharing(&mut self, on: bool) {
+        self.share_prompts = on;
     }
 
     /// Prefills prompts longer than `tokens` one chunk of that many tokens per step (None or 0:
@@ -198,6 +215,12 @@ impl<'a> Batcher<'a> {
     /// Token slots (rows × columns) the KV cache has allocated.
     pub fn cache_slots(&self) -> i64 {
         self.cache.capacity_slots()
+    }
+
+    /// Prompt tokens so far whose prefill was copied from the same prompt's instead of being
+    /// computed (see [`Batcher::set_prompt_sharing`]).
+    pub fn shared_prompt_tokens(&self) -> u64 {
+        self.shared_prompt_tokens
     }
 
     /// Tokens the KV cache holds now.
@@ -302,62 +325,128 @@ impl<'a> Batcher<'a> {
     }
 
     /// Prefills queued prompts straight into new rows at the end of the cache, in right-padded
-    /// batches of similar length (see [`prefill_groups`]).
+    /// batches of similar length (see [`prefill_groups`]). A prompt that a running sequence on
+    /// the same weights was asked, or that came before it in this admission (the samples of a
+    /// GRPO group), is not prefilled again: it copies that row's prompt columns and the logits
+    /// its prefill gave, the bits a prefill of its own beside it would give.
     fn admit(&mut self) -> Result<()> {
-        if let Some(c) = self.prefill_chunk {
-            let (long, short): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut self.queue).into_iter().partition(|p| p.prompt.len() > c);
-            self.long.extend(long);
-            self.queue = short;
-        }
         if self.queue.is_empty() {
             return Ok(());
         }
         let widest = self.widest_need();
-        let mut queue = std::mem::take(&mut self.queue);
+        let queue = std::mem::take(&mut self.queue);
         self.cache.reserve((self.rows.len() + queue.len()) as i64, widest as i64)?;
-        queue.sort_by_key(|p| p.prompt.len());
-        let lens: Vec<usize> = queue.iter().map(|p| p.prompt.len()).collect();
+        // In arrival order, which the chunked prefill keeps.
+        let (mut firsts, mut copies): (Vec<Pending<'a>>, Vec<Pending<'a>>) =
+            (Vec::new(), Vec::new());
+        for p in queue {
+            let asked = self.share_prompts
+                && (self.rows.iter().any(|r| r.asked(&p))
+                    || firsts
+                        .iter()
+                        .any(|f| same_weights(f.adapter, p.adapter) && f.prompt == p.prompt));
+            if asked {
+                copies.push(p)
+            } else {
+                firsts.push(p)
+            }
+        }
+        // A long prompt is prefilled a chunk per step in a cache of its own.
+        let (long, short): (Vec<_>, Vec<_>) = firsts
+            .into_iter()
+            .partition(|p| self.prefill_chunk.is_some_and(|c| p.prompt.len() > c));
+        self.long.extend(long);
+        self.prefill(short)?;
+        // Every copy's prompt is now a row's, unless its first went to the chunked prefill:
+        // then it goes there too, as it would without sharing.
+        let (mut from, mut logits) = (Vec::new(), Vec::new());
+        let first_copy = self.cache.rows();
+        let mut copied = Vec::new();
+        for p in copies {
+            let Some(row) = self.rows.iter().position(|r| r.asked(&p)) else {
+                self.long.push_back(p);
+                continue;
+            };
+            if let Err(e) = self.cache.push_prefix_of(row, p.prompt.len() as i64) {
+                self.cache.truncate_rows(first_copy);
+                return Err(e);
+            }
+            from.push(row);
+            logits.push(self.rows[row].prompt_logits.shallow_clone());
+            copied.push(p);
+        }
+        if copied.is_empty() {
+            return Ok(());
+        }
+        let added = Tensor::stack(&logits, 0);
+        self.logits = Some(match self.logits.take() {
+            Some(l) => Tensor::cat(&[l, added], 0),
+            None => added,
+        });
+        for (p, l) in copied.into_iter().zip(logits) {
+            self.shared_prompt_tokens += p.prompt.len() as u64;
+            self.push_row(p, l);
+        }
+        Ok(())
+    }
+
+    /// Prefills `seqs` into new rows at the end of the cache, in batches of similar length;
+    /// returns each one's row, in the order given.
+    fn prefill(&mut self, seqs: Vec<Pending<'a>>) -> Result<Vec<usize>> {
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by_key(|&i| seqs[i].prompt.len());
+        let mut rows = vec![0; seqs.len()];
+        let mut seqs: Vec<Option<Pending<'a>>> = seqs.into_iter().map(Some).collect();
+        let lens: Vec<usize> =
+            order.iter().map(|&i| seqs[i].as_ref().expect("each once").prompt.len()).collect();
         let device = self.model.device();
-        let mut queue = queue.into_iter();
+        let mut order = order.into_iter();
         for size in prefill_groups(&lens) {
-            let group: Vec<Pending<'a>> = queue.by_ref().take(size).collect();
-            let prompts: Vec<Vec<i64>> = group.iter().map(|p| p.prompt.clone()).collect();
+            let group: Vec<(usize, Pending<'a>)> = order
+                .by_ref()
+                .take(size)
+                .map(|i| (i, seqs[i].take().expect("each once")))
+                .collect();
+            let prompts: Vec<Vec<i64>> = group.iter().map(|(_, p)| p.prompt.clone()).collect();
             let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
             let first = self.cache.push_rows(group.len())?;
             let (ids, _) = mask::right_pad(&prompts, 0, device);
-            let adapters: Vec<Option<&'a LoraAdapter>> = group.iter().map(|p| p.adapter).collect();
+            let adapters: Vec<Option<&'a LoraAdapter>> =
+                group.iter().map(|(_, p)| p.adapter).collect();
             let lora = self.lora(&adapters);
             let logits =
                 match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref())
                 {
                     Ok(l) => l,
                     Err(e) => {
-                        for _ in 0..group.len() {
-                            self.cache.swap_remove(self.cache.rows() - 1);
-                        }
+                        self.cache.truncate_rows(first as usize);
                         return Err(e);
                     }
                 };
+            let logits_of_group = logits.shallow_clone();
             self.logits = Some(match self.logits.take() {
                 Some(l) => Tensor::cat(&[l, logits], 0),
                 None => logits,
             });
-            for p in group {
-                self.push_row(p);
+            for (j, (i, p)) in group.into_iter().enumerate() {
+                rows[i] = self.rows.len();
+                let prompt_logits = logits_of_group.get(j as i64);
+                self.push_row(p, prompt_logits);
             }
         }
-        Ok(())
+        Ok(rows)
     }
 
     /// A sequence whose prompt is in the cache (its row is the last) starts decoding.
-    fn push_row(&mut self, p: Pending<'a>) {
+    fn push_row(&mut self, p: Pending<'a>, prompt_logits: Tensor) {
         let rng = p.params.rng();
         let tail = p.params.guided_suffix.clone().map_or(Tail::Unguided, Tail::Free);
         let need = p.need();
         let tail_reserve = p.params.guided_suffix.as_deref().map_or(0, tail_reserve);
         self.rows.push(Row {
             id: p.id,
+            prompt: p.prompt,
+            prompt_logits,
             need,
             params: p.params,
             adapter: p.adapter,
@@ -401,11 +490,12 @@ impl<'a> Batcher<'a> {
         self.cache
             .reserve((self.rows.len() + 1) as i64, self.widest_need().max(pending.need()) as i64)?;
         self.cache.adopt_row(&cache, 0)?;
+        let prompt_logits = logits.get(0);
         self.logits = Some(match self.logits.take() {
             Some(l) => Tensor::cat(&[l, logits], 0),
             None => logits,
         });
-        self.push_row(pending);
+        self.push_row(pending, prompt_logits);
         Ok(())
     }
 
@@ -475,6 +565,24 @@ impl<'a> Batcher<'a> {
         self.logits =
             Some(self.model.forward_cached(&input, &ones, 0, &mut self.cache, lora.as_ref())?);
         Ok(finished)
+    }
+}
+
+/// Whether two sequences run on the same weights (the base, or the same adapter). Every row on
+/// an adapter holds its current weights: the worker swaps an agent's weights only when none of
+/// its turns is running.
+fn same_weights(a: Option<&LoraAdapter>, b: Option<&LoraAdapter>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => std::ptr::eq(x, y),
+        _ => false,
+    }
+}
+
+impl Row<'_> {
+    /// Whether `p` asks exactly what this row was asked, on the same weights.
+    fn asked(&self, p: &Pending) -> bool {
+        same_weights(self.adapter, p.adapter) && self.prompt == p.prompt
     }
 }
 

@@ -251,6 +251,35 @@ impl KvCache {
         Ok(first)
     }
 
+    /// Appends a row holding the first `len` columns of row `row` (the prompt of a sequence
+    /// asked again); returns the new row.
+    pub fn push_prefix_of(&mut self, row: usize, len: i64) -> Result<i64> {
+        let held = self.lens.get(row).copied().ok_or_else(|| {
+            ModelError::Input(format!("cache holds {} rows; no row {row}", self.lens.len()))
+        })?;
+        if !(0..=held).contains(&len) {
+            return Err(ModelError::Input(format!(
+                "row {row} holds {held} tokens; cannot copy {len} of them"
+            )));
+        }
+        let first = self.lens.len() as i64;
+        self.reserve(first + 1, len)?;
+        if len > 0 {
+            for t in self.keys.iter().chain(self.values.iter()) {
+                t.narrow(0, first, 1)
+                    .narrow(2, 0, len)
+                    .f_copy_(&t.narrow(0, row as i64, 1).narrow(2, 0, len))?;
+            }
+        }
+        self.lens.push(len);
+        Ok(first)
+    }
+
+    /// Drops every row from `rows` on (rows added by a call that failed).
+    pub fn truncate_rows(&mut self, rows: usize) {
+        self.lens.truncate(rows);
+    }
+
     /// Drops row `row`, moving the last row into its place (as `Vec::swap_remove`): one row is
     /// copied, the rest stay where they are.
     pub fn swap_remove(&mut self, row: usize) {
@@ -478,6 +507,40 @@ mod tests {
             "row 2 moved into row 0"
         );
         assert_eq!(keys.get(1).get(0).get(1).get(0).double_value(&[]), 2.0, "row 1 untouched");
+    }
+
+    #[test]
+    fn a_rows_first_columns_are_copied_into_a_new_row() {
+        let cfg = cfg();
+        let (kv, d) = (cfg.num_key_value_heads, cfg.head_dim);
+        let mut c = KvCache::new(&cfg, 0, 0, Kind::Float, Device::Cpu);
+        c.push_rows(2).unwrap();
+        let s = c.begin(0, &[3, 2], 3).unwrap();
+        // Row r, column j holds 10 r + j.
+        let k = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 10.0, 11.0, 12.0])
+            .view([2, 1, 3, 1])
+            .expand([2, kv, 3, d], false)
+            .contiguous();
+        for layer in 0..cfg.num_hidden_layers as usize {
+            let _ = c.store(layer, &s, &k, &k);
+        }
+        c.commit(&s);
+        assert_eq!(c.push_prefix_of(0, 2).unwrap(), 2);
+        assert_eq!(c.push_prefix_of(1, 2).unwrap(), 3);
+        assert_eq!(c.lens(), &[3, 2, 2, 2]);
+        let last = cfg.num_hidden_layers as usize - 1;
+        for t in [&c.keys[0], &c.values[last]] {
+            let col = |r: i64| -> Vec<f32> {
+                Vec::try_from(t.get(r).get(0).narrow(0, 0, 2).select(1, 0)).unwrap()
+            };
+            assert_eq!(col(2), vec![0.0, 1.0], "row 0's first two columns");
+            assert_eq!(col(3), vec![10.0, 11.0], "row 1's two columns");
+        }
+        assert!(c.push_prefix_of(4, 1).unwrap_err().to_string().contains("no row 4"));
+        assert!(c.push_prefix_of(1, 3).unwrap_err().to_string().contains("holds 2 tokens"));
+        assert_eq!(c.lens(), &[3, 2, 2, 2], "a refused copy adds no row");
+        c.truncate_rows(1);
+        assert_eq!(c.lens(), &[3]);
     }
 
     #[test]

@@ -151,6 +151,68 @@ fn adapters_per_row_in_a_continuous_batch() {
     }
 }
 
+/// A prompt asked again on the same weights, beside the first (the samples of a GRPO group) or
+/// while the first still runs, copies the first one's prefill instead of computing it, and every
+/// sequence produces what it produces alone and with sharing off (same tokens, log-probs within
+/// 1e-5: a row's later decode steps may round differently in another row of the batch). A
+/// prompt under another adapter, or one that only starts the same, is prefilled.
+#[test]
+fn a_prompt_asked_again_is_prefilled_once_and_changes_nothing() {
+    let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();
+    let adapter =
+        LoraAdapter::load(&model_dir("qwen2-f32-lora"), model.config(), Kind::Float, Device::Cpu)
+            .unwrap();
+    let vocab = model.config().vocab_size;
+    let system: Vec<i64> = (0..24).map(|t| (t * 37 + 11) % vocab).collect();
+    let q1 = [system.as_slice(), &[5, 6, 7]].concat();
+    let q2 = [system.as_slice(), &[8, 9]].concat();
+    let sampled = |seed| SamplingParams { temperature: 0.9, seed, ..SamplingParams::greedy(10) };
+    let req = |prompt: &Vec<i64>, params, adapter| GenerationRequest {
+        prompt_ids: prompt.clone(),
+        params,
+        adapter,
+    };
+    let reqs = vec![
+        req(&q1, sampled(0), None),
+        req(&q1, sampled(1), None),
+        req(&q1, sampled(2), None),
+        req(&q1, sampled(3), None),
+        req(&q2, SamplingParams::greedy(8), None),
+        req(&q1, SamplingParams::greedy(10), Some(&adapter)),
+        // Join two steps later, while the first ones decode.
+        req(&q1, sampled(7), None),
+        req(&q1, sampled(8), None),
+        req(&q1, SamplingParams::greedy(4), Some(&adapter)),
+    ];
+    let run = |share: bool| {
+        let mut b = Batcher::new(&model, None);
+        b.set_prompt_sharing(share);
+        for (i, q) in reqs.iter().enumerate().take(6) {
+            b.add(i as u64, q.prompt_ids.clone(), q.params.clone(), q.adapter).unwrap();
+        }
+        let mut got = b.step().unwrap();
+        let first = b.shared_prompt_tokens();
+        got.extend(b.step().unwrap());
+        for (i, q) in reqs.iter().enumerate().skip(6) {
+            b.add(i as u64, q.prompt_ids.clone(), q.params.clone(), q.adapter).unwrap();
+        }
+        got.extend(drain(&mut b).unwrap());
+        got.sort_by_key(|(id, _)| *id);
+        (first, b.shared_prompt_tokens(), got)
+    };
+    let (first, total, on) = run(true);
+    // Three q1s on the base copied the first one's 27 tokens; q2 (24 tokens in common) and the
+    // adapter's q1 were prefilled. The three late q1s copied a running q1 on their weights.
+    assert_eq!((first, total), (3 * 27, 6 * 27));
+    let (_, none, off) = run(false);
+    assert_eq!(none, 0);
+    assert_eq!(on.len(), reqs.len());
+    for ((id, a), (_, b)) in on.iter().zip(&off) {
+        same(a, b, &format!("request {id}, sharing off"));
+        same(a, &alone(&model, &reqs[*id as usize]), &format!("request {id}"));
+    }
+}
+
 #[test]
 fn bad_sequences_are_refused_without_disturbing_the_batch() {
     let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();

@@ -126,7 +126,7 @@ fn main() {
         let settings = ServerSettings {
             listener,
             metrics_listen: None,
-            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512, vllm: None, default_engine: comas_rollout_worker::engine::EngineKind::Comas, device_name: "cpu".into() },
+            engine: EngineSettings { device: tch::Device::Cpu, max_running: 512, max_batch_tokens: 1 << 22, prefill_chunk: 512, share_prompts: true, vllm: None, default_engine: comas_rollout_worker::engine::EngineKind::Comas, device_name: "cpu".into() },
             drain_timeout: Duration::from_secs(5),
             weight_timeout: Duration::from_secs(60),
             relay: true,

@@ -26,6 +26,11 @@ pub struct Args {
     /// long prompt does not stall the sequences decoding beside it (0: whole prompts).
     #[arg(long, env = "COMAS_WORKER_PREFILL_CHUNK_TOKENS", default_value_t = 512)]
     prefill_chunk_tokens: usize,
+    /// A prompt asked again on the same weights, beside the first or while the first runs (the
+    /// samples of a GRPO group), copies the first one's keys, values and first logits instead of
+    /// being prefilled again; the tokens do not change.
+    #[arg(long, env = "COMAS_WORKER_SHARE_PROMPTS", default_value_t = true, action = clap::ArgAction::Set)]
+    share_prompts: bool,
     /// Seconds a SIGTERM waits for running episodes.
     #[arg(long, env = "COMAS_WORKER_DRAIN_SECS", default_value_t = 120)]
     drain_secs: u64,
@@ -165,6 +170,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 max_running: a.max_running.max(1),
                 max_batch_tokens: a.max_batch_tokens.max(1),
                 prefill_chunk: a.prefill_chunk_tokens,
+                share_prompts: a.share_prompts,
                 vllm,
                 default_engine: a.vllm.engine,
                 device_name: a.device.clone(),

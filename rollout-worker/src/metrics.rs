@@ -9,6 +9,7 @@ pub struct Metrics {
     registry: Registry,
     stats: Arc<Stats>,
     generated_tokens: IntCounter,
+    shared_prompt_tokens: IntCounter,
     episodes_done: IntCounter,
     episodes_cancelled: IntCounter,
     episodes_cancelled_before_start: IntCounter,
@@ -40,6 +41,10 @@ impl Metrics {
             generated_tokens: counter(
                 "generated_tokens_total",
                 "tokens generated (rate = tokens/s)",
+            ),
+            shared_prompt_tokens: counter(
+                "prompt_tokens_shared_total",
+                "prompt tokens whose prefill was copied from the same prompt asked before, not computed",
             ),
             episodes_done: counter("episodes_total", "episodes finished"),
             episodes_cancelled: counter(
@@ -113,6 +118,7 @@ impl Metrics {
         let s = &self.stats;
         let catch_up = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         catch_up(&self.generated_tokens, s.generated_tokens.load(Ordering::Relaxed));
+        catch_up(&self.shared_prompt_tokens, s.shared_prompt_tokens.load(Ordering::Relaxed));
         catch_up(&self.episodes_done, s.episodes_done.load(Ordering::Relaxed));
         catch_up(&self.episodes_cancelled, s.episodes_cancelled.load(Ordering::Relaxed));
         let early = s.episodes_cancelled_before_start.load(Ordering::Relaxed);

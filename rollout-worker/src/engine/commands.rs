@@ -83,6 +83,9 @@ pub struct Stats {
     pub waiting_turns: AtomicU64,
     pub running_episodes: AtomicU64,
     pub kv_cache_bytes: AtomicU64,
+    /// Prompt tokens whose prefill was copied from an identical prompt's (the batches'
+    /// `shared_prompt_tokens`) instead of computed.
+    pub shared_prompt_tokens: AtomicU64,
     /// Most sequences decoding at once so far, summed over the base models' batches.
     pub peak_running_sequences: AtomicU64,
     /// Turns whose prompt lost quoted discussion blocks to fit (spec 3.7).
@@ -111,6 +114,9 @@ pub struct EngineSettings {
     /// Prompts longer than this are prefilled this many tokens per step, between decode steps
     /// of the others (0: whole).
     pub prefill_chunk: usize,
+    /// A prompt asked again on the same weights, beside the first or while the first runs,
+    /// copies the first one's prefill instead of computing it.
+    pub share_prompts: bool,
     /// How this worker runs vLLM servers when a job asks for them (`None`: it cannot).
     pub vllm: Option<crate::vllm::VllmSettings>,
     /// What generates the turns of a job that does not say (`--engine`).

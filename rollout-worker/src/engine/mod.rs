@@ -194,6 +194,7 @@ fn new_batcher<'m>(models: &'m Models, settings: &EngineSettings, b: usize) -> O
     let mut batcher = Batcher::new(base.own()?, Some(&base.tokenizer));
     batcher.set_cache_limit(Some(settings.max_batch_tokens));
     batcher.set_prefill_chunk(Some(settings.prefill_chunk));
+    batcher.set_prompt_sharing(settings.share_prompts);
     Some(batcher)
 }
 
@@ -495,7 +496,8 @@ impl<'m> Runtime<'m> {
                     let batcher = self.batchers[b].as_mut().expect("checked above");
                     self.steps += 1;
                     let inject = self.fault == Some(Fault::StepPanic(self.steps));
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let shared_before = batcher.shared_prompt_tokens();
+                    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         if inject {
                             panic!("injected by COMAS_WORKER_FAULT");
                         }
@@ -506,7 +508,10 @@ impl<'m> Runtime<'m> {
                             "the decode step panicked: {}",
                             comas_service::panic_message(p.as_ref())
                         )))
-                    })
+                    });
+                    let shared = batcher.shared_prompt_tokens().saturating_sub(shared_before);
+                    self.stats.shared_prompt_tokens.fetch_add(shared, Ordering::Relaxed);
+                    step
                 };
                 match step {
                     Ok(done) => {
