@@ -13,17 +13,15 @@
 // Measured as the services run: jemalloc, MKL dispatching on the instruction set.
 comas_model::process_setup!();
 
-use comas_model::tiny::{write_model, TinySpec};
+mod common;
+use common::env_or;
+
 use comas_model::{generate, CausalLm, GenerationRequest, SamplingParams};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Device, Kind};
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn main() {
     let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
@@ -46,17 +44,7 @@ fn main() {
     tch::set_num_threads(threads);
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    // Any model folder (COMAS_BENCH_MODEL, e.g. the SmolLM2 import), else the random 40M model.
-    let model_dir = match std::env::var_os("COMAS_BENCH_MODEL") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-qwen2-40m");
-            if !dir.join("model.safetensors").is_file() {
-                write_model(&dir, &TinySpec::bench()).expect("write bench model");
-            }
-            dir
-        }
-    };
+    let model_dir = common::model_dir();
     // COMAS_BENCH_SAMPLE=1 samples at temperature 1 (the rollout path) instead of greedy.
     let sample = std::env::var("COMAS_BENCH_SAMPLE").is_ok_and(|v| v == "1");
     let params_for = |n: usize, seed: u64| {

@@ -8,13 +8,12 @@
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_REPEATS (30 passes, best of 3).
 comas_model::process_setup!();
 
+mod common;
+use common::env_or;
+
 use comas_model::{onednn, rows_linear};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 const SHAPES: [(i64, i64); 5] = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)];
 

@@ -13,17 +13,14 @@
 //! COMAS_BENCH_ROUNDS (2).
 comas_model::process_setup!();
 
+mod common;
+use common::env_or;
+
 use comas_model::batcher::drain;
-use comas_model::tiny::{write_model, TinySpec};
 use comas_model::{Batcher, CausalLm, Completion, SamplingParams};
 use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
 use std::time::Instant;
 use tch::{Device, Kind};
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 /// One call over every prompt, all admitted at once; returns the seconds and the completions
 /// in request order.
@@ -50,16 +47,7 @@ fn main() {
     let new_tokens: usize = env_or("COMAS_BENCH_NEW_TOKENS", 64);
     let rounds: usize = env_or("COMAS_BENCH_ROUNDS", 2);
     tch::set_num_threads(threads);
-    let model_dir = match std::env::var_os("COMAS_BENCH_MODEL") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-qwen2-40m");
-            if !dir.join("model.safetensors").is_file() {
-                write_model(&dir, &TinySpec::bench()).expect("write bench model");
-            }
-            dir
-        }
-    };
+    let model_dir = common::model_dir();
     let model = CausalLm::load(&model_dir, Kind::Float, Device::Cpu).expect("load bench model");
     let _ = model.pack_for_decode();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
