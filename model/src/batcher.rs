@@ -359,9 +359,8 @@ impl<'a> Batcher<'a> {
         self.prefill(short)?;
         // Every copy's prompt is now a row's, unless its first went to the chunked prefill:
         // then it goes there too, as it would without sharing.
-        let (mut from, mut logits) = (Vec::new(), Vec::new());
         let first_copy = self.cache.rows();
-        let mut copied = Vec::new();
+        let (mut copied, mut logits) = (Vec::new(), Vec::new());
         for p in copies {
             let Some(row) = self.rows.iter().position(|r| r.asked(&p)) else {
                 self.long.push_back(p);
@@ -371,7 +370,6 @@ impl<'a> Batcher<'a> {
                 self.cache.truncate_rows(first_copy);
                 return Err(e);
             }
-            from.push(row);
             logits.push(self.rows[row].prompt_logits.shallow_clone());
             copied.push(p);
         }
@@ -390,29 +388,19 @@ impl<'a> Batcher<'a> {
         Ok(())
     }
 
-    /// Prefills `seqs` into new rows at the end of the cache, in batches of similar length;
-    /// returns each one's row, in the order given.
-    fn prefill(&mut self, seqs: Vec<Pending<'a>>) -> Result<Vec<usize>> {
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| seqs[i].prompt.len());
-        let mut rows = vec![0; seqs.len()];
-        let mut seqs: Vec<Option<Pending<'a>>> = seqs.into_iter().map(Some).collect();
-        let lens: Vec<usize> =
-            order.iter().map(|&i| seqs[i].as_ref().expect("each once").prompt.len()).collect();
+    /// Prefills `seqs` into new rows at the end of the cache, in batches of similar length.
+    fn prefill(&mut self, mut seqs: Vec<Pending<'a>>) -> Result<()> {
+        seqs.sort_by_key(|p| p.prompt.len());
+        let lens: Vec<usize> = seqs.iter().map(|p| p.prompt.len()).collect();
         let device = self.model.device();
-        let mut order = order.into_iter();
+        let mut seqs = seqs.into_iter();
         for size in prefill_groups(&lens) {
-            let group: Vec<(usize, Pending<'a>)> = order
-                .by_ref()
-                .take(size)
-                .map(|i| (i, seqs[i].take().expect("each once")))
-                .collect();
-            let prompts: Vec<Vec<i64>> = group.iter().map(|(_, p)| p.prompt.clone()).collect();
+            let group: Vec<Pending<'a>> = seqs.by_ref().take(size).collect();
+            let prompts: Vec<Vec<i64>> = group.iter().map(|p| p.prompt.clone()).collect();
             let lens: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
             let first = self.cache.push_rows(group.len())?;
             let (ids, _) = mask::right_pad(&prompts, 0, device);
-            let adapters: Vec<Option<&'a LoraAdapter>> =
-                group.iter().map(|(_, p)| p.adapter).collect();
+            let adapters: Vec<Option<&'a LoraAdapter>> = group.iter().map(|p| p.adapter).collect();
             let lora = self.lora(&adapters);
             let logits =
                 match self.model.forward_cached(&ids, &lens, first, &mut self.cache, lora.as_ref())
@@ -423,18 +411,15 @@ impl<'a> Batcher<'a> {
                         return Err(e);
                     }
                 };
-            let logits_of_group = logits.shallow_clone();
+            for (j, p) in group.into_iter().enumerate() {
+                self.push_row(p, logits.get(j as i64));
+            }
             self.logits = Some(match self.logits.take() {
                 Some(l) => Tensor::cat(&[l, logits], 0),
                 None => logits,
             });
-            for (j, (i, p)) in group.into_iter().enumerate() {
-                rows[i] = self.rows.len();
-                let prompt_logits = logits_of_group.get(j as i64);
-                self.push_row(p, prompt_logits);
-            }
         }
-        Ok(rows)
+        Ok(())
     }
 
     /// A sequence whose prompt is in the cache (its row is the last) starts decoding.
