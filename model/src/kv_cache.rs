@@ -236,19 +236,7 @@ impl KvCache {
         {
             return Err(ModelError::Input("the other cache belongs to another model".into()));
         }
-        let first = self.lens.len() as i64;
-        self.reserve(first + 1, len)?;
-        if len > 0 {
-            for (mine, theirs) in
-                self.keys.iter().zip(&other.keys).chain(self.values.iter().zip(&other.values))
-            {
-                mine.narrow(0, first, 1)
-                    .narrow(2, 0, len)
-                    .f_copy_(&theirs.narrow(0, row as i64, 1).narrow(2, 0, len))?;
-            }
-        }
-        self.lens.push(len);
-        Ok(first)
+        self.push_row_from(&other.layers(), row, len)
     }
 
     /// Appends a row holding the first `len` columns of row `row` (the prompt of a sequence
@@ -262,13 +250,24 @@ impl KvCache {
                 "row {row} holds {held} tokens; cannot copy {len} of them"
             )));
         }
+        self.push_row_from(&self.layers(), row, len)
+    }
+
+    /// Every layer's keys, then every layer's values (handles to the same storage).
+    fn layers(&self) -> Vec<Tensor> {
+        self.keys.iter().chain(&self.values).map(Tensor::shallow_clone).collect()
+    }
+
+    /// Appends a row holding the first `len` columns of row `row` of `src` (as `layers`
+    /// orders them, shaped as this cache's); returns the new row.
+    fn push_row_from(&mut self, src: &[Tensor], row: usize, len: i64) -> Result<i64> {
         let first = self.lens.len() as i64;
         self.reserve(first + 1, len)?;
         if len > 0 {
-            for t in self.keys.iter().chain(self.values.iter()) {
-                t.narrow(0, first, 1)
+            for (mine, theirs) in self.keys.iter().chain(&self.values).zip(src) {
+                mine.narrow(0, first, 1)
                     .narrow(2, 0, len)
-                    .f_copy_(&t.narrow(0, row as i64, 1).narrow(2, 0, len))?;
+                    .f_copy_(&theirs.narrow(0, row as i64, 1).narrow(2, 0, len))?;
             }
         }
         self.lens.push(len);
