@@ -342,9 +342,7 @@ impl<'a> Batcher<'a> {
         for p in queue {
             let asked = self.share_prompts
                 && (self.rows.iter().any(|r| r.asked(&p))
-                    || firsts
-                        .iter()
-                        .any(|f| same_weights(f.adapter, p.adapter) && f.prompt == p.prompt));
+                    || firsts.iter().any(|f| p.asks(f.adapter, &f.prompt)));
             if asked {
                 copies.push(p)
             } else {
@@ -564,10 +562,17 @@ fn same_weights(a: Option<&LoraAdapter>, b: Option<&LoraAdapter>) -> bool {
     }
 }
 
+impl Pending<'_> {
+    /// Whether this asks exactly `prompt` on the weights of `adapter`.
+    fn asks(&self, adapter: Option<&LoraAdapter>, prompt: &[i64]) -> bool {
+        same_weights(self.adapter, adapter) && self.prompt == prompt
+    }
+}
+
 impl Row<'_> {
     /// Whether `p` asks exactly what this row was asked, on the same weights.
     fn asked(&self, p: &Pending) -> bool {
-        same_weights(self.adapter, p.adapter) && self.prompt == p.prompt
+        p.asks(self.adapter, &self.prompt)
     }
 }
 
