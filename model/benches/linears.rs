@@ -1,6 +1,6 @@
 //! The products of one decode step on SmolLM2's shapes (q/o 576×576, k/v 192×576, gate/up
 //! 1536×576, down 576×1536, the tied head 49152×576; random weights), at 1 to 64 rows: aten's
-//! `linear` against the few-row f32 kernel, and in bf16 against oneDNN's packed inner product.
+//! `linear` against the few-row f32 kernel on its packed weights, and in bf16 against oneDNN's packed inner product.
 //! Prints ms per pass over the five shapes and the weight bytes read per second.
 //!
 //!   cargo bench -p comas-model --bench linears                        # f32
@@ -30,7 +30,9 @@ fn main() {
     let bytes: i64 = SHAPES.iter().map(|&(o, i)| o * i * kind.elt_size_in_bytes() as i64).sum();
     // The fast path of this dtype: the few-row kernel in f32, oneDNN's packed weights in bf16.
     let (fast_name, packed): (&str, Vec<Tensor>) = match kind {
-        Kind::Float => ("few-row kernel", vec![]),
+        Kind::Float => {
+            ("few-row packed", ws.iter().map(|w| rows_linear::pack(w).expect("pack")).collect())
+        }
         Kind::BFloat16 => {
             ("oneDNN packed", ws.iter().map(|w| onednn::pack(w).expect("pack")).collect())
         }
@@ -60,7 +62,8 @@ fn main() {
                             let _y = match (fast, kind) {
                                 (false, _) => x.linear::<Tensor>(w, None),
                                 (true, Kind::Float) => {
-                                    rows_linear::linear(x, w, None).expect("few-row linear")
+                                    rows_linear::packed_linear(x, &packed[n], None, w.size()[0])
+                                        .expect("few-row linear")
                                 }
                                 (true, _) => onednn::linear(x, &packed[n], None, w.size()[0])
                                     .expect("oneDNN linear"),

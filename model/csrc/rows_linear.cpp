@@ -1,15 +1,15 @@
-// An f32 linear for the few rows of a decode step: y[r, j] = x[r, :] · w[j, :] (+ b[j]), read
-// straight from the unpacked weight [out, in].
+// An f32 linear for the few rows of a decode step: y[r, j] = x[r, :] · w[j, :] (+ b[j]), on a
+// copy of the weight reordered once into blocks of outputs (comas_rows_pack).
 //
-// MKL's sgemv/sgemm on a handful of rows reaches about half of a plain read's bandwidth; this
-// kernel streams each weight row once per call and uses it for every input row while it sits in
-// L1. Each output is one dot product whose order of additions depends only on the input width:
-// not on how many rows the call has, how they are tiled or how the outputs are split between
-// threads. So a row decodes to the same bits alone or beside 63 others.
+// MKL's sgemv/sgemm on a handful of rows reaches about half of a plain read's bandwidth and
+// sums in an order that depends on the row count. Here each output is summed in one fixed order
+// that depends only on the input width: not on how many rows the call has, how they are tiled
+// or how the outputs are split between threads. So a row decodes to the same bits alone or beside
+// 63 others.
 //
-// Two instruction sets: AVX-512F (16 lanes) and AVX2+FMA (8 lanes). The choice is made once per
-// process, so every call of a process sums in the same order. Off x86-64 (Grace, Graviton) the
-// kernels are not compiled: the shim reports no instruction set and callers use aten.
+// Two instruction sets: AVX-512F and AVX2+FMA, which do the same per-lane operations. Off x86-64
+// (Grace, Graviton) the kernels are not compiled: the shim reports no instruction set and callers
+// use aten.
 #include <ATen/ATen.h>
 #include "shim_error.h"
 #include <ATen/Parallel.h>
@@ -22,8 +22,9 @@
 
 namespace {
 
-// Weight rows per tile: one accumulator per (input row, weight row) pair.
-constexpr int kOut = 4;
+// Outputs per packed block (two AVX-512 vectors, four AVX2 ones).
+constexpr int kBlock = 32;
+
 // Weight bytes below which a call stays on one thread (waking the pool costs more).
 constexpr int64_t kSerialBytes = 256 * 1024;
 
@@ -46,102 +47,86 @@ Isa isa() {
 bool supported(Isa wanted) { return wanted == Isa::Avx2 ? isa() != Isa::None : wanted == isa(); }
 
 #if defined(__x86_64__)
-// R input rows times kOut weight rows; `out[r * kOut + o]` receives the dot products.
+// The packed form: the weight reordered once into blocks of kBlock outputs, [blocks, in,
+// kBlock] (the last block zero-padded), so that one input row's value multiplies a whole vector
+// of outputs. Each output is summed in one fixed order, k = 0, 1, ..., in - 1, with one
+// fused multiply-add per step and the bias added last: its bits depend on neither the rows
+// beside it, the tiling, the threads nor the instruction set (AVX2 and AVX-512 do the same
+// per-lane operations). No horizontal sums, and a weight block is read from memory once per call
+// and then from cache for each group of rows.
+
+// R rows times one block: `acc` holds R x kBlock outputs in registers; AVX-512 has 32 vector
+// registers: 12 rows x 2 accumulators, 2 weight vectors and the broadcast fit.
 template <int R>
-__attribute__((target("avx512f"))) void tile_avx512(const float* const* xr, const float* const* wr, int64_t k, float* out) {
-  __m512 acc[R][kOut];
-  for (int r = 0; r < R; ++r)
-    for (int o = 0; o < kOut; ++o) acc[r][o] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    __m512 wv[kOut];
-    for (int o = 0; o < kOut; ++o) wv[o] = _mm512_loadu_ps(wr[o] + i);
+__attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx, const float* pw, int64_t k, const float* bias, float* y, int64_t ldy, int valid) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const __m512 w0 = _mm512_loadu_ps(pw + i * kBlock), w1 = _mm512_loadu_ps(pw + i * kBlock + 16);
     for (int r = 0; r < R; ++r) {
-      __m512 xv = _mm512_loadu_ps(xr[r] + i);
-      for (int o = 0; o < kOut; ++o) acc[r][o] = _mm512_fmadd_ps(xv, wv[o], acc[r][o]);
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + i]);
+      acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
     }
   }
-  if (i < k) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (k - i)) - 1);
-    __m512 wv[kOut];
-    for (int o = 0; o < kOut; ++o) wv[o] = _mm512_maskz_loadu_ps(m, wr[o] + i);
-    for (int r = 0; r < R; ++r) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, xr[r] + i);
-      for (int o = 0; o < kOut; ++o) acc[r][o] = _mm512_fmadd_ps(xv, wv[o], acc[r][o]);
-    }
+  const __mmask16 m0 = valid >= 16 ? 0xffff : static_cast<__mmask16>((1u << valid) - 1);
+  const __mmask16 m1 = valid >= 32 ? 0xffff : valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (bias != nullptr) {
+    b0 = _mm512_maskz_loadu_ps(m0, bias);
+    b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
   }
-  for (int r = 0; r < R; ++r)
-    for (int o = 0; o < kOut; ++o) out[r * kOut + o] = _mm512_reduce_add_ps(acc[r][o]);
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + r * ldy;
+    _mm512_mask_storeu_ps(yr, m0, bias != nullptr ? _mm512_add_ps(acc[r][0], b0) : acc[r][0]);
+    _mm512_mask_storeu_ps(yr + 16, m1, bias != nullptr ? _mm512_add_ps(acc[r][1], b1) : acc[r][1]);
+  }
 }
 
-__attribute__((target("avx2,fma"))) float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
+// AVX2 has 16 vector registers: 3 rows x 4 accumulators, with the weight read from memory by
+// each multiply-add.
 template <int R>
-__attribute__((target("avx2,fma"))) void tile_avx2(const float* const* xr, const float* const* wr, int64_t k, float* out) {
-  __m256 acc[R][kOut];
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, const float* pw, int64_t k, const float* bias, float* y, int64_t ldy, int valid) {
+  __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
-    for (int o = 0; o < kOut; ++o) acc[r][o] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    __m256 wv[kOut];
-    for (int o = 0; o < kOut; ++o) wv[o] = _mm256_loadu_ps(wr[o] + i);
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const float* wi = pw + i * kBlock;
     for (int r = 0; r < R; ++r) {
-      __m256 xv = _mm256_loadu_ps(xr[r] + i);
-      for (int o = 0; o < kOut; ++o) acc[r][o] = _mm256_fmadd_ps(xv, wv[o], acc[r][o]);
+      const __m256 xv = _mm256_set1_ps(x[r * ldx + i]);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wi + 8 * v), acc[r][v]);
     }
   }
-  if (i < k) {
-    alignas(32) static const int32_t ones[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ones + 8 - (k - i)));
-    __m256 wv[kOut];
-    for (int o = 0; o < kOut; ++o) wv[o] = _mm256_maskload_ps(wr[o] + i, m);
-    for (int r = 0; r < R; ++r) {
-      __m256 xv = _mm256_maskload_ps(xr[r] + i, m);
-      for (int o = 0; o < kOut; ++o) acc[r][o] = _mm256_fmadd_ps(xv, wv[o], acc[r][o]);
-    }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[kBlock];
+    for (int v = 0; v < 4; ++v) _mm256_store_ps(out + 8 * v, acc[r][v]);
+    float* yr = y + r * ldy;
+    for (int j = 0; j < valid; ++j) yr[j] = bias != nullptr ? out[j] + bias[j] : out[j];
   }
-  for (int r = 0; r < R; ++r)
-    for (int o = 0; o < kOut; ++o) out[r * kOut + o] = sum8(acc[r][o]);
 }
 
-using Tile = void (*)(const float* const*, const float* const*, int64_t, float*);
+using Block = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int);
 
-// Input rows per tile. A tile of fewer rows does for each row exactly what a full one does.
-// AVX-512 has 32 vector registers: 6 x 4 accumulators plus the loads fit; AVX2 has 16: 2 x 4.
-constexpr int kRows512 = 6;
-constexpr int kRows256 = 2;
-const Tile kTiles512[kRows512] = {tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>, tile_avx512<5>, tile_avx512<6>};
-const Tile kTiles256[kRows256] = {tile_avx2<1>, tile_avx2<2>};
+constexpr int kBlockRows512 = 12;
+constexpr int kBlockRows256 = 3;
+const Block kBlocks512[kBlockRows512] = {block_avx512<1>, block_avx512<2>, block_avx512<3>, block_avx512<4>, block_avx512<5>, block_avx512<6>,
+                                         block_avx512<7>, block_avx512<8>, block_avx512<9>, block_avx512<10>, block_avx512<11>, block_avx512<12>};
+const Block kBlocks256[kBlockRows256] = {block_avx2<1>, block_avx2<2>, block_avx2<3>};
 
-void run(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t in, int64_t out, Isa chosen) {
-  const Tile* tiles = chosen == Isa::Avx512 ? kTiles512 : kTiles256;
-  const int max_rows = chosen == Isa::Avx512 ? kRows512 : kRows256;
-  const int64_t out_tiles = (out + kOut - 1) / kOut;
-  const int64_t tile_bytes = kOut * in * static_cast<int64_t>(sizeof(float));
-  // A zero-width weight (every output is its bias) must not divide by zero here.
-  const int64_t grain = std::max<int64_t>(1, kSerialBytes / std::max<int64_t>(1, tile_bytes));
-  at::parallel_for(0, out_tiles, grain, [&](int64_t begin, int64_t end) {
-    float part[kRows512 * kOut];
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t j0 = t * kOut;
-      const int valid = static_cast<int>(std::min<int64_t>(kOut, out - j0));
-      // A short last tile repeats its last weight row; the extra results are dropped.
-      const float* wr[kOut];
-      for (int o = 0; o < kOut; ++o) wr[o] = w + (j0 + std::min(o, valid - 1)) * in;
+void run_packed(const float* x, const float* pw, const float* b, float* y, int64_t rows, int64_t in, int64_t out, Isa chosen) {
+  const Block* kernels = chosen == Isa::Avx512 ? kBlocks512 : kBlocks256;
+  const int max_rows = chosen == Isa::Avx512 ? kBlockRows512 : kBlockRows256;
+  const int64_t blocks = (out + kBlock - 1) / kBlock;
+  const int64_t block_bytes = kBlock * in * static_cast<int64_t>(sizeof(float));
+  const int64_t grain = std::max<int64_t>(1, kSerialBytes / std::max<int64_t>(1, block_bytes));
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t j0 = blk * kBlock;
+      const int valid = static_cast<int>(std::min<int64_t>(kBlock, out - j0));
+      const float* pw_blk = pw + blk * in * kBlock;
       for (int64_t r0 = 0; r0 < rows; r0 += max_rows) {
         const int n = static_cast<int>(std::min<int64_t>(max_rows, rows - r0));
-        const float* xr[kRows512];
-        for (int r = 0; r < n; ++r) xr[r] = x + (r0 + r) * in;
-        tiles[n - 1](xr, wr, in, part);
-        for (int r = 0; r < n; ++r) {
-          float* yr = y + (r0 + r) * out + j0;
-          for (int o = 0; o < valid; ++o) yr[o] = b == nullptr ? part[r * kOut + o] : part[r * kOut + o] + b[j0 + o];
-        }
+        kernels[n - 1](x + r0 * in, in, pw_blk, in, b == nullptr ? nullptr : b + j0, y + r0 * out + j0, out, valid);
       }
     }
   });
@@ -149,8 +134,8 @@ void run(const float* x, const float* w, const float* b, float* y, int64_t rows,
 
 #else
 
-// Never reached: isa() is None off x86-64, and comas_rows_linear refuses before calling it.
-void run(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, Isa) {}
+// Never reached: isa() is None off x86-64, and comas_rows_packed_linear refuses before calling it.
+void run_packed(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, Isa) {}
 
 #endif  // __x86_64__
 
@@ -161,27 +146,40 @@ extern "C" {
 // Whether this CPU has a kernel (AVX-512F, or AVX2 with FMA).
 bool comas_rows_linear_available() { return isa() != Isa::None; }
 
-// x [rows, in] f32 times weight [out, in] f32, plus `bias` [out] when it is not null. `isa_code`
-// 0 takes the process's choice; 1 (AVX2) and 2 (AVX-512), for tests, force one.
-at::Tensor* comas_rows_linear(at::Tensor* x, at::Tensor* weight, at::Tensor* bias, int isa_code, char** error) {
+// `weight` [out, in] f32 reordered into [blocks, in, 32] for comas_rows_packed_linear.
+at::Tensor* comas_rows_pack(at::Tensor* weight, char** error) {
+  try {
+    TORCH_CHECK(weight->dim() == 2 && weight->scalar_type() == at::kFloat && weight->device().is_cpu(), "the weight must be a 2-D float32 CPU tensor, got ", weight->sizes(), " ", weight->scalar_type());
+    const int64_t out = weight->size(0), in = weight->size(1);
+    const int64_t blocks = (out + kBlock - 1) / kBlock;
+    at::Tensor padded = at::constant_pad_nd(weight->detach(), {0, 0, 0, blocks * kBlock - out});
+    return new at::Tensor(padded.view({blocks, kBlock, in}).transpose(1, 2).contiguous());
+  } catch (const std::exception& e) {
+    *error = comas_copy_message(e.what());
+    return nullptr;
+  }
+}
+
+// x [rows, in] f32 times a weight packed by comas_rows_pack with `out` outputs, plus `bias`.
+at::Tensor* comas_rows_packed_linear(at::Tensor* x, at::Tensor* packed, at::Tensor* bias, int64_t out, int isa_code, char** error) {
   try {
     TORCH_CHECK(isa_code >= 0 && isa_code <= 2, "unknown instruction set code ", isa_code);
     const Isa chosen = isa_code == 0 ? isa() : static_cast<Isa>(isa_code);
     TORCH_CHECK(chosen != Isa::None && supported(chosen), "this CPU has no kernel for the instruction set asked for (AVX-512F, or AVX2 with FMA)");
-    TORCH_CHECK(x->dim() == 2 && weight->dim() == 2, "x and weight must be 2-D, got ", x->sizes(), " and ", weight->sizes());
-    TORCH_CHECK(x->scalar_type() == at::kFloat && weight->scalar_type() == at::kFloat, "x and weight must be float32");
-    TORCH_CHECK(x->device().is_cpu() && weight->device().is_cpu(), "x and weight must be on the CPU");
-    const int64_t in = weight->size(1), out = weight->size(0), rows = x->size(0);
+    TORCH_CHECK(x->dim() == 2 && x->scalar_type() == at::kFloat && x->device().is_cpu(), "x must be a 2-D float32 CPU tensor, got ", x->sizes(), " ", x->scalar_type());
+    TORCH_CHECK(packed->dim() == 3 && packed->size(2) == kBlock && packed->scalar_type() == at::kFloat && packed->is_contiguous(), "the packed weight must come from comas_rows_pack");
+    const int64_t in = packed->size(1), rows = x->size(0);
+    TORCH_CHECK(out > (packed->size(0) - 1) * kBlock && out <= packed->size(0) * kBlock, "the packed weight does not have ", out, " outputs");
     TORCH_CHECK(x->size(1) == in, "x has ", x->size(1), " features but the weight takes ", in);
     at::Tensor b;
     if (bias != nullptr) {
       TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out && bias->scalar_type() == at::kFloat, "bias must be float32 [", out, "]");
       b = bias->contiguous();
     }
-    const at::Tensor xc = x->contiguous(), wc = weight->contiguous();
+    const at::Tensor xc = x->contiguous();
     at::Tensor y = at::empty({rows, out}, xc.options());
     if (rows > 0 && out > 0) {
-      run(xc.data_ptr<float>(), wc.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, in, out, chosen);
+      run_packed(xc.data_ptr<float>(), packed->data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, in, out, chosen);
     }
     return new at::Tensor(std::move(y));
   } catch (const std::exception& e) {

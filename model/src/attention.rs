@@ -3,6 +3,7 @@
 //! row a result that does not depend on its batch.
 use crate::config::Config;
 use crate::decode_attention;
+use crate::decode_linear::DecodeLinear;
 use crate::error::Result;
 use crate::kv_cache::{KvCache, ATTEND_BLOCK};
 use crate::layers::{LayerCtx, Linear, RmsNorm};
@@ -16,6 +17,8 @@ pub(crate) struct Attention {
     pub(crate) k_proj: Linear,
     pub(crate) v_proj: Linear,
     pub(crate) o_proj: Linear,
+    /// q, k and v in one decode product (set by [`crate::CausalLm::pack_for_decode`]).
+    pub(crate) qkv_decode: DecodeLinear,
     pub(crate) q_norm: Option<RmsNorm>,
     pub(crate) k_norm: Option<RmsNorm>,
     pub(crate) num_heads: i64,
@@ -39,6 +42,7 @@ impl Attention {
             k_proj: Linear::load(ckpt, &format!("{p}.k_proj"), h, nkv * d, cfg.qkv_bias)?,
             v_proj: Linear::load(ckpt, &format!("{p}.v_proj"), h, nkv * d, cfg.qkv_bias)?,
             o_proj: Linear::load(ckpt, &format!("{p}.o_proj"), nq * d, h, cfg.o_bias)?,
+            qkv_decode: DecodeLinear::default(),
             q_norm: norm(ckpt, "q_norm")?,
             k_norm: norm(ckpt, "k_norm")?,
             num_heads: nq,
@@ -55,12 +59,14 @@ impl Attention {
         cache: Option<&mut KvCache>,
     ) -> Tensor {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let proj = |lin: &Linear, which: Proj| {
-            let y = lin.forward(x);
-            match ctx.lora {
-                Some(l) => l.apply(layer, which, x, y),
-                None => y,
-            }
+        let lora = |which: Proj, y: Tensor| match ctx.lora {
+            Some(l) => l.apply(layer, which, x, y),
+            None => y,
+        };
+        let parts = [self.q_proj.part(), self.k_proj.part(), self.v_proj.part()];
+        let (yq, yk, yv) = match self.qkv_decode.forward_parts(x, &parts).as_deref() {
+            Some([q, k, v]) => (q.shallow_clone(), k.shallow_clone(), v.shallow_clone()),
+            _ => (self.q_proj.forward(x), self.k_proj.forward(x), self.v_proj.forward(x)),
         };
         let heads = |t: Tensor, n: i64, norm: &Option<RmsNorm>| {
             let t = t.view([b, s, n, self.head_dim]);
@@ -70,9 +76,9 @@ impl Attention {
             };
             t.transpose(1, 2)
         };
-        let q = heads(proj(&self.q_proj, Proj::Q), self.num_heads, &self.q_norm);
-        let k = heads(proj(&self.k_proj, Proj::K), self.num_kv_heads, &self.k_norm);
-        let v = heads(proj(&self.v_proj, Proj::V), self.num_kv_heads, &None);
+        let q = heads(lora(Proj::Q, yq), self.num_heads, &self.q_norm);
+        let k = heads(lora(Proj::K, yk), self.num_kv_heads, &self.k_norm);
+        let v = heads(lora(Proj::V, yv), self.num_kv_heads, &None);
         let q = rope::apply(&q, ctx.cos, ctx.sin);
         let k = rope::apply(&k, ctx.cos, ctx.sin);
         let (k, v) = match (cache, ctx.step) {

@@ -1,6 +1,6 @@
 //! The small layers every decoder block is made of (a linear map that may take the decode
 //! fast path, RMSNorm), and what a layer's forward call is given besides its input.
-use crate::decode_linear::DecodeLinear;
+use crate::decode_linear::{DecodeLinear, Part};
 use crate::error::Result;
 use crate::kv_cache::CacheStep;
 use crate::lora::LoraBatch;
@@ -26,6 +26,11 @@ impl Linear {
         let bias =
             if bias { Some(ckpt.take(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
         Ok(Self { weight, bias, decode: DecodeLinear::default() })
+    }
+
+    /// The weight and bias, as a decode product takes them.
+    pub(crate) fn part(&self) -> Part<'_> {
+        (&self.weight, self.bias.as_ref())
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Tensor {

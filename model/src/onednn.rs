@@ -3,10 +3,10 @@
 //! A decode step multiplies a few rows by every weight matrix. aten's bf16 linear handles such
 //! thin products poorly; oneDNN's inner-product kernels on a weight reordered once into their
 //! blocked layout are 1.4-2.9x faster at 64 rows or fewer (measured on SmolLM2's shapes). The
-//! packed copy is kept beside the plain weight, which prefill and training keep using.
+//! packed copy is kept beside the plain weight, which prefill and training keep using
+//! ([`crate::decode_linear::DecodeLinear`] keeps it).
 use crate::error::Result;
-use crate::shim::{rows, wrap, MAX_ROWS};
-use std::cell::{Cell, RefCell};
+use crate::shim::{rows, wrap};
 use std::ffi::c_char;
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
@@ -68,66 +68,6 @@ pub fn linear(
     Ok(y.reshape(shape))
 }
 
-/// A weight's packed copy, made when packing is turned on and again whenever the weight has
-/// changed in place since (a weight update bumps its version counter), so it is never stale.
-/// Off by default: only engines that decode turn it on, never a learner.
-#[derive(Default)]
-pub struct PackedWeight {
-    on: Cell<bool>,
-    /// The packed copy and the weight version it was made from.
-    packed: RefCell<Option<(Tensor, i64)>>,
-}
-
-impl PackedWeight {
-    /// Turns packing on (packing `weight` now, so the first decode step does not pay for it) or
-    /// off (dropping the copy).
-    pub fn set_enabled(&self, on: bool, weight: &Tensor) {
-        self.on.set(false);
-        self.packed.replace(None);
-        if !on {
-            return;
-        }
-        match pack(weight) {
-            Ok(p) => {
-                self.packed.replace(Some((p, weight.internal_version())));
-                self.on.set(true);
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot pack a weight for oneDNN; it uses aten"),
-        }
-    }
-
-    /// `x · weightᵀ (+ bias)` through the packed copy, when it applies: packing is on, `x` has at
-    /// most [`MAX_ROWS`] rows and nothing needs a gradient. `None`: use aten. A oneDNN failure
-    /// turns packing off for this weight (logged) rather than failing the step.
-    pub fn forward(&self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
-        if !self.on.get() || x.requires_grad() || weight.requires_grad() {
-            return None;
-        }
-        if rows(x) > MAX_ROWS {
-            return None;
-        }
-        let version = weight.internal_version();
-        let mut slot = self.packed.borrow_mut();
-        let result = match slot.as_ref() {
-            Some((p, v)) if *v == version => linear(x, p, bias, weight.size()[0]),
-            _ => pack(weight).and_then(|p| {
-                let y = linear(x, &p, bias, weight.size()[0]);
-                *slot = Some((p, version));
-                y
-            }),
-        };
-        match result {
-            Ok(y) => Some(y),
-            Err(e) => {
-                tracing::warn!(error = %e, "packed linear failed; this weight uses aten from now on");
-                self.on.set(false);
-                *slot = None;
-                None
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,42 +100,6 @@ mod tests {
         assert!(diff <= 0.02, "max difference {diff}");
         let alone = linear(&x.narrow(0, 1, 1).narrow(1, 2, 1), &packed, Some(&b), 96).unwrap();
         assert!(alone.get(0).get(0).equal(&got.get(1).get(2)));
-    }
-
-    #[test]
-    fn a_packed_weight_is_made_again_after_the_weight_changes_in_place() {
-        if !cpu_runs_bf16() {
-            eprintln!(
-                "skipped: this CPU has no oneDNN bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
-            );
-            return;
-        }
-        let mut w = Tensor::ones([8, 4], (Kind::BFloat16, Device::Cpu));
-        let x = Tensor::ones([2, 4], (Kind::BFloat16, Device::Cpu));
-        let p = PackedWeight::default();
-        assert!(p.forward(&x, &w, None).is_none(), "off by default");
-        p.set_enabled(true, &w);
-        assert_eq!(
-            Vec::<f32>::try_from(
-                p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)
-            )
-            .unwrap(),
-            vec![4.0; 16]
-        );
-        tch::no_grad(|| {
-            let _ = w.fill_(2.0);
-        });
-        assert_eq!(
-            Vec::<f32>::try_from(
-                p.forward(&x, &w, None).unwrap().to_kind(Kind::Float).flatten(0, -1)
-            )
-            .unwrap(),
-            vec![8.0; 16]
-        );
-        // Prefill-sized inputs go to aten.
-        assert!(p
-            .forward(&Tensor::ones([MAX_ROWS + 1, 4], (Kind::BFloat16, Device::Cpu)), &w, None)
-            .is_none());
     }
 
     #[test]

@@ -17,6 +17,8 @@ struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// gate and up in one decode product (set by [`CausalLm::pack_for_decode`]).
+    gate_up_decode: DecodeLinear,
 }
 
 impl Mlp {
@@ -26,19 +28,22 @@ impl Mlp {
             gate_proj: Linear::load(ckpt, &format!("{p}.gate_proj"), h, i, bias)?,
             up_proj: Linear::load(ckpt, &format!("{p}.up_proj"), h, i, bias)?,
             down_proj: Linear::load(ckpt, &format!("{p}.down_proj"), i, h, bias)?,
+            gate_up_decode: DecodeLinear::default(),
         })
     }
 
     fn forward(&self, layer: usize, x: &Tensor, lora: Option<&LoraBatch>) -> Tensor {
-        let with = |lin: &Linear, which: Proj, input: &Tensor| {
-            let y = lin.forward(input);
-            match lora {
-                Some(l) => l.apply(layer, which, input, y),
-                None => y,
-            }
+        let with_lora = |which: Proj, input: &Tensor, y: Tensor| match lora {
+            Some(l) => l.apply(layer, which, input, y),
+            None => y,
         };
-        let act = with(&self.gate_proj, Proj::Gate, x).silu() * with(&self.up_proj, Proj::Up, x);
-        with(&self.down_proj, Proj::Down, &act)
+        let parts = [self.gate_proj.part(), self.up_proj.part()];
+        let (gate, up) = match self.gate_up_decode.forward_parts(x, &parts).as_deref() {
+            Some([g, u]) => (g.shallow_clone(), u.shallow_clone()),
+            _ => (self.gate_proj.forward(x), self.up_proj.forward(x)),
+        };
+        let act = with_lora(Proj::Gate, x, gate).silu() * with_lora(Proj::Up, x, up);
+        with_lora(Proj::Down, &act, self.down_proj.forward(&act))
     }
 }
 
@@ -321,10 +326,12 @@ impl CausalLm {
         let path = decode_linear::choose(self.kind, self.device);
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
-            for lin in
-                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
-            {
-                lin.decode.set(path, &lin.weight);
+            // Products that share an input are packed together (one call each per step); their
+            // own copies stay on aten, which a failed fused product falls back to.
+            a.qkv_decode.set_parts(path, &[a.q_proj.part(), a.k_proj.part(), a.v_proj.part()]);
+            m.gate_up_decode.set_parts(path, &[m.gate_proj.part(), m.up_proj.part()]);
+            for lin in [&a.o_proj, &m.down_proj] {
+                lin.decode.set_parts(path, &[lin.part()]);
             }
         }
         self.lm_head_decode.set(path, &self.lm_head);

@@ -121,29 +121,43 @@ fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
 
 /// A weight updated in place (as a worker applies a full-weight update) is packed again before
 /// its next use: the packed model then gives what an unpacked one with the same update gives.
+/// In f32 on Qwen2, whose q/k/v have biases, this covers biases packed with their fused weights.
 #[test]
 fn packed_linears_follow_an_in_place_weight_update() {
-    if !packed_path_here() {
-        return;
+    let mut cases = vec![("qwen2-f32", Kind::Float, DecodePath::Rows, F32_TOL)];
+    if packed_path_here() {
+        cases.push(("qwen2-tied-bf16", Kind::BFloat16, DecodePath::Packed, BF16_TOL));
     }
-    let packed = load("qwen2-tied-bf16", Kind::BFloat16);
-    assert_eq!(packed.pack_for_decode(), DecodePath::Packed);
-    let plain = load("qwen2-tied-bf16", Kind::BFloat16);
-    let ids = Reference::load("qwen2-tied-bf16").prompt_ids(0);
-    let before = logits_of(&packed, &ids);
-    for model in [&packed, &plain] {
-        tch::no_grad(|| {
-            for (_, mut t) in model.named_parameters() {
-                // Halving is exact in bf16, so both models hold the same new weights.
-                let halved = &t * 0.5;
-                t.copy_(&halved);
-            }
-        });
+    for (name, kind, path, tol) in cases {
+        let packed = load(name, kind);
+        assert_eq!(packed.pack_for_decode(), path);
+        let plain = load(name, kind);
+        let ids = Reference::load(name).prompt_ids(0);
+        let before = logits_of(&packed, &ids);
+        for model in [&packed, &plain] {
+            tch::no_grad(|| {
+                for (_, mut t) in model.named_parameters() {
+                    // Halving is exact, so both models hold the same new weights.
+                    let halved = &t * 0.5;
+                    t.copy_(&halved);
+                }
+            });
+        }
+        let (after, want) = (logits_of(&packed, &ids), logits_of(&plain, &ids));
+        let d = max_abs_diff(&after, &want);
+        assert!(d <= tol, "{name}: packed vs aten after the update: {d:e}");
+        assert!(max_abs_diff(&after, &before) > 0.1, "{name}: the update changed the outputs");
     }
-    let (after, want) = (logits_of(&packed, &ids), logits_of(&plain, &ids));
-    let d = max_abs_diff(&after, &want);
-    assert!(d <= BF16_TOL, "packed vs aten after the update: {d:e}");
-    assert!(max_abs_diff(&after, &before) > 0.1, "the update changed the outputs");
+}
+
+/// Qwen2 in f32 with the few-row kernel: q, k and v (with their biases) and gate and up are
+/// each one fused product.
+#[test]
+fn qwen2_f32_with_the_few_row_kernel_matches_transformers() {
+    let model = load("qwen2-f32", Kind::Float);
+    assert_eq!(model.pack_for_decode(), DecodePath::Rows);
+    let worst = check_model_with("qwen2-f32", model, F32_TOL);
+    eprintln!("qwen2-f32 (f32, few-row kernel) worst |logit diff| = {worst:e}");
 }
 
 /// The same checks in f32 with the few-row decode kernel on (every product here has at most 64
