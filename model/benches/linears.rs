@@ -28,9 +28,12 @@ fn main() {
         .map(|&(o, i)| (Tensor::randn([o, i], (Kind::Float, Device::Cpu)) * 0.05).to_kind(kind))
         .collect();
     let bytes: i64 = SHAPES.iter().map(|&(o, i)| o * i * kind.elt_size_in_bytes() as i64).sum();
-    // The fast path of this dtype: the few-row kernel in f32, oneDNN's packed weights in bf16.
+    // The fast path of this dtype: the few-row kernel in f32, and in bf16 where the CPU has
+    // AVX512-BF16 (else oneDNN's packed weights; COMAS_BENCH_ONEDNN=1 picks them anyway).
+    let onednn_bf16 = kind == Kind::BFloat16
+        && (!rows_linear::bf16_available() || std::env::var("COMAS_BENCH_ONEDNN").is_ok());
     let (fast_name, packed): (&str, Vec<Tensor>) = match kind {
-        Kind::Float => {
+        Kind::Float | Kind::BFloat16 if !onednn_bf16 => {
             ("few-row packed", ws.iter().map(|w| rows_linear::pack(w).expect("pack")).collect())
         }
         Kind::BFloat16 => {
@@ -59,13 +62,13 @@ fn main() {
                     let t = Instant::now();
                     for _ in 0..repeats {
                         for (n, (w, x)) in ws.iter().zip(&xs).enumerate() {
-                            let _y = match (fast, kind) {
+                            let _y = match (fast, onednn_bf16) {
                                 (false, _) => x.linear::<Tensor>(w, None),
-                                (true, Kind::Float) => {
+                                (true, false) => {
                                     rows_linear::packed_linear(x, &packed[n], None, w.size()[0])
                                         .expect("few-row linear")
                                 }
-                                (true, _) => onednn::linear(x, &packed[n], None, w.size()[0])
+                                (true, true) => onednn::linear(x, &packed[n], None, w.size()[0])
                                     .expect("oneDNN linear"),
                             };
                         }

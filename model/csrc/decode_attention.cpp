@@ -62,11 +62,19 @@ __attribute__((target("avx512f"))) __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Sixteen keys' or values' elements as f32: loaded, or widened from bf16 (exactly).
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"))) inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// T: the cache's element, float or bf16 (as uint16_t); queries and outputs are f32.
+template <typename T>
 struct Group {
   const float* q;       // the group's first query head
   int64_t q_stride;     // between query heads
-  const float* k;       // the row's keys for this kv head, column 0
-  const float* v;
+  const T* k;           // the row's keys for this kv head, column 0
+  const T* v;
   int64_t col_stride;   // between columns of k and v
   float* out;           // the group's first output head
   int64_t out_stride;   // between output heads
@@ -96,8 +104,8 @@ __attribute__((target("avx512f"))) inline __m512 sum_lanes_16(const __m512* acc)
 
 // One row and key/value head: `g` query heads of width C * 16 over `n` columns. `scratch` has
 // room for g * (n + 1) floats.
-template <int C>
-__attribute__((target("avx512f"))) void attend_group(const Group& a, int g, int64_t n, float scale, float* scratch) {
+template <int C, typename T>
+__attribute__((target("avx512f"))) void attend_group(const Group<T>& a, int g, int64_t n, float scale, float* scratch) {
   float* scores = scratch;
   float* sums = scratch + g * n;
   // Scores, 16 columns at a time: the block's keys stay in L1 while every head of the group
@@ -113,8 +121,8 @@ __attribute__((target("avx512f"))) void attend_group(const Group& a, int g, int6
       for (int t = 0; t < kLanes; ++t) {
         acc[t] = _mm512_setzero_ps();
         if (t >= m) continue;
-        const float* kj = a.k + (j0 + t) * a.col_stride;
-        for (int c = 0; c < C; ++c) acc[t] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kj + c * kLanes), acc[t]);
+        const T* kj = a.k + (j0 + t) * a.col_stride;
+        for (int c = 0; c < C; ++c) acc[t] = _mm512_fmadd_ps(q[c], load16(kj + c * kLanes), acc[t]);
       }
       const __m512 s = _mm512_mul_ps(sum_lanes_16(acc), _mm512_set1_ps(scale));
       _mm512_mask_storeu_ps(scores + h * n + j0, live, s);
@@ -151,9 +159,9 @@ __attribute__((target("avx512f"))) void attend_group(const Group& a, int g, int6
     for (int h = 0; h < heads; ++h)
       for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-      const float* vj = a.v + j * a.col_stride;
+      const T* vj = a.v + j * a.col_stride;
       __m512 vc[C];
-      for (int c = 0; c < C; ++c) vc[c] = _mm512_loadu_ps(vj + c * kLanes);
+      for (int c = 0; c < C; ++c) vc[c] = load16(vj + c * kLanes);
       for (int h = 0; h < heads; ++h) {
         if (h >= hn) break;
         const __m512 w = _mm512_set1_ps(scores[(h0 + h) * n + j]);
@@ -168,21 +176,48 @@ __attribute__((target("avx512f"))) void attend_group(const Group& a, int g, int6
   }
 }
 
-using GroupFn = void (*)(const Group&, int, int64_t, float, float*);
+template <typename T>
+using GroupFn = void (*)(const Group<T>&, int, int64_t, float, float*);
 
-// The routine for a head width of `d` floats, or null where none is compiled.
-GroupFn group_fn(int64_t d) {
+// The routine for a head width of `d` elements, or null where none is compiled.
+template <typename T>
+GroupFn<T> group_fn(int64_t d) {
   switch (d) {
-    case 16: return attend_group<1>;
-    case 32: return attend_group<2>;
-    case 48: return attend_group<3>;
-    case 64: return attend_group<4>;
-    case 80: return attend_group<5>;
-    case 96: return attend_group<6>;
-    case 128: return attend_group<8>;
-    case 256: return attend_group<16>;
+    case 16: return attend_group<1, T>;
+    case 32: return attend_group<2, T>;
+    case 48: return attend_group<3, T>;
+    case 64: return attend_group<4, T>;
+    case 80: return attend_group<5, T>;
+    case 96: return attend_group<6, T>;
+    case 128: return attend_group<8, T>;
+    case 256: return attend_group<16, T>;
     default: return nullptr;
   }
+}
+
+// Every row and key/value head of a step. `q` is f32 [B, H, 1, D]; `k`, `v` hold T.
+template <typename T>
+void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const int64_t* vis, int64_t widest, float sc, at::Tensor& y) {
+  const int64_t b = q.size(0), h = q.size(1), d = q.size(3), kv = k.size(1);
+  const int g = static_cast<int>(h / kv);
+  const GroupFn<T> attend_group = group_fn<T>(d);
+  const float* qp = q.data_ptr<float>();
+  const T* kp = static_cast<const T*>(k.data_ptr());
+  const T* vp = static_cast<const T*>(v.data_ptr());
+  float* yp = y.data_ptr<float>();
+  const int64_t items = b * kv;
+  const int64_t per_item = std::max<int64_t>(1, widest * d * h / kv * 2);
+  const int64_t grain = std::max<int64_t>(1, kSerialWork / per_item);
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(static_cast<size_t>(g * (widest + 1)));
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t r = it / kv, e = it % kv;
+      Group<T> a{qp + r * q.stride(0) + e * g * q.stride(1), q.stride(1),
+                 kp + r * k.stride(0) + e * k.stride(1), vp + r * v.stride(0) + e * v.stride(1), k.stride(2),
+                 yp + (r * h + e * g) * d, d};
+      attend_group(a, g, vis[r], sc, scratch.data());
+    }
+  });
 }
 #endif  // __x86_64__
 
@@ -195,21 +230,23 @@ bool comas_decode_attention_available() { return has_avx512(); }
 // Whether the kernel is compiled for heads of `d` floats.
 bool comas_decode_attention_head_width(int64_t d) {
 #if defined(__x86_64__)
-  return group_fn(d) != nullptr;
+  return group_fn<float>(d) != nullptr;
 #else
   return false;
 #endif
 }
 
-// q [B, H, 1, D], k and v [B, KV, C, D] (f32, CPU, last dimension contiguous), `visible` [B]
-// int64 (each row's columns 1..=C that its query sees). Returns [B, H, 1, D] (a view of a
-// [B, 1, H, D] tensor, as the layer reshapes it next).
+// q [B, H, 1, D], k and v [B, KV, C, D] (all f32 or all bf16, CPU, last dimension contiguous),
+// `visible` [B] int64 (each row's columns 1..=C that its query sees). Returns [B, H, 1, D] in q's
+// dtype (a view of a [B, 1, H, D] tensor, as the layer reshapes it next). bf16 is computed in f32
+// from the exact widened values, and the result rounded once to bf16.
 at::Tensor* comas_decode_attention(at::Tensor* q, at::Tensor* k, at::Tensor* v, at::Tensor* visible, double scale, char** error) {
   try {
     TORCH_CHECK(has_avx512(), "the decode attention kernel needs AVX-512F");
     TORCH_CHECK(q->dim() == 4 && k->dim() == 4 && v->dim() == 4, "q, k and v must be 4-D, got ", q->sizes(), ", ", k->sizes(), " and ", v->sizes());
+    const bool bf16 = q->scalar_type() == at::kBFloat16;
     for (const at::Tensor* t : {q, k, v}) {
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(), "q, k and v must be float32 on the CPU");
+      TORCH_CHECK(t->scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat) && t->device().is_cpu(), "q, k and v must be all float32 or all bfloat16, on the CPU");
       TORCH_CHECK(t->size(3) == 0 || t->stride(3) == 1, "the head dimension must be contiguous");
     }
     TORCH_CHECK(k->sizes() == v->sizes(), "k ", k->sizes(), " and v ", v->sizes(), " differ");
@@ -227,28 +264,15 @@ at::Tensor* comas_decode_attention(at::Tensor* q, at::Tensor* k, at::Tensor* v, 
       widest = std::max(widest, vis[r]);
     }
     TORCH_CHECK(v->strides() == k->strides(), "k and v must share their strides, got ", k->strides(), " and ", v->strides());
-    at::Tensor y = at::empty({b, 1, h, d}, q->options());
+    at::Tensor y = at::empty({b, 1, h, d}, q->options().dtype(at::kFloat));
 #if defined(__x86_64__)
-    const int g = static_cast<int>(h / kv);
-    const GroupFn attend_group = group_fn(d);
-    const float* qp = q->data_ptr<float>();
-    const float* kp = k->data_ptr<float>();
-    const float* vp = v->data_ptr<float>();
-    float* yp = y.data_ptr<float>();
     const float sc = static_cast<float>(scale);
-    const int64_t items = b * kv;
-    const int64_t per_item = std::max<int64_t>(1, widest * d * h / kv * 2);
-    const int64_t grain = std::max<int64_t>(1, kSerialWork / per_item);
-    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(static_cast<size_t>(g * (widest + 1)));
-      for (int64_t it = begin; it < end; ++it) {
-        const int64_t r = it / kv, e = it % kv;
-        Group a{qp + r * q->stride(0) + e * g * q->stride(1), q->stride(1),
-                kp + r * k->stride(0) + e * k->stride(1), vp + r * v->stride(0) + e * v->stride(1), k->stride(2),
-                yp + (r * h + e * g) * d, d};
-        attend_group(a, g, vis[r], sc, scratch.data());
-      }
-    });
+    if (bf16) {
+      attend_all<uint16_t>(q->to(at::kFloat), *k, *v, vis, widest, sc, y);
+      y = y.to(at::kBFloat16);
+    } else {
+      attend_all<float>(*q, *k, *v, vis, widest, sc, y);
+    }
 #endif
     return new at::Tensor(y.transpose(1, 2));
   } catch (const std::exception& e) {

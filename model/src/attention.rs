@@ -130,7 +130,7 @@ impl Attention {
 /// How a decode step on the CPU attends over the cache (`COMAS_DECODE_ATTENTION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeAttention {
-    /// `kernel`, the default: [`decode_attention`] where it applies (f32, one query per row,
+    /// `kernel`, the default: [`decode_attention`] where it applies (f32 or bf16, one query per row,
     /// an AVX-512F CPU), else SDPA.
     Kernel,
     /// `sdpa` (or `exact`): libtorch's scaled dot-product attention with the step's mask.

@@ -18,26 +18,40 @@ pub enum DecodePath {
     Aten,
     /// oneDNN's inner product on a packed copy of the weight (bf16 on CPU).
     Packed,
-    /// The few-row f32 kernel on a packed copy of the weight (f32 on an AVX2 or AVX-512 CPU).
+    /// The few-row kernel on a packed copy of the weight (f32 on an AVX2 or AVX-512 CPU, bf16
+    /// on one with AVX512-BF16).
     Rows,
 }
 
-/// The path for weights of this dtype on this device. `COMAS_DECODE_LINEAR=aten` keeps aten (to
-/// save the packed copies' memory, or to compare); `auto` (the default) picks the fast path.
+/// The path for weights of this dtype on this device: the few-row kernel where it runs (f32 on
+/// an AVX2 or AVX-512 CPU, bf16 on one with AVX512-BF16), else oneDNN's packed weights in bf16,
+/// else aten. `COMAS_DECODE_LINEAR`: `auto` (the default), `aten` (no packed copies: saves their
+/// memory, or to compare) or `onednn` (oneDNN rather than the kernel in bf16, to compare).
 pub fn choose(kind: Kind, device: Device) -> DecodePath {
-    match std::env::var("COMAS_DECODE_LINEAR").as_deref() {
+    let onednn_first = match std::env::var("COMAS_DECODE_LINEAR").as_deref() {
         Ok("aten") => return Aten,
-        Ok("auto" | "onednn") | Err(_) => {}
+        Ok("auto") | Err(_) => false,
+        Ok("onednn") => true,
         Ok(other) => {
-            tracing::warn!(value = other, "COMAS_DECODE_LINEAR is `auto` or `aten`; using `auto`")
+            tracing::warn!(
+                value = other,
+                "COMAS_DECODE_LINEAR is `auto`, `aten` or `onednn`; using `auto`"
+            );
+            false
         }
-    }
-    if onednn::applies(kind, device) {
-        Packed
-    } else if kind == Kind::Float && device == Device::Cpu && rows_linear::available() {
-        Rows
-    } else {
-        Aten
+    };
+    let cpu = device == Device::Cpu;
+    let kernel = match kind {
+        Kind::Float => cpu && rows_linear::available(),
+        Kind::BFloat16 => cpu && rows_linear::bf16_available(),
+        _ => false,
+    };
+    let onednn = onednn::applies(kind, device);
+    match (kernel, onednn) {
+        (_, true) if onednn_first => Packed,
+        (true, _) => Rows,
+        (false, true) => Packed,
+        (false, false) => Aten,
     }
 }
 

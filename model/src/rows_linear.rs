@@ -1,5 +1,6 @@
-//! An f32 linear for the few rows of a decode step on CPU (`csrc/rows_linear.cpp`), on a copy of
-//! the weight packed once into blocks of 32 outputs ([`pack`]).
+//! An f32 or bf16 linear for the few rows of a decode step on CPU (`csrc/rows_linear.cpp`), on a
+//! copy of the weight packed once into blocks of 32 outputs ([`pack`]). bf16 needs AVX512-BF16
+//! (`vdpbf16ps`: two products per lane and instruction, accumulated in f32).
 //!
 //! MKL's products on a handful of rows read the weight at about half of this machine's read
 //! bandwidth (12.5 against 26-29 GB/s on SmolLM2's shapes, AMD EPYC); batch-1 decode is bound by
@@ -15,6 +16,7 @@ use torch_sys::C_tensor;
 
 extern "C" {
     fn comas_rows_linear_available() -> bool;
+    fn comas_rows_linear_bf16_available() -> bool;
     fn comas_rows_pack(weight: *const C_tensor, error: *mut *mut c_char) -> *mut C_tensor;
     fn comas_rows_packed_linear(
         x: *const C_tensor,
@@ -30,6 +32,12 @@ extern "C" {
 pub fn available() -> bool {
     // SAFETY: reads CPU feature flags only.
     unsafe { comas_rows_linear_available() }
+}
+
+/// Whether this CPU has the bf16 kernel (AVX512-BF16 with AVX-512 BW and VL).
+pub fn bf16_available() -> bool {
+    // SAFETY: reads CPU feature flags only.
+    unsafe { comas_rows_linear_bf16_available() }
 }
 
 /// The instruction set a call runs on.
@@ -53,7 +61,8 @@ pub fn linear_on(isa: Isa, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -
     packed_linear_on(isa, x, &pack(weight)?, bias, weight.size()[0])
 }
 
-/// `weight` [out, in] f32 reordered for [`packed_linear`]: [blocks, in, 32], zero-padded.
+/// `weight` [out, in] reordered for [`packed_linear`], zero-padded: f32 as [blocks, in, 32],
+/// bf16 (where [`bf16_available`]) as [blocks, (in + 1) / 2, 32, 2].
 pub fn pack(weight: &Tensor) -> Result<Tensor> {
     let mut error = std::ptr::null_mut();
     // SAFETY: `weight` is a live tensor for the whole call; the shim does not keep the handle.
@@ -61,7 +70,8 @@ pub fn pack(weight: &Tensor) -> Result<Tensor> {
     wrap(ptr, error, "few-row weight packing")
 }
 
-/// `x` [.., in] f32 times a weight of `out` outputs packed by [`pack`] (+ `bias` [out]).
+/// `x` [.., in] times a weight of `out` outputs packed by [`pack`] (+ `bias` [out]), all of one
+/// dtype, f32 or bf16.
 pub fn packed_linear(
     x: &Tensor,
     packed: &Tensor,
@@ -183,6 +193,40 @@ mod tests {
     }
 
     #[test]
+    fn bf16_matches_aten_within_a_rounding_and_a_row_does_not_depend_on_its_batch() {
+        if !bf16_available() {
+            eprintln!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        // Odd and even input widths (an odd last input is paired with a zero), every kind of
+        // remainder of the 32-output block, row counts across the 12-row tile.
+        for (out, inp) in [(96, 64), (97, 61), (5, 3), (48, 1), (258, 576), (7, 1536)] {
+            let (w, b, x) = draw(out, inp, 25);
+            let (w, b, x) =
+                (w.to_kind(Kind::BFloat16), b.to_kind(Kind::BFloat16), x.to_kind(Kind::BFloat16));
+            let p = pack(&w).unwrap();
+            let all = packed_linear(&x, &p, Some(&b), out).unwrap();
+            let want = x.linear(&w, Some(&b)).to_kind(Kind::Float);
+            // Both sum in f32 (in other orders) and round once to bf16: a bf16 step apart at most.
+            let scale = f64::try_from(want.abs().max()).unwrap().max(1.0);
+            let d = max_diff(&all.to_kind(Kind::Float), &want);
+            assert!(d <= scale / 64.0, "out {out} in {inp}: max difference {d} at scale {scale}");
+            for (start, len) in [(0, 1), (5, 3), (11, 2), (1, 24), (24, 1)] {
+                let part = packed_linear(&x.narrow(0, start, len), &p, Some(&b), out).unwrap();
+                assert!(
+                    part.equal(&all.narrow(0, start, len)),
+                    "rows {start}+{len} of {out}x{inp}"
+                );
+            }
+            let d = max_diff(
+                &packed_linear(&x, &p, None, out).unwrap().to_kind(Kind::Float),
+                &x.linear::<Tensor>(&w, None).to_kind(Kind::Float),
+            );
+            assert!(d <= scale / 64.0, "without bias, out {out} in {inp}: max difference {d}");
+        }
+    }
+
+    #[test]
     fn both_instruction_sets_give_the_same_bits() {
         // Each lane does the same fused multiply-adds in the same order on either.
         if !std::arch::is_x86_feature_detected!("avx512f") {
@@ -200,17 +244,20 @@ mod tests {
     fn a_bad_input_is_an_error_not_a_crash() {
         let w = Tensor::zeros([8, 4], (Kind::Float, Device::Cpu));
         let err = linear(&Tensor::zeros([3, 5], (Kind::Float, Device::Cpu)), &w, None).unwrap_err();
-        assert!(err.to_string().contains("x has 5 features but the weight takes 4"), "{err}");
-        let err =
-            linear(&Tensor::zeros([3, 4], (Kind::BFloat16, Device::Cpu)), &w, None).unwrap_err();
-        assert!(err.to_string().contains("float32"), "{err}");
+        assert!(
+            err.to_string().contains("x has 5 features but the packed weight takes 4"),
+            "{err}"
+        );
+        let x = Tensor::zeros([3, 4], (Kind::BFloat16, Device::Cpu));
+        let err = packed_linear(&x, &pack(&w).unwrap(), None, 8).unwrap_err();
+        assert!(err.to_string().contains("in x's dtype"), "{err}");
         let err = linear(
             &Tensor::zeros([3, 4], (Kind::Float, Device::Cpu)),
             &w,
             Some(&Tensor::zeros([7], (Kind::Float, Device::Cpu))),
         )
         .unwrap_err();
-        assert!(err.to_string().contains("bias must be float32 [8]"), "{err}");
+        assert!(err.to_string().contains("bias must be Float [8]"), "{err}");
         let x = Tensor::zeros([3, 4], (Kind::Float, Device::Cpu));
         let err = packed_linear(&x, &pack(&w).unwrap(), None, 40).unwrap_err();
         assert!(err.to_string().contains("does not have 40 outputs"), "{err}");

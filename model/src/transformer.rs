@@ -319,11 +319,17 @@ impl CausalLm {
     }
 
     /// Lets decode steps (at most [`decode_linear::MAX_ROWS`] rows) take the fast product for
-    /// this dtype on this device ([`decode_linear::choose`]): oneDNN's packed linears in bf16 on
-    /// CPU (each packed copy costs the memory of its weight, so only for models that generate),
-    /// the few-row kernel in f32. Returns the path taken.
+    /// this dtype on this device ([`decode_linear::choose`]): the few-row kernel in f32 and, on
+    /// CPUs with AVX512-BF16, in bf16; oneDNN's packed linears in bf16 elsewhere. Each takes a
+    /// packed copy of every linear weight (the memory of the weights again), so only models that
+    /// generate do this. Returns the path taken.
     pub fn pack_for_decode(&self) -> DecodePath {
-        let path = decode_linear::choose(self.kind, self.device);
+        self.pack_for_decode_on(decode_linear::choose(self.kind, self.device))
+    }
+
+    /// [`CausalLm::pack_for_decode`] on a given path (tests and benches compare them); a path
+    /// that does not run here leaves the products on aten (logged).
+    pub fn pack_for_decode_on(&self, path: DecodePath) -> DecodePath {
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
             // Products that share an input are packed together (one call each per step); their

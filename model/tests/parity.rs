@@ -114,9 +114,23 @@ fn qwen2_tied_bf16_with_packed_linears_matches_transformers() {
         return;
     }
     let model = load("qwen2-tied-bf16", Kind::BFloat16);
-    assert_eq!(model.pack_for_decode(), DecodePath::Packed, "bf16 on CPU packs");
+    assert_eq!(model.pack_for_decode_on(DecodePath::Packed), DecodePath::Packed);
     let worst = check_model_with("qwen2-tied-bf16", model, BF16_TOL);
     eprintln!("qwen2-tied-bf16 (bf16, packed linears) worst |logit diff| = {worst:e}");
+}
+
+/// The same checks with the few-row kernel in bf16, on CPUs that have AVX512-BF16 (where it is
+/// the default path); skipped elsewhere (said on stderr).
+#[test]
+fn qwen2_tied_bf16_with_the_few_row_kernel_matches_transformers() {
+    if !comas_model::rows_linear::bf16_available() {
+        eprintln!("skipped: this CPU has no AVX512-BF16");
+        return;
+    }
+    let model = load("qwen2-tied-bf16", Kind::BFloat16);
+    assert_eq!(model.pack_for_decode(), DecodePath::Rows, "the default where it runs");
+    let worst = check_model_with("qwen2-tied-bf16", model, BF16_TOL);
+    eprintln!("qwen2-tied-bf16 (bf16, few-row kernel) worst |logit diff| = {worst:e}");
 }
 
 /// A weight updated in place (as a worker applies a full-weight update) is packed again before
@@ -128,9 +142,12 @@ fn packed_linears_follow_an_in_place_weight_update() {
     if packed_path_here() {
         cases.push(("qwen2-tied-bf16", Kind::BFloat16, DecodePath::Packed, BF16_TOL));
     }
+    if comas_model::rows_linear::bf16_available() {
+        cases.push(("qwen2-tied-bf16", Kind::BFloat16, DecodePath::Rows, BF16_TOL));
+    }
     for (name, kind, path, tol) in cases {
         let packed = load(name, kind);
-        assert_eq!(packed.pack_for_decode(), path);
+        assert_eq!(packed.pack_for_decode_on(path), path);
         let plain = load(name, kind);
         let ids = Reference::load(name).prompt_ids(0);
         let before = logits_of(&packed, &ids);
