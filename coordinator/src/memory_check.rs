@@ -84,10 +84,13 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
     notes
 }
 
-/// On CPU, bf16 decode keeps a packed copy of the decode linears (`model/src/onednn.rs`): the
-/// clause that says so, empty for other dtypes.
+/// On CPU, f32 and bf16 decode keep a packed copy of the decode linears
+/// (`model/src/decode_linear.rs`): the clause that says so, empty for other dtypes.
 fn packed_note(dtype: &str, packed_bytes: u64) -> String {
-    if matches!(dtype.trim().trim_start_matches("torch."), "bfloat16" | "bf16") {
+    if matches!(
+        dtype.trim().trim_start_matches("torch."),
+        "bfloat16" | "bf16" | "float32" | "fp32" | "float"
+    ) {
         format!("; a CPU worker also keeps {} of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)", human_bytes(packed_bytes))
     } else {
         String::new()
@@ -129,10 +132,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bf16_workers_are_told_about_the_packed_copy() {
+    fn f32_and_bf16_workers_are_told_about_the_packed_copy() {
         assert_eq!(packed_note("bfloat16", 3 << 29), "; a CPU worker also keeps 1.50 GiB of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
         assert_eq!(packed_note("bf16", 512), "; a CPU worker also keeps 512 B of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
-        assert_eq!(packed_note("float32", 3 << 29), "");
+        assert_eq!(packed_note("float32", 3 << 29), "; a CPU worker also keeps 1.50 GiB of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
         assert_eq!(packed_note("float16", 3 << 29), "");
     }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The rollout benchmark's table: per engine and number of episodes, the step's rollout
+"""The rollout benchmark's table: per engine and number of episodes, the last step's rollout
 seconds, generated tokens per rollout second and the run's peak memory (best of the repeats by
 rollout time). Also writes results.jsonl beside the runs.
 
@@ -12,12 +12,15 @@ import sys
 
 
 def step_record(run_dir):
+    """The run's last step record: the first step's rollout also waits for a vLLM server to
+    start (a minute or two), which later steps do not."""
+    last = None
     for path in glob.glob(os.path.join(run_dir, "**", "metrics.jsonl"), recursive=True):
         for line in open(path):
             m = json.loads(line)
-            if m.get("kind") == "step":
-                return m
-    return None
+            if m.get("kind") == "step" and (last is None or m.get("step", 0) >= last.get("step", 0)):
+                last = m
+    return last
 
 
 def main():
@@ -34,6 +37,7 @@ def main():
         r = {
             "engine": engine,
             "episodes": int(n),
+            "step": m.get("step"),
             "rollout_s": m["seconds"]["rollout"],
             "tokens": m["generated_tokens"],
             "tokens_per_s": m["generated_tokens"] / m["seconds"]["rollout"],

@@ -72,7 +72,7 @@ impl ModelDims {
     }
 
     /// Parameters of every matrix that decode steps multiply by: the layers' projections and the
-    /// output head. A bf16 CPU worker keeps a second, packed copy of these for oneDNN.
+    /// output head. An f32 or bf16 CPU worker keeps a second, packed copy of these.
     pub fn decode_linear_parameters(&self) -> u64 {
         self.num_hidden_layers * self.projection_parameters() + self.vocab_size * self.hidden_size
     }
