@@ -6,7 +6,7 @@
 //! packed copy is kept beside the plain weight, which prefill and training keep using
 //! ([`crate::decode_linear::DecodeLinear`] keeps it).
 use crate::error::Result;
-use crate::shim::{rows, wrap};
+use crate::shim::{on_rows, wrap};
 use std::ffi::c_char;
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
@@ -57,15 +57,11 @@ pub fn linear(
     bias: Option<&Tensor>,
     out_features: i64,
 ) -> Result<Tensor> {
-    let mut shape = x.size();
-    let x2 = x.reshape([rows(x), -1]);
-    let mut error = std::ptr::null_mut();
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: every handle is a live tensor for the whole call; the shim keeps none of them.
-    let ptr = unsafe { comas_onednn_linear(x2.as_ptr(), packed.as_ptr(), bias_ptr, &mut error) };
-    let y = wrap(ptr, error, "oneDNN linear")?;
-    *shape.last_mut().expect("x has a last dimension") = out_features;
-    Ok(y.reshape(shape))
+    on_rows(x, out_features, "oneDNN linear", |x2, error| unsafe {
+        comas_onednn_linear(x2, packed.as_ptr(), bias_ptr, error)
+    })
 }
 
 #[cfg(test)]

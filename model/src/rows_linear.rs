@@ -9,7 +9,7 @@
 //! horizontal sums, and sums each output in the order k = 0, 1, .. in - 1 whatever the rows,
 //! tiling, threads or instruction set: a row's result does not depend on the rows beside it.
 use crate::error::Result;
-use crate::shim::{rows, wrap};
+use crate::shim::{on_rows, wrap};
 use std::ffi::c_char;
 use tch::Tensor;
 use torch_sys::C_tensor;
@@ -89,24 +89,11 @@ pub fn packed_linear_on(
     bias: Option<&Tensor>,
     out: i64,
 ) -> Result<Tensor> {
-    let mut shape = x.size();
-    let x2 = x.reshape([rows(x), -1]);
-    let mut error = std::ptr::null_mut();
     let bias_ptr = bias.map_or(std::ptr::null(), Tensor::as_ptr);
     // SAFETY: every handle is a live tensor for the whole call; the shim keeps none of them.
-    let ptr = unsafe {
-        comas_rows_packed_linear(
-            x2.as_ptr(),
-            packed.as_ptr(),
-            bias_ptr,
-            out,
-            isa as i32,
-            &mut error,
-        )
-    };
-    let y = wrap(ptr, error, "packed few-row linear")?;
-    *shape.last_mut().expect("x has a last dimension") = out;
-    Ok(y.reshape(shape))
+    on_rows(x, out, "packed few-row linear", |x2, error| unsafe {
+        comas_rows_packed_linear(x2, packed.as_ptr(), bias_ptr, out, isa as i32, error)
+    })
 }
 
 #[cfg(test)]

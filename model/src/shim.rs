@@ -28,6 +28,22 @@ pub(crate) fn take_error(error: *mut c_char) -> String {
     m
 }
 
+/// A shim's product on `x` [.., in]: `call` gets `x` as [rows, in] and an error slot and returns
+/// [rows, out], given back as [.., out].
+pub(crate) fn on_rows(
+    x: &Tensor,
+    out: i64,
+    what: &str,
+    call: impl FnOnce(*const C_tensor, *mut *mut c_char) -> *mut C_tensor,
+) -> Result<Tensor> {
+    let mut shape = x.size();
+    let x2 = x.reshape([rows(x), -1]);
+    let mut error = std::ptr::null_mut();
+    let y = wrap(call(x2.as_ptr(), &mut error), error, what)?;
+    *shape.last_mut().expect("x has a last dimension") = out;
+    Ok(y.reshape(shape))
+}
+
 /// Rows of `x` [.., in]: every dimension but the last.
 pub(crate) fn rows(x: &Tensor) -> i64 {
     let size = x.size();
