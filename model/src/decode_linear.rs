@@ -1,5 +1,6 @@
-//! The product a decode step's few rows take on CPU: oneDNN's packed weights in bf16
-//! ([`crate::onednn`]), the few-row kernel in f32 ([`crate::rows_linear`]), aten otherwise.
+//! The product a decode step's few rows take on CPU: the few-row kernel on packed weights in f32
+//! and, with AVX512-BF16, in bf16 ([`crate::rows_linear`]); oneDNN's packed weights in bf16
+//! elsewhere ([`crate::onednn`]); aten otherwise.
 //! Prefill, scoring and training always take aten, and so does anything that needs a gradient.
 use crate::decode_linear::DecodePath::{Aten, Packed, Rows};
 use crate::error::{ModelError, Result};
