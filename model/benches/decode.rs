@@ -16,7 +16,11 @@
 //! its tokens, a column counts the sequences whose greedy tokens equal comas's.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
 //! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides),
-//! COMAS_BENCH_BATCHES (1,8,32; each at most 64).
+//! COMAS_BENCH_BATCHES (1,8,32; each at most 64), COMAS_BENCH_ROUNDS (1): with a vLLM reference,
+//! each round times every batch size on both engines back to back (the order swapped every
+//! other round, the idle engine stopped), and the table gives each ratio's geometric mean over
+//! the rounds with a 95% interval; several rounds settle what one cannot on a machine whose
+//! memory bandwidth moves from minute to minute.
 // Measured as the services run: jemalloc, MKL dispatching on the instruction set.
 comas_model::process_setup!();
 
@@ -35,6 +39,8 @@ fn main() {
     let new_tokens: usize = env_or("COMAS_BENCH_NEW_TOKENS", 64);
     let prompt_len: usize = env_or("COMAS_BENCH_PROMPT_LEN", 32);
     let repeats: usize = env_or("COMAS_BENCH_REPEATS", 3);
+    let rounds: usize = env_or("COMAS_BENCH_ROUNDS", 1);
+    assert!(rounds >= 1, "COMAS_BENCH_ROUNDS: at least 1");
     let batches: Vec<usize> = std::env::var("COMAS_BENCH_BATCHES")
         .unwrap_or_else(|_| "1,8,32".into())
         .split(',')
@@ -82,7 +88,7 @@ fn main() {
     std::fs::write(&prompts_file, serde_json::to_string(&prompts).unwrap()).unwrap();
 
     println!(
-        "decode benchmark: {} ({:.1}M parameters), {dtype} CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, {}, best of {repeats}",
+        "decode benchmark: {} ({:.1}M parameters), {dtype} CPU, {threads} threads, prompt {prompt_len}, {new_tokens} new tokens, {}, best of {repeats} in each of {rounds} rounds",
         model_dir.display(),
         params as f64 / 1e6,
         if sample { "sampled at temperature 1" } else { "greedy" }
@@ -93,53 +99,75 @@ fn main() {
     let mut vllm = (reference_name == "vllm")
         .then(|| VllmPipe::start(&root, &model_dir, &prompts_file, &dtype, threads, sample))
         .flatten();
-    let mut ours = HashMap::new();
-    let mut theirs = HashMap::new();
-    for &b in &batches {
-        let reqs: Vec<GenerationRequest> = prompts[..b]
-            .iter()
-            .enumerate()
-            .map(|(i, p)| GenerationRequest {
-                prompt_ids: p.clone(),
-                params: params_for(new_tokens, i as u64),
-                adapter: None,
-            })
-            .collect();
-        let warm: Vec<GenerationRequest> = prompts[..b]
-            .iter()
-            .map(|p| GenerationRequest {
-                prompt_ids: p.clone(),
-                params: params_for(4, 0),
-                adapter: None,
-            })
-            .collect();
-        generate(&model, &warm, None).unwrap();
-        let best_of = |reqs: &[GenerationRequest], n: usize| {
-            let mut best = f64::INFINITY;
-            let mut tokens = Vec::new();
-            for _ in 0..repeats {
-                let t0 = Instant::now();
-                let out = generate(&model, reqs, None).unwrap();
-                best = best.min(t0.elapsed().as_secs_f64());
-                assert!(out.iter().all(|c| c.token_ids.len() == n));
-                tokens = out.into_iter().map(|c| c.token_ids).collect();
+    // Every round times each batch size on both engines back to back (comas first in even
+    // rounds, the reference first in odd ones), so a machine that slows down for a while slows
+    // both: the ratios are paired within a round.
+    let mut ours: HashMap<usize, Vec<Timing>> = HashMap::new();
+    let mut theirs: HashMap<usize, Vec<Timing>> = HashMap::new();
+    for round in 0..rounds {
+        for &b in &batches {
+            let reqs: Vec<GenerationRequest> = prompts[..b]
+                .iter()
+                .enumerate()
+                .map(|(i, p)| GenerationRequest {
+                    prompt_ids: p.clone(),
+                    params: params_for(new_tokens, i as u64),
+                    adapter: None,
+                })
+                .collect();
+            let mut time_ours = || {
+                if round == 0 {
+                    let warm: Vec<GenerationRequest> = prompts[..b]
+                        .iter()
+                        .map(|p| GenerationRequest {
+                            prompt_ids: p.clone(),
+                            params: params_for(4, 0),
+                            adapter: None,
+                        })
+                        .collect();
+                    generate(&model, &warm, None).unwrap();
+                }
+                let best_of = |reqs: &[GenerationRequest], n: usize| {
+                    let mut best = f64::INFINITY;
+                    let mut tokens = Vec::new();
+                    for _ in 0..repeats {
+                        let t0 = Instant::now();
+                        let out = generate(&model, reqs, None).unwrap();
+                        best = best.min(t0.elapsed().as_secs_f64());
+                        assert!(out.iter().all(|c| c.token_ids.len() == n));
+                        tokens = out.into_iter().map(|c| c.token_ids).collect();
+                    }
+                    (best, tokens)
+                };
+                let (seconds, tokens) = best_of(&reqs, new_tokens);
+                // One new token is the prefill alone (its logits give the first token).
+                let first: Vec<GenerationRequest> = reqs
+                    .iter()
+                    .map(|r| GenerationRequest {
+                        params: params_for(1, 0),
+                        prompt_ids: r.prompt_ids.clone(),
+                        adapter: None,
+                    })
+                    .collect();
+                let prefill_seconds = best_of(&first, 1).0;
+                ours.entry(b).or_default().push(Timing {
+                    batch: b,
+                    seconds,
+                    prefill_seconds,
+                    tokens,
+                });
+            };
+            match vllm.as_mut() {
+                Some(pipe) if round % 2 == 1 => {
+                    theirs.entry(b).or_default().push(pipe.time(b, new_tokens, repeats));
+                    time_ours();
+                }
+                Some(pipe) => {
+                    time_ours();
+                    theirs.entry(b).or_default().push(pipe.time(b, new_tokens, repeats));
+                }
+                None => time_ours(),
             }
-            (best, tokens)
-        };
-        let (seconds, tokens) = best_of(&reqs, new_tokens);
-        // One new token is the prefill alone (its logits give the first token).
-        let first: Vec<GenerationRequest> = reqs
-            .iter()
-            .map(|r| GenerationRequest {
-                params: params_for(1, 0),
-                prompt_ids: r.prompt_ids.clone(),
-                adapter: None,
-            })
-            .collect();
-        let prefill_seconds = best_of(&first, 1).0;
-        ours.insert(b, Timing { batch: b, seconds, prefill_seconds, tokens });
-        if let Some(pipe) = vllm.as_mut() {
-            theirs.insert(b, pipe.time(b, new_tokens, repeats));
         }
     }
 
@@ -163,50 +191,67 @@ fn main() {
     let short = if reference_name == "vllm" { "vllm" } else { "trf" };
     // Whole generate calls (prefill included), then the decode steps alone: the difference
     // between the full call and a call for one token, per generated token after the first.
+    // Rates are medians over the rounds; a ratio is the geometric mean of the rounds' paired
+    // ratios with its 95% interval (Student's t on their logarithms) and their range.
     println!(
-        "{:>6} {:>14} {:>18} {:>8} | {:>16} {:>16} {:>8} | {:>10} {:>10} | {:>6}",
+        "{:>6} {:>12} {:>12} {:>7} {:>13} {:>11} | {:>12} {:>12} {:>7} {:>13} | {:>6} {:>6} | {:>6}",
         "batch",
         "comas tok/s",
-        format!("{reference_name} tok/s"),
+        format!("{short} tok/s"),
         "ratio",
-        "comas decode t/s",
-        format!("{short} decode t/s"),
+        "95% interval",
+        "range",
+        "comas dec/s",
+        format!("{short} dec/s"),
         "ratio",
-        "comas pf s",
-        format!("{short} pf s"),
+        "95% interval",
+        "pf s",
+        format!("{short} pf"),
         "same"
     );
     let na = "n/a".to_string();
+    let whole = |t: &Timing| t.tokens_per_s(new_tokens);
+    let decode = |t: &Timing| t.decode_tokens_per_s(new_tokens);
     for &b in &batches {
         let o = &ours[&b];
-        let (ot, od) = (o.tokens_per_s(new_tokens), o.decode_tokens_per_s(new_tokens));
-        let hf = reference.as_ref().and_then(|r| r.get(&b));
-        let show = |f: &dyn Fn(&Timing) -> f64, width: usize| {
-            hf.map_or(na.clone(), |h| format!("{:>width$.1}", f(h)))
+        let hf = reference.as_ref().and_then(|r| r.get(&b)).filter(|h| !h.is_empty());
+        let rate = |ts: &[Timing], f: &dyn Fn(&Timing) -> f64| {
+            median(&ts.iter().map(f).collect::<Vec<_>>())
         };
-        let ratio =
-            |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.2}x", f(o) / f(h)));
-        // Sequences whose tokens are the reference's, where it returned them.
-        let same = hf.filter(|h| h.tokens.len() == b).map_or(na.clone(), |h| {
-            let equal = h.tokens.iter().zip(&o.tokens).filter(|(a, b)| a == b).count();
+        let rate_of =
+            |f: &dyn Fn(&Timing) -> f64| hf.map_or(na.clone(), |h| format!("{:.1}", rate(h, f)));
+        let summary = |f: &dyn Fn(&Timing) -> f64| hf.map(|h| Ratios::of(&paired(o, h, f)));
+        let (w, d) = (summary(&whole), summary(&decode));
+        let show =
+            |r: &Option<Ratios>, part: fn(&Ratios) -> String| r.as_ref().map_or(na.clone(), part);
+        // Sequences whose tokens are the reference's in the first round, where it returned them.
+        let same = hf.filter(|h| h[0].tokens.len() == b).map_or(na.clone(), |h| {
+            let equal = h[0].tokens.iter().zip(&o[0].tokens).filter(|(a, b)| a == b).count();
             format!("{equal}/{b}")
         });
         println!(
-            "{b:>6} {ot:>14.1} {:>18} {:>8} | {od:>16.1} {:>16} {:>8} | {:>10.2} {:>10} | {same:>6}",
-            show(&|t| t.tokens_per_s(new_tokens), 18),
-            ratio(&|t| t.tokens_per_s(new_tokens)),
-            show(&|t| t.decode_tokens_per_s(new_tokens), 16),
-            ratio(&|t| t.decode_tokens_per_s(new_tokens)),
-            o.prefill_seconds,
-            hf.map_or(na.clone(), |h| format!("{:.2}", h.prefill_seconds)),
+            "{b:>6} {:>12.1} {:>12} {:>7} {:>13} {:>11} | {:>12.1} {:>12} {:>7} {:>13} | {:>6.2} {:>6} | {same:>6}",
+            rate(o, &whole),
+            rate_of(&whole),
+            show(&w, |r| format!("{:.2}x", r.mean)),
+            show(&w, Ratios::interval),
+            show(&w, |r| format!("{:.2}-{:.2}", r.lowest, r.highest)),
+            rate(o, &decode),
+            rate_of(&decode),
+            show(&d, |r| format!("{:.2}x", r.mean)),
+            show(&d, Ratios::interval),
+            median(&o.iter().map(|t| t.prefill_seconds).collect::<Vec<_>>()),
+            hf.map_or(na.clone(), |h| {
+                format!("{:.2}", median(&h.iter().map(|t| t.prefill_seconds).collect::<Vec<_>>()))
+            }),
         );
     }
     // The bound is a decode step's: the prefill reads the weights once for the whole prompt.
     let reached = ours.get(&1).map_or("batch 1 not run".to_string(), |o| {
         format!(
-            "reached {:.0}% by the whole call, {:.0}% by the decode steps",
-            100.0 * o.tokens_per_s(new_tokens) / bound,
-            100.0 * o.decode_tokens_per_s(new_tokens) / bound
+            "reached {:.0}% by the whole call, {:.0}% by the decode steps (medians)",
+            100.0 * median(&o.iter().map(whole).collect::<Vec<_>>()) / bound,
+            100.0 * median(&o.iter().map(decode).collect::<Vec<_>>()) / bound
         )
     });
     println!(
@@ -236,6 +281,65 @@ struct Timing {
     /// The whole call's new tokens per sequence (empty where the reference does not say).
     #[serde(default)]
     tokens: Vec<Vec<i64>>,
+}
+
+/// The ratios of `f` over paired rounds of comas (`ours`) and a reference; a reference measured
+/// once (transformers, run after comas) is paired with every round.
+fn paired(ours: &[Timing], theirs: &[Timing], f: &dyn Fn(&Timing) -> f64) -> Vec<f64> {
+    ours.iter().enumerate().map(|(i, o)| f(o) / f(&theirs[i.min(theirs.len() - 1)])).collect()
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Speed ratios over rounds: their geometric mean, its 95% interval and their range.
+struct Ratios {
+    mean: f64,
+    /// None for one round.
+    low_high: Option<(f64, f64)>,
+    lowest: f64,
+    highest: f64,
+}
+
+impl Ratios {
+    fn of(ratios: &[f64]) -> Self {
+        let logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+        let n = logs.len() as f64;
+        let mean = logs.iter().sum::<f64>() / n;
+        let low_high = (logs.len() > 1).then(|| {
+            let var = logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            let half = t_975(logs.len() - 1) * (var / n).sqrt();
+            ((mean - half).exp(), (mean + half).exp())
+        });
+        Ratios {
+            mean: mean.exp(),
+            low_high,
+            lowest: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            highest: ratios.iter().copied().fold(0.0, f64::max),
+        }
+    }
+
+    fn interval(&self) -> String {
+        self.low_high.map_or("n/a".into(), |(l, h)| format!("{l:.2}-{h:.2}"))
+    }
+}
+
+/// Student's t 0.975 quantile for `df` degrees of freedom (1.96 beyond 30).
+fn t_975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    T.get(df.wrapping_sub(1)).copied().unwrap_or(1.96)
 }
 
 impl Timing {
@@ -296,7 +400,7 @@ fn run_reference(
     threads: i32,
     repeats: usize,
     dtype: &str,
-) -> Option<HashMap<usize, Timing>> {
+) -> Option<HashMap<usize, Vec<Timing>>> {
     if !python.is_file() {
         return None;
     }
@@ -325,7 +429,7 @@ fn run_reference(
     let mut res = HashMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         if let Ok(t) = serde_json::from_str::<Timing>(line) {
-            res.insert(t.batch, t);
+            res.insert(t.batch, vec![t]);
         }
     }
     Some(res)
@@ -388,6 +492,9 @@ impl VllmPipe {
             python.display(),
             if tcmalloc.is_file() { "preloaded" } else { "not installed" }
         );
+        // Its own process group, stopped (SIGSTOP) between its turns: an idle engine's threads
+        // and helpers take no cycles from comas's.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().ok()?;
         let stdin = child.stdin.take()?;
         let mut stdout = std::io::BufReader::new(child.stdout.take()?);
@@ -398,15 +505,24 @@ impl VllmPipe {
             return None;
         }
         println!("vLLM loaded: {}", ready.trim());
-        Some(Self { child, stdin, stdout })
+        let pipe = Self { child, stdin, stdout };
+        pipe.signal(libc::SIGSTOP);
+        Some(pipe)
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the child's own process group; no memory is shared.
+        unsafe { libc::kill(-(self.child.id() as i32), signal) };
     }
 
     fn time(&mut self, batch: usize, new_tokens: usize, repeats: usize) -> Timing {
         use std::io::{BufRead, Write};
         let cmd = serde_json::json!({"batch": batch, "new_tokens": new_tokens, "repeats": repeats});
+        self.signal(libc::SIGCONT);
         writeln!(self.stdin, "{cmd}").expect("write to the vLLM reference");
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("read from the vLLM reference");
+        self.signal(libc::SIGSTOP);
         serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("vLLM reference answered {line:?} at batch {batch}: {e}"))
     }
@@ -414,6 +530,7 @@ impl VllmPipe {
 
 impl Drop for VllmPipe {
     fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
