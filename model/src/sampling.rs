@@ -144,13 +144,18 @@ pub fn sample<R: rand::RngCore>(
     rows.extend(greedy.iter().map(|&g| if g { 1f32 } else { 0.0 }));
     let rows = Tensor::from_slice(&rows).view([3, b, 1]).to_device(device);
     let (temps, u, greedy_t) = (rows.get(0), rows.get(1), rows.get(2).squeeze_dim(-1).gt(0.5));
+    // Dividing by 1 changes no bit: where every row's temperature is 1 (greedy rows count as 1),
+    // the two passes over [B, V] that would divide are skipped.
+    let unit = params.iter().zip(&greedy).all(|(p, &g)| g || p.temperature == 1.0);
+    let over_temps = |x: &Tensor| if unit { x.shallow_clone() } else { x / &temps };
     // The learner's quantity, before suppression.
-    let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
-    if suppress.iter().any(|s| !s.is_empty()) {
+    let logp = over_temps(&logits).log_softmax(-1, Kind::Float);
+    let suppressing = suppress.iter().any(|s| !s.is_empty());
+    if suppressing {
         let m = marks(b, v, device, |row| suppress[row]);
         logits = logits.masked_fill(&m, f64::NEG_INFINITY);
     }
-    let scaled = logits / temps;
+    let scaled = over_temps(&logits);
     let argmax = scaled.argmax(-1, false);
 
     // A row with top-k or top-p keeps the tokens at or above its cut and draws among them in
@@ -161,7 +166,8 @@ pub fn sample<R: rand::RngCore>(
     } else {
         let truncating =
             |p: &SamplingParams| (p.top_k > 0 && (p.top_k as i64) < v) || p.top_p < 1.0;
-        let scaled = if params.iter().zip(&greedy).any(|(p, &g)| !g && truncating(p)) {
+        let truncated = params.iter().zip(&greedy).any(|(p, &g)| !g && truncating(p));
+        let scaled = if truncated {
             let probs = scaled.softmax(-1, Kind::Float);
             let cuts = if device == Device::Cpu {
                 cuts_by_selection(&probs, params, &greedy)
@@ -172,7 +178,9 @@ pub fn sample<R: rand::RngCore>(
         } else {
             scaled
         };
-        let (tokens, slp) = draw_full(&scaled, &u);
+        // Nothing suppressed or cut: the draw's log-softmax is the one above, same input.
+        let same = (!suppressing && !truncated).then_some(&logp);
+        let (tokens, slp) = draw_full(&scaled, &u, same);
         (argmax.where_self(&greedy_t, &tokens), slp.masked_fill(&greedy_t, 0.0))
     };
     let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
@@ -204,9 +212,11 @@ fn marks<'a>(b: i64, v: i64, device: Device, ids: impl Fn(usize) -> &'a [i64]) -
 }
 
 /// Inverse-CDF draws over the whole (masked) vocabulary: tokens [B] and their log-probs [B].
-fn draw_full(scaled: &Tensor, u: &Tensor) -> (Tensor, Tensor) {
+/// `log_softmax` is `scaled`'s log-softmax where the caller has it already.
+fn draw_full(scaled: &Tensor, u: &Tensor, log_softmax: Option<&Tensor>) -> (Tensor, Tensor) {
     let v = scaled.size()[1];
-    let final_lp = scaled.log_softmax(-1, Kind::Float);
+    let final_lp =
+        log_softmax.map_or_else(|| scaled.log_softmax(-1, Kind::Float), Tensor::shallow_clone);
     let cdf = final_lp.exp().cumsum(-1, Kind::Float);
     // The last token with any mass, in case rounding leaves the CDF below u.
     let positions = Tensor::arange(v, (Kind::Int64, scaled.device())).view([1, v]);
