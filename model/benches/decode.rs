@@ -16,7 +16,8 @@
 //! its tokens, a column counts the sequences whose greedy tokens equal comas's.
 //! Knobs: COMAS_BENCH_THREADS (2), COMAS_BENCH_NEW_TOKENS (64), COMAS_BENCH_PROMPT_LEN (32),
 //! COMAS_BENCH_REPEATS (3), COMAS_BENCH_DTYPE (float32 or bfloat16, on both sides),
-//! COMAS_BENCH_BATCHES (1,8,32; each at most 64), COMAS_BENCH_ROUNDS (1): with a vLLM reference,
+//! COMAS_BENCH_LORA (0; r > 0: two LoRA adapters of rank r on q_proj and v_proj, half the rows
+//! on each, in both engines), COMAS_BENCH_BATCHES (1,8,32; each at most 64), COMAS_BENCH_ROUNDS (1): with a vLLM reference,
 //! each round times every batch size on both engines back to back (the order swapped every
 //! other round, the idle engine stopped), and the table gives each ratio's geometric mean over
 //! the rounds with a 95% interval; several rounds settle what one cannot on a machine whose
@@ -27,7 +28,7 @@ comas_model::process_setup!();
 mod common;
 use common::env_or;
 
-use comas_model::{generate, CausalLm, GenerationRequest, SamplingParams};
+use comas_model::{generate, CausalLm, GenerationRequest, LoraAdapter, LoraConfig, SamplingParams};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -93,11 +94,50 @@ fn main() {
         params as f64 / 1e6,
         if sample { "sampled at temperature 1" } else { "greedy" }
     );
+    // COMAS_BENCH_LORA=r: two LoRA adapters of rank r on q_proj and v_proj (PEFT's
+    // initialisation, B zero), half the rows on each, as the rollout's two agents on one base;
+    // vLLM loads the same two, saved in PEFT's layout.
+    let lora_rank: i64 = env_or("COMAS_BENCH_LORA", 0);
+    let adapters: Vec<LoraAdapter> = (0..if lora_rank > 0 { 2 } else { 0 })
+        .map(|k| {
+            let config = LoraConfig::new(
+                lora_rank,
+                2.0 * lora_rank as f64,
+                vec!["q_proj".into(), "v_proj".into()],
+                false,
+            );
+            LoraAdapter::init(model.config(), config, k + 1, kind, Device::Cpu).expect("adapter")
+        })
+        .collect();
+    let adapter_dirs: Vec<PathBuf> = adapters
+        .iter()
+        .enumerate()
+        .map(|(k, a)| {
+            let dir =
+                std::env::temp_dir().join(format!("comas-bench-lora-{}-{k}", std::process::id()));
+            a.save(&dir).expect("save adapter");
+            dir
+        })
+        .collect();
+    if lora_rank > 0 {
+        println!("LoRA: two adapters of rank {lora_rank} on q_proj and v_proj, half the rows each");
+    }
+    let adapter_of = |i: usize| adapters.get(i % 2);
     let (copy_bw, read_bw) = memory_bandwidth();
     let weight_bytes = weight_bytes_per_token(&model);
     let bound = read_bw / weight_bytes;
     let mut vllm = (reference_name == "vllm")
-        .then(|| VllmPipe::start(&root, &model_dir, &prompts_file, &dtype, threads, sample))
+        .then(|| {
+            VllmPipe::start(
+                &root,
+                &model_dir,
+                &prompts_file,
+                &dtype,
+                threads,
+                sample,
+                &adapter_dirs,
+            )
+        })
         .flatten();
     // Every round times each batch size on both engines back to back (comas first in even
     // rounds, the reference first in odd ones), so a machine that slows down for a while slows
@@ -112,17 +152,18 @@ fn main() {
                 .map(|(i, p)| GenerationRequest {
                     prompt_ids: p.clone(),
                     params: params_for(new_tokens, i as u64),
-                    adapter: None,
+                    adapter: adapter_of(i),
                 })
                 .collect();
             let mut time_ours = || {
                 if round == 0 {
                     let warm: Vec<GenerationRequest> = prompts[..b]
                         .iter()
-                        .map(|p| GenerationRequest {
+                        .enumerate()
+                        .map(|(i, p)| GenerationRequest {
                             prompt_ids: p.clone(),
                             params: params_for(4, 0),
-                            adapter: None,
+                            adapter: adapter_of(i),
                         })
                         .collect();
                     generate(&model, &warm, None).unwrap();
@@ -146,7 +187,7 @@ fn main() {
                     .map(|r| GenerationRequest {
                         params: params_for(1, 0),
                         prompt_ids: r.prompt_ids.clone(),
-                        adapter: None,
+                        adapter: r.adapter,
                     })
                     .collect();
                 let prefill_seconds = best_of(&first, 1).0;
@@ -453,6 +494,7 @@ impl VllmPipe {
         dtype: &str,
         threads: i32,
         sample: bool,
+        adapters: &[PathBuf],
     ) -> Option<Self> {
         use std::io::BufRead;
         use std::process::{Command, Stdio};
@@ -482,6 +524,10 @@ impl VllmPipe {
             .stdout(Stdio::piped());
         if sample {
             cmd.arg("--sample");
+        }
+        if !adapters.is_empty() {
+            let dirs: Vec<&str> = adapters.iter().filter_map(|d| d.to_str()).collect();
+            cmd.args(["--lora", &dirs.join(",")]);
         }
         let tcmalloc = Path::new("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
         if tcmalloc.is_file() {

@@ -8,6 +8,8 @@ stdin, one JSON command a line: {"batch": B, "new_tokens": N, "repeats": R}
 stdout, one JSON answer a line: {"batch", "seconds", "prefill_seconds", "tokens": [[ids]...]}
 with the best of R whole calls (B prompts x N new tokens, EOS ignored, greedy unless --sample)
 and the best of R calls making one token (the prefill alone). vLLM's own prints go to stderr.
+With --lora (the bench's COMAS_BENCH_LORA), LoRA is enabled and sequence i runs on adapter
+i mod their count, the same adapters comas runs on.
 """
 import argparse
 import json
@@ -23,6 +25,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--sample", action="store_true", help="temperature 1 instead of greedy")
+    ap.add_argument("--lora", default="", help="PEFT adapter folders, comma-separated: sequence i runs on adapter i mod their count")
     args = ap.parse_args()
 
     # Answers go to a private copy of stdout; whatever vLLM prints goes to stderr.
@@ -30,12 +33,20 @@ def main():
     os.dup2(2, 1)
 
     from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
 
     prompts = json.load(open(args.prompts))
     longest = max(len(p) for p in prompts)
     t0 = time.perf_counter()
+    adapters = [d for d in args.lora.split(",") if d]
+    lora = {}
+    if adapters:
+        rank = max(json.load(open(os.path.join(d, "adapter_config.json")))["r"] for d in adapters)
+        lora = dict(enable_lora=True, max_lora_rank=rank, max_loras=len(adapters))
+    requests = [LoRARequest(f"adapter-{k}", k + 1, d) for k, d in enumerate(adapters)]
     llm = LLM(
         model=args.model,
+        **lora,
         dtype=args.dtype,
         max_model_len=max(512, longest + 1024),
         max_num_seqs=args.max_num_seqs,
@@ -55,7 +66,8 @@ def main():
         fastest, outs = float("inf"), None
         for _ in range(repeats):
             t = time.perf_counter()
-            outs = llm.generate(reqs, params(n), use_tqdm=False)
+            on = [requests[i % len(requests)] for i in range(len(batch))] if requests else None
+            outs = llm.generate(reqs, params(n), lora_request=on, use_tqdm=False)
             fastest = min(fastest, time.perf_counter() - t)
             assert all(len(o.outputs[0].token_ids) == n for o in outs)
         return fastest, outs
