@@ -432,6 +432,15 @@ async fn a_comas_job_on_smollm2_runs_on_one_vllm_server() {
     let dir = tmp.path();
     let ports = vec![free_port(), free_port()];
     write_job_of(dir, &ports, 8, false, STEPS);
+    // A turn held to its length leaves the stop token out of vLLM's softmax but not the
+    // learner's, and SmolLM2 often wants to stop after a short answer: with all eight tokens
+    // held the mean gap was about 0.01 (0.011 in one CI run), so here only the first is
+    // (measured 6e-6 to 7e-6).
+    let job = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+    let held = "max_new_tokens = 8\nmin_new_tokens = 8\n";
+    assert_eq!(job.matches(held).count(), 3, "{job}");
+    let job = job.replace(held, "max_new_tokens = 8\nmin_new_tokens = 1\n");
+    std::fs::write(dir.join("job.toml"), job).unwrap();
     import_smollm2(&dir.join("smollm2"));
     onto_one_vllm_server(dir, "smollm2", &["model-0", "model-1"], 2);
     let flags = ["--vllm-kv-gib", "1", "--max-episodes", "4"];
@@ -439,7 +448,7 @@ async fn a_comas_job_on_smollm2_runs_on_one_vllm_server() {
     let id = c.submit().await;
     c.finished_within(&id, FINISH_SECS).await;
     c.check_complete_run().await;
-    assert_logprobs_agree(&c.metrics_log(), 2, 0.01);
+    assert_logprobs_agree(&c.metrics_log(), 2, 1e-4);
 }
 
 /// The processes whose parent is `pid`.
