@@ -64,6 +64,37 @@ pub struct VllmServer {
     log: Option<PathBuf>,
 }
 
+/// Debian's and Ubuntu's tcmalloc, preloaded into CPU servers where installed.
+const TCMALLOC: [&str; 2] = [
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+];
+
+/// `VLLM_CPU_OMP_THREADS_BIND` for a CPU server of `threads` threads whose worker may run on
+/// the CPUs `allowed`: bound to them where they are no more than its threads (a worker given
+/// its own cores: a Kubernetes cpuset, taskset, or a machine of that size), unbound otherwise,
+/// since workers sharing a larger machine would each bind to the same first cores. Bound and
+/// with tcmalloc preloaded, a server on 2 cores generated 1.5 to 1.8 times the tokens per
+/// second of one with neither (experiments/vllm-rollout/server_decode.py).
+pub fn cpu_binding(allowed: &[usize], threads: usize) -> String {
+    if allowed.is_empty() || allowed.len() > threads {
+        return "nobind".into();
+    }
+    allowed.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The CPUs this process may run on (empty where the kernel does not say).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
 /// The smallest rank vLLM accepts that holds `r`.
 pub fn lora_rank_bound(r: i64) -> Result<i64, VllmError> {
     LORA_RANKS.iter().copied().find(|&k| k >= r).ok_or(VllmError::LoraRank(r))
@@ -152,11 +183,17 @@ impl VllmServer {
                 .arg(adapters.max(1).to_string());
         }
         if spec.device == "cpu" {
+            let binding = cpu_binding(&allowed_cpus(), settings.cpu_threads);
+            tracing::info!(%binding, "the server's OpenMP threads");
             cmd.env("VLLM_TARGET_DEVICE", "cpu")
                 .env("VLLM_CPU_KVCACHE_SPACE", settings.cpu_kv_gib.to_string())
                 .env("OMP_NUM_THREADS", settings.cpu_threads.to_string())
-                // Binding would pin every server of the machine to the same first cores.
-                .env("VLLM_CPU_OMP_THREADS_BIND", "nobind");
+                .env("VLLM_CPU_OMP_THREADS_BIND", binding);
+            // vLLM's CPU docs advise preloading tcmalloc (Debian: libtcmalloc-minimal4).
+            let tcmalloc = TCMALLOC.iter().map(Path::new).find(|p| p.is_file());
+            if let (Some(lib), None) = (tcmalloc, std::env::var_os("LD_PRELOAD")) {
+                cmd.env("LD_PRELOAD", lib);
+            }
         } else if let Some(n) = spec.device.strip_prefix("cuda:") {
             cmd.env("CUDA_VISIBLE_DEVICES", n);
         }
@@ -268,6 +305,16 @@ impl Drop for VllmServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_is_bound_to_its_workers_cores_only_where_it_has_no_more_than_its_threads() {
+        assert_eq!(cpu_binding(&[0, 1], 2), "0,1");
+        assert_eq!(cpu_binding(&[4, 5, 9], 4), "4,5,9");
+        // More cores than threads: other workers may share them; no core is the server's own.
+        assert_eq!(cpu_binding(&[0, 1, 2, 3], 2), "nobind");
+        assert_eq!(cpu_binding(&[], 2), "nobind");
+        assert!(!allowed_cpus().is_empty(), "this process runs somewhere");
+    }
 
     #[test]
     fn a_lora_rank_is_served_by_the_smallest_rank_vllm_takes_above_it() {
