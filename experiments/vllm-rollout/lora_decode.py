@@ -13,6 +13,7 @@ of --repeats whole calls of --new-tokens tokens per sequence (EOS ignored, greed
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -56,10 +57,7 @@ def run_engine(args, lora, out):
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-    import random
-
-    rng = random.Random(1)
-    prompts = [[rng.randrange(400) for _ in range(args.prompt_len)] for _ in range(64)]
+    prompts = bench_prompts(args.prompt_len)
     kwargs = dict(enable_lora=True, max_lora_rank=8, max_loras=2) if lora else {}
     llm = LLM(
         model=args.model,
@@ -94,8 +92,8 @@ def run_engine(args, lora, out):
                                   "tokens_per_s": b * args.new_tokens / best}) + "\n")
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def bench_args(ap):
+    """The knobs this script and server_decode.py share."""
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batches", default="8,64")
@@ -103,6 +101,17 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+
+
+def bench_prompts(prompt_len):
+    """64 random prompts of token ids below 400, the same in both scripts."""
+    rng = random.Random(1)
+    return [[rng.randrange(400) for _ in range(prompt_len)] for _ in range(64)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    bench_args(ap)
     ap.add_argument("--engine", choices=["off", "on"], help="(internal) time one engine here")
     args = ap.parse_args()
     if args.engine:

@@ -16,7 +16,6 @@ per (variant, batch): the best of --repeats rounds.
 import argparse
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lora_decode import write_adapter  # noqa: E402
+from lora_decode import bench_args, bench_prompts, write_adapter  # noqa: E402
 
 
 def free_port():
@@ -116,16 +115,10 @@ def run_variant(args, variant, prompts, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--batches", default="8,64")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    bench_args(ap)
     ap.add_argument("--variants", default="worker,worker+bind,base")
     args = ap.parse_args()
-    rng = random.Random(1)
-    prompts = [[rng.randrange(400) for _ in range(32)] for _ in range(64)]
+    prompts = bench_prompts(args.prompt_len)
     for variant in args.variants.split(","):
         run_variant(args, variant, prompts, sys.stdout)
 
