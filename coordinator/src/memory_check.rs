@@ -4,6 +4,7 @@
 use crate::learners::LearnerLink;
 use comas_workflow::job::Job;
 use comas_workflow::memory::{dtype_bytes, human_bytes, learner_memory, LearnerMemory, ModelDims};
+use comas_workflow::train_config::canonical_dtype;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -87,10 +88,7 @@ pub async fn memory_notes(job: &Job) -> Vec<String> {
 /// On CPU, f32 and bf16 decode keep a packed copy of the decode linears
 /// (`model/src/decode_linear.rs`): the clause that says so, empty for other dtypes.
 fn packed_note(dtype: &str, packed_bytes: u64) -> String {
-    if matches!(
-        dtype.trim().trim_start_matches("torch."),
-        "bfloat16" | "bf16" | "float32" | "fp32" | "float"
-    ) {
+    if matches!(canonical_dtype(dtype), Some("bfloat16" | "float32")) {
         format!("; a CPU worker also keeps {} of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)", human_bytes(packed_bytes))
     } else {
         String::new()
@@ -135,6 +133,7 @@ mod tests {
     fn f32_and_bf16_workers_are_told_about_the_packed_copy() {
         assert_eq!(packed_note("bfloat16", 3 << 29), "; a CPU worker also keeps 1.50 GiB of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
         assert_eq!(packed_note("bf16", 512), "; a CPU worker also keeps 512 B of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
+        assert_eq!(packed_note("f32", 512), "; a CPU worker also keeps 512 B of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
         assert_eq!(packed_note("float32", 3 << 29), "; a CPU worker also keeps 1.50 GiB of packed decode weights (COMAS_DECODE_LINEAR=aten saves it)");
         assert_eq!(packed_note("float16", 3 << 29), "");
     }
