@@ -89,6 +89,16 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Whether `a` and `b` name one and the same existing file or folder (through links, `..` or
+/// another spelling): what a command must check before writing its output over its input.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
+}
+
 /// The folder `path` is in (`.` for a bare file name).
 fn parent(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
@@ -110,6 +120,21 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn the_same_file_is_recognised_under_another_name_and_a_missing_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.jsonl");
+        write_atomic(&a, b"x").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink(&a, dir.path().join("link")).unwrap();
+        assert!(same_file(&a, &dir.path().join("sub/../a.jsonl")));
+        assert!(same_file(&a, &dir.path().join("link")));
+        assert!(same_file(dir.path(), &dir.path().join("sub/..")));
+        write_atomic(&dir.path().join("b.jsonl"), b"x").unwrap();
+        assert!(!same_file(&a, &dir.path().join("b.jsonl")));
+        assert!(!same_file(&a, &dir.path().join("missing")));
     }
 
     #[test]

@@ -60,9 +60,11 @@ pub fn write_model_folder(
     let text = serde_json::to_string_pretty(&cfg).expect("json");
     write_atomic(&dir.join("config.json"), |w| w.write_all(text.as_bytes()))?;
     for f in SIDECAR_FILES {
-        let src = source.join(f);
-        if src.is_file() {
-            io(&src, std::fs::copy(&src, dir.join(f)))?;
+        let (src, dst) = (source.join(f), dir.join(f));
+        // Exporting over the model folder itself (a job continuing from its own export):
+        // copying a file onto itself would truncate it to nothing.
+        if src.is_file() && !comas_files::same_file(&src, &dst) {
+            io(&src, std::fs::copy(&src, &dst))?;
         }
     }
     let cpu: Vec<(String, Tensor)> = tch::no_grad(|| {
@@ -250,12 +252,25 @@ impl Trainer {
 }
 
 /// The folder under a learner's `--checkpoint-dir` that holds job `name`'s checkpoints, so a new
-/// job never resumes from another job's.
+/// job never resumes from another job's. A name of letters, digits, `-` and `_` (up to
+/// [`JOB_FOLDER_CHARS`]) is its own folder; any other has its other characters replaced by `_`,
+/// is cut to that length, and gets a hash of the whole name, so that two names never share a
+/// folder (`col.a` and `col_a`, or two long names that start alike).
 pub fn job_folder(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-        .collect()
+    use sha2::Digest;
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if !name.is_empty() && name.len() <= JOB_FOLDER_CHARS && name.chars().all(safe) {
+        return name.to_string();
+    }
+    let stem: String =
+        name.chars().take(JOB_FOLDER_CHARS).map(|c| if safe(c) { c } else { '_' }).collect();
+    let hash = sha2::Sha256::digest(name.as_bytes());
+    let hex: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{stem}-{hex}")
 }
+
+/// The longest job name that is its own checkpoint folder (file names stop at 255 bytes).
+pub const JOB_FOLDER_CHARS: usize = 100;
 
 /// Complete checkpoints under `root`, oldest first.
 pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
@@ -294,4 +309,54 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
 
 pub fn latest_checkpoint(root: &Path) -> Result<Option<PathBuf>> {
     Ok(list_checkpoints(root)?.pop().map(|(_, p)| p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job that continues from its own export writes the new one over it: the tokenizer
+    /// files stay whole (copying them onto themselves used to leave them empty).
+    #[test]
+    fn a_model_folder_written_over_its_own_source_keeps_its_tokenizer_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("agent-0");
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(model.join("config.json"), r#"{"torch_dtype": "bfloat16"}"#).unwrap();
+        std::fs::write(model.join("tokenizer.json"), "{\"tokens\": 1}").unwrap();
+        let w = vec![("w".to_string(), Tensor::ones([2], (Kind::Float, tch::Device::Cpu)))];
+        // The same folder under another spelling, as a job file's relative path gives it.
+        let again = dir.path().join("agent-0/../agent-0");
+        write_model_folder(&again, &model, &w, Kind::Float).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(model.join("tokenizer.json")).unwrap(),
+            "{\"tokens\": 1}"
+        );
+        let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
+        assert!(cfg.contains("\"float32\""), "{cfg}");
+        // Another folder still gets its own copies.
+        let other = dir.path().join("out");
+        write_model_folder(&other, &model, &w, Kind::Float).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(other.join("tokenizer.json")).unwrap(),
+            "{\"tokens\": 1}"
+        );
+    }
+
+    #[test]
+    fn names_that_differ_never_share_a_checkpoint_folder() {
+        assert_eq!(job_folder("grpo-smollm2_2"), "grpo-smollm2_2");
+        let (dot, underscore) = (job_folder("col.a"), job_folder("col_a"));
+        assert_eq!(underscore, "col_a");
+        assert!(dot.starts_with("col_a-") && dot.len() == "col_a-".len() + 8, "{dot}");
+        assert_ne!(dot, underscore);
+        // Stable: a restarted learner finds its job's folder again.
+        assert_eq!(job_folder("col.a"), dot);
+        assert!(!job_folder("../../etc/evil").contains('/'));
+        // Long names that start alike: each cut to the limit, told apart by the hash.
+        let (a, b) = ("x".repeat(300), format!("{}y", "x".repeat(299)));
+        assert_ne!(job_folder(&a), job_folder(&b));
+        assert!(job_folder(&a).len() <= JOB_FOLDER_CHARS + 9);
+        assert_ne!(job_folder(""), "");
+    }
 }
