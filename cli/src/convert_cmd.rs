@@ -31,6 +31,8 @@ struct Row {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let inputs: Vec<&Path> = a.inputs.iter().map(PathBuf::as_path).collect();
+    crate::out_path::not_an_input("--out", &a.out, &inputs)?;
     let mut records: Vec<BenchRecord> = Vec::new();
     for path in &a.inputs {
         let rows = read_rows(path, a.format)?;

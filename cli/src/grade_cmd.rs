@@ -56,6 +56,9 @@ fn id_text(v: &serde_json::Value) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(out) = &a.out {
+        crate::out_path::not_an_input("--out", out, &[&a.responses])?;
+    }
     let kind = match a.bench.as_str() {
         "humaneval" => None,
         "math" => Some(GraderKind::Math),

@@ -11,6 +11,7 @@ mod grow_cmd;
 mod import_cmd;
 mod local_cmd;
 mod model_args;
+mod out_path;
 mod plot;
 mod score_cmd;
 mod serve_cmd;

@@ -76,6 +76,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    if let Some(out) = &a.output {
+        crate::out_path::not_an_input("--output", out, &[&a.input])?;
+    }
     let (config, kind, device) = a.model.resolve()?;
     let dir = &a.model.model;
     let tok = Tokenizer::from_dir(dir)?;

@@ -220,6 +220,40 @@ fn flags_that_cannot_work_are_refused() {
     );
 }
 
+/// A command whose output is its input would replace what it reads: refused, the input kept.
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_input_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    let text = "{\"id\": \"a\", \"response\": \"\\\\boxed{2}\", \"answer\": \"2\"}\n";
+    std::fs::write(&rows, text).unwrap();
+    // The same file under another spelling.
+    let again = dir.path().join(".").join("rows.jsonl").display().to_string();
+    let rows_arg = rows.display().to_string();
+    for args in [
+        vec!["grade", "--bench", "math", "--responses", &rows_arg, "--out", &again],
+        vec!["convert-bench", "--format", "gsm8k", "--input", &rows_arg, "--out", &again],
+        vec!["score", "--model", "unused", "--input", &rows_arg, "--output", &again],
+    ] {
+        let out = comas().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("the output would replace it"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(std::fs::read_to_string(&rows).unwrap(), text, "{args:?}");
+    }
+    // Another file is written as before.
+    let other = dir.path().join("graded.jsonl");
+    let out = comas()
+        .args(["grade", "--bench", "math", "--responses", &rows_arg])
+        .args(["--out", &other.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read_to_string(&other).unwrap().contains("\"passed\":true"));
+}
+
 /// The start of `start_local`'s output that names the in-process coordinator and the job.
 fn coordinator_and_job(lines: &[String]) -> (String, String) {
     let addr = lines
