@@ -95,6 +95,16 @@ pub fn run(a: Args) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--to: {e}"))?;
 
     let old_agents = spec.agents.len();
+    // Without the placeholder every agent would read one folder: all nodes one adapter.
+    if old_agents > 1 && !a.checkpoints.contains("{agent}") {
+        bail!(
+            "--checkpoints {}: the job has {old_agents} agents, each with its own checkpoint folder; put `{{agent}}` where the agent's number goes (`comas local DIR` keeps them in DIR/checkpoints/agent-{{agent}})",
+            a.checkpoints
+        );
+    }
+    if !(a.b_noise_std.is_finite() && a.b_noise_std >= 0.0) {
+        bail!("--b-noise-std must be a finite number, at least 0 (got {})", a.b_noise_std);
+    }
     let dirs: Vec<PathBuf> = (0..old_agents)
         .map(|k| {
             PathBuf::from(a.checkpoints.replace("{agent}", &k.to_string()))

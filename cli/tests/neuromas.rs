@@ -149,6 +149,9 @@ async fn grow_the_trained_graph(dir: &Path) {
     assert!(e.contains("layer 1 has 2 nodes and growth only adds"), "{e}");
     let e = grow(&format!("{}/nowhere-{{agent}}", dir.display()), "2,2,1");
     assert!(e.contains("no complete checkpoint under") && e.contains("nowhere-0"), "{e}");
+    // One folder for three agents would give every node agent 0's adapter.
+    let e = grow(&format!("{}/ckpt-0/agent-0", dir.display()), "2,2,1");
+    assert!(e.contains("the job has 3 agents") && e.contains("`{agent}`"), "{e}");
     assert!(!dir.join("bad/job.toml").exists());
     let out = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args([
