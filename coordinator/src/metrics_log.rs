@@ -23,6 +23,9 @@ impl MetricsLog {
             events: tensorboard::path(path.parent().unwrap_or(Path::new(".")), id),
         };
         let lines = store.metrics_log(id)?;
+        if let Err(e) = keep_another_jobs_log(&log.path, id) {
+            tracing::warn!(path = %log.path.display(), error = %e, "cannot move another job's metrics log aside");
+        }
         if let Err(e) = crate::files::write_lines(&log.path, &lines) {
             tracing::warn!(path = %log.path.display(), error = %e, "cannot write the metrics log");
         }
@@ -58,6 +61,52 @@ impl MetricsLog {
             tracing::warn!(path = %self.events.display(), error = %e, "cannot append to the TensorBoard event file");
         }
     }
+}
+
+/// A log that another job left at `path` (a job run again, or a new one, in the same output
+/// folder) is moved aside to `metrics-<its job id>.jsonl` beside it rather than overwritten.
+/// A log of job `id` itself (a resumed run) stays where it is, to be rewritten from the store.
+fn keep_another_jobs_log(path: &Path, id: &str) -> std::io::Result<()> {
+    use std::io::BufRead;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut first = String::new();
+    std::io::BufReader::new(file).read_line(&mut first)?;
+    if first.trim().is_empty() {
+        return Ok(());
+    }
+    let owner = serde_json::from_str::<serde_json::Value>(&first)
+        .ok()
+        .and_then(|v| v.get("job_id").and_then(|j| j.as_str()).map(str::to_string));
+    if owner.as_deref() == Some(id) {
+        return Ok(());
+    }
+    let stem = owner
+        .map(|o| {
+            o.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let aside = (0..)
+        .map(|n| {
+            dir.join(if n == 0 {
+                format!("metrics-{stem}.jsonl")
+            } else {
+                format!("metrics-{stem}-{n}.jsonl")
+            })
+        })
+        .find(|p| !p.exists())
+        .expect("some name is free");
+    std::fs::rename(path, &aside)?;
+    tracing::warn!(
+        job = id,
+        kept = %aside.display(),
+        "the output folder held another job's metrics log; it is kept under a new name"
+    );
+    Ok(())
 }
 
 fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
@@ -129,5 +178,31 @@ mod tests {
         let _log = MetricsLog::open(&store, "j", &path).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
         assert_eq!(std::fs::read(&events).unwrap(), tensorboard::encode(&lines).unwrap());
+    }
+
+    /// A new job in a finished job's output folder keeps that job's log under its id; a resumed
+    /// job rewrites its own.
+    #[test]
+    fn another_jobs_log_is_moved_aside_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::in_memory().unwrap();
+        store.insert_job("k", "y", "name = \"y\"", "", 3).unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let old = format!("{}\n{}\n", line("step", 0), line("step", 1));
+        std::fs::write(&path, &old).unwrap();
+        let log = MetricsLog::open(&store, "k", &path).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("metrics-j.jsonl")).unwrap(), old);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        let mine = line("step", 0).replace("\"j\"", "\"k\"");
+        store.commit_step("k", 0, &mine, &[(0, 1)], false).unwrap();
+        log.append(&mine);
+        // Reopened (the job resumed): its own log stays, nothing more is set aside.
+        let _again = MetricsLog::open(&store, "k", &path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{mine}\n"));
+        // A second foreign log of the same job id does not replace the first one kept.
+        std::fs::write(&path, &old).unwrap();
+        let _third = MetricsLog::open(&store, "k", &path).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("metrics-j-1.jsonl")).unwrap(), old);
+        assert_eq!(std::fs::read_to_string(dir.path().join("metrics-j.jsonl")).unwrap(), old);
     }
 }
