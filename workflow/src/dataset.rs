@@ -62,7 +62,15 @@ impl Columns {
             Some(key) => last_user_message(take(key), key)?,
             None => take(&self.prompt).ok_or_else(|| missing(&self.prompt, "prompt_key"))?,
         };
-        out.insert("prompt".into(), text(prompt, &self.prompt)?);
+        let prompt = text(prompt, &self.prompt)?;
+        if prompt.as_str().is_some_and(|p| p.trim().is_empty()) {
+            let from = match &self.messages {
+                Some(key) => format!("the last user message of column `{key}`"),
+                None => format!("column `{}`", self.prompt),
+            };
+            return Err(format!("{from} is empty; every row needs a prompt to ask"));
+        }
+        out.insert("prompt".into(), prompt);
         let answer = take(&self.answer).ok_or_else(|| missing(&self.answer, "answer_key"))?;
         out.insert("answer".into(), text(answer, &self.answer)?);
         let task = match (take(&self.task_column), &self.task) {
@@ -195,6 +203,10 @@ pub fn read_rows(
         return Ok(());
     }
     let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+    // A UTF-8 byte order mark (some Windows editors write one) is not part of the text.
+    if reader.fill_buf().map_err(io)?.starts_with(b"\xEF\xBB\xBF") {
+        reader.consume(3);
+    }
     let starts_array = loop {
         let buf = reader.fill_buf().map_err(io)?;
         match buf.iter().position(|b| !b.is_ascii_whitespace()) {
@@ -359,6 +371,33 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let err = load_records(d.path(), &Columns::default()).unwrap_err().to_string();
         assert!(err.contains("has none"), "{err}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let line = "{\"prompt\":\"p\",\"answer\":\"a\",\"task\":\"math\",\"id\":\"x\"}";
+        let (_d, path) = file(&format!("\u{feff}{line}\n"), "d.jsonl");
+        let r = load_records(&path, &Columns::default()).unwrap();
+        assert_eq!((r.len(), r[0].prompt.as_str()), (1, "p"));
+        let (_d, path) = file(&format!("\u{feff}[{line}]"), "d.json");
+        assert_eq!(load_records(&path, &Columns::default()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_empty_prompt_names_its_line() {
+        let good = "{\"prompt\":\"2+2?\",\"answer\":\"4\",\"task\":\"math\",\"id\":\"a\"}";
+        let empty = "{\"prompt\":\" \",\"answer\":\"4\",\"task\":\"math\",\"id\":\"b\"}";
+        let (_d, path) = file(&format!("{good}\n{empty}\n"), "d.jsonl");
+        let err = load_records(&path, &Columns::default()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "line 2: not a valid task record: column `prompt` is empty; every row needs a prompt to ask"
+        );
+        let text = r#"[{"messages":[{"role":"user","content":""}],"answer":"7","task":"math"}]"#;
+        let (_d, path) = file(text, "d.json");
+        let c = columns(|c| c.messages = Some("messages".into()));
+        let err = load_records(&path, &c).unwrap_err().to_string();
+        assert!(err.starts_with("element 1: not a valid task record: the last user message of column `messages` is empty"), "{err}");
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub enum JobError {
     Syntax(String),
     #[error("`{field}`: {message}")]
     Invalid { field: String, message: String },
+    /// A command-line override (`schedule.steps=abc`) that makes the job wrong; `arg` is the
+    /// override as given.
+    #[error("override `{arg}`: {message}")]
+    Override { arg: String, message: String },
 }
 
 /// The error of a wrong key.

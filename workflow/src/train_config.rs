@@ -277,11 +277,14 @@ impl TrainDefaults {
 
 impl TrainConfig {
     /// The settings of a parsed table, not yet validated (a job lays its method's defaults
-    /// over them first).
+    /// over them first). A wrong value names its key (`` `lora.alpha`: invalid type ... ``).
     pub fn from_table(table: toml::Table) -> Result<Self> {
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| TrainConfigError(e.message().to_string()))
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            match crate::method::error_key(&e) {
+                (Some(key), message) => TrainConfigError(format!("`{key}`: {message}")),
+                (None, message) => TrainConfigError(message),
+            }
+        })
     }
 
     pub fn from_toml(text: &str) -> Result<Self> {
@@ -308,7 +311,12 @@ impl TrainConfig {
         finite_nonneg("kl_coef", self.kl_coef)?;
         finite_nonneg("weight_decay", self.weight_decay)?;
         finite_nonneg("max_grad_norm", self.max_grad_norm)?;
-        finite_nonneg("warmup_ratio", self.warmup_ratio)?;
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return bad(format!(
+                "`warmup_ratio` is a share of total_steps and must be in [0, 1], got {}",
+                self.warmup_ratio
+            ));
+        }
         if !(self.gamma > 0.0 && self.gamma <= 1.0) {
             return bad(format!("`gamma` must be in (0, 1], got {}", self.gamma));
         }
@@ -326,11 +334,15 @@ impl TrainConfig {
                 self.clip_eps_low, self.clip_eps_high
             ));
         }
-        if self.dual_clip != 0.0 && self.dual_clip <= 1.0 {
+        // Written so that NaN fails: every comparison with NaN is false.
+        if !(self.dual_clip == 0.0 || (self.dual_clip > 1.0 && self.dual_clip.is_finite())) {
             return bad(format!("`dual_clip` must be 0 (off) or > 1, got {}", self.dual_clip));
         }
         if !(self.reward_clip > 0.0) {
             return bad(format!("`reward_clip` must be positive, got {}", self.reward_clip));
+        }
+        if !(self.adam_eps > 0.0 && self.adam_eps.is_finite()) {
+            return bad(format!("`adam_eps` must be finite and > 0, got {}", self.adam_eps));
         }
         for (i, b) in self.adam_betas.iter().enumerate() {
             if !(0.0..1.0).contains(b) {
@@ -361,6 +373,9 @@ impl TrainConfig {
         if let Some(l) = &self.lora {
             if l.r <= 0 || l.target_modules.is_empty() {
                 return bad("`lora.r` must be positive and `lora.target_modules` non-empty".into());
+            }
+            if !(l.alpha > 0.0 && l.alpha.is_finite()) {
+                return bad(format!("`lora.alpha` must be finite and > 0, got {}", l.alpha));
             }
         }
         Ok(())
@@ -408,6 +423,71 @@ mod tests {
             .unwrap_err()
             .0
             .contains("use_ttrl"));
+    }
+
+    /// NaN fails every comparison, so each float check is written to fail for it too.
+    #[test]
+    fn nan_infinite_and_out_of_range_floats_are_refused() {
+        let cases = [
+            ("adam_eps = nan", "`adam_eps` must be finite and > 0, got NaN"),
+            ("adam_eps = 0.0", "`adam_eps` must be finite and > 0, got 0"),
+            ("adam_eps = -1e-8", "`adam_eps` must be finite and > 0, got -0.00000001"),
+            ("adam_eps = inf", "`adam_eps` must be finite and > 0, got inf"),
+            ("dual_clip = nan", "`dual_clip` must be 0 (off) or > 1, got NaN"),
+            ("dual_clip = inf", "`dual_clip` must be 0 (off) or > 1, got inf"),
+            (
+                "warmup_ratio = 5.0",
+                "`warmup_ratio` is a share of total_steps and must be in [0, 1], got 5",
+            ),
+            (
+                "warmup_ratio = -0.1",
+                "`warmup_ratio` is a share of total_steps and must be in [0, 1], got -0.1",
+            ),
+            (
+                "warmup_ratio = nan",
+                "`warmup_ratio` is a share of total_steps and must be in [0, 1], got NaN",
+            ),
+            (
+                "[lora]\nr = 8\nalpha = nan\ntarget_modules = [\"q_proj\"]",
+                "`lora.alpha` must be finite and > 0, got NaN",
+            ),
+            (
+                "[lora]\nr = 8\nalpha = inf\ntarget_modules = [\"q_proj\"]",
+                "`lora.alpha` must be finite and > 0, got inf",
+            ),
+            (
+                "[lora]\nr = 8\nalpha = -16.0\ntarget_modules = [\"q_proj\"]",
+                "`lora.alpha` must be finite and > 0, got -16",
+            ),
+            (
+                "[lora]\nr = 8\nalpha = 0.0\ntarget_modules = [\"q_proj\"]",
+                "`lora.alpha` must be finite and > 0, got 0",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(TrainConfig::from_toml(text).unwrap_err().0, want, "{text}");
+        }
+        for text in
+            ["warmup_ratio = 1.0", "warmup_ratio = 0.0", "dual_clip = 3.0", "adam_eps = 1e-6"]
+        {
+            TrainConfig::from_toml(text).unwrap();
+        }
+        let lora = "[lora]\nr = 8\nalpha = 16.0\ntarget_modules = [\"q_proj\"]";
+        assert_eq!(TrainConfig::from_toml(lora).unwrap().lora.unwrap().alpha, 16.0);
+    }
+
+    /// A table's wrong value names its key; `toml` writes the key path only in its `Display`,
+    /// so this pins the form `method::error_key` reads.
+    #[test]
+    fn a_wrong_value_of_a_table_names_its_key() {
+        let table: toml::Table = toml::from_str("lr = \"fast\"").unwrap();
+        assert_eq!(
+            TrainConfig::from_table(table).unwrap_err().0,
+            "`lr`: invalid type: string \"fast\", expected f64"
+        );
+        let table: toml::Table = toml::from_str("[lora]\nr = -1.5").unwrap();
+        let e = TrainConfig::from_table(table).unwrap_err().0;
+        assert!(e.starts_with("`lora.r`: invalid type: floating point `-1.5`"), "{e}");
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Method for CoMas {
             }
         }
         table.insert("num_agents".into(), toml::Value::Integer(i64::from(l)));
-        let cfg: CoMasConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("comas", e.message()))?;
+        let cfg: CoMasConfig = crate::method::read_settings(toml::Value::Table(table), "comas")?;
         cfg.validate().map_err(|e| invalid("comas", e.to_string()))?;
         Ok(cfg)
     }

@@ -88,7 +88,7 @@ impl Method for Cosir {
 
     /// The settings, with as many [[agents]] as the seat policy trains; a table must be drawable.
     fn configure(table: toml::Table, job: &JobView<'_>) -> Result<CosirConfig, JobError> {
-        let cfg: CosirConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("cosir", e.message()))?;
+        let cfg: CosirConfig = crate::method::read_settings(toml::Value::Table(table), "cosir")?;
         cfg.validate().map_err(|(k, m)| invalid(format!("cosir.{k}"), m))?;
         let want = cfg.num_agents();
         if job.agents != want {

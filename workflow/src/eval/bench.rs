@@ -90,6 +90,9 @@ fn gt_text(gt: &Value) -> String {
 /// Reads a JSONL file of spec §7.2 records.
 pub fn parse_bench(text: &str) -> Result<Vec<BenchItem>, BenchError> {
     let mut items = Vec::new();
+    // The line of each id: a resumed run tells questions apart by id, so two records with one
+    // id would be graded as one.
+    let mut lines: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -98,11 +101,16 @@ pub fn parse_bench(text: &str) -> Result<Vec<BenchItem>, BenchError> {
         let r: Record = serde_json::from_str(line).map_err(|e| err(format!("not a benchmark record {{query, gt, tag, source}}: {e}")))?;
         let tag = if r.tag.is_empty() { r.source.clone() } else { r.tag.clone() };
         let grader = grader_for(&tag, &r.gt).map_err(err)?;
+        let given = r.id.is_some();
         let id = match r.id {
             Some(Value::String(s)) => s,
             Some(v) => v.to_string(),
             None => format!("{}-{}", if tag.is_empty() { "item" } else { tag.as_str() }, items.len()),
         };
+        if let Some(first) = lines.insert(id.clone(), i + 1) {
+            let whose = if given { format!("id `{id}` is") } else { format!("the record has no `id` and gets `{id}`, which is") };
+            return Err(err(format!("{whose} also the id of line {first}; give every question its own `id` (a resumed run tells questions apart by id)")));
+        }
         items.push(BenchItem { id, query: r.query, answer: gt_text(&r.gt), grader, tag });
     }
     if items.is_empty() {
@@ -177,6 +185,17 @@ mod tests {
         let err = parse_bench("{\"query\": \"q\", \"gt\": 5, \"tag\": \"humaneval\"}").unwrap_err().to_string();
         assert!(err.contains("line 1") && err.contains("entry_point"), "{err}");
         assert!(matches!(parse_bench("\n\n"), Err(BenchError::Empty)));
+    }
+
+    #[test]
+    fn a_duplicate_id_names_both_lines() {
+        let text = "{\"query\": \"1+1?\", \"gt\": \"2\", \"id\": \"q0\"}\n\n{\"query\": \"3+3?\", \"gt\": \"6\", \"id\": \"q2\"}\n{\"query\": \"5+5?\", \"gt\": \"10\", \"id\": \"q0\"}\n";
+        let err = parse_bench(text).unwrap_err().to_string();
+        assert!(err.starts_with("line 4: id `q0` is also the id of line 1;"), "{err}");
+        // A generated id that an explicit one already took.
+        let text = "{\"query\": \"a\", \"gt\": \"1\", \"tag\": \"t\", \"id\": \"t-1\"}\n{\"query\": \"b\", \"gt\": \"2\", \"tag\": \"t\"}\n";
+        let err = parse_bench(text).unwrap_err().to_string();
+        assert!(err.starts_with("line 2: the record has no `id` and gets `t-1`, which is also the id of line 1"), "{err}");
     }
 
     #[test]

@@ -75,10 +75,10 @@ impl Method for Evaluation {
         }
         let questions: Vec<EvalQuestion> = match table.remove("questions") {
             None => Vec::new(),
-            Some(v) => v.try_into().map_err(|e: toml::de::Error| invalid("evaluate.questions", e.message()))?,
+            Some(v) => crate::method::read_settings(v, "evaluate.questions")?,
         };
         table.insert("members".into(), toml::Value::Integer(job.frozen.len() as i64));
-        let settings = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("evaluate", e.message()))?;
+        let settings = crate::method::read_settings(toml::Value::Table(table), "evaluate")?;
         let cfg = EvalJobConfig { settings, questions };
         cfg.validate().map_err(|(k, m)| invalid(format!("evaluate.{k}"), m))?;
         Ok(cfg)

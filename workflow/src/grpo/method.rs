@@ -84,7 +84,7 @@ impl Method for Grpo {
             return Err(invalid("grpo.agents", "is set by the job: every [[agents]] entry answers every question"));
         }
         table.insert("agents".into(), toml::Value::Integer(i64::from(job.agents)));
-        let cfg: GrpoConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("grpo", e.message()))?;
+        let cfg: GrpoConfig = crate::method::read_settings(toml::Value::Table(table), "grpo")?;
         cfg.validate().map_err(|(k, m)| invalid(format!("grpo.{k}"), m))?;
         Ok(cfg)
     }

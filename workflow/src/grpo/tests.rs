@@ -182,7 +182,7 @@ fn a_grpo_job_trains_each_agent_on_its_groups() {
     assert!(err(JOB.replace("train_batch_size = 8", "train_batch_size = 9")).contains("agent 0 speaks only 8 turns per step (8 episodes x 1 answer)"));
     assert!(err(JOB.replace("group_size = 4", "group_size = 4\nagents = 2")).contains("`grpo.agents`: is set by the job"));
     assert!(err(JOB.replace("group_size = 4", "group_size = 0")).contains("`grpo.group_size`"));
-    assert!(err(JOB.replace("group_size = 4", "grader = \"regex\"")).contains("`grpo`: unknown variant `regex`"));
+    assert!(err(JOB.replace("group_size = 4", "grader = \"regex\"")).contains("`grpo.grader`: unknown variant `regex`"));
     assert!(err(JOB.replace("group_size = 4", "[grpo.reward]\noverlong_buffer = 100")).contains("`grpo.reward.overlong_buffer`: is 100 but sampling.max_new_tokens is 64"));
     assert!(err(JOB.replace("method = \"grpo\"\n", "")).contains("`grpo`: is set but method is comas; set method = \"grpo\""));
 }

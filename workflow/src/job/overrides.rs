@@ -34,6 +34,12 @@ impl Override {
     }
 }
 
+impl std::fmt::Display for Override {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.name(), self.value)
+    }
+}
+
 /// The value `text` stands for: a TOML value, else the text itself; a string where `like` is one.
 fn typed(text: &str, like: Option<&Value>) -> Value {
     if matches!(like, Some(Value::String(_))) {
@@ -45,17 +51,67 @@ fn typed(text: &str, like: Option<&Value>) -> Value {
     }
 }
 
-/// The job file `text` with `overrides` applied, in order, written out as TOML again.
+/// The job file `text` with `overrides` applied, in order, written out as TOML again. The
+/// result is checked here, so that an error an override causes names that override; an error
+/// of the file itself is reported with its lines in the file, not in the text written out.
 pub fn apply(text: &str, overrides: &[Override]) -> Result<String, JobError> {
-    let mut root: Table =
+    let root: Table =
         toml::from_str(text).map_err(|e: toml::de::Error| JobError::Syntax(e.to_string()))?;
+    let all: Vec<&Override> = overrides.iter().collect();
+    let out = render(&root, &all)?;
+    match JobSpec::parse(&out, false) {
+        Ok(_) => Ok(out),
+        Err(e) => Err(blame(e, text, &root, overrides)),
+    }
+}
+
+/// `root` with `overrides` set, as TOML text.
+fn render(root: &Table, overrides: &[&Override]) -> Result<String, JobError> {
+    let mut root = root.clone();
     for o in overrides {
         set(&mut root, o)?;
     }
-    let out = toml::to_string(&root).map_err(|e| JobError::Syntax(e.to_string()))?;
-    // Checked here, so that a wrong key is named as the override that set it.
-    JobSpec::from_toml(&out).map_err(|e| explain(e, overrides))?;
-    Ok(out)
+    toml::to_string(&root).map_err(|e| JobError::Syntax(e.to_string()))
+}
+
+/// Which override the error `e` of the file with every override applied comes from: a wrong
+/// key set by one (named with the nearest key the job has); else the one without which the
+/// job reads; else the file's own error (with its lines); else the first override after which
+/// the job no longer reads.
+fn blame(e: JobError, text: &str, root: &Table, overrides: &[Override]) -> JobError {
+    let e = match &e {
+        JobError::Syntax(message) => match explain(e.clone(), overrides) {
+            JobError::Syntax(_) => message.clone(),
+            named => return named,
+        },
+        other => other.to_string(),
+    };
+    // The message of the job with `some` of the overrides, or `None` when it reads.
+    let error_with = |some: Vec<&Override>| match render(root, &some) {
+        Ok(out) => JobSpec::parse(&out, false).err().map(|e| match e {
+            JobError::Syntax(message) => message,
+            other => other.to_string(),
+        }),
+        Err(e) => Some(e.to_string()),
+    };
+    let culprit =
+        |o: &Override, message: String| JobError::Override { arg: o.to_string(), message };
+    for (i, o) in overrides.iter().enumerate() {
+        let others = overrides.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, o)| o);
+        if error_with(others.collect()).is_none() {
+            return culprit(o, e);
+        }
+    }
+    if let Err(own) = JobSpec::from_toml(text) {
+        return own;
+    }
+    for i in 0..overrides.len() {
+        if let Some(message) = error_with(overrides[..=i].iter().collect()) {
+            return culprit(&overrides[i], message);
+        }
+    }
+    let all: Vec<String> = overrides.iter().map(|o| format!("`{o}`")).collect();
+    JobError::Syntax(format!("with the overrides {} applied: {e}", all.join(" ")))
 }
 
 fn set(root: &mut Table, o: &Override) -> Result<(), JobError> {
@@ -68,12 +124,20 @@ fn set(root: &mut Table, o: &Override) -> Result<(), JobError> {
             table.insert(key.clone(), value);
             return Ok(());
         }
+        // An entry of a list the job does not have (no [[agents]] at all): creating the key
+        // would make it a table, which the job then reads as a wrong type.
+        let index = o.path[i + 1].parse::<usize>().ok();
+        if index.is_some() && !table.contains_key(key) {
+            return Err(invalid(o.name(), no_entries(&at(i), o, i)));
+        }
         let next = table.entry(key.clone()).or_insert_with(|| Value::Table(Table::new()));
         table = match next {
             Value::Table(t) => t,
+            Value::Array(items) if items.is_empty() && index.is_some() => {
+                return Err(invalid(o.name(), no_entries(&at(i), o, i)));
+            }
             Value::Array(items) => {
-                let idx = &o.path[i + 1];
-                let n: usize = idx.parse().map_err(|_| {
+                let n: usize = index.ok_or_else(|| {
                     invalid(
                         o.name(),
                         format!("`{}` is a list: give an index after it, e.g. {}.0", at(i), at(i)),
@@ -111,6 +175,20 @@ fn set(root: &mut Table, o: &Override) -> Result<(), JobError> {
         };
     }
     Ok(())
+}
+
+/// Why override `o` cannot set an entry of `list` (its key `o.path[i]`): the job has none.
+fn no_entries(list: &str, o: &Override, i: usize) -> String {
+    let has = if list == "agents" {
+        "the job has 0 agents".to_string()
+    } else {
+        format!("the job has no `{list}` entries")
+    };
+    if i + 2 < o.path.len() {
+        format!("{has}; `{}` needs an [[{list}]] table", o.name())
+    } else {
+        format!("{has}; give the whole list instead, e.g. {list}=[...]")
+    }
 }
 
 /// An error about a tail of `name` reported under the whole override.
@@ -199,5 +277,57 @@ lr = 1e-4
         assert!(e.contains("`name` is a value, not a table"), "{e}");
         let e = Override::parse("schedule.steps").unwrap_err().to_string();
         assert!(e.contains("key.path=value"), "{e}");
+    }
+
+    fn apply_to(text: &str, args: &[&str]) -> Result<String, JobError> {
+        let o: Vec<Override> = args.iter().map(|a| Override::parse(a)).collect::<Result<_, _>>()?;
+        apply(text, &o)
+    }
+
+    /// An override's wrong value is named as the override; the text written out with the
+    /// overrides, whose lines are not the user's, is never cited.
+    #[test]
+    fn a_wrong_value_names_the_override_not_a_line() {
+        let e = run(&["agents.0.model=x", "schedule.steps=abc"]).unwrap_err().to_string();
+        assert_eq!(e, "override `schedule.steps=abc`: invalid type: string \"abc\", expected u64");
+        let e = run(&["schedule.steps=-1", "name=n"]).unwrap_err().to_string();
+        assert!(e.starts_with("override `schedule.steps=-1`: invalid value"), "{e}");
+        assert!(!e.contains("line"), "{e}");
+        // A file without `name`: an override that gives it is not blamed for another's value.
+        let nameless = JOB.replacen("name = \"t\"\n", "", 1);
+        let e = apply_to(&nameless, &["name=n", "schedule.steps=abc"]).unwrap_err().to_string();
+        assert!(e.starts_with("override `schedule.steps=abc`:"), "{e}");
+        // Two wrong overrides: the first is named.
+        let e = run(&["schedule.steps=abc", "seed=xyz"]).unwrap_err().to_string();
+        assert!(e.starts_with("override `schedule.steps=abc`:"), "{e}");
+    }
+
+    /// An error of the file itself keeps the file's own line, overrides or not.
+    #[test]
+    fn an_error_of_the_file_cites_the_files_line() {
+        let text = JOB.replace("steps = 3", "steps = 3\nwarp = 9");
+        let without = JobSpec::from_toml(&text).unwrap_err().to_string();
+        let with = apply_to(&text, &["agents.0.model=x"]).unwrap_err().to_string();
+        assert!(with.contains("line 8") && with.contains("warp"), "{with}");
+        assert_eq!(with, without);
+        let text = JOB.replacen("name = \"t\"\n", "name = \"t\"\nfoo = 1\n", 1);
+        let e = apply_to(&text, &["schedule.steps=5"]).unwrap_err().to_string();
+        assert!(e.contains("line 2: unknown field `foo`"), "{e}");
+    }
+
+    #[test]
+    fn an_agent_entry_of_a_job_without_agents_says_so() {
+        let (head, _) = JOB.split_once("[[agents]]").unwrap();
+        let e = apply_to(head, &["agents.0.learner=http://h:1"]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "`agents.0.learner`: the job has 0 agents; `agents.0.learner` needs an [[agents]] table"
+        );
+        let e = apply_to(&format!("agents = []\n{head}"), &["agents.0.model=m"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the job has 0 agents"), "{e}");
+        let e = apply_to(head, &["frozen.0=x"]).unwrap_err().to_string();
+        assert!(e.contains("no `frozen` entries; give the whole list"), "{e}");
     }
 }

@@ -461,13 +461,23 @@ impl JobSpec {
     /// Parses a job file. A method's table in a job of another method is an error: its
     /// settings would be silently ignored.
     pub fn from_toml(text: &str) -> Result<Self, JobError> {
-        let JobFile { mut spec, tables, unknown } = toml::from_str(text)
-            .map_err(|e: toml::de::Error| JobError::Syntax(e.to_string().trim_end().to_string()))?;
+        Self::parse(text, true)
+    }
+
+    /// [`JobSpec::from_toml`]; without `lines`, a syntax error leaves out where in `text` it
+    /// is (for a text that is not the user's file: the file with command-line overrides).
+    pub(super) fn parse(text: &str, lines: bool) -> Result<Self, JobError> {
+        let JobFile { mut spec, tables, unknown } =
+            toml::from_str(text).map_err(|e: toml::de::Error| {
+                let shown = if lines { e.to_string() } else { e.message().to_string() };
+                JobError::Syntax(shown.trim_end().to_string())
+            })?;
         if let Some((key, at)) = unknown {
             let line = text[..at.min(text.len())].matches('\n').count() + 1;
             let known: Vec<&str> = KEYS.iter().chain(registry::TABLES).copied().collect();
+            let at = if lines { format!("line {line}: ") } else { String::new() };
             return Err(JobError::Syntax(format!(
-                "line {line}: unknown field `{key}`, expected one of `{}`",
+                "{at}unknown field `{key}`, expected one of `{}`",
                 known.join("`, `")
             )));
         }

@@ -344,7 +344,8 @@ fn an_evaluation_job_is_one_step_of_frozen_models_and_inline_questions() {
     assert!(err(EVAL_JOB.replace("[output]", "[schedule]\nsteps = 2\n[output]"))
         .contains("in one step"));
     assert!(err(EVAL_JOB.replace("index = 5", "index = 3")).contains("index 3 is given twice"));
-    assert!(err(EVAL_JOB.replace("setup = \"debate\"", "setup = \"chat\"")).contains("`evaluate`"));
+    assert!(err(EVAL_JOB.replace("setup = \"debate\"", "setup = \"chat\""))
+        .starts_with("`evaluate.setup`: unknown variant `chat`"));
     assert!(err(EVAL_JOB.replace("[evaluate]", "[evaluate]\nmembers = 1"))
         .contains("number of [[frozen]] models"));
     let no_team: String =
@@ -399,6 +400,52 @@ fn errors_name_the_field() {
     assert!(e.contains("sync"), "{e}");
     let e = err(&JOB.replace("model = \"m1\"", "model = \"m1\"\nid = 0"), 10);
     assert!(e.contains("agents[1].id"), "{e}");
+}
+
+/// A wrong value in a method's table or an agent's `[agents.train]` names its whole dotted
+/// key, not only the table.
+#[test]
+fn a_wrong_value_in_a_settings_table_names_its_key() {
+    let grpo = |table: &str| {
+        format!(
+            "name = \"g\"\nmethod = \"grpo\"\n[data]\ntrain = \"d.jsonl\"\n[schedule]\nquestions_per_step = 2\nsteps = 1\n[output]\ndir = \"out\"\n{table}\n[[agents]]\nmodel = \"m\"\n[agents.train]\ntrain_batch_size = 4\n"
+        )
+    };
+    let e = error_of(&grpo("[grpo]\ngroup_size = -3"), 10);
+    assert_eq!(e, "`grpo.group_size`: invalid value: integer `-3`, expected u32");
+    let e = error_of(&grpo("[grpo.sampling]\ntop_k = -1"), 10);
+    assert_eq!(e, "`grpo.sampling.top_k`: invalid value: integer `-1`, expected u32");
+    let e = error_of(&grpo("[grpo.sampling]\ntop_kk = 1"), 10);
+    assert!(e.starts_with("`grpo.sampling`: unknown field `top_kk`"), "{e}");
+    let e = error_of(&JOB.replace("num_rounds = 2", "num_rounds = \"two\""), 10);
+    assert!(e.starts_with("`comas.num_rounds`: invalid type: string \"two\""), "{e}");
+    let e = error_of(&JOB.replace("lr = 1e-5", "lr = \"fast\""), 10);
+    assert_eq!(e, "`agents[0].train.lr`: invalid type: string \"fast\", expected f64");
+    let e = error_of(&JOB.replace("lr = 1e-5", "adam_betas = [0.9]"), 10);
+    assert_eq!(e, "`agents[0].train.adam_betas`: invalid length 1, expected an array of length 2");
+    let e = error_of(
+        &JOB.replace(
+            "lr = 1e-5",
+            "[agents.train.lora]\nr = 8\nalpha = \"x\"\ntarget_modules = [\"q_proj\"]",
+        ),
+        10,
+    );
+    assert!(e.starts_with("`agents[0].train.lora.alpha`: invalid type"), "{e}");
+}
+
+/// `lora.alpha` NaN would reach the workers as JSON null and stall the job; it is refused at
+/// the job check, with the agent and the key.
+#[test]
+fn a_lora_alpha_that_is_not_a_positive_number_is_refused_at_the_check() {
+    for alpha in ["nan", "inf", "-16.0", "0.0"] {
+        let lora =
+            format!("[agents.train.lora]\nr = 8\nalpha = {alpha}\ntarget_modules = [\"q_proj\"]");
+        let e = error_of(&JOB.replace("lr = 1e-5", &lora), 10);
+        assert!(
+            e.starts_with("`agents[0].train`: `lora.alpha` must be finite and > 0"),
+            "{alpha}: {e}"
+        );
+    }
 }
 
 #[test]

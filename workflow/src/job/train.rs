@@ -12,7 +12,8 @@ impl Job {
         let field = format!("agents[{k}].train");
         let raw = &self.spec.agents[k].train;
         let given = |key: &str| raw.contains_key(key);
-        let mut cfg = TrainConfig::from_table(raw.clone()).map_err(|e| invalid(&field, e.0))?;
+        let mut cfg: TrainConfig =
+            crate::method::read_settings(toml::Value::Table(raw.clone()), &field)?;
         self.method.train_defaults().apply(&mut cfg, given);
         if !given("seed") {
             cfg.seed = derive_seed(&[self.spec.seed, k as u64]) & i64::MAX as u64;

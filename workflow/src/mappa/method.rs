@@ -93,7 +93,7 @@ impl Method for Mappa {
         table.insert("coach_agent".into(), toml::Value::Integer(i64::from(l) + c as i64));
         // The pipeline's own defaults where the file leaves them out (DSBench: 4 / 4 / 4, 60 s).
         if let Some(p) = table.get("pipeline").cloned() {
-            let pipeline: Pipeline = p.try_into().map_err(|e: toml::de::Error| invalid("mappa.pipeline", e.message()))?;
+            let pipeline: Pipeline = crate::method::read_settings(p, "mappa.pipeline")?;
             table
                 .entry("max_turns")
                 .or_insert_with(|| toml::Value::Array(pipeline.default_max_turns().into_iter().map(|t| toml::Value::Integer(i64::from(t))).collect()));
@@ -115,7 +115,7 @@ impl Method for Mappa {
             .collect();
             table.insert("agents".into(), toml::Value::Array(agents));
         }
-        let cfg: MappaConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("mappa", e.message()))?;
+        let cfg: MappaConfig = crate::method::read_settings(toml::Value::Table(table), "mappa")?;
         cfg.validate().map_err(|(k, m)| invalid(format!("mappa.{k}"), m))?;
         if let Some(a) = cfg.agents.iter().find(|&&a| a >= l) {
             return Err(invalid("mappa.agents", format!("names agent {a} but the job lists {l} [[agents]]")));

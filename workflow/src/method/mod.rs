@@ -53,6 +53,39 @@ pub fn temperature_or_one(t: f64) -> f64 {
     }
 }
 
+/// Settings read from a table of the job file (a method's `[grpo]`, an agent's
+/// `[agents.train]`, a list inside one); `at` is where the value sits (`grpo`,
+/// `agents[0].train`). A wrong value's error names its whole dotted key (`grpo.group_size`),
+/// not only the table.
+pub fn read_settings<T: DeserializeOwned>(value: toml::Value, at: &str) -> Result<T, JobError> {
+    value.try_into().map_err(|e: toml::de::Error| {
+        let (key, message) = error_key(&e);
+        let field = match key {
+            Some(k) if at.is_empty() => k,
+            Some(k) => format!("{at}.{k}"),
+            None => at.to_string(),
+        };
+        crate::error::invalid(field, message)
+    })
+}
+
+/// The dotted key a `toml` error of a value read (not a document parse) was raised under, and
+/// its message. `toml` keeps the key path private and writes it only in its `Display`, as
+/// "MESSAGE\nin `a.b`\n" (pinned by a test: a `toml` that writes it otherwise falls back to
+/// the message alone).
+pub fn error_key(e: &toml::de::Error) -> (Option<String>, String) {
+    let message = e.message().trim_end().to_string();
+    let text = e.to_string();
+    let key = text
+        .strip_prefix(e.message())
+        .map(|rest| rest.trim())
+        .and_then(|rest| rest.strip_prefix("in `"))
+        .and_then(|rest| rest.strip_suffix('`'))
+        .filter(|k| !k.is_empty() && !k.contains('\n'))
+        .map(str::to_string);
+    (key, message)
+}
+
 /// Where a method's tasks come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskSource {

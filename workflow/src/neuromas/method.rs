@@ -82,7 +82,7 @@ impl Method for Neuromas {
 
     /// The settings, with one [[agents]] entry per adapter the graph needs.
     fn configure(table: toml::Table, job: &JobView<'_>) -> Result<NeuromasConfig, JobError> {
-        let cfg: NeuromasConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| invalid("neuromas", e.message()))?;
+        let cfg: NeuromasConfig = crate::method::read_settings(toml::Value::Table(table), "neuromas")?;
         cfg.validate().map_err(|(k, m)| invalid(format!("neuromas.{k}"), m))?;
         if cfg.rollouts_per_task < 2 {
             return Err(invalid(
