@@ -91,7 +91,8 @@ fn scheme(tls: &comas_service::tls::TlsArgs) -> &'static str {
 }
 
 /// Child processes, stopped with SIGTERM (then SIGKILL after a grace period) when dropped.
-struct Children(Vec<(String, Child)>);
+/// The services started, each with its log.
+struct Children(Vec<(String, Child, PathBuf)>);
 
 impl Children {
     /// Starts `name`, handing it the listening sockets in `sockets` (its flags name them as
@@ -173,28 +174,50 @@ impl Children {
             .map(|a| format!(", metrics http://{a}/metrics"))
             .unwrap_or_default();
         eprintln!("{name}: pid {}{metrics}, log {}", child.id(), log.display());
-        self.0.push((name.to_string(), child));
+        self.0.push((name.to_string(), child, log.to_path_buf()));
         Ok(())
     }
 
-    /// A child that exited on its own, with its status.
+    /// A child that exited on its own, with its status and the end of its log (which says why,
+    /// as an unknown `--device` does).
     fn exited(&mut self) -> Option<String> {
-        self.0
-            .iter_mut()
-            .find_map(|(n, c)| c.try_wait().ok().flatten().map(|s| format!("{n} exited ({s})")))
+        self.0.iter_mut().find_map(|(n, c, log)| {
+            let status = c.try_wait().ok().flatten()?;
+            let tail = log_tail(log, 3);
+            Some(if tail.is_empty() {
+                format!("{n} exited ({status})")
+            } else {
+                format!("{n} exited ({status}); the end of its log:\n{tail}")
+            })
+        })
     }
+}
+
+/// The last `lines` non-empty lines of a log, each cut to 300 characters.
+fn log_tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(16 * 1024)..]).into_owned();
+    let mut tail: Vec<String> = text
+        .lines()
+        .rev()
+        .filter(|l| !l.trim().is_empty())
+        .take(lines)
+        .map(|l| l.chars().take(300).collect::<String>())
+        .collect();
+    tail.reverse();
+    tail.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
 }
 
 impl Drop for Children {
     fn drop(&mut self) {
-        for (_, c) in &self.0 {
+        for (_, c, _) in &self.0 {
             // SAFETY: plain kill(2) on a pid we spawned and have not reaped yet.
             unsafe {
                 libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);
-        for (name, c) in &mut self.0 {
+        for (name, c, _) in &mut self.0 {
             while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(50));
             }

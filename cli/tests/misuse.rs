@@ -220,6 +220,21 @@ fn flags_that_cannot_work_are_refused() {
     );
 }
 
+/// A service that cannot start says why in `comas local`'s own error, not only in its log.
+#[test]
+fn a_service_that_exits_at_start_is_named_with_the_end_of_its_log() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = comas()
+        .args(["local", "--example", "tiny", "--device", "tpu"])
+        .args(["--dir", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().rev().take(6).collect::<Vec<_>>().join("\n");
+    assert!(!out.status.success() && last.contains("exited") && last.contains("`tpu`"), "{err}");
+}
+
 /// A command whose output is its input would replace what it reads: refused, the input kept.
 #[test]
 fn an_output_that_is_the_input_is_refused_and_the_input_stays() {
