@@ -509,6 +509,18 @@ impl<'a> Batcher<'a> {
             }
             sampling::sample(&logits, &params, &mut rngs, &suppress, &allow)
         };
+        let picked = match picked {
+            Ok(p) => p,
+            Err(e) => {
+                // The whole step fails; the batch is left as it was, so a step called again
+                // fails the same way instead of dropping its rows.
+                let row = &self.rows[e.row()];
+                let err = e.error(row.id, row.out.token_ids.len());
+                self.logits = Some(logits);
+                self.done_early = finished;
+                return Err(err);
+            }
+        };
         let mut done = Vec::new();
         for (b, (row, s)) in self.rows.iter_mut().zip(&picked).enumerate() {
             let state = match &row.tail {

@@ -209,18 +209,37 @@ impl Config {
             Architecture::Qwen3 => (attention_bias, attention_bias, true),
             Architecture::Llama => (attention_bias, attention_bias, false),
         };
+        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
+            return Err(ModelError::Config(format!(
+                "`rms_norm_eps` must be positive and finite, got {rms_norm_eps} (it is usually 1e-6 or 1e-5)"
+            )));
+        }
+        let vocab_size = positive("vocab_size", raw.vocab_size)?;
+        // `pad_token_id` is not checked: some configs write -1 for none, and nothing reads it.
+        for (key, ids) in [("bos_token_id", &raw.bos_token_id), ("eos_token_id", &raw.eos_token_id)]
+        {
+            if let Some(bad) =
+                ids.iter().flat_map(TokenIds::to_vec).find(|&id| !(0..vocab_size).contains(&id))
+            {
+                return Err(ModelError::Config(format!(
+                    "`{key}` {bad} is outside the vocabulary (0 to {}, vocab_size {vocab_size})",
+                    vocab_size - 1
+                )));
+            }
+        }
         let first = |ids: &Option<TokenIds>| ids.as_ref().and_then(|t| t.to_vec().first().copied());
         Ok(Config {
             architecture,
             model_type: raw.model_type,
-            vocab_size: positive("vocab_size", raw.vocab_size)?,
+            vocab_size,
             hidden_size,
             intermediate_size: positive("intermediate_size", raw.intermediate_size)?,
             num_hidden_layers: positive("num_hidden_layers", raw.num_hidden_layers)?,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rms_norm_eps,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(32768),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias,
@@ -288,7 +307,7 @@ fn parse_rope(
         .and_then(Value::as_f64)
         .or(rope_theta)
         .unwrap_or(10_000.0);
-    if theta <= 0.0 {
+    if !(theta > 0.0 && theta.is_finite()) {
         return Err(ModelError::Config(format!("rope_theta must be positive, got {theta}")));
     }
     let scaling_obj = match (params, rope_scaling.filter(|v| !v.is_null())) {
@@ -407,6 +426,41 @@ mod tests {
         let bad = QWEN2
             .replace("\"rope_theta\":10000.0", "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}");
         assert!(Config::from_json_str(&bad).unwrap_err().to_string().contains("yarn"));
+    }
+
+    #[test]
+    fn bad_rms_norm_eps_is_refused() {
+        for eps in ["-1.0", "0", "0.0", "1e999"] {
+            let bad = QWEN2.replace("\"rms_norm_eps\":1e-6", &format!("\"rms_norm_eps\":{eps}"));
+            let e = Config::from_json_str(&bad).unwrap_err().to_string();
+            // serde_json refuses 1e999 itself (out of range), naming no key: either is fine.
+            assert!(e.contains("rms_norm_eps") || e.contains("out of range"), "{eps}: {e}");
+        }
+        let ok = QWEN2.replace("\"rms_norm_eps\":1e-6", "\"rms_norm_eps\":1e-5");
+        assert_eq!(Config::from_json_str(&ok).unwrap().rms_norm_eps, 1e-5);
+        // Absent: the default.
+        let absent = QWEN2.replace("\"rms_norm_eps\":1e-6,", "");
+        assert_eq!(Config::from_json_str(&absent).unwrap().rms_norm_eps, 1e-6);
+    }
+
+    #[test]
+    fn special_token_ids_outside_the_vocabulary_are_refused() {
+        for (ids, key, bad) in [
+            ("\"eos_token_id\":99999", "eos_token_id", "99999"),
+            ("\"eos_token_id\":[3,512]", "eos_token_id", "512"),
+            ("\"eos_token_id\":[3,4],\"bos_token_id\":-1", "bos_token_id", "-1"),
+        ] {
+            let text = QWEN2.replace("\"eos_token_id\":[3,4]", ids);
+            let e = Config::from_json_str(&text).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(bad) && e.contains("vocab_size 512"), "{e}");
+        }
+        let edge =
+            QWEN2.replace("\"eos_token_id\":[3,4]", "\"eos_token_id\":511,\"bos_token_id\":0");
+        let c = Config::from_json_str(&edge).unwrap();
+        assert_eq!((c.eos_token_ids, c.bos_token_id), (vec![511], Some(0)));
+        // A pad id of -1 (some configs' "none") still loads.
+        let pad = QWEN2.replace("\"eos_token_id\":[3,4]", "\"pad_token_id\":-1");
+        assert!(Config::from_json_str(&pad).is_ok());
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub enum ModelError {
     Input(String),
     #[error("lora adapter: {0}")]
     Lora(String),
+    /// Sampling met logits that are NaN or infinite: the model computes garbage. `token` counts
+    /// the sequence's new tokens from 1.
+    #[error(
+        "the model's logits are not finite (NaN or inf) at token {token} of sequence {sequence}: its weights or config.json are broken (NaN weights, e.g. from a training step that diverged, or a bad config value such as rms_norm_eps)"
+    )]
+    NonFiniteLogits { sequence: u64, token: usize },
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
 }

@@ -103,18 +103,51 @@ pub struct Sampled {
     pub sampling_logprob: f32,
 }
 
+/// A row of a sampling step that no token could be drawn for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undrawable {
+    /// The row's logits hold NaN or infinity (a broken model), so its log-probabilities do too.
+    NonFinite { row: usize },
+    /// Every token of the row is blocked: the stop tokens it suppresses cover all it may produce
+    /// (its guided tail's allow list, or the vocabulary).
+    Blocked { row: usize },
+}
+
+impl Undrawable {
+    /// The row of the batch `sample` was given.
+    pub fn row(self) -> usize {
+        match self {
+            Undrawable::NonFinite { row } | Undrawable::Blocked { row } => row,
+        }
+    }
+
+    /// The error for sequence `sequence` of that row, which had `generated` new tokens.
+    pub fn error(self, sequence: u64, generated: usize) -> ModelError {
+        let token = generated + 1;
+        match self {
+            Undrawable::NonFinite { .. } => ModelError::NonFiniteLogits { sequence, token },
+            Undrawable::Blocked { .. } => ModelError::Input(format!(
+                "sequence {sequence}: no token can be drawn at token {token}: the stop tokens it suppresses before min_new_tokens cover every token it may produce"
+            )),
+        }
+    }
+}
+
 /// Samples one token per row of `logits` [B, V]. `suppress[b]` lists token ids row b may not
 /// produce this step (stop tokens before `min_new_tokens`); `allow[b]`, when set, lists the
 /// only ids row b may produce (a guided tail). `logprob` is what a learner recomputes: over the
 /// whole vocabulary, or renormalised over the allowed set of a guided token; suppression only
 /// shapes what is drawn (and `sampling_logprob`).
+///
+/// A row whose logits are not finite, or that has no token left to draw, fails the step: it is
+/// found in what the step copies back anyway, so the check costs no extra synchronisation.
 pub fn sample<R: rand::RngCore>(
     logits: &Tensor,
     params: &[&SamplingParams],
     rngs: &mut [R],
     suppress: &[&[i64]],
     allow: &[Option<&[i64]>],
-) -> Vec<Sampled> {
+) -> Result<Vec<Sampled>, Undrawable> {
     let (b, v) = (logits.size()[0], logits.size()[1]);
     assert_eq!(params.len() as i64, b, "one SamplingParams per row");
     assert_eq!(allow.len() as i64, b, "one allow list (or None) per row");
@@ -134,11 +167,12 @@ pub fn sample<R: rand::RngCore>(
     rows.extend(
         params.iter().zip(&greedy).map(|(p, &g)| if g { 1.0 } else { p.temperature as f32 }),
     );
+    // A draw is above 0, so it never lands on a leading token of no mass (see `draw_full`).
     rows.extend(rngs.iter_mut().zip(&greedy).map(|(r, &g)| {
         if g || !any_drawn {
             0.0
         } else {
-            r.gen::<f32>()
+            r.gen::<f32>().max(f32::from_bits(1))
         }
     }));
     rows.extend(greedy.iter().map(|&g| if g { 1f32 } else { 0.0 }));
@@ -197,10 +231,26 @@ pub fn sample<R: rand::RngCore>(
         .expect("f64 vector");
     let n = b as usize;
     (0..n)
-        .map(|i| Sampled {
-            token: host[i] as i64,
-            logprob: host[n + i] as f32,
-            sampling_logprob: host[2 * n + i] as f32,
+        .map(|i| {
+            let (token, logprob, sampling_logprob) = (host[i], host[n + i], host[2 * n + i]);
+            // A drawn or greedy token has a finite log-prob wherever the logits are finite: a
+            // NaN or infinite logit makes every log-prob of its row NaN or -inf. The draw's
+            // log-softmax is NaN also where every token was blocked (its token 0 then has -inf).
+            let non_finite = Err(Undrawable::NonFinite { row: i });
+            if logprob.is_nan() || logprob == f64::INFINITY || !(0.0..v as f64).contains(&token) {
+                return non_finite;
+            }
+            if sampling_logprob.is_nan() {
+                return Err(Undrawable::Blocked { row: i });
+            }
+            if logprob == f64::NEG_INFINITY {
+                return non_finite;
+            }
+            Ok(Sampled {
+                token: token as i64,
+                logprob: logprob as f32,
+                sampling_logprob: sampling_logprob as f32,
+            })
         })
         .collect()
 }
@@ -218,11 +268,13 @@ fn draw_full(scaled: &Tensor, u: &Tensor, log_softmax: Option<&Tensor>) -> (Tens
     let final_lp =
         log_softmax.map_or_else(|| scaled.log_softmax(-1, Kind::Float), Tensor::shallow_clone);
     let cdf = final_lp.exp().cumsum(-1, Kind::Float);
-    // The last token with any mass, in case rounding leaves the CDF below u.
+    // The last token with any mass, in case rounding leaves the CDF below u. A row with none
+    // (non-finite logits, everything blocked) takes token 0, so the gather stays in range; its
+    // NaN or -inf log-prob fails the step in `sample`.
     let positions = Tensor::arange(v, (Kind::Int64, scaled.device())).view([1, v]);
     let last =
         positions.masked_fill(&final_lp.isfinite().logical_not(), -1).amax([-1].as_slice(), false);
-    let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&last);
+    let pick = cdf.lt_tensor(u).sum_dim_intlist(-1, false, Kind::Int64).minimum(&last).clamp_min(0);
     let lp = final_lp.gather(-1, &pick.unsqueeze(-1), false).squeeze_dim(-1);
     (pick, lp)
 }

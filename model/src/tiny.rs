@@ -97,6 +97,12 @@ impl TinySpec {
             "eos_token_id": IM_END_ID,
             "use_cache": true,
         });
+        // A vocabulary too small for the tokenizer's special tokens has none of them.
+        for (key, id) in [("bos_token_id", ENDOFTEXT_ID), ("eos_token_id", IM_END_ID)] {
+            if id >= self.vocab_size {
+                c.as_object_mut().expect("an object").remove(key);
+            }
+        }
         // Always written: readers differ on its default (transformers' Qwen3 takes 128).
         c["head_dim"] = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads).into();
         if self.architecture == Architecture::Qwen2 {

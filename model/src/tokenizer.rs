@@ -30,6 +30,8 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     pad_token: Option<String>,
     eos_token_ids: Vec<i64>,
+    /// The file the stop tokens came from.
+    eos_origin: &'static str,
     /// Looked up once: `tokenizers` rebuilds the whole vocabulary map to answer either.
     vocab_size: usize,
     special_texts: Vec<String>,
@@ -143,27 +145,29 @@ impl Tokenizer {
             eos_token: token_string(cfg.get("eos_token")),
             pad_token: token_string(cfg.get("pad_token")),
             eos_token_ids: Vec::new(),
+            eos_origin: "tokenizer_config.json",
             vocab_size,
             special_texts,
             guidance: std::sync::OnceLock::new(),
         };
-        tok.eos_token_ids = tok.resolve_eos(dir)?;
+        (tok.eos_token_ids, tok.eos_origin) = tok.resolve_eos(dir)?;
         Ok(tok)
     }
 
     /// Stop tokens as generation uses them: generation_config.json first (what `generate`
-    /// reads), then config.json, then the tokenizer's eos token.
-    fn resolve_eos(&self, dir: &Path) -> Result<Vec<i64>> {
+    /// reads), then config.json, then the tokenizer's eos token; and the file they came from.
+    fn resolve_eos(&self, dir: &Path) -> Result<(Vec<i64>, &'static str)> {
         for file in ["generation_config.json", "config.json"] {
             let p = dir.join(file);
             if p.is_file() {
                 let e: EosOnly = read_json(&p)?;
                 if let Some(ids) = e.eos_token_id {
-                    return Ok(ids.to_vec());
+                    return Ok((ids.to_vec(), file));
                 }
             }
         }
-        Ok(self.eos_token.as_deref().and_then(|t| self.token_to_id(t)).into_iter().collect())
+        let ids = self.eos_token.as_deref().and_then(|t| self.token_to_id(t)).into_iter().collect();
+        Ok((ids, "tokenizer_config.json"))
     }
 
     /// The guided-decoding tables of this tokenizer.
@@ -192,13 +196,23 @@ impl Tokenizer {
         self.vocab_size
     }
 
-    /// Errors when the tokenizer can produce ids the model has no embedding for: the tokenizer
-    /// and the weights do not belong together.
+    /// Errors when the tokenizer can produce ids the model has no embedding for (the tokenizer
+    /// and the weights do not belong together), or a stop token is outside the vocabulary.
     pub fn check_fits(&self, cfg: &crate::config::Config) -> Result<()> {
         if self.vocab_size() as i64 > cfg.vocab_size {
             return Err(ModelError::Tokenizer(format!(
                 "tokenizer has {} entries but the model's vocab_size is {}; tokenizer.json does not belong to these weights",
                 self.vocab_size(),
+                cfg.vocab_size
+            )));
+        }
+        // A stop token the model cannot produce would never stop a reply.
+        if let Some(bad) = self.eos_token_ids.iter().find(|&&id| !(0..cfg.vocab_size).contains(&id))
+        {
+            return Err(ModelError::Tokenizer(format!(
+                "`eos_token_id` {bad} in {} is outside the model's vocabulary (0 to {}, vocab_size {})",
+                self.eos_origin,
+                cfg.vocab_size - 1,
                 cfg.vocab_size
             )));
         }

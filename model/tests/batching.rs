@@ -368,3 +368,48 @@ fn aborted_sequences_leave_at_once_and_the_others_are_unchanged() {
         same(got[i].as_ref().expect("finished"), &alone(&model, &reqs[i]), &format!("request {i}"));
     }
 }
+
+/// Every final-norm weight NaN, as after a training step that diverged: every logit is NaN.
+fn nan_model() -> CausalLm {
+    let model = CausalLm::load(&model_dir("qwen2-f32"), Kind::Float, Device::Cpu).unwrap();
+    tch::no_grad(|| {
+        for (name, mut t) in model.named_parameters() {
+            if name == "model.norm.weight" {
+                let _ = t.fill_(f64::NAN);
+            }
+        }
+    });
+    model
+}
+
+#[test]
+fn a_model_with_nan_logits_fails_generation_with_a_clear_error() {
+    let model = nan_model();
+    let r = Reference::load("qwen2-f32");
+    // Greedy, sampled, and sampled with a nucleus (the CPU's selection of the cut).
+    for params in [
+        SamplingParams::greedy(4),
+        SamplingParams { seed: 1, max_new_tokens: 4, ..Default::default() },
+        SamplingParams { seed: 2, top_p: 0.9, top_k: 5, max_new_tokens: 4, ..Default::default() },
+    ] {
+        let req = GenerationRequest { prompt_ids: r.prompt_ids(0), params, adapter: None };
+        let err = generate(&model, std::slice::from_ref(&req), None).unwrap_err();
+        assert!(
+            matches!(err, comas_model::ModelError::NonFiniteLogits { sequence: 0, token: 1 }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("not finite") && text.contains("config.json"), "{text}");
+    }
+    // In a batch, the step fails (the caller fails its sequences) and stays failed: a step
+    // called again does not drop the rows or hand out tokens.
+    let mut b = Batcher::new(&model, None);
+    for id in 0..3u64 {
+        let params = SamplingParams { seed: id, max_new_tokens: 4, ..Default::default() };
+        b.add(id, r.prompt_ids(id as usize % 2), params, None).unwrap();
+    }
+    let err = b.step().unwrap_err();
+    assert!(matches!(err, comas_model::ModelError::NonFiniteLogits { token: 1, .. }), "{err}");
+    assert_eq!(b.len(), 3);
+    assert!(b.step().is_err());
+}

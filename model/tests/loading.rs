@@ -119,11 +119,47 @@ fn tokenizer_mismatch_is_detected() {
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["vocab_size"] = 400.into();
+    // Its special tokens (420, 421) would be refused first, as outside the vocabulary.
+    for key in ["bos_token_id", "eos_token_id"] {
+        cfg.as_object_mut().unwrap().remove(key);
+    }
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let tok = Tokenizer::from_dir(dir.path()).unwrap();
     let c = comas_model::Config::from_file(&cfg_path).unwrap();
     let err = tok.check_fits(&c).unwrap_err().to_string();
     assert!(err.contains("425") && err.contains("400"), "{err}");
+}
+
+#[test]
+fn config_values_that_break_the_model_are_refused_at_load() {
+    for (key, value, want) in [
+        ("rms_norm_eps", serde_json::json!(-1.0), "`rms_norm_eps` must be positive"),
+        ("rms_norm_eps", serde_json::json!(0), "`rms_norm_eps` must be positive"),
+        ("eos_token_id", serde_json::json!(99999), "`eos_token_id` 99999 is outside"),
+        ("bos_token_id", serde_json::json!(-1), "`bos_token_id` -1 is outside"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        copy_model("qwen2-f32", dir.path());
+        let cfg_path = dir.path().join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg[key] = value;
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let err = load_err(dir.path());
+        assert!(err.contains("config.json") && err.contains(want), "{key}: {err}");
+    }
+}
+
+#[test]
+fn a_stop_token_outside_the_vocabulary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_model("qwen2-f32", dir.path());
+    let gen = serde_json::json!({"eos_token_id": [422, 99999]});
+    std::fs::write(dir.path().join("generation_config.json"), gen.to_string()).unwrap();
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    let c = comas_model::Config::from_file(&dir.path().join("config.json")).unwrap();
+    let err = tok.check_fits(&c).unwrap_err().to_string();
+    assert!(err.contains("99999") && err.contains("generation_config.json"), "{err}");
 }
 
 #[test]

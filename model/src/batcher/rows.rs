@@ -95,7 +95,8 @@ pub(super) fn row_free(
             std::slice::from_mut(&mut row.rng),
             &[&[]],
             &[Some(&next)],
-        )[0];
+        )
+        .map_err(|e| e.error(row.id, row.out.token_ids.len()))?[0];
         row.tail = Tail::Guided { guide, next };
         return row_guided(row, redraw);
     }

@@ -9,7 +9,7 @@ fn logits(rows: &[&[f32]]) -> Tensor {
 #[test]
 fn greedy_picks_argmax_with_full_logprob() {
     let p = SamplingParams::greedy(4);
-    let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[]], &[None]);
+    let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[]], &[None]).unwrap();
     assert_eq!(out[0].token, 1);
     let z = (0f32.exp() + 2f32.exp() + 1f32.exp()).ln();
     assert!((out[0].logprob - (2.0 - z)).abs() < 1e-6);
@@ -19,7 +19,8 @@ fn greedy_picks_argmax_with_full_logprob() {
 #[test]
 fn suppression_blocks_tokens() {
     let p = SamplingParams::greedy(4);
-    let out = sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]], &[None]);
+    let out =
+        sample(&logits(&[&[0.0, 2.0, 1.0]]), &[&p], &mut [p.rng()], &[&[1]], &[None]).unwrap();
     assert_eq!(out[0].token, 2);
     // The recorded log-prob is over the whole vocabulary, as the learner computes it: the
     // suppressed token still counts in the normaliser.
@@ -33,7 +34,8 @@ fn top_k_one_is_greedy_and_top_p_restricts_support() {
     let p = SamplingParams { top_p: 0.5, seed: 7, ..Default::default() };
     let mut rng = p.rng();
     for _ in 0..50 {
-        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])
+            .unwrap()[0];
         // mass of token 0 alone is ~0.52 >= 0.5, so only token 0 survives
         assert_eq!(s.token, 0);
         assert!(s.sampling_logprob.abs() < 1e-6);
@@ -42,7 +44,8 @@ fn top_k_one_is_greedy_and_top_p_restricts_support() {
     let mut rng = p.rng();
     let mut seen = [0usize; 4];
     for _ in 0..200 {
-        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])
+            .unwrap()[0];
         seen[s.token as usize] += 1;
         // renormalised over two tokens
         let z = (3f32.exp() + 2.9f32.exp()).ln();
@@ -60,7 +63,8 @@ fn temperature_scales_logprob_and_frequencies_follow_distribution() {
     let n = 4000;
     let mut zeros = 0;
     for _ in 0..n {
-        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+        let s = sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])
+            .unwrap()[0];
         let z = (2f32.exp() + 1.0).ln();
         let want = if s.token == 0 { 2.0 - z } else { -z };
         assert!((s.logprob - want).abs() < 1e-5);
@@ -82,10 +86,11 @@ fn rows_are_independent_of_batch_company() {
     let mut ra = a.rng();
     let mut rb = b.rng();
     for _ in 0..20 {
-        let x =
-            sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]], &[None])[0];
+        let x = sample(&logits(&[row_a]), &[&a], std::slice::from_mut(&mut alone), &[&[]], &[None])
+            .unwrap()[0];
         let mut pair = [ra, rb];
-        let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]], &[None, None]);
+        let y = sample(&logits(&[row_a, row_b]), &[&a, &b], &mut pair, &[&[], &[]], &[None, None])
+            .unwrap();
         [ra, rb] = pair;
         assert_eq!(x.token, y[0].token);
     }
@@ -106,7 +111,8 @@ fn an_allow_list_restricts_and_renormalises() {
             std::slice::from_mut(&mut rng),
             &[&[]],
             &[Some(allowed)],
-        )[0];
+        )
+        .unwrap()[0];
         seen[s.token as usize] += 1;
         let want = row[s.token as usize] - z;
         assert!((s.logprob - want).abs() < 1e-5 && (s.sampling_logprob - want).abs() < 1e-5);
@@ -115,7 +121,7 @@ fn an_allow_list_restricts_and_renormalises() {
     // A single allowed id is forced, with log-prob 0 under the restricted distribution.
     let s =
         sample(&logits(&[row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[Some(&[3][..])])
-            [0];
+            .unwrap()[0];
     assert_eq!((s.token, s.logprob), (3, 0.0));
 }
 
@@ -241,7 +247,8 @@ fn top_p_draws_follow_the_renormalised_nucleus() {
         let n = 2000;
         for _ in 0..n {
             let s =
-                sample(&logits(&[&row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])[0];
+                sample(&logits(&[&row]), &[&p], std::slice::from_mut(&mut rng), &[&[]], &[None])
+                    .unwrap()[0];
             seen[s.token as usize] += 1;
         }
         let mass: f32 = probs[..kept].iter().sum();
@@ -259,4 +266,51 @@ fn invalid_params_are_rejected() {
     assert!(SamplingParams { min_new_tokens: 5, max_new_tokens: 2, ..Default::default() }
         .validate()
         .is_err());
+}
+
+#[test]
+fn non_finite_logits_fail_the_step_instead_of_panicking() {
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    let broken: [&[f32]; 4] =
+        [&[nan, nan, nan, nan], &[1.0, nan, 2.0, 0.0], &[1.0, inf, 0.0, 0.0], &[-inf; 4]];
+    let fine: &[f32] = &[0.5, 3.0, 1.0, 2.0];
+    let settings = [
+        SamplingParams::greedy(4),
+        SamplingParams { seed: 1, ..Default::default() },
+        SamplingParams { seed: 2, temperature: 0.7, ..Default::default() },
+        SamplingParams { seed: 3, top_p: 0.9, ..Default::default() },
+        SamplingParams { seed: 4, top_k: 2, ..Default::default() },
+    ];
+    for p in &settings {
+        for row in broken {
+            // Alone, and behind a healthy row: the broken row is named.
+            let got = sample(&logits(&[row]), &[p], &mut [p.rng()], &[&[]], &[None]);
+            assert_eq!(got, Err(Undrawable::NonFinite { row: 0 }), "{row:?} with {p:?}");
+            let got = sample(
+                &logits(&[fine, row]),
+                &[p, p],
+                &mut [p.rng(), p.rng()],
+                &[&[], &[]],
+                &[None, None],
+            );
+            assert_eq!(got, Err(Undrawable::NonFinite { row: 1 }), "{row:?} with {p:?}");
+            // A guided row too.
+            let got = sample(&logits(&[row]), &[p], &mut [p.rng()], &[&[]], &[Some(&[1, 2][..])]);
+            assert_eq!(got, Err(Undrawable::NonFinite { row: 0 }), "{row:?} with {p:?}, guided");
+        }
+    }
+    let e = Undrawable::NonFinite { row: 1 }.error(7, 2).to_string();
+    assert!(e.contains("logits are not finite") && e.contains("token 3 of sequence 7"), "{e}");
+}
+
+#[test]
+fn a_row_with_every_token_blocked_fails_the_step() {
+    let p = SamplingParams { seed: 5, ..Default::default() };
+    let row: &[f32] = &[0.5, 3.0, 1.0];
+    let got = sample(&logits(&[row]), &[&p], &mut [p.rng()], &[&[0, 1, 2]], &[None]);
+    assert_eq!(got, Err(Undrawable::Blocked { row: 0 }));
+    let got = sample(&logits(&[row]), &[&p], &mut [p.rng()], &[&[1]], &[Some(&[1][..])]);
+    assert_eq!(got, Err(Undrawable::Blocked { row: 0 }));
+    let e = Undrawable::Blocked { row: 0 }.error(4, 0).to_string();
+    assert!(e.contains("sequence 4") && e.contains("no token can be drawn at token 1"), "{e}");
 }
