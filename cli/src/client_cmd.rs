@@ -9,7 +9,6 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -72,11 +71,44 @@ pub struct CancelArgs {
 pub type Client = CoordinatorClient<InterceptedService<Channel, Bearer>>;
 
 pub async fn connect(address: &str) -> Result<Client> {
-    let ch = comas_service::tls::channel(address, |e| e.connect_timeout(Duration::from_secs(5)).timeout(comas_service::limits::API_CALL_DEADLINE))
+    if let Some((scheme, _)) = address.split_once("://") {
+        if !matches!(scheme, "http" | "https") {
+            bail!(
+                "the coordinator address `{address}` has the scheme `{scheme}://`; it must be http:// or https:// (or host:port alone, for http); set --coordinator or COMAS_COORDINATOR"
+            );
+        }
+    }
+    let ch = comas_service::tls::channel(address, comas_service::limits::api_endpoint)
         .await
         .with_context(|| format!("cannot reach the coordinator at {address} (set --coordinator or COMAS_COORDINATOR; for TLS, COMAS_TLS_CA and perhaps COMAS_TLS_CERT and COMAS_TLS_KEY)"))?;
     Ok(CoordinatorClient::with_interceptor(ch, Bearer::from_env()?)
         .max_decoding_message_size(comas_service::limits::API_MESSAGE_BYTES))
+}
+
+/// A failed call to the coordinator at `address` (when known), after `what`: a coordinator that
+/// accepted the connection but answers nothing is named as such.
+fn call_error(address: Option<&str>, what: &str, s: &tonic::Status) -> anyhow::Error {
+    if comas_service::limits::unanswered(s) {
+        let limit =
+            comas_service::limits::API_PING_INTERVAL + comas_service::limits::API_PING_TIMEOUT;
+        let at = address.map_or(String::new(), |a| format!(" at {a}"));
+        return anyhow::anyhow!(
+            "the coordinator{at} accepted the connection but did not answer within {} s: it is hung or stopped, or what listens there is not a comas coordinator (check --coordinator or COMAS_COORDINATOR)",
+            limit.as_secs()
+        );
+    }
+    let mut cause = std::error::Error::source(s);
+    while let Some(e) = cause {
+        if e.is::<tonic::TimeoutExpired>() {
+            let at = address.map_or(String::new(), |a| format!(" at {a}"));
+            return anyhow::anyhow!(
+                "the coordinator{at} did not finish the call within {} s; it answers the connection, so it is up but busy or stuck: try again, or look at its log",
+                comas_service::limits::API_CALL_DEADLINE.as_secs()
+            );
+        }
+        cause = e.source();
+    }
+    anyhow::anyhow!("{what}{}", comas_service::tls::status_text(s))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -124,6 +156,17 @@ pub async fn submit_text(
     base_dir: String,
     reuse_name: bool,
 ) -> Result<pb::JobStatus> {
+    submit_to(client, None, text, base_dir, reuse_name).await
+}
+
+/// [`submit_text`] to the coordinator at `address` (named in errors when given).
+async fn submit_to(
+    client: &mut Client,
+    address: Option<&str>,
+    text: String,
+    base_dir: String,
+    reuse_name: bool,
+) -> Result<pb::JobStatus> {
     match client.submit_job(pb::SubmitJobRequest { job_toml: text, base_dir, reuse_name }).await {
         Ok(r) => {
             let status = r.into_inner();
@@ -133,7 +176,7 @@ pub async fn submit_text(
             }
             Ok(status)
         }
-        Err(s) => bail!("job rejected: {}", comas_service::tls::status_text(&s)),
+        Err(s) => Err(call_error(address, "job rejected: ", &s)),
     }
 }
 
@@ -151,11 +194,12 @@ pub fn submit(a: SubmitArgs) -> Result<()> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     runtime()?.block_on(async {
-        let mut c = connect(&a.conn.coordinator).await?;
-        let s = submit_text(&mut c, text, base, a.reuse_name).await?;
+        let address = a.conn.coordinator.as_str();
+        let mut c = connect(address).await?;
+        let s = submit_to(&mut c, Some(address), text, base, a.reuse_name).await?;
         println!("{}", s.job_id);
         if a.watch {
-            let end = watch(&mut c, &s.job_id, false).await?;
+            let end = watch_at(&mut c, Some(address), &s.job_id, false).await?;
             return finish(&end);
         }
         Ok(())
@@ -173,30 +217,32 @@ pub fn finish(s: &pb::JobStatus) -> Result<()> {
 
 pub fn watch_cmd(a: WatchArgs) -> Result<()> {
     runtime()?.block_on(async {
-        let mut c = connect(&a.conn.coordinator).await?;
+        let address = a.conn.coordinator.as_str();
+        let mut c = connect(address).await?;
         if a.show_job {
             let s = c
                 .get_job(pb::GetJobRequest { job_id: a.job_id.clone() })
                 .await
-                .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+                .map_err(|s| call_error(Some(address), "", &s))?
                 .into_inner();
             print!("{}", s.job_toml);
             if !s.job_toml.ends_with('\n') {
                 println!();
             }
         }
-        let end = watch(&mut c, &a.job_id, a.json).await?;
+        let end = watch_at(&mut c, Some(address), &a.job_id, a.json).await?;
         finish(&end)
     })
 }
 
 pub fn list(a: ListArgs) -> Result<()> {
     runtime()?.block_on(async {
-        let mut c = connect(&a.conn.coordinator).await?;
+        let address = a.conn.coordinator.as_str();
+        let mut c = connect(address).await?;
         let jobs = c
             .list_jobs(pb::ListJobsRequest {})
             .await
-            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .map_err(|s| call_error(Some(address), "", &s))?
             .into_inner()
             .jobs;
         if a.json {
@@ -224,11 +270,12 @@ pub fn list(a: ListArgs) -> Result<()> {
 
 pub fn resume(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
-        let mut c = connect(&a.conn.coordinator).await?;
+        let address = a.conn.coordinator.as_str();
+        let mut c = connect(address).await?;
         let s = c
             .resume_job(pb::ResumeJobRequest { job_id: a.job_id.clone() })
             .await
-            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .map_err(|s| call_error(Some(address), "", &s))?
             .into_inner();
         println!(
             "{} {} from step {}/{}",
@@ -243,7 +290,8 @@ pub fn resume(a: CancelArgs) -> Result<()> {
 
 pub fn cancel(a: CancelArgs) -> Result<()> {
     runtime()?.block_on(async {
-        let mut c = connect(&a.conn.coordinator).await?;
+        let address = a.conn.coordinator.as_str();
+        let mut c = connect(address).await?;
         let ended = |s: &pb::JobStatus| {
             matches!(
                 pb::JobState::try_from(s.state),
@@ -256,12 +304,12 @@ pub fn cancel(a: CancelArgs) -> Result<()> {
             .clone()
             .watch_job(pb::WatchJobRequest { job_id: a.job_id.clone() })
             .await
-            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .map_err(|s| call_error(Some(address), "", &s))?
             .into_inner();
         let mut last = c
             .cancel_job(pb::CancelJobRequest { job_id: a.job_id.clone() })
             .await
-            .map_err(|s| anyhow::anyhow!(comas_service::tls::status_text(&s)))?
+            .map_err(|s| call_error(Some(address), "", &s))?
             .into_inner();
         // A running job stops at its next check; report the state it reaches, not the one it had.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(30), async {
@@ -374,10 +422,20 @@ pub fn eval_line(log: &EvalLog) -> String {
 
 /// Follows a job until it ends; progress bars on a terminal, plain lines otherwise.
 pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::JobStatus> {
+    watch_at(client, None, job_id, json).await
+}
+
+/// [`watch`] on the coordinator at `address` (named in errors when given).
+async fn watch_at(
+    client: &mut Client,
+    address: Option<&str>,
+    job_id: &str,
+    json: bool,
+) -> Result<pb::JobStatus> {
     let mut stream = client
         .watch_job(pb::WatchJobRequest { job_id: job_id.to_string() })
         .await
-        .map_err(|s| anyhow::anyhow!("watching {job_id}: {}", comas_service::tls::status_text(&s)))?
+        .map_err(|s| call_error(address, &format!("watching {job_id}: "), &s))?
         .into_inner();
     let tty = std::io::stderr().is_terminal() && !json;
     let multi = MultiProgress::with_draw_target(if tty {
@@ -409,10 +467,8 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
     let mut last: Option<pb::JobStatus> = None;
     let mut stage = String::new();
     let mut last_progress = std::time::Instant::now();
-    while let Some(ev) = stream
-        .message()
-        .await
-        .map_err(|s| anyhow::anyhow!("watch stream: {}", comas_service::tls::status_text(&s)))?
+    while let Some(ev) =
+        stream.message().await.map_err(|s| call_error(address, "watch stream: ", &s))?
     {
         let Some(s) = ev.status.clone() else { continue };
         if json {
@@ -494,6 +550,62 @@ pub async fn watch(client: &mut Client, job_id: &str, json: bool) -> Result<pb::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_coordinator_that_accepts_but_never_answers_fails_within_seconds() {
+        // Accepts connections and holds them, silent (a hung or stopped coordinator).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let held: Vec<_> = listener.incoming().collect();
+            drop(held);
+        });
+        let conn = Conn { coordinator: address.clone() };
+        let start = std::time::Instant::now();
+        let calls: Vec<std::thread::JoinHandle<Result<()>>> = vec![
+            std::thread::spawn({
+                let conn = conn.clone();
+                move || list(ListArgs { conn, json: false })
+            }),
+            std::thread::spawn({
+                let conn = conn.clone();
+                move || {
+                    watch_cmd(WatchArgs {
+                        job_id: "job-x".into(),
+                        conn,
+                        json: false,
+                        show_job: false,
+                    })
+                }
+            }),
+            std::thread::spawn(move || cancel(CancelArgs { job_id: "job-x".into(), conn })),
+        ];
+        for call in calls {
+            let err = format!("{:#}", call.join().unwrap().unwrap_err());
+            assert!(
+                err.contains(&format!("the coordinator at {address} accepted the connection but did not answer within 5 s")),
+                "{err}"
+            );
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(15), "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_says_so() {
+        let s = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        let err = call_error(Some("http://c:1"), "job rejected: ", &s).to_string();
+        assert!(
+            err.starts_with("the coordinator at http://c:1 did not finish the call within 120 s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_coordinator_address_of_another_scheme_is_refused() {
+        let err = runtime().unwrap().block_on(connect("ftp://127.0.0.1:47123")).err().unwrap();
+        let err = format!("{err:#}");
+        assert!(err.contains("`ftp://`") && err.contains("must be http:// or https://"), "{err}");
+    }
 
     fn step(v: Value) -> StepLog {
         serde_json::from_value(v).unwrap()

@@ -72,5 +72,90 @@ mod tests {
 }
 
 /// Deadline of a client's call to the coordinator's API: for a unary call its whole answer, for
-/// a stream (WatchJob) its start; the stream itself runs as long as the job.
+/// a stream (WatchJob) its start; the stream itself runs as long as the job. A call may take
+/// long (a submit checks the job's data files); a server that does not answer at all is found
+/// much sooner, by [`API_PING_INTERVAL`] and [`API_PING_TIMEOUT`].
 pub const API_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+/// Time a client of the coordinator's API gives the TCP (and TLS) connection to open.
+pub const API_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// While a call of a client of the coordinator's API is open, the client pings the connection
+/// (an HTTP/2 PING) once the server has sent nothing for this long...
+pub const API_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+/// ...and closes it, failing the call, when the ping is not answered within this. A live server
+/// answers pings at once, also while a call of its takes long, so only one that accepted the
+/// connection but does not answer (hung, stopped, or not a gRPC server) is cut off.
+pub const API_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The settings of a client of the coordinator's API (the `tune` of `tls::channel`).
+pub fn api_endpoint(e: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    e.connect_timeout(API_CONNECT_TIMEOUT)
+        .timeout(API_CALL_DEADLINE)
+        .http2_keep_alive_interval(API_PING_INTERVAL)
+        .keep_alive_timeout(API_PING_TIMEOUT)
+}
+
+/// Whether a call failed because its server did not answer a ping of the connection (see
+/// [`API_PING_TIMEOUT`]): it accepted the connection but answers nothing.
+pub fn unanswered(status: &tonic::Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod api_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    async fn client(address: String) -> HealthClient<tonic::transport::Channel> {
+        let e = tonic::transport::Endpoint::from_shared(address).unwrap();
+        HealthClient::new(api_endpoint(e).connect().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_server_that_accepts_but_never_answers_fails_the_call_within_seconds() {
+        // Accepts connections and holds them, silent (a hung or stopped coordinator).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let start = Instant::now();
+        let mut c = client(address).await;
+        let s = c.check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(unanswered(&s), "{s:?}");
+        let limit = API_PING_INTERVAL + API_PING_TIMEOUT;
+        assert!(took >= limit && took < limit + Duration::from_secs(5), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn pings_keep_a_live_call_that_waits_long_open() {
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tonic::transport::Server::builder().add_service(health);
+        tokio::spawn(server.serve_with_incoming(incoming));
+        let mut c = client(address).await;
+        c.check(HealthCheckRequest { service: String::new() }).await.unwrap();
+        // A Watch stream sends its first status, then nothing until the status changes: it stays
+        // open well past the ping's limit.
+        let mut watch =
+            c.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+        watch.message().await.unwrap().unwrap();
+        let quiet = API_PING_INTERVAL + API_PING_TIMEOUT + Duration::from_secs(2);
+        let next = tokio::time::timeout(quiet, watch.message()).await;
+        assert!(next.is_err(), "the quiet stream ended: {next:?}");
+    }
+}
