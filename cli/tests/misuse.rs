@@ -220,6 +220,17 @@ fn flags_that_cannot_work_are_refused() {
     );
 }
 
+/// jemalloc takes every option the binary is built with (model/src/process.rs): it would say
+/// `<jemalloc>: Invalid conf pair` on stderr for one it does not know, and go on without it.
+#[test]
+fn the_allocator_takes_the_built_in_options() {
+    let out = comas().arg("--version").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("<jemalloc>"), "{err}");
+    let out = comas().arg("--version").env("MALLOC_CONF", "no_such_option:1").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("<jemalloc>: Invalid conf pair"));
+}
+
 /// A service that cannot start says why in `comas local`'s own error, not only in its log.
 #[test]
 fn a_service_that_exits_at_start_is_named_with_the_end_of_its_log() {

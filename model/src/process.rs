@@ -5,8 +5,18 @@
 //!   libtorch allocates CPU tensors with `posix_memalign`; under glibc, blocks over 32 MB (logits,
 //!   a training micro-batch's activations) are fresh `mmap`s whose pages the kernel zeroes again
 //!   on every first touch. A SmolLM2 learner step spent 12.6 % of its time in the kernel (3.7 M
-//!   page faults); under jemalloc with the settings below, 3 % (1.4 M faults), and it peaked
-//!   lower (6.1 GB instead of 8.0). Run-time overrides go through jemalloc's `MALLOC_CONF`.
+//!   page faults); under jemalloc, 3 % (1.4 M faults), and it peaked lower (6.1 GB instead of
+//!   8.0). Freed pages are kept for reuse (a decay of -1), so a service holds its peak. jemalloc
+//!   by default will not carve a request out of a free extent more than 64 times its size
+//!   (`lg_extent_max_active_fit:6`); a learner's freed activations merge into extents that
+//!   large, so each step mapped new memory beside them: a SmolLM2 LoRA learner whose batches
+//!   vary in length as a rollout's do held 4,622 MiB after its first step and 7,054 after its
+//!   sixth, with 717 MiB live (a 50-step study's learners: peaks 3.9 -> 8.4 GiB). Allowing any
+//!   ratio (`lg_extent_max_active_fit:20`) holds it at 4,085-4,191 MiB, with fewer page faults
+//!   (1.06 M against 1.80 M in 6 steps; steps of 11.1-12.4 s against 11.7-14.4; `cargo bench
+//!   -p comas-learner --bench memory_soak`, experiments/learner-memory). Returning pages after
+//!   jemalloc's default 10 s also held it (800-920 MiB between steps) but made steps 1.5x
+//!   slower (29.8 M page faults). Run-time overrides go through jemalloc's `MALLOC_CONF`.
 //! - **MKL's fast kernels on every x86 CPU.** The MKL inside libtorch picks slower code paths
 //!   when `mkl_serv_intel_cpu_true` says the CPU is not Intel's, whatever its instruction set;
 //!   on an AVX-512 AMD EPYC that halved the speed of f32 matrix products and of the CPU flash
@@ -18,9 +28,11 @@
 pub use tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, as a C string: no separate arena with eager purging for large blocks
-/// (`oversize_threshold:0`), and freed pages kept for reuse rather than handed back to the kernel
-/// (a decay of -1), so a service holds its peak memory.
-pub const MALLOC_CONF: &[u8] = b"oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1\0";
+/// (`oversize_threshold:0`), freed pages kept for reuse rather than handed back to the kernel
+/// (a decay of -1), and a request served from any free extent large enough, however much larger
+/// (`lg_extent_max_active_fit:20`), so that kept pages are reused rather than added to.
+pub const MALLOC_CONF: &[u8] =
+    b"oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:20\0";
 
 /// The answer `mkl_serv_intel_cpu_true` gives: 1 (take the kernels the instruction set allows)
 /// unless `COMAS_MKL_VENDOR_CHECK=1` asks for MKL's vendor check, which then answers 0 on
