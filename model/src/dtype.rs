@@ -71,6 +71,24 @@ pub fn parse_device(name: &str) -> Result<Device> {
 mod tests {
     use super::*;
 
+    /// The job check reads device names with the workflow's `device_name` (it cannot depend on
+    /// this crate): both must read the same names.
+    #[test]
+    fn the_job_check_reads_device_names_as_the_loader_does() {
+        use comas_workflow::train_config::{device_name, DeviceName};
+        for name in ["cpu", "cuda", "cuda:0", "cuda:3", " cuda:1 ", "tpu", "cuda:", "cuda:x", "gpu"]
+        {
+            let ours = match parse_device(name) {
+                Ok(Device::Cpu) => Some(DeviceName::Cpu),
+                Ok(Device::Cuda(i)) => Some(DeviceName::Cuda(i)),
+                // A CUDA name the machine has no device for is still a name.
+                Err(e) if !e.to_string().contains("unknown device") => device_name(name),
+                _ => None,
+            };
+            assert_eq!(ours, device_name(name), "{name}");
+        }
+    }
+
     #[test]
     fn kinds_parse() {
         assert_eq!(parse_kind("torch.bfloat16").unwrap(), Kind::BFloat16);

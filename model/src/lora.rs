@@ -403,3 +403,20 @@ impl<'a> LoraBatch<'a> {
         y
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Proj;
+
+    /// The job check refuses a target by the workflow's list of names (which cannot depend on
+    /// this crate): the two must name the same projections.
+    #[test]
+    fn the_job_check_knows_every_projection_by_its_peft_name() {
+        let names: Vec<&str> = Proj::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names, comas_workflow::train_config::LORA_TARGET_MODULES);
+        for p in Proj::ALL {
+            assert_eq!(Proj::from_name(p.name()), Some(p));
+        }
+        assert_eq!(Proj::from_name("lm_head"), None);
+    }
+}

@@ -20,6 +20,29 @@ pub fn canonical_dtype(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The projections of a decoder layer a LoRA adapter may target (PEFT's module names), in the
+/// order of the model crate's `Proj`.
+pub const LORA_TARGET_MODULES: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// A device a job may name for training or inference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceName {
+    Cpu,
+    /// CUDA device N (`cuda` is `cuda:0`).
+    Cuda(usize),
+}
+
+/// Reads `cpu`, `cuda` or `cuda:N`; `None` for anything else. Whether the device exists is for
+/// the machine that uses it to say.
+pub fn device_name(name: &str) -> Option<DeviceName> {
+    match name.trim() {
+        "cpu" => Some(DeviceName::Cpu),
+        "cuda" => Some(DeviceName::Cuda(0)),
+        n => n.strip_prefix("cuda:").and_then(|i| i.parse().ok()).map(DeviceName::Cuda),
+    }
+}
+
 /// The weight dtypes training accepts.
 pub fn check_dtype(name: &str) -> Result<()> {
     match canonical_dtype(name) {
@@ -370,9 +393,23 @@ impl TrainConfig {
             return bad("`tis_cap` weighs ℓ^old recomputed by the learner against the sampler's log-probs; with old_logprobs = \"sampler\" they are the same. Set old_logprobs = \"recompute\"".into());
         }
         check_dtype(&self.dtype).map_err(|e| TrainConfigError(format!("`dtype`: {e}")))?;
+        if device_name(&self.device).is_none() {
+            return bad(format!(
+                "`device`: unknown device `{}`; use cpu, cuda or cuda:N",
+                self.device.trim()
+            ));
+        }
         if let Some(l) = &self.lora {
             if l.r <= 0 || l.target_modules.is_empty() {
                 return bad("`lora.r` must be positive and `lora.target_modules` non-empty".into());
+            }
+            if let Some(m) =
+                l.target_modules.iter().find(|m| !LORA_TARGET_MODULES.contains(&m.as_str()))
+            {
+                return bad(format!(
+                    "`lora.target_modules`: `{m}` is not a projection comas adapts; use any of {}",
+                    LORA_TARGET_MODULES.join(" ")
+                ));
             }
             if !(l.alpha > 0.0 && l.alpha.is_finite()) {
                 return bad(format!("`lora.alpha` must be finite and > 0, got {}", l.alpha));
@@ -423,6 +460,31 @@ mod tests {
             .unwrap_err()
             .0
             .contains("use_ttrl"));
+    }
+
+    #[test]
+    fn a_lora_target_that_is_no_projection_is_refused() {
+        let lora = |m: &str| {
+            format!("[lora]\nr = 8\nalpha = 16.0\ntarget_modules = [\"q_proj\", \"{m}\"]")
+        };
+        TrainConfig::from_toml(&lora("down_proj")).unwrap();
+        let e = TrainConfig::from_toml(&lora("nonexistent_proj")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("`lora.target_modules`: `nonexistent_proj` is not a projection"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_device_is_refused_and_cuda_devices_are_read() {
+        let e = TrainConfig::from_toml("device = \"tpu\"").unwrap_err();
+        assert_eq!(e.to_string(), "`device`: unknown device `tpu`; use cpu, cuda or cuda:N");
+        assert!(TrainConfig::from_toml("device = \"cuda:x\"").is_err());
+        assert!(TrainConfig::from_toml("device = \"cuda:1\"").is_ok());
+        assert_eq!(device_name(" cuda "), Some(DeviceName::Cuda(0)));
+        assert_eq!(device_name("cuda:3"), Some(DeviceName::Cuda(3)));
+        assert_eq!(device_name("cpu"), Some(DeviceName::Cpu));
+        assert_eq!(device_name("gpu"), None);
     }
 
     /// NaN fails every comparison, so each float check is written to fail for it too.

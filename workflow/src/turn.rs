@@ -161,6 +161,11 @@ impl SamplingSpec {
             if g.is_empty() {
                 return Err("guided_suffix must not be empty".to_string());
             }
+            // Found at submit rather than when a worker first compiles it: llguidance reads the
+            // same syntax (regex-syntax's).
+            if let Err(e) = regex::Regex::new(g) {
+                return Err(format!("guided_suffix `{g}` is not a regular expression: {e}"));
+            }
             if self.max_new_tokens <= GUIDED_TAIL_RESERVE {
                 return Err(format!("guided_suffix needs max_new_tokens above {GUIDED_TAIL_RESERVE} (the tail's reserve), got {}", self.max_new_tokens));
             }

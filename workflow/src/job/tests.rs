@@ -225,6 +225,13 @@ fn a_neuromas_job_lists_one_agent_per_adapter_and_trains_with_group_norm() {
         "[neuromas.sampling]\nmax_new_tokens = 12\nguided_suffix = 'x'\n[neuromas.topology]",
     );
     assert!(err(guided).contains("`neuromas.sampling`: guided_suffix needs max_new_tokens above"));
+    // A guide that does not compile is found at the check, not by a worker's first episode.
+    let unclosed = NEUROMAS_JOB.replace(
+        "[neuromas.topology]",
+        "[neuromas.sampling]\nguided_suffix = '([unclosed'\n[neuromas.topology]",
+    );
+    let e = err(unclosed);
+    assert!(e.contains("guided_suffix `([unclosed` is not a regular expression"), "{e}");
     let big = NEUROMAS_JOB.replace("train_batch_size = 8", "train_batch_size = 24");
     assert!(
         err(big).contains("is 24 but agent 1 speaks only 8 turns per step (8 rollouts x 1 nodes)")
