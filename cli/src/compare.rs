@@ -21,6 +21,10 @@ pub struct Args {
 
 fn parse_run(s: &str) -> std::result::Result<(String, PathBuf), String> {
     match s.split_once('=') {
+        // A `|` would split the label's cell of the Markdown table.
+        Some((label, _)) if label.contains('|') => {
+            Err(format!("`{label}`: a label cannot hold `|` (it is a table cell)"))
+        }
         Some((label, path)) if !label.is_empty() && !path.is_empty() => {
             Ok((label.to_string(), PathBuf::from(path)))
         }
@@ -210,6 +214,14 @@ pub fn table(runs: &[(String, Run)], window: usize) -> String {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.window == 0 {
+        bail!("--window must be at least 1");
+    }
+    for (i, (label, _)) in args.runs.iter().enumerate() {
+        if args.runs[..i].iter().any(|(l, _)| l == label) {
+            bail!("--run: the label `{label}` is given twice; give each run its own");
+        }
+    }
     let mut runs = Vec::with_capacity(args.runs.len());
     for (label, path) in &args.runs {
         let text = std::fs::read_to_string(path).with_context(|| {

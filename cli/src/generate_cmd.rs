@@ -61,6 +61,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
     let (_, kind, device) = a.model.resolve()?;
     let dir = &a.model.model;
     let tokenizer = Tokenizer::from_dir(dir)?;

@@ -1,6 +1,6 @@
 //! `comas token`: makes API tokens for a coordinator's `--tokens` file. The token goes to the
 //! user; the file keeps only its SHA-256, so a leaked file lets no one in.
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use comas_service::auth::{hash_token, new_token, Scope};
 use std::io::Read;
 
@@ -54,9 +54,15 @@ pub fn run(a: Args) -> Result<()> {
         }
         Command::Hash { scopes, name } => {
             let mut token = String::new();
-            std::io::stdin().read_to_string(&mut token)?;
+            std::io::stdin()
+                .read_to_string(&mut token)
+                .context("reading the token from stdin (a token is one line of text)")?;
             if token.trim().is_empty() {
                 bail!("no token on stdin");
+            }
+            // Tokens are one word; two lines would be hashed as one token that matches neither.
+            if token.trim().contains(char::is_whitespace) {
+                bail!("stdin holds more than one word: give one token (hash each on its own)");
             }
             println!("{}", line(&token, &scopes, &name)?);
         }

@@ -220,6 +220,54 @@ fn flags_that_cannot_work_are_refused() {
     );
 }
 
+/// Arguments that would do nothing, or something else than asked, are refused before any
+/// model loads, each naming what to change.
+#[test]
+fn arguments_that_would_run_nothing_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let log = dir.path().join("metrics.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = comas()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let eval = ["eval", "--model", "m", "--bench", "arithmetic", "--out", &d];
+    for (flag, value) in [
+        ("--limit", "0"),
+        ("--max-new-tokens", "0"),
+        ("--max-running", "0"),
+        ("--max-open", "0"),
+        ("--arithmetic-questions", "0"),
+    ] {
+        let e = run(&[&eval[..], &[flag, value]].concat(), "");
+        assert!(e.contains(&format!("{flag} must be at least 1")), "{e}");
+    }
+    let e = run(&["generate", "--model", "m", "--prompt", "hi", "--max-new-tokens", "0"], "");
+    assert!(e.contains("--max-new-tokens must be at least 1"), "{e}");
+    let a = format!("a={}", log.display());
+    let e = run(&["compare", "--run", &a, "--window", "0"], "");
+    assert!(e.contains("--window must be at least 1"), "{e}");
+    let e = run(&["compare", "--run", &a, "--run", &a], "");
+    assert!(e.contains("the label `a` is given twice"), "{e}");
+    let e = run(&["compare", "--run", &format!("a|b={}", log.display())], "");
+    assert!(e.contains("cannot hold `|`"), "{e}");
+    let e = run(&["token", "hash", "--scopes", "read", "--name", "n"], "tok1\ntok2\n");
+    assert!(e.contains("more than one word"), "{e}");
+    let e = run(&["import-gguf", &d, "--out", &format!("{d}/m")], "");
+    assert!(e.contains("a folder, not a GGUF file"), "{e}");
+}
+
 /// jemalloc takes every option the binary is built with (model/src/process.rs): it would say
 /// `<jemalloc>: Invalid conf pair` on stderr for one it does not know, and go on without it.
 #[test]

@@ -249,6 +249,13 @@ impl<'a> Cursor<'a> {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
+        // Mapping a folder fails with ENODEV ("No such device"), which names nothing useful.
+        if path.is_dir() {
+            return Err(GgufError::io(
+                path,
+                std::io::Error::other("a folder, not a GGUF file: give the .gguf file itself"),
+            ));
+        }
         let file = std::fs::File::open(path).map_err(|e| GgufError::io(path, e))?;
         // SAFETY: read-only mapping; a GGUF file changed on disk while it is imported is not supported.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))?;

@@ -55,10 +55,11 @@ pub async fn run(
             let mut c = match client.take() {
                 Some(c) => c,
                 None => {
-                    let ch =
-                        comas_service::tls::channel(&target, |e| e.connect_timeout(Duration::from_secs(5)).timeout(comas_service::limits::API_CALL_DEADLINE))
-                            .await
-                            .map_err(|e| e.to_string())?;
+                    // The API's client settings: a coordinator that stops answering is found
+                    // by its missed pings within seconds, not at the call deadline.
+                    let ch = comas_service::tls::channel(&target, comas_service::limits::api_endpoint)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     CoordinatorClient::with_interceptor(ch, r.bearer.clone())
                 }
             };

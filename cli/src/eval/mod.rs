@@ -313,6 +313,19 @@ fn parse_setups(s: &str) -> Result<Vec<Setup>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // Zero of any of these would run nothing and still write a summary (accuracy over no
+    // questions, or over empty replies).
+    for (flag, n) in [
+        ("--limit", a.limit.unwrap_or(1)),
+        ("--max-new-tokens", a.max_new_tokens),
+        ("--max-running", a.max_running),
+        ("--max-open", a.max_open),
+        ("--arithmetic-questions", a.arithmetic_questions),
+    ] {
+        if n == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
     let setups = parse_setups(&a.setup)?;
     let (bench_name, items) = load_bench(&a)?;
     let needs_code = items.iter().any(|i| matches!(i.grader, eval::GraderKind::Code { .. }));
