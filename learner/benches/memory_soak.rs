@@ -16,14 +16,13 @@
 comas_model::process_setup!();
 
 use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
-use comas_model::tiny::{write_model, TinySpec};
 use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
 use std::time::Instant;
 
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+// The model crate's bench knobs and bench model, shared rather than written again.
+#[path = "../../model/benches/common/mod.rs"]
+mod common;
+use common::env_or;
 
 /// The resident set now, from /proc/self/statm (its second field, in pages).
 fn rss_bytes() -> u64 {
@@ -43,17 +42,7 @@ fn main() {
     let lora_r: i64 = env_or("COMAS_BENCH_LORA", 16);
     let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     tch::set_num_threads(threads);
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-learner");
-    let model = match std::env::var_os("COMAS_BENCH_MODEL") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let dir = work.join("qwen2-40m");
-            if !dir.join("model.safetensors").is_file() {
-                write_model(&dir, &TinySpec::bench()).expect("write bench model");
-            }
-            dir
-        }
-    };
+    let model = common::model_dir();
     let vocab =
         comas_model::Config::from_file(&model.join("config.json")).unwrap().vocab_size.min(32000);
     // The learning study's learner: GRPO's group-normalised advantages, ℓ^old from the sampler.
@@ -70,7 +59,7 @@ fn main() {
     }
     let cfg = TrainConfig::from_toml(&toml).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    let mut batch = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<Experience> {
+    let batch = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<Experience> {
         (0..samples)
             .map(|i| {
                 let cut = rng.gen_bool(0.25);

@@ -19,14 +19,14 @@
 comas_model::process_setup!();
 
 use comas_learner::{experience::Experience, Finish, TrainConfig, Trainer};
-use comas_model::tiny::{write_model, TinySpec};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::time::Instant;
 
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+// The model crate's bench knobs and bench model, shared rather than written again.
+#[path = "../../model/benches/common/mod.rs"]
+mod common;
+use common::env_or;
 
 fn main() {
     let threads: i32 = env_or("COMAS_BENCH_THREADS", 2);
@@ -42,16 +42,7 @@ fn main() {
     let lora_r: i64 = env_or("COMAS_BENCH_LORA", 0);
     let sampler = std::env::var("COMAS_BENCH_SAMPLER").is_ok_and(|v| v == "1");
     let dtype = std::env::var("COMAS_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
-    let model = match std::env::var_os("COMAS_BENCH_MODEL") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let dir = work.join("qwen2-40m");
-            if !dir.join("model.safetensors").is_file() {
-                write_model(&dir, &TinySpec::bench()).expect("write bench model");
-            }
-            dir
-        }
-    };
+    let model = common::model_dir();
     std::fs::create_dir_all(&work).unwrap();
     let vocab =
         comas_model::Config::from_file(&model.join("config.json")).unwrap().vocab_size.min(32000);
