@@ -88,25 +88,21 @@ pub async fn connect(address: &str) -> Result<Client> {
 /// A failed call to the coordinator at `address` (when known), after `what`: a coordinator that
 /// accepted the connection but answers nothing is named as such.
 fn call_error(address: Option<&str>, what: &str, s: &tonic::Status) -> anyhow::Error {
-    if comas_service::limits::unanswered(s) {
-        let limit =
-            comas_service::limits::API_PING_INTERVAL + comas_service::limits::API_PING_TIMEOUT;
-        let at = address.map_or(String::new(), |a| format!(" at {a}"));
+    use comas_service::limits::{
+        past_deadline, unanswered, API_CALL_DEADLINE, API_PING_INTERVAL, API_PING_TIMEOUT,
+    };
+    let at = address.map_or(String::new(), |a| format!(" at {a}"));
+    if unanswered(s) {
         return anyhow::anyhow!(
             "the coordinator{at} accepted the connection but did not answer within {} s: it is hung or stopped, or what listens there is not a comas coordinator (check --coordinator or COMAS_COORDINATOR)",
-            limit.as_secs()
+            (API_PING_INTERVAL + API_PING_TIMEOUT).as_secs()
         );
     }
-    let mut cause = std::error::Error::source(s);
-    while let Some(e) = cause {
-        if e.is::<tonic::TimeoutExpired>() {
-            let at = address.map_or(String::new(), |a| format!(" at {a}"));
-            return anyhow::anyhow!(
-                "the coordinator{at} did not finish the call within {} s; it answers the connection, so it is up but busy or stuck: try again, or look at its log",
-                comas_service::limits::API_CALL_DEADLINE.as_secs()
-            );
-        }
-        cause = e.source();
+    if past_deadline(s) {
+        return anyhow::anyhow!(
+            "the coordinator{at} did not finish the call within {} s; it answers the connection, so it is up but busy or stuck: try again, or look at its log",
+            API_CALL_DEADLINE.as_secs()
+        );
     }
     anyhow::anyhow!("{what}{}", comas_service::tls::status_text(s))
 }

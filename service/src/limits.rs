@@ -97,9 +97,23 @@ pub fn api_endpoint(e: tonic::transport::Endpoint) -> tonic::transport::Endpoint
 /// Whether a call failed because its server did not answer a ping of the connection (see
 /// [`API_PING_TIMEOUT`]): it accepted the connection but answers nothing.
 pub fn unanswered(status: &tonic::Status) -> bool {
+    caused_by(status, |e| e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout))
+}
+
+/// Whether a call failed because it ran past its deadline ([`API_CALL_DEADLINE`]) on a server
+/// that does answer pings: up, but busy or stuck.
+pub fn past_deadline(status: &tonic::Status) -> bool {
+    caused_by(status, |e| e.is::<tonic::TimeoutExpired>())
+}
+
+/// Whether any error in `status`'s chain of causes is `what` says.
+fn caused_by(
+    status: &tonic::Status,
+    what: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
     let mut cause = std::error::Error::source(status);
     while let Some(e) = cause {
-        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+        if what(e) {
             return true;
         }
         cause = e.source();
