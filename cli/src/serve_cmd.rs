@@ -4,12 +4,15 @@
 //!
 //! The HTTP side parses and answers; one thread owns the model (tensors never leave it),
 //! tokenizes each request, admits it into the batch when the token budget allows and answers
-//! it when its sequence finishes.
+//! it when its sequence finishes. A request whose client has gone (its connection closed, so
+//! its handler and the receiving end of its reply were dropped) leaves the batch at the next
+//! step instead of generating for no one.
 use crate::model_args::ModelArgs;
 use anyhow::{Context, Result};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -18,9 +21,10 @@ use comas_model::{
     Tokenizer,
 };
 use comas_service::openai::{
-    ChatRequest, ChatResponse, Choice, ErrorBody, ErrorDetail, Message, Usage, REQUEST_BYTES,
+    ChatRequest, ChatResponse, Choice, ChoiceLogprobs, ErrorBody, ErrorDetail, Message,
+    TokenLogprob, Usage, REQUEST_BYTES,
 };
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -81,11 +85,16 @@ struct Call {
     reply: oneshot::Sender<Result<ChatResponse, ApiError>>,
 }
 
+/// Counters and gauges share their values between clones: the HTTP side and the model thread
+/// each hold one.
+#[derive(Clone)]
 struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     prompt_tokens: IntCounter,
     completion_tokens: IntCounter,
+    running: IntGauge,
+    waiting: IntGauge,
 }
 
 impl Metrics {
@@ -106,10 +115,22 @@ impl Metrics {
             "tokens generated for answered requests",
         )
         .expect("valid metric");
+        let running = IntGauge::new(
+            "comas_serve_running_sequences",
+            "requests in the batch (prefilling or decoding)",
+        )
+        .expect("valid metric");
+        let waiting = IntGauge::new(
+            "comas_serve_waiting_requests",
+            "admitted requests waiting for room in the batch",
+        )
+        .expect("valid metric");
         Self {
             requests: comas_service::prom::registered(&registry, requests),
             prompt_tokens: comas_service::prom::registered(&registry, prompt_tokens),
             completion_tokens: comas_service::prom::registered(&registry, completion_tokens),
+            running: comas_service::prom::registered(&registry, running),
+            waiting: comas_service::prom::registered(&registry, waiting),
             registry,
         }
     }
@@ -132,6 +153,8 @@ pub fn run(a: Args) -> Result<()> {
     });
     let (calls, rx) = mpsc::channel::<Call>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+    let served_metrics = Metrics::new();
+    let model_metrics = served_metrics.clone();
     let dir = a.model.model.clone();
     let (adapter_dir, served, max_running, max_batch_tokens) =
         (a.adapter.clone(), name.clone(), a.max_running.max(1), a.max_batch_tokens);
@@ -165,6 +188,7 @@ pub fn run(a: Args) -> Result<()> {
                         name: &served,
                         max_running,
                         max_batch_tokens,
+                        metrics: model_metrics,
                     },
                     rx,
                 );
@@ -175,13 +199,15 @@ pub fn run(a: Args) -> Result<()> {
         }
     })?;
     ready_rx.recv().context("the model thread stopped while loading")??;
-    let state = Arc::new(Served { name: name.clone(), calls, metrics: Metrics::new() });
+    let state = Arc::new(Served { name: name.clone(), calls, metrics: served_metrics });
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_route)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES))
         .with_state(state);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -200,7 +226,36 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-async fn chat(State(s): State<Arc<Served>>, body: Bytes) -> Response {
+/// What this server answers, for a request it has no route for (404) or a method a route does
+/// not take (405), in OpenAI's error shape as every other refusal.
+async fn no_route(method: Method, uri: Uri) -> Response {
+    let known = ["/v1/chat/completions", "/chat/completions", "/v1/models", "/health", "/metrics"];
+    let status = if known.contains(&uri.path()) {
+        StatusCode::METHOD_NOT_ALLOWED
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    let message = format!(
+        "no {method} {}: this server answers POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+        uri.path()
+    );
+    ApiError { status, message }.into_response()
+}
+
+async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            s.metrics.requests.with_label_values(&["refused"]).inc();
+            let limit = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(" (the limit is {} MiB)", REQUEST_BYTES >> 20)
+            } else {
+                String::new()
+            };
+            return ApiError { status: e.status(), message: format!("{}{limit}", e.body_text()) }
+                .into_response();
+        }
+    };
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -272,26 +327,49 @@ struct ModelLoop<'a> {
     name: &'a str,
     max_running: usize,
     max_batch_tokens: usize,
+    metrics: Metrics,
 }
 
-/// A request tokenized and checked, waiting for room in the batch.
-struct Admitted {
+/// What a request asks of the model, tokenized and checked.
+struct Asked {
     prompt: Vec<i64>,
     params: SamplingParams,
-    reply: oneshot::Sender<Result<ChatResponse, ApiError>>,
+    /// Whether the answer carries each token's log-probability.
+    logprobs: bool,
+}
+
+type Reply = oneshot::Sender<Result<ChatResponse, ApiError>>;
+
+/// A request waiting for room in the batch.
+struct Admitted {
+    asked: Asked,
+    reply: Reply,
+}
+
+/// A request in the batch.
+struct Running {
+    prompt: usize,
+    logprobs: bool,
+    reply: Reply,
 }
 
 impl ModelLoop<'_> {
     /// The prompt and sampling of a request, or why it cannot run here.
-    fn admit(&self, r: &ChatRequest) -> Result<(Vec<i64>, SamplingParams), ApiError> {
+    fn admit(&self, r: &ChatRequest) -> Result<Asked, ApiError> {
         if r.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad("n must be 1: one choice per request"));
         }
         if r.stream == Some(true) {
             return Err(ApiError::bad("streaming is not supported; send stream = false"));
         }
+        if let Some(why) = r.unsupported() {
+            return Err(ApiError::bad(why));
+        }
         if r.messages.is_empty() {
             return Err(ApiError::bad("messages is empty"));
+        }
+        if r.max_new_tokens() == Some(0) {
+            return Err(ApiError::bad("max_tokens must be at least 1"));
         }
         let temperature = r.temperature.unwrap_or(1.0);
         if !(temperature.is_finite() && temperature >= 0.0) {
@@ -315,6 +393,7 @@ impl ModelLoop<'_> {
         let context = self.model.config().max_position_embeddings.max(0) as usize;
         let room = context.saturating_sub(prompt.len());
         let max_new = r.max_new_tokens().map_or(room, |n| n as usize);
+        // No max_tokens and a prompt that fills the context leaves nothing to generate.
         if prompt.len() + max_new > context || max_new == 0 {
             return Err(ApiError::bad(format!(
                 "this model's context is {context} tokens, and the request asks for {} ({} in the messages, {max_new} to generate); shorten the messages or lower max_tokens",
@@ -341,12 +420,39 @@ impl ModelLoop<'_> {
             stop_strings: r.stop.as_ref().map(|s| s.strings()).unwrap_or_default(),
             guided_suffix: r.guided_suffix.clone(),
         };
-        Ok((prompt, params))
+        if r.logprobs == Some(true) {
+            // Token bytes come from the guided-decoding tables, built on first use.
+            self.tokenizer
+                .guidance()
+                .map_err(|e| ApiError::bad(format!("logprobs cannot be given: {e}")))?;
+        }
+        Ok(Asked { prompt, params, logprobs: r.logprobs == Some(true) })
+    }
+
+    /// Each generated token with its log-probability under softmax(logits / temperature) over
+    /// the whole vocabulary (temperature 1 when greedy), the stop token included.
+    fn logprobs(&self, c: &Completion) -> ChoiceLogprobs {
+        let guidance = self.tokenizer.guidance().ok();
+        let content = c
+            .token_ids
+            .iter()
+            .zip(&c.logprobs)
+            .map(|(&id, &logprob)| {
+                let bytes = guidance.map(|g| g.token_bytes(id)).unwrap_or_default();
+                TokenLogprob {
+                    token: String::from_utf8_lossy(&bytes).into_owned(),
+                    logprob,
+                    bytes: Some(bytes),
+                    top_logprobs: Vec::new(),
+                }
+            })
+            .collect();
+        ChoiceLogprobs { content }
     }
 
     /// A finished sequence as a chat completion: the text without the stop token or string.
-    fn answer(&self, id: u64, prompt: usize, c: &Completion) -> ChatResponse {
-        let tok = self.tokenizer;
+    fn answer(&self, id: u64, run: &Running, c: &Completion) -> ChatResponse {
+        let (tok, prompt) = (self.tokenizer, run.prompt);
         let stop = c.finish_reason == FinishReason::Stop
             && c.stop_string.is_none()
             && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
@@ -371,6 +477,7 @@ impl ModelLoop<'_> {
                 index: 0,
                 message: Message { role: "assistant".into(), content: text },
                 finish_reason: Some(finish.into()),
+                logprobs: run.logprobs.then(|| self.logprobs(c)),
             }],
             usage: Some(Usage {
                 prompt_tokens: prompt as u64,
@@ -382,7 +489,8 @@ impl ModelLoop<'_> {
 }
 
 /// The model thread: takes calls, keeps the batch full within its budget, answers as sequences
-/// finish. Ends when every sender is gone and the batch is empty.
+/// finish, and drops the requests whose clients have gone. Ends when every sender is gone and
+/// the batch is empty.
 fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
     let new_batcher = || {
         let mut b = Batcher::new(m.model, Some(m.tokenizer));
@@ -391,15 +499,12 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
     };
     let mut batcher = new_batcher();
     let mut waiting: VecDeque<Admitted> = VecDeque::new();
-    let mut running: HashMap<u64, (usize, oneshot::Sender<Result<ChatResponse, ApiError>>)> =
-        HashMap::new();
+    let mut running: HashMap<u64, Running> = HashMap::new();
     let mut next_id = 0u64;
     let mut open = true;
     loop {
         let take = |call: Call, waiting: &mut VecDeque<Admitted>| match m.admit(&call.request) {
-            Ok((prompt, params)) => {
-                waiting.push_back(Admitted { prompt, params, reply: call.reply })
-            }
+            Ok(asked) => waiting.push_back(Admitted { asked, reply: call.reply }),
             Err(e) => {
                 let _ = call.reply.send(Err(e));
             }
@@ -423,27 +528,33 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
                 }
             }
         }
+        let gone = drop_abandoned(&mut batcher, &mut waiting, &mut running);
+        if gone > 0 {
+            m.metrics.requests.with_label_values(&["cancelled"]).inc_by(gone);
+        }
         while let Some(w) = waiting.front() {
-            let need = w.prompt.len() + w.params.max_new_tokens;
+            let need = w.asked.prompt.len() + w.asked.params.max_new_tokens;
             if batcher.len() >= m.max_running
                 || (!batcher.is_empty() && batcher.slots_if_added(need) > m.max_batch_tokens)
             {
                 break;
             }
-            let w = waiting.pop_front().expect("front exists");
+            let Admitted { asked, reply } = waiting.pop_front().expect("front exists");
             let id = next_id;
             next_id += 1;
-            let prompt = w.prompt.len();
-            match batcher.add(id, w.prompt, w.params, m.adapter) {
+            let (prompt, logprobs) = (asked.prompt.len(), asked.logprobs);
+            match batcher.add(id, asked.prompt, asked.params, m.adapter) {
                 Ok(()) => {
-                    running.insert(id, (prompt, w.reply));
+                    running.insert(id, Running { prompt, logprobs, reply });
                 }
                 Err(e) => {
                     let _ =
-                        w.reply.send(Err(ApiError::bad(format!("the request cannot start: {e}"))));
+                        reply.send(Err(ApiError::bad(format!("the request cannot start: {e}"))));
                 }
             }
         }
+        m.metrics.running.set(running.len() as i64);
+        m.metrics.waiting.set(waiting.len() as i64);
         if batcher.is_empty() {
             continue;
         }
@@ -457,16 +568,17 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
         match step {
             Ok(done) => {
                 for (id, c) in done {
-                    if let Some((prompt, reply)) = running.remove(&id) {
-                        let _ = reply.send(Ok(m.answer(id, prompt, &c)));
+                    if let Some(run) = running.remove(&id) {
+                        let answer = m.answer(id, &run, &c);
+                        let _ = run.reply.send(Ok(answer));
                     }
                 }
             }
             Err(e) => {
                 // A failed step poisons its batch: every sequence in it fails, the server goes on.
                 tracing::error!(error = %e, "decode step failed");
-                for (_, (_, reply)) in running.drain() {
-                    let _ = reply.send(Err(ApiError {
+                for (_, run) in running.drain() {
+                    let _ = run.reply.send(Err(ApiError {
                         status: StatusCode::INTERNAL_SERVER_ERROR,
                         message: format!("decode failed: {e}"),
                     }));
@@ -474,5 +586,27 @@ fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
                 batcher = new_batcher();
             }
         }
+        m.metrics.running.set(running.len() as i64);
     }
+}
+
+/// Takes out every request whose client has gone (the receiving end of its reply is dropped
+/// when its connection closes): waiting ones leave the queue, running ones the batch, which
+/// frees their cache room now. Returns how many there were.
+fn drop_abandoned(
+    batcher: &mut Batcher,
+    waiting: &mut VecDeque<Admitted>,
+    running: &mut HashMap<u64, Running>,
+) -> u64 {
+    let before = waiting.len() + running.len();
+    waiting.retain(|w| !w.reply.is_closed());
+    let gone: Vec<u64> =
+        running.iter().filter(|(_, r)| r.reply.is_closed()).map(|(&id, _)| id).collect();
+    for id in gone {
+        running.remove(&id);
+        if let Err(e) = batcher.abort(id) {
+            tracing::warn!(error = %e, sequence = id, "could not take an abandoned request out of the batch");
+        }
+    }
+    (before - waiting.len() - running.len()) as u64
 }

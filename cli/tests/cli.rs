@@ -424,6 +424,162 @@ fn serve_answers_chat_completions_as_generate_does() {
     );
     let (code, message) = refused(ChatRequest { model: "other".into(), ..ask("a", 1, 4) });
     assert!(code == 404 && message.contains("this server serves \"judge\""), "{code} {message}");
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    assert!(server.wait().unwrap().success(), "SIGTERM ends the server cleanly");
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    assert!(server.child.wait().unwrap().success(), "SIGTERM ends the server cleanly");
+}
+
+/// A raw HTTP/1.0 exchange with `comas serve` at `url` (`http://host:port/v1`): the status code
+/// and the body of the answer to `method path` with `body`.
+fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let authority = url.trim_start_matches("http://").trim_end_matches("/v1");
+    let mut sock = std::net::TcpStream::connect(authority).unwrap();
+    write!(
+        sock,
+        "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    // A body over the server's limit is refused before it is read whole: the write may fail.
+    let _ = sock.write_all(body);
+    let mut answer = Vec::new();
+    sock.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    let (head, json) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, serde_json::from_str(json).unwrap_or(serde_json::Value::Null))
+}
+
+/// `comas serve` beyond plain answers: each token's log-probability when asked (the same as
+/// `comas generate` gives), text content parts, an OpenAI-shaped refusal of every field it would
+/// otherwise ignore and of every route it lacks, and a request whose client hung up taken out
+/// of the batch (counted as cancelled) rather than generated to its end.
+#[test]
+fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_requests() {
+    use serde_json::json;
+    let model = fixtures().join("models/qwen2-f32");
+    let (mut server, url) = harness::serve(&model, "judge");
+    let ask = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 6, "seed": 3, "temperature": 1.0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        http(&url, "POST", "/v1/chat/completions", body.to_string().as_bytes())
+    };
+
+    let (code, r) = ask(json!({"logprobs": true}));
+    assert_eq!(code, 200, "{r}");
+    let alone = ok_json(comas(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "Say hi.",
+        "--max-new-tokens",
+        "6",
+        "--seed",
+        "3",
+        "--json",
+    ]));
+    let tokens = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let want = alone["logprobs"].as_array().unwrap();
+    assert_eq!(tokens.len(), want.len());
+    for (t, w) in tokens.iter().zip(want) {
+        assert_eq!(t["logprob"].as_f64().unwrap() as f32, w.as_f64().unwrap() as f32);
+        assert_eq!(t["top_logprobs"], json!([]));
+    }
+    let bytes: Vec<u8> = tokens
+        .iter()
+        .flat_map(|t| t["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8))
+        .collect();
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(String::from_utf8_lossy(&bytes).starts_with(text), "{bytes:?} against {text:?}");
+    assert_eq!(ask(json!({})).1["choices"][0]["logprobs"], serde_json::Value::Null);
+
+    // Text parts are one message's text, joined by newlines.
+    let parts = json!({"messages": [{"role": "user",
+        "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi."}]}]});
+    let joined = json!({"messages": [{"role": "user", "content": "Say\nhi."}]});
+    assert_eq!(ask(parts).1["choices"], ask(joined).1["choices"]);
+
+    let refusals = [
+        (json!({"presence_penalty": 0.5}), 400, "presence_penalty = 0.5 is not supported here"),
+        (json!({"logit_bias": {"5": 10}}), 400, "logit_bias = {\"5\":10} is not supported"),
+        (json!({"response_format": {"type": "json_object"}}), 400, "response_format = "),
+        (json!({"logprobs": true, "top_logprobs": 2}), 400, "top_logprobs = 2 is not supported"),
+        (json!({"max_tokens": 0}), 400, "max_tokens must be at least 1"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            400,
+            "content parts of type `image_url` are not supported: only text",
+        ),
+    ];
+    for (extra, status, says) in refusals {
+        let (code, r) = ask(extra.clone());
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(code == status && message.contains(says), "{extra}: {code} {r}");
+    }
+    // Fields at values that leave the answer as it is are accepted.
+    let (code, _) = ask(json!({"presence_penalty": 0, "tools": [], "tool_choice": "none",
+        "response_format": {"type": "text"}, "user": "someone"}));
+    assert_eq!(code, 200);
+    for (method, path, status) in
+        [("GET", "/v1/chat/completions", 405), ("POST", "/v1/completions", 404)]
+    {
+        let (code, r) = http(&url, method, path, b"{}");
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            code == status && message.contains("this server answers POST /v1/chat/completions")
+        );
+    }
+    let (code, r) = http(&url, "POST", "/v1/chat/completions", &vec![b' '; 5 << 20]);
+    assert!(code == 413 && r["error"]["message"].as_str().unwrap().contains("the limit is 4 MiB"));
+
+    // A client that hangs up while its request runs: hyper drops the handler when the
+    // connection closes, and the model thread takes the request out of the batch. The server is
+    // stopped (SIGSTOP) between seeing the request run and the hang-up, so that the request
+    // cannot finish in between however fast the machine; should it still have finished before
+    // it was seen running, the test tries again.
+    let port: u16 = url.trim_end_matches("/v1").rsplit(':').next().unwrap().parse().unwrap();
+    let at = ("127.0.0.1".to_string(), port);
+    let count = |outcome: &str| {
+        harness::try_scrape(&at, &format!("comas_serve_requests_total{{outcome=\"{outcome}\"}}"))
+            .unwrap_or(0.0)
+    };
+    let pid = server.child.id() as i32;
+    let mut hung_up = false;
+    for _ in 0..5 {
+        use std::io::Write;
+        let answered = count("answered");
+        let body = json!({"messages": [{"role": "user", "content": "Go on."}],
+            "max_tokens": 180, "min_tokens": 180})
+        .to_string();
+        let authority = url.trim_start_matches("http://").trim_end_matches("/v1");
+        let mut sock = std::net::TcpStream::connect(authority).unwrap();
+        write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let running = || harness::try_scrape(&at, "comas_serve_running_sequences");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let refused = count("refused");
+        while running() != Some(1.0) && count("answered") == answered {
+            assert!(count("refused") == refused, "the long request was refused");
+            assert!(std::time::Instant::now() < deadline, "the request never ran");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        drop(sock);
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while count("cancelled") == 0.0 && count("answered") == answered {
+            assert!(std::time::Instant::now() < deadline, "the request neither ended nor left");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if count("cancelled") == 1.0 {
+            assert_eq!(count("answered"), answered, "the abandoned request was not answered");
+            hung_up = true;
+            break;
+        }
+    }
+    assert!(hung_up, "every try finished before its client could hang up");
+    assert_eq!(harness::scrape(&at, "comas_serve_running_sequences"), 0.0);
+    assert_eq!(ask(json!({})).0, 200, "the server goes on");
+    server.sigkill();
 }

@@ -112,7 +112,7 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     let port: u16 = url.rsplit(':').next().unwrap().trim_end_matches("/v1").parse().unwrap();
     let served = metrics_text(&("127.0.0.1".to_string(), port));
     assert_eq!(promtool("comas serve", &served), "", "comas serve's /metrics");
-    let _ = server.kill();
+    server.sigkill();
     let alone = Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(["generate", "--model", model.to_str().unwrap(), "--chat", prompt])
         .args(["--max-new-tokens", max_tokens, "--seed", seed, "--json"])
@@ -137,9 +137,24 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     assert_eq!(r["total_tokens"].as_u64(), Some(r["prompt_tokens"].as_u64().unwrap() + generated));
     let finish = r["finish_reason"].as_str().unwrap();
     assert_eq!(finish, if generated == 12 { "length" } else { "stop" });
-    for (name, says) in
-        [("negative_temperature", "temperature"), ("stream", "streaming is not supported")]
-    {
+    // Asked again with the prompt as a text part and log-probabilities: the same answer, and
+    // each token's log-probability and bytes as `comas generate` has them.
+    let again = &seen["with_logprobs"];
+    assert_eq!(again["content"], r["content"]);
+    let got: Vec<f32> =
+        again["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    let want: Vec<f32> =
+        alone["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    assert_eq!(got, want);
+    assert!(again["top_logprobs"].as_array().unwrap().iter().all(|n| n == 0));
+    let bytes: Vec<u8> =
+        again["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+    assert!(String::from_utf8_lossy(&bytes).starts_with(r["content"].as_str().unwrap()));
+    for (name, says) in [
+        ("negative_temperature", "temperature"),
+        ("stream", "streaming is not supported"),
+        ("presence_penalty", "presence_penalty = 0.5 is not supported here"),
+    ] {
         let refused = &seen["refused"][name];
         assert_eq!(refused["status"], 400, "{name}: {refused}");
         assert!(refused["message"].as_str().unwrap().contains(says), "{name}: {refused}");

@@ -84,6 +84,16 @@ impl Guidance {
         Ok(Self { factory, compiled: Mutex::new(HashMap::new()) })
     }
 
+    /// The bytes token `id` stands for (a special token: its text); empty for an id outside
+    /// the vocabulary.
+    pub fn token_bytes(&self, id: i64) -> Vec<u8> {
+        let Ok(t) = u32::try_from(id) else { return Vec::new() };
+        match self.factory.tok_env().tok_trie().token(t) {
+            [TokTrie::SPECIAL_TOKEN_MARKER, text @ ..] => text.to_vec(),
+            bytes => bytes.to_vec(),
+        }
+    }
+
     /// A fresh guide for one reply.
     pub fn start(&self, regex: &str) -> Result<Guide> {
         let mut compiled = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,6 +191,19 @@ mod tests {
         assert_eq!(tail_reserve("ok"), TAIL_RESERVE);
         assert_eq!(tail_reserve(r"```python\nwhile 1:0\n```"), 23);
         assert_eq!(tail_reserve("(unclosed"), TAIL_RESERVE);
+    }
+
+    #[test]
+    fn a_token_stands_for_its_bytes_and_a_special_token_for_its_text() {
+        let tok = tokenizer();
+        let g = Guidance::new(&tok, None).unwrap();
+        let end = tok.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(g.token_bytes(end.into()), b"<|im_end|>");
+        let ids = tok.encode(" caf\u{e9}", false).unwrap().get_ids().to_vec();
+        let joined: Vec<u8> = ids.iter().flat_map(|&i| g.token_bytes(i.into())).collect();
+        assert_eq!(joined, " caf\u{e9}".as_bytes());
+        assert_eq!(g.token_bytes(-1), b"");
+        assert_eq!(g.token_bytes(1 << 30), b"");
     }
 
     #[test]

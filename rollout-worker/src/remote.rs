@@ -192,6 +192,7 @@ mod tests {
                 index: 0,
                 message: Message { role: "assistant".into(), content: "PROCESS_SCORE: 7".into() },
                 finish_reason: Some(finish.into()),
+                logprobs: None,
             }],
             usage: None,
         };

@@ -18,13 +18,50 @@ pub const REQUEST_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
-    /// `null` in some servers' replies (a refusal, a tool call): read as empty.
-    #[serde(default, deserialize_with = "null_as_empty")]
+    /// Text. `null` in some servers' replies (a refusal, a tool call) reads as empty; a list of
+    /// content parts (OpenAI's newer form) reads as its text parts joined by newlines, and a
+    /// part that is not text (an image, audio) is an error naming its type.
+    #[serde(default, deserialize_with = "content_text")]
     pub content: String,
 }
 
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+/// What `content` may be on the wire.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let parts = match Option::<Content>::deserialize(d)? {
+        None => return Ok(String::new()),
+        Some(Content::Text(t)) => return Ok(t),
+        Some(Content::Parts(p)) => p,
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for p in parts {
+        match (p.kind.as_str(), p.text) {
+            ("text", Some(t)) => texts.push(t),
+            ("text", None) => {
+                return Err(serde::de::Error::custom("a text content part has no `text`"))
+            }
+            (other, _) => {
+                return Err(serde::de::Error::custom(format!(
+                    "content parts of type `{other}` are not supported: only text"
+                )))
+            }
+        }
+    }
+    Ok(texts.join("\n"))
 }
 
 /// `stop`: one string or a list.
@@ -45,7 +82,8 @@ impl Stop {
 }
 
 /// A `POST /chat/completions` body. Fields comas does not use are refused by `comas serve`
-/// only where ignoring them would change the answer (`n`, `stream`).
+/// only where ignoring them would change the answer (`n`, `stream`,
+/// [`ChatRequest::unsupported`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// Empty: whatever the server serves (`comas serve` serves one model).
@@ -78,13 +116,70 @@ pub struct ChatRequest {
     /// knows it, so it is sent only when a turn asks for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guided_suffix: Option<String>,
+    /// Whether each chosen token's log-probability comes back (`Choice::logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Every other field, kept so that a server can tell which of them it would ignore.
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
+
+/// Fields of OpenAI's API (and vLLM's) that change the answer, with the values that leave it
+/// as it is: a server that does not apply them refuses any other value rather than ignore it.
+const ANSWER_CHANGING: [(&str, &[&str]); 14] = [
+    ("presence_penalty", &["0", "0.0"]),
+    ("frequency_penalty", &["0", "0.0"]),
+    ("repetition_penalty", &["1", "1.0"]),
+    ("logit_bias", &["{}"]),
+    ("top_logprobs", &["0"]),
+    ("tools", &["[]"]),
+    ("functions", &["[]"]),
+    ("tool_choice", &["\"none\"", "\"auto\""]),
+    ("function_call", &["\"none\"", "\"auto\""]),
+    ("response_format", &[r#"{"type":"text"}"#]),
+    ("best_of", &["1"]),
+    ("use_beam_search", &["false"]),
+    ("min_p", &["0", "0.0"]),
+    ("ignore_eos", &["false"]),
+];
 
 impl ChatRequest {
     /// The completion budget, under either name.
     pub fn max_new_tokens(&self) -> Option<u32> {
         self.max_completion_tokens.or(self.max_tokens)
     }
+
+    /// Why a server that applies none of [`ANSWER_CHANGING`] cannot answer this request as
+    /// asked: the first such field set to a value that would change the answer (`null` never
+    /// does). `None` when there is none.
+    pub fn unsupported(&self) -> Option<String> {
+        ANSWER_CHANGING.iter().find_map(|(name, neutral)| {
+            let v = self.other.get(*name).filter(|v| !v.is_null())?;
+            let text = v.to_string();
+            (!neutral.contains(&text.as_str())).then(|| {
+                format!("{name} = {text} is not supported here, and ignoring it would change the answer; leave it out")
+            })
+        })
+    }
+}
+
+/// The log-probabilities of a choice's tokens, in OpenAI's shape.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token's text (bytes that are not whole UTF-8 characters show as U+FFFD).
+    pub token: String,
+    pub logprob: f32,
+    /// The token's bytes.
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+    /// Always empty: alternatives are not returned (`top_logprobs` is refused).
+    #[serde(default)]
+    pub top_logprobs: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +189,9 @@ pub struct Choice {
     /// "stop" or "length".
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// With `logprobs = true` in the request.
+    #[serde(default)]
+    pub logprobs: Option<ChoiceLogprobs>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -531,5 +629,46 @@ mod tests {
         );
         let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":["a","b"],"max_completion_tokens":7,"max_tokens":5}"#).unwrap();
         assert_eq!((q.stop.as_ref().unwrap().strings().len(), q.max_new_tokens()), (2, Some(7)));
+    }
+
+    #[test]
+    fn content_parts_read_as_their_text_and_other_parts_are_named() {
+        let m: Message = serde_json::from_str(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.content, "a\nb");
+        let err = serde_json::from_str::<Message>(
+            r#"{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}"#,
+        )
+        .unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("content parts of type `input_audio` are not supported"));
+        assert!(serde_json::from_str::<Message>(r#"{"role":"user","content":[{"type":"text"}]}"#)
+            .is_err());
+    }
+
+    #[test]
+    fn fields_that_would_change_the_answer_are_named_and_neutral_values_pass() {
+        let read = |extra: &str| {
+            serde_json::from_str::<ChatRequest>(&format!(r#"{{"messages":[]{extra}}}"#)).unwrap()
+        };
+        assert_eq!(read("").unsupported(), None);
+        let neutral = r#","presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},"tools":[],"tool_choice":"auto","response_format":{"type":"text"},"top_logprobs":0,"best_of":1,"min_p":null,"user":"u","stream_options":{"include_usage":true}"#;
+        assert_eq!(read(neutral).unsupported(), None);
+        for (extra, named) in [
+            (r#","frequency_penalty":0.1"#, "frequency_penalty = 0.1"),
+            (r#","repetition_penalty":1.2"#, "repetition_penalty = 1.2"),
+            (r#","tool_choice":"required""#, "tool_choice = \"required\""),
+            (r#","ignore_eos":true"#, "ignore_eos = true"),
+            (r#","best_of":3"#, "best_of = 3"),
+        ] {
+            let why = read(extra).unsupported().unwrap_or_default();
+            assert!(why.starts_with(named), "{extra}: {why}");
+        }
+        // What a client sends carries no field it did not set.
+        let json = serde_json::to_string(&ChatRequest::default()).unwrap();
+        assert_eq!(json, r#"{"model":"","messages":[]}"#);
     }
 }

@@ -112,9 +112,9 @@ pub fn machine_state() -> String {
     )
 }
 
-/// `comas serve` on `model` as `name`, on a free port: the process (killed by the caller) and
-/// the URL its first line says it serves at.
-pub fn serve(model: &Path, name: &str) -> (Child, String) {
+/// `comas serve` on `model` as `name`, on a free port: the process (killed when dropped, so a
+/// failing test leaves no server behind) and the URL its first line says it serves at.
+pub fn serve(model: &Path, name: &str) -> (Proc, String) {
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(["serve", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .args(["--served-name", name])
@@ -134,7 +134,7 @@ pub fn serve(model: &Path, name: &str) -> (Child, String) {
         .strip_prefix(&format!("comas serve: {name} at "))
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
-    (server, url)
+    (Proc { name: "serve".into(), child: server }, url)
 }
 
 /// Metric `name` from the Prometheus endpoint at `at` (address, port).
