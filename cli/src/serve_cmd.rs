@@ -143,6 +143,15 @@ struct Served {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.max_running == 0 {
+        anyhow::bail!("--max-running must be at least 1");
+    }
+    if a.max_batch_tokens == 0 {
+        anyhow::bail!("--max-batch-tokens must be at least 1");
+    }
+    if a.served_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+        anyhow::bail!("--served-name is empty: give the name clients ask for, or leave it out");
+    }
     let (_, kind, device) = a.model.resolve()?;
     let name = a.served_name.clone().unwrap_or_else(|| {
         a.model
@@ -157,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
     let model_metrics = served_metrics.clone();
     let dir = a.model.model.clone();
     let (adapter_dir, served, max_running, max_batch_tokens) =
-        (a.adapter.clone(), name.clone(), a.max_running.max(1), a.max_batch_tokens);
+        (a.adapter.clone(), name.clone(), a.max_running, a.max_batch_tokens);
     let model_thread = std::thread::Builder::new().name("serve-model".into()).spawn(move || {
         let loaded = (|| -> Result<_> {
             let tokenizer = Tokenizer::from_dir(&dir)?;

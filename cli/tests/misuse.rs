@@ -253,6 +253,12 @@ fn arguments_that_would_run_nothing_are_refused() {
         let e = run(&[&eval[..], &[flag, value]].concat(), "");
         assert!(e.contains(&format!("{flag} must be at least 1")), "{e}");
     }
+    for flag in ["--max-running", "--max-batch-tokens"] {
+        let e = run(&["serve", "--model", "m", flag, "0"], "");
+        assert!(e.contains(&format!("{flag} must be at least 1")), "{e}");
+    }
+    let e = run(&["serve", "--model", "m", "--served-name", " "], "");
+    assert!(e.contains("--served-name is empty"), "{e}");
     let e = run(&["generate", "--model", "m", "--prompt", "hi", "--max-new-tokens", "0"], "");
     assert!(e.contains("--max-new-tokens must be at least 1"), "{e}");
     let a = format!("a={}", log.display());
