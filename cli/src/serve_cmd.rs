@@ -216,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .fallback(no_route)
-        .method_not_allowed_fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES))
         .with_state(state);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -235,15 +235,17 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// What this server answers, for a request it has no route for (404) or a method a route does
-/// not take (405), in OpenAI's error shape as every other refusal.
+/// A path this server has no route for (404), in OpenAI's error shape as every other refusal.
 async fn no_route(method: Method, uri: Uri) -> Response {
-    let known = ["/v1/chat/completions", "/chat/completions", "/v1/models", "/health", "/metrics"];
-    let status = if known.contains(&uri.path()) {
-        StatusCode::METHOD_NOT_ALLOWED
-    } else {
-        StatusCode::NOT_FOUND
-    };
+    route_error(StatusCode::NOT_FOUND, method, uri)
+}
+
+/// A method a route does not take (405).
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    route_error(StatusCode::METHOD_NOT_ALLOWED, method, uri)
+}
+
+fn route_error(status: StatusCode, method: Method, uri: Uri) -> Response {
     let message = format!(
         "no {method} {}: this server answers POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
         uri.path()
