@@ -384,18 +384,7 @@ fn serve_answers_chat_completions_as_generate_does() {
     });
     for (i, (q, r)) in questions.iter().zip(replies).enumerate() {
         let r = r.unwrap();
-        let alone = ok_json(comas(&[
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--chat",
-            q,
-            "--max-new-tokens",
-            "12",
-            "--seed",
-            &(10 + i).to_string(),
-            "--json",
-        ]));
+        let alone = generate_alone(&model, q, 12, 10 + i as u64);
         assert_eq!(r.choices[0].message.content, alone["text"].as_str().unwrap(), "question {i}");
         let usage = r.usage.unwrap();
         assert_eq!(
@@ -428,12 +417,38 @@ fn serve_answers_chat_completions_as_generate_does() {
     assert!(server.child.wait().unwrap().success(), "SIGTERM ends the server cleanly");
 }
 
-/// A raw HTTP/1.0 exchange with `comas serve` at `url` (`http://host:port/v1`): the status code
-/// and the body of the answer to `method path` with `body`.
+/// What `comas generate` answers `question` alone (chat template, seeded), as JSON: what a
+/// server's reply with the same seed is held to.
+fn generate_alone(
+    model: &std::path::Path,
+    question: &str,
+    max_new: u32,
+    seed: u64,
+) -> serde_json::Value {
+    ok_json(comas(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        question,
+        "--max-new-tokens",
+        &max_new.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--json",
+    ]))
+}
+
+/// `host:port` of a `comas serve` URL (`http://host:port/v1`).
+fn authority(url: &str) -> &str {
+    url.trim_start_matches("http://").trim_end_matches("/v1")
+}
+
+/// A raw HTTP/1.0 exchange with `comas serve` at `url`: the status code and the body of the
+/// answer to `method path` with `body`.
 fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
-    let authority = url.trim_start_matches("http://").trim_end_matches("/v1");
-    let mut sock = std::net::TcpStream::connect(authority).unwrap();
+    let mut sock = std::net::TcpStream::connect(authority(url)).unwrap();
     write!(
         sock,
         "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -468,18 +483,7 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
 
     let (code, r) = ask(json!({"logprobs": true}));
     assert_eq!(code, 200, "{r}");
-    let alone = ok_json(comas(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--chat",
-        "Say hi.",
-        "--max-new-tokens",
-        "6",
-        "--seed",
-        "3",
-        "--json",
-    ]));
+    let alone = generate_alone(&model, "Say hi.", 6, 3);
     let tokens = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
     let want = alone["logprobs"].as_array().unwrap();
     assert_eq!(tokens.len(), want.len());
@@ -539,7 +543,7 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
     // stopped (SIGSTOP) between seeing the request run and the hang-up, so that the request
     // cannot finish in between however fast the machine; should it still have finished before
     // it was seen running, the test tries again.
-    let port: u16 = url.trim_end_matches("/v1").rsplit(':').next().unwrap().parse().unwrap();
+    let port: u16 = authority(&url).rsplit(':').next().unwrap().parse().unwrap();
     let at = ("127.0.0.1".to_string(), port);
     let count = |outcome: &str| {
         harness::try_scrape(&at, &format!("comas_serve_requests_total{{outcome=\"{outcome}\"}}"))
@@ -553,8 +557,7 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
         let body = json!({"messages": [{"role": "user", "content": "Go on."}],
             "max_tokens": 180, "min_tokens": 180})
         .to_string();
-        let authority = url.trim_start_matches("http://").trim_end_matches("/v1");
-        let mut sock = std::net::TcpStream::connect(authority).unwrap();
+        let mut sock = std::net::TcpStream::connect(authority(&url)).unwrap();
         write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
         let running = || harness::try_scrape(&at, "comas_serve_running_sequences");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
