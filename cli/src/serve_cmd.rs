@@ -6,30 +6,30 @@
 //! tokenizes each request, admits it into the batch when the token budget allows and answers
 //! it when its sequence finishes. A request whose client has gone (its connection closed, so
 //! its handler and the receiving end of its reply were dropped) leaves the batch at the next
-//! step instead of generating for no one.
+//! step instead of generating for no one. With `stream = true` the answer comes as server-sent
+//! events, a chunk as text comes (`stream.rs`).
+mod model_loop;
+mod stream;
+
 use crate::model_args::ModelArgs;
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use comas_model::{
-    Batcher, CausalLm, ChatMessage, Completion, FinishReason, LoraAdapter, SamplingParams,
-    Tokenizer,
-};
-use comas_service::openai::{
-    ChatRequest, ChatResponse, Choice, ChoiceLogprobs, ErrorBody, ErrorDetail, Message,
-    TokenLogprob, Usage, REQUEST_BYTES,
-};
+use comas_model::{CausalLm, LoraAdapter, Tokenizer};
+use comas_service::openai::{ChatRequest, ChatResponse, ErrorBody, ErrorDetail, REQUEST_BYTES};
+use model_loop::{serve_model, ModelLoop};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
-use std::time::{SystemTime, UNIX_EPOCH};
+use stream::StreamEvent;
 use tokio::sync::oneshot;
+use tokio_stream::StreamExt;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,13 +64,30 @@ impl ApiError {
     fn bad(message: impl Into<String>) -> Self {
         Self { status: StatusCode::BAD_REQUEST, message: message.into() }
     }
+
+    /// OpenAI's error type.
+    fn kind(&self) -> &'static str {
+        if self.status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        }
+    }
+
+    /// The request's outcome, for `comas_serve_requests_total`.
+    fn outcome(&self) -> &'static str {
+        if self.status.is_server_error() {
+            "failed"
+        } else {
+            "refused"
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind =
-            if self.status.is_server_error() { "server_error" } else { "invalid_request_error" };
-        let body = ErrorBody { error: ErrorDetail { message: self.message, kind: kind.into() } };
+        let body =
+            ErrorBody { error: ErrorDetail { kind: self.kind().into(), message: self.message } };
         (
             self.status,
             [(header::CONTENT_TYPE, "application/json")],
@@ -82,7 +99,15 @@ impl IntoResponse for ApiError {
 
 struct Call {
     request: ChatRequest,
-    reply: oneshot::Sender<Result<ChatResponse, ApiError>>,
+    reply: ReplyTo,
+}
+
+/// Where the HTTP side waits for a request's answer.
+enum ReplyTo {
+    Whole(oneshot::Sender<Result<ChatResponse, ApiError>>),
+    /// Unbounded: the model thread never waits on a slow client (an answer is at most its
+    /// max_tokens' text, and a client that has gone is dropped at the next step).
+    Stream(tokio::sync::mpsc::UnboundedSender<StreamEvent>),
 }
 
 /// Counters and gauges share their values between clones: the HTTP side and the model thread
@@ -286,13 +311,12 @@ async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>)
         };
         return e.into_response();
     }
+    if request.stream == Some(true) {
+        return chat_stream(s, request).await;
+    }
     let (reply, answer) = oneshot::channel();
-    if s.calls.send(Call { request, reply }).is_err() {
-        return ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "the model thread has stopped".into(),
-        }
-        .into_response();
+    if s.calls.send(Call { request, reply: ReplyTo::Whole(reply) }).is_err() {
+        return stopped();
     }
     match answer.await {
         Ok(Ok(r)) => {
@@ -308,18 +332,45 @@ async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>)
                 .into_response()
         }
         Ok(Err(e)) => {
-            s.metrics
-                .requests
-                .with_label_values(&[if e.status.is_server_error() { "failed" } else { "refused" }])
-                .inc();
+            s.metrics.requests.with_label_values(&[e.outcome()]).inc();
             e.into_response()
         }
-        Err(_) => ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "the model thread stopped before answering".into(),
-        }
-        .into_response(),
+        Err(_) => stopped_answering(),
     }
+}
+
+/// A streamed answer: refused with a status like any request until the model thread has taken
+/// it (its first chunk), then server-sent events; from there the model thread counts its
+/// outcome.
+async fn chat_stream(s: Arc<Served>, request: ChatRequest) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    if s.calls.send(Call { request, reply: ReplyTo::Stream(tx) }).is_err() {
+        return stopped();
+    }
+    match rx.recv().await {
+        Some(first @ StreamEvent::Chunk(_)) => {
+            let rest = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+            let events = tokio_stream::once(first)
+                .chain(rest)
+                .map(|e| Ok::<_, std::convert::Infallible>(e.into_sse()));
+            Sse::new(events).into_response()
+        }
+        Some(StreamEvent::Failed(e)) => {
+            s.metrics.requests.with_label_values(&[e.outcome()]).inc();
+            e.into_response()
+        }
+        Some(StreamEvent::Done) | None => stopped_answering(),
+    }
+}
+
+fn stopped() -> Response {
+    let message = "the model thread has stopped".into();
+    ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message }.into_response()
+}
+
+fn stopped_answering() -> Response {
+    let message = "the model thread stopped before answering".into();
+    ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message }.into_response()
 }
 
 async fn models(State(s): State<Arc<Served>>) -> Response {
@@ -329,295 +380,4 @@ async fn models(State(s): State<Arc<Served>>) -> Response {
 
 async fn metrics(State(s): State<Arc<Served>>) -> String {
     comas_service::prom::render(&s.metrics.registry)
-}
-
-struct ModelLoop<'a> {
-    model: &'a CausalLm,
-    tokenizer: &'a Tokenizer,
-    adapter: Option<&'a LoraAdapter>,
-    name: &'a str,
-    max_running: usize,
-    max_batch_tokens: usize,
-    metrics: Metrics,
-}
-
-/// What a request asks of the model, tokenized and checked.
-struct Asked {
-    prompt: Vec<i64>,
-    params: SamplingParams,
-    /// Whether the answer carries each token's log-probability.
-    logprobs: bool,
-}
-
-type Reply = oneshot::Sender<Result<ChatResponse, ApiError>>;
-
-/// A request waiting for room in the batch.
-struct Admitted {
-    asked: Asked,
-    reply: Reply,
-}
-
-/// A request in the batch.
-struct Running {
-    prompt: usize,
-    logprobs: bool,
-    reply: Reply,
-}
-
-impl ModelLoop<'_> {
-    /// The prompt and sampling of a request, or why it cannot run here.
-    fn admit(&self, r: &ChatRequest) -> Result<Asked, ApiError> {
-        if r.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("n must be 1: one choice per request"));
-        }
-        if r.stream == Some(true) {
-            return Err(ApiError::bad("streaming is not supported; send stream = false"));
-        }
-        if let Some(why) = r.unsupported() {
-            return Err(ApiError::bad(why));
-        }
-        if r.messages.is_empty() {
-            return Err(ApiError::bad("messages is empty"));
-        }
-        if r.max_new_tokens() == Some(0) {
-            return Err(ApiError::bad("max_tokens must be at least 1"));
-        }
-        let temperature = r.temperature.unwrap_or(1.0);
-        if !(temperature.is_finite() && temperature >= 0.0) {
-            return Err(ApiError::bad(format!(
-                "temperature must be finite and at least 0, got {temperature}"
-            )));
-        }
-        let top_p = r.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad(format!("top_p must be in (0, 1], got {top_p}")));
-        }
-        let messages: Vec<ChatMessage> = r
-            .messages
-            .iter()
-            .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
-        let prompt = self
-            .tokenizer
-            .encode_chat(&messages, true)
-            .map_err(|e| ApiError::bad(format!("the messages cannot be rendered: {e}")))?;
-        let context = self.model.config().max_position_embeddings.max(0) as usize;
-        let room = context.saturating_sub(prompt.len());
-        let max_new = r.max_new_tokens().map_or(room, |n| n as usize);
-        // No max_tokens and a prompt that fills the context leaves nothing to generate.
-        if prompt.len() + max_new > context || max_new == 0 {
-            return Err(ApiError::bad(format!(
-                "this model's context is {context} tokens, and the request asks for {} ({} in the messages, {max_new} to generate); shorten the messages or lower max_tokens",
-                prompt.len() + max_new,
-                prompt.len()
-            )));
-        }
-        if prompt.len() + max_new > self.max_batch_tokens {
-            return Err(ApiError::bad(format!(
-                "the request needs {} tokens of KV cache ({} in the messages, {max_new} to generate), over this server's --max-batch-tokens {}",
-                prompt.len() + max_new,
-                prompt.len(),
-                self.max_batch_tokens
-            )));
-        }
-        let params = SamplingParams {
-            temperature,
-            top_k: r.top_k.unwrap_or(0) as usize,
-            top_p,
-            seed: r.seed.unwrap_or_else(rand::random),
-            max_new_tokens: max_new,
-            min_new_tokens: (r.min_tokens.unwrap_or(0) as usize).min(max_new),
-            stop_token_ids: self.tokenizer.eos_token_ids().to_vec(),
-            stop_strings: r.stop.as_ref().map(|s| s.strings()).unwrap_or_default(),
-            guided_suffix: r.guided_suffix.clone(),
-        };
-        if r.logprobs == Some(true) {
-            // Token bytes come from the guided-decoding tables, built on first use.
-            self.tokenizer
-                .guidance()
-                .map_err(|e| ApiError::bad(format!("logprobs cannot be given: {e}")))?;
-        }
-        Ok(Asked { prompt, params, logprobs: r.logprobs == Some(true) })
-    }
-
-    /// Each generated token with its log-probability under softmax(logits / temperature) over
-    /// the whole vocabulary (temperature 1 when greedy), the stop token included.
-    fn logprobs(&self, c: &Completion) -> ChoiceLogprobs {
-        let guidance = self.tokenizer.guidance().ok();
-        let content = c
-            .token_ids
-            .iter()
-            .zip(&c.logprobs)
-            .map(|(&id, &logprob)| {
-                let bytes = guidance.map(|g| g.token_bytes(id)).unwrap_or_default();
-                TokenLogprob {
-                    token: String::from_utf8_lossy(&bytes).into_owned(),
-                    logprob,
-                    bytes: Some(bytes),
-                    top_logprobs: Vec::new(),
-                }
-            })
-            .collect();
-        ChoiceLogprobs { content }
-    }
-
-    /// A finished sequence as a chat completion: the text without the stop token or string.
-    fn answer(&self, id: u64, run: &Running, c: &Completion) -> ChatResponse {
-        let (tok, prompt) = (self.tokenizer, run.prompt);
-        let stop = c.finish_reason == FinishReason::Stop
-            && c.stop_string.is_none()
-            && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
-        let visible = if stop { &c.token_ids[..c.token_ids.len() - 1] } else { &c.token_ids[..] };
-        let mut text = tok.decode(visible, true).unwrap_or_default();
-        if let Some(s) = &c.stop_string {
-            if let Some(i) = text.find(s.as_str()) {
-                text.truncate(i);
-            }
-        }
-        let finish = match c.finish_reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        };
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        ChatResponse {
-            id: format!("chatcmpl-{created}-{id}"),
-            object: "chat.completion".into(),
-            created,
-            model: self.name.to_string(),
-            choices: vec![Choice {
-                index: 0,
-                message: Message { role: "assistant".into(), content: text },
-                finish_reason: Some(finish.into()),
-                logprobs: run.logprobs.then(|| self.logprobs(c)),
-            }],
-            usage: Some(Usage {
-                prompt_tokens: prompt as u64,
-                completion_tokens: c.token_ids.len() as u64,
-                total_tokens: (prompt + c.token_ids.len()) as u64,
-            }),
-        }
-    }
-}
-
-/// The model thread: takes calls, keeps the batch full within its budget, answers as sequences
-/// finish, and drops the requests whose clients have gone. Ends when every sender is gone and
-/// the batch is empty.
-fn serve_model(m: &ModelLoop, calls: mpsc::Receiver<Call>) {
-    let new_batcher = || {
-        let mut b = Batcher::new(m.model, Some(m.tokenizer));
-        b.set_cache_limit(Some(m.max_batch_tokens));
-        b
-    };
-    let mut batcher = new_batcher();
-    let mut waiting: VecDeque<Admitted> = VecDeque::new();
-    let mut running: HashMap<u64, Running> = HashMap::new();
-    let mut next_id = 0u64;
-    let mut open = true;
-    loop {
-        let take = |call: Call, waiting: &mut VecDeque<Admitted>| match m.admit(&call.request) {
-            Ok(asked) => waiting.push_back(Admitted { asked, reply: call.reply }),
-            Err(e) => {
-                let _ = call.reply.send(Err(e));
-            }
-        };
-        if batcher.is_empty() && waiting.is_empty() {
-            if !open {
-                return;
-            }
-            match calls.recv() {
-                Ok(c) => take(c, &mut waiting),
-                Err(_) => return,
-            }
-        }
-        loop {
-            match calls.try_recv() {
-                Ok(c) => take(c, &mut waiting),
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    open = false;
-                    break;
-                }
-            }
-        }
-        let gone = drop_abandoned(&mut batcher, &mut waiting, &mut running);
-        if gone > 0 {
-            m.metrics.requests.with_label_values(&["cancelled"]).inc_by(gone);
-        }
-        while let Some(w) = waiting.front() {
-            let need = w.asked.prompt.len() + w.asked.params.max_new_tokens;
-            if batcher.len() >= m.max_running
-                || (!batcher.is_empty() && batcher.slots_if_added(need) > m.max_batch_tokens)
-            {
-                break;
-            }
-            let Admitted { asked, reply } = waiting.pop_front().expect("front exists");
-            let id = next_id;
-            next_id += 1;
-            let (prompt, logprobs) = (asked.prompt.len(), asked.logprobs);
-            match batcher.add(id, asked.prompt, asked.params, m.adapter) {
-                Ok(()) => {
-                    running.insert(id, Running { prompt, logprobs, reply });
-                }
-                Err(e) => {
-                    let _ =
-                        reply.send(Err(ApiError::bad(format!("the request cannot start: {e}"))));
-                }
-            }
-        }
-        m.metrics.running.set(running.len() as i64);
-        m.metrics.waiting.set(waiting.len() as i64);
-        if batcher.is_empty() {
-            continue;
-        }
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batcher.step()))
-            .unwrap_or_else(|p| {
-                Err(comas_model::ModelError::Input(format!(
-                    "the decode step panicked: {}",
-                    comas_service::panic_message(p.as_ref())
-                )))
-            });
-        match step {
-            Ok(done) => {
-                for (id, c) in done {
-                    if let Some(run) = running.remove(&id) {
-                        let answer = m.answer(id, &run, &c);
-                        let _ = run.reply.send(Ok(answer));
-                    }
-                }
-            }
-            Err(e) => {
-                // A failed step poisons its batch: every sequence in it fails, the server goes on.
-                tracing::error!(error = %e, "decode step failed");
-                for (_, run) in running.drain() {
-                    let _ = run.reply.send(Err(ApiError {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: format!("decode failed: {e}"),
-                    }));
-                }
-                batcher = new_batcher();
-            }
-        }
-        m.metrics.running.set(running.len() as i64);
-    }
-}
-
-/// Takes out every request whose client has gone (the receiving end of its reply is dropped
-/// when its connection closes): waiting ones leave the queue, running ones the batch, which
-/// frees their cache room now. Returns how many there were.
-fn drop_abandoned(
-    batcher: &mut Batcher,
-    waiting: &mut VecDeque<Admitted>,
-    running: &mut HashMap<u64, Running>,
-) -> u64 {
-    let before = waiting.len() + running.len();
-    waiting.retain(|w| !w.reply.is_closed());
-    let gone: Vec<u64> =
-        running.iter().filter(|(_, r)| r.reply.is_closed()).map(|(&id, _)| id).collect();
-    for id in gone {
-        running.remove(&id);
-        if let Err(e) = batcher.abort(id) {
-            tracing::warn!(error = %e, sequence = id, "could not take an abandoned request out of the batch");
-        }
-    }
-    (before - waiting.len() - running.len()) as u64
 }

@@ -586,3 +586,199 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
     assert_eq!(ask(json!({})).0, 200, "the server goes on");
     server.sigkill();
 }
+
+/// A streamed request to `comas serve` at `url` over raw HTTP/1.0: the status, and the events'
+/// data (JSON chunks, `"[DONE]"` as a string) or, when refused, the error body alone.
+fn stream(url: &str, body: &serde_json::Value) -> (u16, Vec<serde_json::Value>) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut sock = std::net::TcpStream::connect(authority(url)).unwrap();
+    write!(sock, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    sock.read_to_string(&mut answer).unwrap();
+    let (head, rest) = answer.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    if code != 200 {
+        return (code, vec![serde_json::from_str(rest).unwrap()]);
+    }
+    assert!(head.to_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let events = rest
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let data =
+                e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}"));
+            serde_json::from_str(data).unwrap_or_else(|_| serde_json::Value::from(data))
+        })
+        .collect();
+    (code, events)
+}
+
+/// The text, token log-probabilities and finish reasons of a stream's chunks, in order.
+fn joined(events: &[serde_json::Value]) -> (String, Vec<f64>, Vec<String>) {
+    let (mut text, mut logprobs, mut finish) = (String::new(), Vec::new(), Vec::new());
+    for c in events.iter().filter_map(|e| e["choices"].get(0)) {
+        text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        for t in c["logprobs"]["content"].as_array().into_iter().flatten() {
+            logprobs.push(t["logprob"].as_f64().unwrap());
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish.push(f.to_string());
+        }
+    }
+    (text, logprobs, finish)
+}
+
+/// `stream = true` gives the answer `stream = false` gives, in pieces: the same text (with a
+/// stop string cut where the whole answer cuts it, though the stream had to send text before
+/// knowing), the same log-probabilities and usage, one role chunk first and `[DONE]` last.
+/// Refusals come as plain errors before any event; a stream whose client leaves is dropped.
+#[test]
+fn serve_streams_the_answer_it_gives_whole_and_drops_a_stream_whose_client_left() {
+    use serde_json::json;
+    let model = fixtures().join("models/qwen2-f32");
+    let (mut server, url) = harness::serve(&model, "judge");
+    let ask = |seed: u64, extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 60, "seed": seed, "temperature": 1.0, "logprobs": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let mut stops_tried = 0;
+    for seed in 1..=8 {
+        let (code, whole) =
+            http(&url, "POST", "/v1/chat/completions", ask(seed, json!({})).to_string().as_bytes());
+        assert_eq!(code, 200, "{whole}");
+        let (code, events) = stream(
+            &url,
+            &ask(seed, json!({"stream": true, "stream_options": {"include_usage": true}})),
+        );
+        assert_eq!(code, 200, "{events:?}");
+        let w = &whole["choices"][0];
+        let (text, logprobs, finish) = joined(&events);
+        assert_eq!(text, w["message"]["content"].as_str().unwrap(), "seed {seed}");
+        let want: Vec<f64> = w["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap())
+            .collect();
+        assert_eq!(logprobs, want, "seed {seed}");
+        assert_eq!(finish, vec![w["finish_reason"].as_str().unwrap().to_string()]);
+        assert_eq!(events[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert!(events.len() > 4, "seed {seed}: the answer came in {} events", events.len());
+        let n = events.len();
+        assert_eq!(events[n - 1], json!("[DONE]"));
+        assert_eq!(
+            (&events[n - 2]["choices"], &events[n - 2]["usage"]),
+            (&json!([]), &whole["usage"])
+        );
+        let ids: std::collections::BTreeSet<&str> =
+            events[..n - 1].iter().map(|e| e["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), 1, "one id for every chunk");
+        assert!(events[..n - 1].iter().all(|e| e["object"] == "chat.completion.chunk"));
+
+        // A stop string across two tokens from the middle of this answer: the last character
+        // of one and the first of the next (ASCII letters or digits, so that no split character
+        // decodes differently where the batcher looks for it). The stream has sent the first
+        // token's text by the time the second comes, unless it held the letter back.
+        let content = w["message"]["content"].as_str().unwrap();
+        let bytes: Vec<Vec<u8>> = w["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                t["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect()
+            })
+            .collect();
+        let across = (bytes.len() / 3..bytes.len().saturating_sub(1)).find_map(|i| {
+            let (a, b) = (bytes[i].last()?, bytes[i + 1].first()?);
+            if !(a.is_ascii_alphanumeric() && b.is_ascii_alphanumeric()) {
+                return None;
+            }
+            // An ASCII byte ends any broken character, so the text up to it is a prefix.
+            let before = String::from_utf8_lossy(&bytes[..=i].concat()).into_owned();
+            let stop = format!("{}{}", *a as char, *b as char);
+            (content.starts_with(&before) && content.find(&stop) == Some(before.len() - 1))
+                .then_some(stop)
+        });
+        let Some(stop) = across else { continue };
+        let stop = stop.as_str();
+        let cut = &content[..content.find(stop).unwrap()];
+        let with_stop = ask(seed, json!({"stop": [stop]}));
+        let (code, whole) =
+            http(&url, "POST", "/v1/chat/completions", with_stop.to_string().as_bytes());
+        assert_eq!(code, 200, "{whole}");
+        assert_eq!(
+            whole["choices"][0]["message"]["content"],
+            json!(cut),
+            "seed {seed}, stop {stop:?}"
+        );
+        let (code, events) = stream(&url, &ask(seed, json!({"stop": [stop], "stream": true})));
+        assert_eq!(code, 200);
+        let (text, _, finish) = joined(&events);
+        assert_eq!(
+            (text.as_str(), finish),
+            (cut, vec!["stop".to_string()]),
+            "seed {seed}, stop {stop:?}"
+        );
+        stops_tried += 1;
+    }
+    assert!(stops_tried >= 3, "only {stops_tried} answers had a stop string to try");
+
+    for (extra, says) in [
+        (json!({"stream": true, "presence_penalty": 1}), "presence_penalty = 1 is not supported"),
+        (json!({"stream_options": {"include_usage": true}}), "stream_options is only for streamed"),
+        (json!({"stream": true, "stop": ["a", ""]}), "a stop string is empty"),
+        (json!({"stream": true, "max_tokens": 1000}), "this model's context is 256 tokens"),
+    ] {
+        let (code, events) = stream(&url, &ask(1, extra.clone()));
+        let message = events[0]["error"]["message"].as_str().unwrap_or_default();
+        assert!(code == 400 && message.contains(says), "{extra}: {code} {events:?}");
+    }
+
+    // A client that leaves a stream part-way (as in the test above, the server is stopped
+    // between the first text and the hang-up): the sequence leaves the batch.
+    let port: u16 = authority(&url).rsplit(':').next().unwrap().parse().unwrap();
+    let at = ("127.0.0.1".to_string(), port);
+    let count = |outcome: &str| {
+        harness::try_scrape(&at, &format!("comas_serve_requests_total{{outcome=\"{outcome}\"}}"))
+            .unwrap_or(0.0)
+    };
+    let pid = server.child.id() as i32;
+    let mut left = false;
+    for _ in 0..5 {
+        use std::io::{BufRead, Write};
+        let answered = count("answered");
+        let body = json!({"messages": [{"role": "user", "content": "Go on."}], "stream": true,
+            "max_tokens": 180, "min_tokens": 180})
+        .to_string();
+        let mut sock = std::net::TcpStream::connect(authority(&url)).unwrap();
+        write!(sock, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut lines = std::io::BufReader::new(sock.try_clone().unwrap()).lines();
+        // The role chunk, then one with text: the sequence is decoding.
+        let mut data = 0;
+        while data < 2 {
+            let line = lines.next().expect("the stream ended early").unwrap();
+            data += usize::from(line.starts_with("data: "));
+        }
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        drop(lines);
+        drop(sock);
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while count("cancelled") == 0.0 && count("answered") == answered {
+            assert!(std::time::Instant::now() < deadline, "the stream neither ended nor left");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if count("cancelled") == 1.0 {
+            assert_eq!(count("answered"), answered, "the abandoned stream was not answered");
+            left = true;
+            break;
+        }
+    }
+    assert!(left, "every try finished before its client could leave");
+    assert_eq!(harness::scrape(&at, "comas_serve_running_sequences"), 0.0);
+    assert_eq!(stream(&url, &ask(1, json!({"stream": true}))).0, 200, "the server goes on");
+    server.sigkill();
+}

@@ -150,9 +150,20 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     let bytes: Vec<u8> =
         again["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
     assert!(String::from_utf8_lossy(&bytes).starts_with(r["content"].as_str().unwrap()));
+    // Streamed: the same text and log-probabilities in several chunks, one finish reason, and
+    // the usage in the last chunk.
+    let streamed = &seen["streamed"];
+    assert_eq!(streamed["role"], "assistant");
+    assert_eq!(streamed["content"], r["content"]);
+    assert_eq!(streamed["logprobs"], again["logprobs"]);
+    assert_eq!(streamed["finish_reasons"], serde_json::json!([finish]));
+    assert!(streamed["chunks"].as_u64().unwrap() > 3, "{streamed}");
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(streamed["usage"][k], r[k], "{k}");
+    }
     for (name, says) in [
         ("negative_temperature", "temperature"),
-        ("stream", "streaming is not supported"),
+        ("stream_options", "stream_options is only for streamed answers"),
         ("presence_penalty", "presence_penalty = 0.5 is not supported here"),
     ] {
         let refused = &seen["refused"][name];

@@ -273,6 +273,12 @@ impl<'a> Batcher<'a> {
         Ok(())
     }
 
+    /// The sequences decoding now, each with what it has generated so far (a streamed answer
+    /// reads its new tokens here after each step).
+    pub fn outputs(&self) -> impl Iterator<Item = (u64, &Completion)> + '_ {
+        self.rows.iter().map(|r| (r.id, &r.out))
+    }
+
     /// Stops sequence `id` wherever it is (waiting, prefilling or decoding): it takes no further
     /// step and its cache room is freed now. Returns how many tokens it had generated, or
     /// `None` if no such sequence is here (it finished, or was never added).

@@ -39,6 +39,35 @@ pub struct Tokenizer {
     guidance: std::sync::OnceLock<std::result::Result<crate::guide::Guidance, String>>,
 }
 
+/// The text of ids given one at a time, in pieces whose concatenation is what
+/// [`Tokenizer::decode`] gives for all of them: a piece comes once its bytes end on a whole
+/// character, and is decoded with the ids before it, so that a token's leading space or a
+/// character split over tokens comes out as it would in the whole text. Ids outside the
+/// vocabulary are skipped, as `decode` skips them.
+pub struct TextStream<'a> {
+    vocab: usize,
+    inner: tokenizers::DecodeStream<
+        'a,
+        tokenizers::models::ModelWrapper,
+        tokenizers::normalizers::NormalizerWrapper,
+        tokenizers::pre_tokenizers::PreTokenizerWrapper,
+        tokenizers::processors::PostProcessorWrapper,
+        tokenizers::decoders::DecoderWrapper,
+    >,
+}
+
+impl TextStream<'_> {
+    /// The text `id` adds, if a whole character is out.
+    pub fn push(&mut self, id: i64) -> Result<Option<String>> {
+        match u32::try_from(id) {
+            Ok(i) if (i as usize) < self.vocab => {
+                self.inner.step(i).map_err(|e| ModelError::Tokenizer(e.to_string()))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 /// The model's chat template and the file it came from. One that does not compile is kept as
 /// its error, so raw prompts still work and only chat prompts fail, naming the file.
 struct ChatTemplate {
@@ -263,6 +292,11 @@ impl Tokenizer {
             .map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
+    /// The text of a growing list of ids, piece by piece (a streamed answer).
+    pub fn text_stream(&self, skip_special_tokens: bool) -> TextStream<'_> {
+        TextStream { vocab: self.vocab_size, inner: self.inner.decode_stream(skip_special_tokens) }
+    }
+
     /// Renders `messages` with the model's chat template.
     pub fn apply_chat_template(
         &self,
@@ -342,5 +376,45 @@ impl Tokenizer {
         }
         out.extend(self.encode(rest, false)?);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pieces of ids pushed one by one, joined, against decoding them all at once: the fixture
+    /// tokenizers are byte-level, so random ids split characters over tokens.
+    #[test]
+    fn streamed_text_joins_to_the_whole_decode() {
+        use rand::{Rng, SeedableRng};
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers");
+        for name in ["chatml", "llama3"] {
+            let tok = Tokenizer::from_dir(&root.join(name)).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+            let mut split_characters = 0;
+            for skip in [true, false] {
+                for _ in 0..50 {
+                    let n = tok.vocab_size() as i64;
+                    // Now and then an id past the vocabulary (a padded embedding row).
+                    let ids: Vec<i64> = (0..40).map(|_| rng.gen_range(0..n + 3)).collect();
+                    let mut stream = tok.text_stream(skip);
+                    let mut joined = String::new();
+                    for &id in &ids {
+                        match stream.push(id).unwrap() {
+                            Some(piece) => joined.push_str(&piece),
+                            None => split_characters += 1,
+                        }
+                    }
+                    let whole = tok.decode(&ids, skip).unwrap();
+                    // What is still held back is an unfinished character at the end.
+                    let held = whole.strip_prefix(joined.as_str()).unwrap_or_else(|| {
+                        panic!("{name}: {joined:?} is not a prefix of {whole:?}")
+                    });
+                    assert!(held.chars().all(|c| c == '\u{FFFD}'), "{name}: held {held:?}");
+                }
+            }
+            assert!(split_characters > 0, "{name}: no id was held back, the test shows nothing");
+        }
     }
 }

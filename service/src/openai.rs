@@ -110,8 +110,11 @@ pub struct ChatRequest {
     pub stop: Option<Stop>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
+    /// Whether the answer comes as server-sent events, a [`ChatChunk`] each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
     /// comas's own extension (a guided tail, see `comas_model::guide`): only `comas serve`
     /// knows it, so it is sent only when a turn asks for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,6 +125,14 @@ pub struct ChatRequest {
     /// Every other field, kept so that a server can tell which of them it would ignore.
     #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// How a streamed answer is sent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// A last chunk with the usage and no choices, before `[DONE]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
 }
 
 /// Fields of OpenAI's API (and vLLM's) that change the answer, with the values that leave it
@@ -210,6 +221,42 @@ pub struct ChatResponse {
     pub choices: Vec<Choice>,
     #[serde(default)]
     pub usage: Option<Usage>,
+}
+
+/// One server-sent event of a streamed chat completion: the text and tokens since the last one.
+/// Every chunk of an answer has the same `id` and `created`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunk {
+    pub id: String,
+    /// "chat.completion.chunk".
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    /// One choice; none in the last chunk, the one that carries the usage.
+    pub choices: Vec<ChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    /// Set in the choice's last chunk: "stop" or "length".
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// With `logprobs = true`: the tokens this chunk's text came from.
+    #[serde(default)]
+    pub logprobs: Option<ChoiceLogprobs>,
+}
+
+/// What a chunk adds to the message: the role in the first chunk, text after it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
 }
 
 /// An error body: `{"error": {"message": …, "type": …}}`.

@@ -1,0 +1,244 @@
+//! Streamed answers (`stream = true`): a chunk of text as tokens come, as server-sent events.
+//!
+//! Invariant: the text sent is always a prefix of the whole answer (what `stream = false`
+//! gives). Tokens are decoded piece by piece ([`TextStream`]: a character split over tokens
+//! waits for its last byte), and text that could be the start of a stop string is held back
+//! until it is known not to be one, since the answer ends before its stop string. So no text
+//! is sent that the answer would not have, and when the sequence ends the rest of the answer
+//! follows. Each chunk's log-probabilities are those of the tokens read since the last chunk,
+//! so that they too join to the whole answer's.
+use super::model_loop::{Head, ModelLoop};
+use super::{ApiError, Metrics};
+use axum::response::sse::Event;
+use comas_model::tokenizer::TextStream;
+use comas_model::{Completion, Tokenizer};
+use comas_service::openai::{
+    ChatChunk, ChatResponse, ChoiceLogprobs, ChunkChoice, Delta, ErrorBody, ErrorDetail, Usage,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What the model thread sends the HTTP side of a streamed answer.
+pub(super) enum StreamEvent {
+    Chunk(ChatChunk),
+    /// The request was refused (as the first event: answered with its status instead of a
+    /// stream) or failed part-way.
+    Failed(ApiError),
+    /// The answer is complete.
+    Done,
+}
+
+impl StreamEvent {
+    /// As a server-sent event: a chunk, an error body, or `[DONE]`.
+    pub(super) fn into_sse(self) -> Event {
+        match self {
+            StreamEvent::Chunk(c) => {
+                Event::default().data(serde_json::to_string(&c).unwrap_or_default())
+            }
+            StreamEvent::Failed(e) => {
+                let kind = e.kind().into();
+                let body = ErrorBody { error: ErrorDetail { message: e.message, kind } };
+                Event::default().data(serde_json::to_string(&body).unwrap_or_default())
+            }
+            StreamEvent::Done => Event::default().data("[DONE]"),
+        }
+    }
+}
+
+/// A streamed answer on the model thread.
+pub(super) struct Streamed<'t> {
+    tx: UnboundedSender<StreamEvent>,
+    head: Head,
+    text: TextStream<'t>,
+    stops: Vec<String>,
+    logprobs: bool,
+    include_usage: bool,
+    /// Whether the first chunk went: from then on its outcome is counted here, not by the
+    /// HTTP side.
+    started: bool,
+    /// Tokens read into `text`.
+    read: usize,
+    /// Text decoded and not sent: it may be the start of a stop string.
+    held: String,
+    sent: String,
+    /// Tokens whose log-probabilities were sent.
+    logprobs_sent: usize,
+    /// The tokenizer could not decode a piece: the rest comes whole with the last chunk.
+    broken: bool,
+}
+
+impl<'t> Streamed<'t> {
+    pub(super) fn new(
+        tx: UnboundedSender<StreamEvent>,
+        head: Head,
+        tokenizer: &'t Tokenizer,
+        stops: Vec<String>,
+        logprobs: bool,
+        include_usage: bool,
+    ) -> Self {
+        Self {
+            tx,
+            head,
+            text: tokenizer.text_stream(true),
+            stops,
+            logprobs,
+            include_usage,
+            started: false,
+            read: 0,
+            held: String::new(),
+            sent: String::new(),
+            logprobs_sent: 0,
+            broken: false,
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> StreamEvent {
+        StreamEvent::Chunk(ChatChunk {
+            id: self.head.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    /// A chunk of the one choice.
+    fn delta(
+        &self,
+        delta: Delta,
+        finish_reason: Option<String>,
+        logprobs: Option<ChoiceLogprobs>,
+    ) -> StreamEvent {
+        self.chunk(vec![ChunkChoice { index: 0, delta, finish_reason, logprobs }], None)
+    }
+
+    fn send(&self, event: StreamEvent) {
+        // A client that has gone is noticed before the next step (`is_closed`).
+        let _ = self.tx.send(event);
+    }
+
+    /// The first chunk (the role): the request was taken.
+    pub(super) fn start(&mut self) {
+        let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
+        self.send(self.delta(delta, None, None));
+        self.started = true;
+    }
+
+    /// After a step: the text of the tokens generated since the last chunk, less what may be
+    /// the start of a stop string.
+    pub(super) fn progress(&mut self, out: &Completion, m: &ModelLoop) {
+        if self.broken {
+            return;
+        }
+        for &id in &out.token_ids[self.read.min(out.token_ids.len())..] {
+            match self.text.push(id) {
+                Ok(Some(piece)) => self.held.push_str(&piece),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, answer = %self.head.id, "a streamed piece cannot be decoded; the rest comes at the end");
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+        self.read = out.token_ids.len();
+        let n = sendable(&self.held, &self.stops);
+        if n == 0 {
+            return;
+        }
+        let piece: String = self.held.drain(..n).collect();
+        self.sent.push_str(&piece);
+        let from = self.logprobs_sent;
+        let logprobs =
+            self.logprobs.then(|| m.logprobs(&out.token_ids[from..], &out.logprobs[from..]));
+        self.logprobs_sent = out.token_ids.len();
+        let delta = Delta { role: None, content: Some(piece) };
+        self.send(self.delta(delta, None, logprobs));
+    }
+
+    /// The sequence ended: the rest of `answer` (the whole answer, as `stream = false` gives
+    /// it) with its finish reason, the usage if asked, and `[DONE]`.
+    pub(super) fn finish(self, answer: ChatResponse, metrics: &Metrics) {
+        let usage = answer.usage.clone();
+        let Some(choice) = answer.choices.into_iter().next() else { return };
+        let whole = choice.message.content;
+        let rest = whole.strip_prefix(self.sent.as_str()).unwrap_or_else(|| {
+            // Cannot happen by the invariant above; if it did, what was sent stands.
+            tracing::warn!(answer = %self.head.id, "a streamed answer's text does not extend what was sent");
+            ""
+        });
+        let logprobs = choice.logprobs.map(|mut l| {
+            l.content.drain(..self.logprobs_sent.min(l.content.len()));
+            l
+        });
+        let delta = Delta { role: None, content: (!rest.is_empty()).then(|| rest.to_string()) };
+        self.send(self.delta(delta, choice.finish_reason, logprobs));
+        if let Some(u) = &usage {
+            metrics.prompt_tokens.inc_by(u.prompt_tokens);
+            metrics.completion_tokens.inc_by(u.completion_tokens);
+            if self.include_usage {
+                self.send(self.chunk(Vec::new(), Some(u.clone())));
+            }
+        }
+        metrics.requests.with_label_values(&["answered"]).inc();
+        self.send(StreamEvent::Done);
+    }
+
+    /// Refused, or failed part-way.
+    pub(super) fn fail(self, e: ApiError, metrics: &Metrics) {
+        if self.started {
+            metrics.requests.with_label_values(&[e.outcome()]).inc();
+        }
+        self.send(StreamEvent::Failed(e));
+    }
+}
+
+/// How much of `held` (text not yet sent, after text that ends no stop string's start) may
+/// go now: all of it up to the first stop string in it, or to the longest suffix that a stop
+/// string begins with, since the answer ends where a stop string starts.
+fn sendable(held: &str, stops: &[String]) -> usize {
+    let mut cut = held.len();
+    for s in stops {
+        if let Some(i) = held.find(s.as_str()) {
+            cut = cut.min(i);
+        }
+        let from = held.len().saturating_sub(s.len().saturating_sub(1));
+        if let Some(i) =
+            (from..held.len()).find(|&i| held.is_char_boundary(i) && s.starts_with(&held[i..]))
+        {
+            cut = cut.min(i);
+        }
+    }
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sendable;
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn text_that_may_begin_a_stop_string_waits() {
+        assert_eq!(sendable("anything", &[]), 8);
+        assert_eq!(sendable("abc<", &stops(&["<end>"])), 3);
+        assert_eq!(sendable("a<en", &stops(&["<end>"])), 1);
+        assert_eq!(sendable("a<e>", &stops(&["<end>"])), 4, "a start that went wrong goes");
+        assert_eq!(sendable("hello", &stops(&["lo!"])), 3);
+        // The earliest of several stop strings' starts.
+        assert_eq!(sendable("axy", &stops(&["yz!", "xyz"])), 1);
+        // A whole stop string (below min_tokens, or in a guided tail) and what follows it wait
+        // too: the answer may end there.
+        assert_eq!(sendable("ab<end>cd", &stops(&["<end>"])), 2);
+        // Characters are never split.
+        assert_eq!(sendable("aé", &stops(&["é!"])), 1);
+        assert_eq!(sendable("é<", &stops(&["<x"])), 2);
+        assert_eq!(sendable("", &stops(&["<x"])), 0);
+    }
+}
