@@ -62,7 +62,7 @@ enum Command {
     Learner(comas_learner::cli::Args),
     /// Generate a completion from a model folder.
     Generate(generate_cmd::Args),
-    /// Serve a model folder behind an OpenAI-compatible chat-completions endpoint.
+    /// Serve a model folder behind OpenAI-compatible chat and text completion endpoints.
     Serve(serve_cmd::Args),
     /// Evaluate a model or a team on a benchmark under the inference setups of the paper.
     Eval(eval::Args),

@@ -1,5 +1,5 @@
-//! `comas serve`: one model folder behind an OpenAI-compatible chat-completions endpoint, with
-//! continuous batching. A job's frozen model (a MAPPA coach, an evaluation team member) can then
+//! `comas serve`: one model folder behind OpenAI-compatible chat and text completion endpoints,
+//! with continuous batching. A job's frozen model (a MAPPA coach, an evaluation team member) can then
 //! live on its own machine, and any OpenAI client can talk to a trained agent.
 //!
 //! The HTTP side parses and answers; one thread owns the model (tensors never leave it),
@@ -7,9 +7,10 @@
 //! it when its sequence finishes. A request whose client has gone (its connection closed, so
 //! its handler and the receiving end of its reply were dropped) leaves the batch at the next
 //! step instead of generating for no one. With `stream = true` the answer comes as server-sent
-//! events, a chunk as text comes (`stream.rs`).
+//! events, a chunk as text comes (`stream.rs`). Both APIs' shapes are made in `wire.rs`.
 mod model_loop;
 mod stream;
+mod wire;
 
 use crate::model_args::ModelArgs;
 use anyhow::{Context, Result};
@@ -22,7 +23,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use comas_model::{CausalLm, LoraAdapter, Tokenizer};
-use comas_service::openai::{ChatRequest, ChatResponse, ErrorBody, ErrorDetail, REQUEST_BYTES};
+use comas_service::openai::{
+    ChatRequest, CompletionRequest, ErrorBody, ErrorDetail, Sampling, Usage, REQUEST_BYTES,
+};
 use model_loop::{serve_model, ModelLoop};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::path::PathBuf;
@@ -98,13 +101,48 @@ impl IntoResponse for ApiError {
 }
 
 struct Call {
-    request: ChatRequest,
+    request: Request,
     reply: ReplyTo,
+}
+
+/// A request of either API.
+enum Request {
+    Chat(ChatRequest),
+    Text(CompletionRequest),
+}
+
+impl Request {
+    fn parse(api: wire::Api, body: &[u8]) -> Result<Self, serde_json::Error> {
+        Ok(match api {
+            wire::Api::Chat => Request::Chat(serde_json::from_slice(body)?),
+            wire::Api::Text => Request::Text(serde_json::from_slice(body)?),
+        })
+    }
+
+    fn model(&self) -> &str {
+        match self {
+            Request::Chat(r) => &r.model,
+            Request::Text(r) => &r.model,
+        }
+    }
+
+    fn sampling(&self) -> &Sampling {
+        match self {
+            Request::Chat(r) => &r.sampling,
+            Request::Text(r) => &r.sampling,
+        }
+    }
+}
+
+/// An unstreamed answer: its JSON body, and its usage for the metrics.
+struct Whole {
+    body: String,
+    usage: Usage,
 }
 
 /// Where the HTTP side waits for a request's answer.
 enum ReplyTo {
-    Whole(oneshot::Sender<Result<ChatResponse, ApiError>>),
+    Whole(oneshot::Sender<Result<Whole, ApiError>>),
     /// Unbounded: the model thread never waits on a slow client (an answer is at most its
     /// max_tokens' text, and a client that has gone is dropped at the next step).
     Stream(tokio::sync::mpsc::UnboundedSender<StreamEvent>),
@@ -237,6 +275,8 @@ pub fn run(a: Args) -> Result<()> {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(complete))
+        .route("/completions", post(complete))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
@@ -272,13 +312,21 @@ async fn wrong_method(method: Method, uri: Uri) -> Response {
 
 fn route_error(status: StatusCode, method: Method, uri: Uri) -> Response {
     let message = format!(
-        "no {method} {}: this server answers POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+        "no {method} {}: this server answers POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health and GET /metrics",
         uri.path()
     );
     ApiError { status, message }.into_response()
 }
 
 async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(s, wire::Api::Chat, body).await
+}
+
+async fn complete(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(s, wire::Api::Text, body).await
+}
+
+async fn answer(s: Arc<Served>, api: wire::Api, body: Result<Bytes, BytesRejection>) -> Response {
     let body = match body {
         Ok(b) => b,
         Err(e) => {
@@ -292,44 +340,42 @@ async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>)
                 .into_response();
         }
     };
-    let request: ChatRequest = match serde_json::from_slice(&body) {
+    let request = match Request::parse(api, &body) {
         Ok(r) => r,
         Err(e) => {
             s.metrics.requests.with_label_values(&["refused"]).inc();
-            return ApiError::bad(format!("the body is not a chat completion request: {e}"))
-                .into_response();
+            let what = match api {
+                wire::Api::Chat => "a chat completion",
+                wire::Api::Text => "a completion",
+            };
+            return ApiError::bad(format!("the body is not {what} request: {e}")).into_response();
         }
     };
-    if !request.model.is_empty() && request.model != s.name {
+    if !request.model().is_empty() && request.model() != s.name {
         s.metrics.requests.with_label_values(&["refused"]).inc();
         let e = ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(
                 "model {:?} is not served here; this server serves {:?}",
-                request.model, s.name
+                request.model(),
+                s.name
             ),
         };
         return e.into_response();
     }
-    if request.stream == Some(true) {
-        return chat_stream(s, request).await;
+    if request.sampling().stream == Some(true) {
+        return streamed(s, request).await;
     }
     let (reply, answer) = oneshot::channel();
     if s.calls.send(Call { request, reply: ReplyTo::Whole(reply) }).is_err() {
         return stopped();
     }
     match answer.await {
-        Ok(Ok(r)) => {
+        Ok(Ok(Whole { body, usage })) => {
             s.metrics.requests.with_label_values(&["answered"]).inc();
-            if let Some(u) = &r.usage {
-                s.metrics.prompt_tokens.inc_by(u.prompt_tokens);
-                s.metrics.completion_tokens.inc_by(u.completion_tokens);
-            }
-            (
-                [(header::CONTENT_TYPE, "application/json")],
-                serde_json::to_string(&r).unwrap_or_default(),
-            )
-                .into_response()
+            s.metrics.prompt_tokens.inc_by(usage.prompt_tokens);
+            s.metrics.completion_tokens.inc_by(usage.completion_tokens);
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Ok(Err(e)) => {
             s.metrics.requests.with_label_values(&[e.outcome()]).inc();
@@ -340,18 +386,15 @@ async fn chat(State(s): State<Arc<Served>>, body: Result<Bytes, BytesRejection>)
 }
 
 /// A streamed answer: refused with a status like any request until the model thread has taken
-/// it (its first chunk), then server-sent events; from there the model thread counts its
-/// outcome.
-async fn chat_stream(s: Arc<Served>, request: ChatRequest) -> Response {
+/// it, then server-sent events; from there the model thread counts its outcome.
+async fn streamed(s: Arc<Served>, request: Request) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     if s.calls.send(Call { request, reply: ReplyTo::Stream(tx) }).is_err() {
         return stopped();
     }
     match rx.recv().await {
-        Some(first @ StreamEvent::Chunk(_)) => {
-            let rest = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-            let events = tokio_stream::once(first)
-                .chain(rest)
+        Some(StreamEvent::Started) => {
+            let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
                 .map(|e| Ok::<_, std::convert::Infallible>(e.into_sse()));
             Sse::new(events).into_response()
         }
@@ -359,7 +402,7 @@ async fn chat_stream(s: Arc<Served>, request: ChatRequest) -> Response {
             s.metrics.requests.with_label_values(&[e.outcome()]).inc();
             e.into_response()
         }
-        Some(StreamEvent::Done) | None => stopped_answering(),
+        Some(StreamEvent::Data(_) | StreamEvent::Done) | None => stopped_answering(),
     }
 }
 

@@ -350,7 +350,7 @@ fn broken_tokenizer_files_are_named_and_a_broken_template_breaks_only_chat() {
 /// `comas generate` gives each alone; bad requests get a 4xx that says why; SIGTERM ends it.
 #[test]
 fn serve_answers_chat_completions_as_generate_does() {
-    use comas_service::openai::{CallError, ChatRequest, Endpoint, Message};
+    use comas_service::openai::{CallError, ChatRequest, Endpoint, Message, Sampling};
     let model = fixtures().join("models/qwen2-f32");
     let (mut server, url) = harness::serve(&model, "judge");
     let url = url.as_str();
@@ -359,9 +359,12 @@ fn serve_answers_chat_completions_as_generate_does() {
     let ask = |content: &str, seed: u64, max_tokens: u32| ChatRequest {
         model: "judge".into(),
         messages: vec![Message { role: "user".into(), content: content.into() }],
-        temperature: Some(1.0),
-        max_tokens: Some(max_tokens),
-        seed: Some(seed),
+        sampling: Sampling {
+            temperature: Some(1.0),
+            max_tokens: Some(max_tokens),
+            seed: Some(seed),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let call = |r: ChatRequest| {
@@ -404,7 +407,9 @@ fn serve_answers_chat_completions_as_generate_does() {
         Err(CallError::Status { code, message }) => (code, message),
         other => panic!("expected a refusal, got {other:?}"),
     };
-    let (code, message) = refused(ChatRequest { n: Some(2), ..ask("a", 1, 4) });
+    let mut two = ask("a", 1, 4);
+    two.sampling.n = Some(2);
+    let (code, message) = refused(two);
     assert_eq!((code, message.as_str()), (400, "n must be 1: one choice per request"));
     let (code, message) = refused(ask("a", 1, 100_000));
     assert!(
@@ -527,7 +532,7 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
         "response_format": {"type": "text"}, "user": "someone"}));
     assert_eq!(code, 200);
     for (method, path, status) in
-        [("GET", "/v1/chat/completions", 405), ("POST", "/v1/completions", 404)]
+        [("GET", "/v1/chat/completions", 405), ("POST", "/v1/embeddings", 404)]
     {
         let (code, r) = http(&url, method, path, b"{}");
         let message = r["error"]["message"].as_str().unwrap_or_default();
@@ -587,13 +592,18 @@ fn serve_gives_logprobs_refuses_what_it_would_ignore_and_drops_abandoned_request
     server.sigkill();
 }
 
-/// A streamed request to `comas serve` at `url` over raw HTTP/1.0: the status, and the events'
-/// data (JSON chunks, `"[DONE]"` as a string) or, when refused, the error body alone.
+/// A streamed chat request to `comas serve` at `url` over raw HTTP/1.0: the status, and the
+/// events' data (JSON chunks, `"[DONE]"` as a string) or, when refused, the error body alone.
 fn stream(url: &str, body: &serde_json::Value) -> (u16, Vec<serde_json::Value>) {
+    stream_to(url, "/v1/chat/completions", body)
+}
+
+/// [`stream`] to any path.
+fn stream_to(url: &str, path: &str, body: &serde_json::Value) -> (u16, Vec<serde_json::Value>) {
     use std::io::{Read, Write};
     let body = body.to_string();
     let mut sock = std::net::TcpStream::connect(authority(url)).unwrap();
-    write!(sock, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(sock, "POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut answer = String::new();
     sock.read_to_string(&mut answer).unwrap();
     let (head, rest) = answer.split_once("\r\n\r\n").unwrap();
@@ -780,5 +790,117 @@ fn serve_streams_the_answer_it_gives_whole_and_drops_a_stream_whose_client_left(
     assert!(left, "every try finished before its client could leave");
     assert_eq!(harness::scrape(&at, "comas_serve_running_sequences"), 0.0);
     assert_eq!(stream(&url, &ask(1, json!({"stream": true}))).0, 200, "the server goes on");
+    server.sigkill();
+}
+
+/// `/v1/completions` answers a raw prompt (text or token ids, no chat template) with what
+/// `comas generate --prompt` gives it alone with the same seed: the text, each token's
+/// log-probability (`logprobs = 0`), the usage; 16 tokens when `max_tokens` is not given, as
+/// OpenAI's API; streamed, the same text in pieces. What it does not do is refused by name.
+#[test]
+fn serve_completes_a_raw_prompt_as_comas_generate_does() {
+    use serde_json::json;
+    let model = fixtures().join("models/qwen2-f32");
+    let (mut server, url) = harness::serve(&model, "judge");
+    let complete = |body: serde_json::Value| {
+        http(&url, "POST", "/v1/completions", body.to_string().as_bytes())
+    };
+    let prompt = "Once upon a time";
+    let alone = ok_json(comas(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "20",
+        "--seed",
+        "5",
+        "--json",
+    ]));
+    let ids: Vec<i64> =
+        alone["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let ask =
+        json!({"model": "judge", "max_tokens": 20, "seed": 5, "temperature": 1.0, "logprobs": 0});
+    let with = |prompt: serde_json::Value| {
+        let mut body = ask.clone();
+        body["prompt"] = prompt;
+        body
+    };
+    for asked in [json!(prompt), json!([prompt]), json!(ids), json!([ids])] {
+        let (code, r) = complete(with(asked.clone()));
+        assert_eq!(code, 200, "{asked}: {r}");
+        assert_eq!(r["object"], "text_completion");
+        assert!(r["id"].as_str().unwrap().starts_with("cmpl-"), "{r}");
+        let c = &r["choices"][0];
+        assert_eq!(c["text"], alone["text"], "{asked}");
+        let want = alone["logprobs"].as_array().unwrap();
+        let got = c["logprobs"]["token_logprobs"].as_array().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g.as_f64().unwrap() as f32, w.as_f64().unwrap() as f32);
+        }
+        let offsets: Vec<u64> = c["logprobs"]["text_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(offsets[0], 0);
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+        let n = alone["generated_ids"].as_array().unwrap().len() as u64;
+        assert_eq!(
+            (r["usage"]["prompt_tokens"].as_u64(), r["usage"]["completion_tokens"].as_u64()),
+            (Some(ids.len() as u64), Some(n))
+        );
+        assert_eq!(c["finish_reason"], if n == 20 { "length" } else { "stop" });
+    }
+    // Streamed: the same text and log-probabilities, one finish reason, no role chunk.
+    let mut body = with(json!(prompt));
+    body["stream"] = json!(true);
+    let (code, events) = stream_to(&url, "/v1/completions", &body);
+    assert_eq!(code, 200, "{events:?}");
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    let mut finish = Vec::new();
+    for e in &events[..events.len() - 1] {
+        assert_eq!(e["object"], "text_completion", "{e}");
+        let c = &e["choices"][0];
+        text.push_str(c["text"].as_str().unwrap());
+        logprobs.extend(c["logprobs"]["token_logprobs"].as_array().unwrap().iter().cloned());
+        finish.extend(c["finish_reason"].as_str().map(String::from));
+    }
+    assert_eq!(events.last().unwrap(), &json!("[DONE]"));
+    assert!(events.len() > 3, "{events:?}");
+    assert_eq!(text, alone["text"].as_str().unwrap());
+    let (_, whole) = complete(with(json!(prompt)));
+    assert_eq!(json!(logprobs), whole["choices"][0]["logprobs"]["token_logprobs"]);
+    assert_eq!(json!(finish), json!([whole["choices"][0]["finish_reason"]]));
+
+    // Without max_tokens, 16 tokens at most (ignore the stop token: min_tokens = 16).
+    let (code, r) = complete(json!({"prompt": prompt, "min_tokens": 16, "seed": 1}));
+    assert_eq!((code, r["usage"]["completion_tokens"].as_u64()), (200, Some(16)), "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+
+    let vocab = 512;
+    for (extra, says) in [
+        (json!({"echo": true}), "echo = true is not supported"),
+        (json!({"logprobs": 2}), "logprobs = 2 asks for 2 alternatives"),
+        (json!({"suffix": "end"}), "suffix is not supported"),
+        (json!({"prompt": ["a", "b"]}), "prompt is a list of 2: send one prompt per request"),
+        (json!({"prompt": [1, vocab]}), "prompt token id 512 is outside the vocabulary (0 to 511)"),
+        (json!({"prompt": [1, -1]}), "prompt token id -1 is outside the vocabulary"),
+        (json!({"prompt": ""}), "prompt is empty"),
+        (json!({"prompt": []}), "prompt is empty"),
+        (json!({"frequency_penalty": 0.5}), "frequency_penalty = 0.5 is not supported"),
+        (json!({"max_tokens": 1000}), "shorten the prompt or lower max_tokens"),
+        (json!({"prompt": {"text": "a"}}), "the body is not a completion request"),
+    ] {
+        let mut body = with(json!(prompt));
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (code, r) = complete(body);
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(code == 400 && message.contains(says), "{extra}: {code} {r}");
+    }
     server.sigkill();
 }

@@ -161,6 +161,24 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
         assert_eq!(streamed["usage"][k], r[k], "{k}");
     }
+    // A text completion of the prompt as raw text, against `comas generate --prompt`.
+    let raw = Command::new(env!("CARGO_BIN_EXE_comas"))
+        .args(["generate", "--model", model.to_str().unwrap(), "--prompt", prompt])
+        .args(["--max-new-tokens", max_tokens, "--seed", seed, "--json"])
+        .env("COMAS_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(raw.status.success(), "{}", String::from_utf8_lossy(&raw.stderr));
+    let raw: Value = serde_json::from_slice(&raw.stdout).unwrap();
+    let done = &seen["completion"];
+    assert_eq!(done["object"], "text_completion");
+    assert_eq!((&done["text"], &done["streamed"]), (&raw["text"], &raw["text"]));
+    let got: Vec<f32> =
+        done["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    let want: Vec<f32> =
+        raw["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    assert_eq!(got, want);
+    assert_eq!(done["completion_tokens"].as_u64(), Some(want.len() as u64));
     for (name, says) in [
         ("negative_temperature", "temperature"),
         ("stream_options", "stream_options is only for streamed answers"),

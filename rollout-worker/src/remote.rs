@@ -5,7 +5,7 @@
 use crate::engine::Stats;
 use crate::tools::SideDone;
 use comas_service::backoff::Backoff;
-use comas_service::openai::{CallError, ChatRequest, ChatResponse, Endpoint, Message};
+use comas_service::openai::{CallError, ChatRequest, ChatResponse, Endpoint, Message, Sampling};
 use comas_workflow::program::Reply;
 use comas_workflow::{FinishReason, TurnOutput, TurnRequest};
 use std::sync::atomic::Ordering;
@@ -42,13 +42,16 @@ pub fn request_of(turn: &TurnRequest, model: &str) -> ChatRequest {
             .iter()
             .map(|m| Message { role: m.role.clone(), content: m.content.clone() })
             .collect(),
-        temperature: Some(s.temperature),
-        top_p: Some(s.top_p),
-        top_k: (s.top_k > 0).then_some(s.top_k),
-        min_tokens: (s.min_new_tokens > 0).then_some(s.min_new_tokens),
-        max_tokens: Some(s.max_new_tokens),
-        seed: Some(turn.seed),
-        guided_suffix: s.guided_suffix.clone(),
+        sampling: Sampling {
+            temperature: Some(s.temperature),
+            top_p: Some(s.top_p),
+            top_k: (s.top_k > 0).then_some(s.top_k),
+            min_tokens: (s.min_new_tokens > 0).then_some(s.min_new_tokens),
+            max_tokens: Some(s.max_new_tokens),
+            seed: Some(turn.seed),
+            guided_suffix: s.guided_suffix.clone(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -171,8 +174,9 @@ mod tests {
     #[test]
     fn a_turn_becomes_a_plain_chat_request_and_its_reply_a_turn() {
         let r = request_of(&turn(), "judge");
+        let s = &r.sampling;
         assert_eq!(
-            (r.model.as_str(), r.messages[0].content.as_str(), r.temperature, r.max_tokens, r.seed),
+            (r.model.as_str(), r.messages[0].content.as_str(), s.temperature, s.max_tokens, s.seed),
             ("judge", "Score this.", Some(0.0), Some(24), Some(99))
         );
         // Extensions other servers may refuse stay out unless the turn needs them.

@@ -81,15 +81,9 @@ impl Stop {
     }
 }
 
-/// A `POST /chat/completions` body. Fields comas does not use are refused by `comas serve`
-/// only where ignoring them would change the answer (`n`, `stream`,
-/// [`ChatRequest::unsupported`]).
+/// What chat and text completions ask of sampling, under OpenAI's (and vLLM's) names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatRequest {
-    /// Empty: whatever the server serves (`comas serve` serves one model).
-    #[serde(default)]
-    pub model: String,
-    pub messages: Vec<Message>,
+pub struct Sampling {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,7 +104,7 @@ pub struct ChatRequest {
     pub stop: Option<Stop>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
-    /// Whether the answer comes as server-sent events, a [`ChatChunk`] each.
+    /// Whether the answer comes as server-sent events, a chunk each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,12 +113,64 @@ pub struct ChatRequest {
     /// knows it, so it is sent only when a turn asks for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guided_suffix: Option<String>,
+}
+
+impl Sampling {
+    /// The completion budget, under either name.
+    pub fn max_new_tokens(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+/// A `POST /chat/completions` body. Fields comas does not use are refused by `comas serve`
+/// only where ignoring them would change the answer (`n`, [`unsupported`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// Empty: whatever the server serves (`comas serve` serves one model).
+    #[serde(default)]
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
     /// Whether each chosen token's log-probability comes back (`Choice::logprobs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
     /// Every other field, kept so that a server can tell which of them it would ignore.
     #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A `POST /completions` body: a raw prompt, no chat template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    /// How many most likely alternatives to give with each token's log-probability (0: the
+    /// chosen token's alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+    /// Whether the prompt comes back before the completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// Text after the completion (insertion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A completion's prompt: text, or token ids; OpenAI's API also takes a list of either, one
+/// completion each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<i64>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<i64>>),
 }
 
 /// How a streamed answer is sent.
@@ -154,24 +200,17 @@ const ANSWER_CHANGING: [(&str, &[&str]); 14] = [
     ("ignore_eos", &["false"]),
 ];
 
-impl ChatRequest {
-    /// The completion budget, under either name.
-    pub fn max_new_tokens(&self) -> Option<u32> {
-        self.max_completion_tokens.or(self.max_tokens)
-    }
-
-    /// Why a server that applies none of [`ANSWER_CHANGING`] cannot answer this request as
-    /// asked: the first such field set to a value that would change the answer (`null` never
-    /// does). `None` when there is none.
-    pub fn unsupported(&self) -> Option<String> {
-        ANSWER_CHANGING.iter().find_map(|(name, neutral)| {
-            let v = self.other.get(*name).filter(|v| !v.is_null())?;
-            let text = v.to_string();
-            (!neutral.contains(&text.as_str())).then(|| {
-                format!("{name} = {text} is not supported here, and ignoring it would change the answer; leave it out")
-            })
+/// Why a server that applies none of [`ANSWER_CHANGING`] cannot answer a request whose
+/// fields it does not know are `other` as asked: the first such field set to a value that would
+/// change the answer (`null` never does). `None` when there is none.
+pub fn unsupported(other: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    ANSWER_CHANGING.iter().find_map(|(name, neutral)| {
+        let v = other.get(*name).filter(|v| !v.is_null())?;
+        let text = v.to_string();
+        (!neutral.contains(&text.as_str())).then(|| {
+            format!("{name} = {text} is not supported here, and ignoring it would change the answer; leave it out")
         })
-    }
+    })
 }
 
 /// The log-probabilities of a choice's tokens, in OpenAI's shape.
@@ -257,6 +296,43 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+}
+
+/// A text completion, whole (`object: "text_completion"`) or one chunk of a streamed one (the
+/// same shape, the text since the last chunk).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    /// With `logprobs` in the request.
+    #[serde(default)]
+    pub logprobs: Option<TextLogprobs>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+/// The log-probabilities of a text completion's tokens, one list per field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TextLogprobs {
+    /// Each token's text (bytes that are not whole UTF-8 characters show as U+FFFD).
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    /// Always null: alternatives are not given (`logprobs` above 0 is refused).
+    #[serde(default)]
+    pub top_logprobs: Option<Vec<serde_json::Value>>,
+    /// Where each token's text starts in the completion's text, in characters.
+    pub text_offset: Vec<u32>,
 }
 
 /// An error body: `{"error": {"message": …, "type": …}}`.
@@ -670,12 +746,33 @@ mod tests {
         let q: ChatRequest =
             serde_json::from_str(r#"{"model":"m","messages":[],"stop":"\n","max_tokens":5}"#)
                 .unwrap();
+        let s = &q.sampling;
         assert_eq!(
-            (q.stop.as_ref().unwrap().strings(), q.max_new_tokens()),
+            (s.stop.as_ref().unwrap().strings(), s.max_new_tokens()),
             (vec!["\n".to_string()], Some(5))
         );
+        assert!(q.other.is_empty(), "{:?}", q.other);
         let q: ChatRequest = serde_json::from_str(r#"{"model":"m","messages":[],"stop":["a","b"],"max_completion_tokens":7,"max_tokens":5}"#).unwrap();
-        assert_eq!((q.stop.as_ref().unwrap().strings().len(), q.max_new_tokens()), (2, Some(7)));
+        let s = &q.sampling;
+        assert_eq!((s.stop.as_ref().unwrap().strings().len(), s.max_new_tokens()), (2, Some(7)));
+    }
+
+    #[test]
+    fn a_completion_prompt_reads_in_each_of_its_four_forms() {
+        let read = |prompt: &str| {
+            serde_json::from_str::<CompletionRequest>(&format!(
+                r#"{{"prompt":{prompt},"max_tokens":3,"logprobs":0,"echo":false,"user":"u"}}"#
+            ))
+            .unwrap()
+        };
+        assert_eq!(read(r#""a b""#).prompt, Prompt::Text("a b".into()));
+        assert_eq!(read("[1, 2]").prompt, Prompt::Ids(vec![1, 2]));
+        assert_eq!(read(r#"["a", "b"]"#).prompt, Prompt::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(read("[[1], [2, 3]]").prompt, Prompt::IdLists(vec![vec![1], vec![2, 3]]));
+        let r = read("[]");
+        assert_eq!(r.prompt, Prompt::Ids(Vec::new()));
+        assert_eq!((r.sampling.max_tokens, r.logprobs, r.echo), (Some(3), Some(0), Some(false)));
+        assert_eq!(r.other.keys().collect::<Vec<_>>(), ["user"]);
     }
 
     #[test]
@@ -701,9 +798,14 @@ mod tests {
         let read = |extra: &str| {
             serde_json::from_str::<ChatRequest>(&format!(r#"{{"messages":[]{extra}}}"#)).unwrap()
         };
-        assert_eq!(read("").unsupported(), None);
+        let unsupported = |r: ChatRequest| unsupported(&r.other);
+        assert_eq!(unsupported(read("")), None);
         let neutral = r#","presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},"tools":[],"tool_choice":"auto","response_format":{"type":"text"},"top_logprobs":0,"best_of":1,"min_p":null,"user":"u","stream_options":{"include_usage":true}"#;
-        assert_eq!(read(neutral).unsupported(), None);
+        let r = read(neutral);
+        assert_eq!(unsupported(r.clone()), None);
+        // The flattened sampling fields are read as such, not left among the others.
+        assert_eq!(r.sampling.stream_options.unwrap().include_usage, Some(true));
+        assert!(!r.other.contains_key("stream_options"), "{:?}", r.other);
         for (extra, named) in [
             (r#","frequency_penalty":0.1"#, "frequency_penalty = 0.1"),
             (r#","repetition_penalty":1.2"#, "repetition_penalty = 1.2"),
@@ -711,7 +813,7 @@ mod tests {
             (r#","ignore_eos":true"#, "ignore_eos = true"),
             (r#","best_of":3"#, "best_of = 3"),
         ] {
-            let why = read(extra).unsupported().unwrap_or_default();
+            let why = unsupported(read(extra)).unwrap_or_default();
             assert!(why.starts_with(named), "{extra}: {why}");
         }
         // What a client sends carries no field it did not set.

@@ -1,20 +1,21 @@
 //! The model thread of `comas serve`: it owns the model, admits requests into the batch while
 //! the token budget allows, steps the batch, streams or answers as sequences go, and drops the
 //! requests whose clients have gone.
-use super::stream::Streamed;
-use super::{ApiError, Call, Metrics, ReplyTo};
+use super::stream::{self, Streamed};
+use super::wire::{self, Answered, Api, Head, Token};
+use super::{ApiError, Call, Metrics, ReplyTo, Request, Whole};
 use axum::http::StatusCode;
 use comas_model::{
     Batcher, CausalLm, ChatMessage, Completion, FinishReason, LoraAdapter, SamplingParams,
     Tokenizer,
 };
-use comas_service::openai::{
-    ChatRequest, ChatResponse, Choice, ChoiceLogprobs, Message, TokenLogprob, Usage,
-};
+use comas_service::openai::{self, Prompt, Sampling, Usage};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
+
+/// A text completion's budget when the request gives none (OpenAI's and vLLM's default).
+const TEXT_MAX_TOKENS: u32 = 16;
 
 pub(super) struct ModelLoop<'a> {
     pub model: &'a CausalLm,
@@ -28,6 +29,7 @@ pub(super) struct ModelLoop<'a> {
 
 /// What a request asks of the model, tokenized and checked.
 struct Asked {
+    api: Api,
     prompt: Vec<i64>,
     params: SamplingParams,
     /// Whether the answer carries each token's log-probability.
@@ -36,7 +38,7 @@ struct Asked {
 
 /// Where a request's answer goes, on the model thread.
 enum Answer<'t> {
-    Whole(oneshot::Sender<Result<ChatResponse, ApiError>>),
+    Whole(oneshot::Sender<Result<Whole, ApiError>>),
     Stream(Box<Streamed<'t>>),
 }
 
@@ -68,81 +70,150 @@ struct Admitted<'t> {
 
 /// A request in the batch.
 struct Running<'t> {
+    api: Api,
     prompt: usize,
     logprobs: bool,
     reply: Answer<'t>,
 }
 
-/// The answer's `id` and `created`, shared by every chunk of a streamed one.
-pub(super) struct Head {
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-}
-
 impl<'a> ModelLoop<'a> {
-    fn head(&self, id: u64) -> Head {
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Head { id: format!("chatcmpl-{created}-{id}"), created, model: self.name.to_string() }
-    }
-
-    /// The prompt and sampling of a request, or why it cannot run here.
-    fn admit(&self, r: &ChatRequest) -> Result<Asked, ApiError> {
-        if r.n.is_some_and(|n| n != 1) {
+    /// Checks common to both APIs: what a request's fields ask that this server does not do.
+    fn refuse(
+        s: &Sampling,
+        other: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), ApiError> {
+        if s.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad("n must be 1: one choice per request"));
         }
-        if r.stream_options.is_some() && r.stream != Some(true) {
+        if s.stream_options.is_some() && s.stream != Some(true) {
             return Err(ApiError::bad(
                 "stream_options is only for streamed answers: send stream = true, or leave stream_options out",
             ));
         }
-        if let Some(why) = r.unsupported() {
+        if let Some(why) = openai::unsupported(other) {
             return Err(ApiError::bad(why));
         }
-        if r.stop.as_ref().is_some_and(|s| s.strings().iter().any(String::is_empty)) {
+        if s.stop.as_ref().is_some_and(|s| s.strings().iter().any(String::is_empty)) {
             return Err(ApiError::bad(
                 "a stop string is empty (it would end every answer at once); leave it out",
             ));
         }
-        if r.messages.is_empty() {
-            return Err(ApiError::bad("messages is empty"));
-        }
-        if r.max_new_tokens() == Some(0) {
+        if s.max_new_tokens() == Some(0) {
             return Err(ApiError::bad("max_tokens must be at least 1"));
         }
-        let temperature = r.temperature.unwrap_or(1.0);
+        Ok(())
+    }
+
+    /// The prompt of a text completion: its text encoded as `transformers` would (with the
+    /// tokenizer's special tokens), or its ids checked against the vocabulary.
+    fn raw_prompt(&self, prompt: &Prompt) -> Result<Vec<i64>, ApiError> {
+        let one = |n: usize| {
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(ApiError::bad(format!("prompt is a list of {n}: send one prompt per request")))
+            }
+        };
+        let ids = match prompt {
+            Prompt::Text(t) => self.encode(t)?,
+            Prompt::Texts(t) => {
+                one(t.len())?;
+                self.encode(&t[0])?
+            }
+            Prompt::Ids(ids) => ids.clone(),
+            Prompt::IdLists(l) => {
+                one(l.len())?;
+                l[0].clone()
+            }
+        };
+        if ids.is_empty() {
+            return Err(ApiError::bad("prompt is empty: give at least one token to go on from"));
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(bad) = ids.iter().find(|&&i| !(0..vocab).contains(&i)) {
+            return Err(ApiError::bad(format!(
+                "prompt token id {bad} is outside the vocabulary (0 to {})",
+                vocab - 1
+            )));
+        }
+        Ok(ids)
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<i64>, ApiError> {
+        self.tokenizer
+            .encode(text, true)
+            .map_err(|e| ApiError::bad(format!("the prompt cannot be tokenized: {e}")))
+    }
+
+    /// The prompt and sampling of a request, or why it cannot run here.
+    fn admit(&self, r: &Request) -> Result<Asked, ApiError> {
+        let (api, s, logprobs, prompt) = match r {
+            Request::Chat(r) => {
+                Self::refuse(&r.sampling, &r.other)?;
+                if r.messages.is_empty() {
+                    return Err(ApiError::bad("messages is empty"));
+                }
+                let messages: Vec<ChatMessage> = r
+                    .messages
+                    .iter()
+                    .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                    .collect();
+                let prompt = self
+                    .tokenizer
+                    .encode_chat(&messages, true)
+                    .map_err(|e| ApiError::bad(format!("the messages cannot be rendered: {e}")))?;
+                (Api::Chat, &r.sampling, r.logprobs == Some(true), prompt)
+            }
+            Request::Text(r) => {
+                Self::refuse(&r.sampling, &r.other)?;
+                if r.echo == Some(true) {
+                    return Err(ApiError::bad("echo = true is not supported here; leave it out"));
+                }
+                if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+                    return Err(ApiError::bad(
+                        "suffix is not supported here (no insertion); leave it out",
+                    ));
+                }
+                if let Some(n) = r.logprobs.filter(|&n| n > 0) {
+                    return Err(ApiError::bad(format!(
+                        "logprobs = {n} asks for {n} alternatives with each token, which are not given here; send logprobs = 0 for each chosen token's log-probability"
+                    )));
+                }
+                (Api::Text, &r.sampling, r.logprobs.is_some(), self.raw_prompt(&r.prompt)?)
+            }
+        };
+        let temperature = s.temperature.unwrap_or(1.0);
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(ApiError::bad(format!(
                 "temperature must be finite and at least 0, got {temperature}"
             )));
         }
-        let top_p = r.top_p.unwrap_or(1.0);
+        let top_p = s.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::bad(format!("top_p must be in (0, 1], got {top_p}")));
         }
-        let messages: Vec<ChatMessage> = r
-            .messages
-            .iter()
-            .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
-        let prompt = self
-            .tokenizer
-            .encode_chat(&messages, true)
-            .map_err(|e| ApiError::bad(format!("the messages cannot be rendered: {e}")))?;
         let context = self.model.config().max_position_embeddings.max(0) as usize;
         let room = context.saturating_sub(prompt.len());
-        let max_new = r.max_new_tokens().map_or(room, |n| n as usize);
+        let max_new = match (s.max_new_tokens(), api) {
+            (Some(n), _) => n as usize,
+            (None, Api::Chat) => room,
+            (None, Api::Text) => TEXT_MAX_TOKENS as usize,
+        };
+        let what = match api {
+            Api::Chat => "messages",
+            Api::Text => "prompt",
+        };
         // No max_tokens and a prompt that fills the context leaves nothing to generate.
         if prompt.len() + max_new > context || max_new == 0 {
             return Err(ApiError::bad(format!(
-                "this model's context is {context} tokens, and the request asks for {} ({} in the messages, {max_new} to generate); shorten the messages or lower max_tokens",
+                "this model's context is {context} tokens, and the request asks for {} ({} in the {what}, {max_new} to generate); shorten the {what} or lower max_tokens",
                 prompt.len() + max_new,
                 prompt.len()
             )));
         }
         if prompt.len() + max_new > self.max_batch_tokens {
             return Err(ApiError::bad(format!(
-                "the request needs {} tokens of KV cache ({} in the messages, {max_new} to generate), over this server's --max-batch-tokens {}",
+                "the request needs {} tokens of KV cache ({} in the {what}, {max_new} to generate), over this server's --max-batch-tokens {}",
                 prompt.len() + max_new,
                 prompt.len(),
                 self.max_batch_tokens
@@ -150,46 +221,39 @@ impl<'a> ModelLoop<'a> {
         }
         let params = SamplingParams {
             temperature,
-            top_k: r.top_k.unwrap_or(0) as usize,
+            top_k: s.top_k.unwrap_or(0) as usize,
             top_p,
-            seed: r.seed.unwrap_or_else(rand::random),
+            seed: s.seed.unwrap_or_else(rand::random),
             max_new_tokens: max_new,
-            min_new_tokens: (r.min_tokens.unwrap_or(0) as usize).min(max_new),
+            min_new_tokens: (s.min_tokens.unwrap_or(0) as usize).min(max_new),
             stop_token_ids: self.tokenizer.eos_token_ids().to_vec(),
-            stop_strings: r.stop.as_ref().map(|s| s.strings()).unwrap_or_default(),
-            guided_suffix: r.guided_suffix.clone(),
+            stop_strings: s.stop.as_ref().map(|s| s.strings()).unwrap_or_default(),
+            guided_suffix: s.guided_suffix.clone(),
         };
-        if r.logprobs == Some(true) {
+        if logprobs {
             // Token bytes come from the guided-decoding tables, built on first use.
             self.tokenizer
                 .guidance()
                 .map_err(|e| ApiError::bad(format!("logprobs cannot be given: {e}")))?;
         }
-        Ok(Asked { prompt, params, logprobs: r.logprobs == Some(true) })
+        Ok(Asked { api, prompt, params, logprobs })
     }
 
-    /// Tokens with their log-probabilities under softmax(logits / temperature) over the whole
-    /// vocabulary (temperature 1 when greedy), the stop token included.
-    pub(super) fn logprobs(&self, ids: &[i64], logprobs: &[f32]) -> ChoiceLogprobs {
+    /// Tokens with their bytes and log-probabilities under softmax(logits / temperature) over
+    /// the whole vocabulary (temperature 1 when greedy).
+    pub(super) fn tokens(&self, ids: &[i64], logprobs: &[f32]) -> Vec<Token> {
         let guidance = self.tokenizer.guidance().ok();
-        let content = ids
-            .iter()
+        ids.iter()
             .zip(logprobs)
-            .map(|(&id, &logprob)| {
-                let bytes = guidance.map(|g| g.token_bytes(id)).unwrap_or_default();
-                TokenLogprob {
-                    token: String::from_utf8_lossy(&bytes).into_owned(),
-                    logprob,
-                    bytes: Some(bytes),
-                    top_logprobs: Vec::new(),
-                }
+            .map(|(&id, &logprob)| Token {
+                bytes: guidance.map(|g| g.token_bytes(id)).unwrap_or_default(),
+                logprob,
             })
-            .collect();
-        ChoiceLogprobs { content }
+            .collect()
     }
 
-    /// A finished sequence as a chat completion: the text without the stop token or string.
-    fn answer(&self, head: Head, run: &Running, c: &Completion) -> ChatResponse {
+    /// A finished sequence: the text without the stop token or string.
+    fn answer(&self, id: u64, run: &Running, c: &Completion) -> Answered {
         let (tok, prompt) = (self.tokenizer, run.prompt);
         let stop = c.finish_reason == FinishReason::Stop
             && c.stop_string.is_none()
@@ -201,52 +265,48 @@ impl<'a> ModelLoop<'a> {
                 text.truncate(i);
             }
         }
-        let finish = match c.finish_reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        };
-        ChatResponse {
-            id: head.id,
-            object: "chat.completion".into(),
-            created: head.created,
-            model: head.model,
-            choices: vec![Choice {
-                index: 0,
-                message: Message { role: "assistant".into(), content: text },
-                finish_reason: Some(finish.into()),
-                logprobs: run.logprobs.then(|| self.logprobs(&c.token_ids, &c.logprobs)),
-            }],
-            usage: Some(Usage {
+        Answered {
+            head: Head::new(run.api, id, self.name),
+            text,
+            finish: match c.finish_reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+            },
+            tokens: run.logprobs.then(|| self.tokens(&c.token_ids, &c.logprobs)),
+            usage: Usage {
                 prompt_tokens: prompt as u64,
                 completion_tokens: c.token_ids.len() as u64,
                 total_tokens: (prompt + c.token_ids.len()) as u64,
-            }),
+            },
         }
     }
 
-    /// A call checked and queued, or refused. A streamed answer starts now (its first chunk
+    /// A call checked and queued, or refused. A streamed answer starts now (its first event
     /// tells the HTTP side that the request was taken).
     fn take(&self, call: Call, id: u64, waiting: &mut VecDeque<Admitted<'a>>) {
         let asked = self.admit(&call.request);
         let reply = match call.reply {
             ReplyTo::Whole(tx) => Answer::Whole(tx),
             ReplyTo::Stream(tx) => {
-                let logprobs = asked.as_ref().is_ok_and(|a| a.logprobs);
-                let stops = asked.as_ref().map(|a| a.params.stop_strings.clone());
-                let include_usage = call
-                    .request
-                    .stream_options
-                    .as_ref()
-                    .and_then(|o| o.include_usage)
-                    .unwrap_or(false);
-                Answer::Stream(Box::new(Streamed::new(
-                    tx,
-                    self.head(id),
-                    self.tokenizer,
-                    stops.unwrap_or_default(),
-                    logprobs,
-                    include_usage,
-                )))
+                let sampling = match &call.request {
+                    Request::Chat(r) => &r.sampling,
+                    Request::Text(r) => &r.sampling,
+                };
+                let how = stream::Asked {
+                    api: asked.as_ref().map_or(Api::Chat, |a| a.api),
+                    stops: asked
+                        .as_ref()
+                        .map(|a| a.params.stop_strings.clone())
+                        .unwrap_or_default(),
+                    logprobs: asked.as_ref().is_ok_and(|a| a.logprobs),
+                    include_usage: sampling
+                        .stream_options
+                        .as_ref()
+                        .and_then(|o| o.include_usage)
+                        .unwrap_or(false),
+                };
+                let head = Head::new(how.api, id, self.name);
+                Answer::Stream(Box::new(Streamed::new(tx, head, self.tokenizer, how)))
             }
         };
         match asked {
@@ -312,10 +372,10 @@ pub(super) fn serve_model<'a>(m: &ModelLoop<'a>, calls: mpsc::Receiver<Call>) {
                 break;
             }
             let Admitted { id, asked, reply } = waiting.pop_front().expect("front exists");
-            let (prompt, logprobs) = (asked.prompt.len(), asked.logprobs);
+            let (api, prompt, logprobs) = (asked.api, asked.prompt.len(), asked.logprobs);
             match batcher.add(id, asked.prompt, asked.params, m.adapter) {
                 Ok(()) => {
-                    running.insert(id, Running { prompt, logprobs, reply });
+                    running.insert(id, Running { api, prompt, logprobs, reply });
                 }
                 Err(e) => {
                     reply.fail(ApiError::bad(format!("the request cannot start: {e}")), &m.metrics)
@@ -338,10 +398,12 @@ pub(super) fn serve_model<'a>(m: &ModelLoop<'a>, calls: mpsc::Receiver<Call>) {
             Ok(done) => {
                 for (id, c) in done {
                     let Some(run) = running.remove(&id) else { continue };
-                    let answer = m.answer(m.head(id), &run, &c);
+                    let answer = m.answer(id, &run, &c);
                     match run.reply {
                         Answer::Whole(tx) => {
-                            let _ = tx.send(Ok(answer));
+                            let usage = answer.usage.clone();
+                            let _ =
+                                tx.send(Ok(Whole { body: wire::whole(run.api, answer), usage }));
                         }
                         Answer::Stream(s) => s.finish(answer, &m.metrics),
                     }

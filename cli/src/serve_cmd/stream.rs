@@ -7,19 +7,21 @@
 //! is sent that the answer would not have, and when the sequence ends the rest of the answer
 //! follows. Each chunk's log-probabilities are those of the tokens read since the last chunk,
 //! so that they too join to the whole answer's.
-use super::model_loop::{Head, ModelLoop};
+use super::model_loop::ModelLoop;
+use super::wire::{self, Answered, Api, Head, Piece};
 use super::{ApiError, Metrics};
 use axum::response::sse::Event;
 use comas_model::tokenizer::TextStream;
 use comas_model::{Completion, Tokenizer};
-use comas_service::openai::{
-    ChatChunk, ChatResponse, ChoiceLogprobs, ChunkChoice, Delta, ErrorBody, ErrorDetail, Usage,
-};
+use comas_service::openai::{ErrorBody, ErrorDetail};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What the model thread sends the HTTP side of a streamed answer.
 pub(super) enum StreamEvent {
-    Chunk(ChatChunk),
+    /// The request was taken: the HTTP side answers 200 and streams what follows.
+    Started,
+    /// One event's data: a chunk's JSON.
+    Data(String),
     /// The request was refused (as the first event: answered with its status instead of a
     /// stream) or failed part-way.
     Failed(ApiError),
@@ -31,9 +33,8 @@ impl StreamEvent {
     /// As a server-sent event: a chunk, an error body, or `[DONE]`.
     pub(super) fn into_sse(self) -> Event {
         match self {
-            StreamEvent::Chunk(c) => {
-                Event::default().data(serde_json::to_string(&c).unwrap_or_default())
-            }
+            StreamEvent::Started => Event::default().comment("started"),
+            StreamEvent::Data(json) => Event::default().data(json),
             StreamEvent::Failed(e) => {
                 let kind = e.kind().into();
                 let body = ErrorBody { error: ErrorDetail { message: e.message, kind } };
@@ -44,15 +45,21 @@ impl StreamEvent {
     }
 }
 
+/// How a streamed answer is asked for.
+pub(super) struct Asked {
+    pub api: Api,
+    pub stops: Vec<String>,
+    pub logprobs: bool,
+    pub include_usage: bool,
+}
+
 /// A streamed answer on the model thread.
 pub(super) struct Streamed<'t> {
     tx: UnboundedSender<StreamEvent>,
     head: Head,
+    asked: Asked,
     text: TextStream<'t>,
-    stops: Vec<String>,
-    logprobs: bool,
-    include_usage: bool,
-    /// Whether the first chunk went: from then on its outcome is counted here, not by the
+    /// Whether the request was taken: from then on its outcome is counted here, not by the
     /// HTTP side.
     started: bool,
     /// Tokens read into `text`.
@@ -60,8 +67,9 @@ pub(super) struct Streamed<'t> {
     /// Text decoded and not sent: it may be the start of a stop string.
     held: String,
     sent: String,
-    /// Tokens whose log-probabilities were sent.
+    /// Tokens whose log-probabilities were sent, and the characters of their texts.
     logprobs_sent: usize,
+    offset: u32,
     /// The tokenizer could not decode a piece: the rest comes whole with the last chunk.
     broken: bool,
 }
@@ -71,22 +79,19 @@ impl<'t> Streamed<'t> {
         tx: UnboundedSender<StreamEvent>,
         head: Head,
         tokenizer: &'t Tokenizer,
-        stops: Vec<String>,
-        logprobs: bool,
-        include_usage: bool,
+        asked: Asked,
     ) -> Self {
         Self {
             tx,
             head,
+            asked,
             text: tokenizer.text_stream(true),
-            stops,
-            logprobs,
-            include_usage,
             started: false,
             read: 0,
             held: String::new(),
             sent: String::new(),
             logprobs_sent: 0,
+            offset: 0,
             broken: false,
         }
     }
@@ -95,36 +100,17 @@ impl<'t> Streamed<'t> {
         self.tx.is_closed()
     }
 
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> StreamEvent {
-        StreamEvent::Chunk(ChatChunk {
-            id: self.head.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.head.created,
-            model: self.head.model.clone(),
-            choices,
-            usage,
-        })
-    }
-
-    /// A chunk of the one choice.
-    fn delta(
-        &self,
-        delta: Delta,
-        finish_reason: Option<String>,
-        logprobs: Option<ChoiceLogprobs>,
-    ) -> StreamEvent {
-        self.chunk(vec![ChunkChoice { index: 0, delta, finish_reason, logprobs }], None)
-    }
-
     fn send(&self, event: StreamEvent) {
         // A client that has gone is noticed before the next step (`is_closed`).
         let _ = self.tx.send(event);
     }
 
-    /// The first chunk (the role): the request was taken.
+    /// The request was taken; a chat answer's first chunk gives the role.
     pub(super) fn start(&mut self) {
-        let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
-        self.send(self.delta(delta, None, None));
+        self.send(StreamEvent::Started);
+        if self.asked.api == Api::Chat {
+            self.send(StreamEvent::Data(wire::role_chunk(&self.head)));
+        }
         self.started = true;
     }
 
@@ -146,43 +132,45 @@ impl<'t> Streamed<'t> {
             }
         }
         self.read = out.token_ids.len();
-        let n = sendable(&self.held, &self.stops);
+        let n = sendable(&self.held, &self.asked.stops);
         if n == 0 {
             return;
         }
-        let piece: String = self.held.drain(..n).collect();
-        self.sent.push_str(&piece);
+        let text: String = self.held.drain(..n).collect();
+        self.sent.push_str(&text);
         let from = self.logprobs_sent;
-        let logprobs =
-            self.logprobs.then(|| m.logprobs(&out.token_ids[from..], &out.logprobs[from..]));
+        let tokens =
+            self.asked.logprobs.then(|| m.tokens(&out.token_ids[from..], &out.logprobs[from..]));
         self.logprobs_sent = out.token_ids.len();
-        let delta = Delta { role: None, content: Some(piece) };
-        self.send(self.delta(delta, None, logprobs));
+        let offset = self.offset;
+        if let Some(t) = &tokens {
+            self.offset += wire::text_offset_of(t);
+        }
+        let piece = Piece {
+            text: Some(text),
+            tokens: tokens.as_deref().map(|t| (t, offset)),
+            finish: None,
+        };
+        self.send(StreamEvent::Data(wire::chunk(self.asked.api, &self.head, piece)));
     }
 
-    /// The sequence ended: the rest of `answer` (the whole answer, as `stream = false` gives
-    /// it) with its finish reason, the usage if asked, and `[DONE]`.
-    pub(super) fn finish(self, answer: ChatResponse, metrics: &Metrics) {
-        let usage = answer.usage.clone();
-        let Some(choice) = answer.choices.into_iter().next() else { return };
-        let whole = choice.message.content;
-        let rest = whole.strip_prefix(self.sent.as_str()).unwrap_or_else(|| {
+    /// The sequence ended: the rest of the answer (`a`, what the unstreamed request gives)
+    /// with its finish reason, the usage if asked, and `[DONE]`.
+    pub(super) fn finish(self, a: Answered, metrics: &Metrics) {
+        let rest = a.text.strip_prefix(self.sent.as_str()).unwrap_or_else(|| {
             // Cannot happen by the invariant above; if it did, what was sent stands.
             tracing::warn!(answer = %self.head.id, "a streamed answer's text does not extend what was sent");
             ""
         });
-        let logprobs = choice.logprobs.map(|mut l| {
-            l.content.drain(..self.logprobs_sent.min(l.content.len()));
-            l
-        });
-        let delta = Delta { role: None, content: (!rest.is_empty()).then(|| rest.to_string()) };
-        self.send(self.delta(delta, choice.finish_reason, logprobs));
-        if let Some(u) = &usage {
-            metrics.prompt_tokens.inc_by(u.prompt_tokens);
-            metrics.completion_tokens.inc_by(u.completion_tokens);
-            if self.include_usage {
-                self.send(self.chunk(Vec::new(), Some(u.clone())));
-            }
+        let tokens =
+            a.tokens.as_deref().map(|t| (&t[self.logprobs_sent.min(t.len())..], self.offset));
+        let text = (!rest.is_empty()).then(|| rest.to_string());
+        let piece = Piece { text, tokens, finish: Some(a.finish) };
+        self.send(StreamEvent::Data(wire::chunk(self.asked.api, &self.head, piece)));
+        metrics.prompt_tokens.inc_by(a.usage.prompt_tokens);
+        metrics.completion_tokens.inc_by(a.usage.completion_tokens);
+        if self.asked.include_usage {
+            self.send(StreamEvent::Data(wire::usage_chunk(self.asked.api, &self.head, a.usage)));
         }
         metrics.requests.with_label_values(&["answered"]).inc();
         self.send(StreamEvent::Done);
