@@ -180,12 +180,12 @@ impl Metrics {
         .expect("valid metric");
         let running = IntGauge::new(
             "comas_serve_running_sequences",
-            "requests in the batch (prefilling or decoding)",
+            "sequences in the batch, prefilling or decoding (a request's choices count each)",
         )
         .expect("valid metric");
         let waiting = IntGauge::new(
             "comas_serve_waiting_requests",
-            "admitted requests waiting for room in the batch",
+            "sequences of admitted requests waiting for room in the batch (a choice each)",
         )
         .expect("valid metric");
         Self {

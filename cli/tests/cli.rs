@@ -407,10 +407,10 @@ fn serve_answers_chat_completions_as_generate_does() {
         Err(CallError::Status { code, message }) => (code, message),
         other => panic!("expected a refusal, got {other:?}"),
     };
-    let mut two = ask("a", 1, 4);
-    two.sampling.n = Some(2);
-    let (code, message) = refused(two);
-    assert_eq!((code, message.as_str()), (400, "n must be 1: one choice per request"));
+    let mut none = ask("a", 1, 4);
+    none.sampling.n = Some(0);
+    let (code, message) = refused(none);
+    assert_eq!((code, message.as_str()), (400, "n = 0: a request asks for 1 to 128 choices"));
     let (code, message) = refused(ask("a", 1, 100_000));
     assert!(
         code == 400 && message.contains("shorten the messages or lower max_tokens"),
@@ -747,48 +747,12 @@ fn serve_streams_the_answer_it_gives_whole_and_drops_a_stream_whose_client_left(
         assert!(code == 400 && message.contains(says), "{extra}: {code} {events:?}");
     }
 
-    // A client that leaves a stream part-way (as in the test above, the server is stopped
-    // between the first text and the hang-up): the sequence leaves the batch.
-    let port: u16 = authority(&url).rsplit(':').next().unwrap().parse().unwrap();
-    let at = ("127.0.0.1".to_string(), port);
-    let count = |outcome: &str| {
-        harness::try_scrape(&at, &format!("comas_serve_requests_total{{outcome=\"{outcome}\"}}"))
-            .unwrap_or(0.0)
-    };
-    let pid = server.child.id() as i32;
-    let mut left = false;
-    for _ in 0..5 {
-        use std::io::{BufRead, Write};
-        let answered = count("answered");
-        let body = json!({"messages": [{"role": "user", "content": "Go on."}], "stream": true,
-            "max_tokens": 180, "min_tokens": 180})
-        .to_string();
-        let mut sock = std::net::TcpStream::connect(authority(&url)).unwrap();
-        write!(sock, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut lines = std::io::BufReader::new(sock.try_clone().unwrap()).lines();
-        // The role chunk, then one with text: the sequence is decoding.
-        let mut data = 0;
-        while data < 2 {
-            let line = lines.next().expect("the stream ended early").unwrap();
-            data += usize::from(line.starts_with("data: "));
-        }
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        drop(lines);
-        drop(sock);
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while count("cancelled") == 0.0 && count("answered") == answered {
-            assert!(std::time::Instant::now() < deadline, "the stream neither ended nor left");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        if count("cancelled") == 1.0 {
-            assert_eq!(count("answered"), answered, "the abandoned stream was not answered");
-            left = true;
-            break;
-        }
-    }
-    assert!(left, "every try finished before its client could leave");
-    assert_eq!(harness::scrape(&at, "comas_serve_running_sequences"), 0.0);
+    leave_a_stream_part_way(
+        &server,
+        &url,
+        json!({"messages": [{"role": "user", "content": "Go on."}], "stream": true,
+            "max_tokens": 180, "min_tokens": 180}),
+    );
     assert_eq!(stream(&url, &ask(1, json!({"stream": true}))).0, 200, "the server goes on");
     server.sigkill();
 }
@@ -902,5 +866,138 @@ fn serve_completes_a_raw_prompt_as_comas_generate_does() {
         let message = r["error"]["message"].as_str().unwrap_or_default();
         assert!(code == 400 && message.contains(says), "{extra}: {code} {r}");
     }
+    server.sigkill();
+}
+
+/// A client that leaves a stream part-way (as in the test above, the server is stopped between
+/// the first text and the hang-up): its request is counted cancelled once, unanswered, and
+/// every sequence of it leaves the batch.
+fn leave_a_stream_part_way(server: &harness::Proc, url: &str, body: serde_json::Value) {
+    let port: u16 = authority(url).rsplit(':').next().unwrap().parse().unwrap();
+    let at = ("127.0.0.1".to_string(), port);
+    let count = |outcome: &str| {
+        harness::try_scrape(&at, &format!("comas_serve_requests_total{{outcome=\"{outcome}\"}}"))
+            .unwrap_or(0.0)
+    };
+    let pid = server.child.id() as i32;
+    let chat = body.get("messages").is_some();
+    let path = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+    let choices = body["n"].as_u64().unwrap_or(1) as usize;
+    let cancelled = count("cancelled");
+    for _ in 0..5 {
+        use std::io::{BufRead, Write};
+        let answered = count("answered");
+        let body = body.to_string();
+        let mut sock = std::net::TcpStream::connect(authority(url)).unwrap();
+        write!(sock, "POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut lines = std::io::BufReader::new(sock.try_clone().unwrap()).lines();
+        // Each choice's role chunk, then one with text: a sequence is decoding.
+        let (mut data, want) = (0, if chat { choices + 1 } else { 1 });
+        while data < want {
+            let line = lines.next().expect("the stream ended early").unwrap();
+            data += usize::from(line.starts_with("data: "));
+        }
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        drop(lines);
+        drop(sock);
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while count("cancelled") == cancelled && count("answered") == answered {
+            assert!(std::time::Instant::now() < deadline, "the stream neither ended nor left");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if count("cancelled") == cancelled + 1.0 {
+            assert_eq!(count("answered"), answered, "the abandoned stream was not answered");
+            assert_eq!(harness::scrape(&at, "comas_serve_running_sequences"), 0.0);
+            assert_eq!(harness::scrape(&at, "comas_serve_waiting_requests"), 0.0);
+            return;
+        }
+    }
+    panic!("every try finished before its client could leave");
+}
+
+/// `n` choices: choice i is what the request gives alone with seed + i, whole or streamed
+/// (each choice's chunks join to its text), in both APIs, with the usage counting the prompt
+/// once; a client that leaves takes every choice out of the batch.
+#[test]
+fn serve_gives_n_choices_each_the_answer_of_its_own_seed() {
+    use serde_json::json;
+    let model = fixtures().join("models/qwen2-f32");
+    let (mut server, url) = harness::serve(&model, "judge");
+    let post = |path: &str, body: &serde_json::Value| {
+        let (code, r) = http(&url, "POST", path, body.to_string().as_bytes());
+        assert_eq!(code, 200, "{body}: {r}");
+        r
+    };
+    let chat = |seed: u64, n: u64| {
+        json!({"messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 30, "seed": seed, "temperature": 1.0, "n": n, "logprobs": true})
+    };
+    let text = |seed: u64, n: u64| json!({"prompt": "Red, green and", "max_tokens": 12, "seed": seed, "n": n, "logprobs": 0});
+    for (path, ask, field) in [
+        ("/v1/chat/completions", &chat as &dyn Fn(u64, u64) -> serde_json::Value, "message"),
+        ("/v1/completions", &text, "text"),
+    ] {
+        let three = post(path, &ask(40, 3));
+        let choices = three["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        let (mut prompt, mut generated) = (0, 0);
+        for (i, c) in choices.iter().enumerate() {
+            let one = post(path, &ask(40 + i as u64, 1));
+            assert_eq!(c["index"], i, "{path}");
+            assert_eq!(
+                (&c[field], &c["logprobs"], &c["finish_reason"]),
+                (
+                    &one["choices"][0][field],
+                    &one["choices"][0]["logprobs"],
+                    &one["choices"][0]["finish_reason"]
+                ),
+                "{path}: choice {i}"
+            );
+            prompt = one["usage"]["prompt_tokens"].as_u64().unwrap();
+            generated += one["usage"]["completion_tokens"].as_u64().unwrap();
+        }
+        assert_ne!(choices[0][field], choices[1][field], "{path}: the choices are alike");
+        let usage = json!({"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated});
+        assert_eq!(three["usage"], usage, "{path}");
+
+        // Streamed: each choice's chunks join to its text, with one finish reason each.
+        let mut body = ask(40, 3);
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let (code, events) = stream_to(&url, path, &body);
+        assert_eq!(code, 200);
+        let mut joined = vec![String::new(); 3];
+        let mut finished = vec![Vec::new(); 3];
+        let mut roles = 0;
+        for e in &events[..events.len() - 2] {
+            let c = &e["choices"][0];
+            let i = c["index"].as_u64().unwrap() as usize;
+            let piece = if field == "text" { &c["text"] } else { &c["delta"]["content"] };
+            joined[i].push_str(piece.as_str().unwrap_or(""));
+            roles += usize::from(c["delta"]["role"] == "assistant");
+            finished[i].extend(c["finish_reason"].as_str().map(String::from));
+        }
+        for (i, c) in choices.iter().enumerate() {
+            let whole = if field == "text" { &c["text"] } else { &c["message"]["content"] };
+            assert_eq!(joined[i], whole.as_str().unwrap(), "{path}: choice {i}");
+            assert_eq!(json!(finished[i]), json!([c["finish_reason"]]), "{path}: choice {i}");
+        }
+        assert_eq!(roles, if field == "text" { 0 } else { 3 });
+        assert_eq!(events[events.len() - 2]["usage"], usage, "{path}");
+        assert_eq!(events[events.len() - 1], json!("[DONE]"));
+    }
+    for n in [0, 129] {
+        let (code, r) = http(&url, "POST", "/v1/completions", text(1, n).to_string().as_bytes());
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(code == 400 && message.contains("a request asks for 1 to 128 choices"), "{r}");
+    }
+    leave_a_stream_part_way(
+        &server,
+        &url,
+        json!({"messages": [{"role": "user", "content": "Go on."}], "stream": true, "n": 3,
+            "max_tokens": 180, "min_tokens": 180}),
+    );
     server.sigkill();
 }

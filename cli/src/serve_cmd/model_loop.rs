@@ -16,6 +16,8 @@ use tokio::sync::oneshot;
 
 /// A text completion's budget when the request gives none (OpenAI's and vLLM's default).
 const TEXT_MAX_TOKENS: u32 = 16;
+/// Most choices (`n`) one request may ask for; each is a sequence of its own.
+const MAX_CHOICES: u32 = 128;
 
 pub(super) struct ModelLoop<'a> {
     pub model: &'a CausalLm,
@@ -31,7 +33,9 @@ pub(super) struct ModelLoop<'a> {
 struct Asked {
     api: Api,
     prompt: Vec<i64>,
+    /// Choice 0's; choice i draws with seed + i.
     params: SamplingParams,
+    n: usize,
     /// Whether the answer carries each token's log-probability.
     logprobs: bool,
 }
@@ -61,19 +65,29 @@ impl Answer<'_> {
     }
 }
 
-/// A request waiting for room in the batch.
-struct Admitted<'t> {
-    id: u64,
-    asked: Asked,
-    reply: Answer<'t>,
-}
-
-/// A request in the batch.
-struct Running<'t> {
+/// A request taken: where its answer goes and its choices as they finish.
+struct Group<'t> {
     api: Api,
+    head: Head,
     prompt: usize,
     logprobs: bool,
     reply: Answer<'t>,
+    done: Vec<Option<Answered>>,
+    left: usize,
+}
+
+/// One choice of a request, waiting for room in the batch.
+struct Waiting {
+    group: u64,
+    index: usize,
+    prompt: Vec<i64>,
+    params: SamplingParams,
+}
+
+/// A choice in the batch.
+struct Running {
+    group: u64,
+    index: usize,
 }
 
 impl<'a> ModelLoop<'a> {
@@ -82,8 +96,10 @@ impl<'a> ModelLoop<'a> {
         s: &Sampling,
         other: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), ApiError> {
-        if s.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("n must be 1: one choice per request"));
+        if let Some(n) = s.n.filter(|n| !(1..=MAX_CHOICES).contains(n)) {
+            return Err(ApiError::bad(format!(
+                "n = {n}: a request asks for 1 to {MAX_CHOICES} choices"
+            )));
         }
         if s.stream_options.is_some() && s.stream != Some(true) {
             return Err(ApiError::bad(
@@ -236,7 +252,7 @@ impl<'a> ModelLoop<'a> {
                 .guidance()
                 .map_err(|e| ApiError::bad(format!("logprobs cannot be given: {e}")))?;
         }
-        Ok(Asked { api, prompt, params, logprobs })
+        Ok(Asked { api, prompt, params, n: s.n.unwrap_or(1) as usize, logprobs })
     }
 
     /// Tokens with their bytes and log-probabilities under softmax(logits / temperature) over
@@ -252,9 +268,9 @@ impl<'a> ModelLoop<'a> {
             .collect()
     }
 
-    /// A finished sequence: the text without the stop token or string.
-    fn answer(&self, id: u64, run: &Running, c: &Completion) -> Answered {
-        let (tok, prompt) = (self.tokenizer, run.prompt);
+    /// A finished choice of `group`: the text without the stop token or string.
+    fn answer(&self, group: &Group, c: &Completion) -> Answered {
+        let (tok, prompt) = (self.tokenizer, group.prompt);
         let stop = c.finish_reason == FinishReason::Stop
             && c.stop_string.is_none()
             && c.token_ids.last().is_some_and(|t| tok.eos_token_ids().contains(t));
@@ -266,13 +282,12 @@ impl<'a> ModelLoop<'a> {
             }
         }
         Answered {
-            head: Head::new(run.api, id, self.name),
             text,
             finish: match c.finish_reason {
                 FinishReason::Stop => "stop",
                 FinishReason::Length => "length",
             },
-            tokens: run.logprobs.then(|| self.tokens(&c.token_ids, &c.logprobs)),
+            tokens: group.logprobs.then(|| self.tokens(&c.token_ids, &c.logprobs)),
             usage: Usage {
                 prompt_tokens: prompt as u64,
                 completion_tokens: c.token_ids.len() as u64,
@@ -281,43 +296,74 @@ impl<'a> ModelLoop<'a> {
         }
     }
 
-    /// A call checked and queued, or refused. A streamed answer starts now (its first event
-    /// tells the HTTP side that the request was taken).
-    fn take(&self, call: Call, id: u64, waiting: &mut VecDeque<Admitted<'a>>) {
+    /// A call checked and its choices queued, or refused. A streamed answer starts now (its
+    /// first event tells the HTTP side that the request was taken).
+    fn take(
+        &self,
+        call: Call,
+        id: u64,
+        waiting: &mut VecDeque<Waiting>,
+        groups: &mut HashMap<u64, Group<'a>>,
+    ) {
         let asked = self.admit(&call.request);
+        let api = asked.as_ref().map_or(Api::Chat, |a| a.api);
+        let head = Head::new(api, id, self.name);
         let reply = match call.reply {
             ReplyTo::Whole(tx) => Answer::Whole(tx),
             ReplyTo::Stream(tx) => {
-                let sampling = match &call.request {
-                    Request::Chat(r) => &r.sampling,
-                    Request::Text(r) => &r.sampling,
-                };
                 let how = stream::Asked {
-                    api: asked.as_ref().map_or(Api::Chat, |a| a.api),
+                    api,
+                    n: asked.as_ref().map_or(1, |a| a.n),
                     stops: asked
                         .as_ref()
                         .map(|a| a.params.stop_strings.clone())
                         .unwrap_or_default(),
                     logprobs: asked.as_ref().is_ok_and(|a| a.logprobs),
-                    include_usage: sampling
+                    include_usage: call
+                        .request
+                        .sampling()
                         .stream_options
                         .as_ref()
                         .and_then(|o| o.include_usage)
                         .unwrap_or(false),
                 };
-                let head = Head::new(how.api, id, self.name);
-                Answer::Stream(Box::new(Streamed::new(tx, head, self.tokenizer, how)))
+                Answer::Stream(Box::new(Streamed::new(tx, head.clone(), self.tokenizer, how)))
             }
         };
-        match asked {
-            Ok(asked) => {
-                let mut reply = reply;
-                if let Answer::Stream(s) = &mut reply {
-                    s.start();
-                }
-                waiting.push_back(Admitted { id, asked, reply });
+        let asked = match asked {
+            Ok(a) => a,
+            Err(e) => return reply.fail(e, &self.metrics),
+        };
+        let mut reply = reply;
+        if let Answer::Stream(s) = &mut reply {
+            s.start();
+        }
+        for index in 0..asked.n {
+            let mut params = asked.params.clone();
+            params.seed = params.seed.wrapping_add(index as u64);
+            waiting.push_back(Waiting { group: id, index, prompt: asked.prompt.clone(), params });
+        }
+        let group = Group {
+            api,
+            head,
+            prompt: asked.prompt.len(),
+            logprobs: asked.logprobs,
+            reply,
+            done: (0..asked.n).map(|_| None).collect(),
+            left: asked.n,
+        };
+        groups.insert(id, group);
+    }
+
+    /// A request whose every choice has finished: its answer.
+    fn complete(&self, g: Group) {
+        let choices: Vec<Answered> = g.done.into_iter().flatten().collect();
+        let usage = wire::usage_of(&choices);
+        match g.reply {
+            Answer::Whole(tx) => {
+                let _ = tx.send(Ok(Whole { body: wire::whole(g.api, g.head, choices), usage }));
             }
-            Err(e) => reply.fail(e, &self.metrics),
+            Answer::Stream(s) => s.finish(usage, &self.metrics),
         }
     }
 }
@@ -332,27 +378,28 @@ pub(super) fn serve_model<'a>(m: &ModelLoop<'a>, calls: mpsc::Receiver<Call>) {
         b
     };
     let mut batcher = new_batcher();
-    let mut waiting: VecDeque<Admitted<'a>> = VecDeque::new();
-    let mut running: HashMap<u64, Running<'a>> = HashMap::new();
-    let mut next_id = 0u64;
+    let mut groups: HashMap<u64, Group<'a>> = HashMap::new();
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    let mut running: HashMap<u64, Running> = HashMap::new();
+    let (mut next_group, mut next_sequence) = (0u64, 0u64);
     let mut open = true;
     loop {
-        let mut take = |call: Call, waiting: &mut VecDeque<Admitted<'a>>| {
-            m.take(call, next_id, waiting);
-            next_id += 1;
+        let mut take = |call: Call, waiting: &mut VecDeque<Waiting>, groups: &mut HashMap<_, _>| {
+            m.take(call, next_group, waiting, groups);
+            next_group += 1;
         };
         if batcher.is_empty() && waiting.is_empty() {
             if !open {
                 return;
             }
             match calls.recv() {
-                Ok(c) => take(c, &mut waiting),
+                Ok(c) => take(c, &mut waiting, &mut groups),
                 Err(_) => return,
             }
         }
         loop {
             match calls.try_recv() {
-                Ok(c) => take(c, &mut waiting),
+                Ok(c) => take(c, &mut waiting, &mut groups),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     open = false;
@@ -360,29 +407,39 @@ pub(super) fn serve_model<'a>(m: &ModelLoop<'a>, calls: mpsc::Receiver<Call>) {
                 }
             }
         }
-        let gone = drop_abandoned(&mut batcher, &mut waiting, &mut running);
+        let gone = drop_abandoned(&mut batcher, &mut waiting, &mut running, &mut groups);
         if gone > 0 {
+            // The gauges first: whoever sees the count sees the batch without them.
+            m.metrics.running.set(batcher.len() as i64);
+            m.metrics.waiting.set(waiting.len() as i64);
             m.metrics.requests.with_label_values(&["cancelled"]).inc_by(gone);
         }
         while let Some(w) = waiting.front() {
-            let need = w.asked.prompt.len() + w.asked.params.max_new_tokens;
+            let need = w.prompt.len() + w.params.max_new_tokens;
             if batcher.len() >= m.max_running
                 || (!batcher.is_empty() && batcher.slots_if_added(need) > m.max_batch_tokens)
             {
                 break;
             }
-            let Admitted { id, asked, reply } = waiting.pop_front().expect("front exists");
-            let (api, prompt, logprobs) = (asked.api, asked.prompt.len(), asked.logprobs);
-            match batcher.add(id, asked.prompt, asked.params, m.adapter) {
+            let w = waiting.pop_front().expect("front exists");
+            if !groups.contains_key(&w.group) {
+                continue;
+            }
+            let id = next_sequence;
+            next_sequence += 1;
+            match batcher.add(id, w.prompt, w.params, m.adapter) {
                 Ok(()) => {
-                    running.insert(id, Running { api, prompt, logprobs, reply });
+                    running.insert(id, Running { group: w.group, index: w.index });
                 }
                 Err(e) => {
-                    reply.fail(ApiError::bad(format!("the request cannot start: {e}")), &m.metrics)
+                    // Its other choices leave with it (`drop_abandoned`).
+                    let g = groups.remove(&w.group).expect("checked above");
+                    g.reply
+                        .fail(ApiError::bad(format!("the request cannot start: {e}")), &m.metrics);
                 }
             }
         }
-        m.metrics.running.set(running.len() as i64);
+        m.metrics.running.set(batcher.len() as i64);
         m.metrics.waiting.set(waiting.len() as i64);
         if batcher.is_empty() {
             continue;
@@ -398,55 +455,67 @@ pub(super) fn serve_model<'a>(m: &ModelLoop<'a>, calls: mpsc::Receiver<Call>) {
             Ok(done) => {
                 for (id, c) in done {
                     let Some(run) = running.remove(&id) else { continue };
-                    let answer = m.answer(id, &run, &c);
-                    match run.reply {
-                        Answer::Whole(tx) => {
-                            let usage = answer.usage.clone();
-                            let _ =
-                                tx.send(Ok(Whole { body: wire::whole(run.api, answer), usage }));
-                        }
-                        Answer::Stream(s) => s.finish(answer, &m.metrics),
+                    let Some(g) = groups.get_mut(&run.group) else { continue };
+                    let answer = m.answer(g, &c);
+                    if let Answer::Stream(s) = &g.reply {
+                        s.finish_choice(run.index, &answer);
+                    }
+                    g.done[run.index] = Some(answer);
+                    g.left -= 1;
+                    if g.left == 0 {
+                        let g = groups.remove(&run.group).expect("present above");
+                        m.complete(g);
                     }
                 }
                 for (id, out) in batcher.outputs() {
-                    if let Some(Running { reply: Answer::Stream(s), .. }) = running.get_mut(&id) {
-                        s.progress(out, m);
+                    let Some(run) = running.get(&id) else { continue };
+                    if let Some(Group { reply: Answer::Stream(s), .. }) = groups.get_mut(&run.group)
+                    {
+                        s.progress(run.index, out, m);
                     }
                 }
             }
             Err(e) => {
-                // A failed step poisons its batch: every sequence in it fails, the server goes on.
+                // A failed step poisons its batch: every request in it fails (its choices
+                // waiting for room leave with it), the server goes on.
                 tracing::error!(error = %e, "decode step failed");
                 for (_, run) in running.drain() {
-                    let e = ApiError {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: format!("decode failed: {e}"),
-                    };
-                    run.reply.fail(e, &m.metrics);
+                    if let Some(g) = groups.remove(&run.group) {
+                        let e = ApiError {
+                            status: StatusCode::INTERNAL_SERVER_ERROR,
+                            message: format!("decode failed: {e}"),
+                        };
+                        g.reply.fail(e, &m.metrics);
+                    }
                 }
+                waiting.retain(|w| groups.contains_key(&w.group));
                 batcher = new_batcher();
             }
         }
-        m.metrics.running.set(running.len() as i64);
+        m.metrics.running.set(batcher.len() as i64);
     }
 }
 
-/// Takes out every request whose client has gone: waiting ones leave the queue, running ones
-/// the batch, which frees their cache room now. Returns how many there were.
+/// Takes out every request whose client has gone, and every choice whose request is gone
+/// (gone, or failed with a choice that could not start): waiting ones leave the queue, running
+/// ones the batch, which frees their cache room now. Returns how many requests had gone.
 fn drop_abandoned(
     batcher: &mut Batcher,
-    waiting: &mut VecDeque<Admitted>,
+    waiting: &mut VecDeque<Waiting>,
     running: &mut HashMap<u64, Running>,
+    groups: &mut HashMap<u64, Group>,
 ) -> u64 {
-    let before = waiting.len() + running.len();
-    waiting.retain(|w| !w.reply.is_closed());
-    let gone: Vec<u64> =
-        running.iter().filter(|(_, r)| r.reply.is_closed()).map(|(&id, _)| id).collect();
-    for id in gone {
+    let before = groups.len();
+    groups.retain(|_, g| !g.reply.is_closed());
+    let gone = (before - groups.len()) as u64;
+    waiting.retain(|w| groups.contains_key(&w.group));
+    let orphans: Vec<u64> =
+        running.iter().filter(|(_, r)| !groups.contains_key(&r.group)).map(|(&id, _)| id).collect();
+    for id in orphans {
         running.remove(&id);
         if let Err(e) = batcher.abort(id) {
             tracing::warn!(error = %e, sequence = id, "could not take an abandoned request out of the batch");
         }
     }
-    (before - waiting.len() - running.len()) as u64
+    gone
 }

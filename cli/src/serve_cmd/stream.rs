@@ -13,7 +13,7 @@ use super::{ApiError, Metrics};
 use axum::response::sse::Event;
 use comas_model::tokenizer::TextStream;
 use comas_model::{Completion, Tokenizer};
-use comas_service::openai::{ErrorBody, ErrorDetail};
+use comas_service::openai::{ErrorBody, ErrorDetail, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What the model thread sends the HTTP side of a streamed answer.
@@ -48,20 +48,27 @@ impl StreamEvent {
 /// How a streamed answer is asked for.
 pub(super) struct Asked {
     pub api: Api,
+    /// Choices, each its own sequence.
+    pub n: usize,
     pub stops: Vec<String>,
     pub logprobs: bool,
     pub include_usage: bool,
 }
 
-/// A streamed answer on the model thread.
+/// A streamed answer on the model thread: the channel to its HTTP side and each choice's text.
 pub(super) struct Streamed<'t> {
     tx: UnboundedSender<StreamEvent>,
     head: Head,
     asked: Asked,
-    text: TextStream<'t>,
     /// Whether the request was taken: from then on its outcome is counted here, not by the
     /// HTTP side.
     started: bool,
+    choices: Vec<ChoiceText<'t>>,
+}
+
+/// What one choice has sent.
+struct ChoiceText<'t> {
+    text: TextStream<'t>,
     /// Tokens read into `text`.
     read: usize,
     /// Text decoded and not sent: it may be the start of a stop string.
@@ -81,19 +88,18 @@ impl<'t> Streamed<'t> {
         tokenizer: &'t Tokenizer,
         asked: Asked,
     ) -> Self {
-        Self {
-            tx,
-            head,
-            asked,
-            text: tokenizer.text_stream(true),
-            started: false,
-            read: 0,
-            held: String::new(),
-            sent: String::new(),
-            logprobs_sent: 0,
-            offset: 0,
-            broken: false,
-        }
+        let choices = (0..asked.n)
+            .map(|_| ChoiceText {
+                text: tokenizer.text_stream(true),
+                read: 0,
+                held: String::new(),
+                sent: String::new(),
+                logprobs_sent: 0,
+                offset: 0,
+                broken: false,
+            })
+            .collect();
+        Self { tx, head, asked, started: false, choices }
     }
 
     pub(super) fn is_closed(&self) -> bool {
@@ -105,72 +111,76 @@ impl<'t> Streamed<'t> {
         let _ = self.tx.send(event);
     }
 
-    /// The request was taken; a chat answer's first chunk gives the role.
+    /// The request was taken; in a chat answer each choice's first chunk gives the role.
     pub(super) fn start(&mut self) {
         self.send(StreamEvent::Started);
         if self.asked.api == Api::Chat {
-            self.send(StreamEvent::Data(wire::role_chunk(&self.head)));
+            for index in 0..self.asked.n as u32 {
+                self.send(StreamEvent::Data(wire::role_chunk(&self.head, index)));
+            }
         }
         self.started = true;
     }
 
-    /// After a step: the text of the tokens generated since the last chunk, less what may be
-    /// the start of a stop string.
-    pub(super) fn progress(&mut self, out: &Completion, m: &ModelLoop) {
-        if self.broken {
+    /// After a step: the text of the tokens choice `index` generated since its last chunk,
+    /// less what may be the start of a stop string.
+    pub(super) fn progress(&mut self, index: usize, out: &Completion, m: &ModelLoop) {
+        let Some(c) = self.choices.get_mut(index) else { return };
+        if c.broken {
             return;
         }
-        for &id in &out.token_ids[self.read.min(out.token_ids.len())..] {
-            match self.text.push(id) {
-                Ok(Some(piece)) => self.held.push_str(&piece),
+        for &id in &out.token_ids[c.read.min(out.token_ids.len())..] {
+            match c.text.push(id) {
+                Ok(Some(piece)) => c.held.push_str(&piece),
                 Ok(None) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, answer = %self.head.id, "a streamed piece cannot be decoded; the rest comes at the end");
-                    self.broken = true;
+                    tracing::warn!(error = %e, answer = %self.head.id, index, "a streamed piece cannot be decoded; the rest comes at the end");
+                    c.broken = true;
                     return;
                 }
             }
         }
-        self.read = out.token_ids.len();
-        let n = sendable(&self.held, &self.asked.stops);
+        c.read = out.token_ids.len();
+        let n = sendable(&c.held, &self.asked.stops);
         if n == 0 {
             return;
         }
-        let text: String = self.held.drain(..n).collect();
-        self.sent.push_str(&text);
-        let from = self.logprobs_sent;
+        let text: String = c.held.drain(..n).collect();
+        c.sent.push_str(&text);
+        let from = c.logprobs_sent;
         let tokens =
             self.asked.logprobs.then(|| m.tokens(&out.token_ids[from..], &out.logprobs[from..]));
-        self.logprobs_sent = out.token_ids.len();
-        let offset = self.offset;
+        c.logprobs_sent = out.token_ids.len();
+        let offset = c.offset;
         if let Some(t) = &tokens {
-            self.offset += wire::text_offset_of(t);
+            c.offset += wire::text_offset_of(t);
         }
-        let piece = Piece {
-            text: Some(text),
-            tokens: tokens.as_deref().map(|t| (t, offset)),
-            finish: None,
-        };
+        let tokens = tokens.as_deref().map(|t| (t, offset));
+        let piece = Piece { index: index as u32, text: Some(text), tokens, finish: None };
         self.send(StreamEvent::Data(wire::chunk(self.asked.api, &self.head, piece)));
     }
 
-    /// The sequence ended: the rest of the answer (`a`, what the unstreamed request gives)
-    /// with its finish reason, the usage if asked, and `[DONE]`.
-    pub(super) fn finish(self, a: Answered, metrics: &Metrics) {
-        let rest = a.text.strip_prefix(self.sent.as_str()).unwrap_or_else(|| {
+    /// Choice `index` ended: the rest of its answer (`a`, what the unstreamed request gives)
+    /// with its finish reason.
+    pub(super) fn finish_choice(&self, index: usize, a: &Answered) {
+        let Some(c) = self.choices.get(index) else { return };
+        let rest = a.text.strip_prefix(c.sent.as_str()).unwrap_or_else(|| {
             // Cannot happen by the invariant above; if it did, what was sent stands.
-            tracing::warn!(answer = %self.head.id, "a streamed answer's text does not extend what was sent");
+            tracing::warn!(answer = %self.head.id, index, "a streamed answer's text does not extend what was sent");
             ""
         });
-        let tokens =
-            a.tokens.as_deref().map(|t| (&t[self.logprobs_sent.min(t.len())..], self.offset));
+        let tokens = a.tokens.as_deref().map(|t| (&t[c.logprobs_sent.min(t.len())..], c.offset));
         let text = (!rest.is_empty()).then(|| rest.to_string());
-        let piece = Piece { text, tokens, finish: Some(a.finish) };
+        let piece = Piece { index: index as u32, text, tokens, finish: Some(a.finish) };
         self.send(StreamEvent::Data(wire::chunk(self.asked.api, &self.head, piece)));
-        metrics.prompt_tokens.inc_by(a.usage.prompt_tokens);
-        metrics.completion_tokens.inc_by(a.usage.completion_tokens);
+    }
+
+    /// Every choice ended: the usage if asked, and `[DONE]`.
+    pub(super) fn finish(self, usage: Usage, metrics: &Metrics) {
+        metrics.prompt_tokens.inc_by(usage.prompt_tokens);
+        metrics.completion_tokens.inc_by(usage.completion_tokens);
         if self.asked.include_usage {
-            self.send(StreamEvent::Data(wire::usage_chunk(self.asked.api, &self.head, a.usage)));
+            self.send(StreamEvent::Data(wire::usage_chunk(self.asked.api, &self.head, usage)));
         }
         metrics.requests.with_label_values(&["answered"]).inc();
         self.send(StreamEvent::Done);

@@ -16,6 +16,7 @@ pub(super) enum Api {
 }
 
 /// An answer's `id`, `created` and model, shared by every chunk of a streamed one.
+#[derive(Clone)]
 pub(super) struct Head {
     pub id: String,
     pub created: u64,
@@ -46,9 +47,8 @@ impl Token {
     }
 }
 
-/// A finished sequence, before it takes its API's shape.
+/// A finished sequence (one choice), before it takes its API's shape.
 pub(super) struct Answered {
-    pub head: Head,
     /// Without the stop token or string.
     pub text: String,
     /// "stop" or "length".
@@ -90,42 +90,55 @@ pub(super) fn text_offset_of(tokens: &[Token]) -> u32 {
     tokens.iter().map(|t| t.text().chars().count() as u32).sum()
 }
 
-/// The whole answer's JSON body.
-pub(super) fn whole(api: Api, a: Answered) -> String {
-    let Answered { head, text, finish, tokens, usage } = a;
+/// The usage of a request's choices: the prompt once, every choice's tokens.
+pub(super) fn usage_of(choices: &[Answered]) -> Usage {
+    let prompt = choices.first().map_or(0, |a| a.usage.prompt_tokens);
+    let generated = choices.iter().map(|a| a.usage.completion_tokens).sum::<u64>();
+    Usage { prompt_tokens: prompt, completion_tokens: generated, total_tokens: prompt + generated }
+}
+
+/// The whole answer's JSON body: `choices[i]` is the request's choice i.
+pub(super) fn whole(api: Api, head: Head, choices: Vec<Answered>) -> String {
+    let usage = Some(usage_of(&choices));
+    let indexed = (0u32..).zip(choices);
     let json = match api {
         Api::Chat => serde_json::to_string(&ChatResponse {
             id: head.id,
             object: "chat.completion".into(),
             created: head.created,
             model: head.model,
-            choices: vec![Choice {
-                index: 0,
-                message: Message { role: "assistant".into(), content: text },
-                finish_reason: Some(finish.into()),
-                logprobs: tokens.as_deref().map(chat_logprobs),
-            }],
-            usage: Some(usage),
+            choices: indexed
+                .map(|(index, a)| Choice {
+                    index,
+                    message: Message { role: "assistant".into(), content: a.text },
+                    finish_reason: Some(a.finish.into()),
+                    logprobs: a.tokens.as_deref().map(chat_logprobs),
+                })
+                .collect(),
+            usage,
         }),
         Api::Text => serde_json::to_string(&CompletionResponse {
             id: head.id,
             object: "text_completion".into(),
             created: head.created,
             model: head.model,
-            choices: vec![CompletionChoice {
-                index: 0,
-                text,
-                logprobs: tokens.as_deref().map(|t| text_logprobs(t, 0)),
-                finish_reason: Some(finish.into()),
-            }],
-            usage: Some(usage),
+            choices: indexed
+                .map(|(index, a)| CompletionChoice {
+                    index,
+                    text: a.text,
+                    logprobs: a.tokens.as_deref().map(|t| text_logprobs(t, 0)),
+                    finish_reason: Some(a.finish.into()),
+                })
+                .collect(),
+            usage,
         }),
     };
     json.unwrap_or_default()
 }
 
-/// What one chunk of a streamed answer adds.
+/// What one chunk of a streamed answer adds to one choice.
 pub(super) struct Piece<'a> {
+    pub index: u32,
     pub text: Option<String>,
     /// The tokens the text came from, when log-probabilities were asked, and the characters
     /// of the tokens' texts sent before them.
@@ -133,31 +146,27 @@ pub(super) struct Piece<'a> {
     pub finish: Option<&'static str>,
 }
 
-/// A chunk of a streamed answer's one choice.
+/// A chunk of a streamed answer's choice `p.index`.
 pub(super) fn chunk(api: Api, head: &Head, p: Piece) -> String {
-    let finish_reason = p.finish.map(String::from);
+    let (index, finish_reason) = (p.index, p.finish.map(String::from));
     match api {
         Api::Chat => {
             let logprobs = p.tokens.map(|(t, _)| chat_logprobs(t));
             let delta = Delta { role: None, content: p.text };
-            chat_chunk(head, vec![ChunkChoice { index: 0, delta, finish_reason, logprobs }], None)
+            chat_chunk(head, vec![ChunkChoice { index, delta, finish_reason, logprobs }], None)
         }
         Api::Text => {
             let logprobs = p.tokens.map(|(t, offset)| text_logprobs(t, offset));
             let text = p.text.unwrap_or_default();
-            text_chunk(
-                head,
-                vec![CompletionChoice { index: 0, text, logprobs, finish_reason }],
-                None,
-            )
+            text_chunk(head, vec![CompletionChoice { index, text, logprobs, finish_reason }], None)
         }
     }
 }
 
-/// A chat answer's first chunk: the role, no text yet.
-pub(super) fn role_chunk(head: &Head) -> String {
+/// A chat choice's first chunk: the role, no text yet.
+pub(super) fn role_chunk(head: &Head, index: u32) -> String {
     let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
-    let choice = ChunkChoice { index: 0, delta, finish_reason: None, logprobs: None };
+    let choice = ChunkChoice { index, delta, finish_reason: None, logprobs: None };
     chat_chunk(head, vec![choice], None)
 }
 
