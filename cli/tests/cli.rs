@@ -430,12 +430,23 @@ fn generate_alone(
     max_new: u32,
     seed: u64,
 ) -> serde_json::Value {
+    generate_json(model, "--chat", question, max_new, seed)
+}
+
+/// `comas generate --json` on `text` given as `how` (`--chat` or `--prompt`), seeded.
+fn generate_json(
+    model: &std::path::Path,
+    how: &str,
+    text: &str,
+    max_new: u32,
+    seed: u64,
+) -> serde_json::Value {
     ok_json(comas(&[
         "generate",
         "--model",
         model.to_str().unwrap(),
-        "--chat",
-        question,
+        how,
+        text,
         "--max-new-tokens",
         &max_new.to_string(),
         "--seed",
@@ -770,18 +781,7 @@ fn serve_completes_a_raw_prompt_as_comas_generate_does() {
         http(&url, "POST", "/v1/completions", body.to_string().as_bytes())
     };
     let prompt = "Once upon a time";
-    let alone = ok_json(comas(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        prompt,
-        "--max-new-tokens",
-        "20",
-        "--seed",
-        "5",
-        "--json",
-    ]));
+    let alone = generate_json(&model, "--prompt", prompt, 20, 5);
     let ids: Vec<i64> =
         alone["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
     let ask =

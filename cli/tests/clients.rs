@@ -113,14 +113,18 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
     let served = metrics_text(&("127.0.0.1".to_string(), port));
     assert_eq!(promtool("comas serve", &served), "", "comas serve's /metrics");
     server.sigkill();
-    let alone = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["generate", "--model", model.to_str().unwrap(), "--chat", prompt])
-        .args(["--max-new-tokens", max_tokens, "--seed", seed, "--json"])
-        .env("COMAS_THREADS", "1")
-        .output()
-        .unwrap();
-    assert!(alone.status.success(), "{}", String::from_utf8_lossy(&alone.stderr));
-    let alone: Value = serde_json::from_slice(&alone.stdout).unwrap();
+    // `comas generate` alone with the same seed, on the prompt as a chat message or as raw text.
+    let generate = |how: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_comas"))
+            .args(["generate", "--model", model.to_str().unwrap(), how, prompt])
+            .args(["--max-new-tokens", max_tokens, "--seed", seed, "--json"])
+            .env("COMAS_THREADS", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let alone = generate("--chat");
 
     assert_eq!(seen["models"], serde_json::json!(["judge"]));
     let r = &seen["reply"];
@@ -162,14 +166,7 @@ fn the_openai_package_gets_from_comas_serve_what_comas_generate_gives() {
         assert_eq!(streamed["usage"][k], r[k], "{k}");
     }
     // A text completion of the prompt as raw text, against `comas generate --prompt`.
-    let raw = Command::new(env!("CARGO_BIN_EXE_comas"))
-        .args(["generate", "--model", model.to_str().unwrap(), "--prompt", prompt])
-        .args(["--max-new-tokens", max_tokens, "--seed", seed, "--json"])
-        .env("COMAS_THREADS", "1")
-        .output()
-        .unwrap();
-    assert!(raw.status.success(), "{}", String::from_utf8_lossy(&raw.stderr));
-    let raw: Value = serde_json::from_slice(&raw.stdout).unwrap();
+    let raw = generate("--prompt");
     let done = &seen["completion"];
     assert_eq!(done["object"], "text_completion");
     assert_eq!((&done["text"], &done["streamed"]), (&raw["text"], &raw["text"]));
