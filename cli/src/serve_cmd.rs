@@ -47,6 +47,11 @@ pub struct Args {
     /// The model name clients ask for (default: the model folder's name).
     #[arg(long, env = "COMAS_SERVE_NAME")]
     served_name: Option<String>,
+    /// API key that requests to the completion and model routes must carry (`Authorization:
+    /// Bearer KEY`, what OpenAI clients send); /health and /metrics stay open. Prefer the
+    /// environment variable: a flag's value shows in the process list.
+    #[arg(long, env = "COMAS_SERVE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// Most sequences decoding at once; more requests wait.
     #[arg(long, env = "COMAS_SERVE_MAX_RUNNING", default_value_t = 64)]
     max_running: usize,
@@ -164,7 +169,10 @@ impl Metrics {
     fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("comas_serve_requests_total", "chat completion requests by outcome"),
+            Opts::new(
+                "comas_serve_requests_total",
+                "requests by outcome: answered, refused, failed, cancelled, unauthorized",
+            ),
             &["outcome"],
         )
         .expect("valid metric");
@@ -201,6 +209,7 @@ impl Metrics {
 
 struct Served {
     name: String,
+    api_key: Option<String>,
     calls: mpsc::Sender<Call>,
     metrics: Metrics,
 }
@@ -211,6 +220,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.max_batch_tokens == 0 {
         anyhow::bail!("--max-batch-tokens must be at least 1");
+    }
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty: give the key clients must send, or leave it out");
     }
     if a.served_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
         anyhow::bail!("--served-name is empty: give the name clients ask for, or leave it out");
@@ -271,13 +283,16 @@ pub fn run(a: Args) -> Result<()> {
         }
     })?;
     ready_rx.recv().context("the model thread stopped while loading")??;
-    let state = Arc::new(Served { name: name.clone(), calls, metrics: served_metrics });
+    let state =
+        Arc::new(Served { name: name.clone(), api_key: a.api_key, calls, metrics: served_metrics });
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(complete))
         .route("/completions", post(complete))
         .route("/v1/models", get(models))
+        // The routes above, not the probes and the scrape below.
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&state), require_key))
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .fallback(no_route)
@@ -298,6 +313,30 @@ pub fn run(a: Args) -> Result<()> {
     // The HTTP side is gone, so is the last sender: the model thread finishes its batch and ends.
     let _ = model_thread.join();
     Ok(())
+}
+
+/// With `--api-key`, a request without it is refused (401) before it is read.
+async fn require_key(
+    State(s): State<Arc<Served>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use subtle::ConstantTimeEq;
+    let Some(key) = &s.api_key else { return next.run(request).await };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let message = match given {
+        Some(g) if bool::from(g.as_bytes().ct_eq(key.as_bytes())) => {
+            return next.run(request).await
+        }
+        Some(_) => "the API key is not this server's",
+        None => "this server needs an API key: send it as `Authorization: Bearer KEY`",
+    };
+    s.metrics.requests.with_label_values(&["unauthorized"]).inc();
+    ApiError { status: StatusCode::UNAUTHORIZED, message: message.into() }.into_response()
 }
 
 /// A path this server has no route for (404), in OpenAI's error shape as every other refusal.

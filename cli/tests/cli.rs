@@ -463,11 +463,22 @@ fn authority(url: &str) -> &str {
 /// A raw HTTP/1.0 exchange with `comas serve` at `url`: the status code and the body of the
 /// answer to `method path` with `body`.
 fn http(url: &str, method: &str, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    http_with(url, method, path, "", body)
+}
+
+/// [`http`] with more header lines (`headers`: each ending in `\r\n`).
+fn http_with(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
     let mut sock = std::net::TcpStream::connect(authority(url)).unwrap();
     write!(
         sock,
-        "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n",
         body.len()
     )
     .unwrap();
@@ -1000,4 +1011,57 @@ fn serve_gives_n_choices_each_the_answer_of_its_own_seed() {
             "max_tokens": 180, "min_tokens": 180}),
     );
     server.sigkill();
+}
+
+/// With an API key, the completion and model routes answer only requests that carry it
+/// (`Authorization: Bearer KEY`, as OpenAI clients and comas's own endpoint client send it);
+/// the probes and the scrape stay open.
+#[test]
+fn serve_with_an_api_key_answers_only_requests_that_carry_it() {
+    use comas_service::openai::{CallError, ChatRequest, Endpoint, Message, Sampling};
+    let model = fixtures().join("models/qwen2-f32");
+    let (mut server, url) =
+        harness::serve_with(&model, "judge", &[("COMAS_SERVE_API_KEY", "s3cret")]);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "Hi."}],
+        "max_tokens": 3, "seed": 1})
+    .to_string();
+    let chat = |headers: &str| {
+        let (code, r) = http_with(&url, "POST", "/v1/chat/completions", headers, body.as_bytes());
+        (code, r["error"]["message"].as_str().unwrap_or_default().to_string())
+    };
+    let (code, message) = chat("");
+    assert!(code == 401 && message.contains("this server needs an API key"), "{code} {message}");
+    let (code, message) = chat("Authorization: Bearer s3cre\r\n");
+    assert!(code == 401 && message.contains("not this server's"), "{code} {message}");
+    assert_eq!(chat("Authorization: Bearer s3cret\r\n").0, 200);
+    assert_eq!(http(&url, "GET", "/v1/models", b"").0, 401);
+    assert_eq!(
+        http_with(&url, "GET", "/v1/models", "Authorization: Bearer s3cret\r\n", b"").0,
+        200
+    );
+    assert_eq!(http(&url, "POST", "/v1/completions", b"{}").0, 401);
+    let port: u16 = authority(&url).rsplit(':').next().unwrap().parse().unwrap();
+    let at = ("127.0.0.1".to_string(), port);
+    assert_eq!(harness::scrape(&at, "comas_serve_requests_total{outcome=\"unauthorized\"}"), 4.0);
+
+    // comas's own client (a MAPPA coach's endpoint, with `api_key_env`).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let request = ChatRequest {
+        messages: vec![Message { role: "user".into(), content: "Hi.".into() }],
+        sampling: Sampling { max_tokens: Some(3), ..Default::default() },
+        ..Default::default()
+    };
+    let ask = |key: Option<&str>| {
+        let e = Endpoint::parse(&url, key.map(String::from)).unwrap();
+        rt.block_on(e.chat(&request, std::time::Duration::from_secs(60)))
+    };
+    assert!(ask(Some("s3cret")).is_ok());
+    match ask(None) {
+        Err(e @ CallError::Status { code: 401, .. }) => assert!(!e.retryable()),
+        other => panic!("expected a 401, got {other:?}"),
+    }
+    server.sigkill();
+    let out = comas(&["serve", "--model", model.to_str().unwrap(), "--api-key", " "]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api-key is empty"));
 }

@@ -115,10 +115,16 @@ pub fn machine_state() -> String {
 /// `comas serve` on `model` as `name`, on a free port: the process (killed when dropped, so a
 /// failing test leaves no server behind) and the URL its first line says it serves at.
 pub fn serve(model: &Path, name: &str) -> (Proc, String) {
+    serve_with(model, name, &[])
+}
+
+/// [`serve`] with more environment variables.
+pub fn serve_with(model: &Path, name: &str, env: &[(&str, &str)]) -> (Proc, String) {
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_comas"))
         .args(["serve", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .args(["--served-name", name])
         .env("COMAS_THREADS", "1")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
