@@ -123,7 +123,7 @@ impl Sampling {
 }
 
 /// A `POST /chat/completions` body. Fields comas does not use are refused by `comas serve`
-/// only where ignoring them would change the answer (`n`, [`unsupported`]).
+/// only where ignoring them would change the answer ([`unsupported`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// Empty: whatever the server serves (`comas serve` serves one model).
@@ -262,7 +262,8 @@ pub struct ChatResponse {
     pub usage: Option<Usage>,
 }
 
-/// One server-sent event of a streamed chat completion: the text and tokens since the last one.
+/// One server-sent event of a streamed chat completion: a choice's text and tokens since its
+/// last one.
 /// Every chunk of an answer has the same `id` and `created`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatChunk {
@@ -271,7 +272,8 @@ pub struct ChatChunk {
     pub object: String,
     pub created: u64,
     pub model: String,
-    /// One choice; none in the last chunk, the one that carries the usage.
+    /// One choice (`index` says which of the request's `n`); none in the chunk that carries
+    /// the usage, the last.
     pub choices: Vec<ChunkChoice>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
